@@ -1,0 +1,13 @@
+// ulorl/advantage.hpp — the advantage area: scores, groups, GRPO-family estimators and presets,
+// REINFORCE++, GPG/OPO baselines, token broadcast, DAPO dynamic sampling, overlong shaping.
+#pragma once
+
+#include "ulorl/advantage/baselines.hpp"
+#include "ulorl/advantage/dynamic_sampling.hpp"
+#include "ulorl/advantage/group_advantage.hpp"
+#include "ulorl/advantage/groups.hpp"
+#include "ulorl/advantage/overlong.hpp"
+#include "ulorl/advantage/presets.hpp"
+#include "ulorl/advantage/reinforce_pp.hpp"
+#include "ulorl/advantage/scores.hpp"
+#include "ulorl/advantage/token_broadcast.hpp"

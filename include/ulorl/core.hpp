@@ -1,0 +1,8 @@
+// ulorl/core.hpp — the core layer: configuration macros, errors, views, ragged layouts, numerics.
+#pragma once
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/core/numerics.hpp"
+#include "ulorl/core/ragged.hpp"
+#include "ulorl/core/views.hpp"

@@ -1,0 +1,48 @@
+// ulorl/core/config.hpp — version, the versioned inline namespace, the host/device qualifier for
+// scalar math shared with CUDA, and the exception switch. Every other ulorl header includes this.
+#pragma once
+
+#define ULORL_VERSION_MAJOR 0
+#define ULORL_VERSION_MINOR 1
+#define ULORL_VERSION_PATCH 0
+#define ULORL_VERSION (ULORL_VERSION_MAJOR * 10000 + ULORL_VERSION_MINOR * 100 + ULORL_VERSION_PATCH)
+
+//! Two builds of different ulorl versions in one program must not violate the ODR (fmt, CUB):
+//! every declaration lives in `ulorl::v0`, reachable as `ulorl::` through the inline namespace.
+#ifndef ULORL_ABI_NAMESPACE
+#define ULORL_ABI_NAMESPACE v0
+#endif
+#define ULORL_NAMESPACE_BEGIN \
+  namespace ulorl {           \
+  inline namespace ULORL_ABI_NAMESPACE {
+#define ULORL_NAMESPACE_END \
+  }                         \
+  }
+
+//! Scalar math written once for the CPU loops, the CUDA kernels and the presets.
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define ULORL_HD __host__ __device__
+#define ULORL_DEVICE_COMPILE 1
+#else
+#define ULORL_HD
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ULORL_RESTRICT __restrict__
+#define ULORL_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ULORL_RESTRICT
+#define ULORL_ALWAYS_INLINE inline
+#endif
+
+//! Define ULORL_NO_EXCEPTIONS to turn every `throw ulorl::error` into a message on stderr and
+//! `std::abort()` (the documented abort path for builds without exceptions).
+#if !defined(ULORL_NO_EXCEPTIONS) && !defined(__cpp_exceptions) && !defined(__EXCEPTIONS)
+#define ULORL_NO_EXCEPTIONS
+#endif
+
+//! Internal invariants (not user preconditions): checked in debug builds only.
+#ifndef ULORL_ASSERT
+#include <cassert>
+#define ULORL_ASSERT(cond) assert(cond)
+#endif

@@ -1,0 +1,119 @@
+// ulorl/core/error.hpp — `ulorl::error`, the one exception type of the host API, and the helpers
+// that build its message: "ulorl::<function>: argument '<arg>'[<index>] = <value>: <what>".
+// Preconditions are checked at the API boundary before any output is written (see docs/design.md).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "ulorl/core/config.hpp"
+
+ULORL_NAMESPACE_BEGIN
+
+//! Raised for every rejected input of the host API. `function()` and `argument()` name the
+//! boundary and the offending argument; `index()` is the flat element index or -1 when none.
+class error : public std::invalid_argument {
+ public:
+  error(std::string_view function, std::string_view argument, std::int64_t index, const std::string& what)
+      : std::invalid_argument(what), function_(function), argument_(argument), index_(index) {}
+  [[nodiscard]] const std::string& function() const noexcept { return function_; }
+  [[nodiscard]] const std::string& argument() const noexcept { return argument_; }
+  [[nodiscard]] std::int64_t index() const noexcept { return index_; }
+
+ private:
+  std::string function_;
+  std::string argument_;
+  std::int64_t index_;
+};
+
+namespace detail {
+
+template <class V>
+void append_value(std::ostringstream& os, const V& value) {
+  if constexpr (std::is_floating_point_v<V>) {
+    os.precision(17);
+    os << value;
+  } else if constexpr (std::is_same_v<V, bool>) {
+    os << (value ? "true" : "false");
+  } else if constexpr (std::is_integral_v<V> && sizeof(V) == 1) {
+    os << static_cast<int>(value);
+  } else {
+    os << value;
+  }
+}
+
+[[noreturn]] inline void raise(std::string_view function, std::string_view argument, std::int64_t index,
+                               const std::string& message) {
+#ifdef ULORL_NO_EXCEPTIONS
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::abort();
+#else
+  throw error(function, argument, index, message);
+#endif
+}
+
+//! Throws with a message naming the function, the argument and a free-text reason.
+[[noreturn]] inline void fail(std::string_view function, std::string_view argument, std::string_view what) {
+  std::ostringstream os;
+  os << "ulorl::" << function << ": argument '" << argument << "': " << what;
+  raise(function, argument, -1, os.str());
+}
+
+//! Throws with a message naming the function, the argument, the offending element and its value.
+template <class V>
+[[noreturn]] void fail_at(std::string_view function, std::string_view argument, std::int64_t index,
+                          const V& value, std::string_view what) {
+  std::ostringstream os;
+  os << "ulorl::" << function << ": argument '" << argument << "'[" << index << "] = ";
+  append_value(os, value);
+  os << ": " << what;
+  raise(function, argument, index, os.str());
+}
+
+//! Throws naming an argument whose scalar value is out of range.
+template <class V>
+[[noreturn]] void fail_value(std::string_view function, std::string_view argument, const V& value,
+                             std::string_view what) {
+  std::ostringstream os;
+  os << "ulorl::" << function << ": argument '" << argument << "' = ";
+  append_value(os, value);
+  os << ": " << what;
+  raise(function, argument, -1, os.str());
+}
+
+}  // namespace detail
+
+//! Convenience checks used at API boundaries.
+template <class V>
+void require_finite(std::string_view function, std::string_view argument, V value) {
+  if (!std::isfinite(static_cast<double>(value)))
+    detail::fail_value(function, argument, value, "must be finite");
+}
+template <class V>
+void require_positive(std::string_view function, std::string_view argument, V value) {
+  if (!(value > V(0)) || !std::isfinite(static_cast<double>(value)))
+    detail::fail_value(function, argument, value, "must be finite and > 0");
+}
+template <class V>
+void require_non_negative(std::string_view function, std::string_view argument, V value) {
+  if (!(value >= V(0)) || !std::isfinite(static_cast<double>(value)))
+    detail::fail_value(function, argument, value, "must be finite and >= 0");
+}
+inline void require_same_size(std::string_view function, std::string_view argument, std::size_t actual,
+                              std::string_view reference, std::size_t expected) {
+  if (actual != expected) {
+    std::ostringstream os;
+    os << "has " << actual << " elements but '" << reference << "' has " << expected;
+    detail::fail(function, argument, os.str());
+  }
+}
+
+ULORL_NAMESPACE_END

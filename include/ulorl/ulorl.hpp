@@ -1,0 +1,9 @@
+// ulorl/ulorl.hpp — the umbrella header: every host header of ulorl (never CUDA).
+// Areas: core (views, ragged layouts, errors, numerics), advantage (GRPO family, presets, dynamic
+// sampling, overlong shaping), loss (ratios, objectives, KL, aggregation), logits (fused CPU
+// kernels), masking (UloRL MPT), control (KL/entropy controllers, ProRL resets), rollout (UloRL
+// segment scheduler).
+#pragma once
+
+#include "ulorl/core.hpp"
+#include "ulorl/advantage.hpp"

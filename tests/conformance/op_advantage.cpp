@@ -1,0 +1,135 @@
+// Conformance ops `advantage` and `overlong_penalty` (golden README §4.1, §4.8): JSON -> the public
+// advantage API -> JSON. No formula lives here; presets come from ulorl/advantage/presets.hpp.
+#include <ulorl/advantage.hpp>
+
+#include "conformance/registry.hpp"
+
+namespace {
+
+using namespace conformance;
+
+struct batch {
+  matrix rewards, mask;
+  std::vector<std::int64_t> index;
+  [[nodiscard]] ulorl::token_view<const double> reward_view() const {
+    return ulorl::padded(ulorl::matrix_view<const double>(rewards.data.data(), rewards.rows, rewards.cols));
+  }
+  [[nodiscard]] ulorl::token_view<const double> mask_view() const {
+    return ulorl::padded(ulorl::matrix_view<const double>(mask.data.data(), mask.rows, mask.cols));
+  }
+};
+
+batch read_batch(const json& in) {
+  batch b{to_matrix(in.at("token_level_rewards"), "token_level_rewards"), to_matrix(in.at("response_mask"), "response_mask"),
+          in.contains("index") ? to_ints(in["index"], "index") : std::vector<std::int64_t>{}};
+  return b;
+}
+
+json to_tokens(const batch& b, const std::vector<double>& adv, const ulorl::broadcast_config& placement) {
+  matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
+  ulorl::broadcast_to_tokens(std::span<const double>(adv), b.mask_view(),
+                             ulorl::padded(ulorl::matrix_view<double>(out.data.data(), out.rows, out.cols)), placement);
+  return from_matrix(out);
+}
+
+json advantage(const std::string& preset, const json& params, const json& in) {
+  const batch b = read_batch(in);
+  const auto rewards = b.reward_view();
+  const auto mask = b.mask_view();
+  ulorl::require_same_shape("advantage", "response_mask", mask, "token_level_rewards", rewards);
+  ulorl::require_binary_mask("advantage", "response_mask", mask);
+  std::vector<double> scores(b.rewards.rows), adv(b.rewards.rows);
+  ulorl::response_scores(rewards, std::span<double>(scores));
+  const std::string est = param_string(params, "estimator", "grpo");
+  const auto by_index = [&] {
+    ulorl::require_same_size("advantage", "index", b.index.size(), "token_level_rewards rows", scores.size());
+    return ulorl::group_layout::from_ids(std::span<const std::int64_t>(b.index), "advantage", "index");
+  };
+  const auto fixed = [&](const char* name) {
+    return ulorl::group_layout::fixed(scores.size(), static_cast<std::size_t>(param_int(params, name, 0)), "advantage", name);
+  };
+  const auto run = [&](const ulorl::group_layout& g, const ulorl::advantage_preset& p) {
+    ulorl::group_advantages(std::span<const double>(scores), g, std::span<double>(adv), p.group);
+    return json{{"advantages", to_tokens(b, adv, p.broadcast)}};
+  };
+
+  if (preset == "verl") {
+    const auto groups = by_index();
+    if (est == "grpo")
+      return run(groups, ulorl::presets::verl_grpo(param_double(params, "epsilon", 1e-6),
+                                                   param_bool(params, "norm_adv_by_std_in_grpo", true)));
+    if (est == "rloo") return run(groups, ulorl::presets::verl_rloo());
+    const ulorl::broadcast_config masked{.placement = ulorl::token_placement::masked, .allow_empty_rows = true};
+    if (est == "gpg") {
+      ulorl::gpg_advantages(std::span<const double>(scores), groups, std::span<double>(adv),
+                            {.f_norm = param_double(params, "f_norm", 1.0)});
+      return json{{"advantages", to_tokens(b, adv, masked)}};
+    }
+    if (est == "opo") {
+      std::vector<double> lengths(scores.size());
+      for (std::size_t i = 0; i < lengths.size(); ++i) lengths[i] = static_cast<double>(ulorl::row_tokens(mask, i));
+      ulorl::opo_advantages(std::span<const double>(scores), std::span<const double>(lengths), groups, std::span<double>(adv));
+      return json{{"advantages", to_tokens(b, adv, masked)}};
+    }
+    matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
+    const auto out_view = ulorl::padded(ulorl::matrix_view<double>(out.data.data(), out.rows, out.cols));
+    if (est == "reinforce_plus_plus") {
+      matrix ret = out;
+      const auto ret_view = ulorl::padded(ulorl::matrix_view<double>(ret.data.data(), ret.rows, ret.cols));
+      ulorl::reinforce_pp_advantages(rewards, mask, param_double(params, "gamma", 1.0), ret_view, out_view);
+      return json{{"advantages", from_matrix(out)}, {"returns", from_matrix(ret)}};
+    }
+    if (est == "reinforce_plus_plus_baseline") {
+      ulorl::reinforce_pp_baseline_advantages(std::span<const double>(scores), groups, mask, out_view);
+      return json{{"advantages", from_matrix(out)}};
+    }
+  } else if (preset == "trl" && est == "grpo") {
+    const std::string s = param_string(params, "scale_rewards", "group");
+    if (s != "group" && s != "batch" && s != "none") throw reject("unknown scale_rewards '" + s + "'");
+    const auto scale = s == "group" ? ulorl::presets::trl_scale_rewards::group
+                       : s == "batch" ? ulorl::presets::trl_scale_rewards::batch
+                                      : ulorl::presets::trl_scale_rewards::none;
+    return run(fixed("num_generations"), ulorl::presets::trl_grpo(scale));
+  } else if (preset == "openrlhf") {
+    using E = ulorl::presets::openrlhf_estimator;
+    if (est == "group_norm" || est == "rloo" || est == "dr_grpo")
+      return run(fixed("n_samples_per_prompt"),
+                 ulorl::presets::openrlhf(est == "group_norm" ? E::group_norm : est == "rloo" ? E::rloo : E::dr_grpo));
+  } else if (preset == "nemo_rl" && est == "grpo") {
+    return run(by_index(), ulorl::presets::nemo_rl(param_bool(params, "use_leave_one_out_baseline", true),
+                                                   param_bool(params, "normalize_rewards", true)));
+  } else if (preset == "open_instruct" && (est == "standard" || est == "centered")) {
+    return run(fixed("num_samples_per_prompt_rollout"), ulorl::presets::open_instruct(est == "standard"));
+  }
+  throw reject("unknown preset/estimator '" + preset + "'/'" + est + "'");
+}
+
+json overlong_penalty(const std::string& preset, const json& params, const json& in) {
+  if (preset == "dapo") {
+    const auto lengths = to_vector(in.at("response_length"), "response_length");
+    const auto scores = to_vector(in.at("scores"), "scores");
+    ulorl::require_same_size("overlong_penalty", "scores", scores.size(), "response_length", lengths.size());
+    std::vector<double> penalty(lengths.size()), reward(lengths.size());
+    ulorl::dapo_overlong_penalties(std::span<const double>(lengths), std::span<double>(penalty),
+                                   {.max_length = param_double(params, "max_resp_len", 0),
+                                    .buffer_length = param_double(params, "overlong_buffer_len", 0),
+                                    .penalty_factor = param_double(params, "penalty_factor", 1.0)});
+    ulorl::require_all_finite("overlong_penalty", "scores", ulorl::vector_view<const double>(std::span<const double>(scores)));
+    for (std::size_t i = 0; i < reward.size(); ++i) reward[i] = scores[i] + penalty[i];
+    return json{{"penalty", penalty}, {"reward", reward}};
+  }
+  if (preset == "trl") {
+    const auto lengths = to_vector(in.at("completion_length"), "completion_length");
+    std::vector<double> penalty(lengths.size());
+    ulorl::soft_overlong_penalties(std::span<const double>(lengths), std::span<double>(penalty),
+                                   {.max_length = param_double(params, "max_completion_len", 0),
+                                    .cache_length = param_double(params, "soft_punish_cache", 0)});
+    return json{{"penalty", penalty}};
+  }
+  throw reject("unknown overlong_penalty preset '" + preset + "'");
+}
+
+const registrar reg_advantage("advantage", advantage);
+const registrar reg_overlong("overlong_penalty", overlong_penalty);
+
+}  // namespace
