@@ -1,8 +1,8 @@
 // ulorl/advantage/groups.hpp — which responses form a prompt's group. Groups come from per-response
 // ids that may be unsorted, non-contiguous, of unequal sizes or singletons (verl's `index`,
 // NeMo-RL), or from a fixed group size over contiguous blocks (TRL `num_generations`, OpenRLHF
-// `n_samples_per_prompt`). Building a `group_layout` from ids sorts once (O(B log B), O(B) memory,
-// skipped when the ids are already grouped in runs); a fixed size costs O(B).
+// `n_samples_per_prompt`). Building a `group_layout` from ids costs O(B) time and memory (a hash
+// table of the ids and a counting sort); a fixed size costs O(B).
 #pragma once
 
 #include <algorithm>
@@ -38,39 +38,53 @@ class group_layout {
       for (std::size_t i = 0; i < ids.size(); ++i)
         if (ids[i] < 0) detail::fail_at(fn, arg, static_cast<std::int64_t>(i), ids[i], "group ids must be >= 0");
     }
-    group_layout g;
+    // Dense group numbers by first appearance through an open-addressing hash table (O(B)), then
+    // a counting sort of the responses by group, which keeps each group's members in order.
     const std::size_t n = ids.size();
-    g.order_.resize(n);
-    std::iota(g.order_.begin(), g.order_.end(), 0u);
-    // Fast path: every id forms one contiguous run and runs are distinct (checked after the sort
-    // of run heads, which is cheap when groups are large).
-    if (!contiguous_runs(ids)) {
-      std::stable_sort(g.order_.begin(), g.order_.end(), [&](std::uint32_t a, std::uint32_t b) {
-        return ids[a] < ids[b];
-      });
-    }
+    // The table grows with the number of distinct ids (load <= 1/2), not with B: a table sized
+    // for B would page-fault across megabytes it barely uses.
+    std::size_t cap = 64;
+    std::vector<std::uint64_t> keys(cap);
+    std::vector<std::uint32_t> slot_group(cap, UINT32_MAX);
+    const auto find_slot = [&](std::uint64_t key) {
+      std::size_t h = static_cast<std::size_t>(mix(key)) & (cap - 1);
+      while (slot_group[h] != UINT32_MAX && keys[h] != key) h = (h + 1) & (cap - 1);
+      return h;
+    };
+    group_layout g;
     g.group_of_.resize(n);
-    std::vector<std::pair<std::uint32_t, std::uint32_t>> runs;  // (first member, run start in order_)
-    for (std::size_t k = 0; k < n; ++k)
-      if (k == 0 || ids[g.order_[k]] != ids[g.order_[k - 1]]) runs.emplace_back(g.order_[k], static_cast<std::uint32_t>(k));
-    // Number groups by first appearance so the layout does not depend on the ids' values.
-    std::vector<std::uint32_t> by_first(runs.size());
-    std::iota(by_first.begin(), by_first.end(), 0u);
-    std::sort(by_first.begin(), by_first.end(), [&](std::uint32_t a, std::uint32_t b) { return runs[a].first < runs[b].first; });
-    std::vector<std::uint32_t> sorted_order(n);
-    g.start_.assign(1, 0u);
-    std::uint32_t pos = 0;
-    for (std::uint32_t r : by_first) {
-      const std::uint32_t begin = runs[r].second;
-      const std::uint32_t end = r + 1 < runs.size() ? runs[r + 1].second : static_cast<std::uint32_t>(n);
-      for (std::uint32_t k = begin; k < end; ++k) {
-        sorted_order[pos] = g.order_[k];
-        g.group_of_[g.order_[k]] = static_cast<std::uint32_t>(g.start_.size() - 1);
-        ++pos;
+    std::vector<std::uint32_t> counts;
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto key = static_cast<std::uint64_t>(ids[i]);
+      std::size_t h = find_slot(key);
+      if (slot_group[h] == UINT32_MAX) {
+        if (2 * (counts.size() + 1) > cap) {
+          std::vector<std::uint64_t> old_keys(cap * 2);
+          std::vector<std::uint32_t> old_groups(cap * 2, UINT32_MAX);
+          old_keys.swap(keys);
+          old_groups.swap(slot_group);
+          cap *= 2;
+          for (std::size_t k = 0; k < old_keys.size(); ++k)
+            if (old_groups[k] != UINT32_MAX) {
+              const std::size_t s = find_slot(old_keys[k]);
+              keys[s] = old_keys[k];
+              slot_group[s] = old_groups[k];
+            }
+          h = find_slot(key);
+        }
+        keys[h] = key;
+        slot_group[h] = static_cast<std::uint32_t>(counts.size());
+        counts.push_back(0);
       }
-      g.start_.push_back(pos);
+      g.group_of_[i] = slot_group[h];
+      ++counts[slot_group[h]];
     }
-    g.order_ = std::move(sorted_order);
+    g.start_.resize(counts.size() + 1);
+    g.start_[0] = 0;
+    for (std::size_t k = 0; k < counts.size(); ++k) g.start_[k + 1] = g.start_[k] + counts[k];
+    g.order_.resize(n);
+    std::vector<std::uint32_t> next(g.start_.begin(), g.start_.end() - 1);
+    for (std::size_t i = 0; i < n; ++i) g.order_[next[g.group_of_[i]]++] = static_cast<std::uint32_t>(i);
     return g;
   }
 
@@ -102,13 +116,13 @@ class group_layout {
   [[nodiscard]] std::uint32_t group_of(std::size_t i) const noexcept { return group_of_[i]; }
 
  private:
-  template <class I>
-  static bool contiguous_runs(std::span<const I> ids) {
-    std::vector<I> heads;
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      if (i == 0 || ids[i] != ids[i - 1]) heads.push_back(ids[i]);
-    std::sort(heads.begin(), heads.end());
-    return std::adjacent_find(heads.begin(), heads.end()) == heads.end();
+  //! splitmix64 finaliser: spreads sequential or strided ids over the table.
+  static constexpr std::uint64_t mix(std::uint64_t x) noexcept {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
   }
 
   std::vector<std::uint32_t> order_;     // response indices, grouped

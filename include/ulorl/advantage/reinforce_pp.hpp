@@ -101,6 +101,7 @@ void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const
   for (std::size_t b = 0; b < mask.rows(); ++b) n += row_tokens(mask, b);
   if (n < (cfg.unbiased ? 2u : 1u)) detail::fail_value(fn, "mask", n, "whitening needs at least 2 valid tokens");
   if (!(gamma >= 0.0 && gamma <= 1.0)) detail::fail_value(fn, "gamma", gamma, "must be in [0, 1]");
+  if (!(cfg.eps > 0) || !std::isfinite(cfg.eps)) detail::fail_value(fn, "config.eps", cfg.eps, "must be finite and > 0");
   discounted_returns(token_rewards, mask, gamma, returns);
   masked_whiten(token_view<const U>(returns), mask, advantages, cfg);
 }

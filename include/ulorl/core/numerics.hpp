@@ -28,6 +28,8 @@ struct lse_accumulator {
   T max = -std::numeric_limits<T>::infinity();
   T sum = T(0);
   ULORL_HD void add(T x) noexcept {
+    // exp(-inf - -inf) would be NaN: a -inf entry (masked vocabulary) contributes nothing.
+    if (x == -std::numeric_limits<T>::infinity()) return;
     if (x > max) {
       sum = sum * std::exp(max - x) + T(1);
       max = x;

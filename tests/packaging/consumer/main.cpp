@@ -8,7 +8,7 @@
 int main() {
   const std::vector<double> rewards{1.0, 0.0, 0.0, 1.0};
   std::vector<double> adv(rewards.size());
-  ulorl::grpo_advantages_fixed(std::span<const double>(rewards), 4, std::span<double>(adv), {});
+  ulorl::group_advantages(std::span<const double>(rewards), std::size_t{4}, std::span<double>(adv));
   double sum = 0;
   for (double a : adv) sum += a;
   std::printf("ulorl %d consumer: advantages %.4f %.4f %.4f %.4f (sum %.1e)\n", ULORL_VERSION, adv[0], adv[1],

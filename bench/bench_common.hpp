@@ -1,0 +1,39 @@
+// bench/bench_common.hpp — helpers shared by the microbenchmarks: remembering a baseline's time
+// per item so the optimised benchmark, registered after it, reports the speed-up in the same run.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+
+namespace bench {
+
+//! Seconds per iteration of baseline benchmarks, keyed by "<name>/<size>".
+inline std::map<std::string, double>& baseline_seconds() {
+  static std::map<std::string, double> m;
+  return m;
+}
+
+//! Wall-clock timer for manual timing inside a benchmark loop.
+struct stopwatch {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  [[nodiscard]] double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+//! Records a baseline's seconds per iteration (call after the loop).
+inline void record_baseline(benchmark::State& state, const std::string& key, double seconds) {
+  if (state.iterations() > 0) baseline_seconds()[key] = seconds / static_cast<double>(state.iterations());
+}
+
+//! Sets counter `name` = baseline time / our time, when the baseline ran earlier in this process.
+inline void report_speedup(benchmark::State& state, const std::string& key, double seconds, const char* name = "x_vs_ref") {
+  const auto it = baseline_seconds().find(key);
+  if (it != baseline_seconds().end() && seconds > 0 && state.iterations() > 0)
+    state.counters[name] = it->second / (seconds / static_cast<double>(state.iterations()));
+}
+
+}  // namespace bench

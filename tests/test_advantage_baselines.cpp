@@ -1,0 +1,45 @@
+// Tests for ulorl/advantage/baselines.hpp (GPG, OPO) against hand-derived formulas.
+#include <ulorl/advantage/baselines.hpp>
+
+#include <vector>
+
+#include "catch.hpp"
+
+TEST_CASE("GPG scales centred scores by B / #nonzero", "[gpg]") {
+  const std::vector<double> s{1, 0, 0, 1, 2};
+  const std::vector<std::int64_t> ids{0, 0, 1, 1, 7};  // response 4 is a singleton: mu = 0
+  std::vector<double> a(5);
+  const auto g = ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids));
+  ulorl::gpg_advantages(std::span<const double>(s), g, std::span<double>(a), {.f_norm = 2.0});
+  const double alpha = 5.0 / 3.0;
+  REQUIRE(a[0] == Approx(alpha * 0.5 / 2));
+  REQUIRE(a[1] == Approx(-alpha * 0.5 / 2));
+  REQUIRE(a[3] == Approx(alpha * 0.5 / 2));
+  REQUIRE(a[4] == Approx(alpha * 2 / 2));
+  const std::vector<double> zeros{0, 0, 0, 0, 0};
+  ulorl::gpg_advantages(std::span<const double>(zeros), g, std::span<double>(a));  // alpha = B / max(0, 1)
+  for (double x : a) REQUIRE(x == 0.0);
+  REQUIRE_THROWS_WITH(ulorl::gpg_advantages(std::span<const double>(s), g, std::span<double>(a), {.f_norm = 0.0}),
+                      Catch::Contains("config.f_norm"));
+}
+
+TEST_CASE("OPO subtracts the length-weighted group mean", "[opo]") {
+  const std::vector<double> s{1, 0, 1, 5};
+  const std::vector<double> len{10, 30, 20, 4};
+  const std::vector<std::int64_t> ids{3, 3, 3, 9};
+  std::vector<double> a(4);
+  const auto g = ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids));
+  ulorl::opo_advantages(std::span<const double>(s), std::span<const double>(len), g, std::span<double>(a));
+  const double b = (10 * 1 + 30 * 0 + 20 * 1) / 60.0;
+  REQUIRE(a[0] == Approx(1 - b));
+  REQUIRE(a[1] == Approx(-b));
+  REQUIRE(a[3] == 5.0);  // singleton: baseline 0
+  const std::vector<double> zero_len{0, 0, 0, 4};
+  std::vector<double> out(4, 9);
+  REQUIRE_THROWS_WITH(ulorl::opo_advantages(std::span<const double>(s), std::span<const double>(zero_len), g, std::span<double>(out)),
+                      Catch::Contains("'lengths'[0]") && Catch::Contains("length 0"));
+  const std::vector<double> neg_len{1, -1, 1, 1};
+  REQUIRE_THROWS_WITH(ulorl::opo_advantages(std::span<const double>(s), std::span<const double>(neg_len), g, std::span<double>(out)),
+                      Catch::Contains("'lengths'[1] = -1"));
+  for (double x : out) REQUIRE(x == 9);
+}
