@@ -7,3 +7,5 @@
 
 #include "ulorl/core.hpp"
 #include "ulorl/advantage.hpp"
+#include "ulorl/control.hpp"
+#include "ulorl/masking.hpp"

@@ -1,0 +1,147 @@
+// Tests of ulorl/control/entropy_controller.hpp: both rules against the oracle, closed-loop
+// steering of a toy entropy model, bounds, checkpoint save/restore mid-run, rejected input.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <ulorl/control/entropy_controller.hpp>
+
+#include "catch.hpp"
+#include "support/dynamics_oracle.hpp"
+
+namespace {
+constexpr std::uint64_t kSeed = 4242;
+
+ulorl::entropy_controller_config to_config(const dynamics_oracle::entropy_params& p) {
+  return {.rule = p.proportional ? ulorl::entropy_control_rule::proportional : ulorl::entropy_control_rule::step,
+          .target_entropy = p.target, .init_coef = p.c0, .step_up = p.up, .step_down = p.down, .gain = p.gain,
+          .tolerance = p.tol, .min_coef = p.lo, .max_coef = p.hi, .gate_above_target = p.gate};
+}
+}  // namespace
+
+TEST_CASE("entropy controller matches the oracle for both rules", "[control][entropy]") {
+  std::printf("test_control_entropy_controller seed %llu\n", static_cast<unsigned long long>(kSeed));
+  std::mt19937_64 rng(kSeed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int trial = 0; trial < 60; ++trial) {
+    dynamics_oracle::entropy_params p;
+    p.proportional = trial % 2 == 1;
+    p.target = 0.05 + 0.5 * u(rng);
+    p.up = 0.01 * u(rng);
+    p.down = 0.01 * u(rng);
+    p.gain = 0.2 * u(rng);
+    p.tol = trial % 3 == 0 ? 0.0 : 0.05 * u(rng);
+    p.lo = trial % 4 == 0 ? 0.0 : 0.001 * u(rng);
+    p.hi = p.lo + 0.05 * u(rng);
+    p.c0 = p.lo + (p.hi - p.lo) * u(rng);
+    p.gate = trial % 5 != 0;
+    std::vector<double> h(1 + static_cast<std::size_t>(u(rng) * 200));
+    for (auto& x : h) x = u(rng) < 0.1 ? p.target : 1.2 * u(rng);  // some exactly at target
+    const auto want = dynamics_oracle::entropy_run(p, h);
+    ulorl::entropy_controller c(to_config(p));
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      INFO("trial " << trial << " step " << i);
+      REQUIRE(c.bonus(h[i]) == want[i].first);
+      REQUIRE(c.update(h[i]) == Approx(want[i].second).epsilon(1e-14).margin(1e-300));
+      CHECK(c.value() >= p.lo);
+      CHECK(c.value() <= p.hi);
+    }
+    CHECK(c.state().updates == h.size());
+  }
+}
+
+TEST_CASE("entropy controller steers a toy policy's entropy to the target", "[control][entropy][property]") {
+  // Toy closed loop: without a bonus the policy sharpens (entropy decays by 3% a step); the bonus
+  // pushes it back up in proportion to alpha. The step rule settles into a small limit cycle around
+  // the target, the proportional (integral) rule converges onto it.
+  for (auto rule : {ulorl::entropy_control_rule::step, ulorl::entropy_control_rule::proportional}) {
+    ulorl::entropy_controller c({.rule = rule, .target_entropy = 0.3, .step_up = 0.002, .step_down = 0.002,
+                                 .gain = 0.005, .max_coef = 0.2, .gate_above_target = false});
+    double h = 1.0, no_control = 1.0, tail_sum = 0.0, tail_dev = 0.0;
+    for (int k = 0; k < 3000; ++k) {
+      const double alpha = c.bonus(h);
+      c.update(h);
+      h = h * 0.97 + 2.0 * alpha;
+      no_control *= 0.97;
+      if (k >= 2500) {
+        tail_sum += h;
+        tail_dev = std::max(tail_dev, std::fabs(h - 0.3));
+      }
+    }
+    INFO("rule " << static_cast<int>(rule) << " final entropy " << h << " max deviation " << tail_dev);
+    CHECK(no_control < 1e-10);
+    CHECK(std::fabs(tail_sum / 500.0 - 0.3) < 0.02);
+    CHECK(tail_dev < (rule == ulorl::entropy_control_rule::step ? 0.05 : 1e-6));
+  }
+}
+
+TEST_CASE("entropy controller step details", "[control][entropy]") {
+  ulorl::entropy_controller c({.target_entropy = 0.2, .init_coef = 0.01, .step_up = 0.005, .step_down = 0.003,
+                               .tolerance = 0.01, .max_coef = 0.012});
+  CHECK(c.update(0.195) == 0.01);              // inside the dead band
+  CHECK(c.update(0.1) == Approx(0.012));       // +0.005, clamped at max 0.012
+  CHECK(c.update(0.5) == Approx(0.009));       // -0.003
+  CHECK(c.bonus(0.5) == 0.0);                  // gated above target
+  CHECK(c.bonus(0.2) == Approx(0.009));        // at target: applied
+  for (int i = 0; i < 10; ++i) c.update(0.9);
+  CHECK(c.value() == 0.0);                     // clamped at min 0
+  CHECK(c.state().last_entropy == 0.9);
+}
+
+TEST_CASE("entropy controller save/restore mid-run behaves identically", "[control][entropy][checkpoint]") {
+  std::mt19937_64 rng(kSeed + 1);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (auto rule : {ulorl::entropy_control_rule::step, ulorl::entropy_control_rule::proportional}) {
+    ulorl::entropy_controller a({.rule = rule, .target_entropy = 0.25, .init_coef = 0.003, .tolerance = 0.01,
+                                 .min_coef = 0.001, .max_coef = 0.05, .gate_above_target = false});
+    std::vector<double> h(300);
+    for (auto& x : h) x = 0.5 * u(rng);
+    for (std::size_t i = 0; i < 123; ++i) a.update(h[i]);
+    auto b = ulorl::entropy_controller::restore(a.save());
+    CHECK_FALSE(b.config().gate_above_target);
+    for (std::size_t i = 123; i < h.size(); ++i) {
+      REQUIRE(a.bonus(h[i]) == b.bonus(h[i]));
+      REQUIRE(a.update(h[i]) == b.update(h[i]));
+    }
+    CHECK(a.save() == b.save());
+  }
+}
+
+TEST_CASE("entropy controller rejects bad configuration, input and checkpoints", "[control][entropy][error]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  auto arg_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const ulorl::error& e) {
+      return e.argument();
+    }
+    return "<no error>";
+  };
+  using cfg = ulorl::entropy_controller_config;
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.target_entropy = -0.1}); }) == "target_entropy");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.target_entropy = nan}); }) == "target_entropy");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.step_up = -1}); }) == "step_up");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.step_down = inf}); }) == "step_down");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.gain = -1}); }) == "gain");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.tolerance = -1}); }) == "tolerance");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.min_coef = -1}); }) == "min_coef");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.max_coef = inf}); }) == "max_coef");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.min_coef = 0.2, .max_coef = 0.1}); }) == "max_coef");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.init_coef = 0.5}); }) == "init_coef");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.rule = static_cast<ulorl::entropy_control_rule>(7)}); }) == "rule");
+  ulorl::entropy_controller c;
+  CHECK(arg_of([&] { c.update(nan); }) == "entropy");
+  CHECK(arg_of([&] { (void)c.bonus(inf); }) == "entropy");
+  CHECK(c.state().updates == 0);
+  auto bytes = c.save();
+  // Payload: rule (1) + 8 f64 + gate (1) + coef f64 + updates u64 + last_entropy f64; bytes.size() - 17
+  // is coef's top byte: 0xFF there makes it a huge negative number, below min_coef.
+  bytes[bytes.size() - 17] = std::byte{0xFF};
+  CHECK_THROWS_AS(ulorl::entropy_controller::restore(bytes), ulorl::error);
+  auto bad = c.save();
+  bad[12] = std::byte{5};  // rule
+  CHECK_THROWS_AS(ulorl::entropy_controller::restore(bad), ulorl::error);
+}
