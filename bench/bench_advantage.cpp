@@ -70,7 +70,7 @@ void BM_ref_grpo_advantages(benchmark::State& state) {
 
 void BM_grpo_advantages(benchmark::State& state) {
   auto b = make_batch(static_cast<std::size_t>(state.range(0)), state.range(1) != 0);
-  const auto cfg = ulorl::presets::verl_grpo().group;
+  const auto cfg = ulorl::presets::verl::grpo_advantage().group;
   bench::stopwatch t;
   for (auto _ : state) {
     // Includes building the group layout from the ids, as a trainer would every step.
@@ -87,7 +87,7 @@ void BM_grpo_advantages(benchmark::State& state) {
 void BM_grpo_advantages_fixed_groups(benchmark::State& state) {
   auto b = make_batch(static_cast<std::size_t>(state.range(0)), false);
   const auto groups = ulorl::group_layout::fixed(b.rewards.size(), group);
-  const auto cfg = ulorl::presets::verl_grpo().group;
+  const auto cfg = ulorl::presets::verl::grpo_advantage().group;
   for (auto _ : state) {
     ulorl::group_advantages(std::span<const float>(b.rewards), groups, std::span<float>(b.out), cfg);
     benchmark::DoNotOptimize(b.out.data());

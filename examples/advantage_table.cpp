@@ -29,10 +29,10 @@ int main() {
   const auto filter = ulorl::dynamic_sampling_filter(std::span<const double>(reward), groups, std::span<int>(keep));
 
   std::vector<double> verl(reward.size()), nemo(reward.size()), drgrpo(reward.size());
-  ulorl::group_advantages(std::span<const double>(shaped), groups, std::span<double>(verl), ulorl::presets::verl_grpo().group);
-  ulorl::group_advantages(std::span<const double>(shaped), groups, std::span<double>(nemo), ulorl::presets::nemo_rl().group);
+  ulorl::group_advantages(std::span<const double>(shaped), groups, std::span<double>(verl), ulorl::presets::verl::grpo_advantage().group);
+  ulorl::group_advantages(std::span<const double>(shaped), groups, std::span<double>(nemo), ulorl::presets::nemo_rl::advantage().group);
   ulorl::group_advantages(std::span<const double>(shaped), groups, std::span<double>(drgrpo),
-                          ulorl::presets::verl_grpo(1e-6, false).group);
+                          ulorl::presets::verl::grpo_advantage(1e-6, false).group);
 
   std::printf("ulorl %d.%d.%d — advantages of a sample RLVR batch (%zu prompts x %zu responses)\n\n",
               ULORL_VERSION_MAJOR, ULORL_VERSION_MINOR, ULORL_VERSION_PATCH, groups.count(), group_size);

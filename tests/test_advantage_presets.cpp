@@ -21,46 +21,46 @@ TEST_CASE("verl GRPO: unbiased std, eps 1e-6, singleton s/(1+eps)", "[presets]")
   std::vector<double> s(40);
   for (auto& x : s) x = static_cast<double>(r.integer(0, 1));
   const auto ids = testing_support::random_group_ids(r, s.size());
-  const auto a = run(s, ids, ulorl::presets::verl_grpo());
+  const auto a = run(s, ids, ulorl::presets::verl::grpo_advantage());
   const auto o = oracle::grpo(s, ids, 1e-6, true, true, true);
   for (std::size_t i = 0; i < s.size(); ++i) REQUIRE(a[i] == Approx(o[i]).epsilon(1e-12).margin(1e-15));
-  REQUIRE(run({3.0}, {4}, ulorl::presets::verl_grpo())[0] == Approx(3.0 / (1 + 1e-6)).epsilon(1e-15));
-  REQUIRE(run({3.0}, {4}, ulorl::presets::verl_grpo(1e-6, false))[0] == 3.0);
-  REQUIRE(run({3.0}, {4}, ulorl::presets::verl_rloo())[0] == 3.0);
+  REQUIRE(run({3.0}, {4}, ulorl::presets::verl::grpo_advantage())[0] == Approx(3.0 / (1 + 1e-6)).epsilon(1e-15));
+  REQUIRE(run({3.0}, {4}, ulorl::presets::verl::grpo_advantage(1e-6, false))[0] == 3.0);
+  REQUIRE(run({3.0}, {4}, ulorl::presets::verl::rloo_advantage())[0] == 3.0);
 }
 
 TEST_CASE("TRL: eps 1e-4, a group of one gives 0", "[presets]") {
-  REQUIRE(run({1.0, 0.0, 1.0}, {0, 1, 2}, ulorl::presets::trl_grpo())[0] == 0.0);
-  const auto a = run({1.0, 0.0}, {0, 0}, ulorl::presets::trl_grpo());
+  REQUIRE(run({1.0, 0.0, 1.0}, {0, 1, 2}, ulorl::presets::trl::advantage())[0] == 0.0);
+  const auto a = run({1.0, 0.0}, {0, 0}, ulorl::presets::trl::advantage());
   REQUIRE(a[0] == Approx(0.5 / (std::sqrt(0.5) + 1e-4)).epsilon(1e-14));
 }
 
 TEST_CASE("OpenRLHF: singletons rejected, eps 1e-9", "[presets]") {
-  using E = ulorl::presets::openrlhf_estimator;
-  REQUIRE_THROWS_AS(run({1.0, 0.0}, {0, 1}, ulorl::presets::openrlhf(E::group_norm)), ulorl::error);
-  REQUIRE_THROWS_AS(run({1.0, 0.0}, {0, 1}, ulorl::presets::openrlhf(E::rloo)), ulorl::error);
-  REQUIRE(run({1.0, 0.0}, {0, 1}, ulorl::presets::openrlhf(E::dr_grpo))[0] == 0.0);
-  REQUIRE(run({1.0, 0.0}, {0, 0}, ulorl::presets::openrlhf(E::group_norm))[0] ==
+  using E = ulorl::presets::openrlhf::advantage_estimator;
+  REQUIRE_THROWS_AS(run({1.0, 0.0}, {0, 1}, ulorl::presets::openrlhf::advantage(E::group_norm)), ulorl::error);
+  REQUIRE_THROWS_AS(run({1.0, 0.0}, {0, 1}, ulorl::presets::openrlhf::advantage(E::rloo)), ulorl::error);
+  REQUIRE(run({1.0, 0.0}, {0, 1}, ulorl::presets::openrlhf::advantage(E::dr_grpo))[0] == 0.0);
+  REQUIRE(run({1.0, 0.0}, {0, 0}, ulorl::presets::openrlhf::advantage(E::group_norm))[0] ==
           Approx(0.5 / (std::sqrt(0.5) + 1e-9)).epsilon(1e-14));
-  REQUIRE(ulorl::presets::openrlhf(E::group_norm).broadcast.placement == ulorl::token_placement::through_last);
+  REQUIRE(ulorl::presets::openrlhf::advantage(E::group_norm).broadcast.placement == ulorl::token_placement::through_last);
 }
 
 TEST_CASE("NeMo-RL: leave-one-out, groups of two never normalised", "[presets]") {
-  const auto a = run({1.0, 0.0}, {0, 0}, ulorl::presets::nemo_rl());
+  const auto a = run({1.0, 0.0}, {0, 0}, ulorl::presets::nemo_rl::advantage());
   REQUIRE(a[0] == 1.0);
   REQUIRE(a[1] == -1.0);
   testing_support::rng r(23);
   std::vector<double> s(30);
   for (auto& x : s) x = r.normal();
   const auto ids = testing_support::random_group_ids(r, s.size());
-  const auto b = run(s, ids, ulorl::presets::nemo_rl());
+  const auto b = run(s, ids, ulorl::presets::nemo_rl::advantage());
   const auto o = oracle::loo(s, ids, true, 1e-6);
   for (std::size_t i = 0; i < s.size(); ++i) REQUIRE(b[i] == Approx(o[i]).epsilon(1e-10).margin(1e-14));
-  REQUIRE(ulorl::presets::nemo_rl().broadcast.placement == ulorl::token_placement::every_position);
+  REQUIRE(ulorl::presets::nemo_rl::advantage().broadcast.placement == ulorl::token_placement::every_position);
 }
 
 TEST_CASE("Open-Instruct: biased std, eps 1e-8", "[presets]") {
-  const auto a = run({1.0, 0.0, 0.0, 0.0}, {0, 0, 0, 0}, ulorl::presets::open_instruct());
+  const auto a = run({1.0, 0.0, 0.0, 0.0}, {0, 0, 0, 0}, ulorl::presets::open_instruct::advantage());
   REQUIRE(a[0] == Approx(0.75 / (std::sqrt(0.1875) + 1e-8)).epsilon(1e-14));
-  REQUIRE(run({1.0, 0.0}, {0, 0}, ulorl::presets::open_instruct(false))[0] == 0.5);
+  REQUIRE(run({1.0, 0.0}, {0, 0}, ulorl::presets::open_instruct::advantage(false))[0] == 0.5);
 }

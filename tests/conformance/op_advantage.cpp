@@ -56,9 +56,9 @@ json advantage(const std::string& preset, const json& params, const json& in) {
   if (preset == "verl") {
     const auto groups = by_index();
     if (est == "grpo")
-      return run(groups, ulorl::presets::verl_grpo(param_double(params, "epsilon", 1e-6),
+      return run(groups, ulorl::presets::verl::grpo_advantage(param_double(params, "epsilon", 1e-6),
                                                    param_bool(params, "norm_adv_by_std_in_grpo", true)));
-    if (est == "rloo") return run(groups, ulorl::presets::verl_rloo());
+    if (est == "rloo") return run(groups, ulorl::presets::verl::rloo_advantage());
     const ulorl::broadcast_config masked{.placement = ulorl::token_placement::masked, .allow_empty_rows = true};
     if (est == "gpg") {
       ulorl::gpg_advantages(std::span<const double>(scores), groups, std::span<double>(adv),
@@ -86,20 +86,20 @@ json advantage(const std::string& preset, const json& params, const json& in) {
   } else if (preset == "trl" && est == "grpo") {
     const std::string s = param_string(params, "scale_rewards", "group");
     if (s != "group" && s != "batch" && s != "none") throw reject("unknown scale_rewards '" + s + "'");
-    const auto scale = s == "group" ? ulorl::presets::trl_scale_rewards::group
-                       : s == "batch" ? ulorl::presets::trl_scale_rewards::batch
-                                      : ulorl::presets::trl_scale_rewards::none;
-    return run(fixed("num_generations"), ulorl::presets::trl_grpo(scale));
+    const auto scale = s == "group" ? ulorl::presets::trl::scale_rewards::group
+                       : s == "batch" ? ulorl::presets::trl::scale_rewards::batch
+                                      : ulorl::presets::trl::scale_rewards::none;
+    return run(fixed("num_generations"), ulorl::presets::trl::advantage(scale));
   } else if (preset == "openrlhf") {
-    using E = ulorl::presets::openrlhf_estimator;
+    using E = ulorl::presets::openrlhf::advantage_estimator;
     if (est == "group_norm" || est == "rloo" || est == "dr_grpo")
       return run(fixed("n_samples_per_prompt"),
-                 ulorl::presets::openrlhf(est == "group_norm" ? E::group_norm : est == "rloo" ? E::rloo : E::dr_grpo));
+                 ulorl::presets::openrlhf::advantage(est == "group_norm" ? E::group_norm : est == "rloo" ? E::rloo : E::dr_grpo));
   } else if (preset == "nemo_rl" && est == "grpo") {
-    return run(by_index(), ulorl::presets::nemo_rl(param_bool(params, "use_leave_one_out_baseline", true),
+    return run(by_index(), ulorl::presets::nemo_rl::advantage(param_bool(params, "use_leave_one_out_baseline", true),
                                                    param_bool(params, "normalize_rewards", true)));
   } else if (preset == "open_instruct" && (est == "standard" || est == "centered")) {
-    return run(fixed("num_samples_per_prompt_rollout"), ulorl::presets::open_instruct(est == "standard"));
+    return run(fixed("num_samples_per_prompt_rollout"), ulorl::presets::open_instruct::advantage(est == "standard"));
   }
   throw reject("unknown preset/estimator '" + preset + "'/'" + est + "'");
 }

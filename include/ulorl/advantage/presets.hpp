@@ -23,8 +23,9 @@ struct advantage_preset {
 
 namespace presets {
 
-//! verl `compute_grpo_outcome_advantage` (norm_adv_by_std_in_grpo = false is Dr. GRPO).
-[[nodiscard]] constexpr advantage_preset verl_grpo(double epsilon = 1e-6, bool norm_adv_by_std = true) noexcept {
+namespace verl {
+//! verl `compute_grpo_outcome_advantage` (norm_adv_by_std = false is Dr. GRPO).
+[[nodiscard]] constexpr advantage_preset grpo_advantage(double epsilon = 1e-6, bool norm_adv_by_std = true) noexcept {
   return {{.baseline = baseline_kind::group_mean,
            .scale = norm_adv_by_std ? scale_kind::group_std : scale_kind::none,
            .std = std_estimator::unbiased,
@@ -33,45 +34,51 @@ namespace presets {
           {.placement = token_placement::masked, .allow_empty_rows = true}};
 }
 //! verl `compute_rloo_outcome_advantage`: s_i - mean of the others; a singleton keeps its score.
-[[nodiscard]] constexpr advantage_preset verl_rloo() noexcept {
+[[nodiscard]] constexpr advantage_preset rloo_advantage() noexcept {
   return {{.baseline = baseline_kind::leave_one_out, .scale = scale_kind::none, .singleton = singleton_rule::identity},
           {.placement = token_placement::masked, .allow_empty_rows = true}};
 }
+}  // namespace verl
 
-enum class trl_scale_rewards { group, batch, none };
+namespace trl {
+enum class scale_rewards { group, batch, none };
 //! TRL GRPOTrainer advantages (`scale_rewards`), contiguous groups of num_generations.
-[[nodiscard]] constexpr advantage_preset trl_grpo(trl_scale_rewards scale = trl_scale_rewards::group) noexcept {
+[[nodiscard]] constexpr advantage_preset advantage(scale_rewards scale = scale_rewards::group) noexcept {
   return {{.baseline = baseline_kind::group_mean,
-           .scale = scale == trl_scale_rewards::group   ? scale_kind::group_std
-                    : scale == trl_scale_rewards::batch ? scale_kind::batch_std
-                                                        : scale_kind::none,
+           .scale = scale == scale_rewards::group   ? scale_kind::group_std
+                    : scale == scale_rewards::batch ? scale_kind::batch_std
+                                                    : scale_kind::none,
            .std = std_estimator::unbiased,
            .eps = 1e-4,
            .singleton = singleton_rule::zero},
           {.placement = token_placement::masked, .allow_empty_rows = true}};
 }
+}  // namespace trl
 
-enum class openrlhf_estimator { group_norm, rloo, dr_grpo };
+namespace openrlhf {
+enum class advantage_estimator { group_norm, rloo, dr_grpo };
 //! OpenRLHF advantages for n_samples_per_prompt contiguous groups.
-[[nodiscard]] constexpr advantage_preset openrlhf(openrlhf_estimator e) noexcept {
+[[nodiscard]] constexpr advantage_preset advantage(advantage_estimator e) noexcept {
   advantage_preset p{{.baseline = baseline_kind::group_mean,
                       .scale = scale_kind::group_std,
                       .std = std_estimator::unbiased,
                       .eps = 1e-9,
                       .singleton = singleton_rule::reject},
                      {.placement = token_placement::through_last, .allow_empty_rows = true}};
-  if (e == openrlhf_estimator::rloo) {
+  if (e == advantage_estimator::rloo) {
     p.group.baseline = baseline_kind::leave_one_out;
     p.group.scale = scale_kind::none;
-  } else if (e == openrlhf_estimator::dr_grpo) {
+  } else if (e == advantage_estimator::dr_grpo) {
     p.group.scale = scale_kind::none;
     p.group.singleton = singleton_rule::zero;
   }
   return p;
 }
+}  // namespace openrlhf
 
+namespace nemo_rl {
 //! NeMo-RL GRPO (use_leave_one_out_baseline, normalize_rewards), groups by id, mask not applied.
-[[nodiscard]] constexpr advantage_preset nemo_rl(bool leave_one_out = true, bool normalize = true) noexcept {
+[[nodiscard]] constexpr advantage_preset advantage(bool leave_one_out = true, bool normalize = true) noexcept {
   return {{.baseline = leave_one_out ? baseline_kind::leave_one_out : baseline_kind::group_mean,
            .scale = !normalize ? scale_kind::none
                     : leave_one_out ? scale_kind::leave_one_out_std
@@ -82,9 +89,11 @@ enum class openrlhf_estimator { group_norm, rloo, dr_grpo };
            .zero_std = zero_std_rule::skip},
           {.placement = token_placement::every_position, .allow_empty_rows = true}};
 }
+}  // namespace nemo_rl
 
+namespace open_instruct {
 //! Open-Instruct: `standard` (biased std, eps 1e-8) or `centered` (mean only).
-[[nodiscard]] constexpr advantage_preset open_instruct(bool standard = true) noexcept {
+[[nodiscard]] constexpr advantage_preset advantage(bool standard = true) noexcept {
   return {{.baseline = baseline_kind::group_mean,
            .scale = standard ? scale_kind::group_std : scale_kind::none,
            .std = std_estimator::biased,
@@ -92,6 +101,7 @@ enum class openrlhf_estimator { group_norm, rloo, dr_grpo };
            .singleton = singleton_rule::zero},
           {.placement = token_placement::masked, .allow_empty_rows = true}};
 }
+}  // namespace open_instruct
 
 }  // namespace presets
 
