@@ -5,4 +5,5 @@
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/numerics.hpp"
 #include "ulorl/core/ragged.hpp"
+#include "ulorl/core/serialize.hpp"
 #include "ulorl/core/views.hpp"

@@ -15,6 +15,7 @@
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/serialize.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -24,59 +25,6 @@ enum class checkpoint_kind : std::uint16_t { kl_controller = 1, entropy_controll
 inline constexpr std::uint16_t checkpoint_format_version = 1;
 
 namespace detail {
-
-//! Appends fixed-width little-endian fields to a byte vector.
-class byte_writer {
- public:
-  explicit byte_writer(std::vector<std::byte>& out) : out_(out) {}
-  void u8(std::uint8_t v) { out_.push_back(static_cast<std::byte>(v)); }
-  void u16(std::uint16_t v) { put(v, 2); }
-  void u32(std::uint32_t v) { put(v, 4); }
-  void u64(std::uint64_t v) { put(v, 8); }
-  void i64(std::int64_t v) { put(static_cast<std::uint64_t>(v), 8); }
-  void f64(double v) { put(std::bit_cast<std::uint64_t>(v), 8); }
-  void boolean(bool v) { u8(v ? 1u : 0u); }
-
- private:
-  void put(std::uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) out_.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xFFu));
-  }
-  std::vector<std::byte>& out_;
-};
-
-//! Reads what byte_writer wrote; every overrun or malformed field throws ulorl::error.
-class byte_reader {
- public:
-  byte_reader(std::span<const std::byte> in, std::string_view fn) : in_(in), fn_(fn) {}
-  std::uint8_t u8() { return static_cast<std::uint8_t>(get(1)); }
-  std::uint16_t u16() { return static_cast<std::uint16_t>(get(2)); }
-  std::uint32_t u32() { return static_cast<std::uint32_t>(get(4)); }
-  std::uint64_t u64() { return get(8); }
-  std::int64_t i64() { return static_cast<std::int64_t>(get(8)); }
-  double f64() { return std::bit_cast<double>(get(8)); }
-  bool boolean() {
-    const auto at = pos_;
-    const auto v = u8();
-    if (v > 1u) fail_at(fn_, "bytes", static_cast<std::int64_t>(at), static_cast<unsigned>(v), "boolean field must be 0 or 1");
-    return v == 1u;
-  }
-  [[nodiscard]] std::size_t position() const noexcept { return pos_; }
-  [[nodiscard]] std::size_t remaining() const noexcept { return in_.size() - pos_; }
-
- private:
-  std::uint64_t get(std::size_t bytes) {
-    if (in_.size() - pos_ < bytes)
-      fail_value(fn_, "bytes", in_.size(),
-                 "truncated checkpoint: field at byte " + std::to_string(pos_) + " needs " + std::to_string(bytes) + " bytes");
-    std::uint64_t v = 0;
-    for (std::size_t i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(in_[pos_ + i]) << (8 * i);
-    pos_ += bytes;
-    return v;
-  }
-  std::span<const std::byte> in_;
-  std::string_view fn_;
-  std::size_t pos_ = 0;
-};
 
 //! Writes the header with a zero length, to be patched by finish_checkpoint once the payload is in.
 inline std::size_t begin_checkpoint(std::vector<std::byte>& out, checkpoint_kind kind) {
