@@ -9,3 +9,4 @@
 #include "ulorl/advantage.hpp"
 #include "ulorl/control.hpp"
 #include "ulorl/masking.hpp"
+#include "ulorl/rollout.hpp"

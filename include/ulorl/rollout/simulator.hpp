@@ -1,0 +1,310 @@
+// ulorl/rollout/simulator.hpp — a discrete-event model of UloRL segment rollout (Du et al. 2025,
+// arXiv:2507.19766, Table "time per step for 1/2/4 segments") driven by the real segment_scheduler.
+//
+// Model (all parameters documented in docs/segment_rollout.md):
+//  * decode engine, continuous batching, one iteration emits one token for each of the b running
+//    sequences with total context C:          tau(b, C) = t_iter + t_seq * b + t_kv * C
+//    (t_iter: weights/expert reads, launch and collective latency, paid per iteration whatever b;
+//     t_seq: per-sequence compute and sampling; t_kv: attention reading one cached token);
+//  * a resumed response rebuilds its KV cache under the new weights: t_prefill * (prompt + tokens);
+//    a new response prefills its prompt;
+//  * trainer (colocated, synchronous): t_step + t_token * (prompt + response tokens) per batch of
+//    `prompts_per_step` whole groups; the engine is idle while it trains; then the policy version
+//    increments;
+//  * response lengths: per prompt a difficulty d ~ N(0, prompt_sigma), per response
+//    log L = log(median_fraction * L_max) + d + N(0, response_sigma), rounded, >= 1; L > L_max is a
+//    truncated response. Or bootstrap from a user's list of lengths.
+// One "training step" trains on exactly prompts_per_step groups (release_batch_groups); with n
+// segments several rollout steps of L_max / n iterations may precede it. Every configuration sees
+// the same lengths for the same prompt (common random numbers), so speedups have little noise.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/rollout/segment_scheduler.hpp"
+
+ULORL_NAMESPACE_BEGIN
+
+//! Response-length distribution of the simulator.
+struct length_model {
+  double median_fraction = 0.2;   //!< median response length / L_max
+  double prompt_sigma = 0.65;     //!< log-std of the per-prompt difficulty (shared by a group)
+  double response_sigma = 0.45;   //!< log-std of a response around its prompt's difficulty
+  std::vector<std::int64_t> empirical;  //!< non-empty: bootstrap lengths from this list instead
+};
+
+//! Decode engine: tau(b, C) = iteration_s + per_sequence_s * b + per_context_token_s * C.
+struct decode_engine_model {
+  double iteration_s = 15.0e-3;          //!< fixed cost of one decode iteration
+  double per_sequence_s = 1.0e-6;        //!< per running sequence per iteration
+  double per_context_token_s = 3.0e-10;  //!< per cached context token read per iteration
+  double prefill_token_s = 0.5e-6;       //!< per token prefilled (prompt, or KV rebuilt on resume)
+  bool rebuild_kv_on_resume = true;      //!< a paused response's KV cache is recomputed after a policy update
+};
+
+//! Trainer (colocated with the engine, synchronous): per_step_s + per_token_s * trained tokens.
+struct trainer_model {
+  double per_token_s = 4.0e-6;   //!< old-log-prob recomputation (POIS) + reference + forward/backward
+  double per_step_s = 20.0;      //!< optimizer step, weight sync to the engine
+};
+
+struct rollout_sim_config {
+  std::int64_t max_response_tokens = 65536;  //!< L_max
+  std::int64_t prompt_tokens = 1024;
+  std::int32_t group_size = 8;               //!< G
+  std::int64_t prompts_per_step = 128;       //!< groups per training batch; the engine holds prompts_per_step * G
+  std::int64_t warmup_steps = 4;             //!< training steps before measuring (pipeline fill)
+  std::int64_t measured_steps = 12;
+  std::uint64_t seed = 1;
+  length_model lengths{};
+  decode_engine_model engine{};
+  trainer_model trainer{};
+};
+
+struct rollout_sim_result {
+  std::int32_t segments = 1;
+  double step_time = 0;            //!< seconds per training step (steady state)
+  double speedup = 1;              //!< step_time(1 segment) / step_time
+  double tokens_per_s = 0;         //!< trained response tokens per second of wall time
+  double idle_fraction = 0;        //!< engine sequence-slot time not decoding (tail, prefill, training)
+  double tail_idle_fraction = 0;   //!< the same, counted over decode iterations only (long-tail waste)
+  double rollout_time = 0;         //!< seconds of engine work (decode + prefill) per training step
+  double train_time = 0;           //!< seconds of training per training step
+  double rollout_steps_per_train_step = 0;
+  double mean_response_tokens = 0;
+  double truncated_fraction = 0;
+  double mean_lag = 0;             //!< policy versions between a response's first token and its training
+  std::int64_t max_lag = 0;
+  std::int64_t lag_histogram[4] = {0, 0, 0, 0};  //!< responses with lag 0, 1, 2, >= 3
+  double mean_versions_spanned = 0;
+};
+
+namespace detail {
+
+inline std::uint64_t splitmix64(std::uint64_t x) noexcept {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+inline double unit_double(std::uint64_t x) noexcept { return (static_cast<double>(x >> 11) + 0.5) * 0x1.0p-53; }
+// A standard normal from a counter (Box-Muller), identical on every platform and standard library.
+inline double hashed_normal(std::uint64_t seed, std::uint64_t key) noexcept {
+  const double u1 = unit_double(splitmix64(seed ^ splitmix64(2 * key)));
+  const double u2 = unit_double(splitmix64(seed ^ splitmix64(2 * key + 1)));
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c) {
+  if (c.max_response_tokens < 1) fail_value(fn, "max_response_tokens", c.max_response_tokens, "must be >= 1");
+  if (c.prompt_tokens < 0) fail_value(fn, "prompt_tokens", c.prompt_tokens, "must be >= 0");
+  if (c.group_size < 1) fail_value(fn, "group_size", c.group_size, "must be >= 1");
+  if (c.prompts_per_step < 1) fail_value(fn, "prompts_per_step", c.prompts_per_step, "must be >= 1");
+  if (c.warmup_steps < 0) fail_value(fn, "warmup_steps", c.warmup_steps, "must be >= 0");
+  if (c.measured_steps < 1) fail_value(fn, "measured_steps", c.measured_steps, "must be >= 1");
+  require_positive(fn, "lengths.median_fraction", c.lengths.median_fraction);
+  require_non_negative(fn, "lengths.prompt_sigma", c.lengths.prompt_sigma);
+  require_non_negative(fn, "lengths.response_sigma", c.lengths.response_sigma);
+  for (std::size_t i = 0; i < c.lengths.empirical.size(); ++i)
+    if (c.lengths.empirical[i] < 1) fail_at(fn, "lengths.empirical", static_cast<std::int64_t>(i), c.lengths.empirical[i], "lengths must be >= 1");
+  require_non_negative(fn, "engine.iteration_s", c.engine.iteration_s);
+  require_non_negative(fn, "engine.per_sequence_s", c.engine.per_sequence_s);
+  require_non_negative(fn, "engine.per_context_token_s", c.engine.per_context_token_s);
+  require_non_negative(fn, "engine.prefill_token_s", c.engine.prefill_token_s);
+  require_non_negative(fn, "trainer.per_token_s", c.trainer.per_token_s);
+  require_non_negative(fn, "trainer.per_step_s", c.trainer.per_step_s);
+  if (c.engine.iteration_s + c.engine.per_sequence_s + c.engine.per_context_token_s <= 0)
+    fail(fn, "engine", "a decode iteration must take some time");
+}
+
+}  // namespace detail
+
+//! The natural length (possibly > L_max, i.e. truncated) of response k of prompt g.
+[[nodiscard]] inline std::int64_t simulated_length(const rollout_sim_config& c, std::int64_t group_id, std::int32_t k) {
+  const auto G = static_cast<std::uint64_t>(c.group_size);
+  const auto rid = static_cast<std::uint64_t>(group_id) * G + static_cast<std::uint64_t>(k);
+  if (!c.lengths.empirical.empty()) {
+    const auto h = detail::splitmix64(c.seed ^ detail::splitmix64(0xE11ull + rid));
+    return c.lengths.empirical[h % c.lengths.empirical.size()];
+  }
+  const double d = c.lengths.prompt_sigma * detail::hashed_normal(c.seed, 0x5000000000ull + static_cast<std::uint64_t>(group_id));
+  const double e = c.lengths.response_sigma * detail::hashed_normal(c.seed ^ 0xABCDull, rid);
+  const double len = c.lengths.median_fraction * static_cast<double>(c.max_response_tokens) * std::exp(d + e);
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::min(len, 1e15)));
+}
+
+//! Runs the model with `segments` segments (the real segment_scheduler decides everything).
+[[nodiscard]] inline rollout_sim_result simulate_segment_rollout(const rollout_sim_config& c, std::int32_t segments) {
+  constexpr std::string_view fn = "simulate_segment_rollout";
+  detail::validate_sim_config(fn, c);
+  if (segments < 1 || segments > c.max_response_tokens) detail::fail_value(fn, "segments", segments, "must be in [1, max_response_tokens]");
+  const std::int64_t capacity = c.prompts_per_step * c.group_size;
+  segment_scheduler sched({.group_size = c.group_size,
+                           .max_response_tokens = c.max_response_tokens,
+                           .num_segments = segments,
+                           .max_active_responses = capacity,
+                           .order = release_order::completion,
+                           .release_batch_groups = c.prompts_per_step});
+  const auto& e = c.engine;
+  const double P = static_cast<double>(c.prompt_tokens);
+  struct run_item {
+    std::int64_t n;   // tokens produced this step
+    double ctx;       // context before the step
+  };
+  std::vector<run_item> run;
+  run.reserve(static_cast<std::size_t>(capacity));
+
+  double now = 0, t_start = 0;
+  double slot_busy = 0, slot_busy_start = 0;   // sum over iterations of b * tau
+  double decode_time = 0, decode_time_start = 0;
+  double rollout_time = 0, rollout_time_start = 0, train_time_measured = 0;
+  std::int64_t train_steps = 0, rollout_steps = 0, rollout_steps_start = 0;
+  std::int64_t tokens_measured = 0, responses_measured = 0, truncated_measured = 0;
+  double lag_sum = 0, spanned_sum = 0;
+  rollout_sim_result out;
+  out.segments = segments;
+  const std::int64_t total_steps = c.warmup_steps + c.measured_steps;
+  // Enough prompts for the whole run; a generous bound so the engine never starves.
+  sched.offer_prompts((total_steps + 2 * static_cast<std::int64_t>(segments) + 4) * c.prompts_per_step * 2);
+
+  const std::int64_t guard_limit = total_steps * (4 * static_cast<std::int64_t>(segments) + 8) + 64;
+  for (std::int64_t guard = 0; train_steps < total_steps; ++guard) {
+    if (guard > guard_limit) detail::fail(fn, "config", "the simulated pipeline does not produce training batches");
+    // ---- one rollout step ------------------------------------------------------------------
+    const auto plan = sched.plan();
+    run.clear();
+    double prefill_tokens = 0;
+    for (const auto& it : plan.items) {
+      const std::int64_t natural = simulated_length(c, it.group_id, it.index_in_group);
+      const std::int64_t remaining = natural - it.start_token;
+      const bool eos = natural <= c.max_response_tokens && remaining <= it.max_new_tokens;
+      const std::int64_t n = eos ? remaining : it.max_new_tokens;
+      run.push_back({n, P + static_cast<double>(it.start_token)});
+      if (it.start_token == 0) prefill_tokens += P;
+      else if (e.rebuild_kv_on_resume) prefill_tokens += P + static_cast<double>(it.start_token);
+      sched.report(it.response_id, n, eos ? decode_outcome::eos : decode_outcome::segment_end);
+    }
+    (void)sched.end_step();
+    ++rollout_steps;
+    // Decode iterations in closed form between the points where sequences leave the batch:
+    // for iterations j in (prev, n_k], b and the base context S are constant and the context sum
+    // is S + (j - 1) * b.
+    std::sort(run.begin(), run.end(), [](const run_item& a, const run_item& b) { return a.n < b.n; });
+    double S = 0;
+    for (const auto& r : run) S += r.ctx;
+    double b = static_cast<double>(run.size());
+    double step_decode = 0, step_busy = 0;
+    std::int64_t prev = 0;
+    for (std::size_t i = 0; i < run.size();) {
+      const std::int64_t nk = run[i].n;
+      if (nk > prev) {
+        const double m = static_cast<double>(nk - prev);
+        const double sum_jm1 = (static_cast<double>(prev) + static_cast<double>(nk - 1)) * m / 2.0;  // sum of (j-1), j=prev+1..nk
+        const double t = m * (e.iteration_s + e.per_sequence_s * b + e.per_context_token_s * S) +
+                         e.per_context_token_s * b * sum_jm1;
+        step_decode += t;
+        step_busy += b * t;
+        prev = nk;
+      }
+      while (i < run.size() && run[i].n == nk) {
+        S -= run[i].ctx;
+        b -= 1;
+        ++i;
+      }
+    }
+    const double step_rollout = step_decode + e.prefill_token_s * prefill_tokens;
+    now += step_rollout;
+    rollout_time += step_rollout;
+    decode_time += step_decode;
+    slot_busy += step_busy;
+
+    // ---- train on every full batch of groups that is ready ------------------------------------
+    for (;;) {
+      const auto& batch = sched.take_experience();
+      if (batch.group_ids.empty()) break;
+      std::int64_t tokens = 0;
+      for (const auto& r : batch.responses) tokens += r.tokens;
+      const double t_train = c.trainer.per_step_s +
+                             c.trainer.per_token_s * (static_cast<double>(tokens) + P * static_cast<double>(batch.responses.size()));
+      const bool measuring = train_steps >= c.warmup_steps;
+      if (measuring) {
+        train_time_measured += t_train;
+        tokens_measured += tokens;
+        for (const auto& r : batch.responses) {
+          const auto st = batch.staleness(r);
+          lag_sum += static_cast<double>(st.max_lag);
+          spanned_sum += static_cast<double>(st.versions_spanned);
+          out.max_lag = std::max(out.max_lag, st.max_lag);
+          ++out.lag_histogram[std::min<std::int64_t>(st.max_lag, 3)];
+          truncated_measured += r.final_state == response_state::truncated;
+          ++responses_measured;
+        }
+      }
+      now += t_train;
+      sched.update_policy(sched.policy_version() + 1);
+      ++train_steps;
+      if (train_steps == c.warmup_steps) {
+        t_start = now;
+        slot_busy_start = slot_busy;
+        decode_time_start = decode_time;
+        rollout_time_start = rollout_time;
+        rollout_steps_start = rollout_steps;
+      }
+      if (train_steps == total_steps) break;
+    }
+  }
+  const double span = now - t_start;
+  const auto M = static_cast<double>(c.measured_steps);
+  const double cap = static_cast<double>(capacity);
+  out.step_time = span / M;
+  out.tokens_per_s = static_cast<double>(tokens_measured) / span;
+  out.idle_fraction = 1.0 - (slot_busy - slot_busy_start) / (cap * span);
+  const double dt = decode_time - decode_time_start;
+  out.tail_idle_fraction = dt > 0 ? 1.0 - (slot_busy - slot_busy_start) / (cap * dt) : 0.0;
+  out.rollout_time = (rollout_time - rollout_time_start) / M;
+  out.train_time = train_time_measured / M;
+  out.rollout_steps_per_train_step = static_cast<double>(rollout_steps - rollout_steps_start) / M;
+  const auto R = static_cast<double>(std::max<std::int64_t>(1, responses_measured));
+  out.mean_response_tokens = static_cast<double>(tokens_measured) / R;
+  out.truncated_fraction = static_cast<double>(truncated_measured) / R;
+  out.mean_lag = lag_sum / R;
+  out.mean_versions_spanned = spanned_sum / R;
+  return out;
+}
+
+//! Runs every segment count of `segments` and fills `speedup` relative to the 1-segment run
+//! (simulated as well when 1 is not listed).
+[[nodiscard]] inline std::vector<rollout_sim_result> simulate_segment_rollouts(const rollout_sim_config& c,
+                                                                                std::span<const std::int32_t> segments) {
+  std::vector<rollout_sim_result> out;
+  out.reserve(segments.size());
+  double base = 0;
+  for (const auto s : segments) {
+    out.push_back(simulate_segment_rollout(c, s));
+    if (s == 1) base = out.back().step_time;
+  }
+  if (base == 0 && !segments.empty()) base = simulate_segment_rollout(c, 1).step_time;
+  for (auto& r : out) r.speedup = base / r.step_time;
+  return out;
+}
+
+//! Named presets. "ulorl-64k": the paper's Qwen3-30B-A3B setting (64k outputs, 128 prompts x 8).
+[[nodiscard]] inline rollout_sim_config rollout_sim_preset(std::string_view name) {
+  rollout_sim_config c;
+  if (name == "ulorl-64k") return c;  // the defaults are this preset (see docs/segment_rollout.md)
+  if (name == "ulorl-128k") {
+    c.max_response_tokens = 131072;
+    return c;
+  }
+  detail::fail_value("rollout_sim_preset", "name", name, "unknown preset (known: ulorl-64k, ulorl-128k)");
+}
+
+ULORL_NAMESPACE_END

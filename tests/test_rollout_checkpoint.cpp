@@ -1,0 +1,167 @@
+// Tests of ulorl/rollout/checkpoint.hpp: exact save/restore (idle and mid-step, after failures),
+// a restored scheduler continues exactly like the original, every corrupted buffer is rejected, and
+// states that break an invariant are rejected by the validating constructor.
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "ulorl/rollout/checkpoint.hpp"
+
+using ulorl::decode_outcome;
+using ulorl::segment_scheduler;
+
+namespace {
+
+// A scheduler with live groups in every state, a policy update, a failure and an open step with
+// some items reported: the richest state to round-trip.
+segment_scheduler busy_scheduler() {
+  segment_scheduler s({.group_size = 3, .max_response_tokens = 12, .num_segments = 3, .max_active_responses = 9,
+                       .release_batch_groups = 2, .max_staleness = 2});
+  s.offer_prompts(6);
+  auto p = s.plan();
+  for (const auto& it : p.items) {
+    if (it.response_id % 4 == 0) s.report(it.response_id, 2, decode_outcome::eos);
+    else if (it.response_id == 5) s.report(it.response_id, 1, decode_outcome::failed);
+    else s.report(it.response_id, it.max_new_tokens, decode_outcome::segment_end);
+  }
+  (void)s.end_step();
+  s.update_policy(1);
+  p = s.plan();
+  s.report(p.items[0].response_id, 1, decode_outcome::eos);
+  s.report(p.items[1].response_id, p.items[1].max_new_tokens, decode_outcome::segment_end);
+  return s;  // step open, remaining items unreported
+}
+
+// Drives two schedulers with the same calls and checks they answer identically.
+void lockstep(segment_scheduler& a, segment_scheduler& b, int steps) {
+  if (a.phase() == ulorl::scheduler_phase::planned) {
+    const auto items = a.current_plan();
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (a.state().plan_reported[i]) continue;
+      a.report(items[i].response_id, 1, decode_outcome::eos);
+      b.report(items[i].response_id, 1, decode_outcome::eos);
+    }
+    CHECK(a.end_step() == b.end_step());
+  }
+  for (int i = 0; i < steps; ++i) {
+    a.offer_prompts(1);
+    b.offer_prompts(1);
+    const auto pa = a.plan();
+    const auto pb = b.plan();
+    REQUIRE(pa.items.size() == pb.items.size());
+    for (std::size_t k = 0; k < pa.items.size(); ++k) {
+      REQUIRE(pa.items[k] == pb.items[k]);
+      const auto& it = pa.items[k];
+      const bool eos = (it.response_id + i) % 3 == 0;
+      a.report(it.response_id, eos ? 1 : it.max_new_tokens, eos ? decode_outcome::eos : decode_outcome::segment_end);
+      b.report(it.response_id, eos ? 1 : it.max_new_tokens, eos ? decode_outcome::eos : decode_outcome::segment_end);
+    }
+    CHECK(a.end_step() == b.end_step());
+    const auto& ea = a.take_experience(true);
+    const auto& eb = b.take_experience(true);
+    CHECK(ea.group_ids == eb.group_ids);
+    CHECK(ea.spans == eb.spans);
+    REQUIRE(a.state() == b.state());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint round-trips exactly, mid-step after failures", "[rollout][checkpoint]") {
+  auto s = busy_scheduler();
+  REQUIRE(s.phase() == ulorl::scheduler_phase::planned);
+  const auto bytes = ulorl::save_scheduler(s);
+  auto r = ulorl::restore_scheduler(bytes);
+  CHECK(r.state() == s.state());
+  CHECK(ulorl::save_scheduler(r) == bytes);  // byte-exact
+  CHECK(ulorl::scheduler_to_json(r) == ulorl::scheduler_to_json(s));
+  lockstep(s, r, 12);
+
+  // Idle state, and a fresh scheduler.
+  const auto idle = ulorl::save_scheduler(s);
+  CHECK(ulorl::restore_scheduler(idle).state() == s.state());
+  segment_scheduler fresh;
+  CHECK(ulorl::restore_scheduler(ulorl::save_scheduler(fresh)).state() == fresh.state());
+}
+
+TEST_CASE("checkpoint JSON shows the state", "[rollout][checkpoint]") {
+  const auto s = busy_scheduler();
+  const auto j = ulorl::scheduler_to_json(s);
+  for (const char* key : {"\"format\":\"ulorl.segment_scheduler\"", "\"phase\":\"planned\"", "\"policy_version\":1",
+                          "\"num_segments\":3", "\"segment_tokens\":4", "\"groups\":[", "\"spans\":[[0,4,0]",
+                          "\"state\":\"decoding\"", "\"state\":\"finished\"", "\"reported\":true", "\"reported\":false",
+                          "\"counters\":{"})
+    CHECK(j.find(key) != std::string::npos);
+  // Balanced brackets outside strings (the dump has no escapes).
+  int depth = 0;
+  bool in_str = false;
+  for (const char ch : j) {
+    if (ch == '"') in_str = !in_str;
+    if (in_str) continue;
+    if (ch == '{' || ch == '[') ++depth;
+    if (ch == '}' || ch == ']') --depth;
+    REQUIRE(depth >= 0);
+  }
+  CHECK(depth == 0);
+  CHECK_FALSE(in_str);
+}
+
+TEST_CASE("corrupted checkpoints are rejected", "[rollout][checkpoint]") {
+  const auto s = busy_scheduler();
+  const auto bytes = ulorl::save_scheduler(s);
+  // Every single-bit flip anywhere: header, payload or checksum.
+  std::int64_t rejected = 0;
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    for (int bit : {0, 3, 7}) {
+      auto b = bytes;
+      b[i] ^= static_cast<std::byte>(1u << bit);
+      CHECK_THROWS_AS(ulorl::restore_scheduler(b), ulorl::error);
+      ++rejected;
+    }
+  }
+  CHECK(rejected == static_cast<std::int64_t>(3 * bytes.size()));
+  // Every truncation, and trailing bytes.
+  for (std::size_t n = 0; n < bytes.size(); n += 7)
+    CHECK_THROWS_AS(ulorl::restore_scheduler(std::span<const std::byte>(bytes).first(n)), ulorl::error);
+  auto longer = bytes;
+  longer.push_back(std::byte{0});
+  CHECK_THROWS_AS(ulorl::restore_scheduler(longer), ulorl::error);
+  // A future format version.
+  auto v2 = bytes;
+  v2[8] = std::byte{2};
+  try {
+    (void)ulorl::restore_scheduler(v2);
+    FAIL("accepted format version 2");
+  } catch (const ulorl::error& e) {
+    CHECK(std::string(e.what()).find("format version") != std::string::npos);
+  }
+}
+
+TEST_CASE("states that break an invariant are rejected on restore", "[rollout][checkpoint]") {
+  const auto good = busy_scheduler().state();
+  const auto expect_reject = [&](auto mutate, const char* what) {
+    auto st = good;
+    mutate(st);
+    INFO(what);
+    CHECK_THROWS_AS(segment_scheduler(std::move(st)), ulorl::error);
+  };
+  CHECK_NOTHROW(segment_scheduler(good));
+  expect_reject([](auto& st) { st.active_responses += 1; }, "active count");
+  expect_reject([](auto& st) { st.counters.generated_tokens += 1; }, "token conservation");
+  expect_reject([](auto& st) { st.responses[0].tokens += 1; }, "tokens vs spans");
+  expect_reject([](auto& st) { st.responses[0].spans.at(0).version = 7; }, "version newer than policy");
+  expect_reject([](auto& st) { st.groups[0].done += 1; }, "done count");
+  expect_reject([](auto& st) { st.groups[1].group_id = st.groups[0].group_id; }, "duplicate group id");
+  expect_reject([](auto& st) { st.live_order.pop_back(); }, "live group missing from live_order");
+  expect_reject([](auto& st) { std::swap(st.live_order[0], st.live_order[1]); }, "admission order");
+  expect_reject([](auto& st) { st.plan_reported[0] = 0; }, "reported item flag");
+  expect_reject([](auto& st) { st.plan.back().max_new_tokens = 100; }, "plan item beyond L_max");
+  expect_reject([](auto& st) { st.phase = ulorl::scheduler_phase::idle; }, "decoding while idle");
+  expect_reject([](auto& st) { st.config.num_segments = 0; }, "config");
+  expect_reject([](auto& st) { st.free_slots.push_back(0); }, "free list names a live slot");
+  expect_reject([](auto& st) { st.responses[1].state = static_cast<ulorl::response_state>(42); }, "unknown state");
+  expect_reject([](auto& st) { st.offered_end = st.next_group_id - 1; }, "offered before admitted");
+}

@@ -1,0 +1,121 @@
+// Tests of the segment-rollout simulator (ulorl/rollout/simulator.hpp): the ulorl-64k preset
+// reproduces the paper's speedups (UloRL, Qwen3-30B-A3B, 64k: 1240 s / 774 s / 601 s per step,
+// i.e. 1.6x and 2.06x) within +-15%; the cost model matches closed forms worked out by hand.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "catch.hpp"
+#include "ulorl/rollout/simulator.hpp"
+
+TEST_CASE("ulorl-64k preset reproduces the paper's segment-rollout speedups within 15%", "[rollout][simulator]") {
+  const auto cfg = ulorl::rollout_sim_preset("ulorl-64k");
+  const std::int32_t segs[] = {1, 2, 4};
+  const auto runs = ulorl::simulate_segment_rollouts(cfg, segs);
+  REQUIRE(runs.size() == 3);
+  CHECK(runs[0].speedup == 1.0);
+  const double paper2 = 1240.0 / 774.0, paper4 = 1240.0 / 601.0;  // 1.60x and 2.06x
+  CHECK(std::abs(runs[1].speedup / paper2 - 1.0) <= 0.15);
+  CHECK(std::abs(runs[2].speedup / paper4 - 1.0) <= 0.15);
+  // The absolute scale is calibrated too (synchronous step of the paper: 1240 s).
+  CHECK(std::abs(runs[0].step_time / 1240.0 - 1.0) <= 0.15);
+  // Segments cut the long-tail waste; 1 segment is on-policy, more segments add staleness.
+  CHECK(runs[2].tail_idle_fraction < runs[1].tail_idle_fraction);
+  CHECK(runs[1].tail_idle_fraction < runs[0].tail_idle_fraction);
+  CHECK(runs[0].mean_lag == 0.0);
+  CHECK(runs[0].max_lag == 0);
+  CHECK(runs[2].mean_lag > 0.0);
+  CHECK(runs[2].max_lag <= 4);  // a response spans at most n_seg decode steps (+ the barrier wait)
+  for (const auto& r : runs) {
+    CHECK(r.tokens_per_s > 0);
+    CHECK(r.idle_fraction > 0);
+    CHECK(r.idle_fraction < 1);
+    CHECK(r.truncated_fraction > 0);  // a long tail reaches the limit
+    CHECK(r.truncated_fraction < 0.1);
+  }
+  // The same prompts are seen by every configuration, so the trained lengths agree closely.
+  CHECK(std::abs(runs[2].mean_response_tokens / runs[0].mean_response_tokens - 1.0) < 0.05);
+}
+
+TEST_CASE("simulator: synchronous rollout of equal lengths matches the closed form", "[rollout][simulator]") {
+  ulorl::rollout_sim_config c;
+  c.max_response_tokens = 1000;
+  c.prompt_tokens = 37;
+  c.group_size = 3;
+  c.prompts_per_step = 5;
+  c.warmup_steps = 1;
+  c.measured_steps = 3;
+  c.lengths.empirical = {611};
+  c.engine = {.iteration_s = 1e-3, .per_sequence_s = 2e-5, .per_context_token_s = 3e-8, .prefill_token_s = 1e-5};
+  c.trainer = {.per_token_s = 7e-5, .per_step_s = 0.5};
+  const double B = 15, P = 37, l = 611;
+  const double decode = l * (1e-3 + 2e-5 * B + 3e-8 * B * P) + 3e-8 * B * l * (l - 1) / 2;
+  const double prefill = 1e-5 * B * P;
+  const double train = 0.5 + 7e-5 * B * (l + P);
+  const auto r = ulorl::simulate_segment_rollout(c, 1);
+  CHECK(r.step_time == Approx(decode + prefill + train).epsilon(1e-12));
+  CHECK(r.rollout_time == Approx(decode + prefill).epsilon(1e-12));
+  CHECK(r.train_time == Approx(train).epsilon(1e-12));
+  CHECK(r.idle_fraction == Approx(1 - decode / (decode + prefill + train)).epsilon(1e-12));
+  CHECK(r.tail_idle_fraction == Approx(0.0).margin(1e-12));
+  CHECK(r.tokens_per_s == Approx(B * l / (decode + prefill + train)).epsilon(1e-12));
+  CHECK(r.truncated_fraction == 0.0);
+
+  // Without length variance there is no tail to cut: when every response fits one segment,
+  // 2 segments behave exactly like 1.
+  c.lengths.empirical = {500};
+  const auto one = ulorl::simulate_segment_rollout(c, 1);
+  const auto two = ulorl::simulate_segment_rollout(c, 2);
+  CHECK(two.step_time == Approx(one.step_time).epsilon(1e-12));
+  CHECK(two.mean_lag == 0.0);
+
+  // All truncated: 4 segments pay the same decode work plus the KV rebuilds on every resume.
+  c.lengths.empirical = {5000};
+  const auto s1 = ulorl::simulate_segment_rollout(c, 1);
+  const auto s4 = ulorl::simulate_segment_rollout(c, 4);
+  CHECK(s1.truncated_fraction == 1.0);
+  CHECK(s4.truncated_fraction == 1.0);
+  CHECK(s4.step_time > s1.step_time);
+  // Resumes at 250, 500, 750 tokens rebuild (P + t) tokens each: B * (3P + 1500) extra prefill.
+  CHECK(s4.rollout_time - s1.rollout_time == Approx(1e-5 * B * (3 * P + 1500)).epsilon(1e-9));
+}
+
+TEST_CASE("simulator: deterministic, and rejects bad parameters", "[rollout][simulator]") {
+  auto c = ulorl::rollout_sim_preset("ulorl-64k");
+  c.measured_steps = 3;
+  const auto a = ulorl::simulate_segment_rollout(c, 4);
+  const auto b = ulorl::simulate_segment_rollout(c, 4);
+  CHECK(a.step_time == b.step_time);
+  CHECK(a.mean_lag == b.mean_lag);
+  CHECK_THROWS_AS(ulorl::simulate_segment_rollout(c, 0), ulorl::error);
+  CHECK_THROWS_AS(ulorl::rollout_sim_preset("nope"), ulorl::error);
+  auto bad = c;
+  bad.engine.iteration_s = -1;
+  CHECK_THROWS_AS(ulorl::simulate_segment_rollout(bad, 1), ulorl::error);
+  bad = c;
+  bad.lengths.empirical = {10, 0};
+  CHECK_THROWS_AS(ulorl::simulate_segment_rollout(bad, 1), ulorl::error);
+  bad = c;
+  bad.measured_steps = 0;
+  CHECK_THROWS_AS(ulorl::simulate_segment_rollout(bad, 1), ulorl::error);
+  bad = c;
+  bad.lengths.median_fraction = 0;
+  CHECK_THROWS_AS(ulorl::simulate_segment_rollout(bad, 1), ulorl::error);
+}
+
+TEST_CASE("simulator: lengths follow the documented lognormal", "[rollout][simulator]") {
+  const auto c = ulorl::rollout_sim_preset("ulorl-64k");
+  std::vector<double> logs;
+  for (std::int64_t g = 0; g < 4000; ++g)
+    for (std::int32_t k = 0; k < 8; ++k) logs.push_back(std::log(static_cast<double>(ulorl::simulated_length(c, g, k))));
+  double mean = 0;
+  for (const double x : logs) mean += x;
+  mean /= static_cast<double>(logs.size());
+  double var = 0;
+  for (const double x : logs) var += (x - mean) * (x - mean);
+  var /= static_cast<double>(logs.size() - 1);
+  const double want_mean = std::log(c.lengths.median_fraction * 65536.0);
+  const double want_var = c.lengths.prompt_sigma * c.lengths.prompt_sigma + c.lengths.response_sigma * c.lengths.response_sigma;
+  CHECK(std::abs(mean - want_mean) < 0.05);
+  CHECK(std::abs(var / want_var - 1.0) < 0.08);
+}
