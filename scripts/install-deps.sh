@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what ulorl's build, tests, examples and benchmarks need on Debian 12 / Ubuntu 22.04+,
 # through apt. Idempotent: installs only missing packages and runs `apt-get update` only then.
-# Usage: scripts/install-deps.sh   (as root, or with sudo available)
+# Usage: scripts/install-deps.sh [--bench]   (as root, or with sudo available)
+#   --bench  also installs Debian's PyTorch (python3-torch) for bench/compare_torch.py
 set -euo pipefail
 
 packages=(
@@ -11,6 +12,7 @@ packages=(
   libbenchmark-dev          # microbenchmarks (Google Benchmark)
   libeigen3-dev             # the end-to-end demo's model (optional adapter)
 )
+if [ "${1:-}" = "--bench" ]; then packages+=(python3 python3-torch); fi
 
 missing=()
 for p in "${packages[@]}"; do

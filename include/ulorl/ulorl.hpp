@@ -8,5 +8,7 @@
 #include "ulorl/core.hpp"
 #include "ulorl/advantage.hpp"
 #include "ulorl/control.hpp"
+#include "ulorl/logits.hpp"
+#include "ulorl/loss.hpp"
 #include "ulorl/masking.hpp"
 #include "ulorl/rollout.hpp"

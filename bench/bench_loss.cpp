@@ -1,0 +1,204 @@
+// bench_loss: the fused policy loss (clip-higher 0.2/0.28 + k3 KL with verl's clamps + token-mean,
+// forward and backward, metrics) on 1M..16M tokens, beside
+//   BM_ref_policy_loss_multipass  the same math as a naive multi-pass program (one loop per torch
+//                                 op, libm exp, intermediates in memory: what eager frameworks do)
+//   BM_stream_same_bytes          a plain streaming pass over the same bytes (read logp, old, ref,
+//                                 adv, mask; write grad): the memory-bandwidth ceiling
+// all in the same run. Bytes per token: 4 float inputs + 1-byte mask + 1 float output = 21 (float).
+// After the runs a summary on stderr prints fused/multipass and fused/stream ratios per size
+// (stdout stays valid JSON with --benchmark_format=json).
+#include <benchmark/benchmark.h>
+
+#include <ulorl/loss/policy_loss.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t row_len = 8192;  // tokens per response
+
+template <class T>
+struct data {
+  std::size_t B, N;
+  std::vector<T> lp, old, ref, adv, grad;
+  std::vector<std::uint8_t> mask;
+  std::vector<std::int64_t> offsets;
+  explicit data(std::size_t n) : B(n / row_len), N(n), lp(n), old(n), ref(n), adv(n), grad(n), mask(n), offsets(n / row_len + 1) {
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<double> u(0, 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      old[i] = static_cast<T>(-4 * u(rng));
+      lp[i] = static_cast<T>(old[i] + (u(rng) - 0.5) * 0.8);
+      ref[i] = static_cast<T>(lp[i] + (u(rng) - 0.5) * 0.5);
+      adv[i] = static_cast<T>((u(rng) - 0.5) * 2);
+      mask[i] = (i % row_len) < row_len - (i / row_len) % 1000;  // ragged rows
+    }
+    for (std::size_t b = 0; b <= B; ++b) offsets[b] = static_cast<std::int64_t>(b * row_len);
+  }
+  [[nodiscard]] double bytes_per_token() const { return 5.0 * sizeof(T) + 1.0; }
+};
+
+template <class T>
+data<T>& cached(std::size_t n) {
+  static std::map<std::size_t, data<T>> cache;
+  auto it = cache.find(n);
+  if (it == cache.end()) it = cache.emplace(n, data<T>(n)).first;
+  return it->second;
+}
+
+ulorl::policy_loss_config config(double tokens) {
+  ulorl::policy_loss_config c;
+  c.objective = {.eps_low = 0.2, .eps_high = 0.28, .log_ratio_clamp = 20.0};
+  c.kl = {.estimator = ulorl::kl_estimator::k3, .input_clamp = 20.0, .output_clamp = 10.0};
+  c.kl_coef = 0.04;
+  c.normalizer = {ulorl::agg_mode::token_mean, tokens, 1.0};
+  return c;
+}
+
+template <class T>
+void BM_policy_loss(benchmark::State& st) {
+  auto& d = cached<T>(static_cast<std::size_t>(st.range(0)));
+  const bool packed = st.range(1) != 0;
+  auto view = [&](const std::vector<T>& v) {
+    return packed ? ulorl::token_view<const T>::packed(ulorl::vector_view<const T>(v.data(), v.size()), std::span<const std::int64_t>(d.offsets))
+                  : ulorl::token_view<const T>::padded(ulorl::matrix_view<const T>(v.data(), d.B, row_len));
+  };
+  const auto mask = packed ? ulorl::token_view<const std::uint8_t>::packed(ulorl::vector_view<const std::uint8_t>(d.mask.data(), d.N),
+                                                                          std::span<const std::int64_t>(d.offsets))
+                           : ulorl::token_view<const std::uint8_t>::padded(ulorl::matrix_view<const std::uint8_t>(d.mask.data(), d.B, row_len));
+  const auto grad = packed ? ulorl::token_view<T>::packed(ulorl::vector_view<T>(d.grad.data(), d.N), std::span<const std::int64_t>(d.offsets))
+                           : ulorl::token_view<T>::padded(ulorl::matrix_view<T>(d.grad.data(), d.B, row_len));
+  ulorl::policy_loss_inputs<T, std::uint8_t> in{view(d.lp), view(d.old), view(d.adv), mask, view(d.ref)};
+  double tokens = 0;
+  for (auto m : d.mask) tokens += m;
+  const auto cfg = config(tokens);
+  for (auto _ : st) {
+    const auto r = ulorl::policy_loss(in, cfg, grad);
+    benchmark::DoNotOptimize(r.loss);
+    benchmark::ClobberMemory();
+  }
+  st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations()) * st.range(0));
+  st.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(st.iterations()) * st.range(0) * d.bytes_per_token()));
+}
+
+//! The naive multi-pass reference: one loop per tensor op of the PyTorch formulation, libm exp.
+template <class T>
+void BM_ref_policy_loss_multipass(benchmark::State& st) {
+  auto& d = cached<T>(static_cast<std::size_t>(st.range(0)));
+  const std::size_t n = d.N;
+  std::vector<T> x(n), r(n), rc(n), l1(n), l2(n), pg(n), u(n), kl(n), loss(n), g_pg(n), g_kl(n);
+  std::vector<T> m(n);
+  for (auto _ : st) {
+    const T lo = T(0.8), hi = T(1.28), beta = T(0.04);
+    for (std::size_t i = 0; i < n; ++i) m[i] = static_cast<T>(d.mask[i]);
+    for (std::size_t i = 0; i < n; ++i) x[i] = std::clamp(d.lp[i] - d.old[i], T(-20), T(20));
+    for (std::size_t i = 0; i < n; ++i) r[i] = std::exp(x[i]);
+    for (std::size_t i = 0; i < n; ++i) rc[i] = std::clamp(r[i], lo, hi);
+    for (std::size_t i = 0; i < n; ++i) l1[i] = -d.adv[i] * r[i];
+    for (std::size_t i = 0; i < n; ++i) l2[i] = -d.adv[i] * rc[i];
+    for (std::size_t i = 0; i < n; ++i) pg[i] = std::max(l1[i], l2[i]);
+    for (std::size_t i = 0; i < n; ++i) u[i] = std::clamp(d.ref[i] - d.lp[i], T(-20), T(20));
+    for (std::size_t i = 0; i < n; ++i) kl[i] = std::clamp(std::exp(u[i]) - u[i] - T(1), T(-10), T(10));
+    for (std::size_t i = 0; i < n; ++i) loss[i] = pg[i] + beta * kl[i];
+    double s = 0, cnt = 0;
+    for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(loss[i] * m[i]);
+    for (std::size_t i = 0; i < n; ++i) cnt += static_cast<double>(m[i]);
+    const T w = static_cast<T>(1.0 / cnt);
+    // Backward, op by op.
+    for (std::size_t i = 0; i < n; ++i) g_pg[i] = w * m[i] * (l1[i] >= l2[i] ? -d.adv[i] * r[i] : (rc[i] == r[i] ? -d.adv[i] * r[i] : T(0)));
+    for (std::size_t i = 0; i < n; ++i) g_kl[i] = w * m[i] * beta * (std::fabs(u[i]) <= T(20) ? -(std::exp(u[i]) - T(1)) : T(0));
+    for (std::size_t i = 0; i < n; ++i) d.grad[i] = g_pg[i] + g_kl[i];
+    double clip = 0;
+    for (std::size_t i = 0; i < n; ++i) clip += static_cast<double>(m[i] * static_cast<T>(l2[i] > l1[i]));
+    benchmark::DoNotOptimize(s);
+    benchmark::DoNotOptimize(clip);
+    benchmark::ClobberMemory();
+  }
+  st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations()) * st.range(0));
+  st.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(st.iterations()) * st.range(0) * d.bytes_per_token()));
+}
+
+//! Streaming pass over the same bytes: read the four inputs and the mask, write one output.
+template <class T>
+void BM_stream_same_bytes(benchmark::State& st) {
+  auto& d = cached<T>(static_cast<std::size_t>(st.range(0)));
+  const std::size_t n = d.N;
+  for (auto _ : st) {
+    const T* ULORL_RESTRICT a = d.lp.data();
+    const T* ULORL_RESTRICT b = d.old.data();
+    const T* ULORL_RESTRICT c = d.ref.data();
+    const T* ULORL_RESTRICT e = d.adv.data();
+    const std::uint8_t* ULORL_RESTRICT m = d.mask.data();
+    T* ULORL_RESTRICT g = d.grad.data();
+    for (std::size_t i = 0; i < n; ++i) g[i] = (a[i] + b[i] + c[i] + e[i]) * static_cast<T>(m[i]);
+    benchmark::ClobberMemory();
+  }
+  st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations()) * st.range(0));
+  st.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(st.iterations()) * st.range(0) * d.bytes_per_token()));
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  for (std::int64_t n : {1 << 20, 1 << 22, 1 << 24}) b->Args({n, 0});
+}
+void sizes_packed(benchmark::internal::Benchmark* b) {
+  for (std::int64_t n : {1 << 20, 1 << 22, 1 << 24}) b->Args({n, 1});
+}
+
+BENCHMARK(BM_policy_loss<float>)->Apply(sizes)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_policy_loss<float>)->Apply(sizes_packed)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ref_policy_loss_multipass<float>)->Apply(sizes)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_stream_same_bytes<float>)->Apply(sizes)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_policy_loss<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ref_policy_loss_multipass<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_stream_same_bytes<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
+
+//! Forwards every run to the display reporter and remembers throughput for the ratio summary.
+class summary_reporter : public benchmark::BenchmarkReporter {
+ public:
+  explicit summary_reporter(benchmark::BenchmarkReporter* inner) : inner_(inner) {}
+  bool ReportContext(const Context& c) override { return inner_->ReportContext(c); }
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const auto& r : runs) {
+      const auto it = r.counters.find("items_per_second");
+      if (it != r.counters.end() && r.run_type == Run::RT_Iteration) rate_[r.benchmark_name()] = it->second.value;
+    }
+    inner_->ReportRuns(runs);
+  }
+  void Finalize() override {
+    inner_->Finalize();
+    std::fprintf(stderr, "\nsummary (tokens/s; ratios measured in this run):\n");
+    for (const char* ty : {"float", "double"})
+      for (long n : {1L << 20, 1L << 22, 1L << 24}) {
+        const std::string sfx = "<" + std::string(ty) + ">/" + std::to_string(n) + "/0";
+        const double fused = rate_["BM_policy_loss" + sfx];
+        const double naive = rate_["BM_ref_policy_loss_multipass" + sfx];
+        const double stream = rate_["BM_stream_same_bytes" + sfx];
+        if (fused <= 0) continue;
+        std::fprintf(stderr, "  %-6s %9ld tokens: fused %.1f M tok/s | vs multipass %.2fx | vs streaming same bytes %.0f%%\n", ty,
+                     n, fused / 1e6, naive > 0 ? fused / naive : 0.0, stream > 0 ? 100.0 * fused / stream : 0.0);
+      }
+  }
+
+ private:
+  benchmark::BenchmarkReporter* inner_;
+  std::map<std::string, double> rate_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::BenchmarkReporter* display = benchmark::CreateDefaultDisplayReporter();
+  summary_reporter rep(display);
+  benchmark::RunSpecifiedBenchmarks(&rep);
+  benchmark::Shutdown();
+  return 0;
+}

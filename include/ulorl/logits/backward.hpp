@@ -1,0 +1,179 @@
+// ulorl/logits/backward.hpp — d loss / d logits from the statistics saved by logits_forward, in one
+// read of the logits and one write of the gradient (no [N, V] temporary, may run in place).
+// For L = sum_i g_lp_i logprob_i + g_ent_i entropy_i (the per-row gradients any loss hands back):
+//   dL/dx_ij = (g_lp_i (delta_{j,y_i} - p_ij) - g_ent_i p_ij (z_ij - E_i)) / tau,
+//   p_ij = exp(z_ij - lse_i),  z_ij - E_i = log p_ij + entropy_i
+// (verl's entropy/logprob backward, golden README section 4.6; Liger's fused cross-entropy backward).
+// The chosen token's element is evaluated in double with expm1, so g (1 - p) keeps its digits when
+// p -> 1. Masked (-inf) logits get exactly 0 (and g_lp / tau if they are the label).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/core/views.hpp"
+#include "ulorl/logits/bf16.hpp"
+#include "ulorl/logits/forward.hpp"
+#include "ulorl/logits/online_softmax.hpp"
+#include "ulorl/logits/parallel.hpp"
+#include "ulorl/logits/simd.hpp"
+
+ULORL_NAMESPACE_BEGIN
+
+namespace detail::logits {
+inline namespace ULORL_LOGITS_ISA {
+
+inline void chunk_grad(const double* p, double* out, std::size_t n, double c, double inv_tau, double r, double a,
+                       double b, bool, bool, const char*, std::size_t) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const double lp = (p[i] - c) * inv_tau - r;
+    out[i] = lp == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(lp) * (a + b * lp);
+  }
+}
+inline void chunk_grad(const float* p, float* out, std::size_t n, double c, double inv_tau, double r, double a,
+                       double b, bool fast, bool stream, const char* next, std::size_t next_bytes) noexcept {
+  const auto af = static_cast<float>(a), bf = static_cast<float>(b);
+  if (fast)
+    simd::chunk_grad<false>(p, out, n, c, inv_tau, r, af, bf, stream, next, next_bytes);
+  else
+    simd::chunk_grad<true>(p, out, n, c, inv_tau, r, af, bf, stream, next, next_bytes);
+}
+
+//! Rows at least this long are written with non-temporal stores (they outgrow the caches anyway).
+inline constexpr std::size_t stream_min_cols = 16384;
+
+template <class L, class G>
+void row_backward(vector_view<const L> row, vector_view<G> out, std::size_t label, double lse, double entropy,
+                  double g_lp, double g_ent, double tau, bool fast) noexcept {
+  using C = compute_t<L>;
+  alignas(64) C xbuf[chunk];
+  alignas(64) C gbuf[chunk];
+  const double inv_tau = 1.0 / tau;
+  const grad_coeffs<double> k = backward_coeffs(g_lp, g_ent, entropy, inv_tau);
+  // log p_j = (x_j - c) / tau - r with the anchor c = lse * tau rounded to C: x_j - c is exact for
+  // x_j near the row maximum, so large logit offsets (1e4) cost no digits in C arithmetic.
+  const double c = static_cast<double>(static_cast<C>(lse * tau));
+  const double r = lse - c * inv_tau;
+  // Read before the row is (possibly, in place) overwritten.
+  const double x_label = static_cast<double>(widen(row[label]));
+  const double g_label = label_gradient(x_label * inv_tau - lse, g_lp, g_ent, entropy, inv_tau);
+  const std::size_t v = row.size();
+  for (std::size_t j0 = 0; j0 < v; j0 += chunk) {
+    const std::size_t n = v - j0 < chunk ? v - j0 : chunk;
+    const C* x = load_chunk<L>(row, j0, n, xbuf);
+    constexpr bool direct_ok = std::is_same_v<G, C>;
+    C* o = gbuf;
+    if constexpr (direct_ok) {
+      if (out.stride() == 1) o = out.data() + j0;
+    }
+    const bool stream = o != gbuf && v >= stream_min_cols;
+    const auto [next, next_bytes] = next_chunk(row, j0);
+    chunk_grad(x, o, n, c, inv_tau, r, k.a, k.b, fast, stream, next, next_bytes);
+    if (label >= j0 && label < j0 + n) o[label - j0] = static_cast<C>(g_label);
+    if (o == gbuf) {
+      G* dst = out.data() + static_cast<std::ptrdiff_t>(j0) * out.stride();
+      if constexpr (std::is_same_v<G, bf16> && std::is_same_v<C, float>) {
+        if (out.stride() == 1) {
+          float_to_bf16(gbuf, dst, n);
+          continue;
+        }
+      }
+      for (std::size_t i = 0; i < n; ++i) dst[static_cast<std::ptrdiff_t>(i) * out.stride()] = narrow<G>(gbuf[i]);
+    }
+  }
+  if (v >= stream_min_cols) simd::stream_fence();
+}
+
+template <class S>
+void check_stat(const char* fn, const char* arg, vector_view<const S> v, std::size_t rows) {
+  require_same_size(fn, arg, v.size(), "logits rows", rows);
+  check_pointer(fn, arg, v.data(), v.size());
+  for (std::size_t r = 0; r < v.size(); ++r)
+    if (!std::isfinite(static_cast<double>(v[r])))
+      detail::fail_at(fn, arg, static_cast<std::int64_t>(r), static_cast<double>(v[r]),
+                      "must be finite (row " + std::to_string(r) + ")");
+}
+
+inline std::size_t abs_stride(std::ptrdiff_t s) noexcept { return static_cast<std::size_t>(s < 0 ? -s : s); }
+
+//! Distinct (row, column) pairs must address distinct elements of the output.
+template <class G>
+void check_no_overlap(const char* fn, const char* arg, matrix_view<G> g) {
+  const std::size_t rows = g.rows(), cols = g.cols();
+  if (rows * cols <= 1) return;
+  const std::size_t rs = abs_stride(g.row_stride()), cs = abs_stride(g.col_stride());
+  const bool row_major = (cols == 1 || cs >= 1) && (rows == 1 || rs >= cols * cs);
+  const bool col_major = (rows == 1 || rs >= 1) && (cols == 1 || cs >= rows * rs);
+  if (!row_major && !col_major)
+    detail::fail(fn, arg,
+                 "strides (" + std::to_string(g.row_stride()) + ", " + std::to_string(g.col_stride()) +
+                     ") make distinct elements overlap: an output needs non-overlapping rows");
+}
+
+}  // namespace ULORL_LOGITS_ISA
+}  // namespace detail::logits
+
+inline namespace ULORL_LOGITS_ISA {
+
+//! Writes dL/dlogits for L = sum_i grad_logprob_i logprob_i + grad_entropy_i entropy_i.
+//! `lse`, `entropy` [N]: saved by logits_forward with the same logits and temperature.
+//! `grad_logprob` [N]; `grad_entropy` [N] or empty (no entropy term; `entropy` may then be empty).
+//! `grad_logits` [N, V] (float, double or bf16; any non-overlapping strides) may be the logits
+//! buffer itself (same type and strides): the backward then runs in place.
+//! Throws ulorl::error before writing anything (non-finite statistics or gradients name their row).
+template <class L, class I, class S, class D, class G, class Exec = sequential_executor>
+void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vector_view<const S> lse,
+                     vector_view<const S> entropy, vector_view<const D> grad_logprob,
+                     vector_view<const D> grad_entropy, matrix_view<G> grad_logits, const logits_config& cfg = {},
+                     Exec&& exec = {}) {
+  static_assert(std::is_floating_point_v<S> && std::is_floating_point_v<D>, "statistics are float or double");
+  static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double or ulorl::bf16");
+  constexpr const char* fn = "logits_backward";
+  detail::logits::check_common(fn, logits, labels, cfg);
+  const std::size_t n = logits.rows();
+  const bool with_entropy = grad_entropy.size() != 0;
+  detail::logits::check_stat(fn, "lse", lse, n);
+  detail::logits::check_stat(fn, "grad_logprob", grad_logprob, n);
+  if (with_entropy) {
+    detail::logits::check_stat(fn, "grad_entropy", grad_entropy, n);
+    detail::logits::check_stat(fn, "entropy", entropy, n);
+  }
+  if (grad_logits.rows() != logits.rows() || grad_logits.cols() != logits.cols())
+    detail::fail(fn, "grad_logits",
+                 "has shape [" + std::to_string(grad_logits.rows()) + ", " + std::to_string(grad_logits.cols()) +
+                     "] but 'logits' has [" + std::to_string(logits.rows()) + ", " + std::to_string(logits.cols()) + "]");
+  detail::logits::check_pointer(fn, "grad_logits", grad_logits.data(), grad_logits.size());
+  detail::logits::check_no_overlap(fn, "grad_logits", grad_logits);
+  const double tau = cfg.temperature;
+  exec(n, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t r = begin; r < end; ++r) {
+      const double g_ent = with_entropy ? static_cast<double>(grad_entropy[r]) : 0.0;
+      const double h = with_entropy ? static_cast<double>(entropy[r]) : 0.0;
+      detail::logits::row_backward<L, G>(logits.row(r), grad_logits.row(r), static_cast<std::size_t>(labels[r]),
+                                         static_cast<double>(lse[r]), h, static_cast<double>(grad_logprob[r]), g_ent,
+                                         tau, cfg.fast_backward);
+    }
+  });
+}
+
+//! Convenience overload for mutable logits views (e.g. in place: grad_logits == logits).
+template <class L, class I, class S, class D, class G, class Exec = sequential_executor>
+  requires(!std::is_const_v<L>)
+void logits_backward(matrix_view<L> logits, std::span<const I> labels, vector_view<const S> lse,
+                     vector_view<const S> entropy, vector_view<const D> grad_logprob,
+                     vector_view<const D> grad_entropy, matrix_view<G> grad_logits, const logits_config& cfg = {},
+                     Exec&& exec = {}) {
+  logits_backward(matrix_view<const L>(logits), labels, lse, entropy, grad_logprob, grad_entropy, grad_logits, cfg,
+                  std::forward<Exec>(exec));
+}
+
+}  // namespace ULORL_LOGITS_ISA
+
+ULORL_NAMESPACE_END

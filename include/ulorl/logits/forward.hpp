@@ -1,0 +1,250 @@
+// ulorl/logits/forward.hpp — per-row statistics of logits [N, V] in ONE pass over memory: the chosen
+// token's log-prob, the entropy and the log-sum-exp, for float, double or bf16 storage, any strides,
+// optional temperature (z = logits / tau, as verl's `logits.div_(temperature)`).
+//   logprob_i = z[i, y_i] - lse_i,   entropy_i = lse_i - sum_j p_ij z_ij,   lse_i = log sum_j e^{z_ij}
+// Online softmax (Milakov & Gimelshein 2018) extended with the running sum of e^d d, so the entropy
+// needs no second pass: see online_softmax.hpp. Never materialises an [N, V] temporary; the scratch is
+// one 1024-element chunk on the stack. Matches verl `logprobs_from_logits` + `entropy_from_logits`
+// (golden op `logits_stats`), torch `log_softmax(z).gather(y)` and `-(softmax(z) * log_softmax(z)).sum()`.
+//
+// Non-finite logits: -inf marks masked vocabulary (probability exactly 0, no contribution to the
+// entropy). NaN or +inf in a row make that row's outputs NaN (other rows are unaffected), as torch
+// does; set `check_logits` to reject them up front instead (costs one extra read of the logits).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/core/views.hpp"
+#include "ulorl/logits/bf16.hpp"
+#include "ulorl/logits/online_softmax.hpp"
+#include "ulorl/logits/parallel.hpp"
+#include "ulorl/logits/simd.hpp"
+
+ULORL_NAMESPACE_BEGIN
+
+//! Options shared by logits_forward and logits_backward.
+struct logits_config {
+  double temperature = 1.0;   //!< z = logits / temperature; must be finite and > 0
+  bool check_logits = false;  //!< reject NaN / +inf logits and all -inf rows (one extra read)
+  //! Backward only: form log p in float as torch does (p off by |log p| * 6e-8 relative, e.g. 1e-6
+  //! at p = 1e-7) instead of double; about half the arithmetic, for when that bounds the speed.
+  bool fast_backward = false;
+};
+
+namespace detail::logits {
+inline namespace ULORL_LOGITS_ISA {
+
+inline constexpr std::size_t chunk = 1024;  // 4 KiB of float: two L1-resident reads per chunk
+
+template <class L>
+inline constexpr bool is_storage_v = std::is_same_v<L, float> || std::is_same_v<L, double> || std::is_same_v<L, bf16>;
+//! Arithmetic type for a storage type: float for float and bf16, double for double.
+template <class L>
+using compute_t = std::conditional_t<std::is_same_v<L, double>, double, float>;
+
+template <class L>
+ULORL_ALWAYS_INLINE compute_t<L> widen(L v) noexcept {
+  if constexpr (std::is_same_v<L, bf16>)
+    return v.to_float();
+  else
+    return v;
+}
+template <class G, class C>
+ULORL_ALWAYS_INLINE G narrow(C v) noexcept {
+  if constexpr (std::is_same_v<G, bf16>)
+    return bf16::from_float(static_cast<float>(v));
+  else
+    return static_cast<G>(v);
+}
+
+//! Elements [j0, j0 + n) of a row as contiguous compute-type values: the row itself when it already
+//! is, else widened / gathered into `buf`.
+template <class L, class C = compute_t<L>>
+ULORL_ALWAYS_INLINE const C* load_chunk(vector_view<const L> row, std::size_t j0, std::size_t n, C* buf) noexcept {
+  const std::ptrdiff_t st = row.stride();
+  const L* p = row.data() + static_cast<std::ptrdiff_t>(j0) * st;
+  if constexpr (std::is_same_v<L, C>) {
+    if (st == 1) return p;
+    for (std::size_t i = 0; i < n; ++i) buf[i] = p[static_cast<std::ptrdiff_t>(i) * st];
+  } else if constexpr (std::is_same_v<L, bf16>) {
+    if (st == 1) {
+      bf16_to_float(p, buf, n);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) buf[i] = p[static_cast<std::ptrdiff_t>(i) * st].to_float();
+    }
+  }
+  return buf;
+}
+
+inline double chunk_max(const double* p, std::size_t n) noexcept {
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < n; ++i) m = p[i] > m ? p[i] : m;
+  return m;
+}
+inline float chunk_max(const float* p, std::size_t n) noexcept { return simd::chunk_max(p, n); }
+
+inline void chunk_sums(const double* p, std::size_t n, double m, double inv_tau, double& s, double& t, const char*,
+                       std::size_t) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const double d = (p[i] - m) * inv_tau;
+    if (d == -std::numeric_limits<double>::infinity()) continue;
+    const double e = std::exp(d);
+    s += e;
+    t += e * d;
+  }
+}
+inline void chunk_sums(const float* p, std::size_t n, double m, double inv_tau, double& s, double& t,
+                       const char* next = nullptr, std::size_t next_bytes = 0) noexcept {
+  simd::chunk_sums(p, n, static_cast<float>(m), static_cast<float>(inv_tau), s, t, next, next_bytes);
+}
+
+//! Storage of the chunk after [j0, j0 + chunk) of a contiguous row, for prefetching (else null).
+template <class L>
+ULORL_ALWAYS_INLINE std::pair<const char*, std::size_t> next_chunk(vector_view<const L> row, std::size_t j0) noexcept {
+  const std::size_t b = j0 + chunk;
+  if (row.stride() != 1 || b >= row.size()) return {nullptr, 0};
+  const std::size_t n = row.size() - b < chunk ? row.size() - b : chunk;
+  return {reinterpret_cast<const char*>(row.data() + b), n * sizeof(L)};
+}
+
+template <class C>
+bool has_nan(const C* p, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i)
+    if (p[i] != p[i]) return true;
+  return false;
+}
+
+//! One row: one pass over memory (each chunk is read from memory once, then from L1).
+template <class L>
+token_stats<double> row_forward(vector_view<const L> row, std::size_t label, double inv_tau) noexcept {
+  using C = compute_t<L>;
+  alignas(64) C buf[chunk];
+  softmax_partial<double> st;
+  bool nan = false;
+  const std::size_t v = row.size();
+  for (std::size_t j0 = 0; j0 < v; j0 += chunk) {
+    const std::size_t n = v - j0 < chunk ? v - j0 : chunk;
+    const C* x = load_chunk<L>(row, j0, n, buf);
+    const C cm = chunk_max(x, n);
+    if (!(cm > -std::numeric_limits<C>::infinity())) {  // only -inf (masked) and NaN in this chunk
+      nan = nan || has_nan(x, n);
+      continue;
+    }
+    if (static_cast<double>(cm) > st.max) st = st.rescaled(static_cast<double>(cm), inv_tau);
+    double s = 0, t = 0;
+    const auto [next, next_bytes] = next_chunk(row, j0);
+    chunk_sums(x, n, st.max, inv_tau, s, t, next, next_bytes);
+    st.sum += s;
+    st.tsum += t;
+  }
+  if (nan) {
+    const double q = std::numeric_limits<double>::quiet_NaN();
+    return {q, q, q};
+  }
+  return finalize(st, static_cast<double>(widen(row[label])), inv_tau);
+}
+
+template <class L>
+void check_logits(const char* fn, matrix_view<const L> logits) {
+  for (std::size_t r = 0; r < logits.rows(); ++r) {
+    bool any_finite = false;
+    for (std::size_t c = 0; c < logits.cols(); ++c) {
+      const double x = static_cast<double>(widen(logits(r, c)));
+      if (std::isnan(x) || x == std::numeric_limits<double>::infinity())
+        detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols() + c), x,
+                        "must not be NaN or +inf (row " + std::to_string(r) + ", column " + std::to_string(c) +
+                            "; -inf marks a masked vocabulary entry)");
+      any_finite = any_finite || std::isfinite(x);
+    }
+    if (!any_finite)
+      detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols()), -std::numeric_limits<double>::infinity(),
+                      "row " + std::to_string(r) + " has no finite logit (every entry is -inf)");
+  }
+}
+
+template <class T>
+void check_pointer(const char* fn, const char* arg, const T* p, std::size_t n) {
+  if (n == 0) return;
+  if (p == nullptr) detail::fail(fn, arg, "is null but has " + std::to_string(n) + " elements");
+  if (reinterpret_cast<std::uintptr_t>(p) % alignof(T) != 0)
+    detail::fail(fn, arg, "data pointer is not aligned to its element type (" + std::to_string(alignof(T)) + " bytes)");
+}
+
+//! Shape, pointers, labels and temperature: everything O(N) is checked before any output is written.
+template <class L, class I>
+void check_common(const char* fn, matrix_view<const L> logits, std::span<const I> labels, const logits_config& cfg) {
+  static_assert(is_storage_v<L>, "logits must be float, double or ulorl::bf16");
+  static_assert(std::is_integral_v<I>, "labels must be integers");
+  require_positive(fn, "temperature", cfg.temperature);
+  if (logits.rows() > 0 && logits.cols() == 0) detail::fail(fn, "logits", "has V = 0 columns: no vocabulary");
+  check_pointer(fn, "logits", logits.data(), logits.size());
+  require_same_size(fn, "labels", labels.size(), "logits rows", logits.rows());
+  const auto v = static_cast<std::uint64_t>(logits.cols());
+  for (std::size_t r = 0; r < labels.size(); ++r) {
+    const I y = labels[r];
+    if (y < I(0) || static_cast<std::uint64_t>(y) >= v)
+      detail::fail_at(fn, "labels", static_cast<std::int64_t>(r), static_cast<std::int64_t>(y),
+                      "must be in [0, V) with V = " + std::to_string(v) + " (row " + std::to_string(r) + ")");
+  }
+  if (cfg.check_logits) check_logits(fn, logits);
+}
+
+template <class S>
+void check_output(const char* fn, const char* arg, vector_view<S> out, std::size_t rows, bool optional) {
+  if (optional && out.size() == 0) return;
+  require_same_size(fn, arg, out.size(), "logits rows", rows);
+  check_pointer(fn, arg, out.data(), out.size());
+}
+
+}  // namespace ULORL_LOGITS_ISA
+}  // namespace detail::logits
+
+inline namespace ULORL_LOGITS_ISA {
+
+//! Per-row chosen-token log-prob, entropy and log-sum-exp of logits / temperature.
+//! `logits` [N, V] (float, double or bf16; any strides), `labels` [N] in [0, V).
+//! Outputs [N] (float or double): `logprob`; `entropy` and `lse` may be empty views when not wanted
+//! (computing them costs nothing extra). Keep `lse` and `entropy` for logits_backward
+//! (store lse in double when |logits| is large: float lse is exact only to |lse| * 6e-8).
+//! `exec` runs rows in parallel (see parallel.hpp). Throws ulorl::error before writing anything.
+template <class L, class I, class S, class Exec = sequential_executor>
+void logits_forward(matrix_view<const L> logits, std::span<const I> labels, vector_view<S> logprob,
+                    vector_view<S> entropy, vector_view<S> lse, const logits_config& cfg = {}, Exec&& exec = {}) {
+  static_assert(std::is_floating_point_v<S>, "statistics are float or double");
+  constexpr const char* fn = "logits_forward";
+  detail::logits::check_common(fn, logits, labels, cfg);
+  const std::size_t n = logits.rows();
+  detail::logits::check_output(fn, "logprob", logprob, n, false);
+  detail::logits::check_output(fn, "entropy", entropy, n, true);
+  detail::logits::check_output(fn, "lse", lse, n, true);
+  const double inv_tau = 1.0 / cfg.temperature;
+  exec(n, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t r = begin; r < end; ++r) {
+      const auto st = detail::logits::row_forward<L>(logits.row(r), static_cast<std::size_t>(labels[r]), inv_tau);
+      logprob[r] = static_cast<S>(st.logprob);
+      if (entropy.size() != 0) entropy[r] = static_cast<S>(st.entropy);
+      if (lse.size() != 0) lse[r] = static_cast<S>(st.lse);
+    }
+  });
+}
+
+//! Convenience overload for mutable logits views.
+template <class L, class I, class S, class Exec = sequential_executor>
+  requires(!std::is_const_v<L>)
+void logits_forward(matrix_view<L> logits, std::span<const I> labels, vector_view<S> logprob, vector_view<S> entropy,
+                    vector_view<S> lse, const logits_config& cfg = {}, Exec&& exec = {}) {
+  logits_forward(matrix_view<const L>(logits), labels, logprob, entropy, lse, cfg, std::forward<Exec>(exec));
+}
+
+}  // namespace ULORL_LOGITS_ISA
+
+ULORL_NAMESPACE_END

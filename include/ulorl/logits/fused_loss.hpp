@@ -1,0 +1,126 @@
+// ulorl/logits/fused_loss.hpp — the policy loss straight from logits: logits [N, V] + target ids +
+// old / reference log-probs + advantages + mask -> loss, d loss / d logits and the metrics, for every
+// objective, KL estimator, entropy term and aggregation mode of ulorl/loss/policy_loss.hpp, with its
+// partition-exact normaliser. Three passes, none of them [N, V]-sized in memory:
+//   1. logits_forward: logprob_i, entropy_i, lse_i per token (one read of the logits);
+//   2. policy_loss: d loss / d logprob_i and d loss / d entropy_i (the loss area's own scalar math,
+//      not a second copy: sequence-level objectives such as GSPO / GMPO work unchanged);
+//   3. logits_backward: d loss / d logits (one read, one write; may run in place).
+// Row i of the logits is the token of flat index i of the token layout (padded: b * T + t, including
+// masked positions, whose gradient rows come out 0; packed: offsets[b] + t). This is what verl's and
+// Liger's fused "linear cross-entropy + loss" paths compute, without their [N, V] temporaries.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/core/ragged.hpp"
+#include "ulorl/core/views.hpp"
+#include "ulorl/logits/backward.hpp"
+#include "ulorl/logits/forward.hpp"
+#include "ulorl/logits/parallel.hpp"
+#include "ulorl/loss/policy_loss.hpp"
+
+ULORL_NAMESPACE_BEGIN
+
+//! Caller-owned per-token buffers of policy_loss_from_logits, all in the layout of old_log_prob.
+template <class T>
+struct logits_loss_buffers {
+  token_view<T> log_prob;       //!< out: chosen-token log-probs
+  token_view<T> entropy;        //!< out: entropies (required when entropy_coef != 0, else may be empty)
+  token_view<T> grad_log_prob;  //!< out: d loss / d log_prob
+  token_view<T> grad_entropy;   //!< out: d loss / d entropy (required when entropy_coef != 0)
+  vector_view<T> lse;           //!< out: [N] log-sum-exp of logits / temperature, flat token order
+};
+
+namespace detail::logits {
+inline namespace ULORL_LOGITS_ISA {
+
+template <class L>
+matrix_view<const L> token_rows(matrix_view<const L> logits, std::size_t first, std::size_t count) noexcept {
+  return {logits.data() + static_cast<std::ptrdiff_t>(first) * logits.row_stride(), count, logits.cols(),
+          logits.row_stride(), logits.col_stride()};
+}
+template <class G>
+matrix_view<G> token_rows(matrix_view<G> m, std::size_t first, std::size_t count) noexcept {
+  return {m.data() + static_cast<std::ptrdiff_t>(first) * m.row_stride(), count, m.cols(), m.row_stride(),
+          m.col_stride()};
+}
+
+}  // namespace ULORL_LOGITS_ISA
+}  // namespace detail::logits
+
+inline namespace ULORL_LOGITS_ISA {
+
+//! Loss, metrics and d loss / d logits of one micro-batch. `in.log_prob` and `in.entropy` must be
+//! empty: they are computed from `logits` / `lcfg.temperature` into `buf`. Labels are the sampled
+//! token ids of every row (padded positions too: any id in [0, V)). Throws ulorl::error before
+//! writing `grad_logits` (a NaN / +inf logit in a row makes its log-prob non-finite, which the
+//! policy loss rejects naming the token, unless `lcfg.check_logits` rejects it first).
+template <class L, class I, class T, class M, class G, class Exec = sequential_executor>
+[[nodiscard]] policy_loss_result policy_loss_from_logits(matrix_view<const L> logits, std::span<const I> labels,
+                                                         const policy_loss_inputs<T, M>& in,
+                                                         const policy_loss_config& cfg, const logits_loss_buffers<T>& buf,
+                                                         matrix_view<G> grad_logits, const logits_config& lcfg = {},
+                                                         Exec&& exec = {}) {
+  constexpr const char* fn = "policy_loss_from_logits";
+  if (!in.log_prob.empty()) detail::fail(fn, "log_prob", "must be empty: the log-probs are computed from the logits");
+  if (!in.entropy.empty()) detail::fail(fn, "entropy", "must be empty: the entropies are computed from the logits");
+  const token_view<const T>& ref = in.old_log_prob;
+  validate_layout(fn, "old_log_prob", ref);
+  const std::size_t n = ref.size();
+  if (logits.rows() != n)
+    detail::fail(fn, "logits",
+                 "has " + std::to_string(logits.rows()) + " rows but the token layout has " + std::to_string(n) +
+                     " tokens (row i of the logits is token flat_index i)");
+  require_same_shape(fn, "buf.log_prob", buf.log_prob, "old_log_prob", ref);
+  require_same_shape(fn, "buf.grad_log_prob", buf.grad_log_prob, "old_log_prob", ref);
+  const bool with_entropy = cfg.entropy_coef != 0.0;
+  if (with_entropy) {
+    require_same_shape(fn, "buf.entropy", buf.entropy, "old_log_prob", ref);
+    require_same_shape(fn, "buf.grad_entropy", buf.grad_entropy, "old_log_prob", ref);
+  }
+  require_same_size(fn, "buf.lse", buf.lse.size(), "logits rows", n);
+  if (grad_logits.rows() != logits.rows() || grad_logits.cols() != logits.cols())
+    detail::fail(fn, "grad_logits", "must have the shape of 'logits'");
+  detail::logits::check_common(fn, logits, labels, lcfg);
+
+  // 1. Per-token statistics, response by response (rows of the token layout may be strided).
+  for (std::size_t b = 0; b < ref.rows(); ++b) {
+    const std::size_t first = ref.row_begin(b), count = ref.row_size(b);
+    const vector_view<T> ent = with_entropy ? buf.entropy.row(b) : vector_view<T>();
+    logits_forward(detail::logits::token_rows(logits, first, count), labels.subspan(first, count), buf.log_prob.row(b),
+                   ent, vector_view<T>(buf.lse.data() + static_cast<std::ptrdiff_t>(first) * buf.lse.stride(), count,
+                                       buf.lse.stride()),
+                   lcfg, exec);
+  }
+  // 2. The policy loss on those log-probs (validates every token input, writes the token gradients).
+  policy_loss_inputs<T, M> full = in;
+  full.log_prob = buf.log_prob;
+  if (with_entropy) full.entropy = buf.entropy;
+  const policy_loss_result res =
+      policy_loss(full, cfg, buf.grad_log_prob, with_entropy ? buf.grad_entropy : token_view<T>());
+  // 3. d loss / d logits.
+  for (std::size_t b = 0; b < ref.rows(); ++b) {
+    const std::size_t first = ref.row_begin(b), count = ref.row_size(b);
+    const auto sub = [&](vector_view<T> v) {
+      return vector_view<const T>(v.data() + static_cast<std::ptrdiff_t>(first) * v.stride(), count, v.stride());
+    };
+    const auto gl = buf.grad_log_prob.row(b);
+    logits_backward(detail::logits::token_rows(logits, first, count), labels.subspan(first, count), sub(buf.lse),
+                    with_entropy ? vector_view<const T>(buf.entropy.row(b)) : vector_view<const T>(),
+                    vector_view<const T>(gl),
+                    with_entropy ? vector_view<const T>(buf.grad_entropy.row(b)) : vector_view<const T>(),
+                    detail::logits::token_rows(grad_logits, first, count), lcfg, exec);
+  }
+  return res;
+}
+
+}  // namespace ULORL_LOGITS_ISA
+
+ULORL_NAMESPACE_END

@@ -1,0 +1,56 @@
+// ulorl/loss/entropy.hpp — the entropy bonus: loss term -coef * H per token, d loss / d H = -coef.
+// verl `entropy_coeff`, OpenRLHF `entropy_loss_coef`: the term is aggregated with the same
+// normaliser as the policy loss (see aggregation.hpp). The per-token entropy itself comes from the
+// logits (ulorl/logits/); its gradient d loss / d H goes back there.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/core/ragged.hpp"
+#include "ulorl/loss/aggregation.hpp"
+#include "ulorl/loss/ratio.hpp"  // ULORL_LOSS_INLINE
+
+ULORL_NAMESPACE_BEGIN
+
+template <class T>
+struct entropy_value {
+  T value;  //!< -coef * H
+  T grad;   //!< d value / d H = -coef
+};
+
+//! One token's entropy term.
+template <class T>
+[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr entropy_value<T> entropy_term(T entropy, T coef) noexcept {
+  return {-coef * entropy, -coef};
+}
+
+//! Aggregated entropy bonus: sum_bt w_bt (-coef H_bt) m_bt with the aggregation weights of `norm`;
+//! writes d loss / d H into `grad_entropy` (0 on masked tokens). Validates before writing.
+template <class T, class M>
+[[nodiscard]] double entropy_loss(token_view<const T> entropy, token_view<const M> mask, double coef,
+                                  const agg_normalizer& norm, token_view<T> grad_entropy) {
+  constexpr std::string_view fn = "entropy_loss";
+  validate_layout(fn, "entropy", entropy);
+  require_same_shape(fn, "mask", mask, "entropy", entropy);
+  require_same_shape(fn, "grad_entropy", grad_entropy, "entropy", entropy);
+  require_binary_mask(fn, "mask", mask);
+  require_finite(fn, "coef", coef);
+  validate_normalizer(fn, norm);
+  require_all_finite(fn, "entropy", entropy);
+  double loss = 0;
+  for (std::size_t b = 0; b < entropy.rows(); ++b) {
+    const double w = row_weight(norm, row_tokens(mask, b));
+    for (std::size_t t = 0; t < entropy.row_size(b); ++t) {
+      const bool valid = mask(b, t) != M(0);
+      const auto e = entropy_term(static_cast<double>(entropy(b, t)), coef);
+      loss += valid ? w * e.value : 0.0;
+      grad_entropy(b, t) = valid ? static_cast<T>(w * e.grad) : T(0);
+    }
+  }
+  return loss;
+}
+
+ULORL_NAMESPACE_END

@@ -1,0 +1,43 @@
+// Conformance op `agg_loss` (golden README §4.2): presets verl and openrlhf, a thin adapter from
+// JSON to ulorl::agg_loss with the presets' normalisers.
+#include <optional>
+
+#include <ulorl/loss/aggregation.hpp>
+#include <ulorl/loss/presets.hpp>
+
+#include "conformance/registry.hpp"
+
+namespace {
+using conformance::json;
+
+std::optional<double> opt(const json& p, const char* name) {
+  return conformance::has_param(p, name) ? std::optional<double>(conformance::param_double(p, name, 0.0)) : std::nullopt;
+}
+ulorl::token_view<const double> view(const conformance::matrix& m) {
+  return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(m.data.data(), m.rows, m.cols));
+}
+
+const conformance::registrar reg("agg_loss", [](const std::string& preset, const json& params, const json& inputs) -> json {
+  const auto loss_mat = conformance::to_matrix(inputs.at("loss_mat"), "loss_mat");
+  const auto mask = conformance::to_matrix(inputs.at("loss_mask"), "loss_mask");
+  const auto lv = view(loss_mat), mv = view(mask);
+  ulorl::require_same_shape("agg_loss", "loss_mask", mv, "loss_mat", lv);
+  const auto counts = ulorl::count_batch(mv);
+  const double dp = conformance::param_double(params, "dp_size", 1.0);
+  ulorl::agg_normalizer norm;
+  if (preset == "verl") {
+    const auto mode = ulorl::presets::verl::agg_mode_from_name(conformance::param_string(params, "loss_agg_mode", "token-mean"));
+    norm = ulorl::presets::verl::normalizer(mode, counts, dp, opt(params, "batch_num_tokens"),
+                                            opt(params, "global_batch_size"), opt(params, "loss_scale_factor"), loss_mat.cols);
+  } else if (preset == "openrlhf") {
+    norm = ulorl::presets::openrlhf::normalizer(conformance::param_bool(params, "token_level_loss", true), counts, dp,
+                                                opt(params, "batch_num_tokens"), opt(params, "global_batch_size"));
+  } else {
+    throw conformance::reject("agg_loss: unknown preset '" + preset + "'");
+  }
+  conformance::matrix grad = loss_mat;
+  const auto gv = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(grad.data.data(), grad.rows, grad.cols));
+  const double loss = ulorl::agg_loss(lv, mv, norm, gv);
+  return json{{"loss", loss}, {"grad_loss_mat", conformance::from_matrix(grad)}};
+});
+}  // namespace

@@ -1,0 +1,37 @@
+// Conformance op `kl_penalty` (golden README §4.4): presets verl, openrlhf, nemo_rl — JSON to
+// ulorl::kl_penalty with the presets' estimator configurations.
+#include <optional>
+
+#include <ulorl/loss/kl.hpp>
+#include <ulorl/loss/presets.hpp>
+
+#include "conformance/registry.hpp"
+
+namespace {
+using conformance::json;
+
+std::optional<double> opt(const json& p, const char* name) {
+  return conformance::has_param(p, name) ? std::optional<double>(conformance::param_double(p, name, 0.0)) : std::nullopt;
+}
+
+const conformance::registrar reg("kl_penalty", [](const std::string& preset, const json& params, const json& inputs) -> json {
+  const auto lp = conformance::to_matrix(inputs.at("logprob"), "logprob");
+  const auto ref = conformance::to_matrix(inputs.at("ref_logprob"), "ref_logprob");
+  ulorl::kl_config cfg;
+  if (preset == "verl") cfg = ulorl::presets::verl::kl(conformance::param_string(params, "kl_penalty", "kl"));
+  else if (preset == "openrlhf") cfg = ulorl::presets::openrlhf::kl(conformance::param_string(params, "kl_estimator", "k1"));
+  else if (preset == "nemo_rl")
+    cfg = ulorl::presets::nemo_rl::kl(conformance::param_string(params, "kl_type", "k3"), opt(params, "input_clamp_value"),
+                                      opt(params, "output_clamp_value"));
+  else throw conformance::reject("kl_penalty: unknown preset '" + preset + "'");
+  conformance::matrix kl = lp, grad = lp;
+  auto cv = [](const conformance::matrix& m) {
+    return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(m.data.data(), m.rows, m.cols));
+  };
+  auto mv = [](conformance::matrix& m) {
+    return ulorl::token_view<double>::padded(ulorl::matrix_view<double>(m.data.data(), m.rows, m.cols));
+  };
+  ulorl::kl_penalty(cv(lp), cv(ref), cfg, mv(kl), mv(grad));
+  return json{{"kl", conformance::from_matrix(kl)}, {"grad_logprob", conformance::from_matrix(grad)}};
+});
+}  // namespace

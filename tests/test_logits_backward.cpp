@@ -1,0 +1,272 @@
+// Tests of ulorl/logits/backward.hpp: against the long-double oracle's softmax-Jacobian gradient,
+// against central finite differences of logits_forward (double), in place, strided, bf16, errors.
+// Gradient error metrics, per row (float32 results cannot hold more):
+//   termwise:  |g_j - exact_j| / s_j, s_j = sum of |terms| of exact_j (|g_lp| (delta + p_j) +
+//              |g_ent| p_j (|log p_j| + H)) / tau — for entries with p_j >= 1e-6;
+//   normwise:  max_j |g_j - exact_j| / max_j s_j over the whole row (every entry, -inf included).
+// (|exact_j| itself can be 1e-9 |g_lp| for a token of probability 1 - 1e-9: no float32 algorithm,
+// torch's included, gets that difference of two O(1) numbers to 1e-6 relative.)
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <ulorl/logits/backward.hpp>
+#include <ulorl/logits/forward.hpp>
+
+#include "catch.hpp"
+#include "support/logits_oracle.hpp"
+
+using namespace ulorl;
+
+namespace {
+
+constexpr std::uint64_t seed = 777123;
+const float finf = std::numeric_limits<float>::infinity();
+
+template <class L>
+struct saved {
+  std::vector<double> lp, h, lse;
+};
+
+template <class L>
+saved<L> forward(const std::vector<L>& x, std::size_t rows, std::size_t cols, const std::vector<std::int64_t>& y,
+                 double tau) {
+  saved<L> s{std::vector<double>(rows), std::vector<double>(rows), std::vector<double>(rows)};
+  logits_forward(matrix_view<const L>(x.data(), rows, cols), std::span<const std::int64_t>(y),
+                 vector_view<double>(s.lp.data(), rows), vector_view<double>(s.h.data(), rows),
+                 vector_view<double>(s.lse.data(), rows), {.temperature = tau});
+  return s;
+}
+
+template <class L, class G>
+std::vector<G> backward(const std::vector<L>& x, std::size_t rows, std::size_t cols, const std::vector<std::int64_t>& y,
+                        const std::vector<double>& glp, const std::vector<double>& gent, double tau, bool fast = false) {
+  const auto s = forward(x, rows, cols, y, tau);
+  std::vector<G> g(rows * cols);
+  logits_backward(matrix_view<const L>(x.data(), rows, cols), std::span<const std::int64_t>(y),
+                  vector_view<const double>(s.lse.data(), rows), vector_view<const double>(s.h.data(), rows),
+                  vector_view<const double>(glp.data(), rows), vector_view<const double>(gent.data(), rows),
+                  matrix_view<G>(g.data(), rows, cols), {.temperature = tau, .fast_backward = fast});
+  return g;
+}
+
+double to_d(float v) { return v; }
+double to_d(double v) { return v; }
+double to_d(bf16 v) { return v.to_float(); }
+
+struct errs {
+  double normwise = 0, termwise = 0;
+};
+template <class G>
+errs grad_errors(const std::vector<G>& g, const std::vector<std::vector<double>>& rows, const logits_data::batch& b,
+                 double tau) {
+  errs e;
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const auto y = static_cast<std::size_t>(b.labels[r]);
+    const auto ex = oracle::logits_row_grad(rows[r], y, tau, b.g_lp[r], b.g_ent[r]);
+    const auto sc = oracle::logits_row_grad_scale(rows[r], y, tau, b.g_lp[r], b.g_ent[r]);
+    const auto st = oracle::logits_row(rows[r], y, tau);
+    long double gmax = 0;
+    for (auto v : sc) gmax = std::max(gmax, v);
+    for (std::size_t j = 0; j < ex.size(); ++j) {
+      const long double d = std::fabs(to_d(g[r * b.cols + j]) - ex[j]);
+      e.normwise = std::max(e.normwise, static_cast<double>(d / (gmax + 1e-36L)));
+      const long double p = std::exp(static_cast<long double>(rows[r][j]) / tau - st.lse);
+      if (p >= 1e-6L) e.termwise = std::max(e.termwise, static_cast<double>(d / sc[j]));
+    }
+  }
+  return e;
+}
+
+std::vector<std::vector<double>> rows_of(const logits_data::batch& b) {
+  std::vector<std::vector<double>> r;
+  for (std::size_t i = 0; i < b.rows; ++i) r.push_back(b.row(i));
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("logits_backward float32 matches the oracle gradient") {
+  std::printf("test_logits_backward seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  errs worst;
+  for (std::size_t v : {1u, 3u, 47u, 1023u, 1025u, 4099u})
+    for (double scale : {1.0, 10.0, 1e3})
+      for (double shift : {0.0, 1e4})
+        for (double tau : {1.0, 0.6, 1.7}) {
+          const auto b = logits_data::make(rng, 4, v, scale, shift, v == 1 ? 0.0 : 0.15);
+          const auto g = backward<float, float>(b.x, b.rows, v, b.labels, b.g_lp, b.g_ent, tau);
+          const auto e = grad_errors(g, rows_of(b), b, tau);
+          INFO("V=" << v << " scale=" << scale << " shift=" << shift << " tau=" << tau << " normwise=" << e.normwise
+                    << " termwise=" << e.termwise);
+          CHECK(e.normwise < 1e-6);
+          CHECK(e.termwise < 1e-6);
+          worst.normwise = std::max(worst.normwise, e.normwise);
+          worst.termwise = std::max(worst.termwise, e.termwise);
+        }
+  std::printf("  float32 backward: worst normwise %.3g, termwise (p >= 1e-6) %.3g (bound 1e-6)\n", worst.normwise,
+              worst.termwise);
+}
+
+TEST_CASE("logits_backward fast_backward (log p in float, torch's precision)") {
+  std::mt19937_64 rng(seed + 5);
+  errs worst;
+  for (std::size_t v : {47u, 1025u, 40000u})
+    for (double scale : {1.0, 10.0})
+      for (double tau : {1.0, 1.7}) {
+        const auto b = logits_data::make(rng, 3, v, scale, 0.0, 0.1);
+        const auto g = backward<float, float>(b.x, b.rows, v, b.labels, b.g_lp, b.g_ent, tau, true);
+        const auto e = grad_errors(g, rows_of(b), b, tau);
+        CHECK(e.normwise < 1e-6);
+        CHECK(e.termwise < 3e-6);  // |log p| <= 13.8 for p >= 1e-6: 13.8 * 6e-8 * (1 + 1/tau) + exp's 1.2e-7
+        worst.normwise = std::max(worst.normwise, e.normwise);
+        worst.termwise = std::max(worst.termwise, e.termwise);
+      }
+  std::printf("  float32 fast backward: worst normwise %.3g, termwise (p >= 1e-6) %.3g\n", worst.normwise,
+              worst.termwise);
+}
+
+TEST_CASE("logits_backward double and bf16 storage") {
+  std::mt19937_64 rng(seed + 1);
+  for (std::size_t v : {3u, 47u, 2000u}) {
+    const auto b = logits_data::make(rng, 3, v, 4.0, 50.0, 0.1);
+    std::vector<double> xd(b.x.begin(), b.x.end());
+    const auto gd = backward<double, double>(xd, b.rows, v, b.labels, b.g_lp, b.g_ent, 0.8);
+    const auto ed = grad_errors(gd, rows_of(b), b, 0.8);
+    CHECK(ed.normwise < 1e-13);
+    CHECK(ed.termwise < 1e-12);
+    // bf16 in, float out (exact on the bf16 values); bf16 in, bf16 out (output rounding ~2^-9).
+    const auto bu = logits_data::make(rng, 3, v, 1.0, 0.0, 0.1);
+    std::vector<bf16> xb;
+    for (float x : bu.x) xb.push_back(bf16::from_float(x));
+    logits_data::batch exact = bu;
+    for (std::size_t i = 0; i < xb.size(); ++i) exact.x[i] = xb[i].to_float();
+    const auto gf = backward<bf16, float>(xb, bu.rows, v, bu.labels, bu.g_lp, bu.g_ent, 1.0);
+    CHECK(grad_errors(gf, rows_of(exact), exact, 1.0).normwise < 1e-6);
+    const auto gb = backward<bf16, bf16>(xb, bu.rows, v, bu.labels, bu.g_lp, bu.g_ent, 1.0);
+    CHECK(grad_errors(gb, rows_of(exact), exact, 1.0).termwise < 1e-2);
+    CHECK(grad_errors(gb, rows_of(bu), bu, 1.0).normwise < 1e-2);
+  }
+}
+
+TEST_CASE("logits_backward agrees with central finite differences of logits_forward") {
+  std::mt19937_64 rng(seed + 2);
+  for (std::size_t v : {2u, 7u, 33u})
+    for (double tau : {1.0, 0.6}) {
+      const auto b = logits_data::make(rng, 3, v, 2.0, 0.0, 0.0);
+      std::vector<double> x(b.x.begin(), b.x.end());
+      const auto g = backward<double, double>(x, b.rows, v, b.labels, b.g_lp, b.g_ent, tau);
+      const double h = 1e-6;
+      for (std::size_t r = 0; r < b.rows; ++r)
+        for (std::size_t j = 0; j < v; ++j) {
+          auto loss = [&](double dx) {
+            auto xp = x;
+            xp[r * v + j] += dx;
+            const auto s = forward(xp, b.rows, v, b.labels, tau);
+            return b.g_lp[r] * s.lp[r] + b.g_ent[r] * s.h[r];
+          };
+          const double fd = (loss(h) - loss(-h)) / (2 * h);
+          INFO("row " << r << " col " << j << " V=" << v << " tau=" << tau);
+          CHECK(std::fabs(g[r * v + j] - fd) <= 1e-7 + 1e-6 * std::fabs(fd));
+        }
+    }
+}
+
+TEST_CASE("logits_backward: masked entries, in place, strided output") {
+  std::mt19937_64 rng(seed + 3);
+  const std::size_t rows = 3, v = 2500;
+  auto b = logits_data::make(rng, rows, v, 3.0, 0.0, 0.2);
+  b.x[0 * v + 7] = -finf;
+  b.labels[1] = 9;
+  b.x[1 * v + 9] = -finf;  // a masked label: logprob -inf, gradient g_lp / tau there, 0 elsewhere masked
+  const auto ref = backward<float, float>(b.x, rows, v, b.labels, b.g_lp, b.g_ent, 0.9);
+  for (std::size_t i = 0; i < b.x.size(); ++i)
+    if (b.x[i] == -finf && i != 1 * v + 9) CHECK(ref[i] == 0.0f);
+  CHECK(ref[1 * v + 9] == static_cast<float>(b.g_lp[1] / 0.9));
+  // In place: the gradient overwrites the logits buffer.
+  const auto s = forward(b.x, rows, v, b.labels, 0.9);
+  auto buf = b.x;
+  logits_backward(matrix_view<float>(buf.data(), rows, v), std::span<const std::int64_t>(b.labels),
+                  vector_view<const double>(s.lse.data(), rows), vector_view<const double>(s.h.data(), rows),
+                  vector_view<const double>(b.g_lp.data(), rows), vector_view<const double>(b.g_ent.data(), rows),
+                  matrix_view<float>(buf.data(), rows, v), {.temperature = 0.9});
+  CHECK(buf == ref);
+  // Column-major output, and bf16 strided output.
+  std::vector<float> cm(rows * v);
+  std::vector<bf16> wide(rows * v * 2);
+  logits_backward(matrix_view<const float>(b.x.data(), rows, v), std::span<const std::int64_t>(b.labels),
+                  vector_view<const double>(s.lse.data(), rows), vector_view<const double>(s.h.data(), rows),
+                  vector_view<const double>(b.g_lp.data(), rows), vector_view<const double>(b.g_ent.data(), rows),
+                  matrix_view<float>(cm.data(), rows, v, 1, static_cast<std::ptrdiff_t>(rows)), {.temperature = 0.9});
+  logits_backward(matrix_view<const float>(b.x.data(), rows, v), std::span<const std::int64_t>(b.labels),
+                  vector_view<const double>(s.lse.data(), rows), vector_view<const double>(s.h.data(), rows),
+                  vector_view<const double>(b.g_lp.data(), rows), vector_view<const double>(b.g_ent.data(), rows),
+                  matrix_view<bf16>(wide.data(), rows, v, static_cast<std::ptrdiff_t>(2 * v), 2), {.temperature = 0.9});
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < v; ++c) {
+      CHECK(cm[c * rows + r] == ref[r * v + c]);
+      CHECK(wide[r * 2 * v + 2 * c] == bf16::from_float(ref[r * v + c]));
+    }
+  // Without an entropy term (empty grad_entropy and entropy): equals g_ent = 0.
+  std::vector<double> zeros(rows, 0.0);
+  const auto g0 = backward<float, float>(b.x, rows, v, b.labels, b.g_lp, zeros, 0.9);
+  std::vector<float> g1(rows * v);
+  logits_backward(matrix_view<const float>(b.x.data(), rows, v), std::span<const std::int64_t>(b.labels),
+                  vector_view<const double>(s.lse.data(), rows), vector_view<const double>(),
+                  vector_view<const double>(b.g_lp.data(), rows), vector_view<const double>(),
+                  matrix_view<float>(g1.data(), rows, v), {.temperature = 0.9});
+  CHECK(g1 == g0);
+}
+
+TEST_CASE("logits_backward with a thread executor gives the same bits") {
+  std::mt19937_64 rng(seed + 4);
+  const auto b = logits_data::make(rng, 9, 3000, 2.0, 0.0, 0.1);
+  const auto ref = backward<float, float>(b.x, b.rows, b.cols, b.labels, b.g_lp, b.g_ent, 1.0);
+  const auto s = forward(b.x, b.rows, b.cols, b.labels, 1.0);
+  std::vector<float> g(b.x.size());
+  logits_backward(matrix_view<const float>(b.x.data(), b.rows, b.cols), std::span<const std::int64_t>(b.labels),
+                  vector_view<const double>(s.lse.data(), b.rows), vector_view<const double>(s.h.data(), b.rows),
+                  vector_view<const double>(b.g_lp.data(), b.rows), vector_view<const double>(b.g_ent.data(), b.rows),
+                  matrix_view<float>(g.data(), b.rows, b.cols), {}, thread_executor{3});
+  CHECK(g == ref);
+}
+
+TEST_CASE("logits_backward rejects bad input before writing") {
+  const std::size_t rows = 2, v = 5;
+  std::vector<float> x(rows * v, 0.5f), g(rows * v, 42.0f);
+  std::vector<double> lse{1.0, 1.0}, h{0.5, 0.5}, glp{1.0, 1.0}, gent{0.1, 0.1};
+  std::vector<std::int64_t> y{1, 2};
+  auto call = [&](matrix_view<float> out, std::vector<std::int64_t> labels = {1, 2}) {
+    logits_backward(matrix_view<const float>(x.data(), rows, v), std::span<const std::int64_t>(labels),
+                    vector_view<const double>(lse.data(), lse.size()), vector_view<const double>(h.data(), h.size()),
+                    vector_view<const double>(glp.data(), glp.size()), vector_view<const double>(gent.data(), gent.size()),
+                    out);
+  };
+  const matrix_view<float> out(g.data(), rows, v);
+  CHECK_THROWS_WITH(call(out, {1, 5}), Catch::Matchers::Contains("row 1"));
+  lse[1] = std::numeric_limits<double>::quiet_NaN();
+  try {
+    call(out);
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.argument() == "lse");
+    CHECK(e.index() == 1);
+  }
+  lse[1] = 1.0;
+  glp[0] = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH(call(out), Catch::Matchers::Contains("'grad_logprob'[0]"));
+  glp[0] = 1.0;
+  h.pop_back();
+  CHECK_THROWS_WITH(call(out), Catch::Matchers::Contains("'entropy'"));
+  h.push_back(0.5);
+  CHECK_THROWS_WITH(call(matrix_view<float>(g.data(), rows, v - 1)), Catch::Matchers::Contains("shape"));
+  CHECK_THROWS_WITH(call(matrix_view<float>(g.data(), rows, v, 3, 1)), Catch::Matchers::Contains("overlap"));
+  CHECK_THROWS_WITH(call(matrix_view<float>(g.data(), rows, v, static_cast<std::ptrdiff_t>(v), 0)),
+                    Catch::Matchers::Contains("overlap"));
+  CHECK(g == std::vector<float>(rows * v, 42.0f));
+  call(out);  // valid
+  CHECK(g != std::vector<float>(rows * v, 42.0f));
+}

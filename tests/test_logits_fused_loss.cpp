@@ -1,0 +1,218 @@
+// Tests of ulorl/logits/fused_loss.hpp: the fused loss equals policy_loss applied to the logits'
+// log-probs and entropies (the oracle's), and d loss / d logits agrees with central finite
+// differences of the whole fused loss (token-level PPO clip-higher + k3 KL + entropy bonus, and
+// sequence-level GSPO), in the padded and packed layouts; bad input is rejected.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include <ulorl/logits/fused_loss.hpp>
+
+#include "catch.hpp"
+#include "support/logits_oracle.hpp"
+
+using namespace ulorl;
+
+namespace {
+
+constexpr std::uint64_t seed = 8080;
+
+struct problem {
+  std::size_t b = 3, t = 5, v = 11;
+  std::vector<double> x, old, ref, adv, mask;
+  std::vector<std::int64_t> labels;
+  std::vector<std::int64_t> offsets;  // packed layout: the valid tokens only
+};
+
+problem make(std::mt19937_64& rng) {
+  problem p;
+  std::normal_distribution<double> nd;
+  const std::size_t n = p.b * p.t;
+  for (std::size_t i = 0; i < n * p.v; ++i) p.x.push_back(2 * nd(rng));
+  for (std::size_t i = 0; i < n; ++i) {
+    p.labels.push_back(static_cast<std::int64_t>(rng() % p.v));
+    p.old.push_back(-1.5 + 0.3 * nd(rng));
+    p.ref.push_back(-1.5 + 0.3 * nd(rng));
+    p.adv.push_back(nd(rng));
+    p.mask.push_back((i % p.t) < p.t - (i / p.t) ? 1.0 : 0.0);  // row b has T - b valid tokens
+  }
+  return p;
+}
+
+// The fused loss in the padded layout; returns the loss and fills grad (if non-null).
+double fused_padded(const problem& p, const std::vector<double>& x, const policy_loss_config& cfg, double tau,
+                    std::vector<double>* grad, std::vector<double>* logp = nullptr) {
+  const std::size_t n = p.b * p.t;
+  const auto tv = [&](const std::vector<double>& v) {
+    return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
+  };
+  policy_loss_inputs<double> in{.log_prob = {}, .old_log_prob = tv(p.old), .advantages = tv(p.adv), .mask = tv(p.mask),
+                                .ref_log_prob = tv(p.ref)};
+  std::vector<double> lp(n), ent(n), glp(n), gent(n), lse(n), g(n * p.v);
+  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
+  const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)};
+  const auto res = policy_loss_from_logits(matrix_view<const double>(x.data(), n, p.v),
+                                           std::span<const std::int64_t>(p.labels), in, cfg, buf,
+                                           matrix_view<double>(g.data(), n, p.v), {.temperature = tau});
+  if (grad) *grad = g;
+  if (logp) *logp = lp;
+  return res.loss;
+}
+
+policy_loss_config ppo_config(const problem& p) {
+  double tokens = 0;
+  for (double m : p.mask) tokens += m;
+  policy_loss_config cfg;
+  cfg.objective.eps_low = 0.2;
+  cfg.objective.eps_high = 0.28;
+  cfg.kl.estimator = kl_estimator::k3;
+  cfg.kl_coef = 0.1;
+  cfg.entropy_coef = 0.01;
+  cfg.normalizer = agg_normalizer{agg_mode::token_mean, tokens, 1.0};
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("policy_loss_from_logits: value equals policy_loss on the oracle's log-probs") {
+  std::printf("test_logits_fused_loss seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const auto p = make(rng);
+  const auto cfg = ppo_config(p);
+  std::vector<double> g, lp;
+  const double loss = fused_padded(p, p.x, cfg, 0.8, &g, &lp);
+  // Reference: oracle log-probs and entropies, then the loss area's policy_loss directly.
+  const std::size_t n = p.b * p.t;
+  std::vector<double> olp(n), oent(n), glp(n), gent(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::vector<double> row(p.x.begin() + static_cast<std::ptrdiff_t>(i * p.v),
+                                  p.x.begin() + static_cast<std::ptrdiff_t>((i + 1) * p.v));
+    const auto o = oracle::logits_row(row, static_cast<std::size_t>(p.labels[i]), 0.8);
+    olp[i] = static_cast<double>(o.logprob);
+    oent[i] = static_cast<double>(o.entropy);
+    CHECK(std::fabs(lp[i] - olp[i]) < 1e-13);
+  }
+  const auto tv = [&](const std::vector<double>& v) {
+    return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
+  };
+  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
+  const auto res = policy_loss(policy_loss_inputs<double>{tv(olp), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref), {}, tv(oent)},
+                               cfg, out(glp), out(gent));
+  CHECK(std::fabs(loss - res.loss) < 1e-12);
+  // Masked tokens' logits get no gradient.
+  for (std::size_t i = 0; i < n; ++i)
+    if (p.mask[i] == 0.0)
+      for (std::size_t j = 0; j < p.v; ++j) CHECK(g[i * p.v + j] == 0.0);
+}
+
+TEST_CASE("policy_loss_from_logits: gradient agrees with central finite differences") {
+  std::mt19937_64 rng(seed + 1);
+  const auto p = make(rng);
+  auto ppo = ppo_config(p);
+  auto gspo = ppo;
+  gspo.objective.kind = objective_kind::gspo;
+  gspo.objective.eps_low = 3e-4;
+  gspo.objective.eps_high = 4e-4;
+  gspo.normalizer = agg_normalizer{agg_mode::seq_mean_token_mean, 3.0, 1.0};
+  // verl's own_token gradient is not the derivative of the value (the mean is detached); the
+  // through_mean one (OpenRLHF / TRL) is, so finite differences can check it.
+  gspo.objective.seq_gradient = sequence_gradient::through_mean;
+  for (const auto& cfg : {ppo, gspo}) {
+    std::vector<double> g;
+    fused_padded(p, p.x, cfg, 0.8, &g);
+    double worst = 0;
+    for (std::size_t k = 0; k < p.x.size(); k += 3) {
+      auto xp = p.x, xm = p.x;
+      const double h = 1e-6;
+      xp[k] += h;
+      xm[k] -= h;
+      const double fd = (fused_padded(p, xp, cfg, 0.8, nullptr) - fused_padded(p, xm, cfg, 0.8, nullptr)) / (2 * h);
+      INFO("logit " << k << " objective " << static_cast<int>(cfg.objective.kind));
+      CHECK(std::fabs(g[k] - fd) <= 1e-8 + 1e-5 * std::fabs(fd));
+      worst = std::max(worst, std::fabs(g[k] - fd));
+    }
+    std::printf("  objective %d: max |grad - finite difference| %.2g\n", static_cast<int>(cfg.objective.kind), worst);
+  }
+}
+
+TEST_CASE("policy_loss_from_logits: packed layout with float logits matches the padded double result") {
+  std::mt19937_64 rng(seed + 2);
+  auto p = make(rng);
+  for (auto& x : p.x) x = static_cast<float>(x);  // the same values in both runs
+  const auto cfg = ppo_config(p);
+  std::vector<double> gpad;
+  const double lpad = fused_padded(p, p.x, cfg, 1.0, &gpad);
+  // Packed: only the valid tokens; offsets of the rows.
+  std::vector<float> xf;
+  std::vector<double> old, ref, adv, mask;
+  std::vector<std::int64_t> labels, offsets{0}, flat;
+  for (std::size_t b = 0; b < p.b; ++b) {
+    for (std::size_t t = 0; t < p.t; ++t) {
+      const std::size_t i = b * p.t + t;
+      if (p.mask[i] == 0.0) continue;
+      flat.push_back(static_cast<std::int64_t>(i));
+      for (std::size_t j = 0; j < p.v; ++j) xf.push_back(static_cast<float>(p.x[i * p.v + j]));
+      old.push_back(p.old[i]);
+      ref.push_back(p.ref[i]);
+      adv.push_back(p.adv[i]);
+      mask.push_back(1.0);
+      labels.push_back(p.labels[i]);
+    }
+    offsets.push_back(static_cast<std::int64_t>(old.size()));
+  }
+  const std::size_t n = old.size();
+  const std::span<const std::int64_t> off(offsets);
+  const auto tv = [&](const std::vector<double>& v) { return token_view<const double>::packed(vector_view<const double>(v.data(), n), off); };
+  const auto out = [&](std::vector<double>& v) { return token_view<double>::packed(vector_view<double>(v.data(), n), off); };
+  std::vector<double> lp(n), ent(n), glp(n), gent(n), lse(n);
+  std::vector<float> g(n * p.v);
+  const auto res = policy_loss_from_logits(
+      matrix_view<const float>(xf.data(), n, p.v), std::span<const std::int64_t>(labels),
+      policy_loss_inputs<double>{{}, tv(old), tv(adv), tv(mask), tv(ref)}, cfg,
+      logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)},
+      matrix_view<float>(g.data(), n, p.v));
+  CHECK(std::fabs(res.loss - lpad) < 1e-6 * std::max(1.0, std::fabs(lpad)));
+  for (std::size_t k = 0; k < n; ++k)
+    for (std::size_t j = 0; j < p.v; ++j)
+      CHECK(std::fabs(g[k * p.v + j] - gpad[static_cast<std::size_t>(flat[k]) * p.v + j]) < 1e-7);
+}
+
+TEST_CASE("policy_loss_from_logits rejects bad input before writing the gradient") {
+  std::mt19937_64 rng(seed + 3);
+  auto p = make(rng);
+  const auto cfg = ppo_config(p);
+  std::vector<double> g;
+  p.labels[4] = 11;
+  CHECK_THROWS_WITH(fused_padded(p, p.x, cfg, 1.0, &g), Catch::Matchers::Contains("row 4"));
+  p.labels[4] = 0;
+  p.adv[2] = std::nan("");
+  CHECK_THROWS_WITH(fused_padded(p, p.x, cfg, 1.0, &g), Catch::Matchers::Contains("advantages"));
+  p.adv[2] = 0.5;
+  auto x = p.x;
+  x[3 * p.v + 1] = std::nan("");  // token 3's log-prob becomes NaN: the policy loss names it
+  CHECK_THROWS_WITH(fused_padded(p, x, cfg, 1.0, &g), Catch::Matchers::Contains("log_prob"));
+  // Giving log_prob yourself is an error: it comes from the logits.
+  const std::size_t n = p.b * p.t;
+  std::vector<double> lp(n), ent(n), glp(n), gent(n), lse(n), gl(n * p.v, 7.0);
+  const auto tv = [&](const std::vector<double>& v) {
+    return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
+  };
+  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
+  CHECK_THROWS_WITH(policy_loss_from_logits(matrix_view<const double>(p.x.data(), n, p.v),
+                                            std::span<const std::int64_t>(p.labels),
+                                            policy_loss_inputs<double>{tv(p.old), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref)},
+                                            cfg, logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent),
+                                                                             vector_view<double>(lse.data(), n)},
+                                            matrix_view<double>(gl.data(), n, p.v)),
+                    Catch::Matchers::Contains("computed from the logits"));
+  CHECK_THROWS_WITH(policy_loss_from_logits(matrix_view<const double>(p.x.data(), n - 1, p.v),
+                                            std::span<const std::int64_t>(p.labels.data(), n - 1),
+                                            policy_loss_inputs<double>{{}, tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref)},
+                                            cfg, logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent),
+                                                                             vector_view<double>(lse.data(), n)},
+                                            matrix_view<double>(gl.data(), n - 1, p.v)),
+                    Catch::Matchers::Contains("rows"));
+  CHECK(gl == std::vector<double>(n * p.v, 7.0));
+}

@@ -1,0 +1,110 @@
+// Tests of ulorl/loss/aggregation.hpp: every mode against a direct formula, the gradient by finite
+// differences, the partition property of agg_loss over random splits, and zero normalisers.
+#include <ulorl/loss/aggregation.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "catch.hpp"
+
+namespace {
+constexpr std::uint64_t seed = 99;
+ulorl::token_view<const double> cv(const std::vector<double>& v, std::size_t B, std::size_t T) {
+  return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), B, T));
+}
+ulorl::token_view<double> mv(std::vector<double>& v, std::size_t B, std::size_t T) {
+  return ulorl::token_view<double>::padded(ulorl::matrix_view<double>(v.data(), B, T));
+}
+}  // namespace
+
+TEST_CASE("agg_loss: every mode equals its formula; gradient equals finite differences") {
+  std::printf("test_loss_aggregation seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::size_t B = 1 + rng() % 6, T = 1 + rng() % 9;
+    std::vector<double> L(B * T), m(B * T);
+    for (std::size_t i = 0; i < B * T; ++i) L[i] = u(rng) * 4 - 2, m[i] = u(rng) < 0.7;
+    m[0] = 1;  // at least one valid token
+    const auto c = ulorl::count_batch(cv(m, B, T));
+    for (auto mode : {ulorl::agg_mode::token_mean, ulorl::agg_mode::seq_mean_token_sum, ulorl::agg_mode::seq_mean_token_mean,
+                      ulorl::agg_mode::seq_mean_token_sum_norm, ulorl::agg_mode::constant}) {
+      const auto norm = ulorl::global_normalizer(mode, c, 17.0, 2.0);
+      std::vector<double> g(B * T);
+      const double loss = ulorl::agg_loss(cv(L, B, T), cv(m, B, T), norm, mv(g, B, T));
+      double expect = 0;
+      for (std::size_t b = 0; b < B; ++b) {
+        double s = 0, n = 0;
+        for (std::size_t t = 0; t < T; ++t) s += L[b * T + t] * m[b * T + t], n += m[b * T + t];
+        switch (mode) {
+          case ulorl::agg_mode::token_mean: expect += s / c.tokens; break;
+          case ulorl::agg_mode::seq_mean_token_sum: expect += s / c.sequences; break;
+          case ulorl::agg_mode::seq_mean_token_mean: expect += n > 0 ? s / n / c.sequences : 0.0; break;
+          default: expect += s / 17.0; break;
+        }
+      }
+      REQUIRE(loss == Approx(2 * expect).epsilon(1e-13));
+      for (std::size_t i = 0; i < B * T; ++i) {
+        std::vector<double> Lp = L, Lm = L;
+        Lp[i] += 1e-6, Lm[i] -= 1e-6;
+        const double fd = (ulorl::agg_loss(cv(Lp, B, T), cv(m, B, T), norm) - ulorl::agg_loss(cv(Lm, B, T), cv(m, B, T), norm)) / 2e-6;
+        REQUIRE(g[i] == Approx(fd).epsilon(1e-6).margin(1e-9));
+      }
+    }
+  }
+}
+
+TEST_CASE("agg_loss: partition-exact with the global normaliser (random splits, 1e-12)") {
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t B = 2 + rng() % 40, T = 1 + rng() % 33;
+    std::vector<double> L(B * T), m(B * T);
+    for (std::size_t i = 0; i < B * T; ++i) L[i] = (u(rng) - 0.5) * 10, m[i] = u(rng) < 0.6;
+    m[0] = 1;
+    const auto mode = static_cast<ulorl::agg_mode>(trial % 5);
+    const auto norm = ulorl::global_normalizer(mode, ulorl::count_batch(cv(m, B, T)), 1234.0, 1.0);
+    std::vector<double> g_full(B * T);
+    const double full = ulorl::agg_loss(cv(L, B, T), cv(m, B, T), norm, mv(g_full, B, T));
+    // Split rows at random cut points; each part is a micro-batch on some rank.
+    std::vector<std::size_t> cuts{0, B};
+    for (std::size_t k = 0; k < rng() % 6; ++k) cuts.push_back(rng() % B);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    double sum = 0;
+    std::vector<double> g(B * T);
+    for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+      const std::size_t r0 = cuts[k], nb = cuts[k + 1] - cuts[k];
+      sum += ulorl::agg_loss(cv(std::vector<double>(L.begin() + r0 * T, L.begin() + (r0 + nb) * T), nb, T),
+                             ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(m.data() + r0 * T, nb, T)), norm,
+                             ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data() + r0 * T, nb, T)));
+    }
+    REQUIRE(sum == Approx(full).epsilon(1e-12).margin(1e-14));
+    REQUIRE(g == g_full);
+  }
+}
+
+TEST_CASE("count_batch, global_normalizer and rejected normalisers") {
+  const std::size_t B = 3, T = 2;
+  std::vector<double> m{1, 1, 0, 0, 1, 0}, L{1, 2, 3, 4, 5, 6}, g(B * T, 8.0);
+  const auto c = ulorl::count_batch(cv(m, B, T));
+  REQUIRE(c.tokens == 3);
+  REQUIRE(c.sequences == 2);
+  REQUIRE(c.rows == 3);
+  REQUIRE((c + c).tokens == 6);
+  REQUIRE(ulorl::global_normalizer(ulorl::agg_mode::seq_mean_token_mean, c).denominator == 2);
+  std::vector<double> zero(B * T, 0.0);
+  const auto z = ulorl::global_normalizer(ulorl::agg_mode::token_mean, ulorl::count_batch(cv(zero, B, T)));
+  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(zero, B, T), z, mv(g, B, T)), ulorl::error);
+  m[1] = 2;
+  REQUIRE_THROWS_AS(ulorl::count_batch(cv(m, B, T)), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {ulorl::agg_mode::token_mean, 3, 1}, mv(g, B, T)), ulorl::error);
+  m[1] = 1;
+  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {ulorl::agg_mode::token_mean, -1, 1}, mv(g, B, T)), ulorl::error);
+  L[2] = std::nan("");
+  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {ulorl::agg_mode::token_mean, 3, 1}, mv(g, B, T)), ulorl::error);
+  for (double v : g) REQUIRE(v == 8.0);
+}

@@ -1,0 +1,461 @@
+// Tests of ulorl/loss/policy_loss.hpp: values against the independent float64 oracle, gradients
+// against central finite differences of the oracle for every objective x KL estimator x aggregation
+// mode, the partition property, layouts, float vs double, bad input, extreme input and properties.
+#include <ulorl/loss/policy_loss.hpp>
+
+#include <algorithm>
+#include <iomanip>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "support/loss_oracle.hpp"
+
+namespace {
+
+constexpr std::uint64_t seed = 20261129;
+
+struct problem {
+  std::size_t B = 0, T = 0;
+  std::vector<double> lp, old, adv, mask, ref, w, ent;
+};
+
+//! Random problem. Log-ratios mostly in (-0.7, 0.7) (all clip regions), a few beyond +-20.
+problem random_problem(std::mt19937_64& rng, std::size_t B, std::size_t T, bool weights) {
+  std::uniform_real_distribution<double> u(0, 1);
+  problem p;
+  p.B = B, p.T = T;
+  const std::size_t n = B * T;
+  p.lp.resize(n), p.old.resize(n), p.adv.resize(n), p.mask.resize(n), p.ref.resize(n), p.ent.resize(n);
+  for (std::size_t b = 0; b < B; ++b) {
+    const double len = std::floor(u(rng) * static_cast<double>(T + 1));  // 0..T valid tokens
+    const double a_row = (u(rng) - 0.5) * 4;
+    for (std::size_t t = 0; t < T; ++t) {
+      const std::size_t i = b * T + t;
+      p.old[i] = -5 * u(rng);
+      double x = (u(rng) - 0.5) * 1.4;
+      if (u(rng) < 0.05) x = u(rng) < 0.5 ? -25 - u(rng) : 25 + u(rng);
+      p.lp[i] = p.old[i] + x;
+      p.adv[i] = u(rng) < 0.7 ? a_row : (u(rng) - 0.5) * 4;
+      p.mask[i] = static_cast<double>(t) < len ? 1.0 : 0.0;
+      p.ref[i] = p.lp[i] + (u(rng) - 0.5) * 4;
+      p.ent[i] = 3 * u(rng);
+    }
+  }
+  if (weights) {
+    p.w.resize(n);
+    for (auto& v : p.w) v = 0.2 + 1.5 * u(rng);
+  }
+  return p;
+}
+
+template <class T>
+ulorl::token_view<const T> cview(const std::vector<T>& v, std::size_t B, std::size_t Tn) {
+  if (v.empty()) return {};
+  return ulorl::token_view<const T>::padded(ulorl::matrix_view<const T>(v.data(), B, Tn));
+}
+template <class T>
+ulorl::token_view<T> mview(std::vector<T>& v, std::size_t B, std::size_t Tn) {
+  return ulorl::token_view<T>::padded(ulorl::matrix_view<T>(v.data(), B, Tn));
+}
+
+struct combo {
+  oracle::spec s;
+  ulorl::policy_loss_config cfg;
+};
+
+combo make_combo(const std::string& objective, const std::string& kl, const std::string& agg, double denom) {
+  combo c;
+  auto& s = c.s;
+  auto& o = c.cfg.objective;
+  s.objective = objective;
+  o.eps_low = s.eps_low = 0.2;
+  o.eps_high = s.eps_high = 0.28;
+  o.log_ratio_clamp = s.bound = 20;
+  o.seq_log_ratio_max = s.seq_max = 10;
+  if (objective == "ppo") o.kind = ulorl::objective_kind::ppo_clip;
+  if (objective == "ppo_dual") s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.dual_clip = s.dual_c = 3;
+  if (objective == "ppo_delta")
+    s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.delta = s.delta = 1.5, o.log_ratio_clamp = s.bound = oracle::inf;
+  if (objective == "gspo_own") o.kind = ulorl::objective_kind::gspo, o.seq_gradient = ulorl::sequence_gradient::own_token;
+  if (objective == "gspo_mean") o.kind = ulorl::objective_kind::gspo, o.seq_gradient = ulorl::sequence_gradient::through_mean;
+  if (objective == "cispo") o.kind = ulorl::objective_kind::cispo;
+  if (objective == "gmpo") o.kind = ulorl::objective_kind::gmpo;
+  if (objective == "sapo") o.kind = ulorl::objective_kind::sapo;
+  if (objective == "pg") o.kind = ulorl::objective_kind::policy_gradient;
+
+  auto& k = c.cfg.kl;
+  if (kl != "none") c.cfg.kl_coef = s.beta = 0.3;
+  s.kl = kl;
+  if (kl == "k1") k.estimator = ulorl::kl_estimator::k1;
+  if (kl == "abs") k.estimator = ulorl::kl_estimator::abs;
+  if (kl == "k2") k.estimator = ulorl::kl_estimator::k2;
+  if (kl == "k3") k.estimator = ulorl::kl_estimator::k3, k.input_clamp = s.kl_in = 1.5, k.output_clamp = s.kl_out = 1.2;
+  if (kl == "k3_st") s.kl = "k3", k.estimator = ulorl::kl_estimator::k3, k.straight_through = s.kl_straight_through = true;
+  if (kl == "k3_iw") s.kl = "k3", k.estimator = ulorl::kl_estimator::k3, k.importance_weighted = s.kl_importance_weighted = true;
+  c.cfg.entropy_coef = s.ent_coef = 0.01;
+
+  s.agg = agg;
+  s.denom = denom;
+  s.scale = 1.5;
+  ulorl::agg_mode m = ulorl::agg_mode::token_mean;
+  if (agg == "seq_sum") m = ulorl::agg_mode::seq_mean_token_sum;
+  if (agg == "seq_mean") m = ulorl::agg_mode::seq_mean_token_mean;
+  if (agg == "constant") m = ulorl::agg_mode::constant;
+  c.cfg.normalizer = {m, denom, 1.5};
+  return c;
+}
+
+oracle::batch to_oracle(const problem& p, bool with_kl) {
+  oracle::batch b;
+  b.B = p.B, b.T = p.T, b.old = p.old, b.adv = p.adv, b.mask = p.mask, b.w = p.w, b.ent = p.ent;
+  if (with_kl) b.ref = p.ref;
+  return b;
+}
+
+struct run_out {
+  ulorl::policy_loss_result res;
+  std::vector<double> grad, gent;
+};
+run_out run(const problem& p, const ulorl::policy_loss_config& cfg) {
+  run_out o;
+  o.grad.assign(p.B * p.T, 0.0);
+  o.gent.assign(p.B * p.T, 0.0);
+  ulorl::policy_loss_inputs<double, double> in{cview(p.lp, p.B, p.T), cview(p.old, p.B, p.T), cview(p.adv, p.B, p.T),
+                                               cview(p.mask, p.B, p.T)};
+  in.ref_log_prob = cview(p.ref, p.B, p.T);
+  in.weights = cview(p.w, p.B, p.T);
+  in.entropy = cview(p.ent, p.B, p.T);
+  o.res = ulorl::policy_loss(in, cfg, mview(o.grad, p.B, p.T), mview(o.gent, p.B, p.T));
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("policy_loss: value and gradient vs oracle + finite differences, every objective x KL x aggregation") {
+  std::printf("test_loss_policy_loss seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const char* objectives[] = {"ppo", "ppo_dual", "ppo_delta", "gspo_own", "gspo_mean", "cispo", "gmpo", "sapo", "pg"};
+  const char* kls[] = {"none", "k1", "abs", "k2", "k3", "k3_st", "k3_iw"};
+  const char* aggs[] = {"token_mean", "seq_sum", "seq_mean", "constant"};
+  std::size_t checked = 0, skipped = 0;
+  for (const char* obj : objectives)
+    for (const char* kl : kls)
+      for (const char* agg : aggs) {
+        const std::size_t B = 1 + rng() % 5, T = 1 + rng() % 9;
+        const problem p = random_problem(rng, B, T, rng() % 2 == 0);
+        const double denom = std::string(obj) == "gmpo" ? static_cast<double>(B) : 7.0;
+        const combo c = make_combo(obj, kl, agg, denom);
+        INFO("objective " << obj << " kl " << kl << " agg " << agg << " B " << B << " T " << T);
+        const auto out = run(p, c.cfg);
+        const auto ob = to_oracle(p, std::string(kl) != "none");
+        const double expect = oracle::loss(c.s, ob, p.lp, p.lp);
+        REQUIRE(out.res.loss == Approx(expect).epsilon(1e-10).margin(1e-12));
+        const auto fd = oracle::fd_gradient(c.s, ob, p.lp, 1e-6);
+        const auto fd2 = oracle::fd_gradient(c.s, ob, p.lp, 1e-5);
+        for (std::size_t i = 0; i < fd.size(); ++i) {
+          // Where two step sizes disagree the point sits next to a kink (clamp bound, min/max
+          // switch): the derivative is one-sided there and FD cannot judge it.
+          if (std::fabs(fd[i] - fd2[i]) > 1e-6 * (1 + std::fabs(fd[i]))) {
+            ++skipped;
+            continue;
+          }
+          INFO(std::setprecision(17) << "token " << i << " lp " << p.lp[i] << " old " << p.old[i] << " adv " << p.adv[i] << " ref " << p.ref[i]
+                         << " mask " << p.mask[i] << " w " << (p.w.empty() ? 1.0 : p.w[i]) << " fd2 " << fd2[i]);
+          REQUIRE(out.grad[i] == Approx(fd[i]).epsilon(1e-6).margin(1e-8));
+          ++checked;
+        }
+        // d loss / d entropy: -coef times the token's aggregation weight.
+        for (std::size_t b = 0; b < B; ++b) {
+          double n = 0;
+          for (std::size_t t = 0; t < T; ++t) n += p.mask[b * T + t];
+          double w = 1.5 / denom;
+          if (std::string(agg) == "seq_mean") w = n > 0 ? 1.5 / (denom * n) : 0.0;
+          for (std::size_t t = 0; t < T; ++t)
+            REQUIRE(out.gent[b * T + t] == Approx(p.mask[b * T + t] * -0.01 * w).margin(1e-15));
+        }
+      }
+  std::printf("  gradient elements checked %zu, skipped next to kinks %zu\n", checked, skipped);
+  REQUIRE(skipped * 20 < checked);
+}
+
+TEST_CASE("policy_loss: partition-exact over random splits into micro-batches and ranks (float64, 1e-12)") {
+  std::mt19937_64 rng(seed + 1);
+  const char* objectives[] = {"ppo_dual", "gspo_mean", "gspo_own", "cispo", "gmpo", "sapo", "pg"};
+  const char* aggs[] = {"token_mean", "seq_sum", "seq_mean", "constant"};
+  for (const char* obj : objectives)
+    for (const char* agg : aggs)
+      for (int trial = 0; trial < 4; ++trial) {
+        const std::size_t B = 2 + rng() % 30, T = 1 + rng() % 47;
+        const problem p = random_problem(rng, B, T, trial % 2 == 0);
+        // The global normaliser, from the counts of the whole batch.
+        std::vector<double> mask = p.mask;
+        const auto counts = ulorl::count_batch(cview(mask, B, T));
+        ulorl::agg_mode mode = ulorl::agg_mode::token_mean;
+        if (std::string(agg) == "seq_sum") mode = ulorl::agg_mode::seq_mean_token_sum;
+        if (std::string(agg) == "seq_mean") mode = ulorl::agg_mode::seq_mean_token_mean;
+        if (std::string(agg) == "constant") mode = ulorl::agg_mode::constant;
+        auto norm = ulorl::global_normalizer(mode, counts, static_cast<double>(B * T), 1.0);
+        if (std::string(obj) == "gmpo") norm.denominator = counts.rows;
+        if (!(norm.denominator > 0)) continue;
+        combo c = make_combo(obj, "k3", agg, norm.denominator);
+        c.cfg.normalizer = norm;
+        const auto full = run(p, c.cfg);
+
+        // Random split of the rows into parts (micro-batches of random ranks).
+        std::vector<std::size_t> cuts{0, B};
+        const std::size_t parts = 1 + rng() % std::min<std::size_t>(B, 6);
+        while (cuts.size() < parts + 1) cuts.push_back(1 + rng() % (B - 1)), std::sort(cuts.begin(), cuts.end()),
+            cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+        double loss = 0;
+        ulorl::loss_metrics merged;
+        ulorl::batch_counts part_counts;
+        std::vector<double> grad;
+        for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+          problem q;
+          q.B = cuts[k + 1] - cuts[k], q.T = T;
+          auto slice = [&](const std::vector<double>& v) {
+            return v.empty() ? v : std::vector<double>(v.begin() + cuts[k] * T, v.begin() + cuts[k + 1] * T);
+          };
+          q.lp = slice(p.lp), q.old = slice(p.old), q.adv = slice(p.adv), q.mask = slice(p.mask), q.ref = slice(p.ref),
+          q.w = slice(p.w), q.ent = slice(p.ent);
+          part_counts += ulorl::count_batch(cview(q.mask, q.B, T));
+          const auto o = run(q, c.cfg);
+          loss += o.res.loss;
+          merged.merge(o.res.metrics);
+          grad.insert(grad.end(), o.grad.begin(), o.grad.end());
+        }
+        INFO(obj << " " << agg << " B " << B << " T " << T << " parts " << cuts.size() - 1);
+        REQUIRE(part_counts.tokens == counts.tokens);
+        REQUIRE(loss == Approx(full.res.loss).epsilon(1e-12).margin(1e-14));
+        for (std::size_t i = 0; i < grad.size(); ++i) REQUIRE(grad[i] == Approx(full.grad[i]).epsilon(1e-12).margin(1e-15));
+        REQUIRE(merged.tokens == full.res.metrics.tokens);
+        REQUIRE(merged.clipped == full.res.metrics.clipped);
+        REQUIRE(merged.kl_sum == Approx(full.res.metrics.kl_sum).epsilon(1e-12).margin(1e-14));
+        REQUIRE(merged.ratio_max == full.res.metrics.ratio_max);
+        REQUIRE(merged.ratio_min == full.res.metrics.ratio_min);
+      }
+}
+
+TEST_CASE("policy_loss: packed layout, strided views and float agree with padded double") {
+  std::mt19937_64 rng(seed + 2);
+  for (const char* obj : {"ppo_dual", "gspo_mean", "gmpo", "cispo"}) {
+    const std::size_t B = 5, T = 13;
+    const problem p = random_problem(rng, B, T, true);
+    combo c = make_combo(obj, "k3", "seq_mean", 4.0);
+    const auto ref = run(p, c.cfg);
+    INFO(obj);
+    // Packed: keep every slot of each row (offsets b*T), mask as is.
+    std::vector<std::int64_t> off(B + 1);
+    for (std::size_t b = 0; b <= B; ++b) off[b] = static_cast<std::int64_t>(b * T);
+    auto pk = [&](const std::vector<double>& v) {
+      return ulorl::token_view<const double>::packed(ulorl::vector_view<const double>(v.data(), v.size()),
+                                                     std::span<const std::int64_t>(off));
+    };
+    std::vector<double> g(B * T, -7), ge(B * T, -7);
+    ulorl::policy_loss_inputs<double, double> in{pk(p.lp), pk(p.old), pk(p.adv), pk(p.mask), pk(p.ref), pk(p.w), pk(p.ent)};
+    const auto r = ulorl::policy_loss(
+        in, c.cfg, ulorl::token_view<double>::packed(ulorl::vector_view<double>(g.data(), g.size()), std::span<const std::int64_t>(off)),
+        ulorl::token_view<double>::packed(ulorl::vector_view<double>(ge.data(), ge.size()), std::span<const std::int64_t>(off)));
+    REQUIRE(r.loss == Approx(ref.res.loss).epsilon(1e-14));
+    for (std::size_t i = 0; i < g.size(); ++i) REQUIRE(g[i] == Approx(ref.grad[i]).epsilon(1e-14).margin(1e-300));
+
+    // Strided: every array interleaved with junk (column stride 2).
+    auto strided = [&](const std::vector<double>& v) {
+      std::vector<double> s(2 * v.size(), 1e300);
+      for (std::size_t i = 0; i < v.size(); ++i) s[2 * i] = v[i];
+      return s;
+    };
+    const auto slp = strided(p.lp), sold = strided(p.old), sadv = strided(p.adv), smask = strided(p.mask),
+               sref = strided(p.ref), sw = strided(p.w), sent = strided(p.ent);
+    auto sv = [&](const std::vector<double>& v) {
+      return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), B, T, 2 * T, 2));
+    };
+    std::vector<double> sg(2 * B * T, 5.0), sge(2 * B * T, 5.0);
+    ulorl::policy_loss_inputs<double, double> sin{sv(slp), sv(sold), sv(sadv), sv(smask), sv(sref), sv(sw), sv(sent)};
+    const auto sr = ulorl::policy_loss(sin, c.cfg, ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sg.data(), B, T, 2 * T, 2)),
+                                       ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sge.data(), B, T, 2 * T, 2)));
+    REQUIRE(sr.loss == Approx(ref.res.loss).epsilon(1e-14));
+    for (std::size_t i = 0; i < B * T; ++i) {
+      REQUIRE(sg[2 * i] == Approx(ref.grad[i]).epsilon(1e-14).margin(1e-300));
+      REQUIRE(sg[2 * i + 1] == 5.0);  // the gaps are not written
+    }
+
+    // float with a uint8 mask.
+    auto f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+    const auto flp = f(p.lp), fold = f(p.old), fadv = f(p.adv), fref = f(p.ref), fw = f(p.w), fent = f(p.ent);
+    std::vector<std::uint8_t> fm(p.mask.begin(), p.mask.end());
+    std::vector<float> fg(B * T), fge(B * T);
+    ulorl::policy_loss_inputs<float, std::uint8_t> fin{cview(flp, B, T), cview(fold, B, T), cview(fadv, B, T),
+                                                       cview(fm, B, T), cview(fref, B, T), cview(fw, B, T), cview(fent, B, T)};
+    const auto fr = ulorl::policy_loss(fin, c.cfg, mview(fg, B, T), mview(fge, B, T));
+    // Inputs were rounded to float: compare against double on the rounded inputs.
+    problem pf = p;
+    for (auto* v : {&pf.lp, &pf.old, &pf.adv, &pf.ref, &pf.w, &pf.ent})
+      for (auto& x : *v) x = static_cast<double>(static_cast<float>(x));
+    const auto rf = run(pf, c.cfg);
+    REQUIRE(fr.loss == Approx(rf.res.loss).epsilon(1e-5).margin(1e-6));
+    for (std::size_t i = 0; i < fg.size(); ++i) REQUIRE(fg[i] == Approx(rf.grad[i]).epsilon(1e-4).margin(1e-6));
+  }
+}
+
+TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs untouched") {
+  std::mt19937_64 rng(seed + 3);
+  const std::size_t B = 3, T = 4;
+  const problem p0 = random_problem(rng, B, T, false);
+  const combo c0 = make_combo("ppo", "k3", "token_mean", 5.0);
+  auto expect_rejected = [&](problem p, ulorl::policy_loss_config cfg, const char* argument, std::size_t advT = 4) {
+    std::vector<double> g(B * T, 42.0), ge(B * T, 43.0);
+    std::vector<double> adv = p.adv;
+    adv.resize(B * advT, 0.5);
+    ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, T), cview(p.old, B, T), cview(adv, B, advT),
+                                                 cview(p.mask, B, T), cview(p.ref, B, T), {}, cview(p.ent, B, T)};
+    INFO("argument " << argument);
+    try {
+      (void)ulorl::policy_loss(in, cfg, mview(g, B, T), mview(ge, B, T));
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      REQUIRE(e.argument() == argument);
+      REQUIRE(e.function() == "policy_loss");
+    }
+    REQUIRE(std::all_of(g.begin(), g.end(), [](double x) { return x == 42.0; }));
+    REQUIRE(std::all_of(ge.begin(), ge.end(), [](double x) { return x == 43.0; }));
+  };
+  expect_rejected(p0, c0.cfg, "advantages", T + 1);  // shape mismatch
+  for (const char* which : {"log_prob", "old_log_prob", "advantages", "ref_log_prob"}) {
+    for (double bad : {std::nan(""), double(INFINITY), -double(INFINITY)}) {
+      problem p = p0;
+      auto& v = std::string(which) == "log_prob" ? p.lp
+                : std::string(which) == "old_log_prob" ? p.old
+                : std::string(which) == "advantages" ? p.adv : p.ref;
+      v[6] = bad;
+      std::vector<double> g(B * T, 42.0), ge(B * T, 43.0);
+      ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, T), cview(p.old, B, T), cview(p.adv, B, T),
+                                                   cview(p.mask, B, T), cview(p.ref, B, T), {}, cview(p.ent, B, T)};
+      try {
+        (void)ulorl::policy_loss(in, c0.cfg, mview(g, B, T), mview(ge, B, T));
+        FAIL("no error");
+      } catch (const ulorl::error& e) {
+        REQUIRE(e.argument() == which);
+        REQUIRE(e.index() == 6);
+      }
+      REQUIRE(std::all_of(g.begin(), g.end(), [](double x) { return x == 42.0; }));
+    }
+  }
+  auto with = [&](auto f) {
+    auto cfg = c0.cfg;
+    f(cfg);
+    return cfg;
+  };
+  expect_rejected(p0, with([](auto& c) { c.objective.eps_low = -0.1; }), "eps_low");
+  expect_rejected(p0, with([](auto& c) { c.objective.eps_low = 1.0; }), "eps_low");
+  expect_rejected(p0, with([](auto& c) { c.objective.eps_high = -0.1; }), "eps_high");
+  expect_rejected(p0, with([](auto& c) { c.objective.dual_clip = 1.0; }), "dual_clip");
+  expect_rejected(p0, with([](auto& c) { c.objective.dual_clip = 0.5; }), "dual_clip");
+  expect_rejected(p0, with([](auto& c) { c.objective.delta = 0.9; }), "delta");
+  expect_rejected(p0, with([](auto& c) { c.normalizer.denominator = 0; }), "normalizer.denominator");
+  expect_rejected(p0, with([](auto& c) { c.kl.input_clamp = -1; }), "input_clamp");
+  problem pm = p0;
+  pm.mask[5] = 2;
+  expect_rejected(pm, c0.cfg, "mask");
+  // A zero-token batch gives a zero normaliser through global_normalizer.
+  problem pz = p0;
+  std::fill(pz.mask.begin(), pz.mask.end(), 0.0);
+  const auto counts = ulorl::count_batch(cview(pz.mask, B, T));
+  expect_rejected(pz, with([&](auto& c) { c.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean, counts); }),
+                  "normalizer.denominator");
+}
+
+TEST_CASE("policy_loss: extreme valid inputs give finite loss and gradient") {
+  std::mt19937_64 rng(seed + 4);
+  for (const char* obj : {"ppo", "ppo_dual", "ppo_delta", "gspo_own", "gspo_mean", "cispo", "gmpo", "sapo", "pg"})
+    for (const char* kl : {"k1", "k2", "k3", "k3_st", "k3_iw"}) {
+      const std::size_t B = 3, T = 7;
+      problem p = random_problem(rng, B, T, true);
+      for (std::size_t i = 0; i < B * T; ++i) {
+        p.lp[i] = -1e4 + (i % 3 == 0 ? 0.0 : -1.0);
+        p.old[i] = p.lp[i] + (i % 2 ? 50.0 : -50.0);
+        p.ref[i] = p.lp[i] + (i % 4 < 2 ? 50.0 : -50.0);
+        p.mask[i] = 1;
+      }
+      combo c = make_combo(obj, kl, "token_mean", 21);
+      // The worst case: no log-ratio clamp at all (TRL). In float, exp(50) * k3 = e^100 overflows
+      // float for the importance-weighted KL (as in torch), so that one keeps the default clamp.
+      c.cfg.objective.log_ratio_clamp = ulorl::no_limit;
+      c.cfg.objective.seq_log_ratio_max = ulorl::no_limit;
+      INFO(obj << " " << kl);
+      for (int prec = 0; prec < 2; ++prec) {
+        if (prec == 0) {
+          const auto o = run(p, c.cfg);
+          REQUIRE(std::isfinite(o.res.loss));
+          for (double g : o.grad) REQUIRE(std::isfinite(g));
+        } else {
+          if (std::string(kl) == "k3_iw") c.cfg.objective.log_ratio_clamp = 20, c.cfg.objective.seq_log_ratio_max = 10;
+          auto f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+          const auto flp = f(p.lp), fold = f(p.old), fadv = f(p.adv), fm = f(p.mask), fref = f(p.ref), fw = f(p.w), fent = f(p.ent);
+          std::vector<float> fg(B * T), fge(B * T);
+          ulorl::policy_loss_inputs<float, float> in{cview(flp, B, T), cview(fold, B, T), cview(fadv, B, T), cview(fm, B, T),
+                                                     cview(fref, B, T), cview(fw, B, T), cview(fent, B, T)};
+          const auto r = ulorl::policy_loss(in, c.cfg, mview(fg, B, T), mview(fge, B, T));
+          REQUIRE(std::isfinite(r.loss));
+          for (float g : fg) REQUIRE(std::isfinite(g));
+        }
+      }
+    }
+}
+
+TEST_CASE("policy_loss: properties - ratio 1 leaves clipping inactive, masked tokens contribute nothing") {
+  std::mt19937_64 rng(seed + 5);
+  const std::size_t B = 4, T = 11;
+  problem p = random_problem(rng, B, T, false);
+  p.old = p.lp;  // ratio exactly 1
+  for (const char* obj : {"ppo", "ppo_dual", "gspo_own", "gspo_mean", "cispo", "gmpo"}) {
+    const combo c = make_combo(obj, "none", "token_mean", 9);
+    const auto o = run(p, c.cfg);
+    INFO(obj);
+    REQUIRE(o.res.metrics.clipped == 0);
+    REQUIRE(o.res.metrics.clipped_low + o.res.metrics.clipped_high + o.res.metrics.dual_clipped == 0);
+    REQUIRE(o.res.metrics.ratio_min == 1.0);
+    REQUIRE(o.res.metrics.ratio_max == 1.0);
+    if (std::string(obj) == "ppo" || std::string(obj) == "ppo_dual")  // unclipped: gradient is -A w
+      for (std::size_t i = 0; i < B * T; ++i) REQUIRE(o.grad[i] == Approx(-p.adv[i] * p.mask[i] * 1.5 / 9).margin(1e-15));
+  }
+  // Changing masked tokens (values of any size) changes nothing.
+  const problem q0 = random_problem(rng, B, T, true);
+  for (const char* obj : {"ppo_dual", "gspo_mean", "gspo_own", "cispo", "gmpo", "sapo", "pg"}) {
+    const combo c = make_combo(obj, "k3", "seq_mean", 3);
+    const auto a = run(q0, c.cfg);
+    problem q = q0;
+    for (std::size_t i = 0; i < B * T; ++i)
+      if (q.mask[i] == 0) q.lp[i] += 30, q.old[i] -= 7, q.adv[i] = 1e3, q.ref[i] = -1e3, q.w[i] = 9, q.ent[i] = 1e4;
+    const auto b = run(q, c.cfg);
+    INFO(obj);
+    REQUIRE(a.res.loss == b.res.loss);
+    REQUIRE(a.grad == b.grad);
+    for (std::size_t i = 0; i < B * T; ++i)
+      if (q.mask[i] == 0) REQUIRE(b.grad[i] == 0.0);
+  }
+}
+
+TEST_CASE("policy_token_loss: the per-token API matches the batch function") {
+  std::mt19937_64 rng(seed + 6);
+  const std::size_t B = 2, T = 9;
+  const problem p = random_problem(rng, B, T, true);
+  combo c = make_combo("ppo_dual", "k3_iw", "token_mean", 1.0);
+  c.cfg.normalizer.scale = 1.0;
+  const auto o = run(p, c.cfg);
+  const auto tp = ulorl::make_token_loss_params<double>(c.cfg);
+  double total = 0;
+  for (std::size_t i = 0; i < B * T; ++i) {
+    const auto r = ulorl::policy_token_loss(p.lp[i], p.old[i], p.ref[i], p.adv[i], p.w[i], p.ent[i], tp);
+    if (p.mask[i] != 0) {
+      total += r.loss;
+      REQUIRE(o.grad[i] == Approx(r.dlogp).epsilon(1e-15).margin(1e-300));
+    }
+  }
+  REQUIRE(o.res.loss == Approx(total).epsilon(1e-13));
+}
