@@ -132,9 +132,6 @@ struct adam {
     const float c2 = static_cast<float>(1.0 - std::pow(beta2, static_cast<double>(t)));
     const float b1 = static_cast<float>(beta1), b2 = static_cast<float>(beta2);
     const float a = static_cast<float>(lr), e = static_cast<float>(eps);
-    // walk (param, grad) pairs together with their moments
-    policy* ps[] = {&p};
-    (void)ps;
     auto upd = [&](auto& w, auto& gw, auto& mw, auto& vw) {
       mw = b1 * mw + (1 - b1) * gw;
       vw.array() = b2 * vw.array() + (1 - b2) * gw.array().square();
