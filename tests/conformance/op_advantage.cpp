@@ -11,12 +11,6 @@ using namespace conformance;
 struct batch {
   matrix rewards, mask;
   std::vector<std::int64_t> index;
-  [[nodiscard]] ulorl::token_view<const double> reward_view() const {
-    return ulorl::padded(ulorl::matrix_view<const double>(rewards.data.data(), rewards.rows, rewards.cols));
-  }
-  [[nodiscard]] ulorl::token_view<const double> mask_view() const {
-    return ulorl::padded(ulorl::matrix_view<const double>(mask.data.data(), mask.rows, mask.cols));
-  }
 };
 
 batch read_batch(const json& in) {
@@ -27,15 +21,15 @@ batch read_batch(const json& in) {
 
 json to_tokens(const batch& b, const std::vector<double>& adv, const ulorl::broadcast_config& placement) {
   matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
-  ulorl::broadcast_to_tokens(std::span<const double>(adv), b.mask_view(),
-                             ulorl::padded(ulorl::matrix_view<double>(out.data.data(), out.rows, out.cols)), placement);
+  ulorl::broadcast_to_tokens(std::span<const double>(adv), padded_view(b.mask),
+                             padded_view(out), placement);
   return from_matrix(out);
 }
 
 json advantage(const std::string& preset, const json& params, const json& in) {
   const batch b = read_batch(in);
-  const auto rewards = b.reward_view();
-  const auto mask = b.mask_view();
+  const auto rewards = padded_view(b.rewards);
+  const auto mask = padded_view(b.mask);
   ulorl::require_same_shape("advantage", "response_mask", mask, "token_level_rewards", rewards);
   ulorl::require_binary_mask("advantage", "response_mask", mask);
   std::vector<double> scores(b.rewards.rows), adv(b.rewards.rows);
@@ -72,10 +66,10 @@ json advantage(const std::string& preset, const json& params, const json& in) {
       return json{{"advantages", to_tokens(b, adv, masked)}};
     }
     matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
-    const auto out_view = ulorl::padded(ulorl::matrix_view<double>(out.data.data(), out.rows, out.cols));
+    const auto out_view = padded_view(out);
     if (est == "reinforce_plus_plus") {
       matrix ret = out;
-      const auto ret_view = ulorl::padded(ulorl::matrix_view<double>(ret.data.data(), ret.rows, ret.cols));
+      const auto ret_view = padded_view(ret);
       ulorl::reinforce_pp_advantages(rewards, mask, param_double(params, "gamma", 1.0), ret_view, out_view);
       return json{{"advantages", from_matrix(out)}, {"returns", from_matrix(ret)}};
     }

@@ -10,28 +10,22 @@
 namespace {
 using conformance::json;
 
-std::optional<double> opt(const json& p, const char* name) {
-  return conformance::has_param(p, name) ? std::optional<double>(conformance::param_double(p, name, 0.0)) : std::nullopt;
-}
-ulorl::token_view<const double> view(const conformance::matrix& m) {
-  return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(m.data.data(), m.rows, m.cols));
-}
 
 const conformance::registrar reg("agg_loss", [](const std::string& preset, const json& params, const json& inputs) -> json {
   const auto loss_mat = conformance::to_matrix(inputs.at("loss_mat"), "loss_mat");
   const auto mask = conformance::to_matrix(inputs.at("loss_mask"), "loss_mask");
-  const auto lv = view(loss_mat), mv = view(mask);
+  const auto lv = conformance::padded_view(loss_mat), mv = conformance::padded_view(mask);
   ulorl::require_same_shape("agg_loss", "loss_mask", mv, "loss_mat", lv);
   const auto counts = ulorl::count_batch(mv);
   const double dp = conformance::param_double(params, "dp_size", 1.0);
   ulorl::agg_normalizer norm;
   if (preset == "verl") {
     const auto mode = ulorl::presets::verl::agg_mode_from_name(conformance::param_string(params, "loss_agg_mode", "token-mean"));
-    norm = ulorl::presets::verl::normalizer(mode, counts, dp, opt(params, "batch_num_tokens"),
-                                            opt(params, "global_batch_size"), opt(params, "loss_scale_factor"), loss_mat.cols);
+    norm = ulorl::presets::verl::normalizer(mode, counts, dp, conformance::param_optional(params, "batch_num_tokens"),
+                                            conformance::param_optional(params, "global_batch_size"), conformance::param_optional(params, "loss_scale_factor"), loss_mat.cols);
   } else if (preset == "openrlhf") {
     norm = ulorl::presets::openrlhf::normalizer(conformance::param_bool(params, "token_level_loss", true), counts, dp,
-                                                opt(params, "batch_num_tokens"), opt(params, "global_batch_size"));
+                                                conformance::param_optional(params, "batch_num_tokens"), conformance::param_optional(params, "global_batch_size"));
   } else {
     throw conformance::reject("agg_loss: unknown preset '" + preset + "'");
   }

@@ -10,9 +10,6 @@
 namespace {
 using conformance::json;
 
-std::optional<double> opt(const json& p, const char* name) {
-  return conformance::has_param(p, name) ? std::optional<double>(conformance::param_double(p, name, 0.0)) : std::nullopt;
-}
 
 const conformance::registrar reg("kl_penalty", [](const std::string& preset, const json& params, const json& inputs) -> json {
   const auto lp = conformance::to_matrix(inputs.at("logprob"), "logprob");
@@ -21,8 +18,8 @@ const conformance::registrar reg("kl_penalty", [](const std::string& preset, con
   if (preset == "verl") cfg = ulorl::presets::verl::kl(conformance::param_string(params, "kl_penalty", "kl"));
   else if (preset == "openrlhf") cfg = ulorl::presets::openrlhf::kl(conformance::param_string(params, "kl_estimator", "k1"));
   else if (preset == "nemo_rl")
-    cfg = ulorl::presets::nemo_rl::kl(conformance::param_string(params, "kl_type", "k3"), opt(params, "input_clamp_value"),
-                                      opt(params, "output_clamp_value"));
+    cfg = ulorl::presets::nemo_rl::kl(conformance::param_string(params, "kl_type", "k3"), conformance::param_optional(params, "input_clamp_value"),
+                                      conformance::param_optional(params, "output_clamp_value"));
   else throw conformance::reject("kl_penalty: unknown preset '" + preset + "'");
   conformance::matrix kl = lp, grad = lp;
   auto cv = [](const conformance::matrix& m) {

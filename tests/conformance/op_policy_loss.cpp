@@ -10,12 +10,6 @@
 namespace {
 using conformance::json;
 
-std::optional<double> opt(const json& p, const char* name) {
-  return conformance::has_param(p, name) ? std::optional<double>(conformance::param_double(p, name, 0.0)) : std::nullopt;
-}
-ulorl::token_view<const double> view(const conformance::matrix& m) {
-  return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(m.data.data(), m.rows, m.cols));
-}
 
 const conformance::registrar reg("policy_loss", [](const std::string& preset, const json& params, const json& inputs) -> json {
   namespace P = ulorl::presets;
@@ -27,8 +21,8 @@ const conformance::registrar reg("policy_loss", [](const std::string& preset, co
   if (inputs.contains("rollout_is_weights") && !inputs["rollout_is_weights"].is_null())
     weights = conformance::to_matrix(inputs["rollout_is_weights"], "rollout_is_weights");
 
-  ulorl::policy_loss_inputs<double, double> in{view(lp), view(old), view(adv), view(mask)};
-  if (weights) in.weights = view(*weights);
+  ulorl::policy_loss_inputs<double, double> in{conformance::padded_view(lp), conformance::padded_view(old), conformance::padded_view(adv), conformance::padded_view(mask)};
+  if (weights) in.weights = conformance::padded_view(*weights);
   ulorl::require_same_shape("policy_loss", "response_mask", in.mask, "log_prob", in.log_prob);
   const auto counts = ulorl::count_batch(in.mask);
   const double dp = conformance::param_double(params, "dp_size", 1.0);
@@ -43,17 +37,17 @@ const conformance::registrar reg("policy_loss", [](const std::string& preset, co
                                        conformance::param_double(params, "tau_pos", 1.0),
                                        conformance::param_double(params, "tau_neg", 1.05));
     const auto agg = P::verl::agg_mode_from_name(conformance::param_string(params, "loss_agg_mode", "token-mean"));
-    cfg.normalizer = P::verl::policy_normalizer(mode, agg, counts, dp, opt(params, "batch_num_tokens"),
-                                                opt(params, "global_batch_size"), opt(params, "loss_scale_factor"), lp.cols);
+    cfg.normalizer = P::verl::policy_normalizer(mode, agg, counts, dp, conformance::param_optional(params, "batch_num_tokens"),
+                                                conformance::param_optional(params, "global_batch_size"), conformance::param_optional(params, "loss_scale_factor"), lp.cols);
   } else if (preset == "openrlhf") {
     if (weights) throw conformance::reject("policy_loss: rollout_is_weights is a verl input");
     mode = conformance::param_string(params, "policy_loss_type", "ppo");
     cfg.objective = P::openrlhf::objective(mode, conformance::param_double(params, "clip_eps_low", 0.2),
-                                           conformance::param_double(params, "clip_eps_high", 0.2), opt(params, "dual_clip"));
+                                           conformance::param_double(params, "clip_eps_high", 0.2), conformance::param_optional(params, "dual_clip"));
     const bool token_level = mode == "gspo" ? false : conformance::param_bool(params, "token_level_loss", true);
     if (counts.tokens == 0) throw conformance::reject("policy_loss: openrlhf metrics divide by N = 0 valid tokens");
-    cfg.normalizer = P::openrlhf::normalizer(token_level, counts, dp, opt(params, "batch_num_tokens"),
-                                             opt(params, "global_batch_size"));
+    cfg.normalizer = P::openrlhf::normalizer(token_level, counts, dp, conformance::param_optional(params, "batch_num_tokens"),
+                                             conformance::param_optional(params, "global_batch_size"));
   } else {
     throw conformance::reject("policy_loss: unknown preset '" + preset + "'");
   }

@@ -10,12 +10,6 @@
 namespace {
 using conformance::json;
 
-std::optional<double> opt(const json& p, const char* name) {
-  return conformance::has_param(p, name) ? std::optional<double>(conformance::param_double(p, name, 0.0)) : std::nullopt;
-}
-ulorl::token_view<const double> view(const conformance::matrix& m) {
-  return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(m.data.data(), m.rows, m.cols));
-}
 
 const conformance::registrar reg("trl_grpo_loss", [](const std::string& preset, const json& params, const json& inputs) -> json {
   namespace P = ulorl::presets;
@@ -34,21 +28,21 @@ const conformance::registrar reg("trl_grpo_loss", [](const std::string& preset, 
   for (std::size_t b = 0; b < lp.rows; ++b)
     for (std::size_t t = 0; t < lp.cols; ++t) adv(b, t) = adv_b[b];
 
-  ulorl::policy_loss_inputs<double, double> in{view(lp), view(old), view(adv), view(mask)};
-  if (ref) in.ref_log_prob = view(*ref);
+  ulorl::policy_loss_inputs<double, double> in{conformance::padded_view(lp), conformance::padded_view(old), conformance::padded_view(adv), conformance::padded_view(mask)};
+  if (ref) in.ref_log_prob = conformance::padded_view(*ref);
   ulorl::require_same_shape("trl_grpo_loss", "completion_mask", in.mask, "per_token_logps", in.log_prob);
   const auto counts = ulorl::count_batch(in.mask);
 
   const auto level = conformance::param_string(params, "importance_sampling_level", "token");
   ulorl::policy_loss_config cfg;
-  cfg.objective = P::trl::objective(conformance::param_double(params, "epsilon", 0.2), opt(params, "epsilon_high"),
-                                    opt(params, "delta"), level);
+  cfg.objective = P::trl::objective(conformance::param_double(params, "epsilon", 0.2), conformance::param_optional(params, "epsilon_high"),
+                                    conformance::param_optional(params, "delta"), level);
   cfg.kl = P::trl::kl(conformance::param_bool(params, "use_bias_correction_kl", false));
   cfg.kl_coef = beta;
   cfg.normalizer = P::trl::normalizer(conformance::param_string(params, "loss_type", "dapo"), counts,
                                       conformance::param_double(params, "max_completion_length", 0.0),
                                       conformance::param_double(params, "gradient_accumulation_steps", 1.0),
-                                      opt(params, "num_items_in_batch"), conformance::param_double(params, "num_processes", 1.0));
+                                      conformance::param_optional(params, "num_items_in_batch"), conformance::param_double(params, "num_processes", 1.0));
 
   conformance::matrix grad = lp;
   const auto gv = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(grad.data.data(), grad.rows, grad.cols));

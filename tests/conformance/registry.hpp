@@ -4,12 +4,14 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <ulorl/core/ragged.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,6 +54,18 @@ std::int64_t param_int(const json& params, const char* name, std::int64_t fallba
 bool param_bool(const json& params, const char* name, bool fallback);
 std::string param_string(const json& params, const char* name, const std::string& fallback);
 bool has_param(const json& params, const char* name);
+
+//! A parameter that may be null or absent.
+inline std::optional<double> param_optional(const json& params, const char* name) {
+  return has_param(params, name) ? std::optional<double>(param_double(params, name, 0.0)) : std::nullopt;
+}
+//! A [B][T] matrix as the padded ragged layout.
+inline ulorl::token_view<const double> padded_view(const matrix& m) {
+  return ulorl::padded(ulorl::matrix_view<const double>(m.data.data(), m.rows, m.cols));
+}
+inline ulorl::token_view<double> padded_view(matrix& m) {
+  return ulorl::padded(ulorl::matrix_view<double>(m.data.data(), m.rows, m.cols));
+}
 
 // ---- writing helpers ------------------------------------------------------------------------------
 json from_matrix(const matrix& m);
