@@ -58,3 +58,20 @@ TEST_CASE("negative ids and empty batches are rejected", "[groups][errors]") {
                       Catch::Contains("'group_ids'[2] = -1"));
   REQUIRE_THROWS_AS(ulorl::group_layout::from_ids(std::span<const std::int64_t>()), ulorl::error);
 }
+
+TEST_CASE("assign_ids reuses a layout and matches from_ids", "[groups]") {
+  testing_support::rng r(9);
+  ulorl::group_layout reused;
+  for (std::size_t n : {1000u, 3u, 47u, 1u, 1000u}) {
+    const auto ids = testing_support::random_group_ids(r, n);
+    reused.assign_ids(std::span<const std::int64_t>(ids));
+    const auto fresh = ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids));
+    REQUIRE(reused.count() == fresh.count());
+    for (std::size_t g = 0; g < fresh.count(); ++g)
+      REQUIRE(std::equal(reused.members(g).begin(), reused.members(g).end(), fresh.members(g).begin(), fresh.members(g).end()));
+  }
+  const std::vector<std::int64_t> bad{1, -2};
+  const auto before = reused.count();
+  REQUIRE_THROWS_AS(reused.assign_ids(std::span<const std::int64_t>(bad)), ulorl::error);
+  REQUIRE(reused.count() == before);
+}

@@ -31,6 +31,16 @@ class group_layout {
   template <class I>
   [[nodiscard]] static group_layout from_ids(std::span<const I> ids, std::string_view fn = "group_layout",
                                              std::string_view arg = "group_ids") {
+    group_layout g;
+    g.assign_ids(ids, fn, arg);
+    return g;
+  }
+
+  //! Rebuilds this layout from new ids, reusing its memory: a trainer that keeps one layout and
+  //! calls this every step allocates nothing once the buffers have grown (fresh multi-megabyte
+  //! buffers cost more in page faults than the grouping itself). On error the layout is unchanged.
+  template <class I>
+  void assign_ids(std::span<const I> ids, std::string_view fn = "group_layout", std::string_view arg = "group_ids") {
     static_assert(std::is_integral_v<I>, "group ids must be integers");
     if (ids.empty()) detail::fail(fn, arg, "empty batch: at least one response is required");
     if (ids.size() > UINT32_MAX) detail::fail(fn, arg, "more than 2^32-1 responses");
@@ -40,52 +50,48 @@ class group_layout {
     }
     // Dense group numbers by first appearance through an open-addressing hash table (O(B)), then
     // a counting sort of the responses by group, which keeps each group's members in order.
+    // The table grows with the number of distinct ids (load <= 1/2), not with B.
     const std::size_t n = ids.size();
-    // The table grows with the number of distinct ids (load <= 1/2), not with B: a table sized
-    // for B would page-fault across megabytes it barely uses.
     std::size_t cap = 64;
-    std::vector<std::uint64_t> keys(cap);
-    std::vector<std::uint32_t> slot_group(cap, UINT32_MAX);
+    keys_.assign(cap, 0);
+    slots_.assign(cap, UINT32_MAX);
     const auto find_slot = [&](std::uint64_t key) {
       std::size_t h = static_cast<std::size_t>(mix(key)) & (cap - 1);
-      while (slot_group[h] != UINT32_MAX && keys[h] != key) h = (h + 1) & (cap - 1);
+      while (slots_[h] != UINT32_MAX && keys_[h] != key) h = (h + 1) & (cap - 1);
       return h;
     };
-    group_layout g;
-    g.group_of_.resize(n);
-    std::vector<std::uint32_t> counts;
+    group_of_.resize(n);
+    std::vector<std::uint32_t>& counts = start_;  // counts live in start_[1..] until the prefix sum
+    counts.assign(1, 0u);
     for (std::size_t i = 0; i < n; ++i) {
       const auto key = static_cast<std::uint64_t>(ids[i]);
       std::size_t h = find_slot(key);
-      if (slot_group[h] == UINT32_MAX) {
-        if (2 * (counts.size() + 1) > cap) {
+      if (slots_[h] == UINT32_MAX) {
+        if (2 * counts.size() > cap) {
           std::vector<std::uint64_t> old_keys(cap * 2);
-          std::vector<std::uint32_t> old_groups(cap * 2, UINT32_MAX);
-          old_keys.swap(keys);
-          old_groups.swap(slot_group);
+          std::vector<std::uint32_t> old_slots(cap * 2, UINT32_MAX);
+          old_keys.swap(keys_);
+          old_slots.swap(slots_);
           cap *= 2;
           for (std::size_t k = 0; k < old_keys.size(); ++k)
-            if (old_groups[k] != UINT32_MAX) {
+            if (old_slots[k] != UINT32_MAX) {
               const std::size_t s = find_slot(old_keys[k]);
-              keys[s] = old_keys[k];
-              slot_group[s] = old_groups[k];
+              keys_[s] = old_keys[k];
+              slots_[s] = old_slots[k];
             }
           h = find_slot(key);
         }
-        keys[h] = key;
-        slot_group[h] = static_cast<std::uint32_t>(counts.size());
+        keys_[h] = key;
+        slots_[h] = static_cast<std::uint32_t>(counts.size() - 1);
         counts.push_back(0);
       }
-      g.group_of_[i] = slot_group[h];
-      ++counts[slot_group[h]];
+      group_of_[i] = slots_[h];
+      ++counts[slots_[h] + 1];
     }
-    g.start_.resize(counts.size() + 1);
-    g.start_[0] = 0;
-    for (std::size_t k = 0; k < counts.size(); ++k) g.start_[k + 1] = g.start_[k] + counts[k];
-    g.order_.resize(n);
-    std::vector<std::uint32_t> next(g.start_.begin(), g.start_.end() - 1);
-    for (std::size_t i = 0; i < n; ++i) g.order_[next[g.group_of_[i]]++] = static_cast<std::uint32_t>(i);
-    return g;
+    for (std::size_t k = 1; k < start_.size(); ++k) start_[k] += start_[k - 1];
+    order_.resize(n);
+    next_.assign(start_.begin(), start_.end() - 1);
+    for (std::size_t i = 0; i < n; ++i) order_[next_[group_of_[i]]++] = static_cast<std::uint32_t>(i);
   }
 
   //! Contiguous blocks of `group_size` responses; `responses` must be a positive multiple of it.
@@ -128,6 +134,10 @@ class group_layout {
   std::vector<std::uint32_t> order_;     // response indices, grouped
   std::vector<std::uint32_t> start_;     // group g is order_[start_[g] .. start_[g+1])
   std::vector<std::uint32_t> group_of_;  // response -> group
+  // scratch of assign_ids, kept for reuse
+  std::vector<std::uint64_t> keys_;
+  std::vector<std::uint32_t> slots_;
+  std::vector<std::uint32_t> next_;
 };
 
 ULORL_NAMESPACE_END
