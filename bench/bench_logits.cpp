@@ -296,8 +296,19 @@ class ratio_reporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The ratio summary decorates the console format only; --benchmark_format=json (used by
+  // bench/compare_torch.py) gets Google Benchmark's own reporter and clean JSON on stdout.
+  bool console = true;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]).rfind("--benchmark_format=", 0) == 0 && std::string(argv[i]) != "--benchmark_format=console")
+      console = false;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!console) {
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  }
   ratio_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();

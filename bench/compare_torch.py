@@ -92,7 +92,7 @@ def suite_loss(args) -> List[Case]:
                 ((l2 > l1).to(lp.dtype) * m).sum() / m.sum()
 
         cases.append(Case(name=f"clip_higher+k3+token_mean/float32/{n}",
-                          bench_filter=f"^BM_policy_loss<float>/{n}/0$", items=n, torch_fn=step))
+                          bench_filter=f"^BM_policy_loss<float>/{n}/0(/|$)", items=n, torch_fn=step))
     return cases
 
 
@@ -115,24 +115,24 @@ def suite_logits(args) -> List[Case]:
         g_ent = torch.full((n,), 0.01)
         x = x0.clone().requires_grad_(True)
 
-        def stats(z):
+        def stats(z, labels=labels):  # bind this case's tensors (closures in a loop bind late)
             logp = torch.log_softmax(z, dim=-1)
             chosen = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
             entropy = -(logp.exp() * logp).sum(-1)
             return chosen, entropy
 
-        def fwd(x0=x0):
+        def fwd(x0=x0, stats=stats):
             with torch.no_grad():
                 stats(x0)
 
-        def fwd_bwd(x=x):
+        def fwd_bwd(x=x, stats=stats, g_lp=g_lp, g_ent=g_ent):
             x.grad = None
             chosen, entropy = stats(x)
             (g_lp * chosen + g_ent * entropy).sum().backward()
 
-        cases.append(Case(name=f"logits forward N={n} V={vocab}", bench_filter=f"^BM_forward/seq/{n}$",
+        cases.append(Case(name=f"logits forward N={n} V={vocab}", bench_filter=f"^BM_forward/seq/{n}(/|$)",
                           items=n * vocab, torch_fn=fwd))
-        cases.append(Case(name=f"logits forward+backward N={n} V={vocab}", bench_filter=f"^BM_fwd_bwd/seq/{n}$",
+        cases.append(Case(name=f"logits forward+backward N={n} V={vocab}", bench_filter=f"^BM_fwd_bwd/seq/{n}(/|$)",
                           items=n * vocab, torch_fn=fwd_bwd))
     return cases
 
