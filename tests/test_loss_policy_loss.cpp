@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iomanip>
+#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -458,4 +459,127 @@ TEST_CASE("policy_token_loss: the per-token API matches the batch function") {
     }
   }
   REQUIRE(o.res.loss == Approx(total).epsilon(1e-13));
+}
+
+namespace {
+
+//! A minimal contiguous buffer (std::vector<bool> has no data()).
+template <class E>
+struct buffer {
+  using value_type = E;
+  std::unique_ptr<E[]> p;
+  std::size_t n = 0;
+  explicit buffer(std::size_t size) : p(new E[size]()), n(size) {}
+  buffer(const buffer& o) : buffer(o.n) { std::copy(o.p.get(), o.p.get() + n, p.get()); }
+  [[nodiscard]] E* data() { return p.get(); }
+  [[nodiscard]] const E* data() const { return p.get(); }
+  [[nodiscard]] std::size_t size() const { return n; }
+  E& operator[](std::size_t i) { return p[i]; }
+  const E& operator[](std::size_t i) const { return p[i]; }
+};
+
+//! Runs policy_loss on unit-stride rows (the vectorised fast path) and on the same data
+//! interleaved with junk (column stride 2: the generic view loop) and compares everything.
+template <class T, class M>
+void fast_vs_generic(std::mt19937_64& rng, std::size_t B, std::size_t Tn, const ulorl::policy_loss_config& cfg, bool weights,
+                     bool entropy, double tol) {
+  std::uniform_real_distribution<double> u(0, 1);
+  const std::size_t n = B * Tn;
+  std::vector<T> lp(n), old(n), adv(n), ref(n), w(n), ent(n);
+  buffer<M> mask(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    old[i] = static_cast<T>(-5 * u(rng));
+    double x = (u(rng) - 0.5) * 1.6;
+    if (u(rng) < 0.03) x = u(rng) < 0.5 ? -25 - u(rng) : 25 + u(rng);  // beyond the log-ratio clamp
+    lp[i] = static_cast<T>(old[i] + x);
+    adv[i] = static_cast<T>(u(rng) < 0.1 ? 0.0 : (u(rng) - 0.5) * 4);
+    ref[i] = static_cast<T>(lp[i] + (u(rng) - 0.5) * (u(rng) < 0.1 ? 6 : 0.6));
+    w[i] = static_cast<T>(0.2 + 1.5 * u(rng));
+    ent[i] = static_cast<T>(3 * u(rng));
+    mask[i] = static_cast<M>(u(rng) < 0.8 ? 1 : 0);
+    if (u(rng) < 0.01) mask[i] = M(0), lp[i] = old[i] = T(0);  // a masked token with a degenerate ratio
+  }
+  auto view = [&](const auto& v) {
+    using E = typename std::decay_t<decltype(v)>::value_type;
+    return ulorl::token_view<const E>::padded(ulorl::matrix_view<const E>(v.data(), B, Tn));
+  };
+  auto spread = [](const auto& v) {
+    std::decay_t<decltype(v)> s(2 * v.size());  // NOLINT
+    for (std::size_t i = 0; i < v.size(); ++i) s[2 * i] = v[i], s[2 * i + 1] = static_cast<typename std::decay_t<decltype(v)>::value_type>(0.5);
+    return s;
+  };
+  auto sview = [&](const auto& v) {
+    using E = typename std::decay_t<decltype(v)>::value_type;
+    return ulorl::token_view<const E>::padded(ulorl::matrix_view<const E>(v.data(), B, Tn, 2 * static_cast<std::ptrdiff_t>(Tn), 2));
+  };
+  const auto slp = spread(lp), sold = spread(old), sadv = spread(adv), sref = spread(ref), sw = spread(w), sent = spread(ent);
+  auto smask = spread(mask);
+  for (std::size_t i = 0; i < n; ++i) smask[2 * i + 1] = M(0);
+
+  ulorl::policy_loss_inputs<T, M> fin{view(lp), view(old), view(adv), view(mask)};
+  ulorl::policy_loss_inputs<T, M> gin{sview(slp), sview(sold), sview(sadv), sview(smask)};
+  if (cfg.kl_coef != 0) fin.ref_log_prob = view(ref), gin.ref_log_prob = sview(sref);
+  if (weights) fin.weights = view(w), gin.weights = sview(sw);
+  if (entropy) fin.entropy = view(ent), gin.entropy = sview(sent);
+  std::vector<T> fg(n, T(-7)), fge(n, T(-7)), gg(2 * n, T(-7)), gge(2 * n, T(-7));
+  const auto fr = ulorl::policy_loss(fin, cfg, ulorl::token_view<T>::padded(ulorl::matrix_view<T>(fg.data(), B, Tn)),
+                                     entropy ? ulorl::token_view<T>::padded(ulorl::matrix_view<T>(fge.data(), B, Tn)) : ulorl::token_view<T>{});
+  const auto gr = ulorl::policy_loss(
+      gin, cfg, ulorl::token_view<T>::padded(ulorl::matrix_view<T>(gg.data(), B, Tn, 2 * static_cast<std::ptrdiff_t>(Tn), 2)),
+      entropy ? ulorl::token_view<T>::padded(ulorl::matrix_view<T>(gge.data(), B, Tn, 2 * static_cast<std::ptrdiff_t>(Tn), 2))
+              : ulorl::token_view<T>{});
+  double gmax = 0;
+  for (std::size_t i = 0; i < n; ++i) gmax = std::max(gmax, std::fabs(static_cast<double>(gg[2 * i])));
+  for (std::size_t i = 0; i < n; ++i) {
+    INFO("token " << i);
+    REQUIRE(static_cast<double>(fg[i]) == Approx(static_cast<double>(gg[2 * i])).epsilon(tol).margin(tol * gmax));
+    REQUIRE(gg[2 * i + 1] == T(-7));  // gaps untouched
+    if (mask[i] == M(0)) REQUIRE(fg[i] == T(0));
+    if (entropy) REQUIRE(fge[i] == gge[2 * i]);
+  }
+  auto same = [&](double a, double b, double scale) { REQUIRE(a == Approx(b).epsilon(tol).margin(tol * (1 + scale))); };
+  same(fr.loss, gr.loss, std::fabs(fr.pg_loss) + std::fabs(fr.kl_loss));
+  same(fr.pg_loss, gr.pg_loss, 0);
+  same(fr.kl_loss, gr.kl_loss, 0);
+  same(fr.entropy_loss, gr.entropy_loss, 0);
+  const auto &a = fr.metrics, &b = gr.metrics;
+  REQUIRE(a.tokens == b.tokens);
+  REQUIRE(a.sequences == b.sequences);
+  REQUIRE(a.rows == b.rows);
+  REQUIRE(a.clipped == b.clipped);
+  REQUIRE(a.clipped_low == b.clipped_low);
+  REQUIRE(a.clipped_high == b.clipped_high);
+  REQUIRE(a.dual_clipped == b.dual_clipped);
+  same(a.neg_log_ratio, b.neg_log_ratio, a.tokens);
+  same(a.neg_log_ratio_clamped, b.neg_log_ratio_clamped, a.tokens);
+  same(a.approx_kl_k3, b.approx_kl_k3, a.tokens);
+  same(a.ratio_sum, b.ratio_sum, a.tokens);
+  REQUIRE(a.ratio_min == Approx(b.ratio_min).epsilon(tol));
+  REQUIRE(a.ratio_max == Approx(b.ratio_max).epsilon(tol));
+  same(a.kl_sum, b.kl_sum, a.tokens);
+  same(a.entropy_sum, b.entropy_sum, a.tokens);
+}
+
+}  // namespace
+
+TEST_CASE("policy_loss: the vectorised unit-stride path equals the generic strided path") {
+  std::mt19937_64 rng(seed + 11);
+  std::printf("fast vs generic seed %llu\n", static_cast<unsigned long long>(seed + 11));
+  const std::size_t lengths[] = {1, 3, 47, 1023};
+  int k = 0;
+  for (const char* obj : {"ppo", "ppo_dual", "ppo_delta", "cispo", "sapo", "pg"})
+    for (const char* kl : {"none", "k1", "abs", "k2", "k3", "k3_st", "k3_iw"})
+      for (const char* agg : {"token", "seq_mean"}) {
+        auto c = make_combo(obj, kl, agg, 37.0);
+        const bool weights = (k & 1) != 0, entropy = (k & 2) != 0;
+        if (!entropy) c.cfg.entropy_coef = 0;
+        const std::size_t Tn = lengths[k % 4], B = Tn > 100 ? 2 : 5;
+        ++k;
+        INFO(obj << " " << kl << " " << agg << " T=" << Tn << " weights=" << weights << " entropy=" << entropy);
+        fast_vs_generic<double, double>(rng, B, Tn, c.cfg, weights, entropy, 1e-12);
+        fast_vs_generic<double, std::uint8_t>(rng, B, Tn, c.cfg, weights, entropy, 1e-12);
+        fast_vs_generic<float, std::uint8_t>(rng, B, Tn, c.cfg, weights, entropy, 2e-5);
+        fast_vs_generic<float, bool>(rng, B, Tn, c.cfg, weights, entropy, 2e-5);
+        fast_vs_generic<float, float>(rng, B, Tn + 2, c.cfg, weights, entropy, 2e-5);
+      }
 }

@@ -52,7 +52,9 @@
 // token's result does not depend on its position. Define ULORL_LOSS_NO_SIMD to disable.
 #if !defined(ULORL_LOSS_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && !defined(ULORL_DEVICE_COMPILE)
 #define ULORL_LOSS_SIMD 1
-#if defined(__AVX512F__)
+#if defined(ULORL_LOSS_VEC_BYTES)
+// user override (16, 32 or 64; at most the ISA's vector width, or vector arguments change the ABI)
+#elif defined(__AVX512F__)
 #define ULORL_LOSS_VEC_BYTES 64
 #elif defined(__AVX__)
 #define ULORL_LOSS_VEC_BYTES 32
@@ -263,7 +265,11 @@ struct lanes {
   }
   static ULORL_LOSS_INLINE V clamp(V x, V lo, V hi) noexcept { return x < lo ? lo : (x > hi ? hi : x); }
   static ULORL_LOSS_INLINE IV passes(V x, V lo, V hi) noexcept { return (lo <= x) & (x <= hi); }
-  static ULORL_LOSS_INLINE void add(DV& a, IV valid, V x) noexcept { a += __builtin_convertvector(valid ? x : V{}, DV); }
+  //! a += x (lane-wise, in double); x = 0.
+  static ULORL_LOSS_INLINE void flush(DV& a, V& x) noexcept {
+    a += __builtin_convertvector(x, DV);
+    x = V{};
+  }
 
   //! loss_exp, lane-wise (the same operations).
   static ULORL_LOSS_INLINE V exp(V x) noexcept {
@@ -304,12 +310,17 @@ struct lanes {
   }
   //! exp_minus_one_minus_x(u, eu), lane-wise.
   static ULORL_LOSS_INLINE V em1mx(V u, V eu) noexcept {
-    V s = splat(T(1.0 / 6227020800.0));
-    s = s * u + T(1.0 / 479001600.0);
-    s = s * u + T(1.0 / 39916800.0);
-    s = s * u + T(1.0 / 3628800.0);
-    s = s * u + T(1.0 / 362880.0);
-    s = s * u + T(1.0 / 40320.0);
+    V s;
+    if constexpr (std::is_same_v<T, float>) {
+      s = splat(T(1.0 / 40320.0));
+    } else {
+      s = splat(T(1.0 / 6227020800.0));
+      s = s * u + T(1.0 / 479001600.0);
+      s = s * u + T(1.0 / 39916800.0);
+      s = s * u + T(1.0 / 3628800.0);
+      s = s * u + T(1.0 / 362880.0);
+      s = s * u + T(1.0 / 40320.0);
+    }
     s = s * u + T(1.0 / 5040.0);
     s = s * u + T(1.0 / 720.0);
     s = s * u + T(1.0 / 120.0);
@@ -333,8 +344,12 @@ struct row_kernel {
   using DV = typename L::DV;
   static constexpr std::size_t N = L::N;
 
+  //! Sums are kept per lane in T for at most `block` vectors, then added to per-lane doubles (a
+  //! float->double conversion of every term would double the loop's work and its registers).
+  static constexpr std::size_t block = sizeof(T) == 4 ? 8 : 1u << 30;
   struct accumulators {
     DV pg{}, kl{}, en{}, nlr{}, nlrc{}, k3{}, ratio{};
+    V s_pg{}, s_kl{}, s_en{}, s_nlr{}, s_nlrc{}, s_k3{}, s_ratio{};
     IV clip{}, low{}, high{}, dual{}, cnt{};
     V rmin = L::splat(std::numeric_limits<T>::infinity()), rmax = L::splat(-std::numeric_limits<T>::infinity());
   };
@@ -424,13 +439,13 @@ struct row_kernel {
     }
     L::store(gp, valid ? w * dlogp : zero);
     const V k3v = L::em1mx(-xc, T(1) / r);  // k3(old || new): exp(-x) = 1 / r
-    L::add(a.pg, valid, pg);
-    if constexpr (HasKL) L::add(a.kl, valid, kl);
-    if constexpr (HasEnt) L::add(a.en, valid, L::load(ep));
-    L::add(a.nlr, valid, old - lp);
-    L::add(a.nlrc, valid, -xc);
-    L::add(a.k3, valid, k3v);
-    L::add(a.ratio, valid, r);
+    a.s_pg += valid ? pg : zero;
+    if constexpr (HasKL) a.s_kl += valid ? kl : zero;
+    if constexpr (HasEnt) a.s_en += valid ? L::load(ep) : zero;
+    a.s_nlr += valid ? old - lp : zero;
+    a.s_nlrc += valid ? -xc : zero;
+    a.s_k3 += valid ? k3v : zero;
+    a.s_ratio += valid ? r : zero;
     a.cnt -= valid;
     a.clip -= valid & f_clip, a.low -= valid & f_low, a.high -= valid & f_high, a.dual -= valid & f_dual;
     a.rmin = (valid & (r < a.rmin)) ? r : a.rmin;
@@ -446,10 +461,20 @@ struct row_kernel {
                                         const token_loss_params<T>& params, row_sums& s) noexcept {
     const token_loss_params<T> p = params;  // local copy: cannot alias the stores
     accumulators a;
+    auto flush = [&a] {
+      L::flush(a.pg, a.s_pg), L::flush(a.nlr, a.s_nlr), L::flush(a.nlrc, a.s_nlrc), L::flush(a.k3, a.s_k3);
+      L::flush(a.ratio, a.s_ratio);
+      if constexpr (HasKL) L::flush(a.kl, a.s_kl);
+      if constexpr (HasEnt) L::flush(a.en, a.s_en);
+    };
     std::size_t t = 0;
-    for (; t + N <= n; t += N)
-      step(lp + t, old + t, adv + t, L::valid_lanes(mask + t), HasKL ? ref + t : nullptr, HasW ? wts + t : nullptr,
-           HasEnt ? ent + t : nullptr, grad + t, w, p, a);
+    while (t + N <= n) {
+      const std::size_t stop = n - t >= block * N ? t + block * N : n - (n - t) % N;
+      for (; t < stop; t += N)
+        step(lp + t, old + t, adv + t, L::valid_lanes(mask + t), HasKL ? ref + t : nullptr, HasW ? wts + t : nullptr,
+             HasEnt ? ent + t : nullptr, grad + t, w, p, a);
+      flush();
+    }
     if (t < n) {
       const std::size_t m = n - t;
       alignas(Bytes) T b_lp[N] = {}, b_old[N] = {}, b_adv[N] = {}, b_ref[N] = {}, b_w[N] = {}, b_e[N] = {}, b_g[N] = {};
@@ -463,6 +488,7 @@ struct row_kernel {
       }
       step(b_lp, b_old, b_adv, L::valid_lanes(b_m), b_ref, b_w, b_e, b_g, w, p, a);
       for (std::size_t l = 0; l < m; ++l) grad[t + l] = b_g[l];
+      flush();
     }
     std::size_t count = 0;
     for (std::size_t l = 0; l < N; ++l) {
