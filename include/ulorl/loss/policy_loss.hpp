@@ -308,30 +308,8 @@ struct lanes {
     const IV ni = std::bit_cast<IV>(t) - std::bit_cast<I>(C::round_magic);
     return p * std::bit_cast<V>((ni + bias) << mant);
   }
-  //! exp_minus_one_minus_x(u, eu), lane-wise.
-  static ULORL_LOSS_INLINE V em1mx(V u, V eu) noexcept {
-    V s;
-    if constexpr (std::is_same_v<T, float>) {
-      s = splat(T(1.0 / 40320.0));
-    } else {
-      s = splat(T(1.0 / 6227020800.0));
-      s = s * u + T(1.0 / 479001600.0);
-      s = s * u + T(1.0 / 39916800.0);
-      s = s * u + T(1.0 / 3628800.0);
-      s = s * u + T(1.0 / 362880.0);
-      s = s * u + T(1.0 / 40320.0);
-    }
-    s = s * u + T(1.0 / 5040.0);
-    s = s * u + T(1.0 / 720.0);
-    s = s * u + T(1.0 / 120.0);
-    s = s * u + T(1.0 / 24.0);
-    s = s * u + T(1.0 / 6.0);
-    s = s * u + T(0.5);
-    s = s * u * u;
-    const V direct = eu - T(1) - u;
-    const V au = u < T(0) ? -u : u;
-    return au < T(0.25) ? s : direct;
-  }
+  //! exp_minus_one_minus_x(u, eu), lane-wise: the scalar series of ratio.hpp on vectors.
+  static ULORL_LOSS_INLINE V em1mx(V u, V eu) noexcept { return exp_minus_one_minus_x<V, T>(u, eu); }
 };
 
 //! The vectorised row kernel for one (objective, KL estimator, importance weighting, weights,

@@ -104,17 +104,18 @@ template <class T>
   }
 }
 
-//! exp(u) - 1 - u without cancellation near 0, given exp(u) (`eu`) already computed.
-template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T exp_minus_one_minus_x(T u, T eu) noexcept {
+//! exp(u) - 1 - u without cancellation near 0, given exp(u) (`eu`) already computed. `V` is the
+//! scalar T or a GCC/Clang vector of T (the SIMD loss kernel evaluates the same series lane-wise).
+template <class V, class T = V>
+[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr V exp_minus_one_minus_x(V u, V eu) noexcept {
   // Series for |u| < 1/4, the direct form elsewhere. Truncation relative to u^2/2: ~1e-17 for
   // double (to u^13), ~1.2e-8 for float (to u^8, below float's half ulp; fewer terms keep the
   // vectorised loops short).
-  T s;
+  V s{};  // zero (scalar or every lane)
   if constexpr (std::is_same_v<T, float>) {
-    s = T(1.0 / 40320.0);
+    s = s + T(1.0 / 40320.0);
   } else {
-    s = T(1.0 / 6227020800.0);
+    s = s + T(1.0 / 6227020800.0);
     s = s * u + T(1.0 / 479001600.0);
     s = s * u + T(1.0 / 39916800.0);
     s = s * u + T(1.0 / 3628800.0);
@@ -128,8 +129,8 @@ template <class T>
   s = s * u + T(1.0 / 6.0);
   s = s * u + T(0.5);
   s = s * u * u;
-  const T direct = eu - T(1) - u;
-  const T au = u < T(0) ? -u : u;
+  const V direct = eu - T(1) - u;
+  const V au = u < T(0) ? -u : u;
   return au < T(0.25) ? s : direct;
 }
 
