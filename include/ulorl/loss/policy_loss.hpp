@@ -275,34 +275,8 @@ struct lanes {
   static ULORL_LOSS_INLINE V exp(V x) noexcept {
     using C = exp_constants<T>;
     x = x < splat(C::lo) ? splat(C::lo) : (x > splat(C::hi) ? splat(C::hi) : x);
-    const V t = x * C::log2e + C::round_magic;
-    const V n = t - C::round_magic;
-    const V r = (x - n * C::ln2_hi) - n * C::ln2_lo;
-    V p;
-    if constexpr (std::is_same_v<T, float>) {
-      p = splat(T(1.0 / 720));
-      p = p * r + T(1.0 / 120);
-      p = p * r + T(1.0 / 24);
-      p = p * r + T(1.0 / 6);
-      p = p * r + T(0.5);
-      p = p * r + T(1);
-      p = p * r + T(1);
-    } else {
-      p = splat(1.0 / 6227020800.0);
-      p = p * r + 1.0 / 479001600.0;
-      p = p * r + 1.0 / 39916800.0;
-      p = p * r + 1.0 / 3628800.0;
-      p = p * r + 1.0 / 362880.0;
-      p = p * r + 1.0 / 40320.0;
-      p = p * r + 1.0 / 5040.0;
-      p = p * r + 1.0 / 720.0;
-      p = p * r + 1.0 / 120.0;
-      p = p * r + 1.0 / 24.0;
-      p = p * r + 1.0 / 6.0;
-      p = p * r + 0.5;
-      p = p * r + 1.0;
-      p = p * r + 1.0;
-    }
+    V t;
+    const V p = exp_poly<V, T>(x, t);
     constexpr int mant = std::is_same_v<T, float> ? 23 : 52;
     constexpr I bias = std::is_same_v<T, float> ? 127 : 1023;
     const IV ni = std::bit_cast<IV>(t) - std::bit_cast<I>(C::round_magic);

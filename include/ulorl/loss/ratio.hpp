@@ -56,21 +56,20 @@ struct exp_constants<double> {
 };
 }  // namespace detail
 
-//! exp(x) for float/double, accurate to a few ulp, branch-free (vectorises), finite for every finite
-//! x: arguments are clamped to [-87, 88.3] (float) / [-708, 709] (double), so an overflowing ratio
-//! saturates at ~2e38 / ~8e307 instead of inf and an underflow returns a tiny normal number.
-template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T loss_exp(T x) noexcept {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
-  using C = detail::exp_constants<T>;
-  x = x < C::lo ? C::lo : (x > C::hi ? C::hi : x);
-  // Round x*log2(e) to the nearest integer with the magic-number trick (exact, no libm call).
-  const T t = x * C::log2e + C::round_magic;
-  const T n = t - C::round_magic;
-  const T r = (x - n * C::ln2_hi) - n * C::ln2_lo;  // |r| <= ln2/2
-  T p;
+namespace detail {
+//! The body of loss_exp shared by the scalar function and the SIMD loss kernel (`V` is T or a
+//! GCC/Clang vector of T): for an already clamped x, rounds x*log2(e) to n with the magic-number
+//! trick (exact, no libm call; `t` receives the biased n), reduces r = x - n ln2 (|r| <= ln2/2) and
+//! returns the polynomial p ~ exp(r). The caller multiplies by 2^n built from `t`.
+template <class V, class T = V>
+ULORL_HD ULORL_LOSS_INLINE constexpr V exp_poly(V x, V& t) noexcept {
+  using C = exp_constants<T>;
+  t = x * C::log2e + C::round_magic;
+  const V n = t - C::round_magic;
+  const V r = (x - n * C::ln2_hi) - n * C::ln2_lo;
+  V p{};
   if constexpr (std::is_same_v<T, float>) {
-    p = T(1.0 / 720);
+    p = p + T(1.0 / 720);
     p = p * r + T(1.0 / 120);
     p = p * r + T(1.0 / 24);
     p = p * r + T(1.0 / 6);
@@ -79,7 +78,7 @@ template <class T>
     p = p * r + T(1);
   } else {
     // Taylor to degree 13 on |r| <= 0.347: truncation below 1e-17 relative.
-    p = 1.0 / 6227020800.0;
+    p = p + 1.0 / 6227020800.0;
     p = p * r + 1.0 / 479001600.0;
     p = p * r + 1.0 / 39916800.0;
     p = p * r + 1.0 / 3628800.0;
@@ -94,6 +93,20 @@ template <class T>
     p = p * r + 1.0;
     p = p * r + 1.0;
   }
+  return p;
+}
+}  // namespace detail
+
+//! exp(x) for float/double, accurate to a few ulp, branch-free (vectorises), finite for every finite
+//! x: arguments are clamped to [-87, 88.3] (float) / [-708, 709] (double), so an overflowing ratio
+//! saturates at ~2e38 / ~8e307 instead of inf and an underflow returns a tiny normal number.
+template <class T>
+[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T loss_exp(T x) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
+  using C = detail::exp_constants<T>;
+  x = x < C::lo ? C::lo : (x > C::hi ? C::hi : x);
+  T t;
+  const T p = detail::exp_poly<T>(x, t);
   // 2^n by building the exponent field directly.
   if constexpr (std::is_same_v<T, float>) {
     const auto ni = static_cast<std::int32_t>(std::bit_cast<std::int32_t>(t) - std::bit_cast<std::int32_t>(C::round_magic));
