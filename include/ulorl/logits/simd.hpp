@@ -71,6 +71,18 @@ ULORL_ALWAYS_INLINE vfloat load(const float* p) noexcept {
 }
 ULORL_ALWAYS_INLINE void store(float* p, vfloat v) noexcept { std::memcpy(p, &v, sizeof v); }
 ULORL_ALWAYS_INLINE vfloat splat(float x) noexcept { return vfloat{} + x; }
+//! 2^f for |f| <= 1/2, lane-wise: degree-7 Taylor polynomial (truncation 5e-9), shared by the
+//! forward sums and the backward pass.
+ULORL_ALWAYS_INLINE vfloat exp2_poly(vfloat f) noexcept {
+  vfloat q = splat(1.525273380405984e-05f);
+  q = q * f + 1.5403530393381608e-04f;
+  q = q * f + 1.3333558146428443e-03f;
+  q = q * f + 9.6181291076284772e-03f;
+  q = q * f + 5.5504108664821580e-02f;
+  q = q * f + 2.4022650695910071e-01f;
+  q = q * f + 6.9314718055994531e-01f;
+  return q * f + 1.0f;
+}
 #ifdef ULORL_LOGITS_EXACT_FMA
 //! a * b + c with one rounding (the hardware FMA, whatever the -ffp-contract setting).
 ULORL_ALWAYS_INLINE vfloat fma(vfloat a, vfloat b, vfloat c) noexcept {
@@ -206,16 +218,6 @@ inline void chunk_sums(const float* ULORL_RESTRICT p, std::size_t n, float m, fl
     const float floor2 = exp_floor * 1.44269504088896341f;
     const float magic = 12582912.0f;
     vfloat s0{}, s1{}, t0{}, t1{};
-    const auto exp2_poly = [](vfloat f) {
-      vfloat q = splat(1.525273380405984e-05f);
-      q = q * f + 1.5403530393381608e-04f;
-      q = q * f + 1.3333558146428443e-03f;
-      q = q * f + 9.6181291076284772e-03f;
-      q = q * f + 5.5504108664821580e-02f;
-      q = q * f + 2.4022650695910071e-01f;
-      q = q * f + 6.9314718055994531e-01f;
-      return q * f + 1.0f;
-    };
     for (; i + 2 * width <= n; i += 2 * width) {
       prefetch_lines(next, next_bytes, i * sizeof(float), 2 * width * sizeof(float));
       vfloat d0 = (load(p + i) - m) * k;
@@ -303,14 +305,7 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
       const vfloat nf = (lc + magic) - magic;
       vfloat f = (prod - nf) + (e2 + fma(e1, vk, fma(u, vklo, nrr)));
       f = select(f > 1.0f, splat(1.0f), f);  // only for inconsistent statistics (log p > 127)
-      vfloat q = splat(1.525273380405984e-05f);
-      q = q * f + 1.5403530393381608e-04f;
-      q = q * f + 1.3333558146428443e-03f;
-      q = q * f + 9.6181291076284772e-03f;
-      q = q * f + 5.5504108664821580e-02f;
-      q = q * f + 2.4022650695910071e-01f;
-      q = q * f + 6.9314718055994531e-01f;
-      q = q * f + 1.0f;
+      const vfloat q = exp2_poly(f);
       const vint bits = (__builtin_convertvector(nf, vint) + 127) << 23;
       const vfloat g = select(dead, splat(0.0f), q * (vfloat)bits * (a + b2 * lc));
       if (stream_full)
@@ -356,14 +351,7 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
       lc = select(lc > 127.0f, splat(127.0f), lc);
       const vfloat nf = (lc + magic) - magic;
       const vfloat f = lc - nf;
-      vfloat q = splat(1.525273380405984e-05f);
-      q = q * f + 1.5403530393381608e-04f;
-      q = q * f + 1.3333558146428443e-03f;
-      q = q * f + 9.6181291076284772e-03f;
-      q = q * f + 5.5504108664821580e-02f;
-      q = q * f + 2.4022650695910071e-01f;
-      q = q * f + 6.9314718055994531e-01f;
-      q = q * f + 1.0f;
+      const vfloat q = exp2_poly(f);
       const vint bits = (__builtin_convertvector(nf, vint) + 127) << 23;
       store_full(out + i, select(dead, splat(0.0f), q * (vfloat)bits * (a + b2 * lc)));
     }
