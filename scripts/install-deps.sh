@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Installs what ulorl's build, tests, examples and benchmarks need on Debian 12 / Ubuntu 22.04+,
 # through apt. Idempotent: installs only missing packages and runs `apt-get update` only then.
-# Usage: scripts/install-deps.sh [--bench]   (as root, or with sudo available)
+# Usage: scripts/install-deps.sh [--bench] [--cuda]   (as root, or with sudo available)
 #   --bench  also installs Debian's PyTorch (python3-torch) for bench/compare_torch.py
+#   --cuda   also installs a CUDA compiler, so that CTest compiles the CUDA kernels' tests (running
+#            them needs a GPU; without one they are skipped): nothing if an nvcc is already on the
+#            PATH or in /usr/local/cuda/bin; otherwise Debian's nvidia-cuda-toolkit (CUDA 11.8, in
+#            the non-free component, which is enabled for it: about 1.6 GB to download).
 set -euo pipefail
 
 packages=(
@@ -12,23 +16,52 @@ packages=(
   libbenchmark-dev          # microbenchmarks (Google Benchmark)
   libeigen3-dev             # the end-to-end demo's model (optional adapter)
 )
-if [ "${1:-}" = "--bench" ]; then packages+=(python3 python3-torch); fi
+want_cuda=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) packages+=(python3 python3-torch) ;;
+    --cuda) want_cuda=1 ;;
+    *) echo "install-deps: unknown option '$arg' (expected --bench, --cuda)" >&2; exit 2 ;;
+  esac
+done
+
+# Runs a command as root (directly, or through sudo).
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else echo "install-deps: need root or sudo for: $*" >&2; exit 1; fi
+}
+
+# CUDA: an existing toolkit wins; else Debian's (non-free) nvidia-cuda-toolkit.
+need_update=0
+if [ "$want_cuda" = 1 ]; then
+  if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    echo "install-deps: nvcc present ($(command -v nvcc || echo /usr/local/cuda/bin/nvcc))"
+  else
+    packages+=(nvidia-cuda-toolkit)
+    . /etc/os-release
+    if [ "${ID:-}" = debian ] && ! apt-cache policy nvidia-cuda-toolkit 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+      # Enable non-free from the same mirror as the main archive (deb822 or one-line sources).
+      uri=$(grep -rhoE '^(URIs:|deb) +(\[[^]]*\] +)?https?://[^ ]+' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
+            | grep -v security | head -1 | awk '{print $NF}')
+      uri=${uri:-http://deb.debian.org/debian}
+      echo "install-deps: enabling Debian non-free ($uri $VERSION_CODENAME) for nvidia-cuda-toolkit"
+      echo "deb $uri $VERSION_CODENAME non-free" | as_root tee /etc/apt/sources.list.d/ulorl-non-free.list >/dev/null
+      need_update=1
+    fi
+  fi
+fi
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
+if [ ${#missing[@]} -eq 0 ] && [ "$need_update" = 0 ]; then
   echo "install-deps: all packages present"
   exit 0
 fi
 
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then sudo_cmd=(sudo); else
-    echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; fi
-fi
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -q
-"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+as_root apt-get update -q
+as_root apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -3,17 +3,18 @@
 // aligned (16-byte vector) and unaligned (scalar) rows, -inf entries, temperature, in-place backward,
 // device-side label errors. Argument validation is checked first and needs no GPU; without a GPU the
 // rest is skipped with a message and exit code 77 (CTest SKIP_RETURN_CODE).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <random>
-#include <span>
 #include <string>
 #include <vector>
 
 #include <ulorl/kernels/logits.cuh>
-#include <ulorl/logits.hpp>
+
+#include "cpu_reference.hpp"
 
 namespace {
 
@@ -71,6 +72,13 @@ struct dev {
   dev& operator=(const dev&) = delete;
 };
 
+// C++17 (CUDA 11.8): no designated initializers.
+ulorl::cuda::logits_config make_config(float temperature, int splits, int* bad_label_row = nullptr) {
+  ulorl::cuda::logits_config c;
+  c.temperature = temperature, c.splits = splits, c.bad_label_row = bad_label_row;
+  return c;
+}
+
 void validation_without_gpu() {
   using namespace ulorl::cuda;
   // Fake, never dereferenced device pointers: validation happens before any CUDA call.
@@ -78,7 +86,7 @@ void validation_without_gpu() {
   auto* y = reinterpret_cast<const std::int64_t*>(std::uintptr_t{0x20000});
   auto* out = reinterpret_cast<float*>(std::uintptr_t{0x30000});
   std::size_t bytes = 0;
-  const logits_config one{.splits = 1};
+  const logits_config one = make_config(1.f, 1);
   EXPECT(logits_forward(nullptr, bytes, x, 4, 10, 10, y, out, out, out, one) == cudaSuccess && bytes == 0);
   EXPECT(logits_forward(nullptr, bytes, x, 4, 0, 0, y, out, out, out, one) == cudaErrorInvalidValue);  // V = 0
   EXPECT(logits_forward(nullptr, bytes, x, 4, 10, 9, y, out, out, out, one) == cudaErrorInvalidValue);  // rows overlap
@@ -88,11 +96,11 @@ void validation_without_gpu() {
   EXPECT(logits_forward(nullptr, bytes, x, 4, 10, 10, nullptr, out, out, out, one) == cudaErrorInvalidValue);
   EXPECT(logits_forward(nullptr, bytes, reinterpret_cast<const __nv_bfloat16*>(std::uintptr_t{0x10001}), 4, 10, 10, y,
                         out, out, out, one) == cudaErrorInvalidValue);  // misaligned element pointer
-  EXPECT(logits_forward(nullptr, bytes, x, 4, 10, 10, y, out, out, out, {.temperature = 0.f, .splits = 1}) ==
+  EXPECT(logits_forward(nullptr, bytes, x, 4, 10, 10, y, out, out, out, make_config(0.f, 1)) ==
          cudaErrorInvalidValue);
-  EXPECT(logits_forward(nullptr, bytes, x, 4, 10, 10, y, out, out, out, {.temperature = NAN, .splits = 1}) ==
+  EXPECT(logits_forward(nullptr, bytes, x, 4, 10, 10, y, out, out, out, make_config(NAN, 1)) ==
          cudaErrorInvalidValue);
-  const logits_config four{.splits = 4};
+  const logits_config four = make_config(1.f, 4);
   EXPECT(logits_forward(nullptr, bytes, x, 4, 1000, 1000, y, out, out, out, four) == cudaSuccess &&
          bytes == 4 * 4 * sizeof(ulorl::softmax_partial<float>));
   std::size_t small = bytes - 1;
@@ -136,18 +144,12 @@ void compare(const case_t& c, std::mt19937_64& rng) {
   std::vector<double> glp(c.rows), gent(c.rows);
   for (auto& v : glp) v = nd(rng);
   for (auto& v : gent) v = nd(rng) / 3;
-  // CPU reference (double statistics).
+  // CPU reference (ulorl/logits.hpp, double statistics), built by the host compiler in C++20.
   const auto n = static_cast<std::size_t>(c.rows), v = static_cast<std::size_t>(c.cols);
   std::vector<double> lp(n), ent(n), lse(n);
-  const ulorl::logits_config ccfg{.temperature = c.tau};
-  ulorl::logits_forward(ulorl::matrix_view<const float>(hf.data(), n, v), std::span<const std::int64_t>(labels),
-                        ulorl::vector_view<double>(lp.data(), n), ulorl::vector_view<double>(ent.data(), n),
-                        ulorl::vector_view<double>(lse.data(), n), ccfg);
   std::vector<float> gref(n * v);
-  ulorl::logits_backward(ulorl::matrix_view<const float>(hf.data(), n, v), std::span<const std::int64_t>(labels),
-                         ulorl::vector_view<const double>(lse.data(), n), ulorl::vector_view<const double>(ent.data(), n),
-                         ulorl::vector_view<const double>(glp.data(), n), ulorl::vector_view<const double>(gent.data(), n),
-                         ulorl::matrix_view<float>(gref.data(), n, v), ccfg);
+  ulorl_cuda_test::cpu_logits(hf.data(), n, v, labels.data(), c.tau, glp.data(), gent.data(), lp.data(), ent.data(),
+                              lse.data(), gref.data());
   // GPU.
   dev<T> dx(h.size()), dg(h.size());
   dev<std::int64_t> dy(n);
@@ -159,7 +161,7 @@ void compare(const case_t& c, std::mt19937_64& rng) {
   CUDA_OK(cudaMemcpy(dglp.p, glpf.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(dgent.p, gentf.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(dbad.p, 0, sizeof(int)));
-  const ulorl::cuda::logits_config gcfg{.temperature = c.tau, .splits = c.splits, .bad_label_row = dbad.p};
+  const ulorl::cuda::logits_config gcfg = make_config(c.tau, c.splits, dbad.p);
   std::size_t bytes = 0;
   CUDA_OK(ulorl::cuda::logits_forward(nullptr, bytes, dx.p, c.rows, c.cols, stride, dy.p, dlp.p, dent.p, dlse.p, gcfg));
   dev<unsigned char> ws(bytes);
@@ -219,7 +221,7 @@ void bad_label() {
   CUDA_OK(cudaMemcpy(dy.p, labels.data(), 3 * sizeof(std::int64_t), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(dbad.p, 0, sizeof(int)));
   std::size_t bytes = 0;
-  const ulorl::cuda::logits_config cfg{.splits = 1, .bad_label_row = dbad.p};
+  const ulorl::cuda::logits_config cfg = make_config(1.f, 1, dbad.p);
   CUDA_OK(ulorl::cuda::logits_forward(nullptr, bytes, dx.p, rows, cols, cols, dy.p, out.p, out.p + 3, out.p + 6, cfg));
   CUDA_OK(ulorl::cuda::logits_forward(out.p, bytes, dx.p, rows, cols, cols, dy.p, out.p, out.p + 3, out.p + 6, cfg));
   CUDA_OK(cudaDeviceSynchronize());
