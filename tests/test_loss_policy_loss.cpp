@@ -583,3 +583,50 @@ TEST_CASE("policy_loss: the vectorised unit-stride path equals the generic strid
         fast_vs_generic<float, float>(rng, B, Tn + 2, c.cfg, weights, entropy, 2e-5);
       }
 }
+
+TEST_CASE("policy_loss: metrics equal an independent float64 reference (clip fractions, approx KL, ratio, KL, entropy)") {
+  // Reference written from the definitions in docs/losses.md §6 (not from the kernel): tokens are
+  // drawn from the old policy, r = exp(clamp(logp - old)), so the k3 estimate of KL(old || new) is
+  // (r - 1) - log r (Schulman's "approx KL", mean zero bias under the sampling distribution).
+  std::mt19937_64 rng(seed + 23);
+  std::printf("metrics reference seed %llu\n", static_cast<unsigned long long>(seed + 23));
+  for (const std::size_t Tn : {std::size_t{1}, std::size_t{17}, std::size_t{300}}) {
+    const problem p = random_problem(rng, 7, Tn, false);
+    auto c = make_combo("ppo_dual", "k3", "token", 50.0);
+    const auto out = run(p, c.cfg);
+    const auto& m = out.res.metrics;
+    double n = 0, clip = 0, low = 0, high = 0, dual = 0, k1 = 0, k1c = 0, k3 = 0, rs = 0, kl = 0, ent = 0;
+    double rmin = oracle::inf, rmax = -oracle::inf;
+    for (std::size_t i = 0; i < p.B * Tn; ++i) {
+      if (p.mask[i] == 0) continue;
+      const double x = p.lp[i] - p.old[i], xc = std::clamp(x, -20.0, 20.0), r = std::exp(xc), a = p.adv[i];
+      const double rc = std::clamp(r, 0.8, 1.28);
+      const double l1 = -a * r, l2 = -a * rc, l3 = -a * 3.0;
+      n += 1;
+      clip += l2 > l1;
+      low += r < 0.8 && a < 0;
+      high += r > 1.28 && a > 0;
+      dual += a < 0 && std::max(l1, l2) > l3;
+      k1 += -x, k1c += -xc;
+      k3 += (r - 1) - xc;
+      rs += r, rmin = std::min(rmin, r), rmax = std::max(rmax, r);
+      const double u = std::clamp(p.ref[i] - p.lp[i], -1.5, 1.5);
+      kl += std::clamp(std::expm1(u) - u, -1.2, 1.2);
+      ent += p.ent[i];
+    }
+    INFO("T = " << Tn << ", valid tokens " << n);
+    const auto near = [](double got, double want) { return std::fabs(got - want) <= 1e-12 * std::max(1.0, std::fabs(want)); };
+    REQUIRE(m.tokens == n);
+    CHECK(m.clipped == clip);
+    CHECK(m.clipped_low == low);
+    CHECK(m.clipped_high == high);
+    CHECK(m.dual_clipped == dual);
+    CHECK(near(m.neg_log_ratio, k1));
+    CHECK(near(m.neg_log_ratio_clamped, k1c));
+    CHECK(near(m.approx_kl_k3, k3));
+    CHECK(near(m.ratio_sum, rs));
+    if (n > 0) CHECK((m.ratio_min == rmin && m.ratio_max == rmax));
+    CHECK(near(m.kl_sum, kl));
+    CHECK(near(m.entropy_sum, ent));
+  }
+}

@@ -24,7 +24,7 @@ struct loss_metrics {
   double dual_clipped = 0;         //!< ... dual-clip bound selected
   double neg_log_ratio = 0;        //!< sum (old - logp), unclamped: k1 of old vs new
   double neg_log_ratio_clamped = 0;//!< sum (old - clamp(logp - old)): verl's ppo_kl for clamped objectives
-  double approx_kl_k3 = 0;         //!< sum k3(old || new) of the clamped log-ratio
+  double approx_kl_k3 = 0;         //!< sum (r - 1) - clamp(x): k3 of KL(old || new), tokens drawn from old
   double ratio_sum = 0;
   double ratio_min = std::numeric_limits<double>::infinity();
   double ratio_max = -std::numeric_limits<double>::infinity();

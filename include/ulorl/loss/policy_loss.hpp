@@ -208,7 +208,7 @@ ULORL_ALWAYS_INLINE void fold_token(row_sums& s, bool valid, const token_loss<T>
   s.dual += v * static_cast<double>((r.flags & flag_dual_clipped) != 0);
   s.nlr += valid ? static_cast<double>(old_logp) - static_cast<double>(logp) : 0.0;
   s.nlrc += valid ? -static_cast<double>(r.log_ratio_clamped) : 0.0;
-  s.k3 += valid ? static_cast<double>(exp_minus_one_minus_x(-r.log_ratio_clamped)) : 0.0;
+  s.k3 += valid ? static_cast<double>(exp_minus_one_minus_x(r.log_ratio_clamped, r.ratio)) : 0.0;
   s.ratio += valid ? static_cast<double>(r.ratio) : 0.0;
   const double rr = static_cast<double>(r.ratio);
   s.rmin = valid && rr < s.rmin ? rr : s.rmin;
@@ -390,7 +390,7 @@ struct row_kernel {
       }
     }
     L::store(gp, valid ? w * dlogp : zero);
-    const V k3v = L::em1mx(-xc, T(1) / r);  // k3(old || new): exp(-x) = 1 / r
+    const V k3v = L::em1mx(xc, r);  // k3 of KL(old || new) over tokens drawn from old: (r - 1) - log r
     a.s_pg += valid ? pg : zero;
     if constexpr (HasKL) a.s_kl += valid ? kl : zero;
     if constexpr (HasEnt) a.s_en += valid ? L::load(ep) : zero;
