@@ -6,7 +6,8 @@
 #   --cuda   also installs a CUDA compiler, so that CTest compiles the CUDA kernels' tests (running
 #            them needs a GPU; without one they are skipped): nothing if an nvcc is already on the
 #            PATH or in /usr/local/cuda/bin; otherwise Debian's nvidia-cuda-toolkit (CUDA 11.8, in
-#            the non-free component, which is enabled for it: about 1.6 GB to download).
+#            non-free; its dependencies need contrib too; both are enabled for it: about 1.6 GB to
+#            download).
 set -euo pipefail
 
 packages=(
@@ -41,12 +42,12 @@ if [ "$want_cuda" = 1 ]; then
     packages+=(nvidia-cuda-toolkit)
     . /etc/os-release
     if [ "${ID:-}" = debian ] && ! apt-cache policy nvidia-cuda-toolkit 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-      # Enable non-free from the same mirror as the main archive (deb822 or one-line sources).
+      # Enable contrib + non-free from the same mirror as the main archive (deb822 or one-line sources).
       uri=$(grep -rhoE '^(URIs:|deb) +(\[[^]]*\] +)?https?://[^ ]+' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
             | grep -v security | head -1 | awk '{print $NF}')
       uri=${uri:-http://deb.debian.org/debian}
-      echo "install-deps: enabling Debian non-free ($uri $VERSION_CODENAME) for nvidia-cuda-toolkit"
-      echo "deb $uri $VERSION_CODENAME non-free" | as_root tee /etc/apt/sources.list.d/ulorl-non-free.list >/dev/null
+      echo "install-deps: enabling Debian contrib + non-free ($uri $VERSION_CODENAME) for nvidia-cuda-toolkit"
+      echo "deb $uri $VERSION_CODENAME contrib non-free" | as_root tee /etc/apt/sources.list.d/ulorl-non-free.list >/dev/null
       need_update=1
     fi
   fi
