@@ -41,7 +41,9 @@ if [ "$want_cuda" = 1 ]; then
   else
     packages+=(nvidia-cuda-toolkit)
     . /etc/os-release
-    if [ "${ID:-}" = debian ] && ! apt-cache policy nvidia-cuda-toolkit 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+    candidate() { apt-cache policy "$1" 2>/dev/null | grep -q 'Candidate: [0-9]'; }
+    # nvidia-cuda-toolkit is in non-free, nvidia-support (a dependency) in contrib.
+    if [ "${ID:-}" = debian ] && ! { candidate nvidia-cuda-toolkit && candidate nvidia-support; }; then
       # Enable contrib + non-free from the same mirror as the main archive (deb822 or one-line sources).
       uri=$(grep -rhoE '^(URIs:|deb) +(\[[^]]*\] +)?https?://[^ ]+' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
             | grep -v security | head -1 | awk '{print $NF}')
