@@ -8,6 +8,7 @@
 #include "ulorl/logits/bf16.hpp"
 #include "ulorl/logits/forward.hpp"
 #include "ulorl/logits/fused_loss.hpp"
+#include "ulorl/logits/linear_head.hpp"
 #include "ulorl/logits/online_softmax.hpp"
 #include "ulorl/logits/parallel.hpp"
 #include "ulorl/logits/simd.hpp"

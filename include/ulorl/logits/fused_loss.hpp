@@ -52,6 +52,39 @@ matrix_view<G> token_rows(matrix_view<G> m, std::size_t first, std::size_t count
           m.col_stride()};
 }
 
+//! The checks shared by policy_loss_from_logits and policy_loss_from_hidden: `in` has no log-probs
+//! or entropies (they are computed from `source`), `buf` matches the token layout. Returns the
+//! number of tokens.
+template <class T, class M>
+std::size_t check_loss_buffers(const char* fn, const char* source, const policy_loss_inputs<T, M>& in,
+                               const policy_loss_config& cfg, const logits_loss_buffers<T>& buf) {
+  const std::string from = std::string("must be empty: it is computed from the ") + source;
+  if (!in.log_prob.empty()) detail::fail(fn, "log_prob", from);
+  if (!in.entropy.empty()) detail::fail(fn, "entropy", from);
+  const token_view<const T>& ref = in.old_log_prob;
+  validate_layout(fn, "old_log_prob", ref);
+  require_same_shape(fn, "buf.log_prob", buf.log_prob, "old_log_prob", ref);
+  require_same_shape(fn, "buf.grad_log_prob", buf.grad_log_prob, "old_log_prob", ref);
+  if (cfg.entropy_coef != 0.0) {
+    require_same_shape(fn, "buf.entropy", buf.entropy, "old_log_prob", ref);
+    require_same_shape(fn, "buf.grad_entropy", buf.grad_entropy, "old_log_prob", ref);
+  }
+  require_same_size(fn, "buf.lse", buf.lse.size(), "tokens", ref.size());
+  return ref.size();
+}
+
+//! The policy loss on the log-probs (and entropies) in `buf`: validates every token input and
+//! writes the token gradients into `buf`.
+template <class T, class M>
+policy_loss_result loss_on_buffers(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
+                                   const logits_loss_buffers<T>& buf) {
+  const bool with_entropy = cfg.entropy_coef != 0.0;
+  policy_loss_inputs<T, M> full = in;
+  full.log_prob = buf.log_prob;
+  if (with_entropy) full.entropy = buf.entropy;
+  return policy_loss(full, cfg, buf.grad_log_prob, with_entropy ? buf.grad_entropy : token_view<T>());
+}
+
 }  // namespace ULORL_LOGITS_ISA
 }  // namespace detail::logits
 
@@ -69,23 +102,13 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
                                                          matrix_view<G> grad_logits, const logits_config& lcfg = {},
                                                          Exec&& exec = {}) {
   constexpr const char* fn = "policy_loss_from_logits";
-  if (!in.log_prob.empty()) detail::fail(fn, "log_prob", "must be empty: the log-probs are computed from the logits");
-  if (!in.entropy.empty()) detail::fail(fn, "entropy", "must be empty: the entropies are computed from the logits");
+  const std::size_t n = detail::logits::check_loss_buffers(fn, "logits", in, cfg, buf);
   const token_view<const T>& ref = in.old_log_prob;
-  validate_layout(fn, "old_log_prob", ref);
-  const std::size_t n = ref.size();
   if (logits.rows() != n)
     detail::fail(fn, "logits",
                  "has " + std::to_string(logits.rows()) + " rows but the token layout has " + std::to_string(n) +
                      " tokens (row i of the logits is token flat_index i)");
-  require_same_shape(fn, "buf.log_prob", buf.log_prob, "old_log_prob", ref);
-  require_same_shape(fn, "buf.grad_log_prob", buf.grad_log_prob, "old_log_prob", ref);
   const bool with_entropy = cfg.entropy_coef != 0.0;
-  if (with_entropy) {
-    require_same_shape(fn, "buf.entropy", buf.entropy, "old_log_prob", ref);
-    require_same_shape(fn, "buf.grad_entropy", buf.grad_entropy, "old_log_prob", ref);
-  }
-  require_same_size(fn, "buf.lse", buf.lse.size(), "logits rows", n);
   if (grad_logits.rows() != logits.rows() || grad_logits.cols() != logits.cols())
     detail::fail(fn, "grad_logits", "must have the shape of 'logits'");
   detail::logits::check_common(fn, logits, labels, lcfg);
@@ -100,11 +123,7 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
                    lcfg, exec);
   }
   // 2. The policy loss on those log-probs (validates every token input, writes the token gradients).
-  policy_loss_inputs<T, M> full = in;
-  full.log_prob = buf.log_prob;
-  if (with_entropy) full.entropy = buf.entropy;
-  const policy_loss_result res =
-      policy_loss(full, cfg, buf.grad_log_prob, with_entropy ? buf.grad_entropy : token_view<T>());
+  const policy_loss_result res = detail::logits::loss_on_buffers(in, cfg, buf);
   // 3. d loss / d logits.
   for (std::size_t b = 0; b < ref.rows(); ++b) {
     const std::size_t first = ref.row_begin(b), count = ref.row_size(b);

@@ -63,6 +63,19 @@
 #endif
 #endif
 
+// The batch functions' code depends on the vector width above, i.e. on the flags of the including
+// translation unit. They live in an inline namespace named after the width, so that objects built
+// with different flags (-march=native next to a portable build) never merge one variant into the
+// other at link time (an ODR violation that could run AVX-512 code on a CPU without it). Types and
+// the per-token scalar functions (the same code everywhere) are not tagged.
+#define ULORL_LOSS_ISA_CAT2(a, b) a##b
+#define ULORL_LOSS_ISA_CAT(a, b) ULORL_LOSS_ISA_CAT2(a, b)
+#if defined(ULORL_LOSS_SIMD)
+#define ULORL_LOSS_ISA ULORL_LOSS_ISA_CAT(loss_v, ULORL_LOSS_VEC_BYTES)
+#else
+#define ULORL_LOSS_ISA loss_scalar
+#endif
+
 ULORL_NAMESPACE_BEGIN
 
 //! Inputs of one micro-batch. All views share log_prob's shape; optional views are empty when absent.
@@ -187,6 +200,7 @@ template <class T>
 }
 
 namespace detail {
+inline namespace ULORL_LOSS_ISA {
 
 //! Per-row accumulators (double), folded into the result once per row.
 struct row_sums {
@@ -232,7 +246,7 @@ inline void fold_row(policy_loss_result& res, const row_sums& s, double w, doubl
 }
 
 #if defined(ULORL_LOSS_SIMD)
-namespace simd {
+namespace loss_simd {
 
 //! bool masks are read as bytes (a vector of bool does not exist).
 template <class M>
@@ -504,7 +518,7 @@ template <class M>
   return c;
 }
 
-}  // namespace simd
+}  // namespace loss_simd
 #endif  // ULORL_LOSS_SIMD
 
 //! Any strides: the plain loop over views.
@@ -540,7 +554,7 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
 #if defined(ULORL_LOSS_SIMD)
     if (contiguous) {
       const M* mk = in.mask.row(b).data();
-      wd = row_weight(norm, per_row_weight ? simd::count_row(mk, n) : 0);
+      wd = row_weight(norm, per_row_weight ? loss_simd::count_row(mk, n) : 0);
       const T w = static_cast<T>(wd);
       const T* lp = in.log_prob.row(b).data();
       const T* old = in.old_log_prob.row(b).data();
@@ -551,7 +565,7 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
       T* g = grad.row(b).data();
       // The optional inputs are compile-time, so that the kernel has no loop-invariant branches.
       auto run = [&](auto hw, auto he) {
-        using kernel = simd::row_kernel<K, HasKL, E, IW, decltype(hw)::value, decltype(he)::value, T, ULORL_LOSS_VEC_BYTES>;
+        using kernel = loss_simd::row_kernel<K, HasKL, E, IW, decltype(hw)::value, decltype(he)::value, T, ULORL_LOSS_VEC_BYTES>;
         nb = kernel::row(n, lp, old, adv, mk, ref, wts, ent, g, w, p, s);
       };
       if (has_w) has_ent ? run(std::true_type{}, std::true_type{}) : run(std::true_type{}, std::false_type{});
@@ -702,10 +716,12 @@ void sequence_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& nor
   }
 }
 
+}  // namespace ULORL_LOSS_ISA
 }  // namespace detail
 
 #if defined(ULORL_LOSS_SIMD)
 namespace detail {
+inline namespace ULORL_LOSS_ISA {
 //! True when every row of every input the configuration reads is unit-stride, the mask is 0/1 and
 //! the values are finite; false means "run the exact checks".
 template <class T, class M>
@@ -718,18 +734,21 @@ template <class T, class M>
     return false;
   for (std::size_t b = 0; b < in.log_prob.rows(); ++b) {
     const std::size_t n = in.log_prob.row_size(b);
-    if (!simd::binary<M, VB>(in.mask.row(b).data(), n)) return false;
-    if (!simd::all_finite<T, VB>(in.log_prob.row(b).data(), n)) return false;
-    if (!simd::all_finite<T, VB>(in.old_log_prob.row(b).data(), n)) return false;
-    if (!simd::all_finite<T, VB>(in.advantages.row(b).data(), n)) return false;
-    if (kl && !simd::all_finite<T, VB>(in.ref_log_prob.row(b).data(), n)) return false;
-    if (w && !simd::all_finite<T, VB>(in.weights.row(b).data(), n)) return false;
-    if (e && !simd::all_finite<T, VB>(in.entropy.row(b).data(), n)) return false;
+    if (!loss_simd::binary<M, VB>(in.mask.row(b).data(), n)) return false;
+    if (!loss_simd::all_finite<T, VB>(in.log_prob.row(b).data(), n)) return false;
+    if (!loss_simd::all_finite<T, VB>(in.old_log_prob.row(b).data(), n)) return false;
+    if (!loss_simd::all_finite<T, VB>(in.advantages.row(b).data(), n)) return false;
+    if (kl && !loss_simd::all_finite<T, VB>(in.ref_log_prob.row(b).data(), n)) return false;
+    if (w && !loss_simd::all_finite<T, VB>(in.weights.row(b).data(), n)) return false;
+    if (e && !loss_simd::all_finite<T, VB>(in.entropy.row(b).data(), n)) return false;
   }
   return true;
 }
+}  // namespace ULORL_LOSS_ISA
 }  // namespace detail
 #endif
+
+inline namespace ULORL_LOSS_ISA {
 
 //! Validates the inputs and the configuration (throws ulorl::error naming argument and index).
 template <class T, class M>
@@ -800,5 +819,7 @@ template <class T, class M>
   res.loss = res.pg_loss + res.kl_loss + res.entropy_loss;
   return res;
 }
+
+}  // namespace ULORL_LOSS_ISA
 
 ULORL_NAMESPACE_END

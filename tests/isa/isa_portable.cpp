@@ -1,0 +1,2 @@
+#define ISA_PROBE_NAME portable
+#include "isa_tu.inc"

@@ -1,0 +1,36 @@
+// test_isa_mixing — one program linking translation units built for different instruction sets
+// (the project's default flags, and -mavx2 -mfma). The vectorised kernels' code depends on those
+// flags, so each TU must get its own instantiation (ISA-tagged inline namespaces); otherwise the
+// linker keeps one of the two COMDAT copies for both TUs and a portable build could run AVX2 code.
+// The test compares the addresses the two TUs linked to, then (on a CPU with AVX2 + FMA) that both
+// compute the same results.
+#include <cmath>
+
+#include "catch.hpp"
+#include "isa_probe.hpp"
+
+TEST_CASE("isa mixing: TUs built for different instruction sets keep their own kernel instantiations") {
+  const auto a = isa_probe::portable(false), b = isa_probe::avx2(false);
+  CHECK(a.policy_loss_fn != b.policy_loss_fn);
+  CHECK(a.logits_forward_fn != b.logits_forward_fn);
+}
+
+TEST_CASE("isa mixing: both variants compute the same results") {
+  __builtin_cpu_init();
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
+    WARN("CPU without AVX2/FMA: only the portable variant runs");
+    const auto a = isa_probe::portable(true);
+    CHECK(std::isfinite(a.loss));
+    return;
+  }
+  const auto a = isa_probe::portable(true), b = isa_probe::avx2(true);
+  // Different vector widths change the order of the float block sums (and FMA contraction): the
+  // results agree to float rounding, not bitwise.
+  CHECK(std::fabs(a.loss - b.loss) <= 1e-6 * std::fabs(a.loss) + 1e-9);
+  REQUIRE(a.grad.size() == b.grad.size());
+  for (std::size_t i = 0; i < a.grad.size(); ++i) CHECK(std::fabs(a.grad[i] - b.grad[i]) <= 1e-6f * std::fabs(a.grad[i]) + 1e-9f);
+  for (std::size_t i = 0; i < a.logprob.size(); ++i) {
+    CHECK(std::fabs(a.logprob[i] - b.logprob[i]) <= 1e-5f * std::fabs(a.logprob[i]));
+    CHECK(std::fabs(a.entropy[i] - b.entropy[i]) <= 1e-5f * std::fabs(a.entropy[i]) + 1e-6f);
+  }
+}

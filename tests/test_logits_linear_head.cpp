@@ -1,0 +1,623 @@
+// Tests of ulorl/logits/linear_head.hpp against the long-double oracle of tests/support
+// (linear_head_oracle.hpp), central finite differences in double, and the fused policy loss.
+// Metrics: statistics |got - exact| / max(|exact|, 1) (as test_logits_forward); gradients normwise:
+// max |got - exact| over the matrix / max of the sum of the magnitudes of each element's terms.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <ulorl/logits/linear_head.hpp>
+
+#include "catch.hpp"
+#include "support/linear_head_oracle.hpp"
+
+using namespace ulorl;
+
+namespace {
+
+constexpr std::uint64_t seed = 61616;
+const double nan_v = std::numeric_limits<double>::quiet_NaN();
+
+template <class T>
+struct problem {
+  oracle::head_problem q;  // the exact values (T rounded to double)
+  std::vector<T> hidden, weight, bias;
+
+  linear_head_inputs<T> inputs() const {
+    return {matrix_view<const T>(hidden.data(), q.n, q.h), matrix_view<const T>(weight.data(), q.v, q.h),
+            bias.empty() ? vector_view<const T>() : vector_view<const T>(bias.data(), q.v)};
+  }
+};
+
+template <class T>
+problem<T> make(std::mt19937_64& rng, std::size_t n, std::size_t h, std::size_t v, double tau, bool with_bias,
+                double wscale = 1.0) {
+  problem<T> p;
+  std::normal_distribution<double> nd;
+  p.q.n = n;
+  p.q.h = h;
+  p.q.v = v;
+  p.q.tau = tau;
+  // Logits of order 1-3: weight ~ N(0, 1/H) times wscale.
+  const double ws = wscale / std::sqrt(static_cast<double>(h));
+  for (std::size_t i = 0; i < n * h; ++i) p.hidden.push_back(static_cast<T>(nd(rng)));
+  for (std::size_t i = 0; i < v * h; ++i) p.weight.push_back(static_cast<T>(nd(rng) * ws * 2));
+  if (with_bias)
+    for (std::size_t j = 0; j < v; ++j) p.bias.push_back(static_cast<T>(0.5 * nd(rng)));
+  for (std::size_t i = 0; i < n; ++i) {
+    p.q.labels.push_back(static_cast<std::int64_t>(rng() % v));
+    p.q.g_lp.push_back(nd(rng));
+    p.q.g_ent.push_back(nd(rng));
+  }
+  p.q.hidden.assign(p.hidden.begin(), p.hidden.end());
+  p.q.weight.assign(p.weight.begin(), p.weight.end());
+  p.q.bias.assign(p.bias.begin(), p.bias.end());
+  return p;
+}
+
+template <class T>
+struct outputs {
+  std::vector<double> lp, ent, lse;
+  std::vector<T> gh, gw, gb;
+};
+
+// Forward + backward through the functor API (statistics written too).
+template <class T, class Exec = sequential_executor>
+outputs<T> run_all(const problem<T>& p, linear_head_config cfg, Exec exec = {}) {
+  const auto& q = p.q;
+  outputs<T> o;
+  o.lp.assign(q.n, nan_v);
+  o.ent.assign(q.n, nan_v);
+  o.lse.assign(q.n, nan_v);
+  o.gh.assign(q.n * q.h, T(0));
+  o.gw.assign(q.v * q.h, T(0));
+  o.gb.assign(q.v, T(0));
+  const linear_head_grads<T> g{matrix_view<T>(o.gh.data(), q.n, q.h), matrix_view<T>(o.gw.data(), q.v, q.h),
+                               p.bias.empty() ? vector_view<T>() : vector_view<T>(o.gb.data(), q.v)};
+  auto fn = [&](std::size_t r0, std::span<const double> lp, std::span<const double>, std::span<double> glp,
+                std::span<double> gent) {
+    for (std::size_t i = 0; i < lp.size(); ++i) {
+      glp[i] = q.g_lp[r0 + i];
+      gent[i] = q.g_ent[r0 + i];
+    }
+  };
+  linear_head_forward_backward(p.inputs(), std::span<const std::int64_t>(q.labels), fn, g,
+                               vector_view<double>(o.lp.data(), q.n), vector_view<double>(o.ent.data(), q.n),
+                               vector_view<double>(o.lse.data(), q.n), cfg, {}, exec);
+  return o;
+}
+
+double unit_err(double got, long double exact) {
+  return static_cast<double>(std::fabs(got - exact) / std::max(std::fabs(exact), 1.0L));
+}
+
+struct errors {
+  double stats = 0, gh = 0, gw = 0, gb = 0;
+};
+
+template <class T>
+errors compare(const problem<T>& p, const outputs<T>& o, const oracle::head_result& r) {
+  errors e;
+  for (std::size_t i = 0; i < p.q.n; ++i)
+    e.stats = std::max({e.stats, unit_err(o.lp[i], r.logprob[i]), unit_err(o.ent[i], r.entropy[i]),
+                        unit_err(o.lse[i], r.lse[i])});
+  e.gh = oracle::normwise_error(o.gh, r.grad_hidden, r.scale_hidden);
+  e.gw = oracle::normwise_error(o.gw, r.grad_weight, r.scale_weight);
+  if (!p.bias.empty()) e.gb = oracle::normwise_error(o.gb, r.grad_bias, r.scale_bias);
+  return e;
+}
+
+template <class T>
+bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+template <class T>
+bool same_outputs(const outputs<T>& a, const outputs<T>& b) {
+  return bitwise_equal(a.lp, b.lp) && bitwise_equal(a.ent, b.ent) && bitwise_equal(a.lse, b.lse) &&
+         bitwise_equal(a.gh, b.gh) && bitwise_equal(a.gw, b.gw) && bitwise_equal(a.gb, b.gb);
+}
+
+}  // namespace
+
+TEST_CASE("linear head float32 matches the long-double oracle for odd sizes, any chunk size, tau != 1") {
+  std::printf("test_logits_linear_head seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  errors worst;
+  int not_bitwise = 0;
+  for (std::size_t n : {1u, 3u, 17u})
+    for (std::size_t h : {1u, 5u, 33u})
+      for (std::size_t v : {1u, 7u, 300u})
+        for (double tau : {1.0, 0.7}) {
+          const bool with_bias = (n + h + v) % 2 == 1;
+          const auto p = make<float>(rng, n, h, v, tau, with_bias);
+          const auto r = oracle::linear_head(p.q);
+          const outputs<float> first = run_all(p, {.temperature = tau, .chunk_rows = 1});
+          for (std::size_t c : {std::size_t{1}, std::size_t{2}, n, n + 5, std::size_t{0}}) {
+            const auto o = c == 1 ? first : run_all(p, {.temperature = tau, .chunk_rows = c});
+            const errors e = compare(p, o, r);
+            INFO("N=" << n << " H=" << h << " V=" << v << " tau=" << tau << " chunk=" << c << " bias=" << with_bias
+                      << " stats=" << e.stats << " gh=" << e.gh << " gw=" << e.gw << " gb=" << e.gb);
+            CHECK(e.stats < 1e-5);
+            CHECK(e.gh < 1e-5);
+            CHECK(e.gw < 1e-5);
+            CHECK(e.gb < 1e-5);
+            worst.stats = std::max(worst.stats, e.stats);
+            worst.gh = std::max(worst.gh, e.gh);
+            worst.gw = std::max(worst.gw, e.gw);
+            worst.gb = std::max(worst.gb, e.gb);
+            if (!same_outputs(o, first)) ++not_bitwise;
+            CHECK(same_outputs(o, first));
+          }
+        }
+  std::printf("  float32 vs oracle: stats %.3g, grad_hidden %.3g, grad_weight %.3g, grad_bias %.3g (bound 1e-5); "
+              "chunkings not bitwise equal to chunk_rows=1: %d\n",
+              worst.stats, worst.gh, worst.gw, worst.gb, not_bitwise);
+}
+
+TEST_CASE("linear head: vector tiles and tails, threads and chunkings are bitwise identical") {
+  std::mt19937_64 rng(seed + 1);
+  for (std::size_t h : {67u, 256u}) {
+    const auto p = make<float>(rng, 23, h, 301, 0.9, true);
+    const auto r = oracle::linear_head(p.q);
+    const auto ref = run_all(p, {.temperature = 0.9, .chunk_rows = 1});
+    const errors e = compare(p, ref, r);
+    std::printf("  N=23 H=%zu V=301: stats %.3g, grad_hidden %.3g, grad_weight %.3g, grad_bias %.3g\n", h, e.stats,
+                e.gh, e.gw, e.gb);
+    CHECK(e.stats < 1e-5);
+    CHECK(e.gh < 1e-5);
+    CHECK(e.gw < 1e-5);
+    CHECK(e.gb < 1e-5);
+    for (std::size_t c : {2u, 5u, 8u, 23u, 100u}) CHECK(same_outputs(run_all(p, {.temperature = 0.9, .chunk_rows = c}), ref));
+    CHECK(same_outputs(run_all(p, {.temperature = 0.9, .chunk_rows = 7}, thread_executor{2}), ref));
+    CHECK(same_outputs(run_all(p, {.temperature = 0.9, .chunk_rows = 23}, thread_executor{3}), ref));
+  }
+}
+
+TEST_CASE("linear head double: strided operands, forward-only and backward-only entry points agree with the oracle") {
+  std::mt19937_64 rng(seed + 2);
+  const auto p = make<double>(rng, 9, 13, 40, 1.3, true);
+  const auto r = oracle::linear_head(p.q);
+  const auto o = run_all(p, {.temperature = 1.3, .chunk_rows = 4});
+  const errors e = compare(p, o, r);
+  std::printf("  float64 vs oracle: stats %.3g, grad_hidden %.3g, grad_weight %.3g, grad_bias %.3g\n", e.stats, e.gh,
+              e.gw, e.gb);
+  CHECK(e.stats < 1e-13);
+  CHECK(e.gh < 1e-13);
+  CHECK(e.gw < 1e-13);
+  CHECK(e.gb < 1e-13);
+
+  // Column-major copies of hidden and weight (inner stride != 1: the plain loop nest) and transposed
+  // gradient outputs.
+  const std::size_t n = p.q.n, h = p.q.h, v = p.q.v;
+  std::vector<double> hcm(n * h), wcm(v * h);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t k = 0; k < h; ++k) hcm[k * n + i] = p.hidden[i * h + k];
+  for (std::size_t j = 0; j < v; ++j)
+    for (std::size_t k = 0; k < h; ++k) wcm[k * v + j] = p.weight[j * h + k];
+  const linear_head_inputs<double> in{matrix_view<const double>(hcm.data(), n, h, 1, static_cast<std::ptrdiff_t>(n)),
+                                      matrix_view<const double>(wcm.data(), v, h, 1, static_cast<std::ptrdiff_t>(v)),
+                                      vector_view<const double>(p.bias.data(), v)};
+  std::vector<double> lp(n), ent(2 * n), lse(n);
+  linear_head_forward(in, std::span<const std::int64_t>(p.q.labels), vector_view<double>(lp.data(), n),
+                      vector_view<double>(ent.data(), n, 2), vector_view<double>(lse.data(), n),
+                      {.temperature = 1.3, .chunk_rows = 2});
+  double es = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    es = std::max({es, unit_err(lp[i], r.logprob[i]), unit_err(ent[2 * i], r.entropy[i]), unit_err(lse[i], r.lse[i])});
+  std::vector<double> ghT(h * n), gwT(h * v), gb(v);
+  linear_head_backward(in, std::span<const std::int64_t>(p.q.labels), vector_view<const double>(p.q.g_lp.data(), n),
+                       vector_view<const double>(p.q.g_ent.data(), n),
+                       linear_head_grads<double>{matrix_view<double>(ghT.data(), n, h, 1, static_cast<std::ptrdiff_t>(n)),
+                                                 matrix_view<double>(gwT.data(), v, h, 1, static_cast<std::ptrdiff_t>(v)),
+                                                 vector_view<double>(gb.data(), v)},
+                       {.temperature = 1.3, .chunk_rows = 3, .grad_weight = grad_mode::overwrite});
+  std::vector<double> gh(n * h), gw(v * h);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t k = 0; k < h; ++k) gh[i * h + k] = ghT[k * n + i];
+  for (std::size_t j = 0; j < v; ++j)
+    for (std::size_t k = 0; k < h; ++k) gw[j * h + k] = gwT[k * v + j];
+  const double e1 = oracle::normwise_error(gh, r.grad_hidden, r.scale_hidden);
+  const double e2 = oracle::normwise_error(gw, r.grad_weight, r.scale_weight);
+  const double e3 = oracle::normwise_error(gb, r.grad_bias, r.scale_bias);
+  std::printf("  float64 strided: stats %.3g, grad_hidden %.3g, grad_weight %.3g, grad_bias %.3g\n", es, e1, e2, e3);
+  CHECK(es < 1e-13);
+  CHECK(e1 < 1e-13);
+  CHECK(e2 < 1e-13);
+  CHECK(e3 < 1e-13);
+}
+
+TEST_CASE("linear head gradients agree with central finite differences (oracle loss and production double)") {
+  std::mt19937_64 rng(seed + 3);
+  auto p = make<double>(rng, 3, 4, 5, 0.8, true, 2.0);
+  const auto r = oracle::linear_head(p.q);
+  const auto o = run_all(p, {.temperature = 0.8, .chunk_rows = 2});
+  const double eps = 1e-5;
+  // Production forward in double as the loss: L = sum g_lp logprob + g_ent entropy.
+  const auto prod_loss = [&](const problem<double>& pp) {
+    std::vector<double> lp(pp.q.n), ent(pp.q.n);
+    linear_head_forward(pp.inputs(), std::span<const std::int64_t>(pp.q.labels), vector_view<double>(lp.data(), pp.q.n),
+                        vector_view<double>(ent.data(), pp.q.n), vector_view<double>(), {.temperature = 0.8});
+    double l = 0;
+    for (std::size_t i = 0; i < pp.q.n; ++i) l += pp.q.g_lp[i] * lp[i] + pp.q.g_ent[i] * ent[i];
+    return l;
+  };
+  double worst_prod = 0, worst_oracle = 0;
+  const auto check_fd = [&](std::vector<double>& values, std::vector<double>& exact_values, const std::vector<double>& grad,
+                            const std::vector<long double>& oracle_grad, const char* name) {
+    for (std::size_t e = 0; e < values.size(); ++e) {
+      const double x0 = values[e];
+      values[e] = x0 + eps;
+      exact_values[e] = values[e];
+      const double lp_plus = prod_loss(p);
+      const long double lo_plus = oracle::linear_head(p.q).loss;
+      values[e] = x0 - eps;
+      exact_values[e] = values[e];
+      const double lp_minus = prod_loss(p);
+      const long double lo_minus = oracle::linear_head(p.q).loss;
+      values[e] = x0;
+      exact_values[e] = x0;
+      const double fd_prod = (lp_plus - lp_minus) / (2 * eps);
+      const double fd_oracle = static_cast<double>((lo_plus - lo_minus) / (2 * eps));
+      const double ep = std::fabs(fd_prod - grad[e]) / std::max(1.0, std::fabs(grad[e]));
+      const double eo = std::fabs(fd_oracle - static_cast<double>(oracle_grad[e])) /
+                        std::max(1.0, std::fabs(static_cast<double>(oracle_grad[e])));
+      INFO(name << "[" << e << "] fd=" << fd_prod << " analytic=" << grad[e] << " oracle fd=" << fd_oracle
+                << " oracle=" << static_cast<double>(oracle_grad[e]));
+      CHECK(ep < 1e-7);
+      CHECK(eo < 1e-7);
+      worst_prod = std::max(worst_prod, ep);
+      worst_oracle = std::max(worst_oracle, eo);
+    }
+  };
+  check_fd(p.hidden, p.q.hidden, o.gh, r.grad_hidden, "grad_hidden");
+  check_fd(p.weight, p.q.weight, o.gw, r.grad_weight, "grad_weight");
+  check_fd(p.bias, p.q.bias, o.gb, r.grad_bias, "grad_bias");
+  std::printf("  finite differences (eps %.0e): production double %.3g, oracle %.3g\n", eps, worst_prod, worst_oracle);
+}
+
+TEST_CASE("linear head: overwrite ignores old contents, accumulate adds to them") {
+  std::mt19937_64 rng(seed + 4);
+  const auto p = make<float>(rng, 5, 9, 31, 1.0, true);
+  const auto& q = p.q;
+  const auto zero_start = run_all(p, {.chunk_rows = 2, .grad_weight = grad_mode::overwrite});
+  std::vector<float> gh(q.n * q.h), gw(q.v * q.h), gb(q.v);
+  const auto call = [&](linear_head_config cfg) {
+    linear_head_backward(p.inputs(), std::span<const std::int64_t>(q.labels), vector_view<const double>(q.g_lp.data(), q.n),
+                         vector_view<const double>(q.g_ent.data(), q.n),
+                         linear_head_grads<float>{matrix_view<float>(gh.data(), q.n, q.h),
+                                                  matrix_view<float>(gw.data(), q.v, q.h), vector_view<float>(gb.data(), q.v)},
+                         cfg);
+  };
+  // Overwrite: NaN garbage in the outputs does not leak.
+  std::fill(gh.begin(), gh.end(), std::numeric_limits<float>::quiet_NaN());
+  std::fill(gw.begin(), gw.end(), std::numeric_limits<float>::quiet_NaN());
+  std::fill(gb.begin(), gb.end(), std::numeric_limits<float>::quiet_NaN());
+  call({.chunk_rows = 3, .grad_hidden = grad_mode::overwrite, .grad_weight = grad_mode::overwrite});
+  CHECK(bitwise_equal(gh, zero_start.gh));
+  CHECK(bitwise_equal(gw, zero_start.gw));
+  CHECK(bitwise_equal(gb, zero_start.gb));
+  // Accumulate (the default for weight and bias): the terms are added one by one onto the old values,
+  // so twice the gradient up to float rounding (normwise, relative to the largest element).
+  const auto near = [](const std::vector<float>& got, const std::vector<float>& g, float k) {
+    float err = 0, den = 0;
+    for (std::size_t e = 0; e < g.size(); ++e) {
+      err = std::max(err, std::fabs(got[e] - k * g[e]));
+      den = std::max(den, std::fabs(k * g[e]));
+    }
+    return err <= 1e-6f * den;
+  };
+  call({.chunk_rows = 3, .grad_hidden = grad_mode::accumulate});
+  CHECK(near(gh, zero_start.gh, 2));
+  CHECK(near(gw, zero_start.gw, 2));
+  CHECK(near(gb, zero_start.gb, 2));
+  // Default config: grad_hidden overwritten, weight and bias accumulated (third time).
+  call({.chunk_rows = 3});
+  CHECK(bitwise_equal(gh, zero_start.gh));
+  CHECK(near(gw, zero_start.gw, 3));
+  CHECK(near(gb, zero_start.gb, 3));
+  // Empty gradient views are skipped; N = 0 with overwrite zeroes grad_weight.
+  std::vector<float> gw2(q.v * q.h, 7.0f);
+  linear_head_backward(linear_head_inputs<float>{matrix_view<const float>(p.hidden.data(), 0, q.h),
+                                                 matrix_view<const float>(p.weight.data(), q.v, q.h)},
+                       std::span<const std::int64_t>(), vector_view<const double>(), vector_view<const double>(),
+                       linear_head_grads<float>{{}, matrix_view<float>(gw2.data(), q.v, q.h)},
+                       {.grad_weight = grad_mode::overwrite});
+  for (float x : gw2) CHECK(x == 0.0f);
+}
+
+TEST_CASE("linear head: workspace size query, caller workspace, automatic chunk") {
+  std::mt19937_64 rng(seed + 5);
+  const auto p = make<float>(rng, 11, 6, 50, 1.0, false);
+  const std::size_t row = 50 * sizeof(float) + 5 * sizeof(double);
+  CHECK(linear_head_chunk_rows<float>(11, 50, {.chunk_rows = 4}) == 4);
+  CHECK(linear_head_chunk_rows<float>(11, 50, {.chunk_rows = 40}) == 11);
+  CHECK(linear_head_chunk_rows<float>(11, 50, {.workspace_budget = 3 * row + 128}) == 3);
+  CHECK(linear_head_chunk_rows<float>(11, 50, {.workspace_budget = 10}) == 1);
+  CHECK(linear_head_chunk_rows<float>(11, 50) == 11);
+  CHECK(linear_head_chunk_rows<float>(100000, 151936) == (std::size_t{256} << 20) / (151936 * 4 + 40) - 0);
+  CHECK(linear_head_workspace_bytes<float>(11, 50, {.chunk_rows = 4}) == 4 * row + 128);
+  CHECK(linear_head_workspace_bytes<double>(0, 50) == 0);
+  const auto ref = run_all(p, {.chunk_rows = 1});
+  const linear_head_config cfg{.workspace_budget = 3 * row + 128};
+  const std::size_t bytes = linear_head_workspace_bytes<float>(11, 50, cfg);
+  std::vector<std::byte> ws(bytes + 1);
+  std::vector<double> lp(11), ent(11), lse(11);
+  // A misaligned start (offset 1) still fits: the query includes the alignment slack.
+  linear_head_forward(p.inputs(), std::span<const std::int64_t>(p.q.labels), vector_view<double>(lp.data(), 11),
+                      vector_view<double>(ent.data(), 11), vector_view<double>(lse.data(), 11), cfg,
+                      std::span<std::byte>(ws.data() + 1, bytes));
+  CHECK(bitwise_equal(lp, ref.lp));
+  CHECK(bitwise_equal(ent, ref.ent));
+  CHECK(bitwise_equal(lse, ref.lse));
+  CHECK_THROWS_AS(linear_head_forward(p.inputs(), std::span<const std::int64_t>(p.q.labels),
+                                      vector_view<double>(lp.data(), 11), vector_view<double>(), vector_view<double>(),
+                                      cfg, std::span<std::byte>(ws.data(), bytes - 1)),
+                  ulorl::error);
+}
+
+TEST_CASE("linear head: NaN / inf in hidden or weight follow logits_forward (NaN rows) or are rejected") {
+  std::mt19937_64 rng(seed + 6);
+  auto p = make<float>(rng, 4, 8, 20, 1.0, false);
+  const auto labels = std::span<const std::int64_t>(p.q.labels);
+  const auto fwd = [&](const problem<float>& pp, linear_head_config cfg) {
+    std::vector<double> lp(4), ent(4), lse(4);
+    linear_head_forward(pp.inputs(), labels, vector_view<double>(lp.data(), 4), vector_view<double>(ent.data(), 4),
+                        vector_view<double>(lse.data(), 4), cfg);
+    return std::vector<std::vector<double>>{lp, ent, lse};
+  };
+  const auto clean = fwd(p, {.chunk_rows = 3});
+  auto bad = p;
+  bad.hidden[2 * 8 + 5] = std::numeric_limits<float>::quiet_NaN();  // row 2
+  const auto got = fwd(bad, {.chunk_rows = 3});
+  for (std::size_t s = 0; s < 3; ++s)
+    for (std::size_t i = 0; i < 4; ++i) {
+      if (i == 2)
+        CHECK(std::isnan(got[s][i]));
+      else
+        CHECK(got[s][i] == clean[s][i]);
+    }
+  auto badw = p;
+  badw.weight[7 * 8 + 1] = std::numeric_limits<float>::quiet_NaN();  // NaN in column 7 of every row
+  const auto gotw = fwd(badw, {});
+  for (std::size_t s = 0; s < 3; ++s)
+    for (std::size_t i = 0; i < 4; ++i) CHECK(std::isnan(gotw[s][i]));
+  // +inf in a weight makes logit 7 of row i +inf (a NaN row) or -inf (a masked entry: the row stays
+  // finite), by the sign of hidden[i, 1], as logits_forward documents for infinite logits.
+  auto infw = p;
+  infw.weight[7 * 8 + 1] = std::numeric_limits<float>::infinity();
+  const auto goti = fwd(infw, {});
+  for (std::size_t i = 0; i < 4; ++i) {
+    INFO("row " << i << " hidden[i,1] = " << p.hidden[i * 8 + 1]);
+    if (p.hidden[i * 8 + 1] > 0)
+      CHECK(std::isnan(goti[0][i]));
+    else if (p.hidden[i * 8 + 1] < 0 && p.q.labels[i] != 7)
+      CHECK(std::isfinite(goti[0][i]));
+  }
+  // check_inputs rejects up front, naming argument and flat index.
+  try {
+    (void)fwd(bad, {.check_inputs = true});
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.argument() == "hidden");
+    CHECK(e.index() == 2 * 8 + 5);
+    CHECK(std::string(e.what()).find("row 2, column 5") != std::string::npos);
+  }
+  // The backward always rejects, before writing anything.
+  std::vector<float> gh(4 * 8, 5.0f), gw(20 * 8, 5.0f);
+  try {
+    linear_head_backward(badw.inputs(), labels, vector_view<const double>(p.q.g_lp.data(), 4), vector_view<const double>(),
+                         linear_head_grads<float>{matrix_view<float>(gh.data(), 4, 8), matrix_view<float>(gw.data(), 20, 8)});
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "linear_head_backward");
+    CHECK(e.argument() == "weight");
+    CHECK(e.index() == 7 * 8 + 1);
+  }
+  for (float x : gh) CHECK(x == 5.0f);
+  for (float x : gw) CHECK(x == 5.0f);
+  // Magnitudes whose logits could overflow float are rejected too.
+  auto huge = p;
+  huge.hidden[0] = 1e30f;
+  huge.weight[0] = 1e30f;
+  CHECK_THROWS_AS(linear_head_backward(huge.inputs(), labels, vector_view<const double>(p.q.g_lp.data(), 4),
+                                       vector_view<const double>(),
+                                       linear_head_grads<float>{matrix_view<float>(gh.data(), 4, 8)}),
+                  ulorl::error);
+  // A non-finite gradient from the functor names its row.
+  try {
+    linear_head_forward_backward(
+        p.inputs(), labels,
+        [](std::size_t r0, std::span<const double>, std::span<const double>, std::span<double> g, std::span<double>) {
+          for (std::size_t i = 0; i < g.size(); ++i) g[i] = r0 + i == 3 ? nan_v : 1.0;
+        },
+        linear_head_grads<float>{matrix_view<float>(gh.data(), 4, 8)}, vector_view<double>(), vector_view<double>(),
+        vector_view<double>(), {.chunk_rows = 2});
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.argument() == "grad_logprob");
+    CHECK(e.index() == 3);
+  }
+}
+
+TEST_CASE("linear head rejects bad input before writing, naming argument and index") {
+  std::mt19937_64 rng(seed + 7);
+  const auto p = make<float>(rng, 3, 4, 6, 1.0, false);
+  std::vector<float> hid = p.hidden, w = p.weight;
+  std::vector<std::int64_t> y = p.q.labels;
+  std::vector<double> lp(3, 9.0), ent(3, 9.0), glp(3, 1.0);
+  std::vector<float> gh(12, 9.0f), gw(24, 9.0f), gb(6, 9.0f);
+  struct call {
+    std::string arg;
+    std::int64_t index;
+    std::function<void()> f;
+  };
+  const auto in = [&](std::size_t n, std::size_t h, std::size_t v, std::size_t wh) {
+    return linear_head_inputs<float>{matrix_view<const float>(hid.data(), n, h), matrix_view<const float>(w.data(), v, wh)};
+  };
+  const auto fwd = [&](linear_head_inputs<float> i, std::span<const std::int64_t> labels, std::size_t nout,
+                       linear_head_config cfg = {}) {
+    linear_head_forward(i, labels, vector_view<double>(lp.data(), nout), vector_view<double>(ent.data(), nout),
+                        vector_view<double>(), cfg);
+  };
+  const auto ys = std::span<const std::int64_t>(y);
+  std::vector<std::int64_t> y_bad = y;
+  y_bad[1] = 6;
+  std::vector<std::int64_t> y_neg = y;
+  y_neg[2] = -1;
+  const float fb[6] = {0, 0, 0, 0, 0, 0};
+  const std::vector<call> calls = {
+      {"weight", -1, [&] { fwd(in(3, 4, 6, 3), ys, 3); }},                                // H mismatch
+      {"weight", -1, [&] { fwd(in(3, 4, 0, 4), ys, 3); }},                                // V = 0
+      {"hidden", -1, [&] { fwd(in(3, 0, 6, 0), ys, 3); }},                                // H = 0
+      {"labels", -1, [&] { fwd(in(3, 4, 6, 4), ys.subspan(0, 2), 3); }},                  // labels size
+      {"labels", 1, [&] { fwd(in(3, 4, 6, 4), std::span<const std::int64_t>(y_bad), 3); }},  // label = V
+      {"labels", 2, [&] { fwd(in(3, 4, 6, 4), std::span<const std::int64_t>(y_neg), 3); }},  // label < 0
+      {"logprob", -1, [&] { fwd(in(3, 4, 6, 4), ys, 2); }},                              // output size
+      {"temperature", -1, [&] { fwd(in(3, 4, 6, 4), ys, 3, {.temperature = 0.0}); }},
+      {"temperature", -1, [&] { fwd(in(3, 4, 6, 4), ys, 3, {.temperature = nan_v}); }},
+      {"bias", -1,
+       [&] {
+         linear_head_forward(linear_head_inputs<float>{matrix_view<const float>(hid.data(), 3, 4),
+                                                       matrix_view<const float>(w.data(), 6, 4), vector_view<const float>(fb, 5)},
+                             ys, vector_view<double>(lp.data(), 3), vector_view<double>(), vector_view<double>());
+       }},
+      {"grad_logprob", -1,
+       [&] {
+         linear_head_backward(in(3, 4, 6, 4), ys, vector_view<const double>(glp.data(), 2), vector_view<const double>(),
+                              linear_head_grads<float>{matrix_view<float>(gh.data(), 3, 4)});
+       }},
+      {"grad_logprob", 1,
+       [&] {
+         std::vector<double> g = glp;
+         g[1] = nan_v;
+         linear_head_backward(in(3, 4, 6, 4), ys, vector_view<const double>(g.data(), 3), vector_view<const double>(),
+                              linear_head_grads<float>{matrix_view<float>(gh.data(), 3, 4)});
+       }},
+      {"grad_hidden", -1,
+       [&] {
+         linear_head_backward(in(3, 4, 6, 4), ys, vector_view<const double>(glp.data(), 3), vector_view<const double>(),
+                              linear_head_grads<float>{matrix_view<float>(gh.data(), 4, 3)});
+       }},
+      {"grad_weight", -1,
+       [&] {
+         linear_head_backward(in(3, 4, 6, 4), ys, vector_view<const double>(glp.data(), 3), vector_view<const double>(),
+                              linear_head_grads<float>{{}, matrix_view<float>(gw.data(), 6, 3)});
+       }},
+      {"grad_weight", -1,  // overlapping rows
+       [&] {
+         linear_head_backward(in(3, 4, 6, 4), ys, vector_view<const double>(glp.data(), 3), vector_view<const double>(),
+                              linear_head_grads<float>{{}, matrix_view<float>(gw.data(), 6, 4, 2, 1)});
+       }},
+      {"grad_bias", -1,
+       [&] {
+         linear_head_backward(in(3, 4, 6, 4), ys, vector_view<const double>(glp.data(), 3), vector_view<const double>(),
+                              linear_head_grads<float>{{}, {}, vector_view<float>(gb.data(), 5)});
+       }},
+      {"hidden", -1,
+       [&] {
+         linear_head_forward(linear_head_inputs<float>{matrix_view<const float>(nullptr, 3, 4),
+                                                       matrix_view<const float>(w.data(), 6, 4)},
+                             ys, vector_view<double>(lp.data(), 3), vector_view<double>(), vector_view<double>());
+       }},
+  };
+  for (const auto& c : calls) {
+    INFO("expected argument " << c.arg);
+    try {
+      c.f();
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      INFO(e.what());
+      CHECK(e.argument() == c.arg);
+      CHECK(e.index() == c.index);
+      CHECK(std::string(e.what()).find("ulorl::linear_head_") == 0);
+    }
+  }
+  for (double x : lp) CHECK(x == 9.0);
+  for (double x : ent) CHECK(x == 9.0);
+  for (float x : gh) CHECK(x == 9.0f);
+  for (float x : gw) CHECK(x == 9.0f);
+  for (float x : gb) CHECK(x == 9.0f);
+}
+
+namespace {
+
+// A small padded batch for the policy loss: B = 2 responses of T = 3 tokens, the last token of row 1 masked.
+struct pl_problem {
+  std::size_t b = 2, t = 3;
+  std::vector<double> old, ref, adv, mask;
+};
+
+double policy_from_hidden(const problem<double>& p, const pl_problem& pl, const policy_loss_config& cfg, double tau,
+                          std::vector<double>* gh, std::vector<double>* gw, std::vector<double>* lp_out = nullptr) {
+  const std::size_t n = pl.b * pl.t;
+  const auto tv = [&](const std::vector<double>& v) {
+    return token_view<const double>::padded(matrix_view<const double>(v.data(), pl.b, pl.t));
+  };
+  const policy_loss_inputs<double> in{.log_prob = {}, .old_log_prob = tv(pl.old), .advantages = tv(pl.adv),
+                                      .mask = tv(pl.mask), .ref_log_prob = tv(pl.ref)};
+  std::vector<double> lp(n), ent(n), glp(n), gent(n), lse(n), ghv(n * p.q.h), gwv(p.q.v * p.q.h);
+  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), pl.b, pl.t)); };
+  const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)};
+  const auto res = policy_loss_from_hidden(
+      p.inputs(), std::span<const std::int64_t>(p.q.labels), in, cfg, buf,
+      linear_head_grads<double>{matrix_view<double>(ghv.data(), n, p.q.h), matrix_view<double>(gwv.data(), p.q.v, p.q.h)},
+      {.temperature = tau, .chunk_rows = 4});
+  if (gh) *gh = ghv;
+  if (gw) *gw = gwv;
+  if (lp_out) *lp_out = lp;
+  return res.loss;
+}
+
+}  // namespace
+
+TEST_CASE("policy_loss_from_hidden: log-probs match the oracle, gradients match finite differences of the loss") {
+  std::mt19937_64 rng(seed + 8);
+  auto p = make<double>(rng, 6, 5, 9, 0.9, false, 2.0);
+  std::normal_distribution<double> nd;
+  pl_problem pl;
+  const auto r0 = oracle::linear_head(p.q);
+  for (std::size_t i = 0; i < 6; ++i) {  // old / ref log-probs near the current ones: ratios near 1
+    pl.old.push_back(static_cast<double>(r0.logprob[i]) + 0.2 * nd(rng));
+    pl.ref.push_back(static_cast<double>(r0.logprob[i]) + 0.3 * nd(rng));
+    pl.adv.push_back(nd(rng));
+    pl.mask.push_back(i == 5 ? 0.0 : 1.0);
+  }
+  policy_loss_config cfg;
+  cfg.objective.eps_low = 0.2;
+  cfg.objective.eps_high = 0.28;
+  cfg.kl_coef = 0.05;
+  cfg.entropy_coef = 0.01;
+  cfg.normalizer = agg_normalizer{agg_mode::token_mean, 5.0, 1.0};
+  std::vector<double> gh, gw, lp;
+  (void)policy_from_hidden(p, pl, cfg, 0.9, &gh, &gw, &lp);
+  const auto r = oracle::linear_head(p.q);
+  double elp = 0;
+  for (std::size_t i = 0; i < 6; ++i) elp = std::max(elp, unit_err(lp[i], r.logprob[i]));
+  CHECK(elp < 1e-13);
+  const double eps = 1e-6;
+  double worst = 0;
+  const auto fd = [&](std::vector<double>& values, const std::vector<double>& grad) {
+    for (std::size_t e = 0; e < values.size(); ++e) {
+      const double x0 = values[e];
+      values[e] = x0 + eps;
+      const double lplus = policy_from_hidden(p, pl, cfg, 0.9, nullptr, nullptr);
+      values[e] = x0 - eps;
+      const double lminus = policy_from_hidden(p, pl, cfg, 0.9, nullptr, nullptr);
+      values[e] = x0;
+      const double fdv = (lplus - lminus) / (2 * eps);
+      const double err = std::fabs(fdv - grad[e]);
+      INFO("element " << e << " analytic " << grad[e] << " fd " << fdv);
+      CHECK(err <= 1e-8 + 1e-5 * std::fabs(fdv));  // test_logits_fused_loss's bound for the same loss
+      worst = std::max(worst, err);
+    }
+  };
+  fd(p.hidden, gh);
+  fd(p.weight, gw);
+  std::printf("  policy_loss_from_hidden: logprob vs oracle %.3g, max |grad - finite difference| %.3g\n", elp, worst);
+}
