@@ -18,6 +18,7 @@
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/flat_map.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -48,45 +49,21 @@ class group_layout {
       for (std::size_t i = 0; i < ids.size(); ++i)
         if (ids[i] < 0) detail::fail_at(fn, arg, static_cast<std::int64_t>(i), ids[i], "group ids must be >= 0");
     }
-    // Dense group numbers by first appearance through an open-addressing hash table (O(B)), then
-    // a counting sort of the responses by group, which keeps each group's members in order.
-    // The table grows with the number of distinct ids (load <= 1/2), not with B.
+    // Dense group numbers by first appearance through a hash table of the ids (O(B)), then a
+    // counting sort of the responses by group, which keeps each group's members in order.
+    // The table grows with the number of distinct ids (load <= 1/2), not with B; it restarts
+    // small each call (a small table stays in cache) and reuses its buffers as it grows.
     const std::size_t n = ids.size();
-    std::size_t cap = 64;
-    keys_.assign(cap, 0);
-    slots_.assign(cap, UINT32_MAX);
-    const auto find_slot = [&](std::uint64_t key) {
-      std::size_t h = static_cast<std::size_t>(mix(key)) & (cap - 1);
-      while (slots_[h] != UINT32_MAX && keys_[h] != key) h = (h + 1) & (cap - 1);
-      return h;
-    };
+    index_.reset();
     group_of_.resize(n);
     std::vector<std::uint32_t>& counts = start_;  // counts live in start_[1..] until the prefix sum
     counts.assign(1, 0u);
     for (std::size_t i = 0; i < n; ++i) {
-      const auto key = static_cast<std::uint64_t>(ids[i]);
-      std::size_t h = find_slot(key);
-      if (slots_[h] == UINT32_MAX) {
-        if (2 * counts.size() > cap) {
-          std::vector<std::uint64_t> old_keys(cap * 2);
-          std::vector<std::uint32_t> old_slots(cap * 2, UINT32_MAX);
-          old_keys.swap(keys_);
-          old_slots.swap(slots_);
-          cap *= 2;
-          for (std::size_t k = 0; k < old_keys.size(); ++k)
-            if (old_slots[k] != UINT32_MAX) {
-              const std::size_t s = find_slot(old_keys[k]);
-              keys_[s] = old_keys[k];
-              slots_[s] = old_slots[k];
-            }
-          h = find_slot(key);
-        }
-        keys_[h] = key;
-        slots_[h] = static_cast<std::uint32_t>(counts.size() - 1);
-        counts.push_back(0);
-      }
-      group_of_[i] = slots_[h];
-      ++counts[slots_[h] + 1];
+      const auto [g, inserted] =
+          index_.try_emplace(static_cast<std::uint64_t>(ids[i]), static_cast<std::uint32_t>(counts.size() - 1));
+      if (inserted) counts.push_back(0);
+      group_of_[i] = *g;
+      ++counts[*g + 1];
     }
     for (std::size_t k = 1; k < start_.size(); ++k) start_[k] += start_[k - 1];
     order_.resize(n);
@@ -122,21 +99,11 @@ class group_layout {
   [[nodiscard]] std::uint32_t group_of(std::size_t i) const noexcept { return group_of_[i]; }
 
  private:
-  //! splitmix64 finaliser: spreads sequential or strided ids over the table.
-  static constexpr std::uint64_t mix(std::uint64_t x) noexcept {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-  }
-
   std::vector<std::uint32_t> order_;     // response indices, grouped
   std::vector<std::uint32_t> start_;     // group g is order_[start_[g] .. start_[g+1])
   std::vector<std::uint32_t> group_of_;  // response -> group
   // scratch of assign_ids, kept for reuse
-  std::vector<std::uint64_t> keys_;
-  std::vector<std::uint32_t> slots_;
+  detail::flat_int_map<std::uint64_t, std::uint32_t> index_;  // id -> group
   std::vector<std::uint32_t> next_;
 };
 

@@ -38,6 +38,7 @@
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/flat_map.hpp"
 #include "ulorl/rollout/provenance.hpp"
 
 ULORL_NAMESPACE_BEGIN
@@ -230,80 +231,6 @@ struct segment_scheduler_state {
 };
 
 namespace detail {
-
-//! Open-addressing map group_id -> slot (linear probing, backward-shift deletion). Derived data.
-class group_index {
- public:
-  void clear() {
-    std::fill(keys_.begin(), keys_.end(), empty);
-    size_ = 0;
-  }
-  void reserve(std::size_t n) {
-    std::size_t cap = 16;
-    while (cap < 2 * n) cap *= 2;
-    if (cap > keys_.size()) rehash(cap);
-  }
-  [[nodiscard]] std::int32_t find(std::int64_t key) const noexcept {
-    if (keys_.empty()) return -1;
-    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
-      if (keys_[i] == key) return vals_[i];
-      if (keys_[i] == empty) return -1;
-    }
-  }
-  void insert(std::int64_t key, std::int32_t val) {
-    if (2 * (size_ + 1) > keys_.size()) rehash(keys_.empty() ? 16 : 2 * keys_.size());
-    std::size_t i = home(key);
-    while (keys_[i] != empty) i = (i + 1) & mask_;
-    keys_[i] = key;
-    vals_[i] = val;
-    ++size_;
-  }
-  void erase(std::int64_t key) noexcept {
-    if (keys_.empty()) return;
-    std::size_t i = home(key);
-    while (keys_[i] != key) {
-      if (keys_[i] == empty) return;
-      i = (i + 1) & mask_;
-    }
-    // Backward shift keeps every probe chain contiguous without tombstones.
-    std::size_t j = i;
-    for (;;) {
-      j = (j + 1) & mask_;
-      if (keys_[j] == empty) break;
-      const std::size_t h = home(keys_[j]);
-      const bool movable = (i <= j) ? (h <= i || h > j) : (h <= i && h > j);
-      if (movable) {
-        keys_[i] = keys_[j];
-        vals_[i] = vals_[j];
-        i = j;
-      }
-    }
-    keys_[i] = empty;
-    --size_;
-  }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-
- private:
-  static constexpr std::int64_t empty = -1;
-  [[nodiscard]] std::size_t home(std::int64_t key) const noexcept {
-    auto x = static_cast<std::uint64_t>(key) * 0x9E3779B97F4A7C15ull;
-    return static_cast<std::size_t>(x >> 20) & mask_;
-  }
-  void rehash(std::size_t cap) {
-    std::vector<std::int64_t> old_keys(cap, empty);
-    std::vector<std::int32_t> old_vals(cap, -1);
-    old_keys.swap(keys_);
-    old_vals.swap(vals_);
-    mask_ = cap - 1;
-    size_ = 0;
-    for (std::size_t i = 0; i < old_keys.size(); ++i)
-      if (old_keys[i] != empty) insert(old_keys[i], old_vals[i]);
-  }
-  std::vector<std::int64_t> keys_;
-  std::vector<std::int32_t> vals_;
-  std::size_t mask_ = 0;
-  std::size_t size_ = 0;
-};
 
 inline void validate_scheduler_config(std::string_view fn, const segment_scheduler_config& c) {
   if (c.group_size < 1) fail_value(fn, "config.group_size", c.group_size, "must be >= 1");
@@ -574,7 +501,7 @@ class segment_scheduler {
       detail::fail_value(fn, "response_id", response_id, "was never offered");
     const std::int64_t gid = response_id / s_.config.group_size;
     if (gid >= s_.next_group_id) return response_state::queued;
-    const std::int32_t g = index_.find(gid);
+    const std::int32_t g = index_.value_or(gid, -1);
     if (g < 0) return response_state::released;
     return s_.responses[slot_of(g, static_cast<std::int32_t>(response_id % s_.config.group_size))].state;
   }
@@ -609,7 +536,7 @@ class segment_scheduler {
   }
   const response_record& live_response(std::string_view fn, std::int64_t response_id) const {
     if (response_id < 0) detail::fail_value(fn, "response_id", response_id, "must be >= 0");
-    const std::int32_t g = index_.find(response_id / s_.config.group_size);
+    const std::int32_t g = index_.value_or(response_id / s_.config.group_size, -1);
     if (g < 0) detail::fail_value(fn, "response_id", response_id, "is not live (never admitted, or released)");
     return s_.responses[slot_of(g, static_cast<std::int32_t>(response_id % s_.config.group_size))];
   }
@@ -664,7 +591,7 @@ class segment_scheduler {
       r.spans.clear();
       if (r.spans.capacity() < span_cap) r.spans.reserve(span_cap);
     }
-    index_.insert(s_.next_group_id, g);
+    index_.try_emplace(s_.next_group_id, g);
     s_.live_order.push_back(g);
     ++s_.next_group_id;
     s_.active_responses += G;
@@ -743,12 +670,12 @@ class segment_scheduler {
   void rebuild_index() {
     index_.clear();
     for (std::size_t g = 0; g < s_.groups.size(); ++g)
-      if (s_.groups[g].status != group_status::free) index_.insert(s_.groups[g].group_id, static_cast<std::int32_t>(g));
+      if (s_.groups[g].status != group_status::free) index_.try_emplace(s_.groups[g].group_id, static_cast<std::int32_t>(g));
   }
   void validate_state();
 
   segment_scheduler_state s_;
-  detail::group_index index_;
+  detail::flat_int_map<std::int64_t, std::int32_t> index_;  // live group id -> slot (derived data)
   std::vector<std::int32_t> plan_slot_;  // group slot of each plan item (derived from plan + index)
   std::size_t report_hint_ = 0;          // plan index after the last report
   experience_batch batch_;
@@ -887,7 +814,7 @@ inline void segment_scheduler::validate_state() {
     const auto& it = s_.plan[i];
     const auto ii = static_cast<std::int64_t>(i);
     if (s_.plan_reported[i] > 1) fail("plan_reported", ii, s_.plan_reported[i], "must be 0 or 1");
-    const std::int32_t g = index_.find(it.group_id);
+    const std::int32_t g = index_.value_or(it.group_id, -1);
     plan_slot_.push_back(g);
     if (g < 0 || it.index_in_group < 0 || it.index_in_group >= c.group_size || it.response_id != it.group_id * c.group_size + it.index_in_group)
       fail("plan.response_id", ii, it.response_id, "does not name a live response");
