@@ -93,6 +93,9 @@ def suite_loss(args) -> List[Case]:
 
         cases.append(Case(name=f"clip_higher+k3+token_mean/float32/{n}",
                           bench_filter=f"^BM_policy_loss<float>/{n}/0(/|$)", items=n, torch_fn=step))
+        # check_values=false: no value scans, which is what torch does (it never checks).
+        cases.append(Case(name=f"clip_higher+k3+token_mean/float32/{n}/check_values=false",
+                          bench_filter=f"^BM_policy_loss<float, false>/{n}/0(/|$)", items=n, torch_fn=step))
     return cases
 
 

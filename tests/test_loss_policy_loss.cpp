@@ -630,3 +630,53 @@ TEST_CASE("policy_loss: metrics equal an independent float64 reference (clip fra
     CHECK(near(m.entropy_sum, ent));
   }
 }
+
+TEST_CASE("policy_loss: check_values = false skips the value scans, nothing else") {
+  std::mt19937_64 rng(seed + 29);
+  std::printf("check_values seed %llu\n", static_cast<unsigned long long>(seed + 29));
+  const std::size_t B = 4, Tn = 37;
+  const problem p = random_problem(rng, B, Tn, false);
+  auto c = make_combo("ppo", "k3", "token", 60.0);
+  c.cfg.entropy_coef = 0;
+  const auto f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  std::vector<float> lp = f(p.lp), old = f(p.old), adv = f(p.adv), ref = f(p.ref);
+  std::vector<std::uint8_t> mask(p.mask.begin(), p.mask.end());
+  const auto run_f = [&](bool check, std::vector<float>& grad) {
+    ulorl::policy_loss_inputs<float, std::uint8_t> in{cview(lp, B, Tn), cview(old, B, Tn), cview(adv, B, Tn),
+                                                      cview(mask, B, Tn), cview(ref, B, Tn)};
+    auto cfg = c.cfg;
+    cfg.check_values = check;
+    grad.assign(B * Tn, -7.0f);
+    return ulorl::policy_loss(in, cfg, mview(grad, B, Tn));
+  };
+  std::vector<float> g1, g2;
+  // Valid input: the same computation, bit for bit.
+  const auto r1 = run_f(true, g1), r2 = run_f(false, g2);
+  CHECK(r1.loss == r2.loss);
+  CHECK(r1.metrics.approx_kl_k3 == r2.metrics.approx_kl_k3);
+  CHECK(g1 == g2);
+  // Shapes are still checked.
+  {
+    ulorl::policy_loss_inputs<float, std::uint8_t> in{cview(lp, B, Tn), cview(old, B, Tn - 1), cview(adv, B, Tn),
+                                                      cview(mask, B, Tn), cview(ref, B, Tn)};
+    auto cfg = c.cfg;
+    cfg.check_values = false;
+    std::vector<float> g(B * Tn);
+    CHECK_THROWS_AS(ulorl::policy_loss(in, cfg, mview(g, B, Tn)), ulorl::error);
+  }
+  // A NaN in a valid token: thrown with the check, propagated without it.
+  std::size_t k = 0;
+  while (mask[k] == 0) ++k;
+  lp[k] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_AS(run_f(true, g1), ulorl::error);
+  const auto r3 = run_f(false, g2);
+  CHECK(std::isnan(r3.loss));
+  CHECK(std::isnan(g2[k]));
+  lp[k] = static_cast<float>(p.lp[k]);
+  // A mask value of 2 counts as a valid token without the check.
+  mask[k] = 2;
+  CHECK_THROWS_AS(run_f(true, g1), ulorl::error);
+  const auto r4 = run_f(false, g2);
+  CHECK(r4.loss == r1.loss);
+  CHECK(r4.metrics.tokens == r1.metrics.tokens);
+}

@@ -98,6 +98,13 @@ struct policy_loss_config {
   //! The step's normaliser (global_normalizer). For gmpo the denominator is the number of sequences
   //! (the loss is a mean over rows) and the mode only weighs the KL / entropy terms.
   agg_normalizer normalizer{};
+  //! true (default): every token value is scanned before anything is computed; a NaN/Inf input or
+  //! a mask value other than 0/1 throws ulorl::error naming the argument and index, and no output
+  //! is written. false: for inputs the caller trusts, those scans (one extra read of every input)
+  //! are skipped; shapes, layouts and the configuration are still checked. A NaN/Inf then flows
+  //! into the loss and gradient as in an eager framework, and any non-zero mask value counts as a
+  //! valid token.
+  bool check_values = true;
 };
 
 struct policy_loss_result {
@@ -775,6 +782,7 @@ void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& i
   require_finite(fn, "kl_coef", cfg.kl_coef);
   require_finite(fn, "entropy_coef", cfg.entropy_coef);
   validate_normalizer(fn, cfg.normalizer);
+  if (!cfg.check_values) return;
 #if defined(ULORL_LOSS_SIMD)
   // Unit-stride rows: one vectorised pass per array; the exact checks below (which throw with the
   // index) run only when it finds a problem or the layout is strided.
@@ -791,7 +799,8 @@ void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& i
 
 //! The fused policy loss of one micro-batch. Writes d loss / d logp into `grad_log_prob` (0 on
 //! masked tokens) and, with an entropy term, d loss / d H into `grad_entropy`. Nothing is written
-//! when validation fails. Summing the results of micro-batches that share `cfg.normalizer` gives
+//! when validation fails (`cfg.check_values = false` skips the value scans: see
+//! policy_loss_config). Summing the results of micro-batches that share `cfg.normalizer` gives
 //! the full batch's loss, gradient and (via loss_metrics::merge) metrics.
 template <class T, class M>
 [[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
