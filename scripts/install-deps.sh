@@ -44,12 +44,32 @@ if [ "$want_cuda" = 1 ]; then
     candidate() { apt-cache policy "$1" 2>/dev/null | grep -q 'Candidate: [0-9]'; }
     # nvidia-cuda-toolkit is in non-free, nvidia-support (a dependency) in contrib.
     if [ "${ID:-}" = debian ] && ! { candidate nvidia-cuda-toolkit && candidate nvidia-support; }; then
-      # Enable contrib + non-free from the same mirror as the main archive (deb822 or one-line sources).
-      uri=$(grep -rhoE '^(URIs:|deb) +(\[[^]]*\] +)?https?://[^ ]+' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
-            | grep -v security | head -1 | awk '{print $NF}')
-      uri=${uri:-http://deb.debian.org/debian}
-      echo "install-deps: enabling Debian contrib + non-free ($uri $VERSION_CODENAME) for nvidia-cuda-toolkit"
-      echo "deb $uri $VERSION_CODENAME contrib non-free" | as_root tee /etc/apt/sources.list.d/ulorl-non-free.list >/dev/null
+      # Enable contrib + non-free for the main archive (the entry whose URI ends in /debian; not
+      # security or third-party ones), with the same signing options as that entry: apt refuses
+      # two entries for one source whose Signed-By differ.
+      list=/etc/apt/sources.list.d/ulorl-non-free
+      as_root rm -f "$list.list" "$list.sources"
+      line=$(set +o pipefail; cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+             | grep -E '^deb +(\[[^]]*\] +)?https?://[^ ]*/debian/? ' | head -1) || true
+      stanza=$(set +o pipefail; cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk -v RS= '
+               /(^|\n)URIs:[^\n]*\/debian\/?(\n| |$)/ { print; exit }') || true
+      if [ -n "$line" ]; then
+        opts=$(echo "$line" | grep -oE '\[[^]]*\]' || true)
+        uri=$(echo "$line" | grep -oE 'https?://[^ ]+' | head -1)
+        entry="deb ${opts:+$opts }$uri $VERSION_CODENAME contrib non-free"
+        echo "$entry" | as_root tee "$list.list" >/dev/null
+      else
+        uri=$(echo "$stanza" | sed -n 's/^URIs:.*\(https\?:\/\/[^ ]*\/debian\/\?\)\( .*\)\?$/\1/p' | head -1)
+        uri=${uri:-http://deb.debian.org/debian}
+        signed=$(echo "$stanza" | sed -n 's/^Signed-By: *//p' | head -1)
+        entry="Types: deb
+URIs: $uri
+Suites: $VERSION_CODENAME
+Components: contrib non-free${signed:+
+Signed-By: $signed}"
+        echo "$entry" | as_root tee "$list.sources" >/dev/null
+      fi
+      echo "install-deps: enabled Debian contrib + non-free ($uri $VERSION_CODENAME) for nvidia-cuda-toolkit"
       need_update=1
     fi
   fi
