@@ -5,10 +5,18 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdlib>
 #include <map>
 #include <string>
 
 namespace bench {
+
+//! A size from the environment (e.g. ULORL_BENCH_MAX_ROWS), or `fallback` when unset.
+inline std::size_t env_size(const char* name, std::size_t fallback) {
+  const char* e = std::getenv(name);
+  return e ? static_cast<std::size_t>(std::strtoull(e, nullptr, 10)) : fallback;
+}
 
 //! Seconds per iteration of baseline benchmarks, keyed by "<name>/<size>".
 inline std::map<std::string, double>& baseline_seconds() {

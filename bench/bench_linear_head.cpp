@@ -24,10 +24,7 @@ namespace {
 
 constexpr std::size_t vocab = 151936;
 
-std::size_t hidden_size() {
-  const char* e = std::getenv("ULORL_BENCH_HEAD_H");
-  return e ? static_cast<std::size_t>(std::strtoull(e, nullptr, 10)) : 1024;
-}
+std::size_t hidden_size() { return bench::env_size("ULORL_BENCH_HEAD_H", 1024); }
 
 struct data {
   std::size_t rows = 0, h = 0;

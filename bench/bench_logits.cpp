@@ -22,14 +22,13 @@
 
 #include <ulorl/logits.hpp>
 
+#include "bench_common.hpp"
+
 namespace {
 
 constexpr std::size_t vocab = 151936;
 
-std::size_t max_rows() {
-  const char* e = std::getenv("ULORL_BENCH_MAX_ROWS");
-  return e ? static_cast<std::size_t>(std::strtoull(e, nullptr, 10)) : 4096;
-}
+std::size_t max_rows() { return bench::env_size("ULORL_BENCH_MAX_ROWS", 4096); }
 
 // Buffers are allocated once, for the largest N, and filled with a cheap hash (not a slow RNG).
 struct data {

@@ -81,12 +81,6 @@ errs grad_errors(const std::vector<G>& g, const std::vector<std::vector<double>>
   return e;
 }
 
-std::vector<std::vector<double>> rows_of(const logits_data::batch& b) {
-  std::vector<std::vector<double>> r;
-  for (std::size_t i = 0; i < b.rows; ++i) r.push_back(b.row(i));
-  return r;
-}
-
 }  // namespace
 
 TEST_CASE("logits_backward float32 matches the oracle gradient") {
@@ -99,7 +93,7 @@ TEST_CASE("logits_backward float32 matches the oracle gradient") {
         for (double tau : {1.0, 0.6, 1.7}) {
           const auto b = logits_data::make(rng, 4, v, scale, shift, v == 1 ? 0.0 : 0.15);
           const auto g = backward<float, float>(b.x, b.rows, v, b.labels, b.g_lp, b.g_ent, tau);
-          const auto e = grad_errors(g, rows_of(b), b, tau);
+          const auto e = grad_errors(g, b.all_rows(), b, tau);
           INFO("V=" << v << " scale=" << scale << " shift=" << shift << " tau=" << tau << " normwise=" << e.normwise
                     << " termwise=" << e.termwise);
           CHECK(e.normwise < 1e-6);
@@ -119,7 +113,7 @@ TEST_CASE("logits_backward fast_backward (log p in float, torch's precision)") {
       for (double tau : {1.0, 1.7}) {
         const auto b = logits_data::make(rng, 3, v, scale, 0.0, 0.1);
         const auto g = backward<float, float>(b.x, b.rows, v, b.labels, b.g_lp, b.g_ent, tau, true);
-        const auto e = grad_errors(g, rows_of(b), b, tau);
+        const auto e = grad_errors(g, b.all_rows(), b, tau);
         CHECK(e.normwise < 1e-6);
         CHECK(e.termwise < 3e-6);  // |log p| <= 13.8 for p >= 1e-6: 13.8 * 6e-8 * (1 + 1/tau) + exp's 1.2e-7
         worst.normwise = std::max(worst.normwise, e.normwise);
@@ -135,7 +129,7 @@ TEST_CASE("logits_backward double and bf16 storage") {
     const auto b = logits_data::make(rng, 3, v, 4.0, 50.0, 0.1);
     std::vector<double> xd(b.x.begin(), b.x.end());
     const auto gd = backward<double, double>(xd, b.rows, v, b.labels, b.g_lp, b.g_ent, 0.8);
-    const auto ed = grad_errors(gd, rows_of(b), b, 0.8);
+    const auto ed = grad_errors(gd, b.all_rows(), b, 0.8);
     CHECK(ed.normwise < 1e-13);
     CHECK(ed.termwise < 1e-12);
     // bf16 in, float out (exact on the bf16 values); bf16 in, bf16 out (output rounding ~2^-9).
@@ -145,10 +139,10 @@ TEST_CASE("logits_backward double and bf16 storage") {
     logits_data::batch exact = bu;
     for (std::size_t i = 0; i < xb.size(); ++i) exact.x[i] = xb[i].to_float();
     const auto gf = backward<bf16, float>(xb, bu.rows, v, bu.labels, bu.g_lp, bu.g_ent, 1.0);
-    CHECK(grad_errors(gf, rows_of(exact), exact, 1.0).normwise < 1e-6);
+    CHECK(grad_errors(gf, exact.all_rows(), exact, 1.0).normwise < 1e-6);
     const auto gb = backward<bf16, bf16>(xb, bu.rows, v, bu.labels, bu.g_lp, bu.g_ent, 1.0);
-    CHECK(grad_errors(gb, rows_of(exact), exact, 1.0).termwise < 1e-2);
-    CHECK(grad_errors(gb, rows_of(bu), bu, 1.0).normwise < 1e-2);
+    CHECK(grad_errors(gb, exact.all_rows(), exact, 1.0).termwise < 1e-2);
+    CHECK(grad_errors(gb, bu.all_rows(), bu, 1.0).normwise < 1e-2);
   }
 }
 

@@ -50,12 +50,6 @@ double max_err(const stats& s, const std::vector<std::vector<double>>& rows, con
   return e;
 }
 
-std::vector<std::vector<double>> rows_of(const logits_data::batch& b) {
-  std::vector<std::vector<double>> r;
-  for (std::size_t i = 0; i < b.rows; ++i) r.push_back(b.row(i));
-  return r;
-}
-
 }  // namespace
 
 TEST_CASE("logits_forward float32 matches the float64 oracle (random, -inf, extreme scales and shifts)") {
@@ -67,7 +61,7 @@ TEST_CASE("logits_forward float32 matches the float64 oracle (random, -inf, extr
       for (double shift : {0.0, -30.0, 1e4})
         for (double tau : {1.0, 0.6, 1.7}) {
           const auto b = logits_data::make(rng, 5, v, scale, shift, v == 1 ? 0.0 : 0.15);
-          const double e = max_err(run(b.x, b.rows, b.cols, b.labels, {.temperature = tau}), rows_of(b), b.labels, tau);
+          const double e = max_err(run(b.x, b.rows, b.cols, b.labels, {.temperature = tau}), b.all_rows(), b.labels, tau);
           INFO("V=" << v << " scale=" << scale << " shift=" << shift << " tau=" << tau << " err=" << e);
           CHECK(e < 1e-6);
           worst = std::max(worst, e);
@@ -79,7 +73,7 @@ TEST_CASE("logits_forward on a Qwen-sized row (V = 151936)") {
   std::mt19937_64 rng(seed + 1);
   for (double scale : {1.0, 5.0}) {
     const auto b = logits_data::make(rng, 2, 151936, scale, 3.0, 0.05);
-    const double e = max_err(run(b.x, b.rows, b.cols, b.labels), rows_of(b), b.labels, 1.0);
+    const double e = max_err(run(b.x, b.rows, b.cols, b.labels), b.all_rows(), b.labels, 1.0);
     INFO("scale " << scale << " err " << e);
     CHECK(e < 1e-6);
   }
@@ -107,7 +101,7 @@ TEST_CASE("logits_forward bf16 storage") {
     // Unit-scale logits: bf16 rounds a logit x by up to |x| 2^-9, so the bound below needs |x| ~ 1.
     const auto b = logits_data::make(rng, 4, v, 1.0, 0.0, 0.1);
     std::vector<bf16> xb(b.x.size());
-    std::vector<std::vector<double>> exact_rows(b.rows), float_rows = rows_of(b);
+    std::vector<std::vector<double>> exact_rows(b.rows), float_rows = b.all_rows();
     for (std::size_t i = 0; i < b.x.size(); ++i) {
       xb[i] = bf16::from_float(b.x[i]);
       exact_rows[i / v].push_back(static_cast<double>(xb[i].to_float()));

@@ -35,24 +35,8 @@ int failures = 0;
     }                                                                                          \
   } while (0)
 
-template <class T>
-T to_t(float v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __half>)
-    return __float2half_rn(v);
-  else
-    return __float2bfloat16_rn(v);
-}
-template <class T>
-float to_f(T v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __half>)
-    return __half2float(v);
-  else
-    return __bfloat162float(v);
-}
+using ulorl::cuda::detail::from_float;
+using ulorl::cuda::detail::to_float;
 template <class T>
 const char* name() {
   if constexpr (std::is_same_v<T, float>)
@@ -127,7 +111,7 @@ struct case_t {
 template <class T>
 void compare(const case_t& c, std::mt19937_64& rng) {
   const std::int64_t stride = c.cols + c.pad;
-  std::vector<T> h(static_cast<std::size_t>(c.rows * stride), to_t<T>(0.f));
+  std::vector<T> h(static_cast<std::size_t>(c.rows * stride), from_float<T>(0.f));
   std::vector<float> hf(static_cast<std::size_t>(c.rows * c.cols));
   std::normal_distribution<float> nd(0.f, 3.f);
   std::uniform_real_distribution<float> u;
@@ -136,9 +120,9 @@ void compare(const case_t& c, std::mt19937_64& rng) {
     labels[r] = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(c.cols));
     for (std::int64_t j = 0; j < c.cols; ++j) {
       float v = (u(rng) < 0.1f && j != labels[r]) ? -INFINITY : nd(rng) + 20.f;
-      const T t = to_t<T>(v);
+      const T t = from_float<T>(v);
       h[r * stride + j] = t;
-      hf[r * c.cols + j] = to_f(t);  // the CPU reference sees exactly the stored values
+      hf[r * c.cols + j] = to_float(t);  // the CPU reference sees exactly the stored values
     }
   }
   std::vector<double> glp(c.rows), gent(c.rows);
@@ -185,7 +169,7 @@ void compare(const case_t& c, std::mt19937_64& rng) {
     double gmax = 0, emax = 0;
     for (std::size_t j = 0; j < v; ++j) {
       gmax = std::max(gmax, std::fabs(static_cast<double>(gref[r * v + j])));
-      emax = std::max(emax, std::fabs(static_cast<double>(to_f(g_out[r * stride + j])) - gref[r * v + j]));
+      emax = std::max(emax, std::fabs(static_cast<double>(to_float(g_out[r * stride + j])) - gref[r * v + j]));
     }
     e_grad = std::max(e_grad, emax / std::max(gmax, 1e-30));
   }
@@ -204,14 +188,14 @@ void compare(const case_t& c, std::mt19937_64& rng) {
   CUDA_OK(cudaMemcpy(g_in.data(), dx.p, h.size() * sizeof(T), cudaMemcpyDeviceToHost));
   bool same = true;
   for (std::int64_t r = 0; r < c.rows; ++r)
-    for (std::int64_t j = 0; j < c.cols; ++j) same = same && to_f(g_in[r * stride + j]) == to_f(g_out[r * stride + j]);
+    for (std::int64_t j = 0; j < c.cols; ++j) same = same && to_float(g_in[r * stride + j]) == to_float(g_out[r * stride + j]);
   EXPECT(same);
 }
 
 template <class T>
 void bad_label() {
   const std::int64_t rows = 3, cols = 100;
-  std::vector<T> h(rows * cols, to_t<T>(1.f));
+  std::vector<T> h(rows * cols, from_float<T>(1.f));
   std::vector<std::int64_t> labels{5, 100, -1};
   dev<T> dx(h.size());
   dev<std::int64_t> dy(3);

@@ -78,6 +78,11 @@ struct batch {
     return std::vector<double>(x.begin() + static_cast<std::ptrdiff_t>(r * cols),
                                x.begin() + static_cast<std::ptrdiff_t>((r + 1) * cols));
   }
+  std::vector<std::vector<double>> all_rows() const {
+    std::vector<std::vector<double>> out;
+    for (std::size_t r = 0; r < rows; ++r) out.push_back(row(r));
+    return out;
+  }
 };
 
 inline batch make(std::mt19937_64& rng, std::size_t rows, std::size_t cols, double scale, double shift,

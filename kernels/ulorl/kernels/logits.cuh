@@ -69,8 +69,9 @@ template <class T>
 inline constexpr bool is_logit_v =
     std::is_same_v<T, float> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
+//! Storage <-> float conversions (host and device: the tests convert with the same functions).
 template <class T>
-__device__ __forceinline__ float to_float(T v) {
+__host__ __device__ __forceinline__ float to_float(T v) {
   if constexpr (std::is_same_v<T, float>)
     return v;
   else if constexpr (std::is_same_v<T, __half>)
@@ -79,7 +80,7 @@ __device__ __forceinline__ float to_float(T v) {
     return __bfloat162float(v);
 }
 template <class T>
-__device__ __forceinline__ T from_float(float v) {
+__host__ __device__ __forceinline__ T from_float(float v) {
   if constexpr (std::is_same_v<T, float>)
     return v;
   else if constexpr (std::is_same_v<T, __half>)
