@@ -4,12 +4,16 @@
 //                                 op, libm exp, intermediates in memory: what eager frameworks do)
 //   BM_stream_same_bytes          a plain streaming pass over the same bytes (read logp, old, ref,
 //                                 adv, mask; write grad): the memory-bandwidth ceiling
+//   *_threads variants                the unchecked loss with ulorl::thread_executor and the streaming
+//                                 pass split the same way (ULORL_BENCH_THREADS, default every core)
 // all in the same run. Bytes per token: 4 float inputs + 1-byte mask + 1 float output = 21 (float).
 // After the runs a summary on stderr prints fused/multipass and fused/stream ratios per size
 // (stdout stays valid JSON with --benchmark_format=json).
 #include <benchmark/benchmark.h>
 
 #include <ulorl/loss/policy_loss.hpp>
+
+#include "bench_common.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +22,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -62,8 +67,15 @@ ulorl::policy_loss_config config(double tokens) {
   return c;
 }
 
+//! The thread count of the *_threads benchmarks: ULORL_BENCH_THREADS, else every core.
+unsigned bench_threads() {
+  const auto t = static_cast<unsigned>(bench::env_size("ULORL_BENCH_THREADS", 0));
+  return t != 0 ? t : std::max(1u, std::thread::hardware_concurrency());
+}
+
 //! Check = false: policy_loss_config::check_values off (trusted inputs: no value scans).
-template <class T, bool Check = true>
+//! Threaded: rows spread over bench_threads() threads by ulorl::thread_executor.
+template <class T, bool Check = true, bool Threaded = false>
 void BM_policy_loss(benchmark::State& st) {
   auto& d = cached<T>(static_cast<std::size_t>(st.range(0)));
   const bool packed = st.range(1) != 0;
@@ -81,11 +93,15 @@ void BM_policy_loss(benchmark::State& st) {
   for (auto m : d.mask) tokens += m;
   auto cfg = config(tokens);
   cfg.check_values = Check;
+  const ulorl::thread_executor exec{bench_threads()};
   for (auto _ : st) {
-    const auto r = ulorl::policy_loss(in, cfg, grad);
+    ulorl::policy_loss_result r;
+    if constexpr (Threaded) r = ulorl::policy_loss(in, cfg, grad, {}, exec);
+    else r = ulorl::policy_loss(in, cfg, grad);
     benchmark::DoNotOptimize(r.loss);
     benchmark::ClobberMemory();
   }
+  if constexpr (Threaded) st.counters["threads"] = exec.threads;
   st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations()) * st.range(0));
   st.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(st.iterations()) * st.range(0) * d.bytes_per_token()));
 }
@@ -128,20 +144,27 @@ void BM_ref_policy_loss_multipass(benchmark::State& st) {
 }
 
 //! Streaming pass over the same bytes: read the four inputs and the mask, write one output.
+//! Threaded: the same rows split over the same threads by the same executor as the threaded loss.
 template <class T>
+void stream_rows(data<T>& d, std::size_t lo, std::size_t hi) {
+  const T* ULORL_RESTRICT a = d.lp.data();
+  const T* ULORL_RESTRICT b = d.old.data();
+  const T* ULORL_RESTRICT c = d.ref.data();
+  const T* ULORL_RESTRICT e = d.adv.data();
+  const std::uint8_t* ULORL_RESTRICT m = d.mask.data();
+  T* ULORL_RESTRICT g = d.grad.data();
+  for (std::size_t i = lo * row_len; i < hi * row_len; ++i) g[i] = (a[i] + b[i] + c[i] + e[i]) * static_cast<T>(m[i]);
+}
+template <class T, bool Threaded = false>
 void BM_stream_same_bytes(benchmark::State& st) {
   auto& d = cached<T>(static_cast<std::size_t>(st.range(0)));
-  const std::size_t n = d.N;
+  const ulorl::thread_executor exec{bench_threads()};
   for (auto _ : st) {
-    const T* ULORL_RESTRICT a = d.lp.data();
-    const T* ULORL_RESTRICT b = d.old.data();
-    const T* ULORL_RESTRICT c = d.ref.data();
-    const T* ULORL_RESTRICT e = d.adv.data();
-    const std::uint8_t* ULORL_RESTRICT m = d.mask.data();
-    T* ULORL_RESTRICT g = d.grad.data();
-    for (std::size_t i = 0; i < n; ++i) g[i] = (a[i] + b[i] + c[i] + e[i]) * static_cast<T>(m[i]);
+    if constexpr (Threaded) exec(d.B, [&d](std::size_t lo, std::size_t hi) { stream_rows(d, lo, hi); });
+    else stream_rows(d, 0, d.B);
     benchmark::ClobberMemory();
   }
+  if constexpr (Threaded) st.counters["threads"] = exec.threads;
   st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations()) * st.range(0));
   st.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(st.iterations()) * st.range(0) * d.bytes_per_token()));
 }
@@ -158,6 +181,8 @@ BENCHMARK(BM_policy_loss<float>)->Apply(sizes_packed)->Unit(benchmark::kMillisec
 BENCHMARK(BM_policy_loss<float, false>)->Apply(sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ref_policy_loss_multipass<float>)->Apply(sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_stream_same_bytes<float>)->Apply(sizes)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_policy_loss<float, false, true>)->Apply(sizes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_stream_same_bytes<float, true>)->Apply(sizes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_policy_loss<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ref_policy_loss_multipass<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_stream_same_bytes<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
@@ -171,8 +196,10 @@ class summary_reporter : public benchmark::BenchmarkReporter {
     for (const auto& r : runs) {
       const auto it = r.counters.find("items_per_second");
       // With --benchmark_repetitions, the best repetition (this VM's throughput is bimodal).
+      std::string name = r.benchmark_name();
+      if (const auto p = name.find("/real_time"); p != std::string::npos) name.erase(p);  // the threaded runs
       if (it != r.counters.end() && r.run_type == Run::RT_Iteration)
-        rate_[r.benchmark_name()] = std::max(rate_[r.benchmark_name()], static_cast<double>(it->second.value));
+        rate_[name] = std::max(rate_[name], static_cast<double>(it->second.value));
     }
     inner_->ReportRuns(runs);
   }
@@ -192,6 +219,15 @@ class summary_reporter : public benchmark::BenchmarkReporter {
         if (trusted > 0)
           std::fprintf(stderr, "  %-6s %9ld tokens: check_values=false %.1f M tok/s | vs multipass %.2fx | vs streaming same bytes %.0f%%\n",
                        ty, n, trusted / 1e6, naive > 0 ? trusted / naive : 0.0, stream > 0 ? 100.0 * trusted / stream : 0.0);
+        const std::string tsfx = "<" + std::string(ty) + ", true>/" + std::to_string(n) + "/0";
+        const double threaded = rate_["BM_policy_loss<" + std::string(ty) + ", false, true>/" + std::to_string(n) + "/0"];
+        const double tstream = rate_["BM_stream_same_bytes" + tsfx];
+        if (threaded > 0)
+          std::fprintf(stderr,
+                       "  %-6s %9ld tokens: check_values=false on %u threads %.1f M tok/s | vs streaming same bytes on %u threads %.0f%% "
+                       "| vs one-thread streaming %.0f%%\n",
+                       ty, n, bench_threads(), threaded / 1e6, bench_threads(), tstream > 0 ? 100.0 * threaded / tstream : 0.0,
+                       stream > 0 ? 100.0 * threaded / stream : 0.0);
       }
   }
 

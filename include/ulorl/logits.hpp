@@ -10,5 +10,5 @@
 #include "ulorl/logits/fused_loss.hpp"
 #include "ulorl/logits/linear_head.hpp"
 #include "ulorl/logits/online_softmax.hpp"
-#include "ulorl/logits/parallel.hpp"
+#include "ulorl/core/parallel.hpp"
 #include "ulorl/logits/simd.hpp"

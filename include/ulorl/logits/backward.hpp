@@ -22,7 +22,7 @@
 #include "ulorl/logits/bf16.hpp"
 #include "ulorl/logits/forward.hpp"
 #include "ulorl/logits/online_softmax.hpp"
-#include "ulorl/logits/parallel.hpp"
+#include "ulorl/core/parallel.hpp"
 #include "ulorl/logits/simd.hpp"
 
 ULORL_NAMESPACE_BEGIN

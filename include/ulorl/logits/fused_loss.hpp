@@ -23,7 +23,7 @@
 #include "ulorl/core/views.hpp"
 #include "ulorl/logits/backward.hpp"
 #include "ulorl/logits/forward.hpp"
-#include "ulorl/logits/parallel.hpp"
+#include "ulorl/core/parallel.hpp"
 #include "ulorl/loss/policy_loss.hpp"
 
 ULORL_NAMESPACE_BEGIN

@@ -41,7 +41,7 @@
 #include "ulorl/logits/backward.hpp"
 #include "ulorl/logits/forward.hpp"
 #include "ulorl/logits/fused_loss.hpp"
-#include "ulorl/logits/parallel.hpp"
+#include "ulorl/core/parallel.hpp"
 #include "ulorl/logits/simd.hpp"
 #include "ulorl/loss/policy_loss.hpp"
 

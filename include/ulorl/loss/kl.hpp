@@ -67,7 +67,7 @@ template <kl_estimator E, class T>
 [[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr kl_value<T> kl_term_t(T logp, T ref, const kl_params<T>& p) noexcept {
   const T u0 = ref - logp;
   const T u = clamp(u0, -p.input_clamp, p.input_clamp);
-  const bool pass_in = passes(u0, -p.input_clamp, p.input_clamp);
+  const bool pass_in = u == u0;  // passes(u0, -c, c), NaN included
   T v, dv;  // dv: d value / d logp before the clamps
   if constexpr (E == kl_estimator::k1) {
     v = -u, dv = T(1);
@@ -79,8 +79,8 @@ template <kl_estimator E, class T>
     const T e = exp_minus_one_minus_x(u);  // exp(u) - 1 - u, accurate near 0
     v = e, dv = -(e + u);
   }
-  const bool pass_out = passes(v, -p.output_clamp, p.output_clamp);
   const T value = clamp(v, -p.output_clamp, p.output_clamp);
+  const bool pass_out = value == v;
   // straight_through ? d : g, written as arithmetic (both finite) so that a loop-invariant flag
   // does not become control flow inside vectorised loops.
   const T st = p.straight_through ? T(1) : T(0);

@@ -133,8 +133,27 @@ ULORL_HD ULORL_LOSS_INLINE constexpr void select_max(T a, T da, T b, T db, T& v,
 //! The clipped surrogate (ppo_clip, gspo) given the ratio r and its derivative dr:
 //!   L1 = -A min(r, delta), L2 = -A clamp(r, lo, hi), C1 = max(L1, L2), and for A < 0 with dual
 //!   clip C2 = min(C1, -A c). Returns the loss and d loss = dL/dr * dr.
+//!
+//! Without delta and dual clip (the common case: DAPO, ProRL, GRPO) the same values come from
+//! `clipped_surrogate_plain`, which the vectorised kernels use: there L1 == L2 implies
+//! dL1 == dL2 (either A = 0 or r is inside [lo, hi]), so the tie rule needs no half step.
+template <class T>
+[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr objective_value<T> clipped_surrogate_plain(T r, T dr, T adv,
+                                                                                    const objective_params<T>& p) noexcept {
+  const T rc = clamp(r, p.lo, p.hi);
+  const T drc = rc == r ? dr : T(0);  // == passes(r, lo, hi), NaN included
+  const T l1 = -adv * r, l2 = -adv * rc;
+  const T d1 = -adv * dr, d2 = -adv * drc;
+  const bool clipped = l2 > l1;
+  const unsigned flags = (clipped ? flag_clipped : 0u) | (((r < p.lo) & (adv < T(0))) ? flag_clipped_low : 0u) |
+                         (((r > p.hi) & (adv > T(0))) ? flag_clipped_high : 0u);
+  return {l1 > l2 ? l1 : l2, clipped ? d2 : d1, flags};
+}
+
 template <class T>
 [[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr objective_value<T> clipped_surrogate(T r, T dr, T adv, const objective_params<T>& p) noexcept {
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  if (p.delta == inf && p.dual_c == inf) return clipped_surrogate_plain(r, dr, adv, p);
   // Two-sided delta clip: one-sided clamp from above, half gradient at the tie.
   const T r1 = r > p.delta ? p.delta : r;
   const T half_dr = T(0.5) * dr;

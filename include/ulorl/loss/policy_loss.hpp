@@ -21,10 +21,12 @@
 #include <limits>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/numerics.hpp"
+#include "ulorl/core/parallel.hpp"
 #include "ulorl/core/ragged.hpp"
 #include "ulorl/loss/aggregation.hpp"
 #include "ulorl/loss/entropy.hpp"
@@ -102,8 +104,9 @@ struct policy_loss_config {
   //! a mask value other than 0/1 throws ulorl::error naming the argument and index, and no output
   //! is written. false: for inputs the caller trusts, those scans (one extra read of every input)
   //! are skipped; shapes, layouts and the configuration are still checked. A NaN/Inf then flows
-  //! into the loss and gradient as in an eager framework, and any non-zero mask value counts as a
-  //! valid token.
+  //! into the loss (and into the gradient as far as torch's clamp rule lets it: a NaN argument is
+  //! outside every clamp, so clamped terms pass no gradient), and any non-zero mask value counts as
+  //! a valid token.
   bool check_values = true;
 };
 
@@ -229,7 +232,7 @@ ULORL_ALWAYS_INLINE void fold_token(row_sums& s, bool valid, const token_loss<T>
   s.dual += v * static_cast<double>((r.flags & flag_dual_clipped) != 0);
   s.nlr += valid ? static_cast<double>(old_logp) - static_cast<double>(logp) : 0.0;
   s.nlrc += valid ? -static_cast<double>(r.log_ratio_clamped) : 0.0;
-  s.k3 += valid ? static_cast<double>(exp_minus_one_minus_x(r.log_ratio_clamped, r.ratio)) : 0.0;
+  s.k3 += valid ? static_cast<double>(exp_minus_one_minus_x(r.log_ratio_clamped)) : 0.0;
   s.ratio += valid ? static_cast<double>(r.ratio) : 0.0;
   const double rr = static_cast<double>(r.ratio);
   s.rmin = valid && rr < s.rmin ? rr : s.rmin;
@@ -284,7 +287,12 @@ struct lanes {
     std::memcpy(&m, p, sizeof m);
     return __builtin_convertvector(m != E(0), IV);
   }
-  static ULORL_LOSS_INLINE V clamp(V x, V lo, V hi) noexcept { return x < lo ? lo : (x > hi ? hi : x); }
+  //! clamp(x, lo, hi) for lo <= hi (NaN stays NaN), written as min then max so that it compiles to
+  //! the two instructions (minps/maxps have exactly these select semantics).
+  static ULORL_LOSS_INLINE V clamp(V x, V lo, V hi) noexcept {
+    const V t = x > hi ? hi : x;
+    return t < lo ? lo : t;
+  }
   static ULORL_LOSS_INLINE IV passes(V x, V lo, V hi) noexcept { return (lo <= x) & (x <= hi); }
   //! a += x (lane-wise, in double); x = 0.
   static ULORL_LOSS_INLINE void flush(DV& a, V& x) noexcept {
@@ -292,24 +300,32 @@ struct lanes {
     x = V{};
   }
 
-  //! loss_exp, lane-wise (the same operations).
-  static ULORL_LOSS_INLINE V exp(V x) noexcept {
+  //! loss_exp(x, em1), lane-wise (the same operations), for x already clamped to exp's range.
+  static ULORL_LOSS_INLINE V exp_in_range(V x, V& em1) noexcept {
     using C = exp_constants<T>;
-    x = x < splat(C::lo) ? splat(C::lo) : (x > splat(C::hi) ? splat(C::hi) : x);
-    V t;
-    const V p = exp_poly<V, T>(x, t);
+    V t, r, s;
+    exp_poly<V, T>(x, t, r, s);
     constexpr int mant = std::is_same_v<T, float> ? 23 : 52;
     constexpr I bias = std::is_same_v<T, float> ? 127 : 1023;
     const IV ni = std::bit_cast<IV>(t) - std::bit_cast<I>(C::round_magic);
-    return p * std::bit_cast<V>((ni + bias) << mant);
+    const V scale = std::bit_cast<V>((ni + bias) << mant);
+    const V e = (r + s) * scale + scale;
+    em1 = t == C::round_magic ? s : (e - T(1)) - x;
+    return e;
   }
-  //! exp_minus_one_minus_x(u, eu), lane-wise: the scalar series of ratio.hpp on vectors.
-  static ULORL_LOSS_INLINE V em1mx(V u, V eu) noexcept { return exp_minus_one_minus_x<V, T>(u, eu); }
+  static ULORL_LOSS_INLINE V exp(V x) noexcept {
+    using C = exp_constants<T>;
+    V em1;
+    return exp_in_range(clamp(x, splat(C::lo), splat(C::hi)), em1);
+  }
+  //! Bounds of clamp(clamp(x, -b, b), exp's range) as one clamp (b >= 0; b = inf: exp's range).
+  static ULORL_LOSS_INLINE T exp_lo(T b) noexcept { return -b > exp_constants<T>::lo ? -b : exp_constants<T>::lo; }
+  static ULORL_LOSS_INLINE T exp_hi(T b) noexcept { return b < exp_constants<T>::hi ? b : exp_constants<T>::hi; }
 };
 
 //! The vectorised row kernel for one (objective, KL estimator, importance weighting, weights,
-//! entropy) combination: unit-stride rows only.
-template <objective_kind K, bool HasKL, kl_estimator E, bool IW, bool HasW, bool HasEnt, class T, std::size_t Bytes>
+//! entropy) combination: unit-stride rows only. `Plain`: ppo_clip without delta and dual clip.
+template <objective_kind K, bool Plain, bool HasKL, kl_estimator E, bool IW, bool HasW, bool HasEnt, class T, std::size_t Bytes>
 struct row_kernel {
   using L = lanes<T, Bytes>;
   using V = typename L::V;
@@ -319,7 +335,7 @@ struct row_kernel {
 
   //! Sums are kept per lane in T for at most `block` vectors, then added to per-lane doubles (a
   //! float->double conversion of every term would double the loop's work and its registers).
-  static constexpr std::size_t block = sizeof(T) == 4 ? 8 : 1u << 30;
+  static constexpr std::size_t block = sizeof(T) == 4 ? 32 : 1u << 30;
   struct accumulators {
     DV pg{}, kl{}, en{}, nlr{}, nlrc{}, k3{}, ratio{};
     V s_pg{}, s_kl{}, s_en{}, s_nlr{}, s_nlrc{}, s_k3{}, s_ratio{};
@@ -334,12 +350,15 @@ struct row_kernel {
     const auto& op = p.objective;
     const V lp = L::load(lpp), old = L::load(oldp), adv = L::load(advp);
     const V zero{};
-    // clamped_ratio
+    // clamped_ratio; passes(x, -B, B) is clamp(x, -B, B) == x (NaN included)
     const V x = lp - old;
     const V bound = L::splat(op.bound);
     const V xc = L::clamp(x, -bound, bound);
-    const V r = L::exp(xc);
-    const V dr = L::passes(x, -bound, bound) ? r : zero;
+    V k3v;  // k3 of KL(old || new) over tokens drawn from old: (r - 1) - log r
+    // loss_exp(xc) clamps xc to exp's range: one clamp of x to both ranges is the same, and off
+    // the critical path of xc.
+    const V r = L::exp_in_range(L::clamp(x, L::splat(L::exp_lo(op.bound)), L::splat(L::exp_hi(op.bound))), k3v);
+    const V dr = x == xc ? r : zero;
     // objective
     V ol, od;
     IV f_clip{}, f_low{}, f_high{}, f_dual{};
@@ -354,6 +373,15 @@ struct row_kernel {
       ol = -s * (T(4) / tau) * adv, od = -T(4) * adv * s * (T(1) - s) * dr;
     } else if constexpr (K == objective_kind::policy_gradient) {
       ol = -adv * lp, od = -adv;
+    } else if constexpr (Plain) {  // clipped_surrogate_plain
+      const V rc = L::clamp(r, lo, hi);
+      const V drc = L::passes(r, lo, hi) ? dr : zero;  // == (rc == r), one step shorter
+      const V l1 = -adv * r, l2 = -adv * rc;
+      const V d1 = -adv * dr, d2 = -adv * drc;
+      f_clip = l2 > l1;
+      ol = l1 > l2 ? l1 : l2;
+      od = f_clip ? d2 : d1;
+      f_low = (r < lo) & (adv < T(0)), f_high = (r > hi) & (adv > T(0));
     } else {
       const V delta = L::splat(op.delta);
       const V r1 = r > delta ? delta : r;
@@ -385,7 +413,6 @@ struct row_kernel {
       const V u0 = ref - lp;
       const V ic = L::splat(p.kl.input_clamp), oc = L::splat(p.kl.output_clamp);
       const V u = L::clamp(u0, -ic, ic);
-      const IV pass_in = L::passes(u0, -ic, ic);
       V v, dv;
       if constexpr (E == kl_estimator::k1) {
         v = -u, dv = L::splat(T(1));
@@ -394,14 +421,15 @@ struct row_kernel {
       } else if constexpr (E == kl_estimator::k2) {
         v = T(0.5) * u * u, dv = -u;
       } else {
-        const V e = L::em1mx(u, L::exp(u));
+        V e;
+        (void)L::exp_in_range(L::clamp(u0, L::splat(L::exp_lo(p.kl.input_clamp)), L::splat(L::exp_hi(p.kl.input_clamp))), e);
         v = e, dv = -(e + u);
       }
-      const IV pass_out = L::passes(v, -oc, oc);
       const V value = L::clamp(v, -oc, oc);
-      const T st = p.kl.straight_through ? T(1) : T(0);
-      const V g = (pass_in & pass_out) ? dv : zero;
-      const V grad = (lp - ref) * st + g * (T(1) - st);
+      const IV pass = (u0 == u) & (v == value);  // passes() of the input and output clamps
+      const V g = pass ? dv : zero;
+      const IV st = p.kl.straight_through ? ~IV{} : IV{};  // loop-invariant: a select, not a branch
+      const V grad = st ? lp - ref : g;
       if constexpr (IW) {
         kl = value * r;
         dlogp += p.kl_coef * (grad * r + value * dr);
@@ -411,18 +439,19 @@ struct row_kernel {
       }
     }
     L::store(gp, valid ? w * dlogp : zero);
-    const V k3v = L::em1mx(xc, r);  // k3 of KL(old || new) over tokens drawn from old: (r - 1) - log r
     a.s_pg += valid ? pg : zero;
     if constexpr (HasKL) a.s_kl += valid ? kl : zero;
     if constexpr (HasEnt) a.s_en += valid ? L::load(ep) : zero;
-    a.s_nlr += valid ? old - lp : zero;
-    a.s_nlrc += valid ? -xc : zero;
+    a.s_nlr -= valid ? x : zero;  // old - lp == -(lp - old) exactly
+    a.s_nlrc -= valid ? xc : zero;
     a.s_k3 += valid ? k3v : zero;
     a.s_ratio += valid ? r : zero;
     a.cnt -= valid;
-    a.clip -= valid & f_clip, a.low -= valid & f_low, a.high -= valid & f_high, a.dual -= valid & f_dual;
-    a.rmin = (valid & (r < a.rmin)) ? r : a.rmin;
-    a.rmax = (valid & (r > a.rmax)) ? r : a.rmax;
+    a.clip -= valid & f_clip, a.low -= valid & f_low, a.high -= valid & f_high;
+    if constexpr (!Plain) a.dual -= valid & f_dual;
+    const V rlo = valid ? r : L::splat(inf), rhi = valid ? r : L::splat(-inf);
+    a.rmin = rlo < a.rmin ? rlo : a.rmin;  // minps: a NaN ratio leaves the minimum as it is
+    a.rmax = rhi > a.rmax ? rhi : a.rmax;
   }
 
   //! One row of n tokens; returns its valid-token count. The tail runs on padded local copies
@@ -542,22 +571,54 @@ void token_row_strided(std::size_t n, vector_view<const T> lp, vector_view<const
   }
 }
 
-template <objective_kind K, bool HasKL, kl_estimator E, bool IW, class T, class M>
+//! One row's sums, aggregation weight and valid-token count, before the fold into the result.
+struct row_out {
+  row_sums s;
+  double w = 0;
+  std::size_t tokens = 0;
+};
+
+//! Runs `one_row(b, out)` for every row and folds the rows into `res` in row order, so that the
+//! result is the same bits for every executor and thread count. The sequential executor folds as
+//! it goes (no allocation); any other collects the rows' sums first.
+template <class T, class Exec, class OneRow>
+void run_rows(std::size_t rows, const token_loss_params<T>& p, const Exec& exec, OneRow&& one_row, policy_loss_result& res) {
+  const double kc = static_cast<double>(p.kl_coef), ec = static_cast<double>(p.entropy_coef);
+  if constexpr (std::is_same_v<Exec, sequential_executor>) {
+    (void)exec;
+    for (std::size_t b = 0; b < rows; ++b) {
+      row_out o;
+      one_row(b, o);
+      fold_row(res, o.s, o.w, kc, ec, static_cast<double>(o.tokens));
+    }
+  } else {
+    std::vector<row_out> outs(rows);
+    exec(rows, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t b = lo; b < hi; ++b) one_row(b, outs[b]);
+    });
+    for (const auto& o : outs) fold_row(res, o.s, o.w, kc, ec, static_cast<double>(o.tokens));
+  }
+}
+
+template <objective_kind K, bool HasKL, kl_estimator E, bool IW, class T, class M, class Exec>
 void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, const token_loss_params<T>& p,
-                token_view<T> grad, token_view<T> gent, policy_loss_result& res) {
+                token_view<T> grad, token_view<T> gent, policy_loss_result& res, const Exec& exec) {
   const bool has_w = !in.weights.empty(), has_ent = p.entropy_coef != T(0);
   // Unit-stride rows (the common case) take the vectorised kernel; any other strides the view loop.
   auto unit = [](const auto& v) { return v.rows() == 0 || v.row(0).stride() == 1; };
   const bool contiguous = unit(in.log_prob) && unit(in.old_log_prob) && unit(in.advantages) && unit(in.mask) &&
                           (!HasKL || unit(in.ref_log_prob)) && (!has_w || unit(in.weights)) &&
                           (!has_ent || unit(in.entropy)) && unit(grad);
+  // ppo_clip without delta and dual clip: clipped_surrogate's plain form (the same values).
+  const bool plain = p.objective.delta == std::numeric_limits<T>::infinity() && p.objective.dual_c == std::numeric_limits<T>::infinity();
+  (void)plain;
   // Only seq_mean_token_mean's row weight depends on the row's token count.
   const bool per_row_weight = norm.mode == agg_mode::seq_mean_token_mean;
-  for (std::size_t b = 0; b < in.log_prob.rows(); ++b) {
+  auto one_row = [&](std::size_t b, row_out& o) {
     const std::size_t n = in.log_prob.row_size(b);
-    row_sums s;
-    std::size_t nb = 0;
-    double wd = 0;
+    row_sums& s = o.s;
+    std::size_t& nb = o.tokens;
+    double& wd = o.w;
 #if defined(ULORL_LOSS_SIMD)
     if (contiguous) {
       const M* mk = in.mask.row(b).data();
@@ -571,12 +632,19 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
       const T* ent = has_ent ? in.entropy.row(b).data() : nullptr;
       T* g = grad.row(b).data();
       // The optional inputs are compile-time, so that the kernel has no loop-invariant branches.
-      auto run = [&](auto hw, auto he) {
-        using kernel = loss_simd::row_kernel<K, HasKL, E, IW, decltype(hw)::value, decltype(he)::value, T, ULORL_LOSS_VEC_BYTES>;
+      auto run = [&](auto plain_tag, auto hw, auto he) {
+        using kernel = loss_simd::row_kernel<K, decltype(plain_tag)::value, HasKL, E, IW, decltype(hw)::value, decltype(he)::value, T,
+                                             ULORL_LOSS_VEC_BYTES>;
         nb = kernel::row(n, lp, old, adv, mk, ref, wts, ent, g, w, p, s);
       };
-      if (has_w) has_ent ? run(std::true_type{}, std::true_type{}) : run(std::true_type{}, std::false_type{});
-      else has_ent ? run(std::false_type{}, std::true_type{}) : run(std::false_type{}, std::false_type{});
+      auto with_plain = [&](auto hw, auto he) {
+        if constexpr (K == objective_kind::ppo_clip) {
+          if (plain) return run(std::true_type{}, hw, he);
+        }
+        run(std::false_type{}, hw, he);
+      };
+      if (has_w) has_ent ? with_plain(std::true_type{}, std::true_type{}) : with_plain(std::true_type{}, std::false_type{});
+      else has_ent ? with_plain(std::false_type{}, std::true_type{}) : with_plain(std::false_type{}, std::false_type{});
     } else
 #endif
     {
@@ -595,21 +663,21 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
       const T gv = static_cast<T>(-wd * static_cast<double>(p.entropy_coef));
       for (std::size_t t = 0; t < n; ++t) ge[t] = mk[t] != M(0) ? gv : T(0);
     }
-    fold_row(res, s, wd, static_cast<double>(p.kl_coef), static_cast<double>(p.entropy_coef), static_cast<double>(nb));
-  }
+  };
+  run_rows(in.log_prob.rows(), p, exec, one_row, res);
 }
 
-template <objective_kind K, class T, class M>
+template <objective_kind K, class T, class M, class Exec>
 void token_rows_kl(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, const token_loss_params<T>& p,
-                   token_view<T> grad, token_view<T> gent, policy_loss_result& res) {
-  if (p.kl_coef == T(0)) return token_rows<K, false, kl_estimator::k3, false>(in, norm, p, grad, gent, res);
+                   token_view<T> grad, token_view<T> gent, policy_loss_result& res, const Exec& exec) {
+  if (p.kl_coef == T(0)) return token_rows<K, false, kl_estimator::k3, false>(in, norm, p, grad, gent, res, exec);
   auto run = [&](auto iw_tag) {
     constexpr bool IW = decltype(iw_tag)::value;
     switch (p.kl.estimator) {
-      case kl_estimator::k1: return token_rows<K, true, kl_estimator::k1, IW>(in, norm, p, grad, gent, res);
-      case kl_estimator::abs: return token_rows<K, true, kl_estimator::abs, IW>(in, norm, p, grad, gent, res);
-      case kl_estimator::k2: return token_rows<K, true, kl_estimator::k2, IW>(in, norm, p, grad, gent, res);
-      default: return token_rows<K, true, kl_estimator::k3, IW>(in, norm, p, grad, gent, res);
+      case kl_estimator::k1: return token_rows<K, true, kl_estimator::k1, IW>(in, norm, p, grad, gent, res, exec);
+      case kl_estimator::abs: return token_rows<K, true, kl_estimator::abs, IW>(in, norm, p, grad, gent, res, exec);
+      case kl_estimator::k2: return token_rows<K, true, kl_estimator::k2, IW>(in, norm, p, grad, gent, res, exec);
+      default: return token_rows<K, true, kl_estimator::k3, IW>(in, norm, p, grad, gent, res, exec);
     }
   };
   return p.kl.importance_weighted ? run(std::true_type{}) : run(std::false_type{});
@@ -802,9 +870,15 @@ void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& i
 //! when validation fails (`cfg.check_values = false` skips the value scans: see
 //! policy_loss_config). Summing the results of micro-batches that share `cfg.normalizer` gives
 //! the full batch's loss, gradient and (via loss_metrics::merge) metrics.
-template <class T, class M>
+//!
+//! `exec` runs the rows (ulorl/core/parallel.hpp: `thread_executor{k}`, or any pool wrapped as an
+//! executor); the rows' sums are folded in row order afterwards, so the loss, the gradients and the
+//! metrics are the same bits for every executor and thread count. Rows are the unit of work: a
+//! batch of few long rows splits into few pieces. Sequence-level objectives (gspo, gmpo) run on
+//! the calling thread.
+template <class T, class M, class Exec>
 [[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
-                                             token_view<T> grad_log_prob, token_view<T> grad_entropy = {}) {
+                                             token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "policy_loss: T must be float or double");
   constexpr std::string_view fn = "policy_loss";
   validate_policy_loss(fn, in, cfg, grad_log_prob, grad_entropy);
@@ -817,16 +891,27 @@ template <class T, class M>
     // Dispatch objective and KL estimator at compile time: the inner loop has no invariant branches.
     using detail::token_rows_kl;
     switch (kind) {
-      case objective_kind::cispo: token_rows_kl<objective_kind::cispo>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res); break;
-      case objective_kind::sapo: token_rows_kl<objective_kind::sapo>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res); break;
-      case objective_kind::policy_gradient:
-        token_rows_kl<objective_kind::policy_gradient>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res);
+      case objective_kind::cispo:
+        token_rows_kl<objective_kind::cispo>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
         break;
-      default: token_rows_kl<objective_kind::ppo_clip>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res); break;
+      case objective_kind::sapo:
+        token_rows_kl<objective_kind::sapo>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
+        break;
+      case objective_kind::policy_gradient:
+        token_rows_kl<objective_kind::policy_gradient>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
+        break;
+      default: token_rows_kl<objective_kind::ppo_clip>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec); break;
     }
   }
   res.loss = res.pg_loss + res.kl_loss + res.entropy_loss;
   return res;
+}
+
+//! The loss on the calling thread (sequential_executor: allocates nothing).
+template <class T, class M>
+[[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
+                                             token_view<T> grad_log_prob, token_view<T> grad_entropy = {}) {
+  return policy_loss(in, cfg, grad_log_prob, grad_entropy, sequential_executor{});
 }
 
 }  // namespace ULORL_LOSS_ISA

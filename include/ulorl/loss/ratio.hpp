@@ -57,100 +57,78 @@ struct exp_constants<double> {
 }  // namespace detail
 
 namespace detail {
-//! The body of loss_exp shared by the scalar function and the SIMD loss kernel (`V` is T or a
+//! The body of loss_exp shared by the scalar functions and the SIMD loss kernel (`V` is T or a
 //! GCC/Clang vector of T): for an already clamped x, rounds x*log2(e) to n with the magic-number
-//! trick (exact, no libm call; `t` receives the biased n), reduces r = x - n ln2 (|r| <= ln2/2) and
-//! returns the polynomial p ~ exp(r). The caller multiplies by 2^n built from `t`.
+//! trick (exact, no libm call; `t` receives the biased n) and reduces r = x - n ln2 (|r| <= ln2/2).
+//! exp(r) = 1 + (r + s) with s = r^2 q(r), q the Taylor series of (exp(r) - 1 - r) / r^2; the caller
+//! multiplies by 2^n built from `t`. `s` is exp(x) - 1 - x itself whenever n = 0 (|x| < ln2/2: r = x
+//! exactly), so the k3 estimators get that difference without cancellation and without a second
+//! series. Truncation of q relative to 1/2: <= 9e-8 (float, to r^5/7!: about float's ulp at
+//! |r| <= ln2/2), ~7e-17 (double, to r^11/13!).
 template <class V, class T = V>
-ULORL_HD ULORL_LOSS_INLINE constexpr V exp_poly(V x, V& t) noexcept {
+ULORL_HD ULORL_LOSS_INLINE constexpr void exp_poly(V x, V& t, V& r, V& s) noexcept {
   using C = exp_constants<T>;
   t = x * C::log2e + C::round_magic;
   const V n = t - C::round_magic;
-  const V r = (x - n * C::ln2_hi) - n * C::ln2_lo;
-  V p{};
+  r = (x - n * C::ln2_hi) - n * C::ln2_lo;
+  // q by Estrin's scheme (pairs in r, then in r^2 and r^4): a few dependent steps instead of a
+  // Horner chain of 6 (float) / 11 (double) FMAs, which the loss kernel's latency is made of.
+  const V r2 = r * r;
+  V q;
   if constexpr (std::is_same_v<T, float>) {
-    p = p + T(1.0 / 720);
-    p = p * r + T(1.0 / 120);
-    p = p * r + T(1.0 / 24);
-    p = p * r + T(1.0 / 6);
-    p = p * r + T(0.5);
-    p = p * r + T(1);
-    p = p * r + T(1);
+    const V a01 = r * T(1.0 / 6) + T(0.5), a23 = r * T(1.0 / 120) + T(1.0 / 24), a45 = r * T(1.0 / 5040) + T(1.0 / 720);
+    q = r2 * (r2 * a45 + a23) + a01;
   } else {
-    // Taylor to degree 13 on |r| <= 0.347: truncation below 1e-17 relative.
-    p = p + 1.0 / 6227020800.0;
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    const V p0 = r * (1.0 / 6.0) + 0.5, p1 = r * (1.0 / 120.0) + 1.0 / 24.0, p2 = r * (1.0 / 5040.0) + 1.0 / 720.0;
+    const V p3 = r * (1.0 / 362880.0) + 1.0 / 40320.0, p4 = r * (1.0 / 39916800.0) + 1.0 / 3628800.0;
+    const V p5 = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
+    const V r4 = r2 * r2;
+    const V q0 = r2 * p1 + p0, q1 = r2 * p3 + p2, q2 = r2 * p5 + p4;
+    q = r4 * (r4 * q2 + q1) + q0;
   }
-  return p;
+  s = q * r2;
 }
 }  // namespace detail
 
 //! exp(x) for float/double, accurate to a few ulp, branch-free (vectorises), finite for every finite
 //! x: arguments are clamped to [-87, 88.3] (float) / [-708, 709] (double), so an overflowing ratio
 //! saturates at ~2e38 / ~8e307 instead of inf and an underflow returns a tiny normal number.
+//! `em1` receives exp(x) - 1 - x (of the clamped x), accurate near 0 (no cancellation: the series
+//! below ln2/2, the direct difference above, where it is >= 0.06).
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T loss_exp(T x) noexcept {
+[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T loss_exp(T x, T& em1) noexcept {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
   using C = detail::exp_constants<T>;
   x = x < C::lo ? C::lo : (x > C::hi ? C::hi : x);
-  T t;
-  const T p = detail::exp_poly<T>(x, t);
-  // 2^n by building the exponent field directly.
+  T t, r, s;
+  detail::exp_poly<T>(x, t, r, s);
+  // exp(x) = 2^n (1 + (r + s)) = 2^n (r + s) + 2^n, 2^n built in the exponent field directly.
+  T scale;
   if constexpr (std::is_same_v<T, float>) {
     const auto ni = static_cast<std::int32_t>(std::bit_cast<std::int32_t>(t) - std::bit_cast<std::int32_t>(C::round_magic));
-    return p * std::bit_cast<float>(static_cast<std::int32_t>((ni + 127) << 23));
+    scale = std::bit_cast<float>(static_cast<std::int32_t>((ni + 127) << 23));
   } else {
     const auto ni = std::bit_cast<std::int64_t>(t) - std::bit_cast<std::int64_t>(C::round_magic);
-    return p * std::bit_cast<double>(static_cast<std::int64_t>((ni + 1023) << 52));
+    scale = std::bit_cast<double>(static_cast<std::int64_t>((ni + 1023) << 52));
   }
+  const T e = (r + s) * scale + scale;
+  em1 = t == C::round_magic ? s : (e - T(1)) - x;
+  return e;
 }
 
-//! exp(u) - 1 - u without cancellation near 0, given exp(u) (`eu`) already computed. `V` is the
-//! scalar T or a GCC/Clang vector of T (the SIMD loss kernel evaluates the same series lane-wise).
-template <class V, class T = V>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr V exp_minus_one_minus_x(V u, V eu) noexcept {
-  // Series for |u| < 1/4, the direct form elsewhere. Truncation relative to u^2/2: ~1e-17 for
-  // double (to u^13), ~1.2e-8 for float (to u^8, below float's half ulp; fewer terms keep the
-  // vectorised loops short).
-  V s{};  // zero (scalar or every lane)
-  if constexpr (std::is_same_v<T, float>) {
-    s = s + T(1.0 / 40320.0);
-  } else {
-    s = s + T(1.0 / 6227020800.0);
-    s = s * u + T(1.0 / 479001600.0);
-    s = s * u + T(1.0 / 39916800.0);
-    s = s * u + T(1.0 / 3628800.0);
-    s = s * u + T(1.0 / 362880.0);
-    s = s * u + T(1.0 / 40320.0);
-  }
-  s = s * u + T(1.0 / 5040.0);
-  s = s * u + T(1.0 / 720.0);
-  s = s * u + T(1.0 / 120.0);
-  s = s * u + T(1.0 / 24.0);
-  s = s * u + T(1.0 / 6.0);
-  s = s * u + T(0.5);
-  s = s * u * u;
-  const V direct = eu - T(1) - u;
-  const V au = u < T(0) ? -u : u;
-  return au < T(0.25) ? s : direct;
+//! exp(x) (see the two-argument form).
+template <class T>
+[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T loss_exp(T x) noexcept {
+  T em1{};
+  return loss_exp(x, em1);
 }
 
 //! exp(u) - 1 - u without cancellation near 0 (the k3 KL estimator and its derivative need it).
 template <class T>
 [[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T exp_minus_one_minus_x(T u) noexcept {
-  return exp_minus_one_minus_x(u, loss_exp(u));
+  T em1{};
+  (void)loss_exp(u, em1);
+  return em1;
 }
 
 //! Branch-free form of core's clamp_passes_gradient (closed interval): `&` instead of `&&` keeps
