@@ -42,6 +42,51 @@ TEST_CASE("clipped_surrogate: value and derivative match the textbook objective 
     }
 }
 
+TEST_CASE("clipped_surrogate without delta and dual clip (the plain form): torch's conventions at the kinks") {
+  const auto p = ulorl::make_objective_params<double>({.eps_low = 0.25, .eps_high = 0.5});
+  // At the upper bound with A > 0: L1 == L2, clamp passes (closed interval): full gradient -A r.
+  auto o = ulorl::clipped_surrogate(1.5, 1.5, 2.0, p);
+  REQUIRE(o.loss == -3.0);
+  REQUIRE(o.dloss == -3.0);
+  REQUIRE(o.flags == 0u);
+  // At the lower bound with A < 0: the same.
+  o = ulorl::clipped_surrogate(0.75, 0.75, -2.0, p);
+  REQUIRE(o.loss == 1.5);
+  REQUIRE(o.dloss == 1.5);
+  REQUIRE(o.flags == 0u);
+  // Beyond the bound on the clipped side: the bound's loss, zero gradient, flagged.
+  o = ulorl::clipped_surrogate(1.75, 1.75, 2.0, p);
+  REQUIRE(o.loss == -3.0);
+  REQUIRE(o.dloss == 0.0);
+  REQUIRE(o.flags == (ulorl::flag_clipped | ulorl::flag_clipped_high));
+  o = ulorl::clipped_surrogate(0.5, 0.5, -2.0, p);
+  REQUIRE(o.loss == 1.5);
+  REQUIRE(o.dloss == 0.0);
+  REQUIRE(o.flags == (ulorl::flag_clipped | ulorl::flag_clipped_low));
+  // Beyond the bound on the other side: unclipped (L1 > L2), full gradient, not flagged.
+  o = ulorl::clipped_surrogate(1.75, 1.75, -2.0, p);
+  REQUIRE(o.loss == 3.5);
+  REQUIRE(o.dloss == 3.5);
+  REQUIRE(o.flags == 0u);
+  // A = 0: zero loss and gradient anywhere, never flagged.
+  for (double r : {0.1, 1.0, 7.0}) {
+    o = ulorl::clipped_surrogate(r, r, 0.0, p);
+    REQUIRE(o.loss == 0.0);
+    REQUIRE(o.dloss == 0.0);
+    REQUIRE(o.flags == 0u);
+  }
+  // The plain form gives the general form's values on a grid of kinks (the general form reached
+  // with a delta and a dual clip too large to bind).
+  const auto g = ulorl::make_objective_params<double>({.eps_low = 0.25, .eps_high = 0.5, .dual_clip = 1e300, .delta = 1e300});
+  for (double r : {0.5, 0.75, 0.75000000001, 1.0, 1.4999999999, 1.5, 1.75})
+    for (double a : {-2.0, -1e-300, 0.0, 1e-300, 3.0}) {
+      const auto x = ulorl::clipped_surrogate(r, r, a, g), y = ulorl::clipped_surrogate(r, r, a, p);
+      REQUIRE(x.loss == y.loss);
+      REQUIRE(x.dloss == y.dloss);
+      REQUIRE(x.flags == y.flags);
+    }
+}
+
 TEST_CASE("clipped_surrogate: torch's conventions at exact kinks") {
   const auto p = ulorl::make_objective_params<double>({.eps_low = 0.25, .eps_high = 0.5, .dual_clip = 3.0, .delta = 2.0});
   // r at the upper clip bound, A > 0: clamp passes (closed interval), L1 == L2: full gradient.

@@ -136,18 +136,17 @@ ULORL_HD ULORL_LOSS_INLINE constexpr void select_max(T a, T da, T b, T db, T& v,
 //!
 //! Without delta and dual clip (the common case: DAPO, ProRL, GRPO) the same values come from
 //! `clipped_surrogate_plain`, which the vectorised kernels use: there L1 == L2 implies
-//! dL1 == dL2 (either A = 0 or r is inside [lo, hi]), so the tie rule needs no half step.
+//! dL1 == dL2 (either A = 0 or r is inside [lo, hi]), so the tie rule needs no half step, and
+//! L2 > L1 only where r is outside [lo, hi], where the clamp passes no gradient: dL2 = 0.
 template <class T>
 [[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr objective_value<T> clipped_surrogate_plain(T r, T dr, T adv,
                                                                                     const objective_params<T>& p) noexcept {
   const T rc = clamp(r, p.lo, p.hi);
-  const T drc = rc == r ? dr : T(0);  // == passes(r, lo, hi), NaN included
   const T l1 = -adv * r, l2 = -adv * rc;
-  const T d1 = -adv * dr, d2 = -adv * drc;
   const bool clipped = l2 > l1;
   const unsigned flags = (clipped ? flag_clipped : 0u) | (((r < p.lo) & (adv < T(0))) ? flag_clipped_low : 0u) |
                          (((r > p.hi) & (adv > T(0))) ? flag_clipped_high : 0u);
-  return {l1 > l2 ? l1 : l2, clipped ? d2 : d1, flags};
+  return {l1 > l2 ? l1 : l2, clipped ? T(0) : -adv * dr, flags};
 }
 
 template <class T>

@@ -375,12 +375,10 @@ struct row_kernel {
       ol = -adv * lp, od = -adv;
     } else if constexpr (Plain) {  // clipped_surrogate_plain
       const V rc = L::clamp(r, lo, hi);
-      const V drc = L::passes(r, lo, hi) ? dr : zero;  // == (rc == r), one step shorter
       const V l1 = -adv * r, l2 = -adv * rc;
-      const V d1 = -adv * dr, d2 = -adv * drc;
       f_clip = l2 > l1;
       ol = l1 > l2 ? l1 : l2;
-      od = f_clip ? d2 : d1;
+      od = f_clip ? zero : -adv * dr;  // L2 > L1 only outside [lo, hi], where clamp passes nothing
       f_low = (r < lo) & (adv < T(0)), f_high = (r > hi) & (adv > T(0));
     } else {
       const V delta = L::splat(op.delta);
