@@ -40,6 +40,16 @@
 #else
 #define ULORL_NOINLINE
 #endif
+// GCC does not schedule instructions before register allocation on x86 by default; the row kernel
+// is a long chain of dependent vector operations (two exponentials per token), and the
+// register-pressure-aware pre-RA scheduler interleaves its independent chains: +7-11% on the
+// clip-higher + k3 kernel (docs/losses.md §10). Only the row kernels get it (glibc uses the same
+// attribute in production); ULORL_LOSS_NO_SCHED turns it off.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(ULORL_LOSS_NO_SCHED)
+#define ULORL_LOSS_SCHED __attribute__((optimize("schedule-insns", "sched-pressure")))
+#else
+#define ULORL_LOSS_SCHED
+#endif
 
 // ---- explicit-SIMD fast path ----------------------------------------------------------------------
 // GCC 12 does not auto-vectorise the token loop (bool flags, mixed element widths, the structs of
@@ -455,7 +465,7 @@ struct row_kernel {
   //! One row of n tokens; returns its valid-token count. The tail runs on padded local copies
   //! (mask 0), so that no lane reads past the row.
   template <class M>
-  static ULORL_NOINLINE std::size_t row(std::size_t n, const T* ULORL_RESTRICT lp, const T* ULORL_RESTRICT old,
+  static ULORL_NOINLINE ULORL_LOSS_SCHED std::size_t row(std::size_t n, const T* ULORL_RESTRICT lp, const T* ULORL_RESTRICT old,
                                         const T* ULORL_RESTRICT adv, const M* ULORL_RESTRICT mask, const T* ULORL_RESTRICT ref,
                                         const T* ULORL_RESTRICT wts, const T* ULORL_RESTRICT ent, T* ULORL_RESTRICT grad, T w,
                                         const token_loss_params<T>& params, row_sums& s) noexcept {
