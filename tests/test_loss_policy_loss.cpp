@@ -740,7 +740,7 @@ TEST_CASE("policy_loss: every executor and thread count gives the same bits as t
   std::mt19937_64 rng(seed + 23);
   std::printf("executors seed %llu\n", static_cast<unsigned long long>(seed + 23));
   int k = 0;
-  for (const char* obj : {"ppo", "ppo_dual", "ppo_delta", "cispo", "sapo", "pg", "gspo_own", "gmpo"})
+  for (const char* obj : {"ppo", "ppo_dual", "ppo_delta", "cispo", "sapo", "pg", "gspo_own", "gspo_mean", "gmpo"})
     for (const char* kl : {"none", "k3", "k3_iw"})
       for (const char* agg : {"token", "seq_mean"}) {
         const auto c = make_combo(obj, kl, agg, 301.0);

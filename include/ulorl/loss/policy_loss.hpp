@@ -584,7 +584,21 @@ struct row_out {
   row_sums s;
   double w = 0;
   std::size_t tokens = 0;
+  // Sequence-level objectives only: gmpo's row loss (added to pg_loss before the row's fold) and
+  // gspo's row flags.
+  bool has_direct = false, gspo = false, seq_low = false, seq_high = false;
+  double pg_direct = 0;
 };
+
+inline void fold_out(policy_loss_result& res, const row_out& o, double kl_coef, double ent_coef) {
+  if (o.has_direct) res.pg_loss += o.pg_direct;
+  if (o.gspo) {
+    res.metrics.seq_clipped_low += o.seq_low;
+    res.metrics.seq_clipped_high += o.seq_high;
+    res.metrics.seq_clipped_region += o.seq_low || o.seq_high;
+  }
+  fold_row(res, o.s, o.w, kl_coef, ent_coef, static_cast<double>(o.tokens));
+}
 
 //! Runs `one_row(b, out)` for every row and folds the rows into `res` in row order, so that the
 //! result is the same bits for every executor and thread count. The sequential executor folds as
@@ -597,14 +611,14 @@ void run_rows(std::size_t rows, const token_loss_params<T>& p, const Exec& exec,
     for (std::size_t b = 0; b < rows; ++b) {
       row_out o;
       one_row(b, o);
-      fold_row(res, o.s, o.w, kc, ec, static_cast<double>(o.tokens));
+      fold_out(res, o, kc, ec);
     }
   } else {
     std::vector<row_out> outs(rows);
     exec(rows, [&](std::size_t lo, std::size_t hi) {
       for (std::size_t b = lo; b < hi; ++b) one_row(b, outs[b]);
     });
-    for (const auto& o : outs) fold_row(res, o.s, o.w, kc, ec, static_cast<double>(o.tokens));
+    for (const auto& o : outs) fold_out(res, o, kc, ec);
   }
 }
 
@@ -692,12 +706,12 @@ void token_rows_kl(const policy_loss_inputs<T, M>& in, const agg_normalizer& nor
 }
 
 //! Sequence-level objectives (gspo, gmpo): a row pass for the sequence quantities, then the tokens.
-template <class T, class M>
+template <class T, class M, class Exec>
 void sequence_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, const token_loss_params<T>& p,
-                   token_view<T> grad, token_view<T> gent, policy_loss_result& res) {
+                   token_view<T> grad, token_view<T> gent, policy_loss_result& res, const Exec& exec) {
   const bool has_ref = p.kl_coef != T(0), has_w = !in.weights.empty(), has_ent = p.entropy_coef != T(0);
   const auto& op = p.objective;
-  for (std::size_t b = 0; b < in.log_prob.rows(); ++b) {
+  auto one_row = [&](std::size_t b, row_out& out) {
     const auto lp = in.log_prob.row(b), old = in.old_log_prob.row(b), adv = in.advantages.row(b);
     const auto mk = in.mask.row(b);
     const auto g = grad.row(b);
@@ -705,7 +719,7 @@ void sequence_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& nor
     const std::size_t nb = row_tokens(in.mask, b);
     const double nd = static_cast<double>(nb);
     const double wd = row_weight(norm, nb);
-    row_sums s;
+    row_sums& s = out.s;
     // Row pass: sum of log-ratios (gspo); gmpo's clipped log-ratios, advantages and log-weights.
     double xs = 0, ys = 0, as = 0, lws = 0;
     for (std::size_t t = 0; t < n; ++t) {
@@ -731,7 +745,8 @@ void sequence_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& nor
     } else if (nb > 0) {
       const double ratio_b = loss_exp(ys / nd), adv_b = as / nd, wb = has_w ? loss_exp(lws / nd) : 1.0;
       const double lb = -adv_b * ratio_b * wb;
-      res.pg_loss += norm.scale / norm.denominator * lb;
+      out.has_direct = true;
+      out.pg_direct = norm.scale / norm.denominator * lb;
       gm_coef = norm.scale / norm.denominator * lb / nd;
       seq_ratio = static_cast<T>(ratio_b);
     }
@@ -790,13 +805,11 @@ void sequence_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& nor
       for (std::size_t t = 0; t < n; ++t)
         if (mk[t] != M(0)) g[t] = static_cast<T>(static_cast<double>(g[t]) + spread);
     }
-    if (op.kind == objective_kind::gspo) {
-      res.metrics.seq_clipped_low += row_low;
-      res.metrics.seq_clipped_high += row_high;
-      res.metrics.seq_clipped_region += row_low || row_high;
-    }
-    fold_row(res, s, wd, static_cast<double>(p.kl_coef), static_cast<double>(p.entropy_coef), nd);
-  }
+    out.gspo = op.kind == objective_kind::gspo;
+    out.seq_low = row_low, out.seq_high = row_high;
+    out.w = wd, out.tokens = nb;
+  };
+  run_rows(in.log_prob.rows(), p, exec, one_row, res);
 }
 
 }  // namespace ULORL_LOSS_ISA
@@ -882,8 +895,7 @@ void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& i
 //! `exec` runs the rows (ulorl/core/parallel.hpp: `thread_executor{k}`, or any pool wrapped as an
 //! executor); the rows' sums are folded in row order afterwards, so the loss, the gradients and the
 //! metrics are the same bits for every executor and thread count. Rows are the unit of work: a
-//! batch of few long rows splits into few pieces. Sequence-level objectives (gspo, gmpo) run on
-//! the calling thread.
+//! batch of few long rows splits into few pieces. The value scans run on the calling thread.
 template <class T, class M, class Exec>
 [[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
                                              token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec) {
@@ -894,7 +906,7 @@ template <class T, class M, class Exec>
   policy_loss_result res;
   const auto kind = cfg.objective.kind;
   if (kind == objective_kind::gspo || kind == objective_kind::gmpo) {
-    detail::sequence_rows<T, M>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res);
+    detail::sequence_rows<T, M>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
   } else {
     // Dispatch objective and KL estimator at compile time: the inner loop has no invariant branches.
     using detail::token_rows_kl;
