@@ -310,19 +310,8 @@ struct lanes {
     x = V{};
   }
 
-  //! loss_exp(x, em1), lane-wise (the same operations), for x already clamped to exp's range.
-  static ULORL_LOSS_INLINE V exp_in_range(V x, V& em1) noexcept {
-    using C = exp_constants<T>;
-    V t, r, s;
-    exp_poly<V, T>(x, t, r, s);
-    constexpr int mant = std::is_same_v<T, float> ? 23 : 52;
-    constexpr I bias = std::is_same_v<T, float> ? 127 : 1023;
-    const IV ni = std::bit_cast<IV>(t) - std::bit_cast<I>(C::round_magic);
-    const V scale = std::bit_cast<V>((ni + bias) << mant);
-    const V e = (r + s) * scale + scale;
-    em1 = t == C::round_magic ? s : (e - T(1)) - x;
-    return e;
-  }
+  //! loss_exp(x, em1), lane-wise (ratio.hpp's implementation), for x already clamped to exp's range.
+  static ULORL_LOSS_INLINE V exp_in_range(V x, V& em1) noexcept { return detail::exp_in_range<V, T, IV>(x, em1); }
   static ULORL_LOSS_INLINE V exp(V x) noexcept {
     using C = exp_constants<T>;
     V em1;

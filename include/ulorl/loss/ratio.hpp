@@ -88,6 +88,25 @@ ULORL_HD ULORL_LOSS_INLINE constexpr void exp_poly(V x, V& t, V& r, V& s) noexce
   }
   s = q * r2;
 }
+
+//! exp(x) and exp(x) - 1 - x (`em1`) for x already clamped to exp's range: the one implementation
+//! behind loss_exp and the SIMD loss kernel's lanes (`V` is T or a GCC/Clang vector of T, `IV` the
+//! integer type or vector of the same width).
+//! exp(x) = 2^n (1 + (r + s)) = 2^n (r + s) + 2^n, 2^n built in the exponent field directly.
+template <class V, class T = V, class IV = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>
+ULORL_HD ULORL_LOSS_INLINE constexpr V exp_in_range(V x, V& em1) noexcept {
+  using C = exp_constants<T>;
+  using I = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
+  constexpr int mant = sizeof(T) == 4 ? 23 : 52;
+  constexpr I bias = sizeof(T) == 4 ? 127 : 1023;
+  V t, r, s;
+  exp_poly<V, T>(x, t, r, s);
+  const IV ni = std::bit_cast<IV>(t) - std::bit_cast<I>(C::round_magic);
+  const V scale = std::bit_cast<V>(static_cast<IV>((ni + bias) << mant));
+  const V e = (r + s) * scale + scale;
+  em1 = t == C::round_magic ? s : (e - T(1)) - x;
+  return e;
+}
 }  // namespace detail
 
 //! exp(x) for float/double, accurate to a few ulp, branch-free (vectorises), finite for every finite
@@ -99,21 +118,7 @@ template <class T>
 [[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T loss_exp(T x, T& em1) noexcept {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
   using C = detail::exp_constants<T>;
-  x = x < C::lo ? C::lo : (x > C::hi ? C::hi : x);
-  T t, r, s;
-  detail::exp_poly<T>(x, t, r, s);
-  // exp(x) = 2^n (1 + (r + s)) = 2^n (r + s) + 2^n, 2^n built in the exponent field directly.
-  T scale;
-  if constexpr (std::is_same_v<T, float>) {
-    const auto ni = static_cast<std::int32_t>(std::bit_cast<std::int32_t>(t) - std::bit_cast<std::int32_t>(C::round_magic));
-    scale = std::bit_cast<float>(static_cast<std::int32_t>((ni + 127) << 23));
-  } else {
-    const auto ni = std::bit_cast<std::int64_t>(t) - std::bit_cast<std::int64_t>(C::round_magic);
-    scale = std::bit_cast<double>(static_cast<std::int64_t>((ni + 1023) << 52));
-  }
-  const T e = (r + s) * scale + scale;
-  em1 = t == C::round_magic ? s : (e - T(1)) - x;
-  return e;
+  return detail::exp_in_range<T>(x < C::lo ? C::lo : (x > C::hi ? C::hi : x), em1);
 }
 
 //! exp(x) (see the two-argument form).
