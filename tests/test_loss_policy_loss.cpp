@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/loss_compare.hpp"
 #include "support/loss_oracle.hpp"
 
 namespace {
@@ -538,27 +539,7 @@ void fast_vs_generic(std::mt19937_64& rng, std::size_t B, std::size_t Tn, const 
     if (mask[i] == M(0)) REQUIRE(fg[i] == T(0));
     if (entropy) REQUIRE(fge[i] == gge[2 * i]);
   }
-  auto same = [&](double a, double b, double scale) { REQUIRE(a == Approx(b).epsilon(tol).margin(tol * (1 + scale))); };
-  same(fr.loss, gr.loss, std::fabs(fr.pg_loss) + std::fabs(fr.kl_loss));
-  same(fr.pg_loss, gr.pg_loss, 0);
-  same(fr.kl_loss, gr.kl_loss, 0);
-  same(fr.entropy_loss, gr.entropy_loss, 0);
-  const auto &a = fr.metrics, &b = gr.metrics;
-  REQUIRE(a.tokens == b.tokens);
-  REQUIRE(a.sequences == b.sequences);
-  REQUIRE(a.rows == b.rows);
-  REQUIRE(a.clipped == b.clipped);
-  REQUIRE(a.clipped_low == b.clipped_low);
-  REQUIRE(a.clipped_high == b.clipped_high);
-  REQUIRE(a.dual_clipped == b.dual_clipped);
-  same(a.neg_log_ratio, b.neg_log_ratio, a.tokens);
-  same(a.neg_log_ratio_clamped, b.neg_log_ratio_clamped, a.tokens);
-  same(a.approx_kl_k3, b.approx_kl_k3, a.tokens);
-  same(a.ratio_sum, b.ratio_sum, a.tokens);
-  REQUIRE(a.ratio_min == Approx(b.ratio_min).epsilon(tol));
-  REQUIRE(a.ratio_max == Approx(b.ratio_max).epsilon(tol));
-  same(a.kl_sum, b.kl_sum, a.tokens);
-  same(a.entropy_sum, b.entropy_sum, a.tokens);
+  loss_compare::require_same_result(fr, gr, tol);
 }
 
 }  // namespace

@@ -304,6 +304,45 @@ struct lanes {
     return t < lo ? lo : t;
   }
   static ULORL_LOSS_INLINE IV passes(V x, V lo, V hi) noexcept { return (lo <= x) & (x <= hi); }
+  // Masked accumulation. `acc + (m ? x : 0)` and `m ? acc + x : acc` are the same bits (a sum that
+  // starts at +0 is never -0, and acc + 0 == acc otherwise). With AVX-512 the second form is one
+  // merge-masked instruction and the first two; without mask registers the first is shorter (an
+  // and, then the add), so each ISA gets its own. min/max keep minps/maxps semantics (a NaN x
+  // leaves acc as it is); counters subtract the -1/0 valid lanes.
+#if defined(__AVX512F__)
+  static constexpr bool mask_registers = true;
+#else
+  static constexpr bool mask_registers = false;
+#endif
+  static ULORL_LOSS_INLINE V add_where(V acc, IV m, V x) noexcept {
+    if constexpr (mask_registers) return m ? acc + x : acc;
+    else return acc + (m ? x : V{});
+  }
+  static ULORL_LOSS_INLINE V sub_where(V acc, IV m, V x) noexcept {
+    if constexpr (mask_registers) return m ? acc - x : acc;
+    else return acc - (m ? x : V{});
+  }
+  //! acc + 1 where f and valid (valid: -1 / 0 lanes).
+  static ULORL_LOSS_INLINE IV count_where(IV acc, IV f, IV valid) noexcept {
+    if constexpr (mask_registers) return f ? acc - valid : acc;
+    else return acc - (valid & f);
+  }
+  static ULORL_LOSS_INLINE V min_where(V acc, IV m, V x) noexcept {
+    if constexpr (mask_registers) {
+      return m ? (x < acc ? x : acc) : acc;
+    } else {
+      const V y = m ? x : splat(std::numeric_limits<T>::infinity());
+      return y < acc ? y : acc;
+    }
+  }
+  static ULORL_LOSS_INLINE V max_where(V acc, IV m, V x) noexcept {
+    if constexpr (mask_registers) {
+      return m ? (x > acc ? x : acc) : acc;
+    } else {
+      const V y = m ? x : splat(-std::numeric_limits<T>::infinity());
+      return y > acc ? y : acc;
+    }
+  }
   //! a += x (lane-wise, in double); x = 0.
   static ULORL_LOSS_INLINE void flush(DV& a, V& x) noexcept {
     a += __builtin_convertvector(x, DV);
@@ -345,7 +384,6 @@ struct row_kernel {
   //! N tokens: the lanes of policy_token_loss_t, the gradient store and the metric folds.
   static ULORL_LOSS_INLINE void step(const T* lpp, const T* oldp, const T* advp, IV valid, const T* refp, const T* wp,
                                      const T* ep, T* gp, T w, const token_loss_params<T>& p, accumulators& a) noexcept {
-    constexpr T inf = std::numeric_limits<T>::infinity();
     const auto& op = p.objective;
     const V lp = L::load(lpp), old = L::load(oldp), adv = L::load(advp);
     const V zero{};
@@ -393,7 +431,7 @@ struct row_kernel {
       const V dc1 = l1 > l2 ? d1 : (l2 > l1 ? d2 : half);
       const IV neg = adv < T(0);
       const V l3_any = -adv * op.dual_c;
-      const V l3 = neg ? l3_any : L::splat(inf);
+      const V l3 = neg ? l3_any : L::splat(std::numeric_limits<T>::infinity());
       f_dual = neg & (c1 > l3);
       const V half_dc1 = T(0.5) * dc1;
       ol = c1 < l3 ? c1 : l3;
@@ -436,19 +474,19 @@ struct row_kernel {
       }
     }
     L::store(gp, valid ? w * dlogp : zero);
-    a.s_pg += valid ? pg : zero;
-    if constexpr (HasKL) a.s_kl += valid ? kl : zero;
-    if constexpr (HasEnt) a.s_en += valid ? L::load(ep) : zero;
-    a.s_nlr -= valid ? x : zero;  // old - lp == -(lp - old) exactly
-    a.s_nlrc -= valid ? xc : zero;
-    a.s_k3 += valid ? k3v : zero;
-    a.s_ratio += valid ? r : zero;
+    a.s_pg = L::add_where(a.s_pg, valid, pg);
+    if constexpr (HasKL) a.s_kl = L::add_where(a.s_kl, valid, kl);
+    if constexpr (HasEnt) a.s_en = L::add_where(a.s_en, valid, L::load(ep));
+    a.s_nlr = L::sub_where(a.s_nlr, valid, x);  // old - lp == -(lp - old) exactly
+    a.s_nlrc = L::sub_where(a.s_nlrc, valid, xc);
+    a.s_k3 = L::add_where(a.s_k3, valid, k3v);
+    a.s_ratio = L::add_where(a.s_ratio, valid, r);
     a.cnt -= valid;
-    a.clip -= valid & f_clip, a.low -= valid & f_low, a.high -= valid & f_high;
-    if constexpr (!Plain) a.dual -= valid & f_dual;
-    const V rlo = valid ? r : L::splat(inf), rhi = valid ? r : L::splat(-inf);
-    a.rmin = rlo < a.rmin ? rlo : a.rmin;  // minps: a NaN ratio leaves the minimum as it is
-    a.rmax = rhi > a.rmax ? rhi : a.rmax;
+    a.clip = L::count_where(a.clip, f_clip, valid), a.low = L::count_where(a.low, f_low, valid);
+    a.high = L::count_where(a.high, f_high, valid);
+    if constexpr (!Plain) a.dual = L::count_where(a.dual, f_dual, valid);
+    a.rmin = L::min_where(a.rmin, valid, r);
+    a.rmax = L::max_where(a.rmax, valid, r);
   }
 
   //! One row of n tokens; returns its valid-token count. The tail runs on padded local copies
@@ -504,43 +542,47 @@ struct row_kernel {
   }
 };
 
-//! True when every value of the unit-stride row is finite (exponent field not all ones).
-template <class T, std::size_t Bytes>
-[[nodiscard]] inline bool all_finite(const T* p, std::size_t n) noexcept {
+//! One pass over a unit-stride row of every array the configuration reads (KL: ref, W: weights,
+//! E: entropy): true when every value is finite and every mask value is 0 or 1. All arrays in one
+//! loop (one stream each, read once), not one loop per array: +20% at 16M tokens, where the scan
+//! runs from memory. Finite is an integer test of the exponent field (not all ones), which
+//! -ffinite-math-only cannot fold away: the running lane-wise maximum of `bits & exponent` over
+//! the arrays stays below the exponent mask; the comparison runs once per row.
+template <class T, class M, std::size_t Bytes, bool KL, bool W, bool E>
+[[nodiscard]] inline bool row_values_ok(std::size_t n, const M* mask, const T* lp, const T* old, const T* adv, const T* ref, const T* wts,
+                                        const T* ent) noexcept {
   using L = lanes<T, Bytes>;
   using I = typename L::I;
+  using IV = typename L::IV;
+  using ME = mask_elem_t<M>;
+  constexpr bool bool_mask = std::is_same_v<std::remove_cv_t<M>, bool>;  // a bool is 0 or 1
   constexpr I em = std::is_same_v<T, float> ? I(0x7f800000) : I(0x7ff0000000000000LL);
-  typename L::IV bad{};
+  typedef ME MV __attribute__((vector_size(L::N * sizeof(ME))));
+  const auto ex = [](const T* p) { return std::bit_cast<IV>(L::load(p)) & em; };
+  const auto vmax = [](IV a, IV b) { return a > b ? a : b; };
+  IV hi{};
+  decltype(MV{} != MV{}) bad{};
   std::size_t t = 0;
-  for (; t + L::N <= n; t += L::N) bad |= (std::bit_cast<typename L::IV>(L::load(p + t)) & em) == em;
-  I any = 0;
-  for (std::size_t l = 0; l < L::N; ++l) any |= bad[l];
-  for (; t < n; ++t) any |= (std::bit_cast<I>(p[t]) & em) == em;
-  return any == 0;
-}
-
-//! True when every mask value of the unit-stride row is 0 or 1.
-template <class M, std::size_t Bytes>
-[[nodiscard]] inline bool binary(const M* p, std::size_t n) noexcept {
-  using E = mask_elem_t<M>;
-  constexpr std::size_t N = Bytes / sizeof(E) < 16 ? 16 : Bytes / sizeof(E);
-  if constexpr (std::is_same_v<std::remove_cv_t<M>, bool>) {
-    (void)p, (void)n;
-    return true;  // a bool is 0 or 1
-  } else {
-    typedef E MV __attribute__((vector_size(N * sizeof(E))));
-    decltype(MV{} != MV{}) bad{};
-    std::size_t t = 0;
-    for (; t + N <= n; t += N) {
+  for (; t + L::N <= n; t += L::N) {
+    IV x = vmax(vmax(ex(lp + t), ex(old + t)), ex(adv + t));
+    if constexpr (KL) x = vmax(x, ex(ref + t));
+    if constexpr (W) x = vmax(x, ex(wts + t));
+    if constexpr (E) x = vmax(x, ex(ent + t));
+    hi = vmax(hi, x);
+    if constexpr (!bool_mask) {
       MV m;
-      std::memcpy(&m, p + t, sizeof m);
-      bad |= (m != E(0)) & (m != E(1));
+      std::memcpy(&m, mask + t, sizeof m);
+      bad |= (m != ME(0)) & (m != ME(1));
     }
-    bool any = false;
-    for (std::size_t l = 0; l < N; ++l) any |= bad[l] != 0;
-    for (; t < n; ++t) any |= !(p[t] == M(0) || p[t] == M(1));
-    return !any;
   }
+  bool ok = true;
+  for (std::size_t l = 0; l < L::N; ++l) ok = ok && hi[l] != em && bad[l] == 0;
+  const auto finite = [](T v) { return (std::bit_cast<I>(v) & em) != em; };
+  for (; t < n; ++t) {
+    ok = ok && finite(lp[t]) && finite(old[t]) && finite(adv[t]) && (!KL || finite(ref[t])) && (!W || finite(wts[t])) &&
+         (!E || finite(ent[t])) && (bool_mask || mask[t] == M(0) || mask[t] == M(1));
+  }
+  return ok;
 }
 
 //! Valid tokens of a unit-stride mask row (vectorised count).
@@ -817,17 +859,26 @@ template <class T, class M>
   if (!(unit(in.mask) && unit(in.log_prob) && unit(in.old_log_prob) && unit(in.advantages) && (!kl || unit(in.ref_log_prob)) &&
         (!w || unit(in.weights)) && (!e || unit(in.entropy))))
     return false;
-  for (std::size_t b = 0; b < in.log_prob.rows(); ++b) {
-    const std::size_t n = in.log_prob.row_size(b);
-    if (!loss_simd::binary<M, VB>(in.mask.row(b).data(), n)) return false;
-    if (!loss_simd::all_finite<T, VB>(in.log_prob.row(b).data(), n)) return false;
-    if (!loss_simd::all_finite<T, VB>(in.old_log_prob.row(b).data(), n)) return false;
-    if (!loss_simd::all_finite<T, VB>(in.advantages.row(b).data(), n)) return false;
-    if (kl && !loss_simd::all_finite<T, VB>(in.ref_log_prob.row(b).data(), n)) return false;
-    if (w && !loss_simd::all_finite<T, VB>(in.weights.row(b).data(), n)) return false;
-    if (e && !loss_simd::all_finite<T, VB>(in.entropy.row(b).data(), n)) return false;
+  const auto scan = [&](auto kl_tag, auto w_tag, auto e_tag) {
+    for (std::size_t b = 0; b < in.log_prob.rows(); ++b) {
+      const T* ref = decltype(kl_tag)::value ? in.ref_log_prob.row(b).data() : nullptr;
+      const T* wts = decltype(w_tag)::value ? in.weights.row(b).data() : nullptr;
+      const T* ent = decltype(e_tag)::value ? in.entropy.row(b).data() : nullptr;
+      if (!loss_simd::row_values_ok<T, M, VB, decltype(kl_tag)::value, decltype(w_tag)::value, decltype(e_tag)::value>(
+              in.log_prob.row_size(b), in.mask.row(b).data(), in.log_prob.row(b).data(), in.old_log_prob.row(b).data(),
+              in.advantages.row(b).data(), ref, wts, ent))
+        return false;
+    }
+    return true;
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
+  if (kl) {
+    if (w) return e ? scan(yes{}, yes{}, yes{}) : scan(yes{}, yes{}, no{});
+    return e ? scan(yes{}, no{}, yes{}) : scan(yes{}, no{}, no{});
   }
-  return true;
+  if (w) return e ? scan(no{}, yes{}, yes{}) : scan(no{}, yes{}, no{});
+  return e ? scan(no{}, no{}, yes{}) : scan(no{}, no{}, no{});
 }
 }  // namespace ULORL_LOSS_ISA
 }  // namespace detail

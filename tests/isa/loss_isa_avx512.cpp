@@ -1,0 +1,3 @@
+// Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma (tests/CMakeLists.txt).
+#define LOSS_ISA_NAME avx512
+#include "loss_isa_tu.inc"

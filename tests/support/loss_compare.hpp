@@ -1,0 +1,44 @@
+// tests/support/loss_compare.hpp — two policy_loss results that must agree: the loss parts and the
+// metric sums to `tol` (relative, with a margin scaled by the magnitudes involved), every count
+// exactly. Used where the same problem runs through two code paths (vectorised vs strided, one
+// instruction set vs another).
+#pragma once
+
+#include <ulorl/loss/policy_loss.hpp>
+
+#include <cmath>
+
+#include "catch.hpp"
+
+namespace loss_compare {
+
+inline void require_same_result(const ulorl::policy_loss_result& r, const ulorl::policy_loss_result& s, double tol) {
+  const auto same = [&](double x, double y, double scale) { REQUIRE(x == Approx(y).epsilon(tol).margin(tol * (1 + scale))); };
+  same(r.loss, s.loss, std::fabs(r.pg_loss) + std::fabs(r.kl_loss));
+  same(r.pg_loss, s.pg_loss, 0);
+  same(r.kl_loss, s.kl_loss, 0);
+  same(r.entropy_loss, s.entropy_loss, 0);
+  const auto &m = r.metrics, &q = s.metrics;
+  REQUIRE(m.tokens == q.tokens);
+  REQUIRE(m.sequences == q.sequences);
+  REQUIRE(m.rows == q.rows);
+  REQUIRE(m.clipped == q.clipped);
+  REQUIRE(m.clipped_low == q.clipped_low);
+  REQUIRE(m.clipped_high == q.clipped_high);
+  REQUIRE(m.dual_clipped == q.dual_clipped);
+  REQUIRE(m.seq_clipped_low == q.seq_clipped_low);
+  REQUIRE(m.seq_clipped_high == q.seq_clipped_high);
+  REQUIRE(m.seq_clipped_region == q.seq_clipped_region);
+  same(m.neg_log_ratio, q.neg_log_ratio, m.tokens);
+  same(m.neg_log_ratio_clamped, q.neg_log_ratio_clamped, m.tokens);
+  same(m.approx_kl_k3, q.approx_kl_k3, m.tokens);
+  same(m.ratio_sum, q.ratio_sum, m.tokens);
+  if (m.tokens > 0) {
+    REQUIRE(m.ratio_min == Approx(q.ratio_min).epsilon(tol));
+    REQUIRE(m.ratio_max == Approx(q.ratio_max).epsilon(tol));
+  }
+  same(m.kl_sum, q.kl_sum, m.tokens);
+  same(m.entropy_sum, q.entropy_sum, m.tokens);
+}
+
+}  // namespace loss_compare
