@@ -4,8 +4,8 @@
 //                                 op, libm exp, intermediates in memory: what eager frameworks do)
 //   BM_stream_same_bytes          a plain streaming pass over the same bytes (read logp, old, ref,
 //                                 adv, mask; write grad): the memory-bandwidth ceiling
-//   *_threads variants                the unchecked loss with ulorl::thread_executor and the streaming
-//                                 pass split the same way (ULORL_BENCH_THREADS, default every core)
+//   *_threads variants                the loss (checked and unchecked) with ulorl::thread_executor and the
+//                                 streaming pass split the same way (ULORL_BENCH_THREADS, default every core)
 // all in the same run. Bytes per token: 4 float inputs + 1-byte mask + 1 float output = 21 (float).
 // After the runs a summary on stderr prints fused/multipass and fused/stream ratios per size, and
 // the loss against the machine's memory bandwidth (the stream of the largest size, beyond the
@@ -183,6 +183,7 @@ BENCHMARK(BM_policy_loss<float, false>)->Apply(sizes)->Unit(benchmark::kMillisec
 BENCHMARK(BM_ref_policy_loss_multipass<float>)->Apply(sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_stream_same_bytes<float>)->Apply(sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_policy_loss<float, false, true>)->Apply(sizes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_policy_loss<float, true, true>)->Apply(sizes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_stream_same_bytes<float, true>)->Apply(sizes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_policy_loss<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ref_policy_loss_multipass<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
@@ -234,7 +235,11 @@ class summary_reporter : public benchmark::BenchmarkReporter {
                        ty, n, trusted / 1e6, naive > 0 ? trusted / naive : 0.0, pct(trusted, stream), pct(trusted, membw));
         const std::string tsfx = "<" + std::string(ty) + ", true>/" + std::to_string(n) + "/0";
         const double threaded = rate_["BM_policy_loss<" + std::string(ty) + ", false, true>/" + std::to_string(n) + "/0"];
+        const double tchecked = rate_["BM_policy_loss<" + std::string(ty) + ", true, true>/" + std::to_string(n) + "/0"];
         const double tstream = rate_["BM_stream_same_bytes" + tsfx];
+        if (tchecked > 0)
+          std::fprintf(stderr, "  %-6s %9ld tokens: fused (check_values on) on %u threads %.1f M tok/s | vs streaming same bytes on %u threads %.0f%%\n",
+                       ty, n, bench_threads(), tchecked / 1e6, bench_threads(), tstream > 0 ? 100.0 * tchecked / tstream : 0.0);
         if (threaded > 0)
           std::fprintf(stderr,
                        "  %-6s %9ld tokens: check_values=false on %u threads %.1f M tok/s | vs streaming same bytes on %u threads %.0f%% "

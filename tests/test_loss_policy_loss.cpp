@@ -740,3 +740,45 @@ TEST_CASE("policy_loss: every executor and thread count gives the same bits as t
         require_identical(d0, run_with<double>(p, c.cfg, reverse_executor{}));
       }
 }
+
+TEST_CASE("policy_loss: on an executor, the value scan still finds every bad value, names it and writes nothing") {
+  // The scan of check_values runs on the executor (rows split like the loss's); a bad value in any
+  // row, seen by whichever block, must stop the call before anything is written.
+  std::mt19937_64 rng(seed + 31);
+  const std::size_t B = 7, Tn = 37;
+  const problem p0 = random_problem(rng, B, Tn, true);
+  const auto c = make_combo("ppo", "k3", "token", 100.0);
+  auto expect = [&](const problem& p, const char* argument, std::size_t index, auto exec) {
+    std::vector<float> lp(p.lp.begin(), p.lp.end()), old(p.old.begin(), p.old.end()), adv(p.adv.begin(), p.adv.end());
+    std::vector<float> ref(p.ref.begin(), p.ref.end()), w(p.w.begin(), p.w.end()), ent(p.ent.begin(), p.ent.end());
+    std::vector<std::uint8_t> mask(p.mask.begin(), p.mask.end());
+    std::vector<float> g(B * Tn, 42.0f), ge(B * Tn, 43.0f);
+    ulorl::policy_loss_inputs<float, std::uint8_t> in{cview(lp, B, Tn), cview(old, B, Tn), cview(adv, B, Tn), cview(mask, B, Tn),
+                                                      cview(ref, B, Tn), cview(w, B, Tn), cview(ent, B, Tn)};
+    INFO(argument << "[" << index << "]");
+    try {
+      (void)ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn), exec);
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      REQUIRE(e.argument() == argument);
+      REQUIRE(e.index() == static_cast<std::int64_t>(index));
+    }
+    REQUIRE(std::all_of(g.begin(), g.end(), [](float x) { return x == 42.0f; }));
+    REQUIRE(std::all_of(ge.begin(), ge.end(), [](float x) { return x == 43.0f; }));
+  };
+  for (const std::size_t row : {std::size_t{0}, std::size_t{3}, B - 1})
+    for (const std::size_t t : {std::size_t{0}, std::size_t{17}, Tn - 1}) {
+      const std::size_t i = row * Tn + t;
+      problem p = p0;
+      p.ref[i] = std::nan("");
+      expect(p, "ref_log_prob", i, ulorl::thread_executor{3});
+      expect(p, "ref_log_prob", i, reverse_executor{});
+      p = p0;
+      p.w[i] = INFINITY;
+      expect(p, "weights", i, ulorl::thread_executor{2});
+      p = p0;
+      p.mask[i] = 2;
+      expect(p, "mask", i, ulorl::thread_executor{7});
+      expect(p, "mask", i, reverse_executor{});
+    }
+}

@@ -13,6 +13,7 @@
 // (the fused-from-logits path in ulorl/logits/, CUDA kernels): token-level objectives only.
 #pragma once
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -851,8 +852,9 @@ namespace detail {
 inline namespace ULORL_LOSS_ISA {
 //! True when every row of every input the configuration reads is unit-stride, the mask is 0/1 and
 //! the values are finite; false means "run the exact checks".
-template <class T, class M>
-[[nodiscard]] bool values_ok_fast(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg) noexcept {
+//! The rows are scanned on `exec` (split as the loss splits them); the answer is their AND.
+template <class T, class M, class Exec>
+[[nodiscard]] bool values_ok_fast(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg, const Exec& exec) {
   constexpr std::size_t VB = ULORL_LOSS_VEC_BYTES;
   auto unit = [](const auto& v) { return v.rows() == 0 || v.row(0).stride() == 1; };
   const bool kl = cfg.kl_coef != 0.0, w = !in.weights.empty(), e = cfg.entropy_coef != 0.0;
@@ -860,16 +862,28 @@ template <class T, class M>
         (!w || unit(in.weights)) && (!e || unit(in.entropy))))
     return false;
   const auto scan = [&](auto kl_tag, auto w_tag, auto e_tag) {
-    for (std::size_t b = 0; b < in.log_prob.rows(); ++b) {
-      const T* ref = decltype(kl_tag)::value ? in.ref_log_prob.row(b).data() : nullptr;
-      const T* wts = decltype(w_tag)::value ? in.weights.row(b).data() : nullptr;
-      const T* ent = decltype(e_tag)::value ? in.entropy.row(b).data() : nullptr;
-      if (!loss_simd::row_values_ok<T, M, VB, decltype(kl_tag)::value, decltype(w_tag)::value, decltype(e_tag)::value>(
-              in.log_prob.row_size(b), in.mask.row(b).data(), in.log_prob.row(b).data(), in.old_log_prob.row(b).data(),
-              in.advantages.row(b).data(), ref, wts, ent))
-        return false;
+    const auto rows_ok = [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t b = lo; b < hi; ++b) {
+        const T* ref = decltype(kl_tag)::value ? in.ref_log_prob.row(b).data() : nullptr;
+        const T* wts = decltype(w_tag)::value ? in.weights.row(b).data() : nullptr;
+        const T* ent = decltype(e_tag)::value ? in.entropy.row(b).data() : nullptr;
+        if (!loss_simd::row_values_ok<T, M, VB, decltype(kl_tag)::value, decltype(w_tag)::value, decltype(e_tag)::value>(
+                in.log_prob.row_size(b), in.mask.row(b).data(), in.log_prob.row(b).data(), in.old_log_prob.row(b).data(),
+                in.advantages.row(b).data(), ref, wts, ent))
+          return false;
+      }
+      return true;
+    };
+    if constexpr (std::is_same_v<Exec, sequential_executor>) {
+      (void)exec;
+      return rows_ok(0, in.log_prob.rows());
+    } else {
+      std::atomic<bool> ok{true};  // the executor returns after every block: its join orders these stores
+      exec(in.log_prob.rows(), [&](std::size_t lo, std::size_t hi) {
+        if (!rows_ok(lo, hi)) ok.store(false, std::memory_order_relaxed);
+      });
+      return ok.load(std::memory_order_relaxed);
     }
-    return true;
   };
   using yes = std::true_type;
   using no = std::false_type;
@@ -887,9 +901,11 @@ template <class T, class M>
 inline namespace ULORL_LOSS_ISA {
 
 //! Validates the inputs and the configuration (throws ulorl::error naming argument and index).
-template <class T, class M>
+//! The value scan of unit-stride rows runs on `exec`; the exact checks that name the index run on
+//! the calling thread, only when the scan finds a problem or a view is strided.
+template <class T, class M, class Exec = sequential_executor>
 void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
-                          token_view<T> grad_log_prob, token_view<T> grad_entropy) {
+                          token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec = Exec{}) {
   validate_layout(fn, "log_prob", in.log_prob);
   require_same_shape(fn, "old_log_prob", in.old_log_prob, "log_prob", in.log_prob);
   require_same_shape(fn, "advantages", in.advantages, "log_prob", in.log_prob);
@@ -913,9 +929,11 @@ void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& i
   validate_normalizer(fn, cfg.normalizer);
   if (!cfg.check_values) return;
 #if defined(ULORL_LOSS_SIMD)
-  // Unit-stride rows: one vectorised pass per array; the exact checks below (which throw with the
-  // index) run only when it finds a problem or the layout is strided.
-  if (detail::values_ok_fast(in, cfg)) return;
+  // Unit-stride rows: one vectorised pass over all arrays per row, on `exec`; the exact checks
+  // below (which throw with the index) run only when it finds a problem or the layout is strided.
+  if (detail::values_ok_fast(in, cfg, exec)) return;
+#else
+  (void)exec;
 #endif
   require_binary_mask(fn, "mask", in.mask);
   require_all_finite(fn, "log_prob", in.log_prob);
@@ -935,13 +953,14 @@ void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& i
 //! `exec` runs the rows (ulorl/core/parallel.hpp: `thread_executor{k}`, or any pool wrapped as an
 //! executor); the rows' sums are folded in row order afterwards, so the loss, the gradients and the
 //! metrics are the same bits for every executor and thread count. Rows are the unit of work: a
-//! batch of few long rows splits into few pieces. The value scans run on the calling thread.
+//! batch of few long rows splits into few pieces. The value scan (check_values) runs on `exec`
+//! too; the exact checks that name a bad value's index run on the calling thread.
 template <class T, class M, class Exec>
 [[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
                                              token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "policy_loss: T must be float or double");
   constexpr std::string_view fn = "policy_loss";
-  validate_policy_loss(fn, in, cfg, grad_log_prob, grad_entropy);
+  validate_policy_loss(fn, in, cfg, grad_log_prob, grad_entropy, exec);
   const auto p = make_token_loss_params<T>(cfg);
   policy_loss_result res;
   const auto kind = cfg.objective.kind;
