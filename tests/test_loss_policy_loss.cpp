@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/loss_combos.hpp"
 #include "support/loss_compare.hpp"
 #include "support/loss_oracle.hpp"
+#include "support/loss_paths.hpp"
 
 namespace {
 
@@ -64,53 +66,6 @@ ulorl::token_view<const T> cview(const std::vector<T>& v, std::size_t B, std::si
 template <class T>
 ulorl::token_view<T> mview(std::vector<T>& v, std::size_t B, std::size_t Tn) {
   return ulorl::token_view<T>::padded(ulorl::matrix_view<T>(v.data(), B, Tn));
-}
-
-struct combo {
-  oracle::spec s;
-  ulorl::policy_loss_config cfg;
-};
-
-combo make_combo(const std::string& objective, const std::string& kl, const std::string& agg, double denom) {
-  combo c;
-  auto& s = c.s;
-  auto& o = c.cfg.objective;
-  s.objective = objective;
-  o.eps_low = s.eps_low = 0.2;
-  o.eps_high = s.eps_high = 0.28;
-  o.log_ratio_clamp = s.bound = 20;
-  o.seq_log_ratio_max = s.seq_max = 10;
-  if (objective == "ppo") o.kind = ulorl::objective_kind::ppo_clip;
-  if (objective == "ppo_dual") s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.dual_clip = s.dual_c = 3;
-  if (objective == "ppo_delta")
-    s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.delta = s.delta = 1.5, o.log_ratio_clamp = s.bound = oracle::inf;
-  if (objective == "gspo_own") o.kind = ulorl::objective_kind::gspo, o.seq_gradient = ulorl::sequence_gradient::own_token;
-  if (objective == "gspo_mean") o.kind = ulorl::objective_kind::gspo, o.seq_gradient = ulorl::sequence_gradient::through_mean;
-  if (objective == "cispo") o.kind = ulorl::objective_kind::cispo;
-  if (objective == "gmpo") o.kind = ulorl::objective_kind::gmpo;
-  if (objective == "sapo") o.kind = ulorl::objective_kind::sapo;
-  if (objective == "pg") o.kind = ulorl::objective_kind::policy_gradient;
-
-  auto& k = c.cfg.kl;
-  if (kl != "none") c.cfg.kl_coef = s.beta = 0.3;
-  s.kl = kl;
-  if (kl == "k1") k.estimator = ulorl::kl_estimator::k1;
-  if (kl == "abs") k.estimator = ulorl::kl_estimator::abs;
-  if (kl == "k2") k.estimator = ulorl::kl_estimator::k2;
-  if (kl == "k3") k.estimator = ulorl::kl_estimator::k3, k.input_clamp = s.kl_in = 1.5, k.output_clamp = s.kl_out = 1.2;
-  if (kl == "k3_st") s.kl = "k3", k.estimator = ulorl::kl_estimator::k3, k.straight_through = s.kl_straight_through = true;
-  if (kl == "k3_iw") s.kl = "k3", k.estimator = ulorl::kl_estimator::k3, k.importance_weighted = s.kl_importance_weighted = true;
-  c.cfg.entropy_coef = s.ent_coef = 0.01;
-
-  s.agg = agg;
-  s.denom = denom;
-  s.scale = 1.5;
-  ulorl::agg_mode m = ulorl::agg_mode::token_mean;
-  if (agg == "seq_sum") m = ulorl::agg_mode::seq_mean_token_sum;
-  if (agg == "seq_mean") m = ulorl::agg_mode::seq_mean_token_mean;
-  if (agg == "constant") m = ulorl::agg_mode::constant;
-  c.cfg.normalizer = {m, denom, 1.5};
-  return c;
 }
 
 oracle::batch to_oracle(const problem& p, bool with_kl) {
@@ -465,81 +420,15 @@ TEST_CASE("policy_token_loss: the per-token API matches the batch function") {
 
 namespace {
 
-//! A minimal contiguous buffer (std::vector<bool> has no data()).
-template <class E>
-struct buffer {
-  using value_type = E;
-  std::unique_ptr<E[]> p;
-  std::size_t n = 0;
-  explicit buffer(std::size_t size) : p(new E[size]()), n(size) {}
-  buffer(const buffer& o) : buffer(o.n) { std::copy(o.p.get(), o.p.get() + n, p.get()); }
-  [[nodiscard]] E* data() { return p.get(); }
-  [[nodiscard]] const E* data() const { return p.get(); }
-  [[nodiscard]] std::size_t size() const { return n; }
-  E& operator[](std::size_t i) { return p[i]; }
-  const E& operator[](std::size_t i) const { return p[i]; }
-};
-
 //! Runs policy_loss on unit-stride rows (the vectorised fast path) and on the same data
 //! interleaved with junk (column stride 2: the generic view loop) and compares everything.
 template <class T, class M>
 void fast_vs_generic(std::mt19937_64& rng, std::size_t B, std::size_t Tn, const ulorl::policy_loss_config& cfg, bool weights,
                      bool entropy, double tol) {
-  std::uniform_real_distribution<double> u(0, 1);
-  const std::size_t n = B * Tn;
-  std::vector<T> lp(n), old(n), adv(n), ref(n), w(n), ent(n);
-  buffer<M> mask(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    old[i] = static_cast<T>(-5 * u(rng));
-    double x = (u(rng) - 0.5) * 1.6;
-    if (u(rng) < 0.03) x = u(rng) < 0.5 ? -25 - u(rng) : 25 + u(rng);  // beyond the log-ratio clamp
-    lp[i] = static_cast<T>(old[i] + x);
-    adv[i] = static_cast<T>(u(rng) < 0.1 ? 0.0 : (u(rng) - 0.5) * 4);
-    ref[i] = static_cast<T>(lp[i] + (u(rng) - 0.5) * (u(rng) < 0.1 ? 6 : 0.6));
-    w[i] = static_cast<T>(0.2 + 1.5 * u(rng));
-    ent[i] = static_cast<T>(3 * u(rng));
-    mask[i] = static_cast<M>(u(rng) < 0.8 ? 1 : 0);
-    if (u(rng) < 0.01) mask[i] = M(0), lp[i] = old[i] = T(0);  // a masked token with a degenerate ratio
-  }
-  auto view = [&](const auto& v) {
-    using E = typename std::decay_t<decltype(v)>::value_type;
-    return ulorl::token_view<const E>::padded(ulorl::matrix_view<const E>(v.data(), B, Tn));
-  };
-  auto spread = [](const auto& v) {
-    std::decay_t<decltype(v)> s(2 * v.size());  // NOLINT
-    for (std::size_t i = 0; i < v.size(); ++i) s[2 * i] = v[i], s[2 * i + 1] = static_cast<typename std::decay_t<decltype(v)>::value_type>(0.5);
-    return s;
-  };
-  auto sview = [&](const auto& v) {
-    using E = typename std::decay_t<decltype(v)>::value_type;
-    return ulorl::token_view<const E>::padded(ulorl::matrix_view<const E>(v.data(), B, Tn, 2 * static_cast<std::ptrdiff_t>(Tn), 2));
-  };
-  const auto slp = spread(lp), sold = spread(old), sadv = spread(adv), sref = spread(ref), sw = spread(w), sent = spread(ent);
-  auto smask = spread(mask);
-  for (std::size_t i = 0; i < n; ++i) smask[2 * i + 1] = M(0);
-
-  ulorl::policy_loss_inputs<T, M> fin{view(lp), view(old), view(adv), view(mask)};
-  ulorl::policy_loss_inputs<T, M> gin{sview(slp), sview(sold), sview(sadv), sview(smask)};
-  if (cfg.kl_coef != 0) fin.ref_log_prob = view(ref), gin.ref_log_prob = sview(sref);
-  if (weights) fin.weights = view(w), gin.weights = sview(sw);
-  if (entropy) fin.entropy = view(ent), gin.entropy = sview(sent);
-  std::vector<T> fg(n, T(-7)), fge(n, T(-7)), gg(2 * n, T(-7)), gge(2 * n, T(-7));
-  const auto fr = ulorl::policy_loss(fin, cfg, ulorl::token_view<T>::padded(ulorl::matrix_view<T>(fg.data(), B, Tn)),
-                                     entropy ? ulorl::token_view<T>::padded(ulorl::matrix_view<T>(fge.data(), B, Tn)) : ulorl::token_view<T>{});
-  const auto gr = ulorl::policy_loss(
-      gin, cfg, ulorl::token_view<T>::padded(ulorl::matrix_view<T>(gg.data(), B, Tn, 2 * static_cast<std::ptrdiff_t>(Tn), 2)),
-      entropy ? ulorl::token_view<T>::padded(ulorl::matrix_view<T>(gge.data(), B, Tn, 2 * static_cast<std::ptrdiff_t>(Tn), 2))
-              : ulorl::token_view<T>{});
-  double gmax = 0;
-  for (std::size_t i = 0; i < n; ++i) gmax = std::max(gmax, std::fabs(static_cast<double>(gg[2 * i])));
-  for (std::size_t i = 0; i < n; ++i) {
-    INFO("token " << i);
-    REQUIRE(static_cast<double>(fg[i]) == Approx(static_cast<double>(gg[2 * i])).epsilon(tol).margin(tol * gmax));
-    REQUIRE(gg[2 * i + 1] == T(-7));  // gaps untouched
-    if (mask[i] == M(0)) REQUIRE(fg[i] == T(0));
-    if (entropy) REQUIRE(fge[i] == gge[2 * i]);
-  }
-  loss_compare::require_same_result(fr, gr, tol);
+  const auto p = loss_paths::random_problem(rng, B, Tn);
+  const auto r = loss_paths::run_both<T, M>(p, cfg, weights, entropy);
+  REQUIRE(r.generic.gaps_untouched);
+  loss_compare::require_same_paths(r.fast, r.generic, p, tol, entropy);
 }
 
 }  // namespace

@@ -2,40 +2,26 @@
 // in one program (tests/isa/test_loss_isa.cpp). Each probe translation unit runs policy_loss on
 // the caller's data twice: on unit-stride rows (the explicit-SIMD kernel, whose code follows the
 // TU's -m flags: 16-byte lanes by default, 32 with AVX2, 64 with AVX-512 mask registers) and on
-// the same data interleaved with junk (column stride 2: the generic scalar loop). The data and
-// the comparisons live in the portable TU, so no probe runs before the CPU check.
+// the same data interleaved with junk (column stride 2: the generic scalar loop), through
+// support/loss_paths.hpp. The data and the comparisons live in the portable TU, so no probe runs
+// before the CPU check.
 #pragma once
-
-#include <ulorl/loss/policy_loss.hpp>
 
 #include <cstddef>
 #include <string>
-#include <vector>
+
+#include "support/loss_paths.hpp"
 
 namespace loss_isa {
 
-//! Row-major B x T problem in float64; each probe converts it to its element types.
-struct problem {
-  std::size_t B = 0, T = 0;
-  std::vector<double> lp, old, adv, ref, w, ent, mask;
-};
+using loss_paths::paths;
+using loss_paths::problem;
+using loss_paths::run_result;
 
 //! Element types of one run: value type x mask type.
 enum class types { double_double, double_u8, float_u8, float_float };
 
-struct run_result {
-  ulorl::policy_loss_result res;
-  std::vector<double> grad, grad_entropy;  //!< B x T
-  bool gaps_untouched = true;              //!< the strided run left the interleaved junk alone
-};
-
-struct paths {
-  run_result fast;     //!< unit-stride rows: the vectorised kernel
-  run_result generic;  //!< column stride 2: the scalar loop over views
-};
-
-//! weights / entropy: pass the problem's weights / entropy arrays (the config's entropy_coef
-//! must be non-zero for the entropy term).
+//! loss_paths::run_both for the element types `ty`, built with this TU's flags.
 paths portable(const problem& p, const ulorl::policy_loss_config& cfg, types ty, bool weights, bool entropy);  // default flags
 paths avx2(const problem& p, const ulorl::policy_loss_config& cfg, types ty, bool weights, bool entropy);      // -mavx2 -mfma
 paths avx512(const problem& p, const ulorl::policy_loss_config& cfg, types ty, bool weights, bool entropy);    // -mavx512f/bw/dq/vl -mfma

@@ -18,6 +18,7 @@
 
 #include "catch.hpp"
 #include "loss_isa_probe.hpp"
+#include "support/loss_combos.hpp"
 #include "support/loss_compare.hpp"
 
 namespace {
@@ -30,67 +31,6 @@ bool cpu_has_avx512() {
   __builtin_cpu_init();
   return cpu_has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-}
-
-loss_isa::problem make_problem(std::mt19937_64& rng, std::size_t B, std::size_t Tn) {
-  std::uniform_real_distribution<double> u(0, 1);
-  loss_isa::problem p;
-  p.B = B, p.T = Tn;
-  const std::size_t n = B * Tn;
-  for (auto* v : {&p.lp, &p.old, &p.adv, &p.ref, &p.w, &p.ent, &p.mask}) v->resize(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    // Values representable in float, so that every element type sees the same problem.
-    const auto f = [](double x) { return static_cast<double>(static_cast<float>(x)); };
-    p.old[i] = f(-5 * u(rng));
-    double x = (u(rng) - 0.5) * 1.6;
-    if (u(rng) < 0.03) x = u(rng) < 0.5 ? -25 - u(rng) : 25 + u(rng);  // beyond the log-ratio clamp
-    p.lp[i] = f(p.old[i] + x);
-    p.adv[i] = u(rng) < 0.1 ? 0.0 : f((u(rng) - 0.5) * 4);
-    p.ref[i] = f(p.lp[i] + (u(rng) - 0.5) * (u(rng) < 0.1 ? 6 : 0.6));
-    p.w[i] = f(0.2 + 1.5 * u(rng));
-    p.ent[i] = f(3 * u(rng));
-    p.mask[i] = u(rng) < 0.8 ? 1 : 0;
-    if (u(rng) < 0.01) p.mask[i] = 0, p.lp[i] = p.old[i] = 0;  // a masked token with a degenerate ratio
-  }
-  return p;
-}
-
-ulorl::policy_loss_config make_config(const std::string& obj, const std::string& kl, const std::string& agg, bool entropy, double denom) {
-  ulorl::policy_loss_config c;
-  auto& o = c.objective;
-  o.eps_low = 0.2, o.eps_high = 0.28, o.log_ratio_clamp = 20, o.seq_log_ratio_max = 10;
-  if (obj == "ppo_dual") o.dual_clip = 3;
-  if (obj == "ppo_delta") o.delta = 1.5, o.log_ratio_clamp = ulorl::no_limit;
-  if (obj == "gspo_own") o.kind = ulorl::objective_kind::gspo, o.seq_gradient = ulorl::sequence_gradient::own_token;
-  if (obj == "gspo_mean") o.kind = ulorl::objective_kind::gspo, o.seq_gradient = ulorl::sequence_gradient::through_mean;
-  if (obj == "cispo") o.kind = ulorl::objective_kind::cispo;
-  if (obj == "gmpo") o.kind = ulorl::objective_kind::gmpo;
-  if (obj == "sapo") o.kind = ulorl::objective_kind::sapo;
-  if (obj == "pg") o.kind = ulorl::objective_kind::policy_gradient;
-  auto& k = c.kl;
-  if (kl != "none") c.kl_coef = 0.3;
-  if (kl == "k1") k.estimator = ulorl::kl_estimator::k1;
-  if (kl == "abs") k.estimator = ulorl::kl_estimator::abs;
-  if (kl == "k2") k.estimator = ulorl::kl_estimator::k2;
-  if (kl == "k3") k.estimator = ulorl::kl_estimator::k3, k.input_clamp = 1.5, k.output_clamp = 1.2;
-  if (kl == "k3_st") k.estimator = ulorl::kl_estimator::k3, k.straight_through = true;
-  if (kl == "k3_iw") k.estimator = ulorl::kl_estimator::k3, k.importance_weighted = true;
-  c.entropy_coef = entropy ? 0.01 : 0.0;
-  c.normalizer = {agg == "seq_mean" ? ulorl::agg_mode::seq_mean_token_mean : ulorl::agg_mode::token_mean, denom, 1.5};
-  return c;
-}
-
-//! a and b agree: gradients token by token, the rest as loss_compare::require_same_result.
-void require_same(const loss_isa::run_result& a, const loss_isa::run_result& b, const loss_isa::problem& p, double tol, bool entropy) {
-  double gmax = 0;
-  for (double g : b.grad) gmax = std::max(gmax, std::fabs(g));
-  for (std::size_t i = 0; i < b.grad.size(); ++i) {
-    INFO("token " << i);
-    REQUIRE(a.grad[i] == Approx(b.grad[i]).epsilon(tol).margin(tol * gmax));
-    if (p.mask[i] == 0) REQUIRE((a.grad[i] == 0 && b.grad[i] == 0));
-    if (entropy) REQUIRE(a.grad_entropy[i] == b.grad_entropy[i]);
-  }
-  loss_compare::require_same_result(a.res, b.res, tol);
 }
 
 using probe_fn = loss_isa::paths (*)(const loss_isa::problem&, const ulorl::policy_loss_config&, loss_isa::types, bool, bool);
@@ -109,8 +49,9 @@ void check_isa(const char* isa, probe_fn probe, scan_fn scan) {
         const bool weights = (k & 1) != 0, entropy = (k & 2) != 0;
         const std::size_t Tn = lengths[k % 5], B = Tn > 100 ? 3 : 6;
         ++k;
-        const auto p = make_problem(rng, B, Tn);
-        const auto cfg = make_config(obj, kl, agg, entropy, 37.0);
+        const auto p = loss_paths::random_problem(rng, B, Tn);
+        auto cfg = make_combo(obj, kl, agg, 37.0).cfg;
+        if (!entropy) cfg.entropy_coef = 0;
         for (std::size_t t = 0; t < 4; ++t) {
           INFO(isa << ": " << obj << " " << kl << " " << agg << " T=" << Tn << " weights=" << weights << " entropy=" << entropy << " "
                    << type_names[t]);
@@ -118,10 +59,10 @@ void check_isa(const char* isa, probe_fn probe, scan_fn scan) {
           const double tol = dbl ? 1e-12 : 2e-5;
           const auto mine = probe(p, cfg, all_types[t], weights, entropy);
           REQUIRE(mine.generic.gaps_untouched);
-          require_same(mine.fast, mine.generic, p, tol, entropy);  // this build's kernel vs its scalar loop
+          loss_compare::require_same_paths(mine.fast, mine.generic, p, tol, entropy);  // this build's kernel vs its scalar loop
           if (probe != &loss_isa::portable) {
             const auto base = loss_isa::portable(p, cfg, all_types[t], weights, entropy);
-            require_same(mine.fast, base.fast, p, tol, entropy);  // vs the default build's kernel
+            loss_compare::require_same_paths(mine.fast, base.fast, p, tol, entropy);  // vs the default build's kernel
           }
           ++runs;
         }
@@ -131,8 +72,8 @@ void check_isa(const char* isa, probe_fn probe, scan_fn scan) {
   std::size_t cases = 0;
   for (const std::size_t Tn : {std::size_t{37}, std::size_t{70}})
     for (std::size_t t = 0; t < 4; ++t) {
-      const auto p = make_problem(rng, 3, Tn);
-      const auto cfg = make_config("ppo", "k3", "token", true, 37.0);
+      const auto p = loss_paths::random_problem(rng, 3, Tn);
+      const auto cfg = make_combo("ppo", "k3", "token", 37.0).cfg;
       std::string failure;
       cases += scan(p, cfg, all_types[t], failure);
       INFO(isa << " value scan, T=" << Tn << " " << type_names[t] << ": " << failure);

@@ -6,9 +6,11 @@
 
 #include <ulorl/loss/policy_loss.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "catch.hpp"
+#include "support/loss_paths.hpp"
 
 namespace loss_compare {
 
@@ -39,6 +41,22 @@ inline void require_same_result(const ulorl::policy_loss_result& r, const ulorl:
   }
   same(m.kl_sum, q.kl_sum, m.tokens);
   same(m.entropy_sum, q.entropy_sum, m.tokens);
+}
+
+//! Two runs of the same problem agree: gradients token by token (to tol, with a margin scaled by
+//! the largest gradient), masked tokens' gradients 0 in both, entropy gradients exactly, and the
+//! rest as require_same_result.
+inline void require_same_paths(const loss_paths::run_result& a, const loss_paths::run_result& b, const loss_paths::problem& p,
+                               double tol, bool entropy) {
+  double gmax = 0;
+  for (double g : b.grad) gmax = std::max(gmax, std::fabs(g));
+  for (std::size_t i = 0; i < b.grad.size(); ++i) {
+    INFO("token " << i);
+    REQUIRE(a.grad[i] == Approx(b.grad[i]).epsilon(tol).margin(tol * gmax));
+    if (p.mask[i] == 0) REQUIRE((a.grad[i] == 0 && b.grad[i] == 0));
+    if (entropy) REQUIRE(a.grad_entropy[i] == b.grad_entropy[i]);
+  }
+  require_same_result(a.res, b.res, tol);
 }
 
 }  // namespace loss_compare

@@ -266,6 +266,18 @@ inline void fold_row(policy_loss_result& res, const row_sums& s, double w, doubl
   m.kl_sum += s.kl, m.entropy_sum += s.ent;
 }
 
+//! f(std::bool_constant<b>{}...) for run-time flags b...: each flag becomes a template argument of
+//! the kernel that `f` instantiates (2^k instantiations, no loop-invariant branches inside).
+template <class F>
+decltype(auto) with_flags(F&& f) {
+  return f();
+}
+template <class F, class... Flags>
+decltype(auto) with_flags(F&& f, bool b, Flags... rest) {
+  if (b) return with_flags([&](auto... t) { return f(std::true_type{}, t...); }, rest...);
+  return with_flags([&](auto... t) { return f(std::false_type{}, t...); }, rest...);
+}
+
 #if defined(ULORL_LOSS_SIMD)
 namespace loss_simd {
 
@@ -687,18 +699,12 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
       T* g = grad.row(b).data();
       // The optional inputs are compile-time, so that the kernel has no loop-invariant branches.
       auto run = [&](auto plain_tag, auto hw, auto he) {
-        using kernel = loss_simd::row_kernel<K, decltype(plain_tag)::value, HasKL, E, IW, decltype(hw)::value, decltype(he)::value, T,
-                                             ULORL_LOSS_VEC_BYTES>;
+        constexpr bool Plain = K == objective_kind::ppo_clip && decltype(plain_tag)::value;
+        using kernel = loss_simd::row_kernel<K, Plain, HasKL, E, IW, decltype(hw)::value, decltype(he)::value, T, ULORL_LOSS_VEC_BYTES>;
         nb = kernel::row(n, lp, old, adv, mk, ref, wts, ent, g, w, p, s);
       };
-      auto with_plain = [&](auto hw, auto he) {
-        if constexpr (K == objective_kind::ppo_clip) {
-          if (plain) return run(std::true_type{}, hw, he);
-        }
-        run(std::false_type{}, hw, he);
-      };
-      if (has_w) has_ent ? with_plain(std::true_type{}, std::true_type{}) : with_plain(std::true_type{}, std::false_type{});
-      else has_ent ? with_plain(std::false_type{}, std::true_type{}) : with_plain(std::false_type{}, std::false_type{});
+      // Only ppo_clip has a plain form: the other objectives never instantiate it.
+      with_flags(run, K == objective_kind::ppo_clip && plain, has_w, has_ent);
     } else
 #endif
     {
@@ -885,14 +891,7 @@ template <class T, class M, class Exec>
       return ok.load(std::memory_order_relaxed);
     }
   };
-  using yes = std::true_type;
-  using no = std::false_type;
-  if (kl) {
-    if (w) return e ? scan(yes{}, yes{}, yes{}) : scan(yes{}, yes{}, no{});
-    return e ? scan(yes{}, no{}, yes{}) : scan(yes{}, no{}, no{});
-  }
-  if (w) return e ? scan(no{}, yes{}, yes{}) : scan(no{}, yes{}, no{});
-  return e ? scan(no{}, no{}, yes{}) : scan(no{}, no{}, no{});
+  return with_flags(scan, kl, w, e);
 }
 }  // namespace ULORL_LOSS_ISA
 }  // namespace detail
