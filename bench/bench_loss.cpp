@@ -7,9 +7,9 @@
 //   *_threads variants                the loss (checked and unchecked) with ulorl::thread_executor and the
 //                                 streaming pass split the same way (ULORL_BENCH_THREADS, default every core)
 // all in the same run. Bytes per token: 4 float inputs + 1-byte mask + 1 float output = 21 (float).
-// After the runs a summary on stderr prints fused/multipass and fused/stream ratios per size, and
-// the loss against the machine's memory bandwidth (the stream of the largest size, beyond the
-// caches) (stdout stays valid JSON with --benchmark_format=json).
+// After the runs a summary on stderr prints fused/multipass and fused/stream ratios per size, the
+// loss against the machine's memory bandwidth (the stream of the largest size, beyond the caches),
+// and the bandwidth target's verdict per mode (stdout stays valid JSON with --benchmark_format=json).
 #include <benchmark/benchmark.h>
 
 #include <ulorl/loss/policy_loss.hpp>
@@ -186,6 +186,8 @@ BENCHMARK(BM_policy_loss<float, false, true>)->Apply(sizes)->Unit(benchmark::kMi
 BENCHMARK(BM_policy_loss<float, true, true>)->Apply(sizes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_stream_same_bytes<float, true>)->Apply(sizes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_policy_loss<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_policy_loss<double>)->Apply(sizes_packed)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_policy_loss<double, false>)->Apply(sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ref_policy_loss_multipass<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_stream_same_bytes<double>)->Apply(sizes)->Unit(benchmark::kMillisecond);
 
@@ -246,8 +248,50 @@ class summary_reporter : public benchmark::BenchmarkReporter {
                        "| vs one-thread streaming %.0f%%\n",
                        ty, n, bench_threads(), threaded / 1e6, bench_threads(), tstream > 0 ? 100.0 * threaded / tstream : 0.0,
                        stream > 0 ? 100.0 * threaded / stream : 0.0);
+        const double packed = rate_["BM_policy_loss<" + std::string(ty) + ">/" + std::to_string(n) + "/1"];
+        if (packed > 0)
+          std::fprintf(stderr, "  %-6s %9ld tokens: packed layout (check_values on) %.1f M tok/s | vs memory bandwidth %.0f%%\n", ty, n,
+                       packed / 1e6, pct(packed, membw));
+      }
+      targets(ty, membw);
+    }
+  }
+
+  //! The bandwidth target (>= 50% of the streaming read bandwidth) for one element type.
+  //! Its subject is the fused pass (one read of every input: check_values = false), judged against
+  //! the machine's memory bandwidth at every size. The default validated call reads every input
+  //! twice (the scan must finish before anything is written: outputs untouched on bad input), so
+  //! it is printed beside its own bound: this run's fused pass plus one stream of the inputs.
+  void targets(const char* ty, double membw) {
+    if (membw <= 0) return;
+    const std::string t(ty);
+    const double in_share = (4.0 * (t == "float" ? 4 : 8) + 1.0) / (5.0 * (t == "float" ? 4 : 8) + 1.0);  // inputs of the 21/41 B
+    std::string fused_cells, checked_cells;
+    bool met = true, any = false;
+    for (long n : {1L << 20, 1L << 22, 1L << 24}) {
+      const std::string sfx = std::to_string(n) + "/0";
+      const double fused = rate_["BM_policy_loss<" + t + ", false>/" + sfx];
+      const double checked = rate_["BM_policy_loss<" + t + ">/" + sfx];
+      const double stream = rate_["BM_stream_same_bytes<" + t + ">/" + sfx];
+      char buf[96];
+      if (fused > 0) {
+        any = true;
+        met = met && fused >= 0.5 * membw;
+        std::snprintf(buf, sizeof buf, "  %ldM %.0f%%", n >> 20, 100.0 * fused / membw);
+        fused_cells += buf;
+      }
+      if (checked > 0 && fused > 0 && stream > 0) {
+        const double bound = 1.0 / (1.0 / fused + in_share / stream);
+        std::snprintf(buf, sizeof buf, "  %ldM %.0f%% (bound %.0f%%)", n >> 20, 100.0 * checked / membw, 100.0 * bound / membw);
+        checked_cells += buf;
       }
     }
+    if (!any) return;
+    std::fprintf(stderr, "  %-6s target >= 50%% of the streaming read bandwidth, fused pass (check_values=false), vs memory bandwidth:%s -> %s\n",
+                 ty, fused_cells.c_str(), met ? "met" : "NOT met");
+    if (!checked_cells.empty())
+      std::fprintf(stderr, "  %-6s validated default (check_values=true, reads the inputs twice), vs memory bandwidth:%s\n", ty,
+                   checked_cells.c_str());
   }
 
  private:

@@ -104,6 +104,12 @@ TEST_CASE("count_batch, global_normalizer and rejected normalisers") {
   REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {ulorl::agg_mode::token_mean, 3, 1}, mv(g, B, T)), ulorl::error);
   m[1] = 1;
   REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {ulorl::agg_mode::token_mean, -1, 1}, mv(g, B, T)), ulorl::error);
+  try {  // a value outside the enum
+    (void)ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {static_cast<ulorl::agg_mode>(17), 3, 1}, mv(g, B, T));
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    REQUIRE(e.argument() == "normalizer.mode");
+  }
   L[2] = std::nan("");
   REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {ulorl::agg_mode::token_mean, 3, 1}, mv(g, B, T)), ulorl::error);
   for (double v : g) REQUIRE(v == 8.0);

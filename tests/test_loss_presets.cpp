@@ -47,6 +47,16 @@ TEST_CASE("openrlhf, nemo_rl and trl presets") {
   const ulorl::batch_counts c{.tokens = 10, .sequences = 3, .rows = 4};
   REQUIRE(P::openrlhf::normalizer(false, c, 2.0, std::nullopt, 8.0).denominator == 8.0);
   REQUIRE(P::openrlhf::normalizer(false, c, 2.0, std::nullopt, std::nullopt).denominator == 3.0);
+  // policy_normalizer: gspo is always sequence-level; ppo keeps the caller's choice.
+  const auto ng = P::openrlhf::policy_normalizer("gspo", true, c, 2.0, 10.0, std::nullopt);
+  REQUIRE(ng.mode == ulorl::agg_mode::seq_mean_token_mean);
+  REQUIRE(ng.denominator == 3.0);
+  REQUIRE(ng.scale == 1.0);
+  const auto np = P::openrlhf::policy_normalizer("ppo", true, c, 2.0, 10.0, std::nullopt);
+  REQUIRE(np.mode == ulorl::agg_mode::token_mean);
+  REQUIRE(np.denominator == 10.0);
+  REQUIRE(np.scale == 2.0);
+  REQUIRE_THROWS_AS(P::openrlhf::policy_normalizer("cispo", true, c, 1.0, std::nullopt, std::nullopt), ulorl::error);
   const auto nk = P::nemo_rl::kl("k3", 20.0, std::nullopt);
   REQUIRE(nk.input_clamp == 20.0);
   REQUIRE(nk.output_clamp == ulorl::no_limit);

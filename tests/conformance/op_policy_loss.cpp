@@ -44,10 +44,10 @@ const conformance::registrar reg("policy_loss", [](const std::string& preset, co
     mode = conformance::param_string(params, "policy_loss_type", "ppo");
     cfg.objective = P::openrlhf::objective(mode, conformance::param_double(params, "clip_eps_low", 0.2),
                                            conformance::param_double(params, "clip_eps_high", 0.2), conformance::param_optional(params, "dual_clip"));
-    const bool token_level = mode == "gspo" ? false : conformance::param_bool(params, "token_level_loss", true);
     if (counts.tokens == 0) throw conformance::reject("policy_loss: openrlhf metrics divide by N = 0 valid tokens");
-    cfg.normalizer = P::openrlhf::normalizer(token_level, counts, dp, conformance::param_optional(params, "batch_num_tokens"),
-                                             conformance::param_optional(params, "global_batch_size"));
+    cfg.normalizer = P::openrlhf::policy_normalizer(mode, conformance::param_bool(params, "token_level_loss", true), counts, dp,
+                                                    conformance::param_optional(params, "batch_num_tokens"),
+                                                    conformance::param_optional(params, "global_batch_size"));
   } else {
     throw conformance::reject("policy_loss: unknown preset '" + preset + "'");
   }

@@ -79,6 +79,14 @@ struct agg_normalizer {
 
 //! Throws when the normaliser is zero (e.g. zero valid tokens), negative or not finite.
 inline void validate_normalizer(std::string_view fn, const agg_normalizer& n) {
+  switch (n.mode) {
+    case agg_mode::token_mean:
+    case agg_mode::seq_mean_token_sum:
+    case agg_mode::seq_mean_token_mean:
+    case agg_mode::seq_mean_token_sum_norm:
+    case agg_mode::constant: break;
+    default: detail::fail_value(fn, "normalizer.mode", static_cast<int>(n.mode), "not an agg_mode");
+  }
   if (!(n.denominator > 0.0) || !std::isfinite(n.denominator))
     detail::fail_value(fn, "normalizer.denominator", n.denominator,
                        "must be finite and > 0 (a normaliser of zero tokens or sequences)");

@@ -166,6 +166,17 @@ namespace openrlhf {
                            : agg_normalizer{agg_mode::seq_mean_token_mean, local.sequences, 1.0};
 }
 
+//! The normaliser a `policy_loss_type` actually uses: gspo forces the sequence-level loss
+//! (token_level_loss = false) whatever the caller asked for.
+[[nodiscard]] inline agg_normalizer policy_normalizer(std::string_view policy_loss_type, bool token_level_loss,
+                                                      const batch_counts& local, double dp_size,
+                                                      std::optional<double> batch_num_tokens,
+                                                      std::optional<double> global_batch_size) {
+  if (policy_loss_type != "ppo" && policy_loss_type != "gspo")
+    detail_presets::unknown("presets::openrlhf::policy_normalizer", "policy_loss_type", policy_loss_type);
+  return normalizer(policy_loss_type == "gspo" ? false : token_level_loss, local, dp_size, batch_num_tokens, global_batch_size);
+}
+
 }  // namespace openrlhf
 
 // ---- NeMo-RL --------------------------------------------------------------------------------------

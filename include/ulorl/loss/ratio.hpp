@@ -209,6 +209,15 @@ rollout_correction_stats rollout_correction_weights(token_view<const T> old_log_
   if (!(cfg.log_ratio_clamp > 0)) detail::fail_value(fn, "log_ratio_clamp", cfg.log_ratio_clamp, "must be > 0");
   require_all_finite(fn, "old_log_prob", old_log_prob);
   require_all_finite(fn, "rollout_log_prob", rollout_log_prob);
+  // Each token's log-ratio must be finite too: finite inputs near the double range overflow, and a
+  // sequence sum holding both +inf and -inf would be NaN.
+  for (std::size_t b = 0; b < old_log_prob.rows(); ++b) {
+    const auto o = old_log_prob.row(b), r = rollout_log_prob.row(b);
+    for (std::size_t t = 0; t < o.size(); ++t)
+      if (!std::isfinite(static_cast<double>(o[t]) - static_cast<double>(r[t])))
+        detail::fail_at(fn, "rollout_log_prob", static_cast<std::int64_t>(rollout_log_prob.flat_index(b, t)), r[t],
+                        "old_log_prob - rollout_log_prob overflows");
+  }
 
   const double bound = cfg.log_ratio_clamp;
   auto bounded = [&](double rho) {
