@@ -1,17 +1,25 @@
 // Tests of ulorl/loss/policy_loss.hpp: values against the independent float64 oracle, gradients
 // against central finite differences of the oracle for every objective x KL estimator x aggregation
-// mode, the partition property, layouts, float vs double, bad input, extreme input and properties.
+// mode, TRL's loss types through the presets against TRL's own formulas, the partition property,
+// layouts, float vs double, bad input, extreme input and properties.
 #include <ulorl/loss/policy_loss.hpp>
+#include <ulorl/loss/presets.hpp>
 
 #include <algorithm>
 #include <iomanip>
+#include <iterator>
+#include <limits>
+#include <map>
 #include <memory>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -29,13 +37,18 @@ struct problem {
   std::vector<double> lp, old, adv, mask, ref, w, ent;
 };
 
+//! A [B, T] problem with every array but the weights allocated (zeros).
+problem sized_problem(std::size_t B, std::size_t T) {
+  problem p;
+  p.B = B, p.T = T;
+  for (auto* v : {&p.lp, &p.old, &p.adv, &p.mask, &p.ref, &p.ent}) v->assign(B * T, 0.0);
+  return p;
+}
+
 //! Random problem. Log-ratios mostly in (-0.7, 0.7) (all clip regions), a few beyond +-20.
 problem random_problem(std::mt19937_64& rng, std::size_t B, std::size_t T, bool weights) {
   std::uniform_real_distribution<double> u(0, 1);
-  problem p;
-  p.B = B, p.T = T;
-  const std::size_t n = B * T;
-  p.lp.resize(n), p.old.resize(n), p.adv.resize(n), p.mask.resize(n), p.ref.resize(n), p.ent.resize(n);
+  problem p = sized_problem(B, T);
   for (std::size_t b = 0; b < B; ++b) {
     const double len = std::floor(u(rng) * static_cast<double>(T + 1));  // 0..T valid tokens
     const double a_row = (u(rng) - 0.5) * 4;
@@ -52,7 +65,7 @@ problem random_problem(std::mt19937_64& rng, std::size_t B, std::size_t T, bool 
     }
   }
   if (weights) {
-    p.w.resize(n);
+    p.w.resize(B * T);
     for (auto& v : p.w) v = 0.2 + 1.5 * u(rng);
   }
   return p;
@@ -94,16 +107,49 @@ run_out run(const problem& p, const ulorl::policy_loss_config& cfg) {
 
 }  // namespace
 
+namespace {
+
+const char* const all_objectives[] = {"ppo", "ppo_sym", "ppo_prorl", "ppo_dual", "ppo_delta", "gspo_own",
+                                      "gspo_mean", "cispo", "gmpo", "sapo", "pg"};
+const char* const all_kls[] = {"none", "k1", "abs", "k2", "k3", "k3_st", "k3_iw", "k1_st", "abs_st", "k2_st", "k3_st_clamp",
+                               "k1_clamp", "abs_clamp", "k2_clamp", "k1_iclamp", "abs_iclamp", "k2_iclamp"};
+const char* const all_aggs[] = {"token_mean", "seq_sum", "seq_mean", "seq_sum_norm", "constant"};
+
+//! Compares a gradient with the central differences fd (step h) and fd2 (step 10 h); where the two
+//! disagree the point sits next to a kink (clamp bound, min/max switch): the derivative is
+//! one-sided there and FD cannot judge it. Counts checked and skipped elements.
+void require_grad_matches_fd(const std::vector<double>& grad, const std::vector<double>& fd, const std::vector<double>& fd2,
+                             const problem& p, std::size_t& checked, std::size_t& skipped) {
+  REQUIRE(grad.size() == fd.size());
+  for (std::size_t i = 0; i < fd.size(); ++i) {
+    if (std::fabs(fd[i] - fd2[i]) > 1e-6 * (1 + std::fabs(fd[i]))) {
+      ++skipped;
+      continue;
+    }
+    INFO(std::setprecision(17) << "token " << i << " lp " << p.lp[i] << " old " << p.old[i] << " adv " << p.adv[i] << " ref "
+                               << p.ref[i] << " mask " << p.mask[i] << " w " << (p.w.empty() ? 1.0 : p.w[i]) << " fd " << fd[i]
+                               << " fd2 " << fd2[i]);
+    REQUIRE(grad[i] == Approx(fd[i]).epsilon(1e-6).margin(1e-8));
+    ++checked;
+  }
+}
+
+}  // namespace
+
 TEST_CASE("policy_loss: value and gradient vs oracle + finite differences, every objective x KL x aggregation") {
   std::printf("test_loss_policy_loss seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
-  const char* objectives[] = {"ppo", "ppo_dual", "ppo_delta", "gspo_own", "gspo_mean", "cispo", "gmpo", "sapo", "pg"};
-  const char* kls[] = {"none", "k1", "abs", "k2", "k3", "k3_st", "k3_iw"};
-  const char* aggs[] = {"token_mean", "seq_sum", "seq_mean", "constant"};
-  std::size_t checked = 0, skipped = 0;
-  for (const char* obj : objectives)
-    for (const char* kl : kls)
-      for (const char* agg : aggs) {
+  std::size_t checked = 0, skipped = 0, triples = 0;
+  // Tokens where the KL clamps bind (valid tokens, KL variants with a finite clamp): each clamp
+  // must bind somewhere, or the clamped variants would not test their clamps.
+  struct binds {
+    std::size_t in = 0, out = 0, neither = 0;
+    bool has_in = false, has_out = false;
+  };
+  std::map<std::string, binds> clamp_binds;
+  for (const char* obj : all_objectives)
+    for (const char* kl : all_kls)
+      for (const char* agg : all_aggs) {
         const std::size_t B = 1 + rng() % 5, T = 1 + rng() % 9;
         const problem p = random_problem(rng, B, T, rng() % 2 == 0);
         const double denom = std::string(obj) == "gmpo" ? static_cast<double>(B) : 7.0;
@@ -115,39 +161,152 @@ TEST_CASE("policy_loss: value and gradient vs oracle + finite differences, every
         REQUIRE(out.res.loss == Approx(expect).epsilon(1e-10).margin(1e-12));
         const auto fd = oracle::fd_gradient(c.s, ob, p.lp, 1e-6);
         const auto fd2 = oracle::fd_gradient(c.s, ob, p.lp, 1e-5);
-        for (std::size_t i = 0; i < fd.size(); ++i) {
-          // Where two step sizes disagree the point sits next to a kink (clamp bound, min/max
-          // switch): the derivative is one-sided there and FD cannot judge it.
-          if (std::fabs(fd[i] - fd2[i]) > 1e-6 * (1 + std::fabs(fd[i]))) {
-            ++skipped;
-            continue;
-          }
-          INFO(std::setprecision(17) << "token " << i << " lp " << p.lp[i] << " old " << p.old[i] << " adv " << p.adv[i] << " ref " << p.ref[i]
-                         << " mask " << p.mask[i] << " w " << (p.w.empty() ? 1.0 : p.w[i]) << " fd2 " << fd2[i]);
-          REQUIRE(out.grad[i] == Approx(fd[i]).epsilon(1e-6).margin(1e-8));
-          ++checked;
-        }
-        // d loss / d entropy: -coef times the token's aggregation weight.
+        require_grad_matches_fd(out.grad, fd, fd2, p, checked, skipped);
+        // d loss / d entropy: -coef times the token's aggregation weight (the oracle's row weight,
+        // which knows every mode by name).
         for (std::size_t b = 0; b < B; ++b) {
           double n = 0;
           for (std::size_t t = 0; t < T; ++t) n += p.mask[b * T + t];
-          double w = 1.5 / denom;
-          if (std::string(agg) == "seq_mean") w = n > 0 ? 1.5 / (denom * n) : 0.0;
+          const double w = oracle::row_weight(c.s, n);
           for (std::size_t t = 0; t < T; ++t)
             REQUIRE(out.gent[b * T + t] == Approx(p.mask[b * T + t] * -0.01 * w).margin(1e-15));
         }
+        if (std::isfinite(c.s.kl_in) || std::isfinite(c.s.kl_out)) {
+          auto& cb = clamp_binds[kl];
+          cb.has_in = std::isfinite(c.s.kl_in), cb.has_out = std::isfinite(c.s.kl_out);
+          oracle::spec unclamped = c.s;
+          unclamped.kl_in = unclamped.kl_out = oracle::inf;
+          for (std::size_t i = 0; i < B * T; ++i) {
+            if (p.mask[i] == 0) continue;
+            const double u = p.ref[i] - p.lp[i];
+            const bool ib = std::fabs(u) > c.s.kl_in, obd = std::fabs(oracle::kl_value(unclamped, p.lp[i], p.ref[i])) > c.s.kl_out;
+            cb.in += ib, cb.out += obd, cb.neither += !ib && !obd;
+          }
+        }
+        ++triples;
       }
-  std::printf("  gradient elements checked %zu, skipped next to kinks %zu\n", checked, skipped);
+  std::printf("  %zu objective x KL x aggregation triples; gradient elements checked %zu, skipped next to kinks %zu\n", triples,
+              checked, skipped);
+  REQUIRE(triples == std::size(all_objectives) * std::size(all_kls) * std::size(all_aggs));
+  REQUIRE(skipped * 20 < checked);
+  REQUIRE(clamp_binds.size() == 8);  // k3, k3_st_clamp, {k1, abs, k2} x {_clamp, _iclamp}
+  for (const auto& [kl, cb] : clamp_binds) {
+    std::printf("  %s: valid tokens where the input clamp binds %zu, the output clamp %zu, neither %zu\n", kl.c_str(), cb.in, cb.out,
+                cb.neither);
+    INFO(kl);
+    if (cb.has_in) REQUIRE(cb.in >= 10);
+    if (cb.has_out) REQUIRE(cb.out >= 10);
+    REQUIRE(cb.neither >= 10);
+  }
+}
+
+namespace {
+
+//! A TRL-shaped problem: one advantage per sequence (TRL's advantages are [B]); log-ratios within
+//! +-0.7 (every clip region) and a few at +-2.5 (TRL clamps no log-ratio: exp must stay finite, and
+//! far from the float range), ref - lp within +-2.
+problem trl_problem(std::mt19937_64& rng, std::size_t B, std::size_t T) {
+  std::uniform_real_distribution<double> u(0, 1);
+  problem p = sized_problem(B, T);
+  for (std::size_t b = 0; b < B; ++b) {
+    const double len = std::floor(u(rng) * static_cast<double>(T + 1));
+    const double a_row = (u(rng) - 0.5) * 4;
+    for (std::size_t t = 0; t < T; ++t) {
+      const std::size_t i = b * T + t;
+      p.old[i] = -5 * u(rng);
+      double x = (u(rng) - 0.5) * 1.4;
+      if (u(rng) < 0.05) x = u(rng) < 0.5 ? -2.5 : 2.5;
+      p.lp[i] = p.old[i] + x;
+      p.adv[i] = a_row;
+      p.mask[i] = static_cast<double>(t) < len ? 1.0 : 0.0;
+      p.ref[i] = p.lp[i] + (u(rng) - 0.5) * 4;
+      p.ent[i] = 3 * u(rng);
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("policy_loss: TRL presets (grpo, bnpo, dr_grpo, dapo x token, sequence x beta) vs TRL's formulas + finite differences") {
+  std::mt19937_64 rng(seed + 41);
+  std::printf("TRL presets seed %llu\n", static_cast<unsigned long long>(seed + 41));
+  std::size_t checked = 0, skipped = 0, cases = 0;
+  for (const char* loss_type : {"grpo", "bnpo", "dr_grpo", "dapo"})
+    for (const char* level : {"token", "sequence"})
+      for (int kl_variant = 0; kl_variant < 3; ++kl_variant)  // beta 0; beta 0.04; beta 0.04 + bias correction
+        for (int clip_variant = 0; clip_variant < 2; ++clip_variant)  // epsilon 0.2; 0.2 / 0.28 + delta 1.5
+          for (int rep = 0; rep < 3; ++rep) {
+            const std::size_t B = 1 + rng() % 5, T = 1 + rng() % 9;
+            const problem p = trl_problem(rng, B, T);
+            oracle::trl_spec ts;
+            ts.loss_type = loss_type, ts.level = level;
+            ts.epsilon = 0.2;
+            ts.epsilon_high = clip_variant == 0 ? 0.2 : 0.28;
+            ts.delta = clip_variant == 0 ? 0.0 : 1.5;
+            ts.beta = kl_variant == 0 ? 0.0 : 0.04;
+            ts.bias_correction_kl = kl_variant == 2;
+            ts.ga = 1 + static_cast<double>(rng() % 4);
+            ts.max_completion_length = static_cast<double>(T + rng() % 5);
+            ts.num_processes = 1 + static_cast<double>(rng() % 3);
+            double n_local = 0;
+            for (double m : p.mask) n_local += m;
+            // num_items_in_batch counts the tokens of every micro-batch of the step on every process
+            // (rep 2: zero items, where dapo's normaliser is max(items, 1) / P).
+            ts.num_items_in_batch = rep == 2 ? 0.0 : n_local * ts.ga * ts.num_processes + static_cast<double>(rng() % 7);
+
+            std::vector<double> mask = p.mask;
+            const auto counts = ulorl::count_batch(cview(mask, B, T));
+            ulorl::policy_loss_config cfg;
+            cfg.objective = ulorl::presets::trl::objective(
+                0.2, clip_variant == 0 ? std::nullopt : std::optional<double>(0.28),
+                clip_variant == 0 ? std::nullopt : std::optional<double>(1.5), level);
+            cfg.kl = ulorl::presets::trl::kl(ts.bias_correction_kl);
+            cfg.kl_coef = ts.beta;
+            cfg.normalizer = ulorl::presets::trl::normalizer(loss_type, counts, ts.max_completion_length, ts.ga,
+                                                             ts.num_items_in_batch, ts.num_processes);
+            INFO("loss_type " << loss_type << " level " << level << " beta " << ts.beta << " bias_correction "
+                              << ts.bias_correction_kl << " eps_high " << ts.epsilon_high << " delta " << ts.delta << " B " << B
+                              << " T " << T << " GA " << ts.ga << " max_len " << ts.max_completion_length << " items "
+                              << ts.num_items_in_batch << " P " << ts.num_processes);
+            problem q = p;
+            if (ts.beta == 0) q.ref.assign(q.ref.size(), std::numeric_limits<double>::quiet_NaN());
+            q.ent.clear();
+            run_out out;
+            out.grad.assign(B * T, -7.0);
+            {
+              ulorl::policy_loss_inputs<double, double> in{cview(q.lp, B, T), cview(q.old, B, T), cview(q.adv, B, T),
+                                                           cview(q.mask, B, T)};
+              in.ref_log_prob = cview(q.ref, B, T);  // beta 0: all NaN, never read
+              out.res = ulorl::policy_loss(in, cfg, mview(out.grad, B, T));
+            }
+            const auto ob = to_oracle(p, true);
+            const double expect = oracle::trl_loss(ts, ob, p.lp);
+            REQUIRE(std::isfinite(expect));
+            REQUIRE(out.res.loss == Approx(expect).epsilon(1e-10).margin(1e-12));
+            const auto fd = oracle::trl_fd_gradient(ts, ob, p.lp, 1e-6);
+            const auto fd2 = oracle::trl_fd_gradient(ts, ob, p.lp, 1e-5);
+            require_grad_matches_fd(out.grad, fd, fd2, p, checked, skipped);
+            for (std::size_t i = 0; i < B * T; ++i)
+              if (p.mask[i] == 0) REQUIRE(out.grad[i] == 0.0);
+            ++cases;
+          }
+  std::printf("  %zu TRL cases; gradient elements checked %zu, skipped next to kinks %zu\n", cases, checked, skipped);
   REQUIRE(skipped * 20 < checked);
 }
 
 TEST_CASE("policy_loss: partition-exact over random splits into micro-batches and ranks (float64, 1e-12)") {
   std::mt19937_64 rng(seed + 1);
-  const char* objectives[] = {"ppo_dual", "gspo_mean", "gspo_own", "cispo", "gmpo", "sapo", "pg"};
-  const char* aggs[] = {"token_mean", "seq_sum", "seq_mean", "constant"};
+  const char* objectives[] = {"ppo", "ppo_dual", "ppo_delta", "gspo_mean", "gspo_own", "cispo", "gmpo", "sapo", "pg"};
+  const char* aggs[] = {"token_mean", "seq_sum", "seq_mean", "seq_sum_norm", "constant"};
+  // The KL estimator cycles over the runs (7 does not divide 4 trials x 5 modes: every objective
+  // sees several estimators, every mode every estimator).
+  const char* kls[] = {"k1", "abs", "k2", "k3", "k3_st", "k3_iw", "none"};
+  std::size_t run_index = 0, runs = 0;
   for (const char* obj : objectives)
     for (const char* agg : aggs)
       for (int trial = 0; trial < 4; ++trial) {
+        const char* kl = kls[run_index++ % std::size(kls)];
         const std::size_t B = 2 + rng() % 30, T = 1 + rng() % 47;
         const problem p = random_problem(rng, B, T, trial % 2 == 0);
         // The global normaliser, from the counts of the whole batch.
@@ -156,11 +315,13 @@ TEST_CASE("policy_loss: partition-exact over random splits into micro-batches an
         ulorl::agg_mode mode = ulorl::agg_mode::token_mean;
         if (std::string(agg) == "seq_sum") mode = ulorl::agg_mode::seq_mean_token_sum;
         if (std::string(agg) == "seq_mean") mode = ulorl::agg_mode::seq_mean_token_mean;
+        if (std::string(agg) == "seq_sum_norm") mode = ulorl::agg_mode::seq_mean_token_sum_norm;
         if (std::string(agg) == "constant") mode = ulorl::agg_mode::constant;
         auto norm = ulorl::global_normalizer(mode, counts, static_cast<double>(B * T), 1.0);
         if (std::string(obj) == "gmpo") norm.denominator = counts.rows;
         if (!(norm.denominator > 0)) continue;
-        combo c = make_combo(obj, "k3", agg, norm.denominator);
+        combo c = make_combo(obj, kl, agg, norm.denominator);
+        REQUIRE(c.cfg.normalizer.mode == mode);
         c.cfg.normalizer = norm;
         const auto full = run(p, c.cfg);
 
@@ -187,8 +348,9 @@ TEST_CASE("policy_loss: partition-exact over random splits into micro-batches an
           merged.merge(o.res.metrics);
           grad.insert(grad.end(), o.grad.begin(), o.grad.end());
         }
-        INFO(obj << " " << agg << " B " << B << " T " << T << " parts " << cuts.size() - 1);
+        INFO(obj << " " << kl << " " << agg << " B " << B << " T " << T << " parts " << cuts.size() - 1);
         REQUIRE(part_counts.tokens == counts.tokens);
+        REQUIRE(part_counts.sequences == counts.sequences);
         REQUIRE(loss == Approx(full.res.loss).epsilon(1e-12).margin(1e-14));
         for (std::size_t i = 0; i < grad.size(); ++i) REQUIRE(grad[i] == Approx(full.grad[i]).epsilon(1e-12).margin(1e-15));
         REQUIRE(merged.tokens == full.res.metrics.tokens);
@@ -196,7 +358,12 @@ TEST_CASE("policy_loss: partition-exact over random splits into micro-batches an
         REQUIRE(merged.kl_sum == Approx(full.res.metrics.kl_sum).epsilon(1e-12).margin(1e-14));
         REQUIRE(merged.ratio_max == full.res.metrics.ratio_max);
         REQUIRE(merged.ratio_min == full.res.metrics.ratio_min);
+        REQUIRE(merged.sequences == full.res.metrics.sequences);
+        REQUIRE(merged.rows == full.res.metrics.rows);
+        ++runs;
       }
+  std::printf("partition: %zu runs\n", runs);
+  REQUIRE(runs > 150);
 }
 
 TEST_CASE("policy_loss: packed layout, strided views and float agree with padded double") {
@@ -261,17 +428,77 @@ TEST_CASE("policy_loss: packed layout, strided views and float agree with padded
   }
 }
 
+namespace {
+
+//! The layout of one argument in the shape tests: padded [rows, cols], packed with offsets, or absent.
+struct arg_shape {
+  enum kind_t { padded, packed, absent } kind = padded;
+  std::size_t rows = 0, cols = 0;
+  std::vector<std::int64_t> offsets;
+  std::size_t size() const { return kind == padded ? rows * cols : kind == packed ? static_cast<std::size_t>(offsets.back()) : 0; }
+  static arg_shape pad(std::size_t r, std::size_t c) { return {padded, r, c, {}}; }
+  static arg_shape pack(std::vector<std::int64_t> off) { return {packed, 0, 0, std::move(off)}; }
+  static arg_shape none() { return {absent, 0, 0, {}}; }
+};
+
+template <class T>
+ulorl::token_view<T> view_of(T* data, std::size_t n, const arg_shape& s) {
+  if (s.kind == arg_shape::absent) return {};
+  if (s.kind == arg_shape::padded) return ulorl::token_view<T>::padded(ulorl::matrix_view<T>(data, s.rows, s.cols));
+  return ulorl::token_view<T>::packed(ulorl::vector_view<T>(data, n), std::span<const std::int64_t>(s.offsets));
+}
+
+struct shape_outcome {
+  bool threw = false;
+  std::string argument, function;
+  bool grads_untouched = false;
+};
+
+//! policy_loss (double, double mask) with every argument laid out as `good` except `which`, laid
+//! out as `bad`. Every argument gets its own buffer and its own copy of the offsets (shapes are
+//! compared by value). Valid values everywhere; the gradient buffers start at 42 / 43.
+shape_outcome call_with_shapes(const std::string& which, const arg_shape& good, const arg_shape& bad,
+                               const ulorl::policy_loss_config& cfg) {
+  enum { LP, OLD, ADV, MASK, REF, W, ENT, G, GE, NARGS };
+  const char* const names[NARGS] = {"log_prob", "old_log_prob", "advantages",    "mask",        "ref_log_prob",
+                                    "weights",  "entropy",      "grad_log_prob", "grad_entropy"};
+  const double fill[NARGS] = {-1.0, -1.1, 0.5, 1.0, -1.3, 0.9, 1.0, 42.0, 43.0};
+  std::vector<arg_shape> shapes;
+  std::vector<std::vector<double>> buf;
+  for (int a = 0; a < NARGS; ++a) {
+    shapes.push_back(which == names[a] ? bad : good);
+    buf.emplace_back(shapes.back().size(), fill[a]);
+  }
+  for (std::size_t i = 0; i < buf[LP].size(); ++i) buf[LP][i] -= 0.01 * static_cast<double>(i);
+  const auto c = [&](int a) { return view_of<const double>(buf[a].data(), buf[a].size(), shapes[a]); };
+  const auto m = [&](int a) { return view_of<double>(buf[a].data(), buf[a].size(), shapes[a]); };
+  ulorl::policy_loss_inputs<double, double> in{c(LP), c(OLD), c(ADV), c(MASK), c(REF), c(W), c(ENT)};
+  shape_outcome o;
+  try {
+    (void)ulorl::policy_loss(in, cfg, m(G), m(GE));
+  } catch (const ulorl::error& e) {
+    o.threw = true, o.argument = e.argument(), o.function = e.function();
+  }
+  o.grads_untouched = std::all_of(buf[G].begin(), buf[G].end(), [](double x) { return x == 42.0; }) &&
+                      std::all_of(buf[GE].begin(), buf[GE].end(), [](double x) { return x == 43.0; });
+  return o;
+}
+
+}  // namespace
+
 TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs untouched") {
   std::mt19937_64 rng(seed + 3);
   const std::size_t B = 3, T = 4;
-  const problem p0 = random_problem(rng, B, T, false);
-  const combo c0 = make_combo("ppo", "k3", "token_mean", 5.0);
+  const problem p0 = random_problem(rng, B, T, true);
+  const combo c0 = make_combo("ppo", "k3", "token_mean", 5.0);  // kl_coef 0.3, entropy_coef 0.01: every input is read
+  REQUIRE(c0.cfg.kl_coef != 0);
+  REQUIRE(c0.cfg.entropy_coef != 0);
   auto expect_rejected = [&](problem p, ulorl::policy_loss_config cfg, const char* argument, std::size_t advT = 4) {
     std::vector<double> g(B * T, 42.0), ge(B * T, 43.0);
     std::vector<double> adv = p.adv;
     adv.resize(B * advT, 0.5);
-    ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, T), cview(p.old, B, T), cview(adv, B, advT),
-                                                 cview(p.mask, B, T), cview(p.ref, B, T), {}, cview(p.ent, B, T)};
+    ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, T),   cview(p.old, B, T), cview(adv, B, advT),
+                                                 cview(p.mask, B, T), cview(p.ref, B, T), cview(p.w, B, T), cview(p.ent, B, T)};
     INFO("argument " << argument);
     try {
       (void)ulorl::policy_loss(in, cfg, mview(g, B, T), mview(ge, B, T));
@@ -284,16 +511,90 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
     REQUIRE(std::all_of(ge.begin(), ge.end(), [](double x) { return x == 43.0; }));
   };
   expect_rejected(p0, c0.cfg, "advantages", T + 1);  // shape mismatch
-  for (const char* which : {"log_prob", "old_log_prob", "advantages", "ref_log_prob"}) {
+
+  // Shape mismatches: every other argument against log_prob, a row count and a column count off
+  // by one either way; packed offsets that differ; padded against packed with the same element
+  // count. The argument named is the mismatching one; neither gradient is written.
+  const char* const others[] = {"old_log_prob", "advantages", "mask", "ref_log_prob",
+                                "weights", "entropy", "grad_log_prob", "grad_entropy"};
+  const arg_shape padded = arg_shape::pad(B, T);
+  const arg_shape packed = arg_shape::pack({0, 3, 7, 12});
+  {
+    // Positive controls: the same layouts in separate buffers are accepted and written.
+    const auto ok = call_with_shapes("", padded, padded, c0.cfg);
+    REQUIRE(!ok.threw);
+    REQUIRE(!ok.grads_untouched);
+    const auto okp = call_with_shapes("", packed, packed, c0.cfg);
+    INFO(okp.argument);
+    REQUIRE(!okp.threw);
+    REQUIRE(!okp.grads_untouched);
+    // Weights are optional.
+    const auto now = call_with_shapes("weights", padded, arg_shape::none(), c0.cfg);
+    REQUIRE(!now.threw);
+  }
+  const std::pair<arg_shape, arg_shape> mismatches[] = {
+      {padded, arg_shape::pad(B + 1, T)},
+      {padded, arg_shape::pad(B - 1, T)},
+      {padded, arg_shape::pad(B, T + 1)},
+      {padded, arg_shape::pad(B, T - 1)},
+      {padded, arg_shape::pack({0, 4, 8, 12})},   // the same B x T elements, packed
+      {packed, arg_shape::pack({0, 4, 7, 12})},   // same B and token count, other offsets
+      {packed, arg_shape::pack({0, 3, 7, 11})},   // one token fewer in the last row
+      {packed, arg_shape::pack({0, 7, 12})},      // one row fewer, same token count
+      {packed, arg_shape::pad(B, T)},             // the same 12 elements, padded
+  };
+  std::size_t shape_cases = 0;
+  for (const auto& [good, bad] : mismatches)
+    for (const char* which : others) {
+      const auto o = call_with_shapes(which, good, bad, c0.cfg);
+      INFO("mismatching " << which << " (good " << (good.kind == arg_shape::padded ? "padded" : "packed") << ", bad size "
+                          << bad.size() << ")");
+      REQUIRE(o.threw);
+      REQUIRE(o.argument == which);
+      REQUIRE(o.function == "policy_loss");
+      REQUIRE(o.grads_untouched);
+      ++shape_cases;
+    }
+  REQUIRE(shape_cases == std::size(mismatches) * std::size(others));
+  // Missing inputs the configuration needs.
+  const std::pair<const char*, arg_shape> missing[] = {{"ref_log_prob", padded}, {"entropy", padded}, {"grad_entropy", padded},
+                                                       {"ref_log_prob", packed}, {"entropy", packed}, {"grad_entropy", packed}};
+  for (const auto& [which, good] : missing) {
+    const auto o = call_with_shapes(which, good, arg_shape::none(), c0.cfg);
+    INFO("missing " << which);
+    REQUIRE(o.threw);
+    REQUIRE(o.argument == which);
+    REQUIRE(o.grads_untouched);
+  }
+  // ... and not needed without the term: kl_coef 0 without ref_log_prob, entropy_coef 0 without
+  // entropy / grad_entropy (the gradient of log_prob is then written).
+  {
+    auto cfg = c0.cfg;
+    cfg.kl_coef = 0;
+    REQUIRE(!call_with_shapes("ref_log_prob", padded, arg_shape::none(), cfg).threw);
+    cfg = c0.cfg;
+    cfg.entropy_coef = 0;
+    REQUIRE(!call_with_shapes("entropy", padded, arg_shape::none(), cfg).threw);
+    const auto o = call_with_shapes("grad_entropy", padded, arg_shape::none(), cfg);
+    REQUIRE(!o.threw);
+    REQUIRE(!o.grads_untouched);
+  }
+
+  // NaN / +Inf / -Inf at index 6 of every value input the configuration reads: named with the index.
+  for (const char* which : {"log_prob", "old_log_prob", "advantages", "ref_log_prob", "weights", "entropy"}) {
     for (double bad : {std::nan(""), double(INFINITY), -double(INFINITY)}) {
       problem p = p0;
-      auto& v = std::string(which) == "log_prob" ? p.lp
-                : std::string(which) == "old_log_prob" ? p.old
-                : std::string(which) == "advantages" ? p.adv : p.ref;
+      const std::string w = which;
+      auto& v = w == "log_prob" ? p.lp
+                : w == "old_log_prob" ? p.old
+                : w == "advantages" ? p.adv
+                : w == "ref_log_prob" ? p.ref
+                : w == "weights" ? p.w : p.ent;
       v[6] = bad;
       std::vector<double> g(B * T, 42.0), ge(B * T, 43.0);
-      ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, T), cview(p.old, B, T), cview(p.adv, B, T),
-                                                   cview(p.mask, B, T), cview(p.ref, B, T), {}, cview(p.ent, B, T)};
+      ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, T),   cview(p.old, B, T), cview(p.adv, B, T),
+                                                   cview(p.mask, B, T), cview(p.ref, B, T), cview(p.w, B, T), cview(p.ent, B, T)};
+      INFO(which << "[6] = " << bad);
       try {
         (void)ulorl::policy_loss(in, c0.cfg, mview(g, B, T), mview(ge, B, T));
         FAIL("no error");
@@ -302,6 +603,7 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
         REQUIRE(e.index() == 6);
       }
       REQUIRE(std::all_of(g.begin(), g.end(), [](double x) { return x == 42.0; }));
+      REQUIRE(std::all_of(ge.begin(), ge.end(), [](double x) { return x == 43.0; }));
     }
   }
   auto with = [&](auto f) {
@@ -330,40 +632,55 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
 
 TEST_CASE("policy_loss: extreme valid inputs give finite loss and gradient") {
   std::mt19937_64 rng(seed + 4);
-  for (const char* obj : {"ppo", "ppo_dual", "ppo_delta", "gspo_own", "gspo_mean", "cispo", "gmpo", "sapo", "pg"})
-    for (const char* kl : {"k1", "k2", "k3", "k3_st", "k3_iw"}) {
-      const std::size_t B = 3, T = 7;
-      problem p = random_problem(rng, B, T, true);
-      for (std::size_t i = 0; i < B * T; ++i) {
-        p.lp[i] = -1e4 + (i % 3 == 0 ? 0.0 : -1.0);
-        p.old[i] = p.lp[i] + (i % 2 ? 50.0 : -50.0);
-        p.ref[i] = p.lp[i] + (i % 4 < 2 ? 50.0 : -50.0);
-        p.mask[i] = 1;
-      }
-      combo c = make_combo(obj, kl, "token_mean", 21);
-      // The worst case: no log-ratio clamp at all (TRL). In float, exp(50) * k3 = e^100 overflows
-      // float for the importance-weighted KL (as in torch), so that one keeps the default clamp.
-      c.cfg.objective.log_ratio_clamp = ulorl::no_limit;
-      c.cfg.objective.seq_log_ratio_max = ulorl::no_limit;
-      INFO(obj << " " << kl);
-      for (int prec = 0; prec < 2; ++prec) {
-        if (prec == 0) {
-          const auto o = run(p, c.cfg);
-          REQUIRE(std::isfinite(o.res.loss));
-          for (double g : o.grad) REQUIRE(std::isfinite(g));
-        } else {
-          if (std::string(kl) == "k3_iw") c.cfg.objective.log_ratio_clamp = 20, c.cfg.objective.seq_log_ratio_max = 10;
-          auto f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
-          const auto flp = f(p.lp), fold = f(p.old), fadv = f(p.adv), fm = f(p.mask), fref = f(p.ref), fw = f(p.w), fent = f(p.ent);
-          std::vector<float> fg(B * T), fge(B * T);
-          ulorl::policy_loss_inputs<float, float> in{cview(flp, B, T), cview(fold, B, T), cview(fadv, B, T), cview(fm, B, T),
-                                                     cview(fref, B, T), cview(fw, B, T), cview(fent, B, T)};
-          const auto r = ulorl::policy_loss(in, c.cfg, mview(fg, B, T), mview(fge, B, T));
-          REQUIRE(std::isfinite(r.loss));
-          for (float g : fg) REQUIRE(std::isfinite(g));
+  std::size_t runs = 0;
+  for (const char* obj : all_objectives)
+    for (const char* kl : all_kls)
+      for (const char* agg : all_aggs) {
+        const std::size_t B = 3, T = 7;
+        problem p = random_problem(rng, B, T, true);
+        for (std::size_t i = 0; i < B * T; ++i) {
+          p.lp[i] = -1e4 + (i % 3 == 0 ? 0.0 : -1.0);
+          p.old[i] = p.lp[i] + (i % 2 ? 50.0 : -50.0);
+          p.ref[i] = p.lp[i] + (i % 4 < 2 ? 50.0 : -50.0);
+          p.mask[i] = 1;
+        }
+        combo c = make_combo(obj, kl, agg, 21);
+        // The worst case: no log-ratio clamp at all (TRL). In float, exp(50) * k3 = e^100 overflows
+        // float for the importance-weighted KL (as in torch), so that one keeps the default clamp.
+        c.cfg.objective.log_ratio_clamp = ulorl::no_limit;
+        c.cfg.objective.seq_log_ratio_max = ulorl::no_limit;
+        c.s.bound = c.s.seq_max = oracle::inf;
+        INFO(obj << " " << kl << " " << agg);
+        for (int prec = 0; prec < 2; ++prec) {
+          if (prec == 0) {
+            const auto o = run(p, c.cfg);
+            REQUIRE(std::isfinite(o.res.loss));
+            for (double g : o.grad) REQUIRE(std::isfinite(g));
+            // The value too (float64): against the oracle, with a margin for the cancellation of
+            // terms of up to e^100 (the sum of the terms' magnitudes).
+            const auto ob = to_oracle(p, std::string(kl) != "none");
+            std::vector<double> parts;
+            const double expect = oracle::loss(c.s, ob, p.lp, p.lp, -1, -1, &parts);
+            double magnitude = 0;
+            for (double v : parts) magnitude += std::fabs(v);
+            REQUIRE(std::isfinite(expect));
+            REQUIRE(o.res.loss == Approx(expect).epsilon(1e-10).margin(1e-13 * magnitude));
+          } else {
+            if (std::string(kl) == "k3_iw") c.cfg.objective.log_ratio_clamp = 20, c.cfg.objective.seq_log_ratio_max = 10;
+            auto f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+            const auto flp = f(p.lp), fold = f(p.old), fadv = f(p.adv), fm = f(p.mask), fref = f(p.ref), fw = f(p.w), fent = f(p.ent);
+            std::vector<float> fg(B * T), fge(B * T);
+            ulorl::policy_loss_inputs<float, float> in{cview(flp, B, T), cview(fold, B, T), cview(fadv, B, T), cview(fm, B, T),
+                                                       cview(fref, B, T), cview(fw, B, T), cview(fent, B, T)};
+            const auto r = ulorl::policy_loss(in, c.cfg, mview(fg, B, T), mview(fge, B, T));
+            REQUIRE(std::isfinite(r.loss));
+            for (float g : fg) REQUIRE(std::isfinite(g));
+            for (float g : fge) REQUIRE(std::isfinite(g));
+          }
+          ++runs;
         }
       }
-    }
+  REQUIRE(runs == 2 * std::size(all_objectives) * std::size(all_kls) * std::size(all_aggs));
 }
 
 TEST_CASE("policy_loss: properties - ratio 1 leaves clipping inactive, masked tokens contribute nothing") {
@@ -462,7 +779,8 @@ TEST_CASE("policy_loss: metrics equal an independent float64 reference (clip fra
   std::mt19937_64 rng(seed + 23);
   std::printf("metrics reference seed %llu\n", static_cast<unsigned long long>(seed + 23));
   for (const std::size_t Tn : {std::size_t{1}, std::size_t{17}, std::size_t{300}}) {
-    const problem p = random_problem(rng, 7, Tn, false);
+    problem p = random_problem(rng, 7, Tn, false);
+    std::fill(p.mask.begin() + 2 * static_cast<std::ptrdiff_t>(Tn), p.mask.begin() + 3 * static_cast<std::ptrdiff_t>(Tn), 0.0);  // an empty row
     auto c = make_combo("ppo_dual", "k3", "token", 50.0);
     const auto out = run(p, c.cfg);
     const auto& m = out.res.metrics;
@@ -485,9 +803,16 @@ TEST_CASE("policy_loss: metrics equal an independent float64 reference (clip fra
       kl += std::clamp(std::expm1(u) - u, -1.2, 1.2);
       ent += p.ent[i];
     }
-    INFO("T = " << Tn << ", valid tokens " << n);
+    // Rows and sequences (rows with at least one valid token), counted from the mask.
+    double seqs = 0;
+    for (std::size_t b = 0; b < p.B; ++b)
+      seqs += std::any_of(p.mask.begin() + static_cast<std::ptrdiff_t>(b * Tn), p.mask.begin() + static_cast<std::ptrdiff_t>((b + 1) * Tn),
+                          [](double v) { return v != 0; });
+    INFO("T = " << Tn << ", valid tokens " << n << ", sequences " << seqs);
     const auto near = [](double got, double want) { return std::fabs(got - want) <= 1e-12 * std::max(1.0, std::fabs(want)); };
     REQUIRE(m.tokens == n);
+    CHECK(m.rows == static_cast<double>(p.B));
+    CHECK(m.sequences == seqs);
     CHECK(m.clipped == clip);
     CHECK(m.clipped_low == low);
     CHECK(m.clipped_high == high);
