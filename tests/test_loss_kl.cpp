@@ -433,3 +433,29 @@ TEST_CASE("kl_penalty (batch): bad input names the argument and the flat index; 
   }
   REQUIRE(rejected == 2 * (4 * 5 + 5 + 2 * 3 * 3 * 2 + 3 * 2 + 1));
 }
+
+TEST_CASE("kl_penalized_rewards: a penalised reward beyond the element type's range is rejected, not written as inf") {
+  // float, k3 without clamps: ref - logp = 100 gives a KL near float's largest value, and
+  // r - 2 kl overflows float. With verl's clamps (+-20 / +-10) the same token is fine.
+  const shape s{2, 3, {}};
+  std::vector<float> rewards{1, 0, 0, 0, 0, 1}, lp{-0.5f, -1, -2, -3, -100, -0.1f}, ref{-0.4f, -1, -2, -3, 0, -0.2f}, out(6, 7.0f);
+  std::vector<std::uint8_t> mask{1, 1, 1, 1, 1, 1};
+  const auto run = [&](const ulorl::kl_config& cfg) {
+    return ulorl::kl_penalized_rewards<float, std::uint8_t>(view_of<const float>(rewards.data(), s), view_of<const float>(lp.data(), s),
+                                                            view_of<const float>(ref.data(), s), view_of<const std::uint8_t>(mask.data(), s),
+                                                            2.0, cfg, view_of<float>(out.data(), s));
+  };
+  ulorl::kl_config k3{};
+  k3.estimator = ulorl::kl_estimator::k3;
+  require_rejected(outcome_of([&] { (void)run(k3); }), "kl_penalized_rewards", "log_prob", 4);
+  REQUIRE(all_equal(out, 7.0f));
+  mask[4] = 0;  // a masked token's penalty is not written: accepted
+  REQUIRE_NOTHROW(run(k3));
+  REQUIRE(out[4] == 0.0f);
+  mask[4] = 1;
+  ulorl::kl_config clamped = k3;
+  clamped.input_clamp = 20, clamped.output_clamp = 10;
+  REQUIRE_NOTHROW(run(clamped));
+  REQUIRE(out[4] == Approx(0.0 - 2.0 * 10.0));
+  for (float v : out) REQUIRE(std::isfinite(v));
+}

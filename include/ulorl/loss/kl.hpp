@@ -148,12 +148,23 @@ double kl_penalized_rewards(token_view<const T> rewards, token_view<const T> log
   require_all_finite(fn, "log_prob", log_prob);
   require_all_finite(fn, "ref_log_prob", ref_log_prob);
   const auto p = make_kl_params<T>(cfg);
+  const auto kl_at = [&](std::size_t b, std::size_t t) { return kl_term(log_prob(b, t), ref_log_prob(b, t), p).value; };
+  const auto penalised = [&](std::size_t b, std::size_t t, T k) {
+    return static_cast<T>(static_cast<double>(rewards(b, t)) - beta * static_cast<double>(k));
+  };
+  // An unclamped KL (k3 of a log-ratio of ~90 in float) can push the penalised reward past T's
+  // range: rejected before anything is written, instead of writing +-inf.
+  for (std::size_t b = 0; b < rewards.rows(); ++b)
+    for (std::size_t t = 0; t < rewards.row_size(b); ++t)
+      if ((mask.empty() || mask(b, t) != M(0)) && !std::isfinite(penalised(b, t, kl_at(b, t))))
+        detail::fail_at(fn, "log_prob", static_cast<std::int64_t>(log_prob.flat_index(b, t)), log_prob(b, t),
+                        "reward - beta * kl overflows the element type (clamp the KL: input_clamp / output_clamp)");
   double sum = 0, n = 0;
   for (std::size_t b = 0; b < rewards.rows(); ++b) {
     for (std::size_t t = 0; t < rewards.row_size(b); ++t) {
       const bool valid = mask.empty() || mask(b, t) != M(0);
-      const auto k = kl_term(log_prob(b, t), ref_log_prob(b, t), p).value;
-      out(b, t) = valid ? static_cast<T>(static_cast<double>(rewards(b, t)) - beta * static_cast<double>(k)) : T(0);
+      const auto k = kl_at(b, t);
+      out(b, t) = valid ? penalised(b, t, k) : T(0);
       if (valid) sum += static_cast<double>(k), n += 1;
     }
   }
