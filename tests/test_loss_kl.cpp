@@ -339,7 +339,9 @@ TEST_CASE("kl_penalized_rewards: bad input names the argument and the flat index
   // Packed offsets that do not describe the 12 tokens: named on the first argument, with the offset's index.
   const std::vector<std::pair<std::vector<std::int64_t>, std::int64_t>> bad_offsets{
       {{1, 3, 3, 7, 12}, 0}, {{0, 3, 2, 7, 12}, 2}, {{0, 3, 3, 7, 11}, 4}};
-  for (const auto& [offs, at] : bad_offsets) {
+  for (const auto& bad : bad_offsets) {
+    const std::vector<std::int64_t>& offs = bad.first;  // not a structured binding: lambdas capture it (clang < 16)
+    const std::int64_t at = bad.second;
     std::vector<double> r(12, 0.0), lp(12, -0.5), rf(12, -0.7), m(12, 1.0), out(12, 7.0);
     auto pv = [&](auto* d) {
       using V = std::remove_pointer_t<decltype(d)>;
