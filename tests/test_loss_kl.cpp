@@ -302,25 +302,7 @@ TEST_CASE("kl_penalized_rewards: bad input names the argument and the flat index
           ++rejected;
         }
     // Masks that are not 0/1: integer 2, floating 0.5 / 2 / -1 / NaN.
-    for (std::size_t i : {std::size_t{2}, base.size() - 1}) {
-      penalty_case<std::uint8_t> c8(base);
-      c8.mask[i] = 2;
-      require_rejected(outcome_of([&] { c8.run(); }), fn, "mask", static_cast<std::int64_t>(i));
-      REQUIRE(all_equal(c8.out, 7.0));
-      ++rejected;
-      for (double bad : {0.5, 2.0, -1.0, std::nan("")}) {
-        penalty_case<double> c(base);
-        c.mask[i] = bad;
-        INFO("mask[" << i << "] = " << bad);
-        require_rejected(outcome_of([&] { c.run(); }), fn, "mask", static_cast<std::int64_t>(i));
-        REQUIRE(all_equal(c.out, 7.0));
-        penalty_case<float> cf(base);
-        cf.mask[i] = static_cast<float>(bad);
-        require_rejected(outcome_of([&] { cf.run(); }), fn, "mask", static_cast<std::int64_t>(i));
-        REQUIRE(all_equal(cf.out, 7.0));
-        rejected += 2;
-      }
-    }
+    rejected += require_bad_masks_rejected<penalty_case>(base, fn, [](auto& c) -> auto& { return c.out; }, 7.0);
     // Scalars and configuration.
     auto scalar = [&](const char* arg, auto set) {
       penalty_case<double> c(base);

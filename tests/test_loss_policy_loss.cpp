@@ -27,6 +27,7 @@
 #include "support/loss_compare.hpp"
 #include "support/loss_oracle.hpp"
 #include "support/loss_paths.hpp"
+#include "support/rejection.hpp"
 
 namespace {
 
@@ -430,23 +431,9 @@ TEST_CASE("policy_loss: packed layout, strided views and float agree with padded
 
 namespace {
 
-//! The layout of one argument in the shape tests: padded [rows, cols], packed with offsets, or absent.
-struct arg_shape {
-  enum kind_t { padded, packed, absent } kind = padded;
-  std::size_t rows = 0, cols = 0;
-  std::vector<std::int64_t> offsets;
-  std::size_t size() const { return kind == padded ? rows * cols : kind == packed ? static_cast<std::size_t>(offsets.back()) : 0; }
-  static arg_shape pad(std::size_t r, std::size_t c) { return {padded, r, c, {}}; }
-  static arg_shape pack(std::vector<std::int64_t> off) { return {packed, 0, 0, std::move(off)}; }
-  static arg_shape none() { return {absent, 0, 0, {}}; }
-};
-
-template <class T>
-ulorl::token_view<T> view_of(T* data, std::size_t n, const arg_shape& s) {
-  if (s.kind == arg_shape::absent) return {};
-  if (s.kind == arg_shape::padded) return ulorl::token_view<T>::padded(ulorl::matrix_view<T>(data, s.rows, s.cols));
-  return ulorl::token_view<T>::packed(ulorl::vector_view<T>(data, n), std::span<const std::int64_t>(s.offsets));
-}
+//! The layout of one argument in the shape tests (support/rejection.hpp's padded or packed shape), or
+//! absent.
+using arg_shape = std::optional<shape>;
 
 struct shape_outcome {
   bool threw = false;
@@ -457,7 +444,7 @@ struct shape_outcome {
 //! policy_loss (double, double mask) with every argument laid out as `good` except `which`, laid
 //! out as `bad`. Every argument gets its own buffer and its own copy of the offsets (shapes are
 //! compared by value). Valid values everywhere; the gradient buffers start at 42 / 43.
-shape_outcome call_with_shapes(const std::string& which, const arg_shape& good, const arg_shape& bad,
+shape_outcome call_with_shapes(const std::string& which, const shape& good, const arg_shape& bad,
                                const ulorl::policy_loss_config& cfg) {
   enum { LP, OLD, ADV, MASK, REF, W, ENT, G, GE, NARGS };
   const char* const names[NARGS] = {"log_prob", "old_log_prob", "advantages",    "mask",        "ref_log_prob",
@@ -467,11 +454,11 @@ shape_outcome call_with_shapes(const std::string& which, const arg_shape& good, 
   std::vector<std::vector<double>> buf;
   for (int a = 0; a < NARGS; ++a) {
     shapes.push_back(which == names[a] ? bad : good);
-    buf.emplace_back(shapes.back().size(), fill[a]);
+    buf.emplace_back(shapes.back() ? shapes.back()->size() : 0, fill[a]);
   }
   for (std::size_t i = 0; i < buf[LP].size(); ++i) buf[LP][i] -= 0.01 * static_cast<double>(i);
-  const auto c = [&](int a) { return view_of<const double>(buf[a].data(), buf[a].size(), shapes[a]); };
-  const auto m = [&](int a) { return view_of<double>(buf[a].data(), buf[a].size(), shapes[a]); };
+  const auto c = [&](int a) { return shapes[a] ? view_of<const double>(buf[a].data(), *shapes[a]) : ulorl::token_view<const double>{}; };
+  const auto m = [&](int a) { return shapes[a] ? view_of<double>(buf[a].data(), *shapes[a]) : ulorl::token_view<double>{}; };
   ulorl::policy_loss_inputs<double, double> in{c(LP), c(OLD), c(ADV), c(MASK), c(REF), c(W), c(ENT)};
   shape_outcome o;
   try {
@@ -517,8 +504,8 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
   // count. The argument named is the mismatching one; neither gradient is written.
   const char* const others[] = {"old_log_prob", "advantages", "mask", "ref_log_prob",
                                 "weights", "entropy", "grad_log_prob", "grad_entropy"};
-  const arg_shape padded = arg_shape::pad(B, T);
-  const arg_shape packed = arg_shape::pack({0, 3, 7, 12});
+  const shape padded{B, T, {}};
+  const shape packed{0, 0, {0, 3, 7, 12}};
   {
     // Positive controls: the same layouts in separate buffers are accepted and written.
     const auto ok = call_with_shapes("", padded, padded, c0.cfg);
@@ -529,25 +516,25 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
     REQUIRE(!okp.threw);
     REQUIRE(!okp.grads_untouched);
     // Weights are optional.
-    const auto now = call_with_shapes("weights", padded, arg_shape::none(), c0.cfg);
+    const auto now = call_with_shapes("weights", padded, std::nullopt, c0.cfg);
     REQUIRE(!now.threw);
   }
-  const std::pair<arg_shape, arg_shape> mismatches[] = {
-      {padded, arg_shape::pad(B + 1, T)},
-      {padded, arg_shape::pad(B - 1, T)},
-      {padded, arg_shape::pad(B, T + 1)},
-      {padded, arg_shape::pad(B, T - 1)},
-      {padded, arg_shape::pack({0, 4, 8, 12})},   // the same B x T elements, packed
-      {packed, arg_shape::pack({0, 4, 7, 12})},   // same B and token count, other offsets
-      {packed, arg_shape::pack({0, 3, 7, 11})},   // one token fewer in the last row
-      {packed, arg_shape::pack({0, 7, 12})},      // one row fewer, same token count
-      {packed, arg_shape::pad(B, T)},             // the same 12 elements, padded
+  const std::pair<shape, shape> mismatches[] = {
+      {padded, {B + 1, T, {}}},
+      {padded, {B - 1, T, {}}},
+      {padded, {B, T + 1, {}}},
+      {padded, {B, T - 1, {}}},
+      {padded, {0, 0, {0, 4, 8, 12}}},   // the same B x T elements, packed
+      {packed, {0, 0, {0, 4, 7, 12}}},   // same B and token count, other offsets
+      {packed, {0, 0, {0, 3, 7, 11}}},   // one token fewer in the last row
+      {packed, {0, 0, {0, 7, 12}}},      // one row fewer, same token count
+      {packed, {B, T, {}}},             // the same 12 elements, padded
   };
   std::size_t shape_cases = 0;
   for (const auto& [good, bad] : mismatches)
     for (const char* which : others) {
       const auto o = call_with_shapes(which, good, bad, c0.cfg);
-      INFO("mismatching " << which << " (good " << (good.kind == arg_shape::padded ? "padded" : "packed") << ", bad size "
+      INFO("mismatching " << which << " (good " << (good.offsets.empty() ? "padded" : "packed") << ", bad size "
                           << bad.size() << ")");
       REQUIRE(o.threw);
       REQUIRE(o.argument == which);
@@ -557,10 +544,10 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
     }
   REQUIRE(shape_cases == std::size(mismatches) * std::size(others));
   // Missing inputs the configuration needs.
-  const std::pair<const char*, arg_shape> missing[] = {{"ref_log_prob", padded}, {"entropy", padded}, {"grad_entropy", padded},
+  const std::pair<const char*, shape> missing[] = {{"ref_log_prob", padded}, {"entropy", padded}, {"grad_entropy", padded},
                                                        {"ref_log_prob", packed}, {"entropy", packed}, {"grad_entropy", packed}};
   for (const auto& [which, good] : missing) {
-    const auto o = call_with_shapes(which, good, arg_shape::none(), c0.cfg);
+    const auto o = call_with_shapes(which, good, std::nullopt, c0.cfg);
     INFO("missing " << which);
     REQUIRE(o.threw);
     REQUIRE(o.argument == which);
@@ -571,11 +558,11 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
   {
     auto cfg = c0.cfg;
     cfg.kl_coef = 0;
-    REQUIRE(!call_with_shapes("ref_log_prob", padded, arg_shape::none(), cfg).threw);
+    REQUIRE(!call_with_shapes("ref_log_prob", padded, std::nullopt, cfg).threw);
     cfg = c0.cfg;
     cfg.entropy_coef = 0;
-    REQUIRE(!call_with_shapes("entropy", padded, arg_shape::none(), cfg).threw);
-    const auto o = call_with_shapes("grad_entropy", padded, arg_shape::none(), cfg);
+    REQUIRE(!call_with_shapes("entropy", padded, std::nullopt, cfg).threw);
+    const auto o = call_with_shapes("grad_entropy", padded, std::nullopt, cfg);
     REQUIRE(!o.threw);
     REQUIRE(!o.grads_untouched);
   }

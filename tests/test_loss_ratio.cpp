@@ -300,25 +300,7 @@ TEST_CASE("rollout_correction_weights: bad input names the argument and the flat
       ++rejected;
     }
     // Masks that are not 0/1.
-    for (std::size_t i : {std::size_t{2}, base.size() - 1}) {
-      rollout_case<std::uint8_t> c8(base);
-      c8.mask[i] = 2;
-      require_rejected(outcome_of([&] { c8.run(); }), fn, "mask", static_cast<std::int64_t>(i));
-      REQUIRE(all_equal(c8.w, 9.0));
-      ++rejected;
-      for (double bad : {0.5, 2.0, -1.0, std::nan("")}) {
-        rollout_case<double> c(base);
-        c.mask[i] = bad;
-        INFO("mask[" << i << "] = " << bad);
-        require_rejected(outcome_of([&] { c.run(); }), fn, "mask", static_cast<std::int64_t>(i));
-        REQUIRE(all_equal(c.w, 9.0));
-        rollout_case<float> cf(base);
-        cf.mask[i] = static_cast<float>(bad);
-        require_rejected(outcome_of([&] { cf.run(); }), fn, "mask", static_cast<std::int64_t>(i));
-        REQUIRE(all_equal(cf.w, 9.0));
-        rejected += 2;
-      }
-    }
+    rejected += require_bad_masks_rejected<rollout_case>(base, fn, [](auto& c) -> auto& { return c.w; }, 9.0);
     // Configuration: threshold <= 0 / NaN / inf, lower_threshold < 0 / NaN / inf / > threshold,
     // log_ratio_clamp <= 0 / NaN; for both modes.
     auto bad_cfg = [&](const char* arg, auto set) {

@@ -8,6 +8,7 @@
 #include <ulorl/core/ragged.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -33,7 +34,7 @@ ulorl::token_view<V> view_of(V* data, const shape& s) {
 }
 //! Shapes that differ from `s` (padded [3, 4] or packed {0, 3, 3, 7, 12}) but some of which have the
 //! same element count, so that only a real shape comparison catches them.
-std::vector<shape> wrong_shapes(const shape& s) {
+inline std::vector<shape> wrong_shapes(const shape& s) {
   if (s.offsets.empty())
     return {{s.B, s.T + 1, {}}, {s.B + 1, s.T, {}}, {s.T, s.B, {}}, {0, 0, {0, 4, 8, 12}}, {0, 0, {0, 5, 8, 12}}};
   return {{0, 0, {0, 3, 4, 7, 12}}, {0, 0, {0, 3, 3, 7, 13}}, {0, 0, {0, 3, 7, 12}}, {1, 12, {}}, {4, 3, {}}};
@@ -57,7 +58,7 @@ outcome outcome_of(F&& f) {
   }
   return o;
 }
-void require_rejected(const outcome& o, const std::string& fn, const std::string& arg, std::int64_t index) {
+inline void require_rejected(const outcome& o, const std::string& fn, const std::string& arg, std::int64_t index) {
   INFO("expected " << fn << " '" << arg << "'[" << index << "], got: " << (o.threw ? o.what : std::string("no error")));
   REQUIRE(o.threw);
   REQUIRE(o.function == fn);
@@ -70,5 +71,34 @@ void require_rejected(const outcome& o, const std::string& fn, const std::string
 template <class V>
 bool all_equal(const std::vector<V>& v, V x) {
   return std::all_of(v.begin(), v.end(), [&](V y) { return y == x; });
+}
+
+//! Masks that are not 0/1 at two positions of `base` (a uint8 2; double and float 0.5, 2, -1, NaN):
+//! each call must throw naming "mask" and the flat index and leave the output untouched.
+//! `Case<M>(base)` holds `mask` and `run()`; `out(c)` is its output, pre-filled with `sentinel`.
+//! Returns the number of rejected calls.
+template <template <class> class Case, class Out>
+int require_bad_masks_rejected(const shape& base, const std::string& fn, Out out, double sentinel) {
+  int rejected = 0;
+  for (std::size_t i : {std::size_t{2}, base.size() - 1}) {
+    Case<std::uint8_t> c8(base);
+    c8.mask[i] = 2;
+    require_rejected(outcome_of([&] { (void)c8.run(); }), fn, "mask", static_cast<std::int64_t>(i));
+    REQUIRE(all_equal(out(c8), sentinel));
+    ++rejected;
+    for (double bad : {0.5, 2.0, -1.0, std::nan("")}) {
+      Case<double> c(base);
+      c.mask[i] = bad;
+      INFO("mask[" << i << "] = " << bad);
+      require_rejected(outcome_of([&] { (void)c.run(); }), fn, "mask", static_cast<std::int64_t>(i));
+      REQUIRE(all_equal(out(c), sentinel));
+      Case<float> cf(base);
+      cf.mask[i] = static_cast<float>(bad);
+      require_rejected(outcome_of([&] { (void)cf.run(); }), fn, "mask", static_cast<std::int64_t>(i));
+      REQUIRE(all_equal(out(cf), sentinel));
+      rejected += 2;
+    }
+  }
+  return rejected;
 }
 }  // namespace
