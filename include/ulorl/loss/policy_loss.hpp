@@ -22,7 +22,6 @@
 #include <limits>
 #include <string_view>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "ulorl/core/config.hpp"
@@ -388,10 +387,11 @@ struct row_kernel {
   //! Sums are kept per lane in T for at most `block` vectors, then added to per-lane doubles (a
   //! float->double conversion of every term would double the loop's work and its registers).
   static constexpr std::size_t block = sizeof(T) == 4 ? 32 : 1u << 30;
-  //! Vectors per loop iteration (the same step, same order: results do not change). double: 4,
-  //! measured +17-25% at 1M/16M tokens (the four independent exp chains fill the pipes that one
-  //! leaves idle); float: 1 (2 and 4 were not faster: its step already holds 16 lanes, and the
-  //! spills grow). docs/losses.md §10.
+  //! Vectors per loop iteration (the same steps in the same order: bit-identical results). double:
+  //! 4, measured +22-29% at 1M and +24-28% at 16M tokens (four independent exp chains in one block
+  //! for the scheduler); float: 1 (2 and 4 were not faster: its step already holds 16 lanes, and
+  //! the spills grow). The unrolled loop is a plain inner loop that GCC fully unrolls: the same
+  //! unrolling written with a lambda cost 3% (double) and 10-14% (float, even at 1). §10.
   static constexpr std::size_t unroll = sizeof(T) == 8 ? 4 : 1;
   struct accumulators {
     DV pg{}, kl{}, en{}, nlr{}, nlrc{}, k3{}, ratio{};
@@ -523,16 +523,20 @@ struct row_kernel {
       if constexpr (HasKL) L::flush(a.kl, a.s_kl);
       if constexpr (HasEnt) L::flush(a.en, a.s_en);
     };
-    auto step_at = [&](std::size_t u) ULORL_LOSS_INLINE {
-      step(lp + u, old + u, adv + u, L::valid_lanes(mask + u), HasKL ? ref + u : nullptr, HasW ? wts + u : nullptr,
-           HasEnt ? ent + u : nullptr, grad + u, w, p, a);
-    };
     std::size_t t = 0;
     while (t + N <= n) {
       const std::size_t stop = n - t >= block * N ? t + block * N : n - (n - t) % N;
-      for (; t + unroll * N <= stop; t += unroll * N)
-        [&]<std::size_t... U>(std::index_sequence<U...>) ULORL_LOSS_INLINE { (step_at(t + U * N), ...); }(std::make_index_sequence<unroll>{});
-      for (; t < stop; t += N) step_at(t);
+      if constexpr (unroll > 1) {
+        for (; t + unroll * N <= stop; t += unroll * N) {
+#pragma GCC unroll 16
+          for (std::size_t u = t; u < t + unroll * N; u += N)
+            step(lp + u, old + u, adv + u, L::valid_lanes(mask + u), HasKL ? ref + u : nullptr, HasW ? wts + u : nullptr,
+                 HasEnt ? ent + u : nullptr, grad + u, w, p, a);
+        }
+      }
+      for (; t < stop; t += N)
+        step(lp + t, old + t, adv + t, L::valid_lanes(mask + t), HasKL ? ref + t : nullptr, HasW ? wts + t : nullptr,
+             HasEnt ? ent + t : nullptr, grad + t, w, p, a);
       flush();
     }
     if (t < n) {
