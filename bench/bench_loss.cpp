@@ -213,7 +213,8 @@ class summary_reporter : public benchmark::BenchmarkReporter {
     // The machine's memory bandwidth: the one-thread stream over the largest working set (16M
     // tokens: 352 MB in float, 688 MB in double, beyond the last-level cache), the faster of the
     // two element types in this run (one machine, one bandwidth: the double stream has measured
-    // 10-25% below the float one in the same process, so its own figure would flatter float64).
+    // up to a third below the float one in the same process, e.g. 26.1 against 39.0 GB/s, so its
+    // own figure would flatter float64 by up to 49%; docs/losses.md §10).
     // At smaller sizes the same-size stream runs from the caches and measures their bandwidth
     // instead; both ratios are printed.
     const auto bytes_per_token = [](const std::string& ty) { return 5.0 * (ty == "float" ? 4 : 8) + 1.0; };
