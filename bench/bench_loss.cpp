@@ -30,6 +30,13 @@ namespace {
 
 constexpr std::size_t row_len = 8192;  // tokens per response
 
+//! Bytes per token for elements of `elem` bytes: the inputs (log_prob, old, ref and advantages, one
+//! byte of mask), and in all the inputs plus the gradient written back (21 B float, 41 B double).
+constexpr double input_bytes_per_token(std::size_t elem) { return 4.0 * static_cast<double>(elem) + 1.0; }
+constexpr double bytes_per_token(std::size_t elem) { return input_bytes_per_token(elem) + static_cast<double>(elem); }
+//! sizeof of the element type named in a benchmark ("float" / "double").
+std::size_t elem_size(const std::string& ty) { return ty == "float" ? sizeof(float) : sizeof(double); }
+
 template <class T>
 struct data {
   std::size_t B, N;
@@ -48,7 +55,7 @@ struct data {
     }
     for (std::size_t b = 0; b <= B; ++b) offsets[b] = static_cast<std::int64_t>(b * row_len);
   }
-  [[nodiscard]] double bytes_per_token() const { return 5.0 * sizeof(T) + 1.0; }
+  [[nodiscard]] double bytes_per_token() const { return ::bytes_per_token(sizeof(T)); }
 };
 
 template <class T>
@@ -217,13 +224,12 @@ class summary_reporter : public benchmark::BenchmarkReporter {
     // own figure would flatter float64 by up to 49%; docs/losses.md §10).
     // At smaller sizes the same-size stream runs from the caches and measures their bandwidth
     // instead; both ratios are printed.
-    const auto bytes_per_token = [](const std::string& ty) { return 5.0 * (ty == "float" ? 4 : 8) + 1.0; };
     const auto stream16 = [&](const std::string& ty) {
-      return rate_["BM_stream_same_bytes<" + ty + ">/" + std::to_string(1L << 24) + "/0"] * bytes_per_token(ty);
+      return rate_["BM_stream_same_bytes<" + ty + ">/" + std::to_string(1L << 24) + "/0"] * bytes_per_token(elem_size(ty));
     };
     const double membw_bytes = std::max(stream16("float"), stream16("double"));
     for (const char* ty : {"float", "double"}) {
-      const double membw = membw_bytes / bytes_per_token(ty);  // tokens/s
+      const double membw = membw_bytes / bytes_per_token(elem_size(ty));  // tokens/s
       if (membw > 0)
         std::fprintf(stderr, "  %-6s memory bandwidth (the faster one-thread stream of 16M tokens): %.1f GB/s (this type's stream: %.1f GB/s)\n",
                      ty, membw_bytes / 1e9, stream16(ty) / 1e9);
@@ -274,7 +280,7 @@ class summary_reporter : public benchmark::BenchmarkReporter {
   void targets(const char* ty, double membw) {
     if (membw <= 0) return;
     const std::string t(ty);
-    const double in_share = (4.0 * (t == "float" ? 4 : 8) + 1.0) / (5.0 * (t == "float" ? 4 : 8) + 1.0);  // inputs of the 21/41 B
+    const double in_share = input_bytes_per_token(elem_size(t)) / bytes_per_token(elem_size(t));  // 17 of 21 B, 33 of 41 B
     std::string fused_cells, checked_cells;
     bool met = true, any = false;
     for (long n : {1L << 20, 1L << 22, 1L << 24}) {
