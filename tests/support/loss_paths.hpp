@@ -9,6 +9,7 @@
 #include <ulorl/loss/policy_loss.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <random>
 #include <vector>
@@ -20,6 +21,9 @@ namespace loss_paths {
 struct problem {
   std::size_t B = 0, T = 0;
   std::vector<double> lp, old, adv, ref, w, ent, mask;
+  //! The unit-stride run places its arrays `offset` elements past a 64-byte boundary (logp:
+  //! `lp_offset`), so that rows start at every alignment the kernel's peel distinguishes.
+  std::size_t offset = 0, lp_offset = 0;
 };
 
 //! Log-ratios mostly in (-0.8, 0.8) (every clip region), 3% beyond the +-20 clamp, 10% zero
@@ -49,7 +53,8 @@ inline problem random_problem(std::mt19937_64& rng, std::size_t B, std::size_t T
 struct run_result {
   ulorl::policy_loss_result res;
   std::vector<double> grad, grad_entropy;  //!< B x T (grad_entropy only with the entropy term)
-  bool gaps_untouched = true;              //!< the strided run left the interleaved junk alone
+  bool gaps_untouched = true;              //!< the run wrote nothing outside its tokens (strided: the
+                                           //!< interleaved junk; unit stride: the guards around the rows)
 };
 
 struct paths {
@@ -63,26 +68,34 @@ struct paths {
 // default build's kernel).
 namespace {
 
-//! A heap array of E (std::vector<bool> has no data()).
+//! A heap array of E that starts on a 64-byte boundary (std::vector<bool> has no data()).
 template <class E>
 struct buffer {
   using value_type = E;
+  static constexpr std::size_t slack = 64 / sizeof(E) + 1;
   std::unique_ptr<E[]> p;
+  E* base = nullptr;
   std::size_t n = 0;
-  buffer(std::size_t size, E fill) : p(new E[size]), n(size) {
-    for (std::size_t i = 0; i < n; ++i) p[i] = fill;
+  buffer(std::size_t size, E fill) : p(new E[size + slack]), n(size) {
+    base = p.get();
+    while (reinterpret_cast<std::uintptr_t>(base) % 64 != 0) ++base;
+    for (std::size_t i = 0; i < n; ++i) base[i] = fill;
   }
-  [[nodiscard]] E* data() { return p.get(); }
-  [[nodiscard]] const E* data() const { return p.get(); }
-  E& operator[](std::size_t i) { return p[i]; }
-  const E& operator[](std::size_t i) const { return p[i]; }
+  [[nodiscard]] E* data() { return base; }
+  [[nodiscard]] const E* data() const { return base; }
+  E& operator[](std::size_t i) { return base[i]; }
+  const E& operator[](std::size_t i) const { return base[i]; }
 };
 
-//! `v` converted to E (a mask: 1 where non-zero).
+//! Elements after the last token of an offset buffer, left as they were.
+inline constexpr std::size_t guard = 64;
+
+//! `v` converted to E (a mask: 1 where non-zero), starting `offset` elements into the buffer
+//! (`fill` before and `guard` elements after).
 template <class E>
-buffer<E> converted(const std::vector<double>& v, bool as_mask = false) {
-  buffer<E> out(v.size(), E{});
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = as_mask ? (v[i] != 0 ? E(1) : E(0)) : static_cast<E>(v[i]);
+buffer<E> converted(const std::vector<double>& v, bool as_mask = false, std::size_t offset = 0, E fill = E{}) {
+  buffer<E> out(offset + v.size() + (offset != 0 ? guard : 0), fill);
+  for (std::size_t i = 0; i < v.size(); ++i) out[offset + i] = as_mask ? (v[i] != 0 ? E(1) : E(0)) : static_cast<E>(v[i]);
   return out;
 }
 
@@ -91,33 +104,34 @@ buffer<E> converted(const std::vector<double>& v, bool as_mask = false) {
 template <class T, class M>
 paths run_both(const problem& p, const ulorl::policy_loss_config& cfg, bool weights, bool entropy) {
   const std::size_t B = p.B, Tn = p.T, n = B * Tn;
-  const auto spread = [n](const auto& v, auto junk) {  // interleave with junk: v[i] at 2 i
+  const auto spread = [n](const auto& v, auto junk, std::size_t off) {  // interleave with junk: v[off + i] at 2 i
     buffer<decltype(junk)> s(2 * n, junk);
-    for (std::size_t i = 0; i < n; ++i) s[2 * i] = v[i];
+    for (std::size_t i = 0; i < n; ++i) s[2 * i] = v[off + i];
     return s;
   };
-  const auto lp = converted<T>(p.lp), old = converted<T>(p.old), adv = converted<T>(p.adv), ref = converted<T>(p.ref);
-  const auto w = converted<T>(p.w), ent = converted<T>(p.ent);
-  const auto mask = converted<M>(p.mask, true);
-  const auto slp = spread(lp, T(0.5)), sold = spread(old, T(0.5)), sadv = spread(adv, T(0.5)), sref = spread(ref, T(0.5));
-  const auto sw = spread(w, T(0.5)), sent = spread(ent, T(0.5));
-  const auto smask = spread(mask, M(0));
-  const auto view = [&](const auto& v) {
+  const std::size_t o = p.offset, olp = p.lp_offset, guards = o != 0 || olp != 0 ? guard : 0;
+  const auto lp = converted<T>(p.lp, false, olp), old = converted<T>(p.old, false, o), adv = converted<T>(p.adv, false, o);
+  const auto ref = converted<T>(p.ref, false, o), w = converted<T>(p.w, false, o), ent = converted<T>(p.ent, false, o);
+  const auto mask = converted<M>(p.mask, true, o);
+  const auto slp = spread(lp, T(0.5), olp), sold = spread(old, T(0.5), o), sadv = spread(adv, T(0.5), o), sref = spread(ref, T(0.5), o);
+  const auto sw = spread(w, T(0.5), o), sent = spread(ent, T(0.5), o);
+  const auto smask = spread(mask, M(0), o);
+  const auto view = [&](const auto& v, std::size_t off) {
     using E = typename std::decay_t<decltype(v)>::value_type;
-    return ulorl::token_view<const E>::padded(ulorl::matrix_view<const E>(v.data(), B, Tn));
+    return ulorl::token_view<const E>::padded(ulorl::matrix_view<const E>(v.data() + off, B, Tn));
   };
   const auto sview = [&](const auto& v) {
     using E = typename std::decay_t<decltype(v)>::value_type;
     return ulorl::token_view<const E>::padded(ulorl::matrix_view<const E>(v.data(), B, Tn, 2 * static_cast<std::ptrdiff_t>(Tn), 2));
   };
-  ulorl::policy_loss_inputs<T, M> fin{view(lp), view(old), view(adv), view(mask)};
+  ulorl::policy_loss_inputs<T, M> fin{view(lp, olp), view(old, o), view(adv, o), view(mask, o)};
   ulorl::policy_loss_inputs<T, M> gin{sview(slp), sview(sold), sview(sadv), sview(smask)};
-  if (cfg.kl_coef != 0) fin.ref_log_prob = view(ref), gin.ref_log_prob = sview(sref);
-  if (weights) fin.weights = view(w), gin.weights = sview(sw);
-  if (entropy) fin.entropy = view(ent), gin.entropy = sview(sent);
+  if (cfg.kl_coef != 0) fin.ref_log_prob = view(ref, o), gin.ref_log_prob = sview(sref);
+  if (weights) fin.weights = view(w, o), gin.weights = sview(sw);
+  if (entropy) fin.entropy = view(ent, o), gin.entropy = sview(sent);
   const T junk = T(-7);
-  buffer<T> fg(n, junk), fge(n, junk), gg(2 * n, junk), gge(2 * n, junk);
-  const auto mat = [&](buffer<T>& v) { return ulorl::token_view<T>::padded(ulorl::matrix_view<T>(v.data(), B, Tn)); };
+  buffer<T> fg(o + n + guards, junk), fge(o + n + guards, junk), gg(2 * n, junk), gge(2 * n, junk);
+  const auto mat = [&](buffer<T>& v) { return ulorl::token_view<T>::padded(ulorl::matrix_view<T>(v.data() + o, B, Tn)); };
   const auto smat = [&](buffer<T>& v) {
     return ulorl::token_view<T>::padded(ulorl::matrix_view<T>(v.data(), B, Tn, 2 * static_cast<std::ptrdiff_t>(Tn), 2));
   };
@@ -126,12 +140,14 @@ paths run_both(const problem& p, const ulorl::policy_loss_config& cfg, bool weig
   out.generic.res = ulorl::policy_loss(gin, cfg, smat(gg), entropy ? smat(gge) : ulorl::token_view<T>{});
   out.fast.grad.resize(n), out.generic.grad.resize(n);
   if (entropy) out.fast.grad_entropy.resize(n), out.generic.grad_entropy.resize(n);
+  for (std::size_t i = 0; i < o + n + guards; ++i)
+    if (i < o || i >= o + n) out.fast.gaps_untouched = out.fast.gaps_untouched && fg[i] == junk && fge[i] == junk;
   for (std::size_t i = 0; i < n; ++i) {
-    out.fast.grad[i] = static_cast<double>(fg[i]);
+    out.fast.grad[i] = static_cast<double>(fg[o + i]);
     out.generic.grad[i] = static_cast<double>(gg[2 * i]);
     out.generic.gaps_untouched = out.generic.gaps_untouched && gg[2 * i + 1] == junk && gge[2 * i + 1] == junk;
     if (entropy) {
-      out.fast.grad_entropy[i] = static_cast<double>(fge[i]);
+      out.fast.grad_entropy[i] = static_cast<double>(fge[o + i]);
       out.generic.grad_entropy[i] = static_cast<double>(gge[2 * i]);
     }
   }

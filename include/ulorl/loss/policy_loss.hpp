@@ -374,6 +374,18 @@ struct lanes {
   static ULORL_LOSS_INLINE T exp_hi(T b) noexcept { return b < exp_constants<T>::hi ? b : exp_constants<T>::hi; }
 };
 
+//! Tokens of a unit-stride row before the first element of `p` on a vector boundary (64 bytes at
+//! most): the row kernel and the value scan take them separately (the peel), so that the vector
+//! loop's loads and stores do not straddle cache lines when the arrays share logp's alignment
+//! (malloc'd blocks sit 16 bytes past one). 0 for rows of fewer than 8 vectors, where one more
+//! partial vector would cost more than it saves, and for a pointer not aligned to T. §10.
+template <class T, std::size_t Bytes>
+[[nodiscard]] inline std::size_t peel(const T* p, std::size_t n) noexcept {
+  constexpr std::size_t align = Bytes < 64 ? Bytes : 64;
+  const std::size_t off = reinterpret_cast<std::uintptr_t>(p) % align;
+  return off != 0 && off % sizeof(T) == 0 && n >= 8 * (Bytes / sizeof(T)) ? (align - off) / sizeof(T) : 0;
+}
+
 //! The vectorised row kernel for one (objective, KL estimator, importance weighting, weights,
 //! entropy) combination: unit-stride rows only. `Plain`: ppo_clip without delta and dual clip.
 template <objective_kind K, bool Plain, bool HasKL, kl_estimator E, bool IW, bool HasW, bool HasEnt, class T, std::size_t Bytes>
@@ -508,6 +520,23 @@ struct row_kernel {
     a.rmax = L::max_where(a.rmax, valid, r);
   }
 
+  //! m < N tokens on padded local copies (mask 0), so that no lane reads past the row.
+  template <class M>
+  static void partial(std::size_t m, const T* lp, const T* old, const T* adv, const M* mask, const T* ref, const T* wts,
+                      const T* ent, T* grad, T w, const token_loss_params<T>& p, accumulators& a) noexcept {
+    alignas(Bytes) T b_lp[N] = {}, b_old[N] = {}, b_adv[N] = {}, b_ref[N] = {}, b_w[N] = {}, b_e[N] = {}, b_g[N] = {};
+    mask_elem_t<M> b_m[N] = {};
+    for (std::size_t l = 0; l < m; ++l) {
+      b_lp[l] = lp[l], b_old[l] = old[l], b_adv[l] = adv[l];
+      b_m[l] = static_cast<mask_elem_t<M>>(mask[l]);
+      if constexpr (HasKL) b_ref[l] = ref[l];
+      if constexpr (HasW) b_w[l] = wts[l];
+      if constexpr (HasEnt) b_e[l] = ent[l];
+    }
+    step(b_lp, b_old, b_adv, L::valid_lanes(b_m), b_ref, b_w, b_e, b_g, w, p, a);
+    for (std::size_t l = 0; l < m; ++l) grad[l] = b_g[l];
+  }
+
   //! One row of n tokens; returns its valid-token count. The tail runs on padded local copies
   //! (mask 0), so that no lane reads past the row.
   template <class M>
@@ -523,7 +552,11 @@ struct row_kernel {
       if constexpr (HasKL) L::flush(a.kl, a.s_kl);
       if constexpr (HasEnt) L::flush(a.en, a.s_en);
     };
-    std::size_t t = 0;
+    std::size_t t = peel<T, Bytes>(lp, n);
+    if (t != 0) {
+      partial(t, lp, old, adv, mask, ref, wts, ent, grad, w, p, a);
+      flush();
+    }
     while (t + N <= n) {
       const std::size_t stop = n - t >= block * N ? t + block * N : n - (n - t) % N;
       if constexpr (unroll > 1) {
@@ -540,18 +573,7 @@ struct row_kernel {
       flush();
     }
     if (t < n) {
-      const std::size_t m = n - t;
-      alignas(Bytes) T b_lp[N] = {}, b_old[N] = {}, b_adv[N] = {}, b_ref[N] = {}, b_w[N] = {}, b_e[N] = {}, b_g[N] = {};
-      mask_elem_t<M> b_m[N] = {};
-      for (std::size_t l = 0; l < m; ++l) {
-        b_lp[l] = lp[t + l], b_old[l] = old[t + l], b_adv[l] = adv[t + l];
-        b_m[l] = static_cast<mask_elem_t<M>>(mask[t + l]);
-        if constexpr (HasKL) b_ref[l] = ref[t + l];
-        if constexpr (HasW) b_w[l] = wts[t + l];
-        if constexpr (HasEnt) b_e[l] = ent[t + l];
-      }
-      step(b_lp, b_old, b_adv, L::valid_lanes(b_m), b_ref, b_w, b_e, b_g, w, p, a);
-      for (std::size_t l = 0; l < m; ++l) grad[t + l] = b_g[l];
+      partial(n - t, lp + t, old + t, adv + t, mask + t, ref + t, wts + t, ent + t, grad + t, w, p, a);
       flush();
     }
     std::size_t count = 0;
@@ -587,9 +609,18 @@ template <class T, class M, std::size_t Bytes, bool KL, bool W, bool E>
   typedef ME MV __attribute__((vector_size(L::N * sizeof(ME))));
   const auto ex = [](const T* p) { return std::bit_cast<IV>(L::load(p)) & em; };
   const auto vmax = [](IV a, IV b) { return a > b ? a : b; };
+  const auto finite = [](T v) { return (std::bit_cast<I>(v) & em) != em; };
+  const auto scalar_ok = [&](std::size_t b, std::size_t e) {
+    bool ok = true;
+    for (std::size_t t = b; t < e; ++t)
+      ok = ok && finite(lp[t]) && finite(old[t]) && finite(adv[t]) && (!KL || finite(ref[t])) && (!W || finite(wts[t])) &&
+           (!E || finite(ent[t])) && (bool_mask || mask[t] == M(0) || mask[t] == M(1));
+    return ok;
+  };
   IV hi{};
   decltype(MV{} != MV{}) bad{};
-  std::size_t t = 0;
+  std::size_t t = peel<T, Bytes>(lp, n);
+  if (!scalar_ok(0, t)) return false;
   for (; t + L::N <= n; t += L::N) {
     IV x = vmax(vmax(ex(lp + t), ex(old + t)), ex(adv + t));
     if constexpr (KL) x = vmax(x, ex(ref + t));
@@ -604,12 +635,7 @@ template <class T, class M, std::size_t Bytes, bool KL, bool W, bool E>
   }
   bool ok = true;
   for (std::size_t l = 0; l < L::N; ++l) ok = ok && hi[l] != em && bad[l] == 0;
-  const auto finite = [](T v) { return (std::bit_cast<I>(v) & em) != em; };
-  for (; t < n; ++t) {
-    ok = ok && finite(lp[t]) && finite(old[t]) && finite(adv[t]) && (!KL || finite(ref[t])) && (!W || finite(wts[t])) &&
-         (!E || finite(ent[t])) && (bool_mask || mask[t] == M(0) || mask[t] == M(1));
-  }
-  return ok;
+  return ok && scalar_ok(t, n);
 }
 
 //! Valid tokens of a unit-stride mask row (vectorised count).
