@@ -8,9 +8,28 @@
 #include <cstddef>
 #include <cstdlib>
 #include <map>
+#include <new>
 #include <string>
+#include <vector>
 
 namespace bench {
+
+//! Allocates on 64-byte (cache-line) boundaries, as PyTorch's CPU allocator does: the benchmarks
+//! read the memory a trainer hands over, not malloc's 16-byte-aligned blocks (whose 64-byte vector
+//! loads straddle two cache lines).
+template <class T>
+struct cache_aligned {
+  using value_type = T;
+  static constexpr std::align_val_t align{64};
+  cache_aligned() = default;
+  template <class U>
+  constexpr cache_aligned(const cache_aligned<U>&) noexcept {}
+  [[nodiscard]] T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), align)); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, align); }
+  friend bool operator==(const cache_aligned&, const cache_aligned&) { return true; }
+};
+template <class T>
+using aligned_vector = std::vector<T, cache_aligned<T>>;
 
 //! A size from the environment (e.g. ULORL_BENCH_MAX_ROWS), or `fallback` when unset.
 inline std::size_t env_size(const char* name, std::size_t fallback) {

@@ -7,6 +7,8 @@
 //   *_threads variants                the loss (checked and unchecked) with ulorl::thread_executor and the
 //                                 streaming pass split the same way (ULORL_BENCH_THREADS, default every core)
 // all in the same run. Bytes per token: 4 float inputs + 1-byte mask + 1 float output = 21 (float).
+// The arrays start on 64-byte boundaries (bench::aligned_vector), as PyTorch's CPU tensors do; the
+// loss and the stream read the same arrays.
 // After the runs a summary on stderr prints fused/multipass and fused/stream ratios per size, the
 // loss against the machine's memory bandwidth (the stream of the largest size, beyond the caches),
 // and the bandwidth target's verdict per mode (stdout stays valid JSON with --benchmark_format=json).
@@ -40,8 +42,8 @@ std::size_t elem_size(const std::string& ty) { return ty == "float" ? sizeof(flo
 template <class T>
 struct data {
   std::size_t B, N;
-  std::vector<T> lp, old, ref, adv, grad;
-  std::vector<std::uint8_t> mask;
+  bench::aligned_vector<T> lp, old, ref, adv, grad;  // 64-byte aligned, as a torch tensor
+  bench::aligned_vector<std::uint8_t> mask;
   std::vector<std::int64_t> offsets;
   explicit data(std::size_t n) : B(n / row_len), N(n), lp(n), old(n), ref(n), adv(n), grad(n), mask(n), offsets(n / row_len + 1) {
     std::mt19937_64 rng(7);
@@ -87,7 +89,7 @@ template <class T, bool Check = true, bool Threaded = false>
 void BM_policy_loss(benchmark::State& st) {
   auto& d = cached<T>(static_cast<std::size_t>(st.range(0)));
   const bool packed = st.range(1) != 0;
-  auto view = [&](const std::vector<T>& v) {
+  auto view = [&](const bench::aligned_vector<T>& v) {
     return packed ? ulorl::token_view<const T>::packed(ulorl::vector_view<const T>(v.data(), v.size()), std::span<const std::int64_t>(d.offsets))
                   : ulorl::token_view<const T>::padded(ulorl::matrix_view<const T>(v.data(), d.B, row_len));
   };
@@ -219,9 +221,9 @@ class summary_reporter : public benchmark::BenchmarkReporter {
     std::fprintf(stderr, "\nsummary (tokens/s, best of the repetitions; ratios measured in this run):\n");
     // The machine's memory bandwidth: the one-thread stream over the largest working set (16M
     // tokens: 352 MB in float, 688 MB in double, beyond the last-level cache), the faster of the
-    // two element types in this run (one machine, one bandwidth: the double stream has measured
-    // up to a third below the float one in the same process, e.g. 26.1 against 39.0 GB/s, so its
-    // own figure would flatter float64 by up to 49%; docs/losses.md §10).
+    // two element types in this run (one machine, one bandwidth: on malloc's misaligned blocks the
+    // double stream measured up to a third below the float one in the same process, 26.1 against
+    // 39.0 GB/s; on the aligned arrays they have measured alike; docs/losses.md §10).
     // At smaller sizes the same-size stream runs from the caches and measures their bandwidth
     // instead; both ratios are printed.
     const auto stream16 = [&](const std::string& ty) {
