@@ -10,6 +10,8 @@ struct result {
   const void* policy_loss_fn = nullptr;    //!< &ulorl::policy_loss<float, std::uint8_t> as this TU sees it
   const void* logits_forward_fn = nullptr; //!< &ulorl::logits_forward<float, std::int64_t, float, ...>
   double loss = 0;
+  double loss_scale = 0;  //!< sum of |advantage| over the valid tokens / the normaliser: the size of the
+                          //!< per-token terms whose float rounding the loss carries (they cancel in it)
   std::vector<float> grad;
   std::vector<float> logprob, entropy;
 };

@@ -35,9 +35,13 @@ TEST_CASE("isa mixing: both variants compute the same results") {
     return;
   }
   const auto a = isa_probe::portable(true), b = isa_probe::avx2(true);
-  // Different vector widths change the order of the float block sums (and FMA contraction): the
-  // results agree to float rounding, not bitwise.
-  CHECK(std::fabs(a.loss - b.loss) <= 1e-6 * std::fabs(a.loss) + 1e-9);
+  // Different vector widths change the order of the float block sums, which lanes the peel of
+  // each row's misaligned head fills, and FMA contraction: the results agree to float rounding,
+  // not bitwise. The loss is a sum of terms of both signs (0.018 here from terms adding up to
+  // ~0.8 in magnitude), so its rounding is relative to the terms (loss_scale), not to the sum
+  // (observed: 1.9e-8 apart). A lost or doubled token would move it by ~2e-3.
+  CHECK(a.loss_scale > 0.1);
+  CHECK(std::fabs(a.loss - b.loss) <= 1e-6 * a.loss_scale);
   REQUIRE(a.grad.size() == b.grad.size());
   for (std::size_t i = 0; i < a.grad.size(); ++i) CHECK(std::fabs(a.grad[i] - b.grad[i]) <= 1e-6f * std::fabs(a.grad[i]) + 1e-9f);
   for (std::size_t i = 0; i < a.logprob.size(); ++i) {

@@ -9,8 +9,8 @@
 #include <ulorl/loss/policy_loss.hpp>
 
 #include <cstddef>
-#include <cstdint>
 #include <memory>
+#include <new>
 #include <random>
 #include <vector>
 
@@ -68,33 +68,33 @@ struct paths {
 // default build's kernel).
 namespace {
 
-//! A heap array of E that starts on a 64-byte boundary (std::vector<bool> has no data()).
+//! A heap array of E on a 64-byte boundary, of exactly `size` elements (so that the sanitisers see
+//! a read past its end; std::vector<bool> has no data()).
 template <class E>
 struct buffer {
   using value_type = E;
-  static constexpr std::size_t slack = 64 / sizeof(E) + 1;
-  std::unique_ptr<E[]> p;
-  E* base = nullptr;
+  static constexpr std::align_val_t align{64};
+  struct release {
+    void operator()(E* q) const noexcept { ::operator delete[](q, align); }
+  };
+  std::unique_ptr<E[], release> p;
   std::size_t n = 0;
-  buffer(std::size_t size, E fill) : p(new E[size + slack]), n(size) {
-    base = p.get();
-    while (reinterpret_cast<std::uintptr_t>(base) % 64 != 0) ++base;
-    for (std::size_t i = 0; i < n; ++i) base[i] = fill;
+  buffer(std::size_t size, E fill) : p(new (align) E[size]), n(size) {
+    for (std::size_t i = 0; i < n; ++i) p[i] = fill;
   }
-  [[nodiscard]] E* data() { return base; }
-  [[nodiscard]] const E* data() const { return base; }
-  E& operator[](std::size_t i) { return base[i]; }
-  const E& operator[](std::size_t i) const { return base[i]; }
+  [[nodiscard]] E* data() { return p.get(); }
+  [[nodiscard]] const E* data() const { return p.get(); }
+  E& operator[](std::size_t i) { return p[i]; }
+  const E& operator[](std::size_t i) const { return p[i]; }
 };
 
-//! Elements after the last token of an offset buffer, left as they were.
+//! Elements after the last token of an offset gradient buffer, which must keep their values.
 inline constexpr std::size_t guard = 64;
 
-//! `v` converted to E (a mask: 1 where non-zero), starting `offset` elements into the buffer
-//! (`fill` before and `guard` elements after).
+//! `v` converted to E (a mask: 1 where non-zero), starting `offset` elements into the buffer.
 template <class E>
-buffer<E> converted(const std::vector<double>& v, bool as_mask = false, std::size_t offset = 0, E fill = E{}) {
-  buffer<E> out(offset + v.size() + (offset != 0 ? guard : 0), fill);
+buffer<E> converted(const std::vector<double>& v, bool as_mask = false, std::size_t offset = 0) {
+  buffer<E> out(offset + v.size(), E{});
   for (std::size_t i = 0; i < v.size(); ++i) out[offset + i] = as_mask ? (v[i] != 0 ? E(1) : E(0)) : static_cast<E>(v[i]);
   return out;
 }
