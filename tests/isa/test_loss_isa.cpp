@@ -70,31 +70,9 @@ void check_isa(const char* isa, probe_fn probe, scan_fn scan) {
         }
       }
   std::printf("%s: %d runs checked\n", isa, runs);
-  // Rows at every alignment: the kernel peels the tokens before the first vector-aligned logp
-  // (rows of >= 8 vectors). Every array (or logp alone) starts `off` elements past a 64-byte
-  // boundary; rows of T tokens then start at every offset. Lengths straddle the peel's threshold
-  // for each width (8 vectors: 16 / 32 / 64 / 128 tokens), and the kernel must write nothing
-  // outside the rows.
-  int aligned_runs = 0;
-  for (std::size_t off = 0; off < 16; ++off)
-    for (const bool lp_only : {false, true})
-      for (const std::size_t Tn : {15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 300})
-        for (const char* combo : {"ppo k3 token", "ppo_dual k3_iw seq_mean"}) {
-          const bool first = combo[3] == ' ';
-          auto p = loss_paths::random_problem(rng, 3, Tn);
-          p.offset = lp_only ? 0 : off, p.lp_offset = off;
-          auto cfg = first ? make_combo("ppo", "k3", "token", 37.0).cfg : make_combo("ppo_dual", "k3_iw", "seq_mean", 37.0).cfg;
-          if (first) cfg.entropy_coef = 0;
-          for (std::size_t t = 0; t < 4; ++t) {
-            INFO(isa << ": " << combo << " T=" << Tn << " offset " << off << (lp_only ? " (logp only) " : " ") << type_names[t]);
-            const double tol = t < 2 ? 1e-12 : 2e-5;
-            const auto mine = probe(p, cfg, all_types[t], !first, !first);
-            REQUIRE(mine.fast.gaps_untouched);
-            REQUIRE(mine.generic.gaps_untouched);
-            loss_compare::require_same_paths(mine.fast, mine.generic, p, tol, !first);
-            ++aligned_runs;
-          }
-        }
+  // Rows at every alignment (the peel): this build's kernel against its strided loop.
+  const int aligned_runs = loss_compare::require_every_alignment(
+      rng, isa, [&](const loss_isa::problem& p, const ulorl::policy_loss_config& cfg, int t, bool full) { return probe(p, cfg, all_types[t], full, full); });
   std::printf("%s: %d runs at every alignment checked\n", isa, aligned_runs);
   // The value scan: rows of 37 and 70 tokens (float AVX-512: 2 and 4 vectors, then a tail), and of
   // 70 and 150 tokens with the arrays 3 elements past a 64-byte boundary (the scan's peel).

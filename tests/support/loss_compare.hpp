@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <random>
 
 #include "catch.hpp"
+#include "support/loss_combos.hpp"
 #include "support/loss_paths.hpp"
 
 namespace loss_compare {
@@ -57,6 +60,37 @@ inline void require_same_paths(const loss_paths::run_result& a, const loss_paths
     if (entropy) REQUIRE(a.grad_entropy[i] == b.grad_entropy[i]);
   }
   require_same_result(a.res, b.res, tol);
+}
+
+//! Rows at every alignment (the kernel's peel of the tokens before the first vector-aligned logp,
+//! in rows of >= 8 vectors): every array, or logp alone, starts 0..15 elements past a 64-byte
+//! boundary, so rows of T tokens start at every offset; lengths straddle each width's threshold
+//! (8 vectors: 16 / 32 / 64 / 128 tokens). `run(p, cfg, t, full)` runs element-type pair t (0:
+//! double/double, 1: double/uint8, 2: float/uint8, 3: float/float) on both paths, `full` with
+//! weights and entropy; both must leave everything outside their tokens alone and agree. Returns
+//! the number of runs.
+template <class Run>
+int require_every_alignment(std::mt19937_64& rng, const char* label, Run run) {
+  int runs = 0;
+  for (std::size_t off = 0; off < 16; ++off)
+    for (const bool lp_only : {false, true})
+      for (const std::size_t Tn : {15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 300})
+        for (const bool full : {false, true}) {
+          auto p = loss_paths::random_problem(rng, 3, Tn);
+          p.offset = lp_only ? 0 : off, p.lp_offset = off;
+          auto cfg = full ? make_combo("ppo_dual", "k3_iw", "seq_mean", 37.0).cfg : make_combo("ppo", "k3", "token", 37.0).cfg;
+          if (!full) cfg.entropy_coef = 0;
+          for (int t = 0; t < 4; ++t) {
+            INFO(label << ": T=" << Tn << " offset " << off << (lp_only ? " (logp only)" : "")
+                       << (full ? " ppo_dual k3_iw seq_mean" : " ppo k3 token") << " type pair " << t);
+            const loss_paths::paths r = run(p, cfg, t, full);
+            REQUIRE(r.fast.gaps_untouched);
+            REQUIRE(r.generic.gaps_untouched);
+            require_same_paths(r.fast, r.generic, p, t < 2 ? 1e-12 : 2e-5, full);
+            ++runs;
+          }
+        }
+  return runs;
 }
 
 }  // namespace loss_compare

@@ -537,8 +537,8 @@ struct row_kernel {
     for (std::size_t l = 0; l < m; ++l) grad[l] = b_g[l];
   }
 
-  //! One row of n tokens; returns its valid-token count. The tail runs on padded local copies
-  //! (mask 0), so that no lane reads past the row.
+  //! One row of n tokens; returns its valid-token count. The peel (tokens before the first
+  //! vector-aligned logp) and the tail run through partial().
   template <class M>
   static ULORL_NOINLINE ULORL_LOSS_SCHED std::size_t row(std::size_t n, const T* ULORL_RESTRICT lp, const T* ULORL_RESTRICT old,
                                         const T* ULORL_RESTRICT adv, const M* ULORL_RESTRICT mask, const T* ULORL_RESTRICT ref,
