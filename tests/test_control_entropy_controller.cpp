@@ -136,12 +136,49 @@ TEST_CASE("entropy controller rejects bad configuration, input and checkpoints",
   CHECK(arg_of([&] { c.update(nan); }) == "entropy");
   CHECK(arg_of([&] { (void)c.bonus(inf); }) == "entropy");
   CHECK(c.state().updates == 0);
+  // Documented limits: every value's magnitude <= 1e6.
+  CHECK(arg_of([&] { ulorl::entropy_controller e(cfg{.target_entropy = 1.5e6}); }) == "target_entropy");
+  CHECK(arg_of([&] { ulorl::entropy_controller e(cfg{.gain = 2e6}); }) == "gain");
+  CHECK(arg_of([&] { ulorl::entropy_controller e(cfg{.max_coef = 2e6}); }) == "max_coef");
+  CHECK(arg_of([&] { ulorl::entropy_controller e(cfg{.tolerance = 2e6}); }) == "tolerance");
+  CHECK_NOTHROW(ulorl::entropy_controller(cfg{.target_entropy = 1e6, .init_coef = 1e6, .step_up = 1e6, .step_down = 1e6,
+                                              .gain = 1e6, .tolerance = 1e6, .min_coef = 1e6, .max_coef = 1e6}));
   auto bytes = c.save();
-  // Payload: rule (1) + 8 f64 + gate (1) + coef f64 + updates u64 + last_entropy f64; bytes.size() - 17
-  // is coef's top byte: 0xFF there makes it a huge negative number, below min_coef.
-  bytes[bytes.size() - 17] = std::byte{0xFF};
+  bytes.pop_back();
   CHECK_THROWS_AS(ulorl::entropy_controller::restore(bytes), ulorl::error);
-  auto bad = c.save();
-  bad[12] = std::byte{5};  // rule
-  CHECK_THROWS_AS(ulorl::entropy_controller::restore(bad), ulorl::error);
+  // Every bit flip and truncation, wrong kinds and versions, and each field out of range:
+  // tests/test_control_checkpoint.cpp.
+}
+
+TEST_CASE("entropy coefficient stays finite: degenerate magnitudes are rejected", "[control][entropy][limits]") {
+  auto arg_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const ulorl::error& e) {
+      return e.argument();
+    }
+    return "<no error>";
+  };
+  // target 1e308 and entropy -1e308 make the error target - H overflow to inf, and gain 0 times inf
+  // is NaN, and a NaN coefficient stays NaN. Both magnitudes are out of range.
+  CHECK(arg_of([&] {
+          ulorl::entropy_controller c({.rule = ulorl::entropy_control_rule::proportional, .target_entropy = 1e308,
+                                       .gain = 0.0});
+          const double v = c.update(-1e308);
+          INFO("coefficient after the update: " << v);
+        }) == "target_entropy");
+  ulorl::entropy_controller d({.rule = ulorl::entropy_control_rule::proportional});
+  CHECK(arg_of([&] { d.update(-1e308); }) == "entropy");
+  CHECK(arg_of([&] { (void)d.bonus(2e6); }) == "entropy");
+  CHECK(d.state().updates == 0);
+  // At the documented limits (1e6 for magnitudes, gains and coefficients) every result is finite
+  // and clamped: gain 1e6 times an error of 2e6 is 2e12, far from overflow.
+  ulorl::entropy_controller e({.rule = ulorl::entropy_control_rule::proportional, .target_entropy = 1e6,
+                               .gain = 1e6, .min_coef = 0.0, .max_coef = 1e6});
+  CHECK(e.update(-1e6) == 1e6);
+  CHECK(e.update(1e6) == 1e6);  // at the target: no change
+  ulorl::entropy_controller g({.rule = ulorl::entropy_control_rule::proportional, .target_entropy = 0.0,
+                               .gain = 1e6, .min_coef = 0.0, .max_coef = 1e6});
+  CHECK(g.update(1e6) == 0.0);
+  CHECK_NOTHROW(ulorl::entropy_controller::restore(e.save()));
 }

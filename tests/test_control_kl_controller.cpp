@@ -98,11 +98,11 @@ TEST_CASE("KL controller save/restore mid-run behaves identically", "[control][k
   for (std::size_t i = 77; i < 200; ++i) REQUIRE(a.update(kl[i], n[i]) == b.update(kl[i], n[i]));  // bit-identical
   CHECK(a.save() == b.save());
 
-  // Infinite max_coef and -0.0 round-trip too.
+  // The default max_coef (kl_coef_limit) and -0.0 round-trip too.
   ulorl::kl_controller f({.type = ulorl::kl_control_type::fixed, .init_coef = 0.0});
   f.update(-0.0, 0);
   const auto fb = ulorl::kl_controller::restore(f.save());
-  CHECK(std::isinf(fb.config().max_coef));
+  CHECK(fb.config().max_coef == 1e6);
   CHECK(std::signbit(fb.state().last_kl));
 }
 
@@ -127,6 +127,15 @@ TEST_CASE("KL controller rejects bad configuration, input and checkpoints", "[co
   CHECK(arg_of([&] { ulorl::kl_controller k({.init_coef = 0.5, .max_coef = 0.1}); }) == "init_coef");
   CHECK(arg_of([&] { ulorl::kl_controller k({.min_coef = 0.2, .max_coef = 0.1}); }) == "max_coef");
   CHECK(arg_of([&] { ulorl::kl_controller k({.type = static_cast<kl_control_type>(9)}); }) == "type");
+  // Documented limits: max_coef finite and <= 1e6, horizon >= 1e-6, max_error in (0, 1].
+  CHECK(arg_of([&] { ulorl::kl_controller k({.max_coef = inf}); }) == "max_coef");
+  CHECK(arg_of([&] { ulorl::kl_controller k({.max_coef = 1.0000001e6}); }) == "max_coef");
+  CHECK_NOTHROW(ulorl::kl_controller({.init_coef = 1e6, .min_coef = 1e6, .max_coef = 1e6}));
+  CHECK(arg_of([&] { ulorl::kl_controller k({.type = kl_control_type::adaptive, .horizon = 0.99e-6}); }) == "horizon");
+  CHECK(arg_of([&] { ulorl::kl_controller k({.type = kl_control_type::adaptive, .horizon = inf}); }) == "horizon");
+  CHECK_NOTHROW(ulorl::kl_controller({.type = kl_control_type::adaptive, .horizon = 1e-6}));
+  CHECK(arg_of([&] { ulorl::kl_controller k({.type = kl_control_type::adaptive, .max_error = 1.5}); }) == "max_error");
+  CHECK_NOTHROW(ulorl::kl_controller({.type = kl_control_type::adaptive, .max_error = 1.0}));
   // Fixed ignores the adaptive-only fields (the golden fixed case passes null for them).
   CHECK_NOTHROW(ulorl::kl_controller({.type = kl_control_type::fixed, .target_kl = nan, .horizon = 0}));
 
@@ -147,11 +156,33 @@ TEST_CASE("KL controller rejects bad configuration, input and checkpoints", "[co
   bad = bytes;
   bad.push_back(std::byte{0});
   CHECK_THROWS_AS(ulorl::kl_controller::restore(bad), ulorl::error);
-  bad = bytes;
-  bad[6] = std::byte{2};  // kind: entropy controller
-  CHECK_THROWS_AS(ulorl::kl_controller::restore(bad), ulorl::error);
-  bad = bytes;
-  bad[4] = std::byte{99};  // format version
-  CHECK_THROWS_AS(ulorl::kl_controller::restore(bad), ulorl::error);
   CHECK_THROWS_AS(ulorl::kl_controller::restore({}), ulorl::error);
+  // Every bit flip and truncation, wrong kinds and versions, and each field out of range:
+  // tests/test_control_checkpoint.cpp.
+}
+
+TEST_CASE("KL coefficient stays finite and bounded under extreme updates", "[control][kl][limits]") {
+  // The largest batch count the API takes: with verl's defaults (target 0.1, horizon 1e4, clip 0.2)
+  // one update multiplies beta by 1 + 0.2 * 9.22e18 / 1e4 ~ 1.8e14, so 0.001 reaches the documented
+  // default max_coef 1e6 at once and stays there; a KL below target then drives the multiplier
+  // negative and beta to min_coef 0. Unbounded, 22 such updates make beta inf, then NaN.
+  constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  ulorl::kl_controller k({.type = ulorl::kl_control_type::adaptive, .init_coef = 0.001});
+  for (int i = 0; i < 22; ++i) {
+    const double v = k.update(10.0, big);
+    REQUIRE(std::isfinite(v));
+    REQUIRE(v == 1e6);
+  }
+  CHECK_NOTHROW(ulorl::kl_controller::restore(k.save()));
+  for (int i = 0; i < 22; ++i) REQUIRE(k.update(0.0, big) == 0.0);
+  CHECK_NOTHROW(ulorl::kl_controller::restore(k.save()));
+  // A horizon so small that n_steps / horizon overflows is rejected, naming the argument (with
+  // init_coef 0 it would give 0 * inf = NaN on the first update).
+  try {
+    ulorl::kl_controller z({.type = ulorl::kl_control_type::adaptive, .init_coef = 0.0, .horizon = 1e-310});
+    const double v = z.update(0.2, 64);
+    FAIL("horizon 1e-310 accepted; first update gave beta = " << v);
+  } catch (const ulorl::error& e) {
+    CHECK(e.argument() == "horizon");
+  }
 }

@@ -1,68 +1,57 @@
-// ulorl/control/checkpoint.hpp — the byte format in which the controllers of ulorl/control save
-// their configuration and state, so that a restored controller behaves bit for bit like the saved
-// one. Layout: magic "ULRC", format version (u16), kind (u16), payload length (u32), payload.
-// Integers are little-endian fixed width; doubles are stored as their IEEE-754 bit pattern, so
-// every value (including -0.0 and infinities) round-trips exactly on any host.
+// ulorl/control/checkpoint.hpp — what the controllers of ulorl/control share for checkpointing:
+// each saves its configuration and state as the payload of core/checkpoint.hpp's envelope (magic
+// "ULORLCKP", envelope version, kind, payload version, payload length, CRC-64/XZ), with the payload
+// versions below, and restores through the same checks its constructor and transitions use: every
+// field finite where it must be, in its documented range, every counter within
+// control_counter_limit, every invariant of the state re-checked (docs/checkpoints.md lists the
+// payloads field by field; docs/dynamics.md the limits).
 #pragma once
 
-#include <bit>
-#include <cstddef>
+#include <cmath>
 #include <cstdint>
-#include <span>
+#include <limits>
+#include <sstream>
 #include <string>
 #include <string_view>
-#include <vector>
 
+#include "ulorl/core/checkpoint.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
-#include "ulorl/core/serialize.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
-//! Which controller a checkpoint holds (a checkpoint restores only into its own kind).
-enum class checkpoint_kind : std::uint16_t { kl_controller = 1, entropy_controller = 2, reference_reset = 3 };
+//! Payload format versions of the controllers' checkpoints (the envelope versions itself).
+inline constexpr std::uint32_t kl_controller_payload_version = 1;
+inline constexpr std::uint32_t entropy_controller_payload_version = 1;
+inline constexpr std::uint32_t reference_reset_payload_version = 1;
 
-inline constexpr std::uint16_t checkpoint_format_version = 1;
+//! Every counter of a controller's state (updates, evaluations, resets, consecutive-step counts)
+//! stays <= 2^63 - 1, so that it also fits a signed 64-bit integer on the host's side (Python, JSON,
+//! torch.int64). A call that would take a counter past it is rejected; restore rejects a larger one.
+inline constexpr std::uint64_t control_counter_limit = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
 
 namespace detail {
 
-//! Writes the header with a zero length, to be patched by finish_checkpoint once the payload is in.
-inline std::size_t begin_checkpoint(std::vector<std::byte>& out, checkpoint_kind kind) {
-  byte_writer w(out);
-  for (char c : std::string_view("ULRC")) w.u8(static_cast<std::uint8_t>(c));
-  w.u16(checkpoint_format_version);
-  w.u16(static_cast<std::uint16_t>(kind));
-  const std::size_t length_at = out.size();
-  w.u32(0);
-  return length_at;
-}
-inline void finish_checkpoint(std::vector<std::byte>& out, std::size_t length_at) {
-  const auto n = static_cast<std::uint32_t>(out.size() - length_at - 4);
-  for (int i = 0; i < 4; ++i) out[length_at + static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xFFu);
+//! Throws unless `v` is finite and lo <= v <= hi; the message states the range.
+inline void require_in_range(std::string_view fn, std::string_view arg, double v, double lo, double hi) {
+  if (!(std::isfinite(v) && v >= lo && v <= hi)) {
+    std::ostringstream os;
+    os.precision(17);
+    os << "must be finite and in [" << lo << ", " << hi << "]";
+    fail_value(fn, arg, v, os.str());
+  }
 }
 
-//! Checks the header and returns a reader positioned at the payload, which must fill the buffer.
-inline byte_reader open_checkpoint(std::span<const std::byte> in, checkpoint_kind kind, std::string_view fn) {
-  byte_reader r(in, fn);
-  for (char c : std::string_view("ULRC"))
-    if (r.u8() != static_cast<std::uint8_t>(c)) fail(fn, "bytes", "not a ulorl controller checkpoint (bad magic)");
-  const auto version = r.u16();
-  if (version != checkpoint_format_version)
-    fail_value(fn, "bytes", version, "unsupported checkpoint format version (this build reads 1)");
-  const auto k = r.u16();
-  if (k != static_cast<std::uint16_t>(kind))
-    fail_value(fn, "bytes", k, "checkpoint holds another controller kind (expected " +
-                                   std::to_string(static_cast<unsigned>(kind)) + ")");
-  const auto length = r.u32();
-  if (length != r.remaining())
-    fail_value(fn, "bytes", in.size(), "checkpoint payload length " + std::to_string(length) + " does not match the " +
-                                           std::to_string(r.remaining()) + " bytes that follow the header");
-  return r;
+//! Throws unless the counter `v` is <= control_counter_limit.
+inline void require_counter(std::string_view fn, std::string_view arg, std::uint64_t v) {
+  if (v > control_counter_limit)
+    fail_value(fn, arg, v, "counter exceeds its limit 2^63 - 1 (control_counter_limit)");
 }
 
-inline void close_checkpoint(const byte_reader& r, std::string_view fn) {
-  if (r.remaining() != 0)
-    fail_value(fn, "bytes", r.remaining(), "trailing bytes after the checkpoint payload");
+//! Throws when the counter `v` is at control_counter_limit and the call would increment it.
+inline void require_counter_room(std::string_view fn, std::string_view arg, std::uint64_t v) {
+  if (v >= control_counter_limit)
+    fail_value(fn, arg, v, "counter is at its limit 2^63 - 1 (control_counter_limit): the call would take it past");
 }
 
 }  // namespace detail

@@ -8,13 +8,17 @@
 //   bounds:        c <- clamp(c, min_coef, max_coef)
 //   applied:       alpha = c · [H <= target]  when gate_above_target, else alpha = c
 // The gate is Skywork-OR1's: the bonus only acts while entropy is at or below the target, so the
-// controller never pushes entropy up past it. Small explicit state machine; state checkpoints exactly.
+// controller never pushes entropy up past it. Every number of the configuration and every measured
+// entropy has magnitude <= entropy_controller_limit (1e6), so each update is finite and the
+// coefficient stays in [min_coef, max_coef]. Small explicit state machine; its state checkpoints
+// exactly (core/checkpoint.hpp's envelope, payload in docs/checkpoints.md).
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "ulorl/control/checkpoint.hpp"
@@ -25,40 +29,72 @@ ULORL_NAMESPACE_BEGIN
 
 enum class entropy_control_rule : std::uint8_t { step, proportional };
 
+//! Bound on the magnitude of every configuration value and every entropy (nats; a mean token
+//! entropy is at most ln |vocabulary|, below 50): with it target - H is at most 2e6 and
+//! gain · (target - H) at most 2e12, far from overflow, so no update can produce inf or NaN.
+inline constexpr double entropy_controller_limit = 1e6;
+
+//! Limits (checked by validate, which names the field): every value finite, and the ranges below.
 struct entropy_controller_config {
   entropy_control_rule rule = entropy_control_rule::step;
-  double target_entropy = 0.2;  //!< nats, finite >= 0 (same default as UloRL's sigma)
+  double target_entropy = 0.2;  //!< nats, in [0, 1e6] (same default as UloRL's sigma)
   double init_coef = 0.0;       //!< initial c, in [min_coef, max_coef]
-  double step_up = 0.005;       //!< step rule: increase when below target, finite >= 0
-  double step_down = 0.005;     //!< step rule: decrease when above target, finite >= 0
-  double gain = 0.05;           //!< proportional rule: dc / dH error, finite >= 0
-  double tolerance = 0.0;       //!< dead band half-width around the target, finite >= 0
-  double min_coef = 0.0;        //!< finite >= 0
-  double max_coef = 0.1;        //!< finite >= min_coef
+  double step_up = 0.005;       //!< step rule: increase when below target, in [0, 1e6]
+  double step_down = 0.005;     //!< step rule: decrease when above target, in [0, 1e6]
+  double gain = 0.05;           //!< proportional rule: dc / dH error, in [0, 1e6]
+  double tolerance = 0.0;       //!< dead band half-width around the target, in [0, 1e6]
+  double min_coef = 0.0;        //!< in [0, max_coef]
+  double max_coef = 0.1;        //!< in [min_coef, 1e6]
   bool gate_above_target = true;  //!< alpha = 0 while H > target (Skywork-OR1)
 };
 
+//! Invariants (re-checked by every update and by restore): coef finite in [min_coef, max_coef];
+//! updates <= control_counter_limit; last_entropy finite with magnitude <= 1e6; before the first
+//! update coef == init_coef and last_entropy == 0.
 struct entropy_controller_state {
   double coef = 0.0;          //!< c, the ungated coefficient
-  std::uint64_t updates = 0;
+  std::uint64_t updates = 0;  //!< update() calls so far, <= 2^63 - 1
   double last_entropy = 0.0;  //!< H of the last update (0 before the first)
 };
 
 inline void validate(const entropy_controller_config& c, std::string_view fn = "entropy_controller") {
+  constexpr double L = entropy_controller_limit;
   if (c.rule != entropy_control_rule::step && c.rule != entropy_control_rule::proportional)
-    detail::fail_value(fn, "rule", static_cast<unsigned>(c.rule), "unknown entropy control rule");
-  require_non_negative(fn, "target_entropy", c.target_entropy);
-  require_non_negative(fn, "step_up", c.step_up);
-  require_non_negative(fn, "step_down", c.step_down);
-  require_non_negative(fn, "gain", c.gain);
-  require_non_negative(fn, "tolerance", c.tolerance);
-  require_non_negative(fn, "min_coef", c.min_coef);
+    detail::fail_value(fn, "rule", static_cast<unsigned>(c.rule), "unknown entropy control rule (0 step, 1 proportional)");
+  detail::require_in_range(fn, "target_entropy", c.target_entropy, 0.0, L);
+  detail::require_in_range(fn, "step_up", c.step_up, 0.0, L);
+  detail::require_in_range(fn, "step_down", c.step_down, 0.0, L);
+  detail::require_in_range(fn, "gain", c.gain, 0.0, L);
+  detail::require_in_range(fn, "tolerance", c.tolerance, 0.0, L);
+  detail::require_in_range(fn, "min_coef", c.min_coef, 0.0, L);
   require_finite(fn, "max_coef", c.max_coef);
   if (!(c.max_coef >= c.min_coef)) detail::fail_value(fn, "max_coef", c.max_coef, "must be >= min_coef");
+  detail::require_in_range(fn, "max_coef", c.max_coef, c.min_coef, L);
   require_finite(fn, "init_coef", c.init_coef);
   if (!(c.init_coef >= c.min_coef && c.init_coef <= c.max_coef))
     detail::fail_value(fn, "init_coef", c.init_coef, "must lie in [min_coef, max_coef]");
 }
+
+//! Throws ulorl::error naming the first field of `s` that breaks an invariant of
+//! entropy_controller_state under the (validated) configuration `c`.
+inline void validate(const entropy_controller_config& c, const entropy_controller_state& s, std::string_view fn) {
+  detail::require_in_range(fn, "state.coef", s.coef, c.min_coef, c.max_coef);
+  detail::require_counter(fn, "state.updates", s.updates);
+  detail::require_in_range(fn, "state.last_entropy", s.last_entropy, -entropy_controller_limit, entropy_controller_limit);
+  if (s.updates == 0) {
+    if (s.coef != c.init_coef) detail::fail_value(fn, "state.coef", s.coef, "before the first update c is init_coef");
+    if (s.last_entropy != 0.0)
+      detail::fail_value(fn, "state.last_entropy", s.last_entropy, "is 0 before the first update");
+  }
+}
+
+namespace detail {
+//! A measured mean entropy: finite, magnitude <= 1e6 (slightly negative values from the host's
+//! rounding are accepted).
+inline void require_entropy(std::string_view fn, double entropy) {
+  require_in_range(fn, "entropy", entropy, -entropy_controller_limit, entropy_controller_limit);
+}
+}  // namespace detail
 
 [[nodiscard]] inline entropy_controller_state initial_state(const entropy_controller_config& c) {
   validate(c);
@@ -69,15 +105,22 @@ inline void validate(const entropy_controller_config& c, std::string_view fn = "
 //! (Skywork-OR1's alpha_k = c_k · 1[e_k <= target] uses c before the update for that batch).
 [[nodiscard]] inline double entropy_bonus(const entropy_controller_config& c, const entropy_controller_state& s,
                                           double entropy) {
-  require_finite("entropy_controller::bonus", "entropy", entropy);
+  constexpr std::string_view fn = "entropy_controller::bonus";
+  validate(c, fn);
+  validate(c, s, fn);
+  detail::require_entropy(fn, entropy);
   return c.gate_above_target && entropy > c.target_entropy ? 0.0 : s.coef;
 }
 
-//! The transition: folds one measured mean entropy into the state.
-//! Invariant: min_coef <= coef <= max_coef.
+//! The transition: folds one measured mean entropy into the state. Checks the configuration and
+//! the state first. Invariant: min_coef <= coef <= max_coef.
 [[nodiscard]] inline entropy_controller_state entropy_update(const entropy_controller_config& c,
                                                              entropy_controller_state s, double entropy) {
-  require_finite("entropy_controller::update", "entropy", entropy);
+  constexpr std::string_view fn = "entropy_controller::update";
+  validate(c, fn);
+  validate(c, s, fn);
+  detail::require_entropy(fn, entropy);
+  detail::require_counter_room(fn, "state.updates", s.updates);
   ++s.updates;
   s.last_entropy = entropy;
   const double err = c.target_entropy - entropy;  // > 0: entropy too low, raise the bonus
@@ -106,8 +149,11 @@ class entropy_controller {
   [[nodiscard]] const entropy_controller_config& config() const noexcept { return config_; }
   [[nodiscard]] const entropy_controller_state& state() const noexcept { return state_; }
 
+  //! Appends configuration and state to `out` as one checkpoint (core/checkpoint.hpp's envelope,
+  //! kind entropy_controller, payload version entropy_controller_payload_version).
   void save(std::vector<std::byte>& out) const {
-    const auto at = detail::begin_checkpoint(out, checkpoint_kind::entropy_controller);
+    const auto at =
+        detail::begin_checkpoint(out, checkpoint_kind::entropy_controller, entropy_controller_payload_version);
     detail::byte_writer w(out);
     w.u8(static_cast<std::uint8_t>(config_.rule));
     w.f64(config_.target_entropy);
@@ -129,28 +175,30 @@ class entropy_controller {
     save(out);
     return out;
   }
+  //! Rebuilds a controller from exactly one checkpoint written by `save`. A damaged envelope, a
+  //! field out of its documented range or a state that breaks an invariant throws ulorl::error
+  //! naming the field.
   [[nodiscard]] static entropy_controller restore(std::span<const std::byte> bytes) {
     constexpr std::string_view fn = "entropy_controller::restore";
-    auto r = detail::open_checkpoint(bytes, checkpoint_kind::entropy_controller, fn);
+    auto r = detail::open_checkpoint(bytes, checkpoint_kind::entropy_controller, entropy_controller_payload_version, fn);
     entropy_controller_config c;
-    c.rule = static_cast<entropy_control_rule>(r.u8());
-    c.target_entropy = r.f64();
-    c.init_coef = r.f64();
-    c.step_up = r.f64();
-    c.step_down = r.f64();
-    c.gain = r.f64();
-    c.tolerance = r.f64();
-    c.min_coef = r.f64();
-    c.max_coef = r.f64();
-    c.gate_above_target = r.boolean();
+    c.rule = static_cast<entropy_control_rule>(r.u8("rule"));
+    c.target_entropy = r.f64("target_entropy");
+    c.init_coef = r.f64("init_coef");
+    c.step_up = r.f64("step_up");
+    c.step_down = r.f64("step_down");
+    c.gain = r.f64("gain");
+    c.tolerance = r.f64("tolerance");
+    c.min_coef = r.f64("min_coef");
+    c.max_coef = r.f64("max_coef");
+    c.gate_above_target = r.boolean("gate_above_target");
     entropy_controller_state s;
-    s.coef = r.f64();
-    s.updates = r.u64();
-    s.last_entropy = r.f64();
+    s.coef = r.f64("state.coef");
+    s.updates = r.u64("state.updates");
+    s.last_entropy = r.f64("state.last_entropy");
     detail::close_checkpoint(r, fn);
     validate(c, fn);
-    if (!(s.coef >= c.min_coef && s.coef <= c.max_coef))
-      detail::fail_value(fn, "state.coef", s.coef, "must lie in [min_coef, max_coef]");
+    validate(c, s, fn);
     entropy_controller e(c);
     e.state_ = s;
     return e;

@@ -12,12 +12,17 @@
 //   manual     the host asks
 // A fired trigger resets unless fewer than cooldown_steps steps have passed since the last reset
 // (then it is reported as suppressed and its counter keeps running). The host owns the clock: every
-// call names the step, steps never decrease. The plain `reference_reset_state` checkpoints exactly.
+// call names the step, steps never decrease. Each call works on a copy of the state and commits it
+// only when it succeeds, so a rejected call changes nothing. The plain `reference_reset_state`
+// checkpoints exactly (core/checkpoint.hpp's envelope, payload in docs/checkpoints.md), and restore
+// re-checks every invariant listed with it, so no restored state can overflow a counter or a step
+// difference.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -45,18 +50,19 @@ enum class reset_trigger : std::uint8_t { none = 0, periodic = 1, plateau = 2, d
 }
 
 //! Defaults: only the plateau trigger (ProRL resets "when validation stagnates"), patience 5.
+//! Limits (checked by validate, which names the field): integers up to 2^63 - 1, doubles finite.
 struct reference_reset_config {
-  std::int64_t every_n_steps = 0;      //!< periodic trigger; 0 = off, else >= 1
+  std::int64_t every_n_steps = 0;      //!< periodic trigger; 0 = off, else in [1, 2^63 - 1]
   bool on_plateau = true;
-  std::int64_t patience = 5;           //!< evaluations without improvement; >= 1
+  std::int64_t patience = 5;           //!< evaluations without improvement; in [1, 2^63 - 1]
   double min_delta = 0.0;              //!< an improvement must exceed this; finite >= 0
   bool higher_is_better = true;        //!< direction of the validation metric
   bool on_drop = false;
   double max_drop = 0.05;              //!< drop trigger threshold below the best; finite >= 0
   bool on_kl_share = false;
   double max_kl_share = 0.5;           //!< in [0, 1)
-  std::int64_t kl_share_patience = 1;  //!< consecutive steps above max_kl_share; >= 1
-  std::int64_t cooldown_steps = 0;     //!< minimum steps between resets; >= 0
+  std::int64_t kl_share_patience = 1;  //!< consecutive steps above max_kl_share; in [1, 2^63 - 1]
+  std::int64_t cooldown_steps = 0;     //!< minimum steps between resets; in [0, 2^63 - 1]
   bool manual_ignores_cooldown = false;
   bool reset_optimizer = true;         //!< ProRL reinitialises the optimizer with the reference
 };
@@ -78,7 +84,16 @@ struct reset_action {
   reset_event event;                    //!< the record of this reset (when reset_reference)
 };
 
-//! The policy's whole mutable state.
+//! The policy's whole mutable state. Invariants (re-checked by restore; docs/dynamics.md §4):
+//!  * before the first call (has_step false) every field has its initial value;
+//!  * 0 <= anchor_step <= last_step; has_reset == (resets > 0); resets <= 2^63 - 1;
+//!  * after a reset: last_event = {anchor_step, an enabled trigger, its value, resets}, the value
+//!    finite (manual 0, kl_share in (max_kl_share, 1], periodic a whole number in
+//!    [every_n_steps, last_event.step]); plateau and drop need a best; before one: anchor_step 0 and
+//!    last_event = {-1, none, 0, 0};
+//!  * has_best == (evaluations > 0), evaluations <= 2^63 - 1; with a best it is finite and
+//!    0 <= evals_without_improvement < evaluations; without one best and the count are 0;
+//!  * 0 <= kl_over_steps <= 2^63 - 1 (it saturates there), and 0 when on_kl_share is off.
 struct reference_reset_state {
   bool has_step = false;
   std::int64_t last_step = 0;            //!< last step the host reported (steps never decrease)
@@ -88,8 +103,8 @@ struct reference_reset_state {
   double best = 0.0;                     //!< best validation metric so far (improvements > min_delta only)
   std::int64_t evals_without_improvement = 0;
   std::int64_t kl_over_steps = 0;        //!< consecutive steps with KL share above max_kl_share
-  std::uint64_t evaluations = 0;
-  std::uint64_t resets = 0;
+  std::uint64_t evaluations = 0;         //!< observe_validation calls so far
+  std::uint64_t resets = 0;              //!< resets so far
   reset_event last_event;                //!< the last reset (step -1 before the first)
 };
 
@@ -104,10 +119,100 @@ inline void validate(const reference_reset_config& c, std::string_view fn = "ref
   if (c.cooldown_steps < 0) detail::fail_value(fn, "cooldown_steps", c.cooldown_steps, "must be >= 0");
 }
 
-//! The KL term's share of the loss magnitude, |kl| / (|kl| + |policy|); 0 when both are 0.
+//! The KL term's share of the loss magnitude, |kl| / (|kl| + |policy|); 0 when both are 0. When
+//! the sum overflows (terms near DBL_MAX) both are halved first, which is exact and keeps the ratio.
 [[nodiscard]] inline double kl_share(double kl_term, double policy_term) noexcept {
-  const double k = std::fabs(kl_term), p = std::fabs(policy_term);
+  double k = std::fabs(kl_term), p = std::fabs(policy_term);
+  if (std::isinf(k + p) && std::isfinite(k) && std::isfinite(p)) {
+    k *= 0.5;
+    p *= 0.5;
+  }
   return k + p > 0.0 ? k / (k + p) : 0.0;
+}
+
+//! Throws ulorl::error naming the first field of `s` that breaks an invariant of
+//! reference_reset_state (listed with it) under the (validated) configuration `c`.
+inline void validate(const reference_reset_config& c, const reference_reset_state& s, std::string_view fn) {
+  detail::require_counter(fn, "state.evaluations", s.evaluations);
+  detail::require_counter(fn, "state.resets", s.resets);
+  if (s.last_step < 0) detail::fail_value(fn, "state.last_step", s.last_step, "must be >= 0");
+  if (s.anchor_step < 0 || s.anchor_step > s.last_step)
+    detail::fail_value(fn, "state.anchor_step", s.anchor_step, "must lie in [0, state.last_step]");
+  if (s.evals_without_improvement < 0)
+    detail::fail_value(fn, "state.evals_without_improvement", s.evals_without_improvement, "must be >= 0");
+  if (s.kl_over_steps < 0) detail::fail_value(fn, "state.kl_over_steps", s.kl_over_steps, "must be >= 0");
+  if (!c.on_kl_share && s.kl_over_steps != 0)
+    detail::fail_value(fn, "state.kl_over_steps", s.kl_over_steps, "must be 0 while the kl_share trigger is off");
+  if (!s.has_step) {
+    if (s.last_step != 0) detail::fail_value(fn, "state.last_step", s.last_step, "must be 0 before the first call");
+    if (s.has_reset) detail::fail_value(fn, "state.has_reset", s.has_reset, "no reset before the first call");
+    if (s.has_best) detail::fail_value(fn, "state.has_best", s.has_best, "no validation before the first call");
+    if (s.kl_over_steps != 0)
+      detail::fail_value(fn, "state.kl_over_steps", s.kl_over_steps, "must be 0 before the first call");
+  }
+  if (s.has_reset != (s.resets > 0))
+    detail::fail_value(fn, "state.has_reset", s.has_reset, "must be true exactly when state.resets > 0");
+  const reset_event& e = s.last_event;
+  if (s.has_reset) {
+    if (e.index != s.resets)
+      detail::fail_value(fn, "state.last_event.index", e.index, "must equal state.resets (" + std::to_string(s.resets) + ")");
+    if (e.step != s.anchor_step)
+      detail::fail_value(fn, "state.last_event.step", e.step,
+                         "must equal state.anchor_step (" + std::to_string(s.anchor_step) + "): a reset moves the anchor");
+    require_finite(fn, "state.last_event.value", e.value);
+    if (e.trigger > reset_trigger::manual)
+      detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "unknown reset trigger");
+    switch (e.trigger) {
+      case reset_trigger::none:
+        detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "a reset has a trigger");
+        break;
+      case reset_trigger::periodic:
+        if (c.every_n_steps == 0)
+          detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "the periodic trigger is off");
+        if (!(e.value >= static_cast<double>(c.every_n_steps) && e.value <= static_cast<double>(e.step) &&
+              e.value == std::floor(e.value)))
+          detail::fail_value(fn, "state.last_event.value", e.value,
+                             "a periodic reset records the whole number of steps since the anchor, in [every_n_steps, step]");
+        break;
+      case reset_trigger::plateau:
+      case reset_trigger::drop:
+        if (e.trigger == reset_trigger::plateau ? !c.on_plateau : !c.on_drop)
+          detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "that trigger is off");
+        if (!s.has_best)
+          detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger),
+                             "a validation trigger needs a validation result");
+        break;
+      case reset_trigger::kl_share:
+        if (!c.on_kl_share)
+          detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "the kl_share trigger is off");
+        if (!(e.value > c.max_kl_share && e.value <= 1.0))
+          detail::fail_value(fn, "state.last_event.value", e.value, "a kl_share reset records a share in (max_kl_share, 1]");
+        break;
+      case reset_trigger::manual:
+        if (e.value != 0.0) detail::fail_value(fn, "state.last_event.value", e.value, "a manual reset records 0");
+        break;
+    }
+  } else {
+    if (s.anchor_step != 0) detail::fail_value(fn, "state.anchor_step", s.anchor_step, "must be 0 before the first reset");
+    if (e.step != -1) detail::fail_value(fn, "state.last_event.step", e.step, "must be -1 before the first reset");
+    if (e.trigger != reset_trigger::none)
+      detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "must be none before the first reset");
+    if (e.value != 0.0) detail::fail_value(fn, "state.last_event.value", e.value, "must be 0 before the first reset");
+    if (e.index != 0) detail::fail_value(fn, "state.last_event.index", e.index, "must be 0 before the first reset");
+  }
+  if (s.has_best != (s.evaluations > 0))
+    detail::fail_value(fn, "state.has_best", s.has_best, "must be true exactly when state.evaluations > 0");
+  if (s.has_best) {
+    require_finite(fn, "state.best", s.best);
+    if (static_cast<std::uint64_t>(s.evals_without_improvement) >= s.evaluations)
+      detail::fail_value(fn, "state.evals_without_improvement", s.evals_without_improvement,
+                         "must be below state.evaluations (" + std::to_string(s.evaluations) + ")");
+  } else {
+    if (s.best != 0.0) detail::fail_value(fn, "state.best", s.best, "must be 0 before the first validation");
+    if (s.evals_without_improvement != 0)
+      detail::fail_value(fn, "state.evals_without_improvement", s.evals_without_improvement,
+                         "must be 0 before the first validation");
+  }
 }
 
 class reference_reset_policy {
@@ -121,17 +226,22 @@ class reference_reset_policy {
     check_clock(fn, step);
     require_finite(fn, "kl_term", kl_term);
     require_finite(fn, "policy_term", policy_term);
-    advance_clock(step);
+    reference_reset_state s = state_;
+    advance_clock(s, step);
     const double share = kl_share(kl_term, policy_term);
-    if (config_.on_kl_share && share > config_.max_kl_share)
-      ++state_.kl_over_steps;
-    else
-      state_.kl_over_steps = 0;
-    if (config_.on_kl_share && state_.kl_over_steps >= config_.kl_share_patience)
-      return fire(step, reset_trigger::kl_share, share, false);
-    if (config_.every_n_steps > 0 && step - state_.anchor_step >= config_.every_n_steps)
-      return fire(step, reset_trigger::periodic, static_cast<double>(step - state_.anchor_step), false);
-    return {};
+    if (config_.on_kl_share && share > config_.max_kl_share) {
+      // A consecutive-step count only matters up to kl_share_patience: it saturates at the limit.
+      if (s.kl_over_steps < std::numeric_limits<std::int64_t>::max()) ++s.kl_over_steps;
+    } else {
+      s.kl_over_steps = 0;
+    }
+    reset_action a;
+    if (config_.on_kl_share && s.kl_over_steps >= config_.kl_share_patience)
+      a = fire(fn, s, step, reset_trigger::kl_share, share, false);
+    else if (config_.every_n_steps > 0 && step - s.anchor_step >= config_.every_n_steps)
+      a = fire(fn, s, step, reset_trigger::periodic, static_cast<double>(step - s.anchor_step), false);
+    state_ = s;
+    return a;
   }
 
   //! Reports a validation result measured at step `step`. Checks the drop and plateau triggers.
@@ -139,48 +249,62 @@ class reference_reset_policy {
     constexpr std::string_view fn = "reference_reset_policy::observe_validation";
     check_clock(fn, step);
     require_finite(fn, "metric", metric);
-    advance_clock(step);
-    ++state_.evaluations;
-    if (!state_.has_best) {
-      state_.has_best = true;
-      state_.best = metric;
-      state_.evals_without_improvement = 0;
-      return {};
+    detail::require_counter_room(fn, "state.evaluations", state_.evaluations);
+    reference_reset_state s = state_;
+    advance_clock(s, step);
+    ++s.evaluations;
+    reset_action a;
+    if (!s.has_best) {
+      s.has_best = true;
+      s.best = metric;
+      s.evals_without_improvement = 0;
+      state_ = s;
+      return a;
     }
     const double sign = config_.higher_is_better ? 1.0 : -1.0;
-    const double gain = sign * (metric - state_.best);  // > 0: better than the best
+    const double gain = sign * (metric - s.best);  // > 0: better than the best (may be +-inf, never NaN)
     const bool dropped = config_.on_drop && -gain > config_.max_drop;
     if (gain > config_.min_delta) {
-      state_.best = metric;
-      state_.evals_without_improvement = 0;
+      s.best = metric;
+      s.evals_without_improvement = 0;
     } else {
-      ++state_.evals_without_improvement;
+      // Below s.evaluations - 1 <= 2^63 - 2 before the increment (invariant), so it cannot overflow.
+      ++s.evals_without_improvement;
     }
-    if (dropped) return fire(step, reset_trigger::drop, metric, false);
-    if (config_.on_plateau && state_.evals_without_improvement >= config_.patience)
-      return fire(step, reset_trigger::plateau, metric, false);
-    return {};
+    if (dropped)
+      a = fire(fn, s, step, reset_trigger::drop, metric, false);
+    else if (config_.on_plateau && s.evals_without_improvement >= config_.patience)
+      a = fire(fn, s, step, reset_trigger::plateau, metric, false);
+    state_ = s;
+    return a;
   }
 
   //! The host asks for a reset at step `step` (subject to the cooldown unless manual_ignores_cooldown).
   //! A suppressed request is not remembered: the host asks again later.
   reset_action request_manual(std::int64_t step) {
-    check_clock("reference_reset_policy::request_manual", step);
-    advance_clock(step);
-    return fire(step, reset_trigger::manual, 0.0, config_.manual_ignores_cooldown);
+    constexpr std::string_view fn = "reference_reset_policy::request_manual";
+    check_clock(fn, step);
+    reference_reset_state s = state_;
+    advance_clock(s, step);
+    const reset_action a = fire(fn, s, step, reset_trigger::manual, 0.0, config_.manual_ignores_cooldown);
+    state_ = s;
+    return a;
   }
 
   [[nodiscard]] const reference_reset_config& config() const noexcept { return config_; }
   [[nodiscard]] const reference_reset_state& state() const noexcept { return state_; }
-  //! Steps left before a trigger may reset again (0 when none).
+  //! Steps left before a trigger may reset again (0 when none). The invariants keep
+  //! 0 <= last_step - last_event.step, so the difference cannot overflow.
   [[nodiscard]] std::int64_t cooldown_remaining() const noexcept {
     if (!state_.has_reset) return 0;
     const std::int64_t left = config_.cooldown_steps - (state_.last_step - state_.last_event.step);
     return left > 0 ? left : 0;
   }
 
+  //! Appends configuration and state to `out` as one checkpoint (core/checkpoint.hpp's envelope,
+  //! kind reference_reset, payload version reference_reset_payload_version).
   void save(std::vector<std::byte>& out) const {
-    const auto at = detail::begin_checkpoint(out, checkpoint_kind::reference_reset);
+    const auto at = detail::begin_checkpoint(out, checkpoint_kind::reference_reset, reference_reset_payload_version);
     detail::byte_writer w(out);
     w.i64(config_.every_n_steps);
     w.boolean(config_.on_plateau);
@@ -216,46 +340,47 @@ class reference_reset_policy {
     save(out);
     return out;
   }
+  //! Rebuilds a policy from exactly one checkpoint written by `save`. A damaged envelope, a field
+  //! out of its documented range or a state that breaks an invariant throws ulorl::error naming the
+  //! field.
   [[nodiscard]] static reference_reset_policy restore(std::span<const std::byte> bytes) {
     constexpr std::string_view fn = "reference_reset_policy::restore";
-    auto r = detail::open_checkpoint(bytes, checkpoint_kind::reference_reset, fn);
+    auto r = detail::open_checkpoint(bytes, checkpoint_kind::reference_reset, reference_reset_payload_version, fn);
     reference_reset_config c;
-    c.every_n_steps = r.i64();
-    c.on_plateau = r.boolean();
-    c.patience = r.i64();
-    c.min_delta = r.f64();
-    c.higher_is_better = r.boolean();
-    c.on_drop = r.boolean();
-    c.max_drop = r.f64();
-    c.on_kl_share = r.boolean();
-    c.max_kl_share = r.f64();
-    c.kl_share_patience = r.i64();
-    c.cooldown_steps = r.i64();
-    c.manual_ignores_cooldown = r.boolean();
-    c.reset_optimizer = r.boolean();
+    c.every_n_steps = r.i64("every_n_steps");
+    c.on_plateau = r.boolean("on_plateau");
+    c.patience = r.i64("patience");
+    c.min_delta = r.f64("min_delta");
+    c.higher_is_better = r.boolean("higher_is_better");
+    c.on_drop = r.boolean("on_drop");
+    c.max_drop = r.f64("max_drop");
+    c.on_kl_share = r.boolean("on_kl_share");
+    c.max_kl_share = r.f64("max_kl_share");
+    c.kl_share_patience = r.i64("kl_share_patience");
+    c.cooldown_steps = r.i64("cooldown_steps");
+    c.manual_ignores_cooldown = r.boolean("manual_ignores_cooldown");
+    c.reset_optimizer = r.boolean("reset_optimizer");
     reference_reset_state s;
-    s.has_step = r.boolean();
-    s.last_step = r.i64();
-    s.anchor_step = r.i64();
-    s.has_reset = r.boolean();
-    s.has_best = r.boolean();
-    s.best = r.f64();
-    s.evals_without_improvement = r.i64();
-    s.kl_over_steps = r.i64();
-    s.evaluations = r.u64();
-    s.resets = r.u64();
-    s.last_event.step = r.i64();
-    const auto trig = r.u8();
+    s.has_step = r.boolean("state.has_step");
+    s.last_step = r.i64("state.last_step");
+    s.anchor_step = r.i64("state.anchor_step");
+    s.has_reset = r.boolean("state.has_reset");
+    s.has_best = r.boolean("state.has_best");
+    s.best = r.f64("state.best");
+    s.evals_without_improvement = r.i64("state.evals_without_improvement");
+    s.kl_over_steps = r.i64("state.kl_over_steps");
+    s.evaluations = r.u64("state.evaluations");
+    s.resets = r.u64("state.resets");
+    s.last_event.step = r.i64("state.last_event.step");
+    const auto trig = r.u8("state.last_event.trigger");
     if (trig > static_cast<std::uint8_t>(reset_trigger::manual))
       detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(trig), "unknown reset trigger");
     s.last_event.trigger = static_cast<reset_trigger>(trig);
-    s.last_event.value = r.f64();
-    s.last_event.index = r.u64();
+    s.last_event.value = r.f64("state.last_event.value");
+    s.last_event.index = r.u64("state.last_event.index");
     detail::close_checkpoint(r, fn);
     validate(c, fn);
-    if (s.evals_without_improvement < 0 || s.kl_over_steps < 0 || s.last_step < 0 || s.anchor_step < 0 ||
-        (s.has_best && !std::isfinite(s.best)) || s.has_reset != (s.resets > 0))
-      detail::fail(fn, "bytes", "inconsistent reference_reset_state");
+    validate(c, s, fn);
     reference_reset_policy p(c);
     p.state_ = s;
     return p;
@@ -269,29 +394,33 @@ class reference_reset_policy {
       detail::fail_value(fn, "step", step, "steps must not decrease (last reported step " +
                                                std::to_string(state_.last_step) + ")");
   }
-  void advance_clock(std::int64_t step) noexcept {
-    state_.has_step = true;
-    state_.last_step = step;
+  static void advance_clock(reference_reset_state& s, std::int64_t step) noexcept {
+    s.has_step = true;
+    s.last_step = step;
   }
 
-  //! A trigger fired at `step`: reset unless inside the cooldown. Invariant after a reset: every
-  //! trigger counter is 0 and the periodic anchor is `step`; the best metric is kept.
-  reset_action fire(std::int64_t step, reset_trigger why, double value, bool ignore_cooldown) {
+  //! A trigger fired at `step`: reset `s` unless inside the cooldown. Invariant after a reset: every
+  //! trigger counter is 0 and the periodic anchor is `step`; the best metric is kept. Throws (before
+  //! changing `s`) when the reset counter is at its limit.
+  reset_action fire(std::string_view fn, reference_reset_state& s, std::int64_t step, reset_trigger why, double value,
+                    bool ignore_cooldown) const {
     reset_action a;
     a.trigger = why;
-    if (!ignore_cooldown && state_.has_reset && step - state_.last_event.step < config_.cooldown_steps) {
+    // 0 <= s.last_event.step <= step once a reset happened, so the difference cannot overflow.
+    if (!ignore_cooldown && s.has_reset && step - s.last_event.step < config_.cooldown_steps) {
       a.suppressed_by_cooldown = true;
       return a;
     }
-    state_.has_reset = true;
-    state_.anchor_step = step;
-    state_.evals_without_improvement = 0;
-    state_.kl_over_steps = 0;
-    ++state_.resets;
-    state_.last_event = reset_event{.step = step, .trigger = why, .value = value, .index = state_.resets};
+    detail::require_counter_room(fn, "state.resets", s.resets);
+    s.has_reset = true;
+    s.anchor_step = step;
+    s.evals_without_improvement = 0;
+    s.kl_over_steps = 0;
+    ++s.resets;
+    s.last_event = reset_event{.step = step, .trigger = why, .value = value, .index = s.resets};
     a.reset_reference = true;
     a.reset_optimizer = config_.reset_optimizer;
-    a.event = state_.last_event;
+    a.event = s.last_event;
     return a;
   }
 
