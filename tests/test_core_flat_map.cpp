@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -341,4 +342,27 @@ TEST_CASE("flat_int_map reset() restarts small and regrows into the same buffers
     if (round >= 2) REQUIRE(m.find(3) == first[round % 2]);
     first[round % 2] = m.find(3);
   }
+}
+
+TEST_CASE("flat_int_map reserve() beyond the largest table throws and changes nothing", "[core][flat_map]") {
+  // The largest table is a power of two whose key array fits in PTRDIFF_MAX bytes; reserve(n) needs
+  // 2n slots, so anything above half of it is refused (doubling past it would wrap to 0).
+  using map64 = flat_int_map<std::int64_t, std::int32_t>;
+  STATIC_REQUIRE(map64::max_capacity == std::bit_floor(static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max()) / 8));
+  for (const std::size_t n : {map64::max_capacity / 2 + 1, (std::size_t{1} << 62) + 1, std::size_t{1} << 63,
+                              std::numeric_limits<std::size_t>::max()}) {
+    INFO("n = " << n);
+    map64 m;
+    m.try_emplace(5, 7);
+    const auto cap = m.capacity();
+    CHECK_THROWS_AS(m.reserve(n), std::length_error);
+    CHECK(m.capacity() == cap);
+    CHECK(m.size() == 1);
+    CHECK(m.value_or(5, 0) == 7);
+  }
+  using map8 = flat_int_map<std::uint8_t, std::uint8_t>;
+  CHECK(map8::max_capacity == std::bit_floor(static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max())));
+  map8 small;
+  CHECK_THROWS_AS(small.reserve(map8::max_capacity / 2 + 1), std::length_error);
+  CHECK(small.capacity() == 0);
 }

@@ -1,9 +1,17 @@
 // Tests of ulorl/rollout/checkpoint.hpp: exact save/restore (idle and mid-step, after failures),
-// a restored scheduler continues exactly like the original, every corrupted buffer is rejected, and
-// states that break an invariant are rejected by the validating constructor.
+// a restored scheduler continues exactly like the original, every corrupted buffer is rejected, the
+// bytes are core/checkpoint.hpp's envelope, states that break an invariant are rejected by the
+// validating constructor, and checkpoint files round-trip.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -129,14 +137,67 @@ TEST_CASE("corrupted checkpoints are rejected", "[rollout][checkpoint]") {
   auto longer = bytes;
   longer.push_back(std::byte{0});
   CHECK_THROWS_AS(ulorl::restore_scheduler(longer), ulorl::error);
-  // A future format version.
-  auto v2 = bytes;
-  v2[8] = std::byte{2};
+  // Header fields with a recomputed checksum (so that the field's own check is what rejects them):
+  // envelope version (offset 8), kind (10), payload version (12), payload length (16).
+  const auto reseal = [](std::vector<std::byte> b) {
+    const auto body = b.size() - 8;
+    const auto sum = ulorl::detail::crc64(std::span<const std::byte>(b).first(body));
+    for (std::size_t i = 0; i < 8; ++i) b[body + i] = static_cast<std::byte>((sum >> (8 * i)) & 0xFFu);
+    return b;
+  };
+  CHECK_NOTHROW(ulorl::restore_scheduler(reseal(bytes)));
+  const auto rejected_with = [&](std::size_t offset, std::uint8_t value, const char* what) {
+    auto b = bytes;
+    b[offset] = static_cast<std::byte>(value);
+    try {
+      (void)ulorl::restore_scheduler(reseal(b));
+      FAIL("accepted a checkpoint with a changed byte " << offset);
+    } catch (const ulorl::error& e) {
+      CHECK(e.function() == "restore_scheduler");
+      CHECK(std::string(e.what()).find(what) != std::string::npos);
+    }
+  };
+  rejected_with(8, 2, "envelope version");
+  rejected_with(10, static_cast<std::uint8_t>(ulorl::checkpoint_kind::kl_controller), "another kind");
+  rejected_with(12, static_cast<std::uint8_t>(ulorl::scheduler_checkpoint_version + 1), "payload format version");
+  rejected_with(12, 1, "payload format version");  // the ULRLSEGS-era payload is not read
+  rejected_with(16, static_cast<std::uint8_t>(bytes[16]) ^ 1u, "payload length");
+}
+
+TEST_CASE("checkpoint layout: the core envelope of kind segment_scheduler", "[rollout][checkpoint]") {
+  const auto s = busy_scheduler();
+  const auto bytes = ulorl::save_scheduler(s);
+  REQUIRE(bytes.size() > 32);
+  const std::string magic(reinterpret_cast<const char*>(bytes.data()), 8);
+  CHECK(magic == "ULORLCKP");
+  const auto u = [&](std::size_t at, int n) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(bytes[at + static_cast<std::size_t>(i)]) << (8 * i);
+    return v;
+  };
+  CHECK(u(8, 2) == ulorl::checkpoint_envelope_version);
+  CHECK(u(10, 2) == static_cast<std::uint64_t>(ulorl::checkpoint_kind::segment_scheduler));
+  CHECK(u(12, 4) == 2);  // payload version 2: the first in this envelope
+  CHECK(u(16, 8) == bytes.size() - 32);
+  CHECK(u(bytes.size() - 8, 8) == ulorl::detail::crc64(std::span<const std::byte>(bytes).first(bytes.size() - 8)));
+  // Every error of a rejected buffer names restore_scheduler.
   try {
-    (void)ulorl::restore_scheduler(v2);
-    FAIL("accepted format version 2");
+    (void)ulorl::restore_scheduler(std::span<const std::byte>(bytes).first(bytes.size() - 1));
+    FAIL("accepted a truncated checkpoint");
   } catch (const ulorl::error& e) {
-    CHECK(std::string(e.what()).find("format version") != std::string::npos);
+    CHECK(e.function() == "restore_scheduler");
+  }
+  // An invariant broken under a valid checksum is reported by restore_scheduler too.
+  auto st = s.state();
+  st.active_responses += 1;
+  std::vector<std::byte> forged;
+  ulorl::detail::save_state(st, forged);
+  try {
+    (void)ulorl::restore_scheduler(forged);
+    FAIL("accepted a state that breaks an invariant");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "restore_scheduler");
+    CHECK(e.argument() == "active_responses");
   }
 }
 
@@ -164,4 +225,40 @@ TEST_CASE("states that break an invariant are rejected on restore", "[rollout][c
   expect_reject([](auto& st) { st.free_slots.push_back(0); }, "free list names a live slot");
   expect_reject([](auto& st) { st.responses[1].state = static_cast<ulorl::response_state>(42); }, "unknown state");
   expect_reject([](auto& st) { st.offered_end = st.next_group_id - 1; }, "offered before admitted");
+}
+
+TEST_CASE("checkpoint files: save_scheduler_to_file and restore_scheduler_from_file", "[rollout][checkpoint]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ulorl_sched_ckpt_" + std::to_string(static_cast<long long>(::getpid())));
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / "scheduler.ckpt").string();
+  auto s = busy_scheduler();
+  ulorl::save_scheduler_to_file(s, path);
+  {
+    std::ifstream in(path, std::ios::binary);
+    const std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto bytes = ulorl::save_scheduler(s);
+    REQUIRE(raw.size() == bytes.size());
+    CHECK(std::equal(raw.begin(), raw.end(), bytes.begin(), [](char a, std::byte b) { return static_cast<std::byte>(a) == b; }));
+  }
+  auto r = ulorl::restore_scheduler_from_file(path);
+  CHECK(r.state() == s.state());
+  lockstep(s, r, 4);
+  // Replacing the file keeps one complete checkpoint (the newer one).
+  ulorl::save_scheduler_to_file(s, path);
+  CHECK(ulorl::restore_scheduler_from_file(path).state() == s.state());
+  // A missing file, and a corrupted one, are ulorl::errors of restore_scheduler_from_file / restore_scheduler.
+  try {
+    (void)ulorl::restore_scheduler_from_file((dir / "missing.ckpt").string());
+    FAIL("restored a missing file");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "restore_scheduler_from_file");
+    CHECK(e.argument() == "path");
+  }
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << "not a checkpoint at all, but long enough to hold a header";
+  }
+  CHECK_THROWS_AS(ulorl::restore_scheduler_from_file(path), ulorl::error);
+  std::filesystem::remove_all(dir);
 }

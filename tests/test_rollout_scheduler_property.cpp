@@ -1,7 +1,8 @@
 // Property tests of the UloRL segment scheduler against the naive model in
 // tests/support/rollout_oracle.hpp: >= 1e5 random steps over many small episodes with random
-// configurations, response lengths, failures, aborts, rejected calls, policy updates, releases and
-// checkpoint/restore points (between steps and mid-step).
+// configurations, response lengths, failures, aborts, rejected calls, policy updates, releases
+// (between steps and mid-step) and checkpoint/restore points (between steps and mid-step, also right
+// after a mid-step release).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -195,6 +196,10 @@ class episode {
       done_ids.push_back(it.id);
       st_.tokens += n;
       if (!drain && uni() < 0.003) checkpoint_roundtrip();  // mid-step
+      if (!drain && uni() < 0.01) {  // release while the step is open (docs §2 allows it any time)
+        take(uni() < 0.1);
+        if (uni() < 0.3) checkpoint_roundtrip();
+      }
     }
     const auto sum = sched_->end_step();
     PROP_CHECK(model_->end_step());

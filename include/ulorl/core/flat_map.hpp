@@ -18,6 +18,8 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -61,8 +63,17 @@ class flat_int_map {
     return keys_.empty() ? 0.0 : static_cast<double>(size_) / static_cast<double>(keys_.size());
   }
 
-  //! Makes room for `n` keys without growing (load <= 1/2). Never shrinks.
+  //! Largest table (slots) the key and value arrays can hold: a power of two, so the doubling in
+  //! reserve() and growth stops there instead of wrapping around.
+  static constexpr std::size_t max_capacity =
+      std::bit_floor(static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max()) /
+                     std::max(sizeof(K), sizeof(V)));
+
+  //! Makes room for `n` keys without growing (load <= 1/2). Never shrinks. Throws
+  //! std::length_error when `n` exceeds max_capacity / 2 and std::bad_alloc when the memory is not
+  //! there; either way the map is unchanged (the new table is built aside before the swap).
   void reserve(std::size_t n) {
+    if (n > max_capacity / 2) throw std::length_error("ulorl::detail::flat_int_map::reserve: more keys than a table can hold");
     std::size_t cap = min_capacity;
     while (cap < 2 * n) cap *= 2;
     if (cap > keys_.size()) rehash(cap);
@@ -123,6 +134,7 @@ class flat_int_map {
       if (keys_[i] == empty_key) break;
     }
     if (2 * (size_ + 1) > keys_.size()) {
+      if (keys_.size() >= max_capacity) throw std::length_error("ulorl::detail::flat_int_map: more keys than a table can hold");
       rehash(2 * keys_.size());
       i = free_slot(key);
     }
@@ -187,6 +199,8 @@ class flat_int_map {
     while (keys_[i] != empty_key) i = (i + 1) & mask_;
     return i;
   }
+  // Allocates the new table in the spare buffers first (the only step that can throw), so a failed
+  // allocation leaves the map as it was.
   void rehash(std::size_t cap) {
     ULORL_ASSERT(std::has_single_bit(cap) && cap >= 2 * size_);
     // The old table becomes the spare, so growing again after reset() reuses both buffers.

@@ -1,26 +1,32 @@
 // ulorl/rollout/checkpoint.hpp — save a segment_scheduler to a byte buffer and restore it exactly,
 // plus a JSON dump for inspection.
 //
-// Format (all integers little-endian, fixed width):
-//   "ULRLSEGS" magic | u32 format version (1) | u32 header bytes (24) | u64 payload bytes |
-//   payload | u64 FNV-1a-64 of the payload
-// The payload is the plain `segment_scheduler_state` field by field; vectors are a u64 count
-// followed by their elements. Loading rejects (ulorl::error, function "restore_scheduler") a wrong
-// magic or version, a truncated or oversized buffer, a checksum mismatch, and then any state whose
-// invariants do not hold (the segment_scheduler(state) constructor re-checks everything), so a
-// corrupted checkpoint never yields a scheduler that could lose or duplicate a response.
-// The derived group index and the last experience batch are not stored; they are rebuilt/empty.
+// Format: the envelope of core/checkpoint.hpp (magic "ULORLCKP", envelope version, kind
+// checkpoint_kind::segment_scheduler, payload version scheduler_checkpoint_version, payload length,
+// CRC-64/XZ over header and payload). The payload is the plain `segment_scheduler_state` field by
+// field (core/serialize.hpp: little-endian fixed-width integers); vectors are a u64 count followed by
+// their elements. restore_scheduler rejects (ulorl::error, function "restore_scheduler") anything the
+// envelope rejects (truncation, wrong magic, kind or versions, a length mismatch, a checksum
+// mismatch), a count larger than the bytes left, trailing bytes, and then any state outside the
+// documented limits or whose invariants do not hold (the segment_scheduler(state) checks, every field
+// bounded, run with that function's name), so a corrupted checkpoint never yields a scheduler that
+// could lose or duplicate a response or overflow later.
+// save_scheduler_to_file / restore_scheduler_from_file (POSIX) put the same bytes in a file through
+// core/checkpoint_file.hpp, replaced atomically. The derived group index and the last experience
+// batch are not stored; they are rebuilt/empty.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "ulorl/core/checkpoint.hpp"
+#if defined(__unix__) || defined(__APPLE__)
+#include "ulorl/core/checkpoint_file.hpp"  // POSIX: the file functions below exist only there
+#endif
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/serialize.hpp"
@@ -28,20 +34,11 @@
 
 ULORL_NAMESPACE_BEGIN
 
-inline constexpr std::uint32_t scheduler_checkpoint_version = 1;
+//! Payload format version of a segment_scheduler checkpoint (2: the core/checkpoint.hpp envelope;
+//! 1 was the scheduler's own "ULRLSEGS" header with an FNV-1a checksum, no longer read).
+inline constexpr std::uint32_t scheduler_checkpoint_version = 2;
 
 namespace detail {
-
-inline constexpr std::array<char, 8> scheduler_magic{'U', 'L', 'R', 'L', 'S', 'E', 'G', 'S'};
-
-inline std::uint64_t fnv1a64(std::span<const std::byte> bytes) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (const auto b : bytes) {
-    h ^= static_cast<std::uint64_t>(b);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 inline void write_state(byte_writer& w, const segment_scheduler_state& s) {
   const auto& c = s.config;
@@ -205,21 +202,21 @@ inline const char* to_string(group_status s) noexcept {
   return "invalid";
 }
 
+//! Writes `state` as a checkpoint (envelope and payload) into `out` (replaced). The state is not
+//! checked here: restore_scheduler checks it. Tests and fuzzers use this to encode crafted states.
+inline void save_state(const segment_scheduler_state& state, std::vector<std::byte>& out) {
+  out.clear();
+  const std::size_t start = begin_checkpoint(out, checkpoint_kind::segment_scheduler, scheduler_checkpoint_version);
+  byte_writer w(out);
+  write_state(w, state);
+  finish_checkpoint(out, start);
+}
+
 }  // namespace detail
 
-//! Serialises the whole scheduler state (header, payload, checksum) into `out` (replaced).
+//! Serialises the whole scheduler state (envelope, payload, checksum) into `out` (replaced).
 inline void save_scheduler(const segment_scheduler& sched, std::vector<std::byte>& out) {
-  out.clear();
-  detail::byte_writer w(out);
-  for (const char ch : detail::scheduler_magic) w.u8(static_cast<std::uint8_t>(ch));
-  w.u32(scheduler_checkpoint_version);
-  w.u32(24);
-  w.u64(0);  // payload size, patched below
-  const std::size_t start = out.size();
-  detail::write_state(w, sched.state());
-  const std::uint64_t payload = out.size() - start;
-  for (int i = 0; i < 8; ++i) out[16 + static_cast<std::size_t>(i)] = static_cast<std::byte>((payload >> (8 * i)) & 0xffu);
-  w.u64(detail::fnv1a64(std::span<const std::byte>(out).subspan(start)));
+  detail::save_state(sched.state(), out);
 }
 
 //! Convenience overload returning a new buffer.
@@ -229,31 +226,31 @@ inline void save_scheduler(const segment_scheduler& sched, std::vector<std::byte
   return out;
 }
 
-//! Rebuilds a scheduler from save_scheduler()'s bytes; rejects any corrupted buffer.
+//! Rebuilds a scheduler from save_scheduler()'s bytes; rejects any corrupted buffer or state.
 [[nodiscard]] inline segment_scheduler restore_scheduler(std::span<const std::byte> bytes) {
   constexpr std::string_view fn = "restore_scheduler";
-  detail::byte_reader r(bytes, fn, "buffer");
-  for (std::size_t i = 0; i < detail::scheduler_magic.size(); ++i)
-    if (r.u8("magic") != static_cast<std::uint8_t>(detail::scheduler_magic[i]))
-      detail::fail(fn, "buffer", "not a ulorl segment_scheduler checkpoint (bad magic)");
-  const std::uint32_t version = r.u32("format version");
-  if (version != scheduler_checkpoint_version)
-    detail::fail_value(fn, "format version", version, "unsupported checkpoint format version (this build reads 1)");
-  const std::uint32_t header = r.u32("header bytes");
-  if (header != 24) detail::fail_value(fn, "header bytes", header, "corrupted header");
-  const std::uint64_t payload = r.u64("payload bytes");
-  if (payload > bytes.size() || bytes.size() - 24 != payload + 8)
-    detail::fail_value(fn, "buffer", bytes.size(), "size does not match the recorded payload size (truncated or trailing bytes)");
-  const auto body = bytes.subspan(24, static_cast<std::size_t>(payload));
-  std::uint64_t stored = 0;
-  for (int i = 0; i < 8; ++i)
-    stored |= static_cast<std::uint64_t>(bytes[24 + static_cast<std::size_t>(payload) + static_cast<std::size_t>(i)]) << (8 * i);
-  if (stored != detail::fnv1a64(body)) detail::fail(fn, "buffer", "checksum mismatch (corrupted checkpoint)");
-  detail::byte_reader pr(body, fn);
-  auto state = detail::read_state(pr);
-  if (pr.position() != body.size()) detail::fail_value(fn, "buffer", body.size() - pr.position(), "trailing bytes in the payload");
-  return segment_scheduler(std::move(state));
+  auto r = detail::open_checkpoint(bytes, checkpoint_kind::segment_scheduler, scheduler_checkpoint_version, fn);
+  auto state = detail::read_state(r);
+  detail::close_checkpoint(r, fn);
+  return segment_scheduler(std::move(state), detail::scheduler_restore{fn});
 }
+
+#if defined(__unix__) || defined(__APPLE__)
+//! Saves `sched` to the file `path`, crash-safely: `path` holds the previous checkpoint or this one,
+//! complete, whenever the process stops (detail::write_file_atomically: temporary, fsync, rename,
+//! fsync of the directory).
+inline void save_scheduler_to_file(const segment_scheduler& sched, const std::string& path) {
+  const auto bytes = save_scheduler(sched);
+  detail::write_file_atomically(path, bytes);
+}
+
+//! Rebuilds a scheduler from the checkpoint file `path` (at most checkpoint_file_max_bytes); the
+//! bytes are checked as by restore_scheduler, whose name the errors about them carry.
+[[nodiscard]] inline segment_scheduler restore_scheduler_from_file(const std::string& path) {
+  const auto bytes = detail::read_file(path, "restore_scheduler_from_file");
+  return restore_scheduler(bytes);
+}
+#endif
 
 //! The state as JSON (for inspection and debugging; not a restore format).
 [[nodiscard]] inline std::string scheduler_to_json(const segment_scheduler& sched) {
