@@ -1,0 +1,250 @@
+// rlvr_rollout — the rollout half of the libtorch RLVR trainer: a small transformer policy, an
+// optional supervised warm-up, then rollout steps of the KV-cache decoding engine driven by UloRL's
+// segment scheduler on the countdown task (task.hpp).
+//
+//   rlvr_rollout [--segments 1|2|4] [--steps N] [--warmup N] [--prompts P] [--group G]
+//                [--max-batch B] [--max-response L] [--temperature T] [--seed S] [--threads N]
+//                [--layers N] [--d-model D] [--validate N] [--lengths-out FILE] [--measure]
+//                [--checkpoint FILE]
+//
+// Per rollout step (one plan / decode / report / end_step) it prints the plan items (resumed ones
+// in parentheses), the responses released, the tokens decoded, tokens/s and the accuracy of the
+// released responses; at the end the engine's measured costs in the terms of
+// ulorl/rollout/simulator.hpp (t_iter, t_seq, t_kv, t_prefill). The weights do not change between
+// steps: the trainer's loss and optimizer step are the other half. --measure times decoding at
+// batch 32 and prefill instead. --lengths-out writes the released response lengths, one per line,
+// for `segment_rollout_sim --lengths FILE`. --checkpoint FILE loads the warmed-up weights from FILE
+// when it exists (skipping the warm-up) and saves them there otherwise.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+#include "policy.hpp"
+#include "rollout.hpp"
+#include "task.hpp"
+#include "warmup.hpp"
+
+namespace {
+
+struct options {
+  int segments = 2;
+  int steps = 20;
+  int warmup = 300;
+  int prompts = 8;  // groups per released batch
+  int group = 8;
+  int max_batch = 64;
+  int max_response = 1024;
+  int layers = 3;
+  int d_model = 128;
+  int validate = 128;
+  int threads = 1;  // intra-op threads: the batches are small, and on a shared machine more threads spin
+  double temperature = 1.0;
+  std::uint64_t seed = 1;
+  bool measure = false;
+  std::string lengths_out;
+  std::string checkpoint;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "%s\nusage: rlvr_rollout [--segments 1|2|4] [--steps N] [--warmup N] [--prompts P] [--group G]\n"
+               "       [--max-batch B] [--max-response L] [--temperature T] [--seed S] [--threads N]\n"
+               "       [--layers N] [--d-model D] [--validate N] [--lengths-out FILE] [--measure]\n"
+               "       [--checkpoint FILE]\n",
+               why);
+  std::exit(2);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--measure") {
+      o.measure = true;
+      continue;
+    }
+    if (a == "--help" || a == "-h") usage("rlvr_rollout: rollout steps of a transformer policy through the segment scheduler");
+    if (i + 1 >= argc) usage(("missing value for " + a).c_str());
+    const std::string v = argv[++i];
+    if (a == "--segments") o.segments = std::stoi(v);
+    else if (a == "--steps") o.steps = std::stoi(v);
+    else if (a == "--warmup") o.warmup = std::stoi(v);
+    else if (a == "--prompts") o.prompts = std::stoi(v);
+    else if (a == "--group") o.group = std::stoi(v);
+    else if (a == "--max-batch") o.max_batch = std::stoi(v);
+    else if (a == "--max-response") o.max_response = std::stoi(v);
+    else if (a == "--layers") o.layers = std::stoi(v);
+    else if (a == "--d-model") o.d_model = std::stoi(v);
+    else if (a == "--validate") o.validate = std::stoi(v);
+    else if (a == "--threads") o.threads = std::stoi(v);
+    else if (a == "--temperature") o.temperature = std::stod(v);
+    else if (a == "--seed") o.seed = std::stoull(v);
+    else if (a == "--lengths-out") o.lengths_out = v;
+    else if (a == "--checkpoint") o.checkpoint = v;
+    else usage(("unknown option " + a).c_str());
+  }
+  if (o.segments < 1 || o.steps < 0 || o.warmup < 0 || o.prompts < 1 || o.group < 1) usage("invalid option value");
+  return o;
+}
+
+double percentile(std::vector<std::int64_t> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return static_cast<double>(v[i]);
+}
+
+void print_lengths(const char* what, const std::vector<std::int64_t>& lengths) {
+  std::printf("%s (n=%zu): p10 %.0f  p50 %.0f  p90 %.0f  p99 %.0f  max %.0f tokens\n", what, lengths.size(),
+              percentile(lengths, 0.10), percentile(lengths, 0.50), percentile(lengths, 0.90), percentile(lengths, 0.99),
+              percentile(lengths, 1.0));
+}
+
+// Decode tokens/s at batch 32 (contexts of 64 tokens, 192 new tokens each, EOS disabled) and
+// prefill tokens/s (32 contexts of 256 tokens), each the best of three runs.
+void measure(rlvr::transformer_policy& policy, const options& o) {
+  const auto V = policy->config().vocab_size;
+  std::vector<std::vector<std::int64_t>> ctx(32);
+  for (std::size_t i = 0; i < ctx.size(); ++i)
+    for (int t = 0; t < 256; ++t) ctx[i].push_back(static_cast<std::int64_t>(rlvr::counter_hash(7, i, static_cast<std::uint64_t>(t)) % static_cast<std::uint64_t>(V)));
+  rlvr::decode_engine engine(policy, {.max_batch = 32, .temperature = o.temperature, .eos_token = -1, .seed = o.seed});
+  std::vector<rlvr::decode_request> reqs(32);
+  std::vector<rlvr::decode_result> out;
+  double best_decode = 0, best_prefill = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    for (std::size_t i = 0; i < reqs.size(); ++i)
+      reqs[i] = {.sequence_id = static_cast<std::int64_t>(i), .context = std::span(ctx[i]).first(64), .max_new_tokens = 192};
+    engine.reset_costs();
+    engine.generate(reqs, out);
+    best_decode = std::max(best_decode, engine.costs().decode_tokens_per_s());
+    for (std::size_t i = 0; i < reqs.size(); ++i) reqs[i] = {.sequence_id = static_cast<std::int64_t>(i), .context = ctx[i], .max_new_tokens = 1};
+    engine.reset_costs();
+    engine.generate(reqs, out);
+    best_prefill = std::max(best_prefill, engine.costs().prefill_tokens_per_s());
+  }
+  std::printf("decode  batch 32, context 64..256: %.0f tokens/s (%.2f ms per iteration)\n", best_decode, 32e3 / best_decode);
+  std::printf("prefill 32 x 256 tokens:           %.0f tokens/s\n", best_prefill);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  torch::set_num_threads(o.threads);
+  const rlvr::countdown_task task({.max_target = 999, .max_response_tokens = o.max_response, .seed = o.seed});
+  rlvr::transformer_policy policy(rlvr::policy_config{.vocab_size = rlvr::countdown_task::vocab_size,
+                                                      .d_model = o.d_model,
+                                                      .n_heads = 4,
+                                                      .n_layers = o.layers,
+                                                      .d_mlp = 4 * o.d_model,
+                                                      .max_seq = task.max_sequence_tokens(),
+                                                      .seed = o.seed});
+  policy->eval();
+  std::printf("policy: %d layers, d_model %d, 4 heads, %lld parameters; task: countdown, S log-uniform on [1, 999], L_max %d\n",
+              o.layers, o.d_model, static_cast<long long>(policy->parameter_count()), o.max_response);
+  if (o.measure) {
+    measure(policy, o);
+    return 0;
+  }
+  {
+    rlvr::sequential_rng rng(o.seed);
+    std::vector<std::int64_t> lengths;
+    for (std::uint64_t k = 0; k < 4000; ++k)
+      lengths.push_back(static_cast<std::int64_t>(task.random_answer(task.training_target(k), rng).size()));
+    print_lengths("random correct answers", lengths);
+  }
+
+  const auto t_start = std::chrono::steady_clock::now();
+  const bool have_checkpoint = !o.checkpoint.empty() && std::ifstream(o.checkpoint).good();
+  if (have_checkpoint) {
+    torch::load(policy, o.checkpoint);
+    policy->eval();
+    std::printf("weights loaded from %s (warm-up skipped)\n", o.checkpoint.c_str());
+  } else if (o.warmup > 0) {
+    rlvr::supervised_warmup warm(policy, task, {.steps = o.warmup, .seed = o.seed});
+    double loss = 0, acc = 0, secs = 0;
+    for (int s = 1; s <= o.warmup; ++s) {
+      const auto st = warm.step();
+      loss += st.loss;
+      acc += st.token_accuracy;
+      secs += st.seconds;
+      if (s % 50 == 0 || s == o.warmup) {
+        std::printf("warm-up %4d  loss %.4f  token accuracy %.4f  %.2f s/step\n", s, loss / 50, acc / 50, secs / 50);
+        loss = acc = secs = 0;
+      }
+      std::fflush(stdout);
+    }
+    if (!o.checkpoint.empty()) torch::save(policy, o.checkpoint);
+  }
+
+  rlvr::decode_engine engine(policy, {.max_batch = o.max_batch, .temperature = o.temperature,
+                                      .eos_token = rlvr::countdown_task::eos_token, .seed = o.seed});
+  if (o.validate > 0)
+    std::printf("validation (%d held-out prompts, sampled at T=%.2f): accuracy %.3f\n", o.validate, o.temperature,
+                rlvr::sampled_accuracy(task, engine, task.validation_targets(o.validate)));
+  engine.reset_costs();
+
+  const std::int64_t batch_groups = o.prompts;
+  rlvr::segment_rollout rollout(task, engine,
+                                {.group_size = o.group,
+                                 .max_response_tokens = o.max_response,
+                                 .num_segments = o.segments,
+                                 .max_active_responses = 2 * batch_groups * o.group,
+                                 .release_batch_groups = batch_groups},
+                                [&](std::int64_t g) { return task.training_target(static_cast<std::uint64_t>(g)); });
+  std::printf("%5s %12s %9s %8s %9s %9s\n", "step", "items(res)", "released", "tokens", "tokens/s", "accuracy");
+  std::int64_t total_tokens = 0, released = 0;
+  double correct = 0, seconds = 0;
+  std::vector<std::int64_t> lengths, correct_lengths, sim_lengths;
+  for (int step = 1; step <= o.steps; ++step) {
+    if (rollout.scheduler().queued_groups() < batch_groups) rollout.offer_prompts(batch_groups);
+    const auto st = rollout.step();
+    const auto& batch = rollout.take_experience();
+    double step_correct = 0;
+    for (const auto& r : batch.responses) {
+      step_correct += r.reward;
+      lengths.push_back(static_cast<std::int64_t>(r.tokens.size()));
+      // The simulator reads a length above L_max as a truncated response.
+      sim_lengths.push_back(lengths.back() + (r.result == rlvr::verdict::truncated ? 1 : 0));
+      if (r.reward > 0) correct_lengths.push_back(static_cast<std::int64_t>(r.tokens.size()));
+    }
+    // The trainer's step on `batch` goes here; after it, rollout.update_policy(version + 1).
+    total_tokens += st.new_tokens;
+    seconds += st.seconds;
+    released += static_cast<std::int64_t>(batch.responses.size());
+    correct += step_correct;
+    char items[32];
+    std::snprintf(items, sizeof items, "%lld(%lld)", static_cast<long long>(st.items), static_cast<long long>(st.resumed_items));
+    std::printf("%5d %12s %9zu %8lld %9.0f ", step, items, batch.responses.size(), static_cast<long long>(st.new_tokens),
+                static_cast<double>(st.new_tokens) / st.seconds);
+    if (batch.responses.empty()) std::printf("%9s\n", "-");
+    else std::printf("%9.3f\n", step_correct / static_cast<double>(batch.responses.size()));
+    std::fflush(stdout);
+  }
+  const auto& c = engine.costs();
+  const auto m = rlvr::fit_engine_model(c);
+  std::printf("rollout: %lld tokens in %.1f s (%.0f tokens/s), %lld responses released, accuracy %.3f\n",
+              static_cast<long long>(total_tokens), seconds, seconds > 0 ? static_cast<double>(total_tokens) / seconds : 0.0,
+              static_cast<long long>(released), released > 0 ? correct / static_cast<double>(released) : 0.0);
+  print_lengths("released responses", lengths);
+  print_lengths("correct responses", correct_lengths);
+  std::printf("engine: %lld iterations, %.0f decode tokens/s, %.0f prefill tokens/s (%lld tokens, %.0f%% padding)\n",
+              static_cast<long long>(c.decode_iterations), c.decode_tokens_per_s(), c.prefill_tokens_per_s(),
+              static_cast<long long>(c.prefill_tokens),
+              c.prefill_padded_tokens > 0 ? 100.0 * static_cast<double>(c.prefill_padded_tokens - c.prefill_tokens) / static_cast<double>(c.prefill_padded_tokens) : 0.0);
+  std::printf("cost model (segment_rollout_sim): --iteration-ms %.4f --per-seq-us %.3f --kv-ns %.3f --prefill-us %.3f\n",
+              m.iteration_s * 1e3, m.per_sequence_s * 1e6, m.per_context_token_s * 1e9, m.prefill_token_s * 1e6);
+  if (!o.lengths_out.empty()) {
+    std::ofstream f(o.lengths_out);
+    for (const auto L : sim_lengths) f << L << '\n';
+  }
+  std::printf("total %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+  return 0;
+}
