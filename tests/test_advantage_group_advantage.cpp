@@ -1,8 +1,10 @@
 // Tests for ulorl/advantage/group_advantage.hpp against the independent oracle.
 #include <ulorl/advantage/group_advantage.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "catch.hpp"
@@ -167,4 +169,197 @@ TEST_CASE("output may alias the scores", "[advantage]") {
   const auto expected = oracle::grpo(s, {0, 0, 0, 0, 0, 0}, 1e-6, true, true, false);
   ulorl::group_advantages(std::span<const double>(s), 6, std::span<double>(s));
   require_close(s, expected, 1e-14, 0);
+}
+
+namespace {
+
+// Long-double textbook advantages for any configuration, written from the formula at the top of
+// group_advantage.hpp: groups by linear search, leave-one-out pools built explicitly. The exponent
+// range of long double (x87: to 1e4932) holds the squares of any double score, so nothing here
+// overflows for finite double inputs.
+long double ld_mean(const std::vector<long double>& v) {
+  long double s = 0;
+  for (auto x : v) s += x;
+  return s / static_cast<long double>(v.size());
+}
+long double ld_std(const std::vector<long double>& v, bool unbiased) {
+  if (v.size() < (unbiased ? 2u : 1u)) return 0;
+  const long double mu = ld_mean(v);
+  long double ss = 0;
+  for (auto x : v) ss += (x - mu) * (x - mu);
+  return std::sqrt(ss / static_cast<long double>(unbiased ? v.size() - 1 : v.size()));
+}
+
+struct exact_advantage {
+  long double value;
+  long double magnitude;  // size of the terms: max |s| of the group (and |b|) over the divisor
+};
+
+template <class T>
+std::vector<exact_advantage> oracle_any(const std::vector<T>& s, const std::vector<std::int64_t>& ids,
+                                        const group_advantage_config& cfg) {
+  const bool unbiased = cfg.std == ulorl::std_estimator::unbiased;
+  const long double eps = cfg.eps;
+  const auto denom = [&](long double sigma) {
+    return cfg.eps_at == ulorl::eps_placement::add_to_std ? sigma + eps : std::sqrt(sigma * sigma + eps);
+  };
+  std::vector<long double> all(s.begin(), s.end());
+  std::vector<exact_advantage> out(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto mem = oracle::group_members(ids, i);
+    const long double si = s[i];
+    if (mem.size() == 1) {
+      long double a = 0;
+      if (cfg.singleton == singleton_rule::identity) a = cfg.scale == scale_kind::none ? si : si / denom(1);
+      out[i] = {a, std::fabs(a)};
+      continue;
+    }
+    std::vector<long double> group, pool;
+    long double biggest = 0;
+    for (auto j : mem) {
+      group.push_back(s[j]);
+      if (j != i) pool.push_back(s[j]);
+      biggest = std::max(biggest, std::fabs(static_cast<long double>(s[j])));
+    }
+    long double b = 0;
+    if (cfg.baseline == baseline_kind::group_mean) b = ld_mean(group);
+    if (cfg.baseline == baseline_kind::leave_one_out) b = ld_mean(pool);
+    long double sigma = 0;
+    if (cfg.scale == scale_kind::group_std) sigma = ld_std(group, unbiased);
+    if (cfg.scale == scale_kind::leave_one_out_std) sigma = ld_std(pool, unbiased);
+    if (cfg.scale == scale_kind::batch_std) sigma = ld_std(all, unbiased);
+    const long double centered = si - b;
+    if (cfg.scale == scale_kind::none || (sigma == 0 && cfg.zero_std == ulorl::zero_std_rule::skip)) {
+      out[i] = {centered, biggest};
+      continue;
+    }
+    const long double d = denom(sigma);
+    out[i] = {centered / d, biggest / d};
+  }
+  return out;
+}
+
+template <class T>
+void require_matches_oracle(const std::vector<T>& s, const std::vector<std::int64_t>& ids, const group_advantage_config& cfg,
+                            double rtol, double atol) {
+  const auto ref = oracle_any(s, ids, cfg);
+  // An exact advantage beyond the range of T must be an error (e.g. a zero pool std divided by eps).
+  const long double top = std::numeric_limits<T>::max();
+  long double biggest = 0;
+  for (const auto& r : ref) biggest = std::max(biggest, std::fabs(r.value));
+  if (biggest > top * (1 + 1e-5L)) {
+    REQUIRE_THROWS_WITH(run(s, ids, cfg), Catch::Contains("not representable"));
+    return;
+  }
+  if (biggest > top * (1 - 1e-5L)) return;  // at the edge of the range: either outcome is right
+  const auto a = run(s, ids, cfg);
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    INFO("i = " << i << " score " << s[i] << " got " << a[i] << " expected " << static_cast<double>(ref[i].value));
+    REQUIRE(std::isfinite(static_cast<double>(a[i])));
+    REQUIRE(std::fabs(static_cast<long double>(a[i]) - ref[i].value) <= atol + rtol * ref[i].magnitude);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("group statistics are exact for finite scores of any magnitude (1e-300..1e300, float and double)",
+          "[advantage][numerics]") {
+  const double dmax = std::numeric_limits<double>::max();
+  const double r2 = 0.70710678118654752440;  // 1/sqrt(2)
+  // {1e200, 0}: mean 5e199, deviations +-5e199, unbiased std 1e200/sqrt(2): +-1/sqrt(2) (eps is negligible).
+  const auto a = run(std::vector<double>{1e200, 0.0}, {0, 0}, {});
+  CHECK(a[0] == Approx(r2).epsilon(1e-15));
+  CHECK(a[1] == Approx(-r2).epsilon(1e-15));
+  const auto biased = run(std::vector<double>{1e200, 0.0}, {0, 0}, {.std = ulorl::std_estimator::biased});
+  CHECK(biased[0] == Approx(1.0).epsilon(1e-15));
+  // Equal scores at the top of the range: zero deviations, zero advantages (not NaN).
+  for (double x : run(std::vector<double>{dmax, dmax}, {0, 0}, {})) CHECK(x == 0.0);
+  for (double x : run(std::vector<double>{-dmax, -dmax, -dmax}, {0, 0, 0}, {.baseline = baseline_kind::leave_one_out}))
+    CHECK(x == 0.0);
+  // {max, -max}: the std (sqrt(2) max) is not representable, the advantages +-1/sqrt(2) are.
+  const auto pm = run(std::vector<double>{dmax, -dmax}, {0, 0}, {});
+  CHECK(pm[0] == Approx(r2).epsilon(1e-15));
+  CHECK(pm[1] == Approx(-r2).epsilon(1e-15));
+  const auto pmf = run(std::vector<float>{std::numeric_limits<float>::max(), 0.0f}, {0, 0}, {});
+  CHECK(pmf[0] == Approx(r2).epsilon(1e-7));
+  // Subnormal scores scale up exactly: {4e-320, 0} is {1, 0} times 4e-320 (no eps: a zero std skips).
+  const auto sub = run(std::vector<double>{4e-320, 0.0}, {0, 0}, {.eps = 0.0, .zero_std = ulorl::zero_std_rule::skip});
+  CHECK(sub[0] == Approx(r2).epsilon(1e-12));
+
+  testing_support::rng r(testing_support::default_seed + 13);
+  CAPTURE(testing_support::default_seed + 13);
+  const auto log_uniform = [&](double lo, double hi) {
+    const double x = std::pow(10.0, r.uniform(lo, hi));
+    return r.coin() ? x : -x;
+  };
+  const baseline_kind baselines[] = {baseline_kind::group_mean, baseline_kind::leave_one_out, baseline_kind::none};
+  const scale_kind scales[] = {scale_kind::none, scale_kind::group_std, scale_kind::leave_one_out_std,
+                               scale_kind::batch_std};
+  for (int trial = 0; trial < 40; ++trial) {
+    const std::size_t n = static_cast<std::size_t>(r.integer(1, 40));
+    const auto ids = testing_support::random_group_ids(r, n);
+    std::vector<double> s(n);
+    for (auto& x : s) x = log_uniform(-300, 300);
+    if (trial % 4 == 0) s[0] = 0.0;
+    std::vector<float> f(n);
+    for (auto& x : f) x = static_cast<float>(log_uniform(-37, 37));
+    for (auto base : baselines)
+      for (auto scale : scales)
+        for (bool unbiased : {true, false})
+          for (auto at : {ulorl::eps_placement::add_to_std, ulorl::eps_placement::add_to_variance})
+            for (auto zs : {ulorl::zero_std_rule::divide, ulorl::zero_std_rule::skip}) {
+              const group_advantage_config cfg{.baseline = base,
+                                               .scale = scale,
+                                               .std = unbiased ? ulorl::std_estimator::unbiased : ulorl::std_estimator::biased,
+                                               .eps = 1e-6,
+                                               .eps_at = at,
+                                               .singleton = trial % 2 ? singleton_rule::identity : singleton_rule::zero,
+                                               .zero_std = zs};
+              INFO("trial " << trial << " baseline " << static_cast<int>(base) << " scale " << static_cast<int>(scale)
+                            << " unbiased " << unbiased << " eps_at " << static_cast<int>(at));
+              require_matches_oracle(s, ids, cfg, 1e-10, 1e-300);
+              require_matches_oracle(f, ids, cfg, 2e-6, 1e-44);
+            }
+  }
+}
+
+TEST_CASE("an advantage that is not representable is an error, and nothing is written", "[advantage][errors]") {
+  const double dmax = std::numeric_limits<double>::max();
+  const float fmax = std::numeric_limits<float>::max();
+  // Dr. GRPO (no scaling): s - mean = max + max/3 overflows double.
+  std::vector<double> s{dmax, -dmax, -dmax}, out(3, 7.0);
+  const std::vector<std::int64_t> ids{0, 0, 0};
+  try {
+    ulorl::group_advantages(std::span<const double>(s), std::span<const std::int64_t>(ids), std::span<double>(out),
+                            {.scale = scale_kind::none});
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "group_advantages");
+    CHECK(e.argument() == "scores");
+    CHECK(e.index() == 0);
+    CHECK(std::string(e.what()).find("not representable") != std::string::npos);
+  }
+  CHECK(out == std::vector<double>(3, 7.0));
+  // The same in float: 4/3 max overflows float although it fits in double.
+  std::vector<float> f{fmax, -fmax, -fmax}, fout(3, 7.0f);
+  CHECK_THROWS_WITH(ulorl::group_advantages(std::span<const float>(f), std::span<const std::int64_t>(ids),
+                                            std::span<float>(fout), {.scale = scale_kind::none}),
+                    Catch::Contains("'scores'[0]") && Catch::Contains("float"));
+  CHECK(fout == std::vector<float>(3, 7.0f));
+  // A later group's overflow leaves the earlier groups unwritten too.
+  std::vector<double> two{1.0, 2.0, dmax, -dmax, -dmax}, out2(5, 7.0);
+  CHECK_THROWS_WITH(ulorl::group_advantages(std::span<const double>(two), std::span<const std::int64_t>(std::vector<std::int64_t>{0, 0, 1, 1, 1}),
+                                            std::span<double>(out2), {.scale = scale_kind::none}),
+                    Catch::Contains("'scores'[2]"));
+  CHECK(out2 == std::vector<double>(5, 7.0));
+  // Leave-one-out std of a tiny pool: (1e300 - 1.5e-300) / 7.07e-301 ~ 1.4e600 (eps 0, zero std skipped).
+  std::vector<double> loo{1e300, 1e-300, 2e-300}, out3(3, 7.0);
+  CHECK_THROWS_WITH(ulorl::group_advantages(std::span<const double>(loo), std::span<const std::int64_t>(ids),
+                                            std::span<double>(out3),
+                                            {.baseline = baseline_kind::leave_one_out,
+                                             .scale = scale_kind::leave_one_out_std,
+                                             .eps = 0.0,
+                                             .zero_std = ulorl::zero_std_rule::skip}),
+                    Catch::Contains("'scores'[0]") && Catch::Contains("not representable"));
+  CHECK(out3 == std::vector<double>(3, 7.0));
 }

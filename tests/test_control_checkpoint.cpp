@@ -18,6 +18,7 @@
 #include <ulorl/control/reference_reset.hpp>
 
 #include "catch.hpp"
+#include "support/rejection.hpp"
 
 namespace {
 
@@ -430,14 +431,6 @@ TEST_CASE("reference reset: each field out of range in a checksummed payload is 
 // ---- counters at their limits -----------------------------------------------------------------------
 TEST_CASE("counters at their limits reject the call that would pass them and change nothing",
           "[control][checkpoint][limits]") {
-  auto arg_of = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const ulorl::error& e) {
-      return e.argument();
-    }
-    return "<no error>";
-  };
   constexpr std::uint64_t limit = two_63 - 1;
   SECTION("KL controller updates") {
     kl_raw r;

@@ -10,6 +10,7 @@
 #include <ulorl/control/entropy_controller.hpp>
 
 #include "catch.hpp"
+#include "support/rejection.hpp"
 #include "support/dynamics_oracle.hpp"
 
 namespace {
@@ -112,14 +113,6 @@ TEST_CASE("entropy controller save/restore mid-run behaves identically", "[contr
 
 TEST_CASE("entropy controller rejects bad configuration, input and checkpoints", "[control][entropy][error]") {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
-  auto arg_of = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const ulorl::error& e) {
-      return e.argument();
-    }
-    return "<no error>";
-  };
   using cfg = ulorl::entropy_controller_config;
   CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.target_entropy = -0.1}); }) == "target_entropy");
   CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.target_entropy = nan}); }) == "target_entropy");
@@ -151,14 +144,6 @@ TEST_CASE("entropy controller rejects bad configuration, input and checkpoints",
 }
 
 TEST_CASE("entropy coefficient stays finite: degenerate magnitudes are rejected", "[control][entropy][limits]") {
-  auto arg_of = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const ulorl::error& e) {
-      return e.argument();
-    }
-    return "<no error>";
-  };
   // target 1e308 and entropy -1e308 make the error target - H overflow to inf, and gain 0 times inf
   // is NaN, and a NaN coefficient stays NaN. Both magnitudes are out of range.
   CHECK(arg_of([&] {

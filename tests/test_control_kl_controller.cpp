@@ -10,6 +10,7 @@
 #include <ulorl/control/kl_controller.hpp>
 
 #include "catch.hpp"
+#include "support/rejection.hpp"
 #include "support/dynamics_oracle.hpp"
 
 namespace {
@@ -109,14 +110,6 @@ TEST_CASE("KL controller save/restore mid-run behaves identically", "[control][k
 TEST_CASE("KL controller rejects bad configuration, input and checkpoints", "[control][kl][error]") {
   using ulorl::kl_control_type;
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
-  auto arg_of = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const ulorl::error& e) {
-      return e.argument();
-    }
-    return "<no error>";
-  };
   CHECK(arg_of([&] { ulorl::kl_controller k({.type = kl_control_type::adaptive, .horizon = 0}); }) == "horizon");
   CHECK(arg_of([&] { ulorl::kl_controller k({.type = kl_control_type::adaptive, .horizon = -5}); }) == "horizon");
   CHECK(arg_of([&] { ulorl::kl_controller k({.type = kl_control_type::adaptive, .target_kl = 0}); }) == "target_kl");

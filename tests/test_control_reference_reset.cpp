@@ -12,6 +12,7 @@
 #include <ulorl/control/reference_reset.hpp>
 
 #include "catch.hpp"
+#include "support/rejection.hpp"
 #include "support/dynamics_oracle.hpp"
 
 namespace {
@@ -224,14 +225,6 @@ TEST_CASE("reference reset save/restore mid-run keeps every counter", "[control]
 
 TEST_CASE("reference reset rejects bad configuration, input and checkpoints", "[control][reset][error]") {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
-  auto arg_of = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const ulorl::error& e) {
-      return e.argument();
-    }
-    return "<no error>";
-  };
   using cfg = ulorl::reference_reset_config;
   CHECK(arg_of([&] { ulorl::reference_reset_policy p(cfg{.patience = 0}); }) == "patience");
   CHECK(arg_of([&] { ulorl::reference_reset_policy p(cfg{.patience = -3}); }) == "patience");

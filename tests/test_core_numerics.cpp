@@ -2,6 +2,7 @@
 #include <ulorl/core/numerics.hpp>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "catch.hpp"
@@ -40,4 +41,35 @@ TEST_CASE("clamp passes the gradient on the closed interval", "[numerics]") {
   REQUIRE(ulorl::clamp_passes_gradient(2.0, -1.0, 2.0));
   REQUIRE_FALSE(ulorl::clamp_passes_gradient(2.0000001, -1.0, 2.0));
   static_assert(ulorl::clamp(0.5, 0.0, 1.0) == 0.5);
+}
+
+TEST_CASE("two-pass moments cannot overflow for finite values", "[numerics]") {
+  const double dmax = std::numeric_limits<double>::max();
+  const std::vector<double> a{1e200, 0.0};
+  const auto m = ulorl::two_pass_moments(a.size(), [&](std::size_t i) { return a[i]; });
+  // By hand: mean 5e199, deviations +-5e199, M2 = 5e399 (not representable), std 1e200 / sqrt(2).
+  CHECK(m.mean == 5e199);
+  CHECK(m.stddev(true) == Approx(1e200 / std::sqrt(2.0)).epsilon(1e-15));
+  CHECK(m.stddev(false) == Approx(5e199).epsilon(1e-15));
+  CHECK(m.scaled_stddev(true) * std::ldexp(1.0, m.exponent) == Approx(1e200 / std::sqrt(2.0)).epsilon(1e-15));
+  CHECK(m.m2 == std::numeric_limits<double>::infinity());
+  const std::vector<double> b{dmax, dmax};
+  const auto mb = ulorl::two_pass_moments(b.size(), [&](std::size_t i) { return b[i]; });
+  CHECK(mb.mean == dmax);
+  CHECK(mb.stddev(true) == 0.0);
+  // The mean of {max, max, -max} is max / 3 (the plain sum overflows).
+  const std::vector<double> c{dmax, dmax, -dmax};
+  const auto mc = ulorl::two_pass_moments(c.size(), [&](std::size_t i) { return c[i]; });
+  CHECK(mc.mean == Approx(dmax / 3).epsilon(1e-15));
+  // std of {max, -max}: sqrt(2) max is not representable (inf); its scaled form is.
+  const std::vector<double> d{dmax, -dmax};
+  const auto md = ulorl::two_pass_moments(d.size(), [&](std::size_t i) { return d[i]; });
+  CHECK(md.mean == 0.0);
+  CHECK(md.stddev(true) == std::numeric_limits<double>::infinity());
+  CHECK(std::ldexp(md.scaled_stddev(true), md.exponent - 1) == Approx(std::sqrt(2.0) * (dmax / 2)).epsilon(1e-15));
+  // Subnormal values: {3e-320, 1e-320} has mean 2e-320 and biased std 1e-320 (to the spacing 5e-324).
+  const std::vector<double> e{3e-320, 1e-320};
+  const auto me = ulorl::two_pass_moments(e.size(), [&](std::size_t i) { return e[i]; });
+  CHECK(std::fabs(me.mean - 2e-320) <= 5e-324);
+  CHECK(std::fabs(me.stddev(false) - 1e-320) <= 5e-324);
 }

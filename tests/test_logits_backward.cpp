@@ -264,3 +264,34 @@ TEST_CASE("logits_backward rejects bad input before writing") {
   call(out);  // valid
   CHECK(g != std::vector<float>(rows * v, 42.0f));
 }
+
+TEST_CASE("logits_backward: the temperature rule of logits_forward (finite reciprocal; scaled rows with check_logits)") {
+  const std::size_t rows = 2, v = 2;
+  std::vector<double> x{1.0, 0.0, -3.0, 2.0}, g(rows * v, 42.0);
+  std::vector<double> lse{1.0, 1.0}, h{0.5, 0.5}, glp{1.0, 1.0}, gent{0.1, 0.1};
+  const std::vector<std::int64_t> y{0, 1};
+  const auto call = [&](const std::vector<double>& logits, double tau, bool check) {
+    logits_backward(matrix_view<const double>(logits.data(), rows, v), std::span<const std::int64_t>(y),
+                    vector_view<const double>(lse.data(), rows), vector_view<const double>(h.data(), rows),
+                    vector_view<const double>(glp.data(), rows), vector_view<const double>(gent.data(), rows),
+                    matrix_view<double>(g.data(), rows, v), {.temperature = tau, .check_logits = check});
+  };
+  try {
+    call(x, 1e-320, false);
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "logits_backward");
+    CHECK(e.argument() == "temperature");
+    CHECK(std::string(e.what()).find("reciprocal") != std::string::npos);
+  }
+  std::vector<float> xf(x.begin(), x.end()), gf(rows * v, 42.0f);
+  CHECK_THROWS_WITH(logits_backward(matrix_view<const float>(xf.data(), rows, v), std::span<const std::int64_t>(y),
+                                    vector_view<const double>(lse.data(), rows), vector_view<const double>(h.data(), rows),
+                                    vector_view<const double>(glp.data(), rows), vector_view<const double>(gent.data(), rows),
+                                    matrix_view<float>(gf.data(), rows, v), {.temperature = 1e-300}),
+                    Catch::Matchers::Contains("'temperature'"));
+  std::vector<double> big{1e10, 0.0, 1.0, 2.0};
+  CHECK_THROWS_WITH(call(big, 1e-300, true), Catch::Matchers::Contains("'logits'") && Catch::Matchers::Contains("row 0"));
+  CHECK(g == std::vector<double>(rows * v, 42.0));
+  CHECK(gf == std::vector<float>(rows * v, 42.0f));
+}

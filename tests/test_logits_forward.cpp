@@ -9,6 +9,8 @@
 #include <vector>
 
 #include <ulorl/logits/forward.hpp>
+#include <ulorl/logits/fused_loss.hpp>
+#include <ulorl/logits/linear_head.hpp>
 
 #include "catch.hpp"
 #include "support/logits_oracle.hpp"
@@ -293,4 +295,165 @@ TEST_CASE("logits_forward with executors gives the same bits") {
   CHECK(calls == 10);
   CHECK(lp == ref.lp);
   CHECK(lse == ref.lse);
+}
+
+TEST_CASE("logits_forward: a temperature whose reciprocal overflows is rejected, tiny valid ones are exact") {
+  std::vector<double> xd{1.0, 0.0, -3.0, 2.0};
+  std::vector<float> xf(xd.begin(), xd.end());
+  const std::vector<std::int64_t> y{0, 1};
+  std::vector<double> lp(2, 5.0), h(2, 5.0), lse(2, 5.0);
+  const auto call = [&](auto x, double tau, bool check = false) {
+    logits_forward(x, std::span<const std::int64_t>(y), vector_view<double>(lp.data(), 2),
+                   vector_view<double>(h.data(), 2), vector_view<double>(lse.data(), 2),
+                   {.temperature = tau, .check_logits = check});
+  };
+  const matrix_view<const double> md(xd.data(), 2, 2);
+  const matrix_view<const float> mf(xf.data(), 2, 2);
+  // 1e-320 is subnormal: 1 / 1e-320 = inf in double, so every scaled logit would be +-inf or NaN.
+  for (bool check : {false, true}) {
+    try {
+      call(md, 1e-320, check);
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      CHECK(e.function() == "logits_forward");
+      CHECK(e.argument() == "temperature");
+      CHECK(std::string(e.what()).find("'temperature' = 9.99988") != std::string::npos);
+      CHECK(std::string(e.what()).find("reciprocal") != std::string::npos);
+    }
+  }
+  // Float (and bf16) logits are scaled in float: 1 / 1e-300 overflows float, 1 / 1e-30 does not.
+  CHECK_THROWS_WITH(call(mf, 1e-300), Catch::Matchers::Contains("'temperature'") && Catch::Matchers::Contains("float"));
+  CHECK_THROWS_WITH(call(mf, 1e-39), Catch::Matchers::Contains("'temperature'"));
+  CHECK(lp == std::vector<double>(2, 5.0));
+  // A tiny but valid temperature on logits of its own scale: z = x / tau = {1, 0}, {-3, 2}.
+  std::vector<double> tiny{1e-300, 0.0, -3e-300, 2e-300};
+  call(matrix_view<const double>(tiny.data(), 2, 2), 1e-300, true);
+  // By hand: lse_0 = log(e + 1), lp_0 = 1 - lse_0; lse_1 = log(e^-3 + e^2), lp_1 = 2 - lse_1.
+  const double l0 = std::log(std::exp(1.0) + 1.0), l1 = std::log(std::exp(-3.0) + std::exp(2.0));
+  CHECK(lse[0] == Approx(l0).epsilon(1e-14));
+  CHECK(lp[0] == Approx(1.0 - l0).epsilon(1e-14));
+  CHECK(lse[1] == Approx(l1).epsilon(1e-14));
+  CHECK(lp[1] == Approx(2.0 - l1).epsilon(1e-14).margin(1e-15));  // 2 - l1 cancels: absolute
+  std::vector<float> tinyf{1e-30f, 0.0f, -3e-30f, 2e-30f};
+  call(matrix_view<const float>(tinyf.data(), 2, 2), 1e-30, true);
+  CHECK(lse[0] == Approx(l0).epsilon(1e-6));
+  CHECK(lp[1] == Approx(2.0 - l1).epsilon(1e-6));
+}
+
+TEST_CASE("logits_forward with check_logits: a row whose scaled logits overflow is an error, never inf") {
+  // 1e10 / 1e-300 = 1e310 overflows double: without the check lse would be +inf and the log-prob 0.
+  std::vector<double> x{1e10, 0.0, 1.0, 2.0};
+  const std::vector<std::int64_t> y{0, 1};
+  std::vector<double> lp(2, 5.0), h(2, 5.0), lse(2, 5.0);
+  const auto call = [&](const std::vector<double>& v, double tau) {
+    logits_forward(matrix_view<const double>(v.data(), 2, 2), std::span<const std::int64_t>(y),
+                   vector_view<double>(lp.data(), 2), vector_view<double>(h.data(), 2),
+                   vector_view<double>(lse.data(), 2), {.temperature = tau, .check_logits = true});
+  };
+  try {
+    call(x, 1e-300);
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.argument() == "logits");
+    CHECK(e.index() == 0);
+    CHECK(std::string(e.what()).find("row 0") != std::string::npos);
+    CHECK(std::string(e.what()).find("temperature") != std::string::npos);
+  }
+  CHECK(lp == std::vector<double>(2, 5.0));
+  // A very negative row maximum overflows too (lse = -inf).
+  std::vector<double> neg{1.0, 2.0, -1e10, -2e10};
+  CHECK_THROWS_WITH(call(neg, 1e-300), Catch::Matchers::Contains("row 1"));
+  // -inf entries (masked vocabulary) do not count: the finite ones decide.
+  std::vector<double> masked{1e-300, -inf, 0.0, 1.0};
+  call(masked, 1e-300);
+  CHECK(lp[0] == 0.0);
+  CHECK(lse[0] == Approx(1.0).epsilon(1e-15));
+  // Float statistics of double logits: 1e30 / 1e-10 = 1e40 overflows the float outputs.
+  std::vector<double> big{1e30, 0.0, 1.0, 2.0};
+  std::vector<float> lpf(2, 5.0f);
+  CHECK_THROWS_WITH(logits_forward(matrix_view<const double>(big.data(), 2, 2), std::span<const std::int64_t>(y),
+                                   vector_view<float>(lpf.data(), 2), vector_view<float>(), vector_view<float>(),
+                                   {.temperature = 1e-10, .check_logits = true}),
+                    Catch::Matchers::Contains("row 0"));
+  CHECK(lpf == std::vector<float>(2, 5.0f));
+}
+
+TEST_CASE("logits_forward: outputs whose strides make distinct rows alias are rejected") {
+  std::vector<float> x(12, 1.0f);
+  const std::vector<std::int64_t> y{0, 1, 2};
+  std::vector<double> lp(3, 5.0), h(3, 5.0), lse(3, 5.0);
+  const matrix_view<const float> m(x.data(), 3, 4);
+  const auto call = [&](vector_view<double> a, vector_view<double> b, vector_view<double> c) {
+    logits_forward(m, std::span<const std::int64_t>(y), a, b, c);
+  };
+  const vector_view<double> vlp(lp.data(), 3), vh(h.data(), 3), vlse(lse.data(), 3);
+  try {
+    call(vector_view<double>(lp.data(), 3, 0), vh, vlse);
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.argument() == "logprob");
+    CHECK(std::string(e.what()).find("stride 0") != std::string::npos);
+  }
+  CHECK_THROWS_WITH(call(vlp, vector_view<double>(h.data(), 3, 0), vlse), Catch::Matchers::Contains("'entropy'"));
+  CHECK_THROWS_WITH(call(vlp, vh, vector_view<double>(lse.data(), 3, 0)), Catch::Matchers::Contains("'lse'"));
+  // Two outputs on the same elements.
+  CHECK_THROWS_WITH(call(vlp, vlp, vlse), Catch::Matchers::Contains("'entropy'") && Catch::Matchers::Contains("'logprob'"));
+  CHECK_THROWS_WITH(call(vlp, vh, vector_view<double>(lp.data() + 1, 3)), Catch::Matchers::Contains("'lse'"));
+  CHECK(lp == std::vector<double>(3, 5.0));
+  CHECK(h == std::vector<double>(3, 5.0));
+  // Interleaved outputs share no element and are fine; so is a stride of 0 for one row.
+  std::vector<double> inter(6, 5.0);
+  call(vector_view<double>(inter.data(), 3, 2), vector_view<double>(inter.data() + 1, 3, 2), vector_view<double>());
+  CHECK(inter[0] == Approx(-std::log(4.0)));
+  CHECK(inter[1] == Approx(std::log(4.0)));
+  std::vector<double> one(1);
+  logits_forward(matrix_view<const float>(x.data(), 1, 4), std::span<const std::int64_t>(y.data(), 1),
+                 vector_view<double>(one.data(), 1, 0), vector_view<double>(), vector_view<double>());
+  CHECK(one[0] == Approx(-std::log(4.0)));
+}
+
+TEST_CASE("every entry point that takes a temperature applies the same rule") {
+  // Fused loss from logits: 1 row, V = 2, padded [1, 1].
+  std::vector<double> x{0.5, -0.5}, old{-0.7}, adv{1.0}, mask{1.0}, lp(1), ent(1), glp(1), gent(1), lse(1), g(2, 42.0);
+  const std::vector<std::int64_t> y{0};
+  const auto tv = [](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), 1, 1)); };
+  const auto cv = [](const std::vector<double>& v) {
+    return token_view<const double>::padded(matrix_view<const double>(v.data(), 1, 1));
+  };
+  const policy_loss_inputs<double> in{.log_prob = {}, .old_log_prob = cv(old), .advantages = cv(adv), .mask = cv(mask)};
+  policy_loss_config cfg;
+  cfg.normalizer = {.mode = agg_mode::token_mean, .denominator = 1.0};
+  const logits_loss_buffers<double> buf{tv(lp), tv(ent), tv(glp), tv(gent), vector_view<double>(lse.data(), 1)};
+  try {
+    (void)policy_loss_from_logits(matrix_view<const double>(x.data(), 1, 2), std::span<const std::int64_t>(y), in, cfg,
+                                  buf, matrix_view<double>(g.data(), 1, 2), {.temperature = 1e-320});
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "policy_loss_from_logits");
+    CHECK(e.argument() == "temperature");
+  }
+  CHECK(g == std::vector<double>(2, 42.0));
+
+  // Linear head: float operands are scaled in float (1 / 1e-300 overflows), double ones in double.
+  std::vector<float> hf{1.0f}, wf{1.0f, -1.0f};
+  std::vector<double> hd{1e5}, wd{1e5, -1e5}, out(1, 5.0);
+  const linear_head_inputs<float> headf{matrix_view<const float>(hf.data(), 1, 1), matrix_view<const float>(wf.data(), 2, 1)};
+  const linear_head_inputs<double> headd{matrix_view<const double>(hd.data(), 1, 1),
+                                         matrix_view<const double>(wd.data(), 2, 1)};
+  CHECK_THROWS_WITH(linear_head_forward(headf, std::span<const std::int64_t>(y), vector_view<double>(out.data(), 1),
+                                        vector_view<double>(), vector_view<double>(), {.temperature = 1e-300}),
+                    Catch::Matchers::Contains("linear_head_forward") && Catch::Matchers::Contains("'temperature'"));
+  CHECK_THROWS_WITH(linear_head_forward(headd, std::span<const std::int64_t>(y), vector_view<double>(out.data(), 1),
+                                        vector_view<double>(), vector_view<double>(), {.temperature = 1e-320}),
+                    Catch::Matchers::Contains("'temperature'"));
+  // With value checks: logits up to H max|h| max|w| = 1e10, over tau = 1e-300 they overflow.
+  CHECK_THROWS_WITH(linear_head_forward(headd, std::span<const std::int64_t>(y), vector_view<double>(out.data(), 1),
+                                        vector_view<double>(), vector_view<double>(),
+                                        {.temperature = 1e-300, .check_inputs = true}),
+                    Catch::Matchers::Contains("temperature"));
+  CHECK(out[0] == 5.0);
+  // A tiny temperature the logits allow: z = 1e10 * {1, -1} / 1e-290 is finite.
+  linear_head_forward(headd, std::span<const std::int64_t>(y), vector_view<double>(out.data(), 1),
+                      vector_view<double>(), vector_view<double>(), {.temperature = 1e-290, .check_inputs = true});
+  CHECK(out[0] == 0.0);
 }

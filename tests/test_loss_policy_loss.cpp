@@ -998,3 +998,83 @@ TEST_CASE("policy_loss: on an executor, the value scan still finds every bad val
       expect(p, "mask", i, reverse_executor{});
     }
 }
+
+TEST_CASE("policy_loss rejects an empty batch (B = 0), padded and packed") {
+  const auto c = make_combo("ppo", "k3", "token", 1.0);
+  std::vector<double> none;
+  const auto empty_padded = ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(none.data(), 0, 5));
+  const auto out_padded = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(none.data(), 0, 5));
+  ulorl::policy_loss_inputs<double, double> in{empty_padded, empty_padded, empty_padded, empty_padded,
+                                               empty_padded, {},           empty_padded};
+  try {
+    (void)ulorl::policy_loss(in, c.cfg, out_padded, out_padded);
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "policy_loss");
+    CHECK(e.argument() == "log_prob");
+    CHECK(std::string(e.what()).find("empty batch") != std::string::npos);
+  }
+  const std::vector<std::int64_t> offsets{0};
+  const auto empty_packed = ulorl::packed(ulorl::vector_view<const double>(none.data(), 0), std::span<const std::int64_t>(offsets));
+  const auto out_packed = ulorl::packed(ulorl::vector_view<double>(none.data(), 0), std::span<const std::int64_t>(offsets));
+  ulorl::policy_loss_inputs<double, double> pk{empty_packed, empty_packed, empty_packed, empty_packed,
+                                               empty_packed, {},           empty_packed};
+  CHECK_THROWS_WITH(ulorl::policy_loss(pk, c.cfg, out_packed, out_packed), Catch::Contains("empty batch"));
+  // Rows without valid tokens are not an empty batch: B = 2, T = 0 is valid.
+  const auto rows_no_tokens = ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(none.data(), 2, 0));
+  const auto out_no_tokens = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(none.data(), 2, 0));
+  ulorl::policy_loss_inputs<double, double> nt{rows_no_tokens, rows_no_tokens, rows_no_tokens, rows_no_tokens,
+                                               rows_no_tokens, {},             rows_no_tokens};
+  CHECK(ulorl::policy_loss(nt, c.cfg, out_no_tokens, out_no_tokens).loss == 0.0);
+}
+
+TEST_CASE("policy_loss rejects gradient outputs whose strides alias distinct tokens") {
+  std::mt19937_64 rng(seed + 41);
+  const std::size_t B = 3, Tn = 4;
+  const problem p = random_problem(rng, B, Tn, false);
+  auto c = make_combo("ppo", "k3", "token", 10.0);
+  c.cfg.entropy_coef = 0.01;
+  ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, Tn), cview(p.old, B, Tn), cview(p.adv, B, Tn),
+                                               cview(p.mask, B, Tn), cview(p.ref, B, Tn), {}, cview(p.ent, B, Tn)};
+  std::vector<double> g(B * Tn, 42.0), ge(B * Tn, 43.0);
+  const auto untouched = [&] {
+    REQUIRE(std::all_of(g.begin(), g.end(), [](double x) { return x == 42.0; }));
+    REQUIRE(std::all_of(ge.begin(), ge.end(), [](double x) { return x == 43.0; }));
+  };
+  const auto padded = [](std::vector<double>& v, std::ptrdiff_t rs, std::ptrdiff_t cs) {
+    return ulorl::token_view<double>::padded(ulorl::matrix_view<double>(v.data(), 3, 4, rs, cs));
+  };
+  // Column stride 0: every token of a row is one element.
+  try {
+    (void)ulorl::policy_loss(in, c.cfg, padded(g, 4, 0), mview(ge, B, Tn));
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "policy_loss");
+    CHECK(e.argument() == "grad_log_prob");
+    CHECK(std::string(e.what()).find("overlap") != std::string::npos);
+  }
+  untouched();
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, padded(g, 0, 1), mview(ge, B, Tn)),
+                    Catch::Contains("'grad_log_prob'"));  // every row is row 0
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, padded(g, 2, 1), mview(ge, B, Tn)),
+                    Catch::Contains("'grad_log_prob'"));  // rows overlap
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), padded(ge, 4, 0)), Catch::Contains("'grad_entropy'"));
+  // Both outputs on the same buffer.
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(g, B, Tn)),
+                    Catch::Contains("'grad_entropy'") && Catch::Contains("'grad_log_prob'"));
+  // Packed with stride 0.
+  const std::vector<std::int64_t> off{0, 4, 8, 12};
+  const auto pk = [&](const std::vector<double>& v) {
+    return ulorl::packed(ulorl::vector_view<const double>(v.data(), 12), std::span<const std::int64_t>(off));
+  };
+  ulorl::policy_loss_inputs<double, double> inp{pk(p.lp), pk(p.old), pk(p.adv), pk(p.mask), pk(p.ref), {}, pk(p.ent)};
+  const auto gp = ulorl::packed(ulorl::vector_view<double>(ge.data(), 12), std::span<const std::int64_t>(off));
+  CHECK_THROWS_WITH(ulorl::policy_loss(inp, c.cfg, ulorl::packed(ulorl::vector_view<double>(g.data(), 12, 0),
+                                                                 std::span<const std::int64_t>(off)),
+                                       gp),
+                    Catch::Contains("'grad_log_prob'"));
+  untouched();
+  // Column-major (transposed) outputs address distinct tokens and are fine.
+  (void)ulorl::policy_loss(in, c.cfg, padded(g, 1, 3), padded(ge, 1, 3));
+  CHECK(std::any_of(g.begin(), g.end(), [](double x) { return x != 42.0; }));
+}

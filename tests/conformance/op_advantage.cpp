@@ -40,7 +40,7 @@ json advantage(const std::string& preset, const json& params, const json& in) {
     return ulorl::group_layout::from_ids(std::span<const std::int64_t>(b.index), "advantage", "index");
   };
   const auto fixed = [&](const char* name) {
-    return ulorl::group_layout::fixed(scores.size(), static_cast<std::size_t>(param_int(params, name, 0)), "advantage", name);
+    return ulorl::group_layout::fixed(scores.size(), static_cast<std::size_t>(param_int(params, name, 0, 0)), "advantage", name);
   };
   const auto run = [&](const ulorl::group_layout& g, const ulorl::advantage_preset& p) {
     ulorl::group_advantages(std::span<const double>(scores), g, std::span<double>(adv), p.group);

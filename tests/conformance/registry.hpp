@@ -46,11 +46,15 @@ struct matrix {
 };
 matrix to_matrix(const json& v, const char* name);
 std::vector<double> to_vector(const json& v, const char* name);
+//! Integers (JSON integers or integral numbers) in the range of int64; otherwise reject names the index.
 std::vector<std::int64_t> to_ints(const json& v, const char* name);
 
 //! Parameter lookup: `null` or absent gives the fallback.
 double param_double(const json& params, const char* name, double fallback);
-std::int64_t param_int(const json& params, const char* name, std::int64_t fallback);
+//! An integral parameter in [lo, hi] (a JSON integer or an integral number); otherwise reject names it.
+std::int64_t param_int(const json& params, const char* name, std::int64_t fallback,
+                       std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
+                       std::int64_t hi = std::numeric_limits<std::int64_t>::max());
 bool param_bool(const json& params, const char* name, bool fallback);
 std::string param_string(const json& params, const char* name, const std::string& fallback);
 bool has_param(const json& params, const char* name);

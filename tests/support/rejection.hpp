@@ -18,6 +18,17 @@
 #include "catch.hpp"
 
 namespace {
+//! The argument named by the ulorl::error that `f()` throws, or "<no error>" when it returns.
+template <class F>
+std::string arg_of(F&& f) {
+  try {
+    f();
+  } catch (const ulorl::error& e) {
+    return e.argument();
+  }
+  return "<no error>";
+}
+
 //! A batch layout of the tests: padded [B, T] when `offsets` is empty, else packed by `offsets`.
 struct shape {
   std::size_t B = 0, T = 0;

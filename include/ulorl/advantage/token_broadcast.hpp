@@ -29,6 +29,8 @@ template <class T, class M, class U>
 void broadcast_to_tokens(std::span<const T> advantages, token_view<const M> mask, token_view<U> out,
                          const broadcast_config& cfg = {}) {
   constexpr std::string_view fn = "broadcast_to_tokens";
+  require_known(fn, "config.placement", cfg.placement, token_placement::masked, token_placement::through_last,
+                token_placement::every_position);
   validate_layout(fn, "mask", mask);
   require_same_shape(fn, "out", out, "mask", mask);
   require_same_size(fn, "advantages", advantages.size(), "mask rows", mask.rows());

@@ -107,6 +107,15 @@ void require_non_negative(std::string_view function, std::string_view argument, 
   if (!(value >= V(0)) || !std::isfinite(static_cast<double>(value)))
     detail::fail_value(function, argument, value, "must be finite and >= 0");
 }
+//! An enum argument must hold one of its named values: a value cast from a wrong integer or read
+//! from a corrupted config is rejected here, at validation, instead of falling into some branch.
+template <class E, class... Known>
+void require_known(std::string_view function, std::string_view argument, E value, Known... known) {
+  static_assert(std::is_enum_v<E> && (std::is_same_v<E, Known> && ...));
+  if (((value != known) && ...))
+    detail::fail_value(function, argument, static_cast<long long>(static_cast<std::underlying_type_t<E>>(value)),
+                       "unknown enum value");
+}
 inline void require_same_size(std::string_view function, std::string_view argument, std::size_t actual,
                               std::string_view reference, std::size_t expected) {
   if (actual != expected) {

@@ -1,7 +1,8 @@
 // ulorl/core/numerics.hpp — scalar and reduction numerics shared by every layer:
 //   clamp with torch's gradient convention, exp of a clamped log-ratio, a numerically stable
 //   log-sum-exp step (online softmax), and robust mean/variance (two passes in double, never
-//   E[x^2] - E[x]^2, which loses every digit for rewards such as 1e6 + {0, 1e-3}).
+//   E[x^2] - E[x]^2, which loses every digit for rewards such as 1e6 + {0, 1e-3}; scaled by a
+//   power of two so that no finite input overflows or underflows them).
 #pragma once
 
 #include <cmath>
@@ -40,37 +41,77 @@ struct lse_accumulator {
   [[nodiscard]] ULORL_HD T value() const noexcept { return max + std::log(sum); }
 };
 
-//! Mean and sum of squared deviations (M2) of a sequence, computed in two passes in double.
+//! Mean and sum of squared deviations (M2) of a sequence, in double, with every step scaled by a
+//! power of two 2^exponent >= max |x| so that nothing overflows or underflows for any finite
+//! values: the deviations (x - mean) / 2^exponent lie in [-2, 2] and their squares cannot
+//! overflow, even where M2 itself (e.g. {1e200, 0}: 5e399) or the std ({max, -max}: sqrt(2) max)
+//! exceeds the double range. Scaling by a power of two is exact, so within the range the results
+//! are the bits of the unscaled two-pass formula.
 struct moments {
   std::size_t count = 0;
-  double mean = 0.0;
-  double m2 = 0.0;  //!< Σ (x - mean)^2
-  //! Unbiased (n-1) or biased (n) variance; 0 for fewer than 2 (unbiased) or 1 (biased) values.
-  [[nodiscard]] double variance(bool unbiased) const noexcept {
-    if (unbiased) return count >= 2 ? m2 / static_cast<double>(count - 1) : 0.0;
-    return count >= 1 ? m2 / static_cast<double>(count) : 0.0;
+  double mean = 0.0;         //!< between the smallest and the largest value: never overflows
+  double m2 = 0.0;           //!< Σ (x - mean)^2; +inf where it exceeds the double range
+  int exponent = 0;          //!< the scale 2^exponent of the members below
+  double scaled_mean = 0.0;  //!< mean / 2^exponent
+  double scaled_m2 = 0.0;    //!< Σ ((x - mean) / 2^exponent)^2, always finite (<= 4 count)
+
+  //! (x - mean) / 2^exponent without forming x - mean, which can overflow ({max, -max, -max}).
+  [[nodiscard]] double scaled_deviation(double x) const noexcept { return std::ldexp(x, -exponent) - scaled_mean; }
+  //! Variance / 2^(2 exponent): unbiased (n-1) or biased (n); 0 for fewer than 2 (unbiased) or 1 (biased) values.
+  [[nodiscard]] double scaled_variance(bool unbiased) const noexcept {
+    if (unbiased) return count >= 2 ? scaled_m2 / static_cast<double>(count - 1) : 0.0;
+    return count >= 1 ? scaled_m2 / static_cast<double>(count) : 0.0;
   }
-  [[nodiscard]] double stddev(bool unbiased) const noexcept { return std::sqrt(variance(unbiased)); }
+  //! Standard deviation / 2^exponent, always finite.
+  [[nodiscard]] double scaled_stddev(bool unbiased) const noexcept { return std::sqrt(scaled_variance(unbiased)); }
+  //! Unbiased or biased variance; +inf where it exceeds the double range.
+  [[nodiscard]] double variance(bool unbiased) const noexcept {
+    return std::ldexp(scaled_variance(unbiased), 2 * exponent);
+  }
+  //! Standard deviation; +inf only where it exceeds the double range (above max / sqrt(2) or so).
+  [[nodiscard]] double stddev(bool unbiased) const noexcept { return std::ldexp(scaled_stddev(unbiased), exponent); }
 };
 
-//! Two-pass moments of value(i) for i in [0, n). `value` is any callable i -> arithmetic.
+//! Moments of value(i) for i in [0, n) (`value` is any callable i -> arithmetic, called three times
+//! per index): the largest magnitude (for the scale), the scaled mean, then the scaled deviations
+//! with the compensation term Σ (x - mean), which is ~0 but absorbs the rounding of the mean.
+//! Finite values give finite `mean`, `scaled_m2` and `scaled_stddev`; a non-finite value gives NaN.
 template <class F>
 [[nodiscard]] moments two_pass_moments(std::size_t n, F&& value) {
   moments m;
   m.count = n;
   if (n == 0) return m;
-  double s = 0.0;
-  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(value(i));
-  m.mean = s / static_cast<double>(n);
-  // Second pass plus the compensation term Σ(x - mean), which is ~0 but absorbs the rounding of mean.
+  double biggest = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double a = std::fabs(static_cast<double>(value(i)));
+    biggest = (a > biggest || a != a) ? a : biggest;  // NaN sticks
+  }
+  if (!std::isfinite(biggest)) {
+    m.mean = m.m2 = m.scaled_mean = m.scaled_m2 = std::numeric_limits<double>::quiet_NaN();
+    return m;
+  }
+  // 2^exponent > biggest: the scaled values are below 1 in magnitude, their sum below n.
+  m.exponent = biggest > 0.0 ? std::ilogb(biggest) + 1 : 0;
+  const auto scaled = [&](std::size_t i) { return std::ldexp(static_cast<double>(value(i)), -m.exponent); };
+  double s = 0.0, lo = scaled(0), hi = lo;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double y = scaled(i);
+    s += y;
+    lo = y < lo ? y : lo;
+    hi = y > hi ? y : hi;
+  }
+  // The mean lies between the extremes; rounding of the sum must not push it outside (nor past max).
+  m.scaled_mean = clamp(s / static_cast<double>(n), lo, hi);
+  m.mean = std::ldexp(m.scaled_mean, m.exponent);
   double m2 = 0.0, c = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(value(i)) - m.mean;
+    const double d = scaled(i) - m.scaled_mean;
     m2 += d * d;
     c += d;
   }
-  m.m2 = m2 - c * c / static_cast<double>(n);
-  if (m.m2 < 0.0) m.m2 = 0.0;
+  m.scaled_m2 = m2 - c * c / static_cast<double>(n);
+  if (m.scaled_m2 < 0.0) m.scaled_m2 = 0.0;
+  m.m2 = std::ldexp(m.scaled_m2, 2 * m.exponent);
   return m;
 }
 

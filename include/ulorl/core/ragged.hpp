@@ -83,7 +83,10 @@ class token_view {
   [[nodiscard]] constexpr std::size_t flat_index(std::size_t b, std::size_t t) const noexcept {
     return row_begin(b) + t;
   }
+  //! Row b. An empty view (an absent optional input: null data) gives null rows of the layout's
+  //! sizes, without offsetting the null pointer.
   [[nodiscard]] constexpr vector_view<T> row(std::size_t b) const noexcept {
+    if (data_ == nullptr) return {nullptr, kind_ == layout::padded || !has_offsets() ? cols_ : row_size(b), stride_};
     if (kind_ == layout::padded)
       return {data_ + static_cast<std::ptrdiff_t>(b) * row_stride_, cols_, stride_};
     return {data_ + static_cast<std::ptrdiff_t>(row_begin(b)) * stride_, row_size(b), stride_};

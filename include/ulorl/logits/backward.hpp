@@ -101,22 +101,6 @@ void check_stat(const char* fn, const char* arg, vector_view<const S> v, std::si
                       "must be finite (row " + std::to_string(r) + ")");
 }
 
-inline std::size_t abs_stride(std::ptrdiff_t s) noexcept { return static_cast<std::size_t>(s < 0 ? -s : s); }
-
-//! Distinct (row, column) pairs must address distinct elements of the output.
-template <class G>
-void check_no_overlap(const char* fn, const char* arg, matrix_view<G> g) {
-  const std::size_t rows = g.rows(), cols = g.cols();
-  if (rows * cols <= 1) return;
-  const std::size_t rs = abs_stride(g.row_stride()), cs = abs_stride(g.col_stride());
-  const bool row_major = (cols == 1 || cs >= 1) && (rows == 1 || rs >= cols * cs);
-  const bool col_major = (rows == 1 || rs >= 1) && (cols == 1 || cs >= rows * rs);
-  if (!row_major && !col_major)
-    detail::fail(fn, arg,
-                 "strides (" + std::to_string(g.row_stride()) + ", " + std::to_string(g.col_stride()) +
-                     ") make distinct elements overlap: an output needs non-overlapping rows");
-}
-
 }  // namespace ULORL_LOGITS_ISA
 }  // namespace detail::logits
 
@@ -136,7 +120,7 @@ void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vec
   static_assert(std::is_floating_point_v<S> && std::is_floating_point_v<D>, "statistics are float or double");
   static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double or ulorl::bf16");
   constexpr const char* fn = "logits_backward";
-  detail::logits::check_common(fn, logits, labels, cfg);
+  detail::logits::check_common<S>(fn, logits, labels, cfg);
   const std::size_t n = logits.rows();
   const bool with_entropy = grad_entropy.size() != 0;
   detail::logits::check_stat(fn, "lse", lse, n);
@@ -150,7 +134,7 @@ void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vec
                  "has shape [" + std::to_string(grad_logits.rows()) + ", " + std::to_string(grad_logits.cols()) +
                      "] but 'logits' has [" + std::to_string(logits.rows()) + ", " + std::to_string(logits.cols()) + "]");
   detail::logits::check_pointer(fn, "grad_logits", grad_logits.data(), grad_logits.size());
-  detail::logits::check_no_overlap(fn, "grad_logits", grad_logits);
+  require_distinct_elements(fn, "grad_logits", grad_logits);
   const double tau = cfg.temperature;
   exec(n, [&](std::size_t begin, std::size_t end) {
     for (std::size_t r = begin; r < end; ++r) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -33,8 +34,12 @@ ULORL_NAMESPACE_BEGIN
 
 //! Options shared by logits_forward and logits_backward.
 struct logits_config {
-  double temperature = 1.0;   //!< z = logits / temperature; must be finite and > 0
-  bool check_logits = false;  //!< reject NaN / +inf logits and all -inf rows (one extra read)
+  //! z = logits / temperature; finite, > 0, with 1 / temperature finite in the arithmetic type
+  //! (float for float and bf16 logits, double for double)
+  double temperature = 1.0;
+  //! reject NaN / +inf logits, all -inf rows and rows whose scaled logits max |x| / temperature
+  //! exceed half the range of the statistics' type (one extra read)
+  bool check_logits = false;
   //! Backward only: form log p in float as torch does (p off by |log p| * 6e-8 relative, e.g. 1e-6
   //! at p = 1e-7) instead of double; about half the arithmetic, for when that bounds the speed.
   bool fast_backward = false;
@@ -153,21 +158,65 @@ token_stats<double> row_forward(vector_view<const L> row, std::size_t label, dou
   return finalize(st, static_cast<double>(widen(row[label])), inv_tau);
 }
 
-template <class L>
-void check_logits(const char* fn, matrix_view<const L> logits) {
+template <class C>
+constexpr const char* type_name() noexcept {
+  return std::is_same_v<C, float> ? "float" : "double";
+}
+
+//! The temperature rule of every entry point that takes one (logits_forward, logits_backward,
+//! policy_loss_from_logits, the linear head): finite, > 0, and with a reciprocal that is finite in
+//! the kernel's arithmetic type C (float for float and bf16 logits: temperature >= ~2.9e-39; double:
+//! temperature >= ~5.6e-309). A subnormal temperature such as 1e-320 has 1 / t = inf, which makes
+//! every scaled logit +-inf or NaN.
+template <class C>
+void check_temperature(const char* fn, double temperature) {
+  require_positive(fn, "temperature", temperature);
+  if (!(1.0 / temperature <= static_cast<double>(std::numeric_limits<C>::max())))
+    detail::fail_value(fn, "temperature", temperature,
+                       std::string("its reciprocal 1 / temperature overflows ") + type_name<C>() +
+                           " (the arithmetic type of these logits): every scaled logit would be +-inf or NaN");
+}
+
+//! With value checking on, the scaled logits of a row must stay within half the range of R (the
+//! narrower of the arithmetic and the statistics type): max_j |x_j| / temperature <= max(R) / 2
+//! over the finite x_j. Then every scaled logit z_j, every difference z_j - z_k (the log-probs and
+//! the exponents of the softmax) and lse = max z + log sum e^(z - max z) <= max z + log V are
+//! finite, so no statistic can be a silent inf or NaN.
+template <class R>
+void check_scaled_row(const char* fn, std::size_t row, std::size_t cols, std::size_t col, double x, double inv_tau,
+                      double temperature) {
+  const double limit = static_cast<double>(std::numeric_limits<R>::max()) / 2;
+  if (std::fabs(x) * inv_tau <= limit) return;
+  std::ostringstream os;
+  os.precision(17);
+  os << "row " << row << ": |logit| / temperature (temperature = " << temperature << ") exceeds half the range of "
+     << type_name<R>() << " (" << limit << "), so its log-sum-exp or log-probs would overflow to inf";
+  detail::fail_at(fn, "logits", static_cast<std::int64_t>(row * cols + col), x, os.str());
+}
+
+//! NaN / +inf logits and all -inf rows; the scaled row range of check_scaled_row.
+template <class R, class L>
+void check_logits(const char* fn, matrix_view<const L> logits, double temperature) {
+  const double inv_tau = 1.0 / temperature;
   for (std::size_t r = 0; r < logits.rows(); ++r) {
     bool any_finite = false;
+    double biggest = 0;
+    std::size_t at = 0;
     for (std::size_t c = 0; c < logits.cols(); ++c) {
       const double x = static_cast<double>(widen(logits(r, c)));
       if (std::isnan(x) || x == std::numeric_limits<double>::infinity())
         detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols() + c), x,
                         "must not be NaN or +inf (row " + std::to_string(r) + ", column " + std::to_string(c) +
                             "; -inf marks a masked vocabulary entry)");
-      any_finite = any_finite || std::isfinite(x);
+      if (std::isfinite(x)) {
+        any_finite = true;
+        if (std::fabs(x) > biggest) biggest = std::fabs(x), at = c;
+      }
     }
     if (!any_finite)
       detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols()), -std::numeric_limits<double>::infinity(),
                       "row " + std::to_string(r) + " has no finite logit (every entry is -inf)");
+    check_scaled_row<R>(fn, r, logits.cols(), at, static_cast<double>(widen(logits(r, at))), inv_tau, temperature);
   }
 }
 
@@ -179,12 +228,18 @@ void check_pointer(const char* fn, const char* arg, const T* p, std::size_t n) {
     detail::fail(fn, arg, "data pointer is not aligned to its element type (" + std::to_string(alignof(T)) + " bytes)");
 }
 
+//! The narrower of the arithmetic type of logits L and the statistics type S.
+template <class L, class S>
+using range_t = std::conditional_t<(sizeof(compute_t<L>) < sizeof(S)), compute_t<L>, S>;
+
 //! Shape, pointers, labels and temperature: everything O(N) is checked before any output is written.
-template <class L, class I>
+//! S is the statistics type (outputs of the forward, saved inputs of the backward).
+template <class S, class L, class I>
 void check_common(const char* fn, matrix_view<const L> logits, std::span<const I> labels, const logits_config& cfg) {
   static_assert(is_storage_v<L>, "logits must be float, double or ulorl::bf16");
   static_assert(std::is_integral_v<I>, "labels must be integers");
-  require_positive(fn, "temperature", cfg.temperature);
+  static_assert(std::is_floating_point_v<S>, "statistics are float or double");
+  check_temperature<compute_t<L>>(fn, cfg.temperature);
   if (logits.rows() > 0 && logits.cols() == 0) detail::fail(fn, "logits", "has V = 0 columns: no vocabulary");
   check_pointer(fn, "logits", logits.data(), logits.size());
   require_same_size(fn, "labels", labels.size(), "logits rows", logits.rows());
@@ -195,7 +250,7 @@ void check_common(const char* fn, matrix_view<const L> logits, std::span<const I
       detail::fail_at(fn, "labels", static_cast<std::int64_t>(r), static_cast<std::int64_t>(y),
                       "must be in [0, V) with V = " + std::to_string(v) + " (row " + std::to_string(r) + ")");
   }
-  if (cfg.check_logits) check_logits(fn, logits);
+  if (cfg.check_logits) check_logits<range_t<L, S>>(fn, logits, cfg.temperature);
 }
 
 template <class S>
@@ -203,6 +258,7 @@ void check_output(const char* fn, const char* arg, vector_view<S> out, std::size
   if (optional && out.size() == 0) return;
   require_same_size(fn, arg, out.size(), "logits rows", rows);
   check_pointer(fn, arg, out.data(), out.size());
+  require_distinct_elements(fn, arg, out);
 }
 
 }  // namespace ULORL_LOGITS_ISA
@@ -221,11 +277,14 @@ void logits_forward(matrix_view<const L> logits, std::span<const I> labels, vect
                     vector_view<S> entropy, vector_view<S> lse, const logits_config& cfg = {}, Exec&& exec = {}) {
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
   constexpr const char* fn = "logits_forward";
-  detail::logits::check_common(fn, logits, labels, cfg);
+  detail::logits::check_common<S>(fn, logits, labels, cfg);
   const std::size_t n = logits.rows();
   detail::logits::check_output(fn, "logprob", logprob, n, false);
   detail::logits::check_output(fn, "entropy", entropy, n, true);
   detail::logits::check_output(fn, "lse", lse, n, true);
+  require_disjoint(fn, "entropy", entropy, "logprob", logprob);
+  require_disjoint(fn, "lse", lse, "logprob", logprob);
+  require_disjoint(fn, "lse", lse, "entropy", entropy);
   const double inv_tau = 1.0 / cfg.temperature;
   exec(n, [&](std::size_t begin, std::size_t end) {
     for (std::size_t r = begin; r < end; ++r) {

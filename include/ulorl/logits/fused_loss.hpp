@@ -70,6 +70,12 @@ std::size_t check_loss_buffers(const char* fn, const char* source, const policy_
     require_same_shape(fn, "buf.grad_entropy", buf.grad_entropy, "old_log_prob", ref);
   }
   require_same_size(fn, "buf.lse", buf.lse.size(), "tokens", ref.size());
+  detail::require_distinct_tokens(fn, "buf.log_prob", buf.log_prob);
+  require_distinct_elements(fn, "buf.lse", buf.lse);
+  if (cfg.entropy_coef != 0.0) {
+    detail::require_distinct_tokens(fn, "buf.entropy", buf.entropy);
+    detail::require_disjoint_tokens(fn, "buf.entropy", buf.entropy, "buf.log_prob", buf.log_prob);
+  }
   return ref.size();
 }
 
@@ -111,7 +117,8 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
   const bool with_entropy = cfg.entropy_coef != 0.0;
   if (grad_logits.rows() != logits.rows() || grad_logits.cols() != logits.cols())
     detail::fail(fn, "grad_logits", "must have the shape of 'logits'");
-  detail::logits::check_common(fn, logits, labels, lcfg);
+  require_distinct_elements(fn, "grad_logits", grad_logits);
+  detail::logits::check_common<T>(fn, logits, labels, lcfg);
 
   // 1. Per-token statistics, response by response (rows of the token layout may be strided).
   for (std::size_t b = 0; b < ref.rows(); ++b) {

@@ -91,6 +91,8 @@ inline void validate_normalizer(std::string_view fn, const agg_normalizer& n) {
     detail::fail_value(fn, "normalizer.denominator", n.denominator,
                        "must be finite and > 0 (a normaliser of zero tokens or sequences)");
   require_finite(fn, "normalizer.scale", n.scale);
+  if (!std::isfinite(n.scale / n.denominator))
+    detail::fail_value(fn, "normalizer.scale", n.scale, "scale / denominator overflows the double range");
 }
 
 //! Weight of every valid token of a row with n_b valid tokens: d loss / d L[b,t].

@@ -37,6 +37,7 @@ struct kl_config {
 };
 
 inline void validate_kl(std::string_view fn, const kl_config& c) {
+  require_known(fn, "estimator", c.estimator, kl_estimator::k1, kl_estimator::abs, kl_estimator::k2, kl_estimator::k3);
   if (!(c.input_clamp > 0.0)) detail::fail_value(fn, "input_clamp", c.input_clamp, "must be > 0 (infinity: none)");
   if (!(c.output_clamp > 0.0)) detail::fail_value(fn, "output_clamp", c.output_clamp, "must be > 0 (infinity: none)");
 }

@@ -56,6 +56,9 @@ struct objective_config {
 
 //! Throws ulorl::error for an invalid objective configuration.
 inline void validate_objective(std::string_view fn, const objective_config& c) {
+  require_known(fn, "kind", c.kind, objective_kind::ppo_clip, objective_kind::gspo, objective_kind::cispo,
+                objective_kind::gmpo, objective_kind::sapo, objective_kind::policy_gradient);
+  require_known(fn, "seq_gradient", c.seq_gradient, sequence_gradient::own_token, sequence_gradient::through_mean);
   if (!(c.eps_low >= 0.0 && c.eps_low < 1.0)) detail::fail_value(fn, "eps_low", c.eps_low, "must be in [0, 1)");
   require_non_negative(fn, "eps_high", c.eps_high);
   if (!(c.dual_clip == 0.0 || (c.dual_clip > 1.0 && std::isfinite(c.dual_clip))))

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -252,8 +253,9 @@ ULORL_ALWAYS_INLINE void fold_token(row_sums& s, bool valid, const token_loss<T>
 
 inline void fold_row(policy_loss_result& res, const row_sums& s, double w, double kl_coef, double ent_coef, double n) {
   res.pg_loss += w * s.pg;
-  res.kl_loss += w * kl_coef * s.kl;
-  res.entropy_loss += -w * ent_coef * s.ent;
+  // A row without valid tokens adds exactly 0, also when w * coef overflows (inf * 0 would be NaN).
+  res.kl_loss += s.kl == 0.0 ? 0.0 : w * kl_coef * s.kl;
+  res.entropy_loss += s.ent == 0.0 ? 0.0 : -w * ent_coef * s.ent;
   auto& m = res.metrics;
   m.rows += 1;
   m.tokens += n;
@@ -573,7 +575,9 @@ struct row_kernel {
       flush();
     }
     if (t < n) {
-      partial(n - t, lp + t, old + t, adv + t, mask + t, ref + t, wts + t, ent + t, grad + t, w, p, a);
+      // Absent optional arrays are null: no arithmetic on them (UB), as in the vector loop.
+      partial(n - t, lp + t, old + t, adv + t, mask + t, HasKL ? ref + t : nullptr, HasW ? wts + t : nullptr,
+              HasEnt ? ent + t : nullptr, grad + t, w, p, a);
       flush();
     }
     std::size_t count = 0;
@@ -937,6 +941,34 @@ template <class T, class M, class Exec>
 }  // namespace detail
 #endif
 
+namespace detail {
+//! Distinct tokens of an output token view address distinct elements (core/views.hpp's check on the
+//! view's [B, T] strides, or on the packed array's stride). O(1).
+template <class T>
+void require_distinct_tokens(std::string_view fn, std::string_view arg, const token_view<T>& v) {
+  if (v.rows() == 0) return;
+  const vector_view<T> first = v.row(0);
+  if (v.kind() == layout::packed) {
+    require_distinct_elements(fn, arg, vector_view<T>(v.data(), v.size(), first.stride()));
+    return;
+  }
+  const std::ptrdiff_t row_stride = v.rows() > 1 ? v.row(1).data() - first.data() : 0;
+  require_distinct_elements(fn, arg, matrix_view<T>(v.data(), v.rows(), v.cols(), row_stride, first.stride()));
+}
+//! Two output token views of one shape must not start on the same element (O(1): catches one
+//! buffer passed for both; the packed layout's equal-stride overlaps are exact).
+template <class T>
+void require_disjoint_tokens(std::string_view fn, std::string_view arg, const token_view<T>& a, std::string_view other,
+                             const token_view<T>& b) {
+  if (a.size() == 0 || b.size() == 0) return;
+  if (a.kind() == layout::packed && b.kind() == layout::packed)
+    require_disjoint(fn, arg, vector_view<T>(a.data(), a.size(), a.row(0).stride()), other,
+                     vector_view<T>(b.data(), b.size(), b.row(0).stride()));
+  else if (a.data() == b.data())
+    detail::fail(fn, arg, "shares elements with the output '" + std::string(other) + "': outputs must not overlap");
+}
+}  // namespace detail
+
 inline namespace ULORL_LOSS_ISA {
 
 //! Validates the inputs and the configuration (throws ulorl::error naming argument and index).
@@ -946,6 +978,7 @@ template <class T, class M, class Exec = sequential_executor>
 void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
                           token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec = Exec{}) {
   validate_layout(fn, "log_prob", in.log_prob);
+  if (in.log_prob.rows() == 0) detail::fail(fn, "log_prob", "empty batch (B = 0): at least one response is required");
   require_same_shape(fn, "old_log_prob", in.old_log_prob, "log_prob", in.log_prob);
   require_same_shape(fn, "advantages", in.advantages, "log_prob", in.log_prob);
   require_same_shape(fn, "mask", in.mask, "log_prob", in.log_prob);
@@ -960,6 +993,11 @@ void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& i
     require_same_shape(fn, "entropy", in.entropy, "log_prob", in.log_prob);
     if (grad_entropy.empty() && !in.log_prob.empty()) detail::fail(fn, "grad_entropy", "required when entropy_coef != 0");
     require_same_shape(fn, "grad_entropy", grad_entropy, "log_prob", in.log_prob);
+  }
+  detail::require_distinct_tokens(fn, "grad_log_prob", grad_log_prob);
+  if (cfg.entropy_coef != 0.0) {
+    detail::require_distinct_tokens(fn, "grad_entropy", grad_entropy);
+    detail::require_disjoint_tokens(fn, "grad_entropy", grad_entropy, "grad_log_prob", grad_log_prob);
   }
   validate_objective(fn, cfg.objective);
   validate_kl(fn, cfg.kl);
@@ -987,7 +1025,9 @@ void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& i
 //! masked tokens) and, with an entropy term, d loss / d H into `grad_entropy`. Nothing is written
 //! when validation fails (`cfg.check_values = false` skips the value scans: see
 //! policy_loss_config). Summing the results of micro-batches that share `cfg.normalizer` gives
-//! the full batch's loss, gradient and (via loss_metrics::merge) metrics.
+//! the full batch's loss, gradient and (via loss_metrics::merge) metrics. An empty micro-batch
+//! (B = 0) is rejected, as every batch API of ulorl does (rows without valid tokens are fine); so
+//! are gradient outputs whose strides make distinct tokens share an element, or that share one.
 //!
 //! `exec` runs the rows (ulorl/core/parallel.hpp: `thread_executor{k}`, or any pool wrapped as an
 //! executor); the rows' sums are folded in row order afterwards, so the loss, the gradients and the
