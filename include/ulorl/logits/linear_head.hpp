@@ -19,7 +19,9 @@
 // bitwise identical for any chunk_rows and any thread count.
 // The GEMMs are plain header code: register-tiled micro-kernels over GCC/Clang vector extensions at
 // the width of simd.hpp (float; double and other compilers use scalar loops), cache-blocked, and a
-// simple loop nest for operands whose inner stride is not 1.
+// simple loop nest for operands whose inner stride is not 1. A caller with a BLAS passes it as the
+// `gemm` functor (see builtin_gemm): the three GEMMs per chunk then go to it, and the summation
+// order (so the bitwise independence of chunk size and thread count) is whatever that BLAS does.
 #pragma once
 
 #include <algorithm>
@@ -83,6 +85,16 @@ struct linear_head_grads {
   matrix_view<T> weight{};
   vector_view<T> bias{};
 };
+
+//! The default `gemm` of the linear-head functions: ulorl's own kernels above, on the executor.
+//! Any other functor is called as
+//!   gemm(matrix_view<const T> a, matrix_view<const T> b, matrix_view<T> c, bool accumulate)
+//! and must compute c = a b (accumulate: c += a b) for a [m, k], b [k, n], c [m, n] with any
+//! strides (transposed operands arrive as views with swapped strides; c never aliases a or b).
+//! Per chunk of C rows it is called three times: Z = hidden[c] weight^T (into the workspace),
+//! grad_hidden[c] += dZ weight, grad_weight += dZ^T hidden[c]; the bias and its gradient stay on
+//! the executor. The functor does its own threading (a BLAS's pool).
+struct builtin_gemm {};
 
 namespace detail::head {
 // Workspace layout constants (ISA-independent: the size query must agree across builds).
@@ -282,7 +294,7 @@ template <class T, class I>
 void check_inputs(const char* fn, const linear_head_inputs<T>& in, std::span<const I> labels, double temperature) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "hidden and weight are float or double");
   static_assert(std::is_integral_v<I>, "labels must be integers");
-  require_positive(fn, "temperature", temperature);
+  logits::check_temperature<T>(fn, temperature);
   const std::size_t n = in.hidden.rows(), h = in.hidden.cols(), v = in.weight.rows();
   if (v == 0) detail::fail(fn, "weight", "has V = 0 rows: no vocabulary");
   if (h == 0) detail::fail(fn, "hidden", "has H = 0 columns");
@@ -305,10 +317,11 @@ void check_inputs(const char* fn, const linear_head_inputs<T>& in, std::span<con
   }
 }
 
-//! Non-finite values, and magnitudes whose products could overflow T (H max|h| max|w| + max|b|):
-//! after this no logit, and so no statistic, can be non-finite.
+//! Non-finite values, magnitudes whose products could overflow T (H max|h| max|w| + max|b|), and
+//! that bound over the temperature beyond half the range of T (logits_forward's check_logits rule):
+//! after this no logit, no scaled logit, and so no statistic can be non-finite.
 template <class T>
-void check_values(const char* fn, const linear_head_inputs<T>& in) {
+void check_values(const char* fn, const linear_head_inputs<T>& in, double temperature) {
   require_finite_matrix(fn, "hidden", in.hidden);
   require_finite_matrix(fn, "weight", in.weight);
   double mb = 0;
@@ -327,6 +340,12 @@ void check_values(const char* fn, const linear_head_inputs<T>& in) {
                        "is the largest |hidden| and with the largest |weight| = " + std::to_string(mw) +
                            " a logit could overflow (H max|hidden| max|weight| + max|bias| must stay below "
                            "max/4 of the element type)");
+  // Below max/4, the bound itself is finite in double.
+  const double bound = static_cast<double>(in.hidden.cols()) * mh * mw + mb;
+  if (bound / temperature > static_cast<double>(std::numeric_limits<T>::max()) / 2)
+    detail::fail_value(fn, "temperature", temperature,
+                       "scales logits up to H max|hidden| max|weight| + max|bias| = " + std::to_string(bound) +
+                           " beyond half the range of the element type (the log-sum-exp would overflow)");
 }
 
 template <class T>
@@ -338,7 +357,7 @@ void check_grad_matrix(const char* fn, const char* arg, matrix_view<T> g, std::s
                  "has shape [" + std::to_string(g.rows()) + ", " + std::to_string(g.cols()) + "] but must be " +
                      shape + " = [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
   logits::check_pointer(fn, arg, g.data(), g.size());
-  logits::check_no_overlap(fn, arg, g);
+  require_distinct_elements(fn, arg, g);
 }
 
 template <class S>
@@ -414,11 +433,34 @@ scratch<T> make_scratch(const char* fn, std::size_t n, std::size_t v, const line
   return s;
 }
 
+template <class Gemm>
+inline constexpr bool is_builtin_gemm_v = std::is_same_v<std::remove_cvref_t<Gemm>, builtin_gemm>;
+
+//! Rows [r0, r0 + c) of a matrix view.
+template <class T>
+matrix_view<T> rows_of(matrix_view<T> m, std::size_t r0, std::size_t c) noexcept {
+  return {m.data() + sx(r0) * m.row_stride(), c, m.cols(), m.row_stride(), m.col_stride()};
+}
+//! The transpose of a matrix view (no copy: swapped strides).
+template <class T>
+matrix_view<T> transposed(matrix_view<T> m) noexcept {
+  return {m.data(), m.cols(), m.rows(), m.col_stride(), m.row_stride()};
+}
+
 //! Logits of rows [r0, r0 + c) into z [c, V] (row stride V): z = hidden . weight^T + bias.
-template <class T, class Exec>
-void chunk_logits(const linear_head_inputs<T>& in, std::size_t r0, std::size_t c, T* z, Exec& exec) {
+template <class T, class Exec, class Gemm = builtin_gemm>
+void chunk_logits(const linear_head_inputs<T>& in, std::size_t r0, std::size_t c, T* z, Exec& exec, Gemm&& gemm = {}) {
   const std::size_t v = in.weight.rows(), h = in.hidden.cols();
   const matrix_view<const T> hid = in.hidden, w = in.weight;
+  if constexpr (!is_builtin_gemm_v<Gemm>) {
+    gemm(rows_of(hid, r0, c), transposed(w), matrix_view<T>(z, c, v), false);
+    if (in.bias.size() != 0)
+      exec(c, [&](std::size_t i0, std::size_t i1) {
+        for (std::size_t i = i0; i < i1; ++i)
+          for (std::size_t j = 0; j < v; ++j) z[sx(i * v + j)] += in.bias[j];
+      });
+    return;
+  }
   const bool fast = (hid.col_stride() == 1 || h == 1) && (w.col_stride() == 1 || h == 1);
   const std::size_t nb = 64;  // vocabulary rows per task
   exec((v + nb - 1) / nb, [&](std::size_t b0, std::size_t b1) {
@@ -440,11 +482,15 @@ void chunk_logits(const linear_head_inputs<T>& in, std::size_t r0, std::size_t c
 }
 
 //! grad_hidden[r0 + i, :] += dz[i, :] . weight (every element summed over j = 0..V-1 in order).
-template <class T, class Exec>
+template <class T, class Exec, class Gemm = builtin_gemm>
 void chunk_grad_hidden(const linear_head_inputs<T>& in, std::size_t r0, std::size_t c, const T* dz,
-                       matrix_view<T> gh, Exec& exec) {
+                       matrix_view<T> gh, Exec& exec, Gemm&& gemm = {}) {
   const std::size_t v = in.weight.rows(), h = in.hidden.cols();
   const matrix_view<const T> w = in.weight;
+  if constexpr (!is_builtin_gemm_v<Gemm>) {
+    gemm(matrix_view<const T>(dz, c, v), w, rows_of(gh, r0, c), true);
+    return;
+  }
   const bool fast = (w.col_stride() == 1 || h == 1) && (gh.col_stride() == 1 || h == 1);
   const std::size_t hb = lanes<T>::width * static_cast<std::size_t>(nn_nv<T>);  // columns per task
   exec((h + hb - 1) / hb, [&](std::size_t b0, std::size_t b1) {
@@ -463,11 +509,20 @@ void chunk_grad_hidden(const linear_head_inputs<T>& in, std::size_t r0, std::siz
 }
 
 //! grad_weight[j, :] += sum_i dz[i, j] hidden[r0 + i, :] (i in order), grad_bias[j] += sum_i dz[i, j].
-template <class T, class Exec>
+template <class T, class Exec, class Gemm = builtin_gemm>
 void chunk_grad_weight(const linear_head_inputs<T>& in, std::size_t r0, std::size_t c, const T* dz,
-                       matrix_view<T> gw, vector_view<T> gb, Exec& exec) {
+                       matrix_view<T> gw, vector_view<T> gb, Exec& exec, Gemm&& gemm = {}) {
   const std::size_t v = in.weight.rows(), h = in.hidden.cols();
   const matrix_view<const T> hid = in.hidden;
+  if constexpr (!is_builtin_gemm_v<Gemm>) {
+    if (gw.data() != nullptr) gemm(transposed(matrix_view<const T>(dz, c, v)), rows_of(hid, r0, c), gw, true);
+    if (gb.size() != 0)
+      exec(v, [&](std::size_t j0, std::size_t j1) {
+        for (std::size_t i = 0; i < c; ++i)
+          for (std::size_t j = j0; j < j1; ++j) gb[j] += dz[sx(i * v + j)];
+      });
+    return;
+  }
   const bool fast = (hid.col_stride() == 1 || h == 1) && (gw.col_stride() == 1 || h == 1);
   const std::size_t nb = 64;  // vocabulary rows per task
   exec((v + nb - 1) / nb, [&](std::size_t b0, std::size_t b1) {
@@ -507,9 +562,10 @@ struct no_grad {};
 //! The chunk loop shared by every public function. `stats(first, count, logprob, entropy, lse)`
 //! sees each chunk's statistics; `grad_fn` (unless no_grad) maps them to the per-row gradients.
 //! Inputs are validated by the caller.
-template <class T, class I, class Stats, class GradFn, class Exec>
+template <class T, class I, class Stats, class GradFn, class Exec, class Gemm = builtin_gemm>
 void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> labels, Stats&& stats, GradFn& grad_fn,
-         const linear_head_grads<T>& g, const linear_head_config& cfg, std::span<std::byte> workspace, Exec& exec) {
+         const linear_head_grads<T>& g, const linear_head_config& cfg, std::span<std::byte> workspace, Exec& exec,
+         Gemm&& gemm = {}) {
   constexpr bool backward = !std::is_same_v<std::remove_cvref_t<GradFn>, no_grad>;
   const std::size_t n = in.hidden.rows(), v = in.weight.rows();
   scratch<T> s = make_scratch<T>(fn, n, v, cfg, workspace);
@@ -529,7 +585,7 @@ void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> lab
   double* const gent = s.stats + 4 * cmax;
   for (std::size_t r0 = 0; r0 < n; r0 += cmax) {
     const std::size_t c = std::min(cmax, n - r0);
-    chunk_logits(in, r0, c, s.logits, exec);
+    chunk_logits(in, r0, c, s.logits, exec, gemm);
     const matrix_view<T> z(s.logits, c, v);
     const auto y = labels.subspan(r0, c);
     logits_forward(matrix_view<const T>(z), y, vector_view<double>(lp, c), vector_view<double>(ent, c),
@@ -550,8 +606,9 @@ void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> lab
       }
       logits_backward(matrix_view<const T>(z), y, vector_view<const double>(lse, c), vector_view<const double>(ent, c),
                       vector_view<const double>(glp, c), vector_view<const double>(gent, c), z, lcfg, exec);
-      if (g.hidden.data() != nullptr) chunk_grad_hidden(in, r0, c, s.logits, g.hidden, exec);
-      if (g.weight.data() != nullptr || g.bias.size() != 0) chunk_grad_weight(in, r0, c, s.logits, g.weight, g.bias, exec);
+      if (g.hidden.data() != nullptr) chunk_grad_hidden(in, r0, c, s.logits, g.hidden, exec, gemm);
+      if (g.weight.data() != nullptr || g.bias.size() != 0)
+        chunk_grad_weight(in, r0, c, s.logits, g.weight, g.bias, exec, gemm);
     }
   }
 }
@@ -600,11 +657,12 @@ inline namespace ULORL_LOGITS_ISA {
 //! in chunks of C rows (O(C V) workspace). `labels` [N] in [0, V); outputs [N] (float or double),
 //! `entropy` and `lse` may be empty. `workspace`: linear_head_workspace_bytes<T>(N, V, cfg) bytes, or
 //! empty to allocate them for this call. `exec` splits the GEMM over vocabulary blocks and the
-//! statistics over rows (parallel.hpp). Throws ulorl::error before writing anything.
-template <class T, class I, class S, class Exec = sequential_executor>
+//! statistics over rows (parallel.hpp); `gemm` runs the GEMM (builtin_gemm: ulorl's own, on `exec`).
+//! Throws ulorl::error before writing anything.
+template <class T, class I, class S, class Exec = sequential_executor, class Gemm = builtin_gemm>
 void linear_head_forward(const linear_head_inputs<T>& in, std::span<const I> labels, vector_view<S> logprob,
                          vector_view<S> entropy, vector_view<S> lse, const linear_head_config& cfg = {},
-                         std::span<std::byte> workspace = {}, Exec&& exec = {}) {
+                         std::span<std::byte> workspace = {}, Exec&& exec = {}, Gemm&& gemm = {}) {
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
   constexpr const char* fn = "linear_head_forward";
   detail::head::check_inputs(fn, in, labels, cfg.temperature);
@@ -612,10 +670,10 @@ void linear_head_forward(const linear_head_inputs<T>& in, std::span<const I> lab
   detail::head::check_stat_output(fn, "logprob", logprob, n, false);
   detail::head::check_stat_output(fn, "entropy", entropy, n, true);
   detail::head::check_stat_output(fn, "lse", lse, n, true);
-  if (cfg.check_inputs) detail::head::check_values(fn, in);
+  if (cfg.check_inputs) detail::head::check_values(fn, in, cfg.temperature);
   detail::head::no_grad none;
   detail::head::run(fn, in, labels, detail::head::stats_sink<S>{logprob, entropy, lse}, none, linear_head_grads<T>{},
-                    cfg, workspace, exec);
+                    cfg, workspace, exec, gemm);
 }
 
 //! Forward and backward in one pass over the chunks, for a loss L(logprob, entropy) whose per-row
@@ -627,12 +685,13 @@ void linear_head_forward(const linear_head_inputs<T>& in, std::span<const I> lab
 //! empty) per cfg.grad_hidden / cfg.grad_weight (overwrite or accumulate). Validates everything,
 //! including that hidden, weight, bias are finite, before writing; a non-finite gradient returned by
 //! grad_fn throws ulorl::error naming its row after earlier chunks were written.
-template <class T, class I, class GradFn, class S = double, class Exec = sequential_executor>
+template <class T, class I, class GradFn, class S = double, class Exec = sequential_executor,
+          class Gemm = builtin_gemm>
 void linear_head_forward_backward(const linear_head_inputs<T>& in, std::span<const I> labels, GradFn&& grad_fn,
                                   const linear_head_grads<T>& grads, vector_view<S> logprob = {},
                                   vector_view<S> entropy = {}, vector_view<S> lse = {},
                                   const linear_head_config& cfg = {}, std::span<std::byte> workspace = {},
-                                  Exec&& exec = {}) {
+                                  Exec&& exec = {}, Gemm&& gemm = {}) {
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
   constexpr const char* fn = "linear_head_forward_backward";
   detail::head::check_inputs(fn, in, labels, cfg.temperature);
@@ -641,19 +700,19 @@ void linear_head_forward_backward(const linear_head_inputs<T>& in, std::span<con
   detail::head::check_stat_output(fn, "entropy", entropy, n, true);
   detail::head::check_stat_output(fn, "lse", lse, n, true);
   detail::head::check_grads(fn, in, grads);
-  detail::head::check_values(fn, in);
+  detail::head::check_values(fn, in, cfg.temperature);
   detail::head::run(fn, in, labels, detail::head::stats_sink<S>{logprob, entropy, lse}, grad_fn, grads, cfg, workspace,
-                    exec);
+                    exec, gemm);
 }
 
 //! Gradients of L = sum_i grad_logprob_i logprob_i + grad_entropy_i entropy_i with respect to
 //! hidden, weight and bias (the forward is recomputed chunk by chunk; nothing is saved between calls).
 //! `grad_logprob` [N]; `grad_entropy` [N] or empty (no entropy term). Throws before writing anything.
-template <class T, class I, class D, class Exec = sequential_executor>
+template <class T, class I, class D, class Exec = sequential_executor, class Gemm = builtin_gemm>
 void linear_head_backward(const linear_head_inputs<T>& in, std::span<const I> labels,
                           vector_view<const D> grad_logprob, vector_view<const D> grad_entropy,
                           const linear_head_grads<T>& grads, const linear_head_config& cfg = {},
-                          std::span<std::byte> workspace = {}, Exec&& exec = {}) {
+                          std::span<std::byte> workspace = {}, Exec&& exec = {}, Gemm&& gemm = {}) {
   static_assert(std::is_floating_point_v<D>, "gradients are float or double");
   constexpr const char* fn = "linear_head_backward";
   detail::head::check_inputs(fn, in, labels, cfg.temperature);
@@ -668,7 +727,7 @@ void linear_head_backward(const linear_head_inputs<T>& in, std::span<const I> la
   check("grad_logprob", grad_logprob);
   if (grad_entropy.size() != 0) check("grad_entropy", grad_entropy);
   detail::head::check_grads(fn, in, grads);
-  detail::head::check_values(fn, in);
+  detail::head::check_values(fn, in, cfg.temperature);
   auto copy = [&](std::size_t r0, std::span<const double>, std::span<const double>, std::span<double> glp,
                   std::span<double> gent) {
     for (std::size_t i = 0; i < glp.size(); ++i) {
@@ -676,7 +735,7 @@ void linear_head_backward(const linear_head_inputs<T>& in, std::span<const I> la
       if (grad_entropy.size() != 0) gent[i] = static_cast<double>(grad_entropy[r0 + i]);
     }
   };
-  detail::head::run(fn, in, labels, detail::head::no_stats{}, copy, grads, cfg, workspace, exec);
+  detail::head::run(fn, in, labels, detail::head::no_stats{}, copy, grads, cfg, workspace, exec, gemm);
 }
 
 //! The policy loss of ulorl/loss/policy_loss.hpp straight from the hidden states: row i of `hidden`
@@ -684,13 +743,14 @@ void linear_head_backward(const linear_head_inputs<T>& in, std::span<const I> la
 //! the chunks: statistics into `buf` (log_prob, entropy, lse), policy_loss (the loss area's own math,
 //! any objective, KL, entropy term and normaliser), then the backward (recomputing each chunk's
 //! logits) into `grads`. `in.log_prob` and `in.entropy` must be empty. Throws before writing `grads`.
-template <class T, class I, class P, class M, class Exec = sequential_executor>
+template <class T, class I, class P, class M, class Exec = sequential_executor, class Gemm = builtin_gemm>
 [[nodiscard]] policy_loss_result policy_loss_from_hidden(const linear_head_inputs<T>& head, std::span<const I> labels,
                                                          const policy_loss_inputs<P, M>& in,
                                                          const policy_loss_config& cfg, const logits_loss_buffers<P>& buf,
                                                          const linear_head_grads<T>& grads,
                                                          const linear_head_config& hcfg = {},
-                                                         std::span<std::byte> workspace = {}, Exec&& exec = {}) {
+                                                         std::span<std::byte> workspace = {}, Exec&& exec = {},
+                                                         Gemm&& gemm = {}) {
   constexpr const char* fn = "policy_loss_from_hidden";
   const std::size_t n = detail::logits::check_loss_buffers(fn, "hidden states", in, cfg, buf);
   detail::head::check_inputs(fn, head, labels, hcfg.temperature);
@@ -700,7 +760,7 @@ template <class T, class I, class P, class M, class Exec = sequential_executor>
                      " tokens (row i of hidden is token flat_index i)");
   const bool with_entropy = cfg.entropy_coef != 0.0;
   detail::head::check_grads(fn, head, grads);
-  detail::head::check_values(fn, head);
+  detail::head::check_values(fn, head, hcfg.temperature);
 
   // 1. Statistics of every token.
   detail::head::token_cursor<P> lp_at{&buf.log_prob}, ent_at{&buf.entropy};
@@ -713,7 +773,7 @@ template <class T, class I, class P, class M, class Exec = sequential_executor>
     }
   };
   detail::head::no_grad none;
-  detail::head::run(fn, head, labels, sink, none, linear_head_grads<T>{}, hcfg, workspace, exec);
+  detail::head::run(fn, head, labels, sink, none, linear_head_grads<T>{}, hcfg, workspace, exec, gemm);
   // 2. The policy loss on those log-probs (validates every token input, writes the token gradients).
   const policy_loss_result res = detail::logits::loss_on_buffers(in, cfg, buf);
   // 3. Gradients, recomputing each chunk's logits.
@@ -725,7 +785,7 @@ template <class T, class I, class P, class M, class Exec = sequential_executor>
       if (with_entropy) gent[i] = static_cast<double>(gent_at(r0 + i));
     }
   };
-  detail::head::run(fn, head, labels, detail::head::no_stats{}, grad_fn, grads, hcfg, workspace, exec);
+  detail::head::run(fn, head, labels, detail::head::no_stats{}, grad_fn, grads, hcfg, workspace, exec, gemm);
   return res;
 }
 

@@ -1,0 +1,497 @@
+// ulorl/adapters/torch/autograd.hpp — ulorl's losses and logits kernels as torch autograd functions
+// (optional: needs libtorch, CMake target ulorl::torch). Each is a torch::autograd::Function whose
+// forward calls the ulorl kernel on views of the tensors (tensor_views.hpp) and whose backward
+// returns the kernel's exact gradient scaled by the incoming one:
+//   policy_loss(log_prob, old_log_prob, advantages, mask, cfg, extra)  -> loss (0-dim) + metrics;
+//       backward: the fused pass's d loss / d log_prob (and d loss / d entropy), saved in forward;
+//   logits_stats(logits, labels, cfg)  -> (log_prob, entropy);
+//       backward: logits_backward from the saved log-sum-exp and entropy (O(N) saved, plus the
+//       logits tensor that autograd keeps anyway);
+//   policy_loss_from_logits(logits, labels, ...)  -> loss; the [N, V] gradient is computed in the
+//       forward pass (into a new tensor, or into the logits' own memory with `in_place`);
+//   linear_head_policy_loss(hidden, weight, bias, labels, ...)  -> loss; chunked: never holds the
+//       [N, V] logits; its GEMMs go to libtorch (at::mm_out, OpenBLAS/MKL) through torch_gemm.
+// CPU tensors run the CPU kernels on torch's intra-op pool (torch_executor); CUDA tensors are
+// rejected with a clear error. Bad input raises ulorl::error (function, argument, index, value)
+// before any output exists. Backward runs once per forward: the saved gradients are handed to
+// autograd without a copy (retain_graph and double backward are not supported; a second backward
+// raises ulorl::error).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ulorl/adapters/torch/tensor_views.hpp"
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/core/ragged.hpp"
+#include "ulorl/logits/backward.hpp"
+#include "ulorl/logits/forward.hpp"
+#include "ulorl/logits/fused_loss.hpp"
+#include "ulorl/logits/linear_head.hpp"
+#include "ulorl/loss/policy_loss.hpp"
+
+ULORL_NAMESPACE_BEGIN
+
+namespace th {
+
+//! Optional per-token tensors of the policy losses, in the layout of log_prob / old_log_prob.
+struct policy_loss_tensors {
+  at::Tensor ref_log_prob{};  //!< required when kl_coef != 0 (treated as a constant)
+  at::Tensor weights{};       //!< rollout-correction weights (treated as a constant); absent: 1
+  at::Tensor entropy{};       //!< required when entropy_coef != 0; policy_loss differentiates it
+  //! Packed layout: offsets[B+1] (int32 or int64) and 1-D [total] token tensors. Undefined: the
+  //! padded layout, [B, T] token tensors.
+  at::Tensor offsets{};
+};
+
+//! What the policy losses return. `loss` is a 0-dim tensor of the token dtype with a grad_fn;
+//! `result` holds its parts and the metrics (loss_metrics: clip fractions, approx KL, ratios, ...).
+//! The fused paths also return the per-token log_prob and (with an entropy term) entropy they
+//! computed, detached, in the token layout.
+struct policy_loss_output {
+  at::Tensor loss;
+  policy_loss_result result{};
+  at::Tensor log_prob{};
+  at::Tensor entropy{};
+};
+
+//! Options of policy_loss_from_logits.
+struct logits_loss_options {
+  policy_loss_tensors extra{};  //!< ref_log_prob, weights, offsets (entropy must stay undefined)
+  logits_config logits{};       //!< temperature, check_logits, fast_backward
+  //! Write d loss / d logits into the logits' own memory instead of a new [N, V] tensor. The
+  //! logits' values are gone after the call; their version counter is bumped, so autograd rejects
+  //! any other saved use of them ("modified by an inplace operation").
+  bool in_place = false;
+};
+
+//! Options of linear_head_policy_loss.
+struct linear_head_loss_options {
+  policy_loss_tensors extra{};  //!< ref_log_prob, weights, offsets (entropy must stay undefined)
+  //! temperature, chunk_rows / workspace_budget; the gradient modes are the adapter's (overwrite).
+  linear_head_config head{};
+};
+
+namespace detail {
+
+using ulorl::detail::fail;
+
+//! Token dtype dispatch: float32 -> f(float{}), float64 -> f(double{}).
+template <class F>
+decltype(auto) with_token_type(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
+  require_cpu(fn, arg, t, -1);
+  switch (t.scalar_type()) {
+    case c10::ScalarType::Float: return f(float{});
+    case c10::ScalarType::Double: return f(double{});
+    default:
+      fail(fn, arg, std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be float32 or float64");
+  }
+}
+
+//! Logits dtype dispatch: float32, float64 or bfloat16 storage.
+template <class F>
+decltype(auto) with_logits_type(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
+  require_cpu(fn, arg, t, -1);
+  switch (t.scalar_type()) {
+    case c10::ScalarType::Float: return f(float{});
+    case c10::ScalarType::Double: return f(double{});
+    case c10::ScalarType::BFloat16: return f(bf16{});
+    default:
+      fail(fn, arg,
+           std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be float32, float64 or bfloat16");
+  }
+}
+
+//! The mask as a byte tensor: bool and uint8 masks as they are (bool is read as bytes); a float
+//! mask of the token dtype T is checked to be 0/1 (the error names the element) and converted to
+//! uint8, one byte per token. One mask type keeps the policy loss compiled once per token dtype.
+template <class T>
+at::Tensor byte_mask(std::string_view fn, std::string_view arg, const at::Tensor& m, const offsets_view& off) {
+  require_cpu(fn, arg, m, -1);
+  const auto st = m.scalar_type();
+  if (st == c10::ScalarType::Bool || st == c10::ScalarType::Byte) return m;
+  if (st != scalar_type_of<T>())
+    fail(fn, arg,
+         std::string("has dtype ") + c10::toString(st) + " but must be bool, uint8 or " +
+             c10::toString(scalar_type_of<T>()) + " (the dtype of the log-probs)");
+  require_binary_mask(fn, arg, tokens_of<const T>(fn, arg, m, off));
+  return m.to(c10::ScalarType::Byte);
+}
+
+//! Label dtype dispatch: int64 or int32, contiguous [N].
+template <class F>
+decltype(auto) with_label_type(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
+  require_cpu(fn, arg, t, 1);
+  switch (t.scalar_type()) {
+    case c10::ScalarType::Long: return f(span_of<const std::int64_t>(fn, arg, t));
+    case c10::ScalarType::Int: return f(span_of<const std::int32_t>(fn, arg, t));
+    default: fail(fn, arg, std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be int64 or int32");
+  }
+}
+
+//! An optional per-token tensor: empty view when undefined.
+template <class T>
+token_view<const T> optional_tokens(std::string_view fn, std::string_view arg, const at::Tensor& t,
+                                    const offsets_view& off) {
+  if (!t.defined()) return {};
+  return tokens_of<const T>(fn, arg, t, off);
+}
+
+//! Stands in for an absent optional tensor input of an autograd function (libtorch 1.13's
+//! Function::apply cannot take undefined tensors); never read.
+inline at::Tensor placeholder() { return at::empty({0}); }
+
+//! A new contiguous tensor shaped like the token layout of `like`.
+inline at::Tensor new_tokens(const at::Tensor& like, c10::ScalarType dtype) {
+  return at::empty(like.sizes(), at::TensorOptions().dtype(dtype).device(at::kCPU));
+}
+
+//! Takes a saved gradient out of the context (so that autograd can keep it without a copy) and
+//! scales it by the incoming 0-dim gradient.
+inline at::Tensor take_scaled(std::string_view fn, torch::autograd::AutogradContext* ctx, const std::string& key,
+                              const at::Tensor& grad_out) {
+  auto it = ctx->saved_data.find(key);
+  if (it == ctx->saved_data.end()) return {};
+  if (!it->second.isTensor())
+    fail(fn, key,
+         "was already handed to autograd by an earlier backward: this function supports one backward per forward "
+         "(no retain_graph)");
+  at::Tensor g = it->second.toTensor();
+  it->second = at::IValue();
+  if (!g.defined()) return g;
+  const double s = grad_out.item<double>();
+  if (s != 1.0) g.mul_(s);
+  return g;
+}
+
+//! Everything policy_loss needs besides the differentiable tensors.
+struct policy_loss_args {
+  const at::Tensor* old_log_prob;
+  const at::Tensor* advantages;
+  const at::Tensor* mask;
+  const policy_loss_tensors* extra;
+  const policy_loss_config* cfg;
+  policy_loss_result* result;
+  bool has_entropy;  // libtorch 1.13 rejects undefined tensors as Function inputs: a placeholder stands in
+};
+
+struct policy_loss_function : public torch::autograd::Function<policy_loss_function> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& log_prob, const at::Tensor& entropy,
+                            const policy_loss_args* a) {
+    constexpr std::string_view fn = "policy_loss";
+    const policy_loss_config& cfg = *a->cfg;
+    const offsets_view off = offsets_of(fn, "offsets", a->extra->offsets);
+    return with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+      using T = decltype(tag);
+      using M = std::uint8_t;
+      {
+        const at::Tensor mask = byte_mask<T>(fn, "mask", *a->mask, off);
+        policy_loss_inputs<T, M> in;
+        in.log_prob = tokens_of<const T>(fn, "log_prob", log_prob, off);
+        in.old_log_prob = tokens_of<const T>(fn, "old_log_prob", *a->old_log_prob, off);
+        in.advantages = tokens_of<const T>(fn, "advantages", *a->advantages, off);
+        in.mask = tokens_of<const M>(fn, "mask", mask, off);
+        in.ref_log_prob = optional_tokens<T>(fn, "ref_log_prob", a->extra->ref_log_prob, off);
+        in.weights = optional_tokens<T>(fn, "weights", a->extra->weights, off);
+        if (a->has_entropy) in.entropy = tokens_of<const T>(fn, "entropy", entropy, off);
+        const bool with_entropy = cfg.entropy_coef != 0.0;
+        at::Tensor glp = new_tokens(log_prob, scalar_type_of<T>());
+        at::Tensor gent = with_entropy && a->has_entropy ? new_tokens(entropy, scalar_type_of<T>()) : at::Tensor();
+        const token_view<T> glp_v = tokens_of<T>(fn, "grad_log_prob", glp, off);
+        const token_view<T> gent_v = gent.defined() ? tokens_of<T>(fn, "grad_entropy", gent, off) : token_view<T>();
+        *a->result = ulorl::policy_loss(in, cfg, glp_v, gent_v, torch_executor{});
+        ctx->saved_data["grad_log_prob"] = glp;
+        if (gent.defined()) ctx->saved_data["grad_entropy"] = gent;
+        return at::scalar_tensor(a->result->loss, at::TensorOptions().dtype(scalar_type_of<T>()));
+      }
+    });
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    constexpr std::string_view fn = "policy_loss";
+    return {take_scaled(fn, ctx, "grad_log_prob", grads[0]), take_scaled(fn, ctx, "grad_entropy", grads[0]),
+            at::Tensor()};
+  }
+};
+
+//! Statistics of logits_stats kept for backward (O(N)).
+struct logits_stats_function : public torch::autograd::Function<logits_stats_function> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                                                const at::Tensor& labels, const logits_config* cfg) {
+    constexpr std::string_view fn = "logits_stats";
+    return with_logits_type(fn, "logits", logits, [&](auto ltag) {
+      using L = decltype(ltag);
+      using S = std::conditional_t<std::is_same_v<L, double>, double, float>;
+      return with_label_type(fn, "labels", labels, [&](auto y) {
+        const matrix_view<const L> z = matrix_of<const L>(fn, "logits", logits);
+        const auto n = static_cast<std::int64_t>(z.rows());
+        const auto dbl = at::TensorOptions().dtype(at::kDouble);
+        // Statistics in double (lse feeds the backward's exp(z - lse)), outputs in S.
+        at::Tensor lp = at::empty({n}, dbl), ent = at::empty({n}, dbl), lse = at::empty({n}, dbl);
+        logits_forward(z, y, vector_of<double>(fn, "log_prob", lp), vector_of<double>(fn, "entropy", ent),
+                       vector_of<double>(fn, "lse", lse), *cfg, torch_executor{});
+        ctx->save_for_backward({logits});
+        ctx->saved_data["labels"] = labels;
+        ctx->saved_data["lse"] = lse;
+        ctx->saved_data["entropy"] = ent;
+        ctx->saved_data["temperature"] = cfg->temperature;
+        ctx->saved_data["fast_backward"] = cfg->fast_backward;
+        ctx->set_materialize_grads(false);
+        if constexpr (std::is_same_v<S, double>) return torch::autograd::variable_list{lp, ent.clone()};
+        else return torch::autograd::variable_list{lp.to(at::kFloat), ent.to(at::kFloat)};
+      });
+    });
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    constexpr std::string_view fn = "logits_stats";
+    const at::Tensor logits = ctx->get_saved_variables()[0];
+    const at::Tensor labels = ctx->saved_data["labels"].toTensor();
+    const at::Tensor lse = ctx->saved_data["lse"].toTensor();
+    const at::Tensor ent = ctx->saved_data["entropy"].toTensor();
+    const logits_config cfg{.temperature = ctx->saved_data["temperature"].toDouble(),
+                            .check_logits = false,
+                            .fast_backward = ctx->saved_data["fast_backward"].toBool()};
+    at::Tensor g_lp = grads[0], g_ent = grads[1];
+    if (!g_lp.defined() && !g_ent.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!g_lp.defined()) g_lp = at::zeros({logits.size(0)}, g_ent.options());
+    at::Tensor out = at::empty(logits.sizes(), logits.options());
+    with_logits_type(fn, "logits", logits, [&](auto ltag) {
+      using L = decltype(ltag);
+      with_token_type(fn, "grad_log_prob", g_lp, [&](auto dtag) {
+        using D = decltype(dtag);
+        with_label_type(fn, "labels", labels, [&](auto y) {
+          const vector_view<const D> ge =
+              g_ent.defined() ? vector_of<const D>(fn, "grad_entropy", g_ent) : vector_view<const D>();
+          logits_backward(matrix_of<const L>(fn, "logits", logits), y, vector_of<const double>(fn, "lse", lse),
+                          vector_of<const double>(fn, "entropy", ent), vector_of<const D>(fn, "grad_log_prob", g_lp),
+                          ge, matrix_of<L>(fn, "grad_logits", out), cfg, torch_executor{});
+        });
+      });
+    });
+    return {out, at::Tensor(), at::Tensor()};
+  }
+};
+
+//! Buffers of the fused paths in the token layout of old_log_prob.
+template <class T>
+struct token_buffers {
+  at::Tensor log_prob, entropy, grad_log_prob, grad_entropy, lse;
+  logits_loss_buffers<T> views;
+};
+
+template <class T>
+token_buffers<T> make_token_buffers(std::string_view fn, const at::Tensor& like, const offsets_view& off,
+                                    bool with_entropy) {
+  token_buffers<T> b;
+  const auto dt = scalar_type_of<T>();
+  b.log_prob = new_tokens(like, dt);
+  b.grad_log_prob = new_tokens(like, dt);
+  b.lse = at::empty({like.numel()}, at::TensorOptions().dtype(dt));
+  b.views.log_prob = tokens_of<T>(fn, "log_prob", b.log_prob, off);
+  b.views.grad_log_prob = tokens_of<T>(fn, "grad_log_prob", b.grad_log_prob, off);
+  b.views.lse = vector_of<T>(fn, "lse", b.lse);
+  if (with_entropy) {
+    b.entropy = new_tokens(like, dt);
+    b.grad_entropy = new_tokens(like, dt);
+    b.views.entropy = tokens_of<T>(fn, "entropy", b.entropy, off);
+    b.views.grad_entropy = tokens_of<T>(fn, "grad_entropy", b.grad_entropy, off);
+  }
+  return b;
+}
+
+//! The token inputs of the fused paths (log_prob and entropy come from the logits / hidden states).
+template <class T, class M>
+policy_loss_inputs<T, M> fused_inputs(std::string_view fn, const at::Tensor& old_log_prob, const at::Tensor& advantages,
+                                      const at::Tensor& mask, const policy_loss_tensors& extra, const offsets_view& off) {
+  if (extra.entropy.defined()) fail(fn, "entropy", "must be undefined: it is computed from the logits");
+  policy_loss_inputs<T, M> in;
+  in.old_log_prob = tokens_of<const T>(fn, "old_log_prob", old_log_prob, off);
+  in.advantages = tokens_of<const T>(fn, "advantages", advantages, off);
+  in.mask = tokens_of<const M>(fn, "mask", mask, off);
+  in.ref_log_prob = optional_tokens<T>(fn, "ref_log_prob", extra.ref_log_prob, off);
+  in.weights = optional_tokens<T>(fn, "weights", extra.weights, off);
+  return in;
+}
+
+struct fused_args {
+  const at::Tensor* labels;
+  const at::Tensor* old_log_prob;
+  const at::Tensor* advantages;
+  const at::Tensor* mask;
+  const policy_loss_config* cfg;
+  policy_loss_output* out;
+  bool has_bias = false;  // as policy_loss_args::has_entropy
+};
+
+struct logits_loss_function : public torch::autograd::Function<logits_loss_function> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits, const fused_args* a,
+                            const logits_loss_options* opt) {
+    constexpr std::string_view fn = "policy_loss_from_logits";
+    const offsets_view off = offsets_of(fn, "offsets", opt->extra.offsets);
+    const policy_loss_config& cfg = *a->cfg;
+    return with_logits_type(fn, "logits", logits, [&](auto ltag) {
+      using L = decltype(ltag);
+      return with_token_type(fn, "old_log_prob", *a->old_log_prob, [&](auto ttag) {
+        using T = decltype(ttag);
+        using M = std::uint8_t;
+        const at::Tensor mask = byte_mask<T>(fn, "mask", *a->mask, off);
+        {
+          return with_label_type(fn, "labels", *a->labels, [&](auto y) {
+            const auto in = fused_inputs<T, M>(fn, *a->old_log_prob, *a->advantages, mask, opt->extra, off);
+            const matrix_view<const L> z = matrix_of<const L>(fn, "logits", logits);
+            auto buf = make_token_buffers<T>(fn, *a->old_log_prob, off, cfg.entropy_coef != 0.0);
+            at::Tensor grad = opt->in_place ? logits : at::empty(logits.sizes(), logits.options());
+            a->out->result = ulorl::policy_loss_from_logits(z, y, in, cfg, buf.views,
+                                                            matrix_of<L>(fn, "grad_logits", grad), opt->logits,
+                                                            torch_executor{});
+            if (opt->in_place) torch::autograd::impl::bump_version(logits);
+            ctx->saved_data["grad_logits"] = grad;
+            a->out->log_prob = buf.log_prob;
+            a->out->entropy = buf.entropy;
+            return at::scalar_tensor(a->out->result.loss, at::TensorOptions().dtype(scalar_type_of<T>()));
+          });
+        }
+      });
+    });
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {take_scaled("policy_loss_from_logits", ctx, "grad_logits", grads[0]), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct head_loss_function : public torch::autograd::Function<head_loss_function> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& bias, const fused_args* a, const linear_head_loss_options* opt) {
+    constexpr std::string_view fn = "linear_head_policy_loss";
+    const offsets_view off = offsets_of(fn, "offsets", opt->extra.offsets);
+    const policy_loss_config& cfg = *a->cfg;
+    return with_token_type(fn, "hidden", hidden, [&](auto htag) {
+      using H = decltype(htag);
+      return with_token_type(fn, "old_log_prob", *a->old_log_prob, [&](auto ttag) {
+        using T = decltype(ttag);
+        using M = std::uint8_t;
+        const at::Tensor mask = byte_mask<T>(fn, "mask", *a->mask, off);
+        {
+          return with_label_type(fn, "labels", *a->labels, [&](auto y) {
+            const auto in = fused_inputs<T, M>(fn, *a->old_log_prob, *a->advantages, mask, opt->extra, off);
+            linear_head_inputs<H> head;
+            head.hidden = matrix_of<const H>(fn, "hidden", hidden);
+            head.weight = matrix_of<const H>(fn, "weight", weight);
+            if (a->has_bias) head.bias = vector_of<const H>(fn, "bias", bias);
+            auto buf = make_token_buffers<T>(fn, *a->old_log_prob, off, cfg.entropy_coef != 0.0);
+            const auto opts = hidden.options();
+            at::Tensor gh = hidden.requires_grad() ? at::empty(hidden.sizes(), opts) : at::Tensor();
+            at::Tensor gw = weight.requires_grad() ? at::empty(weight.sizes(), opts) : at::Tensor();
+            at::Tensor gb = a->has_bias && bias.requires_grad() ? at::empty(bias.sizes(), opts) : at::Tensor();
+            linear_head_grads<H> g;
+            if (gh.defined()) g.hidden = matrix_of<H>(fn, "grad_hidden", gh);
+            if (gw.defined()) g.weight = matrix_of<H>(fn, "grad_weight", gw);
+            if (gb.defined()) g.bias = vector_of<H>(fn, "grad_bias", gb);
+            linear_head_config hcfg = opt->head;
+            hcfg.grad_hidden = grad_mode::overwrite;
+            hcfg.grad_weight = grad_mode::overwrite;
+            const std::size_t ws = linear_head_workspace_bytes<H>(head.hidden.rows(), head.weight.rows(), hcfg);
+            at::Tensor workspace = at::empty({static_cast<std::int64_t>(ws)}, at::TensorOptions().dtype(at::kByte));
+            a->out->result = ulorl::policy_loss_from_hidden(
+                head, y, in, cfg, buf.views, g, hcfg,
+                std::span<std::byte>(reinterpret_cast<std::byte*>(workspace.data_ptr()), ws), torch_executor{},
+                torch_gemm{});
+            ctx->saved_data["grad_hidden"] = gh;
+            ctx->saved_data["grad_weight"] = gw;
+            ctx->saved_data["grad_bias"] = gb;
+            a->out->log_prob = buf.log_prob;
+            a->out->entropy = buf.entropy;
+            return at::scalar_tensor(a->out->result.loss, at::TensorOptions().dtype(scalar_type_of<T>()));
+          });
+        }
+      });
+    });
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    constexpr std::string_view fn = "linear_head_policy_loss";
+    return {take_scaled(fn, ctx, "grad_hidden", grads[0]), take_scaled(fn, ctx, "grad_weight", grads[0]),
+            take_scaled(fn, ctx, "grad_bias", grads[0]), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace detail
+
+//! The fused policy loss of one micro-batch (ulorl::policy_loss) as an autograd function. Token
+//! tensors are [B, T] (padded; any strides) or, with extra.offsets, [total] (packed); log-probs
+//! float32 or float64, the mask bool, uint8 or the log-probs' dtype (converted to uint8 after a 0/1
+//! check: one byte per token). Gradients flow to `log_prob`
+//! and (entropy_coef != 0) `extra.entropy`; every other input is a constant. cfg.normalizer is the
+//! step's global normaliser (aggregation.hpp): sum the micro-batch losses, as in ulorl.
+[[nodiscard]] inline policy_loss_output policy_loss(const at::Tensor& log_prob, const at::Tensor& old_log_prob,
+                                                    const at::Tensor& advantages, const at::Tensor& mask,
+                                                    const policy_loss_config& cfg,
+                                                    const policy_loss_tensors& extra = {}) {
+  policy_loss_output out;
+  const detail::policy_loss_args a{&old_log_prob, &advantages, &mask, &extra, &cfg, &out.result, extra.entropy.defined()};
+  out.loss = detail::policy_loss_function::apply(log_prob, a.has_entropy ? extra.entropy : detail::placeholder(), &a);
+  return out;
+}
+
+//! Per-row log-prob and entropy of logits [N, V] / temperature at labels [N] (int64 or int32,
+//! contiguous), as an autograd function. Logits float32, float64 or bfloat16, any strides, no copy;
+//! outputs [N] float64 for float64 logits, else float32. Backward: logits_backward (one read of the
+//! logits, one write of the gradient) from the saved O(N) statistics.
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats(const at::Tensor& logits, const at::Tensor& labels,
+                                                                    const logits_config& cfg = {}) {
+  auto r = detail::logits_stats_function::apply(logits, labels, &cfg);
+  return {r[0], r[1]};
+}
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats(const at::Tensor& logits, const at::Tensor& labels,
+                                                                    double temperature) {
+  return logits_stats(logits, labels, logits_config{.temperature = temperature});
+}
+
+//! The policy loss straight from logits [N, V] (ulorl::policy_loss_from_logits): row i of the
+//! logits is token flat_index i of the token layout of old_log_prob (padded: b * T + t). The
+//! gradient d loss / d logits is computed in the forward pass and handed to autograd in backward
+//! (scaled by the incoming gradient in place): one [N, V] tensor, or none with opt.in_place.
+[[nodiscard]] inline policy_loss_output policy_loss_from_logits(const at::Tensor& logits, const at::Tensor& labels,
+                                                                const at::Tensor& old_log_prob,
+                                                                const at::Tensor& advantages, const at::Tensor& mask,
+                                                                const policy_loss_config& cfg,
+                                                                const logits_loss_options& opt = {}) {
+  policy_loss_output out;
+  const detail::fused_args a{&labels, &old_log_prob, &advantages, &mask, &cfg, &out};
+  out.loss = detail::logits_loss_function::apply(logits, &a, &opt);
+  return out;
+}
+
+//! The policy loss straight from hidden states [N, H], the unembedding weight [V, H] (torch's
+//! nn.Linear layout) and an optional bias [V] (ulorl::policy_loss_from_hidden): chunks of C rows,
+//! never the [N, V] logits; the GEMMs run in libtorch (torch_gemm). Gradients for whichever of
+//! hidden, weight, bias require grad, computed in forward ([N, H], [V, H], [V]) and handed to
+//! autograd in backward.
+[[nodiscard]] inline policy_loss_output linear_head_policy_loss(const at::Tensor& hidden, const at::Tensor& weight,
+                                                                const at::Tensor& bias, const at::Tensor& labels,
+                                                                const at::Tensor& old_log_prob,
+                                                                const at::Tensor& advantages, const at::Tensor& mask,
+                                                                const policy_loss_config& cfg,
+                                                                const linear_head_loss_options& opt = {}) {
+  policy_loss_output out;
+  const detail::fused_args a{&labels, &old_log_prob, &advantages, &mask, &cfg, &out, bias.defined()};
+  out.loss = detail::head_loss_function::apply(hidden, weight, a.has_bias ? bias : detail::placeholder(), &a, &opt);
+  return out;
+}
+
+}  // namespace th
+
+ULORL_NAMESPACE_END

@@ -1,0 +1,209 @@
+// ulorl/adapters/torch/tensor_views.hpp — non-owning ulorl views of libtorch tensors (optional:
+// needs libtorch, CMake target ulorl::torch), the intra-op executor and the GEMM functor.
+//   vector_of<T>(fn, arg, t)         1-D tensor -> vector_view (any stride, no copy)
+//   matrix_of<T>(fn, arg, t)         2-D tensor -> matrix_view (any strides, no copy)
+//   tokens_of<T>(fn, arg, t, offs)   [B, T] tensor (padded) or [total] tensor + offsets[B+1] (packed)
+//   span_of<T>(fn, arg, t)           contiguous 1-D tensor -> std::span (labels, ids, offsets)
+// Every check throws ulorl::error naming the function, the argument and what is wrong (dtype,
+// device, rank, size, stride); nothing is copied: an input the kernels cannot read in place (a
+// strided label vector) is rejected with the fix in the message, never silently copied.
+// `torch_executor` runs ulorl's row-parallel kernels on torch's intra-op pool (at::parallel_for);
+// `torch_gemm` is the linear head's GEMM as at::mm_out / addmm_ on from_blob views (OpenBLAS or
+// MKL, whatever libtorch links).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/core/ragged.hpp"
+#include "ulorl/core/views.hpp"
+#include "ulorl/logits/bf16.hpp"
+
+ULORL_NAMESPACE_BEGIN
+
+//! The libtorch adapter. Not `ulorl::torch`: with `using namespace ulorl` that name would make
+//! every `torch::Tensor` of the caller ambiguous.
+namespace th {
+
+//! The torch dtype of an ulorl element type (ulorl::bf16 is torch.bfloat16's bit layout).
+template <class T>
+[[nodiscard]] constexpr c10::ScalarType scalar_type_of() noexcept {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>) return c10::ScalarType::Float;
+  else if constexpr (std::is_same_v<U, double>) return c10::ScalarType::Double;
+  else if constexpr (std::is_same_v<U, bf16>) return c10::ScalarType::BFloat16;
+  else if constexpr (std::is_same_v<U, std::int32_t>) return c10::ScalarType::Int;
+  else if constexpr (std::is_same_v<U, std::int64_t>) return c10::ScalarType::Long;
+  else if constexpr (std::is_same_v<U, std::uint8_t>) return c10::ScalarType::Byte;
+  else if constexpr (std::is_same_v<U, bool>) return c10::ScalarType::Bool;
+  else static_assert(sizeof(U) == 0, "no torch dtype for this element type");
+}
+
+namespace detail {
+
+[[nodiscard]] inline std::string sizes_str(const at::Tensor& t) {
+  std::string s = "[";
+  for (std::int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+[[nodiscard]] inline std::string strides_str(const at::Tensor& t) {
+  std::string s = "(";
+  for (std::int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.stride(d));
+  return s + ")";
+}
+
+//! Defined, on the CPU, of rank `dim` (-1: any).
+inline void require_cpu(std::string_view fn, std::string_view arg, const at::Tensor& t, std::int64_t dim) {
+  if (!t.defined()) ulorl::detail::fail(fn, arg, "is an undefined tensor");
+  if (t.is_cuda())
+    ulorl::detail::fail(fn, arg,
+                        "is a CUDA tensor (" + t.device().str() +
+                            "): this adapter runs the CPU kernels; CUDA tensors go to the ulorl::cuda kernels in "
+                            "builds with CUDA (move it with .cpu() meanwhile)");
+  if (!t.device().is_cpu()) ulorl::detail::fail(fn, arg, "is on device " + t.device().str() + ", not the CPU");
+  if (t.layout() != c10::kStrided) ulorl::detail::fail(fn, arg, "must be a dense (strided) tensor, not sparse");
+  if (dim >= 0 && t.dim() != dim)
+    ulorl::detail::fail(fn, arg,
+                        "has rank " + std::to_string(t.dim()) + " (shape " + sizes_str(t) + ") but must have rank " +
+                            std::to_string(dim));
+}
+
+inline void require_dtype(std::string_view fn, std::string_view arg, const at::Tensor& t, c10::ScalarType want,
+                          std::string_view why = {}) {
+  // A bool tensor is read as bytes wherever uint8 is taken (masks): its bytes are 0 or 1.
+  if (want == c10::ScalarType::Byte && t.scalar_type() == c10::ScalarType::Bool) return;
+  if (t.scalar_type() != want)
+    ulorl::detail::fail(fn, arg,
+                        std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be " +
+                            c10::toString(want) + (why.empty() ? "" : " (" + std::string(why) + ")"));
+}
+
+template <class T>
+[[nodiscard]] T* data_of(const at::Tensor& t) noexcept {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, bf16>)
+    return reinterpret_cast<T*>(t.data_ptr<at::BFloat16>());
+  else if constexpr (std::is_same_v<U, std::uint8_t>)
+    return reinterpret_cast<T*>(t.data_ptr());  // bool and uint8 masks are both read as bytes
+  else
+    return const_cast<T*>(t.data_ptr<U>());
+}
+
+}  // namespace detail
+
+//! A 1-D tensor of element type T as a strided vector_view (no copy).
+template <class T>
+[[nodiscard]] vector_view<T> vector_of(std::string_view fn, std::string_view arg, const at::Tensor& t) {
+  detail::require_cpu(fn, arg, t, 1);
+  detail::require_dtype(fn, arg, t, scalar_type_of<T>());
+  return {detail::data_of<T>(t), static_cast<std::size_t>(t.size(0)), static_cast<std::ptrdiff_t>(t.stride(0))};
+}
+
+//! A 2-D tensor of element type T as a strided matrix_view (no copy; any strides, transposes too).
+template <class T>
+[[nodiscard]] matrix_view<T> matrix_of(std::string_view fn, std::string_view arg, const at::Tensor& t) {
+  detail::require_cpu(fn, arg, t, 2);
+  detail::require_dtype(fn, arg, t, scalar_type_of<T>());
+  return {detail::data_of<T>(t), static_cast<std::size_t>(t.size(0)), static_cast<std::size_t>(t.size(1)),
+          static_cast<std::ptrdiff_t>(t.stride(0)), static_cast<std::ptrdiff_t>(t.stride(1))};
+}
+
+//! A contiguous 1-D tensor as a span (labels, group ids, offsets, per-response scores): the kernels
+//! that take spans index them densely, so a strided tensor is rejected (call .contiguous()).
+template <class T>
+[[nodiscard]] std::span<T> span_of(std::string_view fn, std::string_view arg, const at::Tensor& t) {
+  detail::require_cpu(fn, arg, t, 1);
+  detail::require_dtype(fn, arg, t, scalar_type_of<T>());
+  if (t.size(0) > 1 && t.stride(0) != 1)
+    ulorl::detail::fail(fn, arg,
+                        "has stride " + std::to_string(t.stride(0)) +
+                            " but must be contiguous (this argument is read as a dense array; pass .contiguous())");
+  return {detail::data_of<T>(t), static_cast<std::size_t>(t.size(0))};
+}
+
+//! Packed-layout offsets[B+1] (int32 or int64, contiguous), or none for the padded layout.
+struct offsets_view {
+  std::span<const std::int64_t> i64{};
+  std::span<const std::int32_t> i32{};
+  bool packed = false;
+};
+
+[[nodiscard]] inline offsets_view offsets_of(std::string_view fn, std::string_view arg, const at::Tensor& offsets) {
+  offsets_view o;
+  if (!offsets.defined()) return o;
+  detail::require_cpu(fn, arg, offsets, 1);
+  o.packed = true;
+  if (offsets.scalar_type() == c10::ScalarType::Long)
+    o.i64 = span_of<const std::int64_t>(fn, arg, offsets);
+  else if (offsets.scalar_type() == c10::ScalarType::Int)
+    o.i32 = span_of<const std::int32_t>(fn, arg, offsets);
+  else
+    ulorl::detail::fail(fn, arg,
+                        std::string("has dtype ") + c10::toString(offsets.scalar_type()) + " but must be int32 or int64");
+  if (o.i64.empty() && o.i32.empty()) ulorl::detail::fail(fn, arg, "must have B+1 >= 1 entries");
+  return o;
+}
+
+//! Per-token values: a [B, T] tensor (padded; any strides) when `offsets` is not packed, else a
+//! [total] tensor (any stride) whose row b is [offsets[b], offsets[b+1]).
+template <class T>
+[[nodiscard]] token_view<T> tokens_of(std::string_view fn, std::string_view arg, const at::Tensor& t,
+                                      const offsets_view& offsets) {
+  if (!offsets.packed) return token_view<T>::padded(matrix_of<T>(fn, arg, t));
+  detail::require_cpu(fn, arg, t, 1);
+  const vector_view<T> v = vector_of<T>(fn, arg, t);
+  return offsets.i64.empty() ? token_view<T>::packed(v, offsets.i32) : token_view<T>::packed(v, offsets.i64);
+}
+
+//! Runs ulorl's row-parallel kernels on torch's intra-op thread pool (at::set_num_threads). The
+//! executor concept of ulorl/core/parallel.hpp: body(begin, end) on disjoint ranges of [0, n).
+//! Inside another at::parallel_for region it runs on the calling thread, as torch's own ops do.
+struct torch_executor {
+  std::int64_t grain = 1;  //!< at::parallel_for's grain: rows per task at least
+
+  template <class Body>
+  void operator()(std::size_t n, Body&& body) const {
+    if (n == 0) return;
+    at::parallel_for(0, static_cast<std::int64_t>(n), grain, [&](std::int64_t b, std::int64_t e) {
+      body(static_cast<std::size_t>(b), static_cast<std::size_t>(e));
+    });
+  }
+};
+
+//! The linear head's GEMM through libtorch (linear_head.hpp's Gemm concept): c = a b, or c += a b
+//! when `accumulate`, a [m, k], b [k, n], c [m, n] with any strides. Views wrap the caller's memory
+//! with at::from_blob (no copy of a or b; transposed operands reach BLAS as transposes); the result
+//! is written into c itself (at::mm_out, addmm_), so a chunk's logits land in the workspace.
+struct torch_gemm {
+  template <class T>
+  void operator()(matrix_view<const T> a, matrix_view<const T> b, matrix_view<T> c, bool accumulate) const {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "torch_gemm: float or double");
+    const auto opt = at::TensorOptions().dtype(scalar_type_of<T>());
+    const auto wrap = [&](const T* p, std::size_t r, std::size_t k, std::ptrdiff_t rs, std::ptrdiff_t cs) {
+      return at::from_blob(const_cast<T*>(p), {static_cast<std::int64_t>(r), static_cast<std::int64_t>(k)},
+                           {static_cast<std::int64_t>(rs), static_cast<std::int64_t>(cs)}, opt);
+    };
+    const at::NoGradGuard no_grad;
+    const at::Tensor ta = wrap(a.data(), a.rows(), a.cols(), a.row_stride(), a.col_stride());
+    const at::Tensor tb = wrap(b.data(), b.rows(), b.cols(), b.row_stride(), b.col_stride());
+    at::Tensor tc = wrap(c.data(), c.rows(), c.cols(), c.row_stride(), c.col_stride());
+    if (accumulate)
+      tc.addmm_(ta, tb);
+    else
+      at::mm_out(tc, ta, tb);
+  }
+};
+
+}  // namespace th
+
+ULORL_NAMESPACE_END

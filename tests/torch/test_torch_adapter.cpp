@@ -1,0 +1,500 @@
+// ulorl/adapters/torch.hpp: every autograd function against the same formula written with plain
+// torch ops (torch_support.hpp), float64 and float32; float64 gradients against central finite
+// differences; a composed graph (linear layer -> logits -> ulorl loss -> weights); advantages, token
+// broadcast, MPT masks and the dynamic-sampling filter against plain-torch formulas; bad inputs
+// (dtype, device, rank, sizes, strides, labels out of range, NaN) raise ulorl::error naming the
+// argument and leave outputs untouched; peak memory of logits_stats forward + backward against
+// torch's own formula. One translation unit: each one that includes the adapter compiles every
+// kernel instantiation again.
+#include <ulorl/adapters/torch.hpp>
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "catch.hpp"
+#include "torch_support.hpp"
+
+namespace th = ulorl::th;
+using tsupport::close;
+
+namespace {
+
+struct batch {
+  at::Tensor lp, old, adv, mask, ref, ent, w;
+};
+
+//! [B, T] token tensors: log-probs near old ones (ratios in ~[0.6, 1.6]: both clip sides hit),
+//! advantages of both signs, a ragged 0/1 mask with every row non-empty.
+batch make_batch(std::int64_t b, std::int64_t t, at::ScalarType dt) {
+  const auto o = at::TensorOptions().dtype(dt);
+  batch x;
+  x.old = -at::rand({b, t}, o) * 3 - 0.05;
+  x.lp = x.old + (at::rand({b, t}, o) - 0.5);
+  x.ref = x.old + (at::rand({b, t}, o) - 0.5) * 0.4;
+  x.adv = at::randn({b, 1}, o).expand({b, t}).contiguous();
+  const at::Tensor len = at::randint(1, t + 1, {b, 1});
+  x.mask = at::arange(t).unsqueeze(0).lt(len);
+  x.ent = at::rand({b, t}, o) * 2;
+  x.w = at::rand({b, t}, o) * 0.5 + 0.75;
+  return x;
+}
+
+ulorl::policy_loss_config full_config(double tokens) {
+  ulorl::policy_loss_config cfg;
+  cfg.objective.eps_low = 0.2;
+  cfg.objective.eps_high = 0.28;
+  cfg.kl_coef = 0.05;
+  cfg.entropy_coef = 0.01;
+  cfg.normalizer = {ulorl::agg_mode::token_mean, tokens, 1.0};
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("torch policy_loss matches the plain-torch formula (loss and gradients)", "[torch][policy_loss]") {
+  tsupport::seed(1001);
+  for (auto dt : {at::kDouble, at::kFloat}) {
+    const double tol = dt == at::kDouble ? 1e-12 : 2e-5;
+    for (auto [b, t] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 47}, {8, 300}}) {
+      batch x = make_batch(b, t, dt);
+      const double n = x.mask.sum().item<double>();
+      const auto cfg = full_config(n);
+      at::Tensor lp = x.lp.clone().requires_grad_(), ent = x.ent.clone().requires_grad_();
+      th::policy_loss_tensors extra{.ref_log_prob = x.ref, .weights = x.w, .entropy = ent};
+      auto out = th::policy_loss(lp, x.old, x.adv, x.mask, cfg, extra);
+      REQUIRE(out.loss.dim() == 0);
+      REQUIRE(out.loss.scalar_type() == dt);
+      (2.5 * out.loss).backward();
+
+      at::Tensor lp2 = x.lp.clone().requires_grad_(), ent2 = x.ent.clone().requires_grad_();
+      at::Tensor ref = tsupport::oracle_policy_loss(lp2, x.old, x.adv, x.mask, 0.2, 0.28, x.ref, 0.05, ent2, 0.01, x.w);
+      (2.5 * ref).backward();
+      CHECK(close(out.loss, ref, tol, tol));
+      CHECK(close(lp.grad(), lp2.grad(), tol, tol * 1e-2));
+      CHECK(close(ent.grad(), ent2.grad(), tol, tol * 1e-2));
+      // Metrics: the ratio mean over valid tokens, as torch computes it.
+      const at::Tensor m = x.mask.to(dt);
+      const double ratio_mean = ((at::exp(x.lp - x.old) * m).sum() / m.sum()).item<double>();
+      CHECK(std::fabs(out.result.metrics.ratio_mean() - ratio_mean) <= tol * 10);
+      CHECK(out.result.metrics.tokens == n);
+    }
+  }
+}
+
+TEST_CASE("torch policy_loss: packed layout, uint8 and float masks, strided inputs equal the padded result",
+          "[torch][policy_loss]") {
+  tsupport::seed(1002);
+  batch x = make_batch(5, 33, at::kDouble);
+  const auto cfg = full_config(x.mask.sum().item<double>());
+  th::policy_loss_tensors extra{.ref_log_prob = x.ref, .weights = x.w, .entropy = x.ent};
+  const auto base = th::policy_loss(x.lp, x.old, x.adv, x.mask, cfg, extra);
+  // uint8 and float64 masks.
+  CHECK(th::policy_loss(x.lp, x.old, x.adv, x.mask.to(at::kByte), cfg, extra).result.loss == base.result.loss);
+  CHECK(th::policy_loss(x.lp, x.old, x.adv, x.mask.to(at::kDouble), cfg, extra).result.loss == base.result.loss);
+  // Strided: a [B, T] view of a transposed [T, B] tensor (column stride B).
+  const at::Tensor lpt = x.lp.t().contiguous().t();
+  REQUIRE(lpt.stride(1) == 5);
+  CHECK(std::fabs(th::policy_loss(lpt, x.old, x.adv, x.mask, cfg, extra).result.loss - base.result.loss) < 1e-14);
+  // Packed: every row's full T tokens, flattened, offsets b * T.
+  const at::Tensor off = at::arange(0, 6 * 33, 33, at::TensorOptions().dtype(at::kLong));
+  th::policy_loss_tensors pextra{.ref_log_prob = x.ref.reshape({-1}), .weights = x.w.reshape({-1}),
+                                 .entropy = x.ent.reshape({-1}), .offsets = off};
+  at::Tensor lpp = x.lp.reshape({-1}).clone().requires_grad_();
+  const auto packed = th::policy_loss(lpp, x.old.reshape({-1}), x.adv.reshape({-1}), x.mask.reshape({-1}), cfg, pextra);
+  CHECK(std::fabs(packed.result.loss - base.result.loss) < 1e-14);
+  packed.loss.backward();
+  CHECK(lpp.grad().sizes() == lpp.sizes());
+  // int32 offsets.
+  pextra.offsets = off.to(at::kInt);
+  CHECK(std::fabs(th::policy_loss(x.lp.reshape({-1}), x.old.reshape({-1}), x.adv.reshape({-1}), x.mask.reshape({-1}),
+                                  cfg, pextra)
+                      .result.loss -
+                  base.result.loss) < 1e-14);
+}
+
+TEST_CASE("torch policy_loss: gradients equal central finite differences (float64)", "[torch][policy_loss][fd]") {
+  tsupport::seed(1003);
+  batch x = make_batch(3, 7, at::kDouble);
+  const auto cfg = full_config(x.mask.sum().item<double>());
+  at::Tensor lp = x.lp.clone().requires_grad_(), ent = x.ent.clone().requires_grad_();
+  th::policy_loss(lp, x.old, x.adv, x.mask, cfg, {.ref_log_prob = x.ref, .weights = x.w, .entropy = ent})
+      .loss.backward();
+  at::Tensor lpd = x.lp.clone(), entd = x.ent.clone();
+  const auto f = [&] {
+    return th::policy_loss(lpd, x.old, x.adv, x.mask, cfg, {.ref_log_prob = x.ref, .weights = x.w, .entropy = entd})
+        .result.loss;
+  };
+  CHECK(tsupport::fd_matches(f, lpd, lp.grad()));
+  CHECK(tsupport::fd_matches(f, entd, ent.grad()));
+}
+
+TEST_CASE("torch logits_stats matches log_softmax / gather / entropy (values and gradients)", "[torch][logits]") {
+  tsupport::seed(1004);
+  for (auto dt : {at::kDouble, at::kFloat, at::kBFloat16}) {
+    const double tol = dt == at::kDouble ? 1e-12 : 1e-5;
+    for (double tau : {1.0, 0.7}) {
+      for (auto [n, v] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 47}, {17, 1023}, {4, 3000}}) {
+        const at::Tensor base = (at::randn({n, v}, at::kDouble) * 3).to(dt);
+        const at::Tensor labels = at::randint(0, v, {n}, at::TensorOptions().dtype(at::kLong));
+        const at::Tensor a = at::randn({n}, at::kDouble), c = at::randn({n}, at::kDouble);
+        at::Tensor z = base.clone().requires_grad_();
+        auto [lp, ent] = th::logits_stats(z, labels, tau);
+        REQUIRE(lp.scalar_type() == (dt == at::kDouble ? at::kDouble : at::kFloat));
+        (lp.to(at::kDouble) * a + ent.to(at::kDouble) * c).sum().backward();
+        // Oracle in float64 on the same (rounded) logit values.
+        at::Tensor z2 = base.to(at::kDouble).requires_grad_();
+        auto [lp2, ent2] = tsupport::oracle_logits_stats(z2, labels, tau);
+        (lp2 * a + ent2 * c).sum().backward();
+        CHECK(close(lp, lp2, tol, tol));
+        CHECK(close(ent, ent2, tol, tol));
+        REQUIRE(z.grad().scalar_type() == dt);
+        const double gtol = dt == at::kBFloat16 ? 8e-3 : tol;
+        CHECK(close(z.grad(), z2.grad(), gtol, gtol * 0.1));
+      }
+    }
+  }
+}
+
+TEST_CASE("torch logits_stats: strided logits, int32 labels, one output used", "[torch][logits]") {
+  tsupport::seed(1005);
+  const std::int64_t n = 9, v = 130;
+  const at::Tensor zt = at::randn({v, n}, at::kDouble);
+  at::Tensor z = zt.t();  // [n, v], strides (1, n): read in place
+  z.requires_grad_();
+  const at::Tensor y = at::randint(0, v, {n}, at::TensorOptions().dtype(at::kInt));
+  auto [lp, ent] = th::logits_stats(z, y);
+  ent.sum().backward();  // grad of log_prob undefined
+  at::Tensor z2 = zt.t().detach().clone().requires_grad_();
+  auto [lp2, ent2] = tsupport::oracle_logits_stats(z2, y);
+  ent2.sum().backward();
+  CHECK(close(lp, lp2, 1e-12, 1e-12));
+  CHECK(close(z.grad(), z2.grad(), 1e-12, 1e-13));
+  at::Tensor z3 = zt.t().detach().clone().requires_grad_();
+  th::logits_stats(z3, y).first.sum().backward();  // grad of entropy undefined
+  at::Tensor z4 = zt.t().detach().clone().requires_grad_();
+  tsupport::oracle_logits_stats(z4, y).first.sum().backward();
+  CHECK(close(z3.grad(), z4.grad(), 1e-12, 1e-13));
+}
+
+TEST_CASE("torch logits_stats: gradients equal central finite differences (float64)", "[torch][logits][fd]") {
+  tsupport::seed(1006);
+  const at::Tensor base = at::randn({4, 11}, at::kDouble) * 2;
+  const at::Tensor y = at::randint(0, 11, {4}, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor a = at::randn({4}, at::kDouble), c = at::randn({4}, at::kDouble);
+  at::Tensor z = base.clone().requires_grad_();
+  auto [lp, ent] = th::logits_stats(z, y, 0.8);
+  (lp * a + ent * c).sum().backward();
+  at::Tensor zd = base.clone();
+  const auto f = [&] {
+    auto [l, e] = th::logits_stats(zd, y, 0.8);
+    return (l * a + e * c).sum().item<double>();
+  };
+  CHECK(tsupport::fd_matches(f, zd, z.grad()));
+}
+
+TEST_CASE("torch policy_loss_from_logits matches the plain-torch graph (copy and in place)", "[torch][fused]") {
+  tsupport::seed(1007);
+  for (auto dt : {at::kDouble, at::kFloat}) {
+    const double tol = dt == at::kDouble ? 1e-11 : 3e-5;
+    for (bool in_place : {false, true}) {
+      const std::int64_t b = 3, t = 5, v = 257;
+      batch x = make_batch(b, t, dt);
+      const double n = x.mask.sum().item<double>();
+      auto cfg = full_config(n);
+      const at::Tensor zb = at::randn({b * t, v}, at::TensorOptions().dtype(dt)) * 2;
+      const at::Tensor y = at::randint(0, v, {b * t}, at::TensorOptions().dtype(at::kLong));
+      // ulorl: logits = leaf * 1 (a non-leaf, as a model's output), so in place may overwrite it.
+      at::Tensor leaf = zb.clone().requires_grad_();
+      at::Tensor z = leaf * 1.0;
+      th::logits_loss_options opt{.extra = {.ref_log_prob = x.ref, .weights = x.w}, .in_place = in_place};
+      opt.logits.temperature = 0.9;
+      auto out = th::policy_loss_from_logits(z, y, x.old, x.adv, x.mask, cfg, opt);
+      (3.0 * out.loss).backward();
+      // Plain torch.
+      at::Tensor leaf2 = zb.clone().requires_grad_();
+      auto [lp, ent] = tsupport::oracle_logits_stats(leaf2, y, 0.9);
+      at::Tensor ref = tsupport::oracle_policy_loss(lp.view({b, t}), x.old, x.adv, x.mask, 0.2, 0.28, x.ref, 0.05,
+                                                    ent.view({b, t}), 0.01, x.w);
+      (3.0 * ref).backward();
+      CHECK(close(out.loss, ref, tol, tol));
+      CHECK(close(out.log_prob, lp.view({b, t}), tol, tol));
+      CHECK(close(leaf.grad(), leaf2.grad(), tol * 10, tol * 1e-2));
+    }
+  }
+}
+
+TEST_CASE("torch composed graph: linear layer -> logits -> ulorl loss -> weight gradients", "[torch][graph]") {
+  tsupport::seed(1008);
+  const std::int64_t b = 2, t = 6, h = 16, v = 97;
+  batch x = make_batch(b, t, at::kDouble);
+  const auto cfg = full_config(x.mask.sum().item<double>());
+  const at::Tensor hid = at::randn({b * t, h}, at::kDouble);
+  const at::Tensor w0 = at::randn({v, h}, at::kDouble) * 0.3, b0 = at::randn({v}, at::kDouble) * 0.1;
+  const at::Tensor y = at::randint(0, v, {b * t}, at::TensorOptions().dtype(at::kLong));
+  const th::policy_loss_tensors extra{.ref_log_prob = x.ref, .weights = x.w};
+
+  // Plain torch.
+  at::Tensor w2 = w0.clone().requires_grad_(), bias2 = b0.clone().requires_grad_();
+  auto [lp2, ent2] = tsupport::oracle_logits_stats(at::addmm(bias2, hid, w2.t()), y);
+  tsupport::oracle_policy_loss(lp2.view({b, t}), x.old, x.adv, x.mask, 0.2, 0.28, x.ref, 0.05, ent2.view({b, t}), 0.01,
+                               x.w)
+      .backward();
+
+  SECTION("logits_stats + policy_loss") {
+    at::Tensor w = w0.clone().requires_grad_(), bias = b0.clone().requires_grad_();
+    auto [lp, ent] = th::logits_stats(at::addmm(bias, hid, w.t()), y);
+    th::policy_loss(lp.view({b, t}), x.old, x.adv, x.mask, cfg,
+                    {.ref_log_prob = x.ref, .weights = x.w, .entropy = ent.view({b, t})})
+        .loss.backward();
+    CHECK(close(w.grad(), w2.grad(), 1e-10, 1e-13));
+    CHECK(close(bias.grad(), bias2.grad(), 1e-10, 1e-13));
+  }
+  SECTION("policy_loss_from_logits in place") {
+    at::Tensor w = w0.clone().requires_grad_(), bias = b0.clone().requires_grad_();
+    th::policy_loss_from_logits(at::addmm(bias, hid, w.t()), y, x.old, x.adv, x.mask, cfg,
+                                {.extra = extra, .in_place = true})
+        .loss.backward();
+    CHECK(close(w.grad(), w2.grad(), 1e-10, 1e-13));
+    CHECK(close(bias.grad(), bias2.grad(), 1e-10, 1e-13));
+  }
+  SECTION("linear_head_policy_loss, chunks of 5 rows") {
+    at::Tensor w = w0.clone().requires_grad_(), bias = b0.clone().requires_grad_();
+    at::Tensor hg = hid.clone().requires_grad_();
+    th::linear_head_loss_options opt{.extra = extra};
+    opt.head.chunk_rows = 5;
+    auto out = th::linear_head_policy_loss(hg, w, bias, y, x.old, x.adv, x.mask, cfg, opt);
+    out.loss.backward();
+    CHECK(close(w.grad(), w2.grad(), 1e-10, 1e-13));
+    CHECK(close(bias.grad(), bias2.grad(), 1e-10, 1e-13));
+    at::Tensor hg2 = hid.clone().requires_grad_();
+    auto [l3, e3] = tsupport::oracle_logits_stats(at::addmm(b0, hg2, w0.t()), y);
+    tsupport::oracle_policy_loss(l3.view({b, t}), x.old, x.adv, x.mask, 0.2, 0.28, x.ref, 0.05, e3.view({b, t}), 0.01,
+                                 x.w)
+        .backward();
+    CHECK(close(hg.grad(), hg2.grad(), 1e-10, 1e-13));
+  }
+}
+
+TEST_CASE("torch linear_head_policy_loss float32 against plain torch", "[torch][head]") {
+  tsupport::seed(1009);
+  const std::int64_t b = 4, t = 8, h = 64, v = 1000;
+  batch x = make_batch(b, t, at::kFloat);
+  const auto cfg = full_config(x.mask.sum().item<double>());
+  const at::Tensor hid = at::randn({b * t, h}), w0 = at::randn({v, h}) * 0.1;
+  const at::Tensor y = at::randint(0, v, {b * t}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor w = w0.clone().requires_grad_(), hg = hid.clone().requires_grad_();
+  th::linear_head_loss_options opt{.extra = {.ref_log_prob = x.ref, .weights = x.w}};
+  opt.head.chunk_rows = 7;
+  opt.head.temperature = 1.3;
+  auto out = th::linear_head_policy_loss(hg, w, at::Tensor(), y, x.old, x.adv, x.mask, cfg, opt);
+  (0.5 * out.loss).backward();
+  at::Tensor w2 = w0.clone().requires_grad_(), hg2 = hid.clone().requires_grad_();
+  auto [lp, ent] = tsupport::oracle_logits_stats(at::mm(hg2, w2.t()), y, 1.3);
+  at::Tensor ref = tsupport::oracle_policy_loss(lp.view({b, t}), x.old, x.adv, x.mask, 0.2, 0.28, x.ref, 0.05,
+                                                ent.view({b, t}), 0.01, x.w);
+  (0.5 * ref).backward();
+  CHECK(close(out.loss, ref, 1e-4, 1e-5));
+  CHECK(close(w.grad(), w2.grad(), 1e-3, 1e-6));
+  CHECK(close(hg.grad(), hg2.grad(), 1e-3, 1e-6));
+}
+
+TEST_CASE("torch autograd functions: a second backward through a consumed gradient raises ulorl::error",
+          "[torch][errors]") {
+  batch x = make_batch(2, 3, at::kDouble);
+  at::Tensor lp = x.lp.clone().requires_grad_();
+  auto out = th::policy_loss(lp, x.old, x.adv, x.mask, full_config(x.mask.sum().item<double>()),
+                             {.ref_log_prob = x.ref, .entropy = x.ent});
+  out.loss.backward({}, /*retain_graph=*/true);
+  CHECK_THROWS_AS(out.loss.backward(), ulorl::error);
+}
+
+namespace {
+
+//! Runs f, requires an ulorl::error whose function and argument are as given and whose message
+//! contains `part`.
+void expect_error(const std::function<void()>& f, const std::string& fn, const std::string& arg,
+                  const std::string& part) {
+  try {
+    f();
+  } catch (const ulorl::error& e) {
+    INFO(e.what());
+    CHECK(e.function() == fn);
+    CHECK(e.argument() == arg);
+    CHECK(std::string(e.what()).find(part) != std::string::npos);
+    return;
+  }
+  FAIL("no ulorl::error thrown (expected " + fn + " / " + arg + ")");
+}
+
+}  // namespace
+
+TEST_CASE("torch group_advantages matches the plain-torch group formula", "[torch][advantages]") {
+  tsupport::seed(2001);
+  for (auto dt : {at::kDouble, at::kFloat}) {
+    const double tol = dt == at::kDouble ? 1e-12 : 1e-5;
+    // Ids in any order, groups of 2..6.
+    const at::Tensor ids = at::randint(0, 5, {40}, at::TensorOptions().dtype(at::kLong));
+    const at::Tensor r = at::randint(0, 2, {40}, at::TensorOptions().dtype(dt)) + at::rand({40}, dt) * 0.1;
+    const auto preset = ulorl::presets::verl::grpo_advantage();
+    const at::Tensor adv = th::group_advantages(r, ids, preset);
+    at::Tensor want = at::zeros_like(r);
+    for (std::int64_t g = 0; g < 5; ++g) {
+      const at::Tensor m = ids.eq(g);
+      if (m.sum().item<std::int64_t>() < 2) continue;  // (singletons: verl's identity rule, not compared here)
+      const at::Tensor rg = r.masked_select(m);
+      want.masked_scatter_(m, (rg - rg.mean()) / (rg.std() + 1e-6));
+    }
+    const at::Tensor big = at::bincount(ids).index_select(0, ids).ge(2);
+    CHECK(close(adv.masked_select(big), want.masked_select(big), tol, tol));
+    // Contiguous groups of 4 (TRL: eps 1e-4), int32 ids give the same as int64.
+    const at::Tensor a4 = th::group_advantages(r, std::int64_t{4}, ulorl::presets::trl::advantage().group);
+    const at::Tensor rv = r.view({10, 4});
+    CHECK(close(a4, ((rv - rv.mean(1, true)) / (rv.std(1, true, true) + 1e-4)).view({-1}), tol, tol));
+    CHECK(at::equal(th::group_advantages(r, ids.to(at::kInt), preset), adv));
+  }
+}
+
+TEST_CASE("torch broadcast_to_tokens, mpt_mask and dynamic_sampling_filter match plain torch", "[torch][advantages]") {
+  tsupport::seed(2002);
+  const std::int64_t b = 6, t = 9;
+  const at::Tensor adv = at::randn({b}, at::kDouble);
+  const at::Tensor len = at::randint(1, t + 1, {b, 1});
+  const at::Tensor mask = at::arange(t).unsqueeze(0).lt(len);
+  // masked placement: a_i m_it, in every mask dtype.
+  for (const at::Tensor& m : {mask, mask.to(at::kByte), mask.to(at::kDouble)}) {
+    const at::Tensor tok = th::broadcast_to_tokens(adv, m, ulorl::presets::verl::grpo_advantage());
+    CHECK(at::equal(tok, adv.unsqueeze(1) * mask.to(at::kDouble)));
+  }
+  // Packed, every_position (NeMo-RL): a_i everywhere.
+  const at::Tensor off = at::cat({at::zeros({1}, at::kLong), len.view({-1}).cumsum(0)});
+  const at::Tensor pm = at::ones({off[-1].item<std::int64_t>()}, at::kBool);
+  const at::Tensor ptok = th::broadcast_to_tokens(adv, pm, ulorl::presets::nemo_rl::advantage(), off);
+  CHECK(at::equal(ptok, at::repeat_interleave(adv, len.view({-1}))));
+
+  // MPT, dynamic, response scope: drop valid tokens of positive responses with p >= tau when the
+  // response's mean entropy is below sigma.
+  const at::Tensor lp = at::log(at::rand({b, t}, at::kDouble) * 0.05 + 0.95 * at::randint(0, 2, {b, t}, at::kDouble) +
+                                1e-3)
+                            .clamp_max(0);
+  const at::Tensor ent = at::rand({b, t}, at::kDouble) * 0.4;
+  const at::Tensor reward = at::randint(0, 2, {b}, at::kDouble);
+  ulorl::mpt_config cfg;
+  auto [keep, st] = th::mpt_mask({.log_prob = lp, .entropy = ent, .mask = mask, .response_score = reward}, cfg);
+  const at::Tensor md = mask.to(at::kDouble);
+  const at::Tensor row_h = (ent * md).sum(1) / md.sum(1);
+  const at::Tensor drop = reward.ge(1).unsqueeze(1) & at::exp(lp).ge(0.99) & row_h.lt(0.2).unsqueeze(1);
+  const at::Tensor want = mask & drop.logical_not();
+  REQUIRE(keep.scalar_type() == at::kBool);
+  CHECK(at::equal(keep, want));
+  CHECK(st.masked_tokens == static_cast<std::size_t>((mask & drop).sum().item<std::int64_t>()));
+
+  // Dynamic sampling: groups of 4 with all-equal rewards are dropped.
+  const at::Tensor ids = at::arange(12, at::TensorOptions().dtype(at::kLong)).floor_divide(4);
+  const at::Tensor acc = at::tensor({1., 1., 1., 1., 0., 1., 0., 0., 0., 0., 0., 0.}, at::kDouble);
+  auto [k, res] = th::dynamic_sampling_filter(acc, ids);
+  CHECK(at::equal(k, acc.view({3, 4}).std(1).gt(0).repeat_interleave(4)));
+  CHECK(res.kept_groups == 1);
+}
+
+TEST_CASE("torch adapter: bad inputs raise ulorl::error naming the argument, outputs untouched", "[torch][errors]") {
+  const auto o = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor lp = -at::rand({2, 4}, o), adv = at::randn({2, 4}, o), mask = at::ones({2, 4}, at::kBool);
+  ulorl::policy_loss_config cfg;
+  cfg.normalizer = {ulorl::agg_mode::token_mean, 8.0, 1.0};
+  // dtype, device, rank, sizes.
+  expect_error([&] { (void)th::policy_loss(lp.to(at::kInt), lp, adv, mask, cfg); }, "policy_loss", "log_prob",
+               "dtype Int");
+  expect_error([&] { (void)th::policy_loss(lp, lp.to(at::kFloat), adv, mask, cfg); }, "policy_loss", "old_log_prob",
+               "dtype Float");
+  expect_error([&] { (void)th::policy_loss(lp, lp, adv, mask.to(at::kInt), cfg); }, "policy_loss", "mask",
+               "bool, uint8 or Double");
+  expect_error([&] { (void)th::policy_loss(lp, lp, adv, at::ones({2, 4}, at::TensorOptions().device(at::kMeta)), cfg); },
+               "policy_loss", "mask", "device meta");
+  expect_error([&] { (void)th::policy_loss(lp, lp, adv.view({-1}), mask, cfg); }, "policy_loss", "advantages",
+               "rank 1");
+  expect_error([&] { (void)th::policy_loss(lp, lp, adv.narrow(1, 0, 3), mask, cfg); }, "policy_loss", "advantages",
+               "shape differs");
+  // NaN with value checks on names the token.
+  at::Tensor bad = lp.clone();
+  bad[1][2] = std::nan("");
+  expect_error([&] { (void)th::policy_loss(bad, lp, adv, mask, cfg); }, "policy_loss", "log_prob", "[6]");
+
+  // logits_stats: labels out of range, strided labels, rank, dtype, NaN with check_logits.
+  const at::Tensor z = at::randn({3, 5}, o);
+  const at::Tensor y = at::tensor({0, 4, 5}, at::kLong);
+  expect_error([&] { (void)th::logits_stats(z, y); }, "logits_forward", "labels", "[2] = 5");
+  expect_error([&] { (void)th::logits_stats(z, at::zeros({6}, at::kLong).slice(0, 0, 6, 2)); }, "logits_stats",
+               "labels", "contiguous");
+  expect_error([&] { (void)th::logits_stats(z.view({-1}), y); }, "logits_stats", "logits", "rank 1");
+  expect_error([&] { (void)th::logits_stats(z.to(at::kHalf), y); }, "logits_stats", "logits", "bfloat16");
+  expect_error([&] { (void)th::logits_stats(z, y.to(at::kFloat)); }, "logits_stats", "labels", "int64 or int32");
+  at::Tensor zn = z.clone();
+  zn[1][3] = std::nan("");
+  expect_error([&] { (void)th::logits_stats(zn, at::zeros({3}, at::kLong), {.check_logits = true}); },
+               "logits_forward", "logits", "[8]");
+
+  // policy_loss_from_logits in place: an error leaves the logits as they were; a stride-0
+  // (expanded) logits tensor cannot take the gradient in place.
+  const at::Tensor old = -at::rand({1, 3}, o), a3 = at::randn({1, 3}, o);
+  cfg.normalizer.denominator = 3;
+  at::Tensor logits = z.clone();
+  at::Tensor old_bad = old.clone();
+  old_bad[0][1] = std::nan("");
+  expect_error([&] {
+    (void)th::policy_loss_from_logits(logits, at::zeros({3}, at::kLong), old_bad, a3, at::ones({1, 3}, at::kBool), cfg,
+                                      {.in_place = true});
+  }, "policy_loss", "old_log_prob", "[1]");
+  CHECK(at::equal(logits, z));
+  expect_error([&] {
+    (void)th::policy_loss_from_logits(z[0].expand({3, 5}), at::zeros({3}, at::kLong), old, a3,
+                                      at::ones({1, 3}, at::kBool), cfg, {.in_place = true});
+  }, "policy_loss_from_logits", "grad_logits", "overlap");
+
+  // Advantages: strided per-response tensors, bad ids.
+  const at::Tensor r = at::rand({8}, o);
+  expect_error([&] { (void)th::group_advantages(r.slice(0, 0, 8, 2), std::int64_t{2}); }, "group_advantages",
+               "rewards", "contiguous");
+  expect_error([&] { (void)th::group_advantages(r, at::full({8}, -1, at::kLong)); }, "group_advantages", "group_ids",
+               "must be >= 0");
+  expect_error([&] { (void)th::group_advantages(r, std::int64_t{3}); }, "group_advantages", "group_size", "");
+  expect_error([&] { (void)th::broadcast_to_tokens(r.view({2, 4}), mask); }, "broadcast_to_tokens", "advantages",
+               "rank 2");
+}
+
+TEST_CASE("torch logits_stats peak memory: at most 1/10 of torch's log_softmax / gather / entropy",
+          "[torch][memory]") {
+  // Counted: bytes of live CPU tensors (a wrapper around torch's CPU allocator) above those alive
+  // before the call, during forward + backward, minus the [N, V] gradient of the logits (both
+  // paths need it). The logits themselves exist before and are not counted. N = 512 here (the
+  // torch path peaks at ~5 [N, V] buffers, 1.6 GB at V = 151936); bench_torch runs N = 4096.
+  const std::int64_t n = 512, v = 151936;
+  auto& alloc = tsupport::counting_allocator::install();
+  tsupport::seed(2004);
+  const at::Tensor base = at::randn({n, v}) * 2;
+  const at::Tensor y = at::randint(0, v, {n}, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor a = at::randn({n}), c = at::randn({n});
+  const std::int64_t grad_bytes = n * v * 4;
+  const auto extra_peak = [&](bool use_ulorl) {
+    at::Tensor z = base.clone().requires_grad_();
+    const std::int64_t before = alloc.current.load();
+    alloc.reset_peak();
+    {
+      auto [lp, ent] = use_ulorl ? th::logits_stats(z, y) : tsupport::oracle_logits_stats(z, y);
+      (lp * a + ent * c).sum().backward();
+    }
+    REQUIRE(z.grad().defined());
+    return alloc.peak.load() - before - grad_bytes;
+  };
+  const std::int64_t ours = extra_peak(true), theirs = extra_peak(false);
+  std::printf("logits_stats N=%lld V=%lld: extra peak ulorl %.3f MB, torch %.1f MB (%.0fx); [N,V] = %.1f MB\n",
+              static_cast<long long>(n), static_cast<long long>(v), static_cast<double>(ours) / 1e6,
+              static_cast<double>(theirs) / 1e6, static_cast<double>(theirs) / static_cast<double>(ours > 0 ? ours : 1),
+              static_cast<double>(grad_bytes) / 1e6);
+  CHECK(ours * 10 <= theirs);
+  CHECK(ours < n * 64);  // O(N): a few [N] double vectors
+}
