@@ -223,7 +223,7 @@ class summary_reporter : public benchmark::BenchmarkReporter {
     // tokens: 352 MB in float, 688 MB in double, beyond the last-level cache), the faster of the
     // two element types in this run (one machine, one bandwidth: on malloc's misaligned blocks the
     // double stream measured up to a third below the float one in the same process, 26.1 against
-    // 39.0 GB/s; on the aligned arrays they have measured alike; docs/losses.md §10).
+    // 39.0 GB/s; on the aligned arrays they have measured alike; bench/RESULTS.md, bench_loss).
     // At smaller sizes the same-size stream runs from the caches and measures their bandwidth
     // instead; both ratios are printed.
     const auto stream16 = [&](const std::string& ty) {
@@ -274,7 +274,7 @@ class summary_reporter : public benchmark::BenchmarkReporter {
     }
   }
 
-  //! The bandwidth target (>= 50% of the streaming read bandwidth) for one element type.
+  //! The bandwidth target (>= 50% of the streaming read bandwidth) for one element type.
   //! Its subject is the fused pass (one read of every input: check_values = false), judged against
   //! the machine's memory bandwidth at every size. The default validated call reads every input
   //! twice (the scan must finish before anything is written: outputs untouched on bad input), so

@@ -45,7 +45,7 @@
 // GCC does not schedule instructions before register allocation on x86 by default; the row kernel
 // is a long chain of dependent vector operations (two exponentials per token), and the
 // register-pressure-aware pre-RA scheduler interleaves its independent chains: +7-11% on the
-// clip-higher + k3 kernel (docs/losses.md §10). Only the row kernels get it (glibc uses the same
+// clip-higher + k3 kernel (docs/losses.md §10.2). Only the row kernels get it (glibc uses the same
 // attribute in production); ULORL_LOSS_NO_SCHED turns it off.
 #if defined(__GNUC__) && !defined(__clang__) && !defined(ULORL_LOSS_NO_SCHED)
 #define ULORL_LOSS_SCHED __attribute__((optimize("schedule-insns", "sched-pressure")))
@@ -380,7 +380,7 @@ struct lanes {
 //! most): the row kernel and the value scan take them separately (the peel), so that the vector
 //! loop's loads and stores do not straddle cache lines when the arrays share logp's alignment
 //! (malloc'd blocks sit 16 bytes past one). 0 for rows of fewer than 8 vectors, where one more
-//! partial vector would cost more than it saves, and for a pointer not aligned to T. §10.
+//! partial vector would cost more than it saves, and for a pointer not aligned to T. docs/losses.md §10.4.
 template <class T, std::size_t Bytes>
 [[nodiscard]] inline std::size_t peel(const T* p, std::size_t n) noexcept {
   constexpr std::size_t align = Bytes < 64 ? Bytes : 64;
@@ -405,7 +405,7 @@ struct row_kernel {
   //! 4, measured +22-29% at 1M and +24-28% at 16M tokens (four independent exp chains in one block
   //! for the scheduler); float: 1 (2 and 4 were not faster: its step already holds 16 lanes, and
   //! the spills grow). The unrolled loop is a plain inner loop that GCC fully unrolls: the same
-  //! unrolling written with a lambda cost 3% (double) and 10-14% (float, even at 1). §10.
+  //! unrolling written with a lambda cost 3% (double) and 10-14% (float, even at 1). docs/losses.md §10.5.
   static constexpr std::size_t unroll = sizeof(T) == 8 ? 4 : 1;
   struct accumulators {
     DV pg{}, kl{}, en{}, nlr{}, nlrc{}, k3{}, ratio{};
