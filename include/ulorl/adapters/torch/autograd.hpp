@@ -335,34 +335,39 @@ struct fused_args {
   bool has_bias = false;  // as policy_loss_args::has_entropy
 };
 
+//! The steps both fused paths share: the token dtype of the inputs, the 0/1 mask as bytes, the
+//! labels' index type, the loss inputs and the token output buffers. `run(T{}, labels, inputs,
+//! buffers)` calls the fused kernel and sets a->out->result; returns the 0-dim loss.
+template <class Options, class Run>
+at::Tensor fused_forward(std::string_view fn, const fused_args* a, const Options* opt, Run&& run) {
+  const offsets_view off = offsets_of(fn, "offsets", opt->extra.offsets);
+  return with_token_type(fn, "old_log_prob", *a->old_log_prob, [&](auto ttag) {
+    using T = decltype(ttag);
+    const at::Tensor mask = byte_mask<T>(fn, "mask", *a->mask, off);
+    return with_label_type(fn, "labels", *a->labels, [&](auto y) {
+      const auto in = fused_inputs<T, std::uint8_t>(fn, *a->old_log_prob, *a->advantages, mask, opt->extra, off);
+      auto buf = make_token_buffers<T>(fn, *a->old_log_prob, off, a->cfg->entropy_coef != 0.0);
+      run(ttag, y, in, buf);
+      a->out->log_prob = buf.log_prob;
+      a->out->entropy = buf.entropy;
+      return at::scalar_tensor(a->out->result.loss, at::TensorOptions().dtype(scalar_type_of<T>()));
+    });
+  });
+}
+
 struct logits_loss_function : public torch::autograd::Function<logits_loss_function> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits, const fused_args* a,
                             const logits_loss_options* opt) {
     constexpr std::string_view fn = "policy_loss_from_logits";
-    const offsets_view off = offsets_of(fn, "offsets", opt->extra.offsets);
-    const policy_loss_config& cfg = *a->cfg;
-    return with_logits_type(fn, "logits", logits, [&](auto ltag) {
-      using L = decltype(ltag);
-      return with_token_type(fn, "old_log_prob", *a->old_log_prob, [&](auto ttag) {
-        using T = decltype(ttag);
-        using M = std::uint8_t;
-        const at::Tensor mask = byte_mask<T>(fn, "mask", *a->mask, off);
-        {
-          return with_label_type(fn, "labels", *a->labels, [&](auto y) {
-            const auto in = fused_inputs<T, M>(fn, *a->old_log_prob, *a->advantages, mask, opt->extra, off);
-            const matrix_view<const L> z = matrix_of<const L>(fn, "logits", logits);
-            auto buf = make_token_buffers<T>(fn, *a->old_log_prob, off, cfg.entropy_coef != 0.0);
-            at::Tensor grad = opt->in_place ? logits : at::empty(logits.sizes(), logits.options());
-            a->out->result = ulorl::policy_loss_from_logits(z, y, in, cfg, buf.views,
-                                                            matrix_of<L>(fn, "grad_logits", grad), opt->logits,
-                                                            torch_executor{});
-            if (opt->in_place) torch::autograd::impl::bump_version(logits);
-            ctx->saved_data["grad_logits"] = grad;
-            a->out->log_prob = buf.log_prob;
-            a->out->entropy = buf.entropy;
-            return at::scalar_tensor(a->out->result.loss, at::TensorOptions().dtype(scalar_type_of<T>()));
-          });
-        }
+    return fused_forward(fn, a, opt, [&](auto, auto y, const auto& in, auto& buf) {
+      with_logits_type(fn, "logits", logits, [&](auto ltag) {
+        using L = decltype(ltag);
+        const matrix_view<const L> z = matrix_of<const L>(fn, "logits", logits);
+        at::Tensor grad = opt->in_place ? logits : at::empty(logits.sizes(), logits.options());
+        a->out->result = ulorl::policy_loss_from_logits(z, y, in, *a->cfg, buf.views, matrix_of<L>(fn, "grad_logits", grad),
+                                                        opt->logits, torch_executor{});
+        if (opt->in_place) torch::autograd::impl::bump_version(logits);
+        ctx->saved_data["grad_logits"] = grad;
       });
     });
   }
@@ -376,47 +381,33 @@ struct head_loss_function : public torch::autograd::Function<head_loss_function>
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& bias, const fused_args* a, const linear_head_loss_options* opt) {
     constexpr std::string_view fn = "linear_head_policy_loss";
-    const offsets_view off = offsets_of(fn, "offsets", opt->extra.offsets);
-    const policy_loss_config& cfg = *a->cfg;
-    return with_token_type(fn, "hidden", hidden, [&](auto htag) {
-      using H = decltype(htag);
-      return with_token_type(fn, "old_log_prob", *a->old_log_prob, [&](auto ttag) {
-        using T = decltype(ttag);
-        using M = std::uint8_t;
-        const at::Tensor mask = byte_mask<T>(fn, "mask", *a->mask, off);
-        {
-          return with_label_type(fn, "labels", *a->labels, [&](auto y) {
-            const auto in = fused_inputs<T, M>(fn, *a->old_log_prob, *a->advantages, mask, opt->extra, off);
-            linear_head_inputs<H> head;
-            head.hidden = matrix_of<const H>(fn, "hidden", hidden);
-            head.weight = matrix_of<const H>(fn, "weight", weight);
-            if (a->has_bias) head.bias = vector_of<const H>(fn, "bias", bias);
-            auto buf = make_token_buffers<T>(fn, *a->old_log_prob, off, cfg.entropy_coef != 0.0);
-            const auto opts = hidden.options();
-            at::Tensor gh = hidden.requires_grad() ? at::empty(hidden.sizes(), opts) : at::Tensor();
-            at::Tensor gw = weight.requires_grad() ? at::empty(weight.sizes(), opts) : at::Tensor();
-            at::Tensor gb = a->has_bias && bias.requires_grad() ? at::empty(bias.sizes(), opts) : at::Tensor();
-            linear_head_grads<H> g;
-            if (gh.defined()) g.hidden = matrix_of<H>(fn, "grad_hidden", gh);
-            if (gw.defined()) g.weight = matrix_of<H>(fn, "grad_weight", gw);
-            if (gb.defined()) g.bias = vector_of<H>(fn, "grad_bias", gb);
-            linear_head_config hcfg = opt->head;
-            hcfg.grad_hidden = grad_mode::overwrite;
-            hcfg.grad_weight = grad_mode::overwrite;
-            const std::size_t ws = linear_head_workspace_bytes<H>(head.hidden.rows(), head.weight.rows(), hcfg);
-            at::Tensor workspace = at::empty({static_cast<std::int64_t>(ws)}, at::TensorOptions().dtype(at::kByte));
-            a->out->result = ulorl::policy_loss_from_hidden(
-                head, y, in, cfg, buf.views, g, hcfg,
-                std::span<std::byte>(reinterpret_cast<std::byte*>(workspace.data_ptr()), ws), torch_executor{},
-                torch_gemm{});
-            ctx->saved_data["grad_hidden"] = gh;
-            ctx->saved_data["grad_weight"] = gw;
-            ctx->saved_data["grad_bias"] = gb;
-            a->out->log_prob = buf.log_prob;
-            a->out->entropy = buf.entropy;
-            return at::scalar_tensor(a->out->result.loss, at::TensorOptions().dtype(scalar_type_of<T>()));
-          });
-        }
+    return fused_forward(fn, a, opt, [&](auto, auto y, const auto& in, auto& buf) {
+      with_token_type(fn, "hidden", hidden, [&](auto htag) {
+        using H = decltype(htag);
+        linear_head_inputs<H> head;
+        head.hidden = matrix_of<const H>(fn, "hidden", hidden);
+        head.weight = matrix_of<const H>(fn, "weight", weight);
+        if (a->has_bias) head.bias = vector_of<const H>(fn, "bias", bias);
+        const auto opts = hidden.options();
+        at::Tensor gh = hidden.requires_grad() ? at::empty(hidden.sizes(), opts) : at::Tensor();
+        at::Tensor gw = weight.requires_grad() ? at::empty(weight.sizes(), opts) : at::Tensor();
+        at::Tensor gb = a->has_bias && bias.requires_grad() ? at::empty(bias.sizes(), opts) : at::Tensor();
+        linear_head_grads<H> g;
+        if (gh.defined()) g.hidden = matrix_of<H>(fn, "grad_hidden", gh);
+        if (gw.defined()) g.weight = matrix_of<H>(fn, "grad_weight", gw);
+        if (gb.defined()) g.bias = vector_of<H>(fn, "grad_bias", gb);
+        linear_head_config hcfg = opt->head;
+        hcfg.grad_hidden = grad_mode::overwrite;
+        hcfg.grad_weight = grad_mode::overwrite;
+        const std::size_t ws = linear_head_workspace_bytes<H>(head.hidden.rows(), head.weight.rows(), hcfg);
+        at::Tensor workspace = at::empty({static_cast<std::int64_t>(ws)}, at::TensorOptions().dtype(at::kByte));
+        a->out->result = ulorl::policy_loss_from_hidden(
+            head, y, in, *a->cfg, buf.views, g, hcfg,
+            std::span<std::byte>(reinterpret_cast<std::byte*>(workspace.data_ptr()), ws), torch_executor{},
+            torch_gemm{});
+        ctx->saved_data["grad_hidden"] = gh;
+        ctx->saved_data["grad_weight"] = gw;
+        ctx->saved_data["grad_bias"] = gb;
       });
     });
   }
