@@ -8,6 +8,7 @@
 //      payload parser and the state validation instead of stopping at the checksum;
 //   2  structured: a real mid-run state (fuzzed configuration and engine behaviour) with a few
 //      fields overwritten by fuzzed values, given to segment_scheduler(state) directly.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -150,8 +151,10 @@ void mutate(segment_scheduler_state& s, FuzzedDataProvider& p) {
       break;
     case 23:
       if (p.ConsumeBool()) {
+        // One more group's worth of responses; group_size may itself be mutated (to 2^31 - 1), so
+        // the harness adds at most 64 records: the restore must reject the mismatch either way.
         s.groups.emplace_back();
-        s.responses.resize(s.responses.size() + static_cast<std::size_t>(std::max(0, c.group_size)));
+        s.responses.resize(s.responses.size() + static_cast<std::size_t>(std::clamp(c.group_size, 0, 64)));
       } else if (!s.groups.empty()) {
         s.groups.pop_back();
       }

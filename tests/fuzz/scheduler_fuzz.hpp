@@ -195,7 +195,7 @@ inline void drive_valid(ulorl::segment_scheduler& s, FuzzedDataProvider& p, int 
   }
 }
 
-//! An upper bound of the groups the next plan() admits. A configuration without any admission
+//! An upper bound of the groups the next plan() admits, and whether their responses are few. A configuration without any admission
 //! budget (all 0 = unbounded) admits every queued prompt, as documented; the fuzzer only plans when
 //! that stays small, so that a restored queue of 2^40 prompts is not an out-of-memory report.
 inline bool admission_is_small(const ulorl::segment_scheduler& s) {
@@ -205,7 +205,8 @@ inline bool admission_is_small(const ulorl::segment_scheduler& s) {
   if (c.max_active_responses > 0) bound = std::min<std::int64_t>(bound, c.max_active_responses / c.group_size);
   if (c.max_decode_tokens > 0 && c.segment_tokens() > 0)
     bound = std::min<std::int64_t>(bound, c.max_decode_tokens / c.segment_tokens() / c.group_size);
-  return bound <= 4096;
+  // Responses, not groups: a restored state may carry any group size up to the limit.
+  return bound <= 4096 && bound * static_cast<std::int64_t>(c.group_size) <= 4096;
 }
 
 //! Arbitrary API calls (valid and invalid arguments) on `s`, checking after each call that a

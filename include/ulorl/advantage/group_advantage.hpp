@@ -81,8 +81,9 @@ struct scaled_double {
 };
 
 //! The std of the pool "group without member k" (unbiased: n - 2, biased: n - 1 divisor), robustly:
-//! the group's scaled M2 minus member k's share, or an explicit pass over the pool when that
-//! subtraction would cancel.
+//! the group's scaled M2 minus member k's share d_k^2 n / (n - 1) while that loses at most one bit
+//! (the difference keeps over half of M2), else an explicit two-pass over the pool. The shares sum
+//! to M2 n / (n - 1) <= 2 M2, so at most three members of a group take the O(n) pass: O(n) per group.
 template <class T>
 scaled_double leave_one_out_std(std::span<const T> scores, std::span<const std::uint32_t> members, std::size_t k,
                                 const moments& group, bool unbiased) {
@@ -92,9 +93,9 @@ scaled_double leave_one_out_std(std::span<const T> scores, std::span<const std::
   const double n = static_cast<double>(members.size());
   const double d = group.scaled_deviation(static_cast<double>(scores[members[k]]));
   const double m2 = group.scaled_m2 - d * d * n / (n - 1.0);
-  // Removing an element that carries almost all of the group's spread cancels catastrophically;
-  // then recompute the pool's deviations directly (O(n), rare).
-  if (m2 > 1e-6 * group.scaled_m2) return {std::sqrt(m2 / div), group.exponent};
+  // Removing a member that carries much of the group's spread cancels: the rounding error of M2
+  // (a few ulps of M2) would grow by M2 / m2 in the pool's M2, so recompute its deviations then.
+  if (m2 > 0.5 * group.scaled_m2) return {std::sqrt(m2 / div), group.exponent};
   const auto p = two_pass_moments(pool, [&](std::size_t j) {
     return static_cast<double>(scores[members[j < k ? j : j + 1]]);
   });
