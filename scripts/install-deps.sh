@@ -19,6 +19,7 @@ packages=(
   clang-14 libfuzzer-14-dev libclang-rt-14-dev  # fuzz targets (tests/fuzz: libFuzzer, ASan, UBSan)
   libopenmpi-dev openmpi-bin  # exactness across processes (tests/mpi)
   libtorch-dev libopenblas0-pthread  # ulorl::torch (tests/torch); OpenBLAS so torch's GEMMs are fair
+  python3-torch python3-pybind11 pybind11-dev python3-dev python3-numpy python3-pytest  # python/ (import ulorl)
 )
 want_cuda=0
 for arg in "$@"; do

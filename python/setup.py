@@ -1,0 +1,40 @@
+"""Builds the `ulorl` package with torch.utils.cpp_extension (offline: it needs only the installed
+torch, pybind11 and setuptools), from the same sources CMake builds (python/src) and the headers in
+../include:
+
+    pip install --no-build-isolation ./python
+
+--no-build-isolation makes pip use the torch already installed (Debian's python3-torch), which
+the extension must match; pip's isolated build would try to download one.
+"""
+
+import os
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INCLUDE = os.path.normpath(os.path.join(HERE, "..", "include"))
+if not os.path.isfile(os.path.join(INCLUDE, "ulorl", "ulorl.hpp")):
+    raise SystemExit(f"ulorl's headers are not at {INCLUDE}: build from the ulorl source tree (pip install ./python)")
+
+setup(
+    name="ulorl",
+    version="0.1.0",
+    description="RLVR algorithms for reasoning LLMs (GRPO-family advantages, policy losses with exact gradients, "
+                "KL estimators, controllers, UloRL's segment scheduler, fused logits kernels) over torch tensors",
+    packages=["ulorl", "ulorl.presets"],
+    package_data={"ulorl": ["py.typed", "*.pyi"]},
+    ext_modules=[
+        CppExtension(
+            name="ulorl._ulorl",
+            sources=[os.path.join("src", f) for f in ("module.cpp", "losses.cpp", "logits.cpp")],
+            include_dirs=[INCLUDE],
+            extra_compile_args=["-std=c++20", "-O2", "-g0"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+    python_requires=">=3.9",
+    install_requires=["torch", "numpy"],
+    zip_safe=False,
+)

@@ -1,0 +1,40 @@
+// python/src/common.hpp — shared declarations of the `ulorl._ulorl` extension's translation units:
+// module.cpp (configurations, presets, controllers, scheduler; no torch headers), losses.cpp
+// (policy loss, advantages, masks on tensors) and logits.cpp (the fused logits / linear-head paths).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <ulorl/core/error.hpp>
+#include <ulorl/loss/policy_loss.hpp>
+
+namespace ulorl_py {
+
+namespace py = pybind11;
+
+//! Name -> enum value, throwing ulorl::error that lists the known names.
+template <class E>
+E parse_name(std::string_view fn, std::string_view arg, std::string_view name,
+             std::initializer_list<std::pair<std::string_view, E>> known) {
+  std::string names;
+  for (const auto& [k, v] : known) {
+    if (k == name) return v;
+    names += names.empty() ? "'" : ", '";
+    names += k;
+    names += "'";
+  }
+  ulorl::detail::fail(fn, arg, "unknown name '" + std::string(name) + "' (expected one of " + names + ")");
+}
+
+//! The metrics and loss parts of one call as a Python dict.
+py::dict result_dict(const ulorl::policy_loss_result& r);
+
+void bind_losses(py::module_& m);
+void bind_logits(py::module_& m);
+
+}  // namespace ulorl_py

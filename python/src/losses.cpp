@@ -1,0 +1,137 @@
+// python/src/losses.cpp — the tensor functions of ulorl::th without logits: the fused policy loss
+// (an autograd function), batch counts, group advantages and their token broadcast, DAPO's dynamic
+// sampling filter and UloRL's MPT mask. Every check is the adapter's (ulorl::error, raised before
+// any output exists).
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <ulorl/adapters/torch.hpp>
+#include <ulorl/loss/aggregation.hpp>
+
+#include "common.hpp"
+
+namespace ulorl_py {
+
+namespace {
+
+using namespace pybind11::literals;
+namespace th = ulorl::th;
+using opt_tensor = std::optional<at::Tensor>;
+
+at::Tensor or_undefined(const opt_tensor& t) { return t ? *t : at::Tensor(); }
+
+ulorl::batch_counts count_mask(const at::Tensor& mask, const opt_tensor& offsets) {
+  constexpr std::string_view fn = "count_batch";
+  const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+  th::detail::require_cpu(fn, "mask", mask, -1);
+  switch (mask.scalar_type()) {
+    case c10::ScalarType::Bool:
+    case c10::ScalarType::Byte: return ulorl::count_batch(th::tokens_of<const std::uint8_t>(fn, "mask", mask, off));
+    case c10::ScalarType::Float: return ulorl::count_batch(th::tokens_of<const float>(fn, "mask", mask, off));
+    case c10::ScalarType::Double: return ulorl::count_batch(th::tokens_of<const double>(fn, "mask", mask, off));
+    default:
+      ulorl::detail::fail(fn, "mask", std::string("has dtype ") + c10::toString(mask.scalar_type()) +
+                                          " but must be bool, uint8, float32 or float64");
+  }
+}
+
+}  // namespace
+
+void bind_losses(py::module_& m) {
+  m.def("count_batch", &count_mask, "mask"_a, "offsets"_a = py::none(),
+        "Valid tokens, non-empty rows and rows of a 0/1 mask ([B, T], or [total] with offsets[B+1]); checked to be "
+        "0/1. Sum the counts of every micro-batch and rank of a step (all-reduce) and build the step's normaliser "
+        "with global_normalizer.");
+
+  m.def(
+      "_policy_loss",
+      [](const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages,
+         const at::Tensor& mask, const ulorl::policy_loss_config& cfg, const opt_tensor& ref_log_prob,
+         const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets) {
+        const th::policy_loss_tensors extra{or_undefined(ref_log_prob), or_undefined(weights), or_undefined(entropy),
+                                            or_undefined(offsets)};
+        th::policy_loss_output out;
+        {
+          const py::gil_scoped_release nogil;
+          out = th::policy_loss(log_prob, old_log_prob, advantages, mask, cfg, extra);
+        }
+        return py::make_tuple(out.loss, out.result);
+      },
+      "log_prob"_a, "old_log_prob"_a, "advantages"_a, "mask"_a, "config"_a, "ref_log_prob"_a = py::none(),
+      "weights"_a = py::none(), "entropy"_a = py::none(), "offsets"_a = py::none());
+
+  m.def(
+      "_group_advantages",
+      [](const at::Tensor& rewards, const opt_tensor& group_ids, std::optional<std::int64_t> group_size,
+         const ulorl::advantage_preset& preset) {
+        constexpr std::string_view fn = "group_advantages";
+        if (group_ids && group_size) ulorl::detail::fail(fn, "group_size", "give group_ids or group_size, not both");
+        if (group_ids) return th::group_advantages(rewards, *group_ids, preset.group);
+        if (group_size) return th::group_advantages(rewards, *group_size, preset.group);
+        ulorl::detail::fail(fn, "group_ids", "required (or group_size for contiguous groups of that size)");
+      },
+      "rewards"_a, "group_ids"_a, "group_size"_a, "preset"_a);
+  m.def(
+      "_broadcast_to_tokens",
+      [](const at::Tensor& advantages, const at::Tensor& mask, const ulorl::advantage_preset& preset,
+         const opt_tensor& offsets) {
+        return th::broadcast_to_tokens(advantages, mask, preset.broadcast, or_undefined(offsets));
+      },
+      "advantages"_a, "mask"_a, "preset"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_dynamic_sampling_filter",
+      [](const at::Tensor& metric, const at::Tensor& group_ids, bool drop_zero_variance, double min_accuracy,
+         double max_accuracy, bool use_window) {
+        const ulorl::dynamic_sampling_config cfg{.drop_zero_variance = drop_zero_variance,
+                                                 .min_accuracy = min_accuracy,
+                                                 .max_accuracy = max_accuracy,
+                                                 .use_window = use_window};
+        const auto [keep, r] = th::dynamic_sampling_filter(metric, group_ids, cfg);
+        return py::make_tuple(keep, py::dict("groups"_a = r.groups, "kept_groups"_a = r.kept_groups,
+                                             "zero_variance_groups"_a = r.zero_variance_groups,
+                                             "outside_window_groups"_a = r.outside_window_groups,
+                                             "kept_responses"_a = r.kept_responses));
+      },
+      "metric"_a, "group_ids"_a, "drop_zero_variance"_a, "min_accuracy"_a, "max_accuracy"_a, "use_window"_a);
+
+  m.def(
+      "_mpt_mask",
+      [](const opt_tensor& log_prob, const opt_tensor& old_log_prob, const at::Tensor& entropy, const opt_tensor& mask,
+         const at::Tensor& response_score, const opt_tensor& offsets, const std::string& mode, double tau, double sigma,
+         const std::string& positive, double positive_reward, const std::string& probability,
+         const std::string& scope) {
+        constexpr std::string_view fn = "mpt_mask";
+        ulorl::mpt_config cfg;
+        cfg.mode = parse_name<ulorl::mpt_mode>(fn, "mode", mode,
+                                               {{"off", ulorl::mpt_mode::off},
+                                                {"static", ulorl::mpt_mode::static_mask},
+                                                {"dynamic", ulorl::mpt_mode::dynamic_mask}});
+        cfg.tau = tau, cfg.sigma = sigma, cfg.positive_reward = positive_reward;
+        cfg.positive = parse_name<ulorl::mpt_positive>(
+            fn, "positive", positive, {{"reward", ulorl::mpt_positive::reward}, {"advantage", ulorl::mpt_positive::advantage}});
+        cfg.probability = parse_name<ulorl::mpt_probability>(
+            fn, "probability", probability,
+            {{"current", ulorl::mpt_probability::current}, {"rollout", ulorl::mpt_probability::rollout}});
+        cfg.scope = parse_name<ulorl::mpt_entropy_scope>(
+            fn, "scope", scope, {{"response", ulorl::mpt_entropy_scope::response}, {"batch", ulorl::mpt_entropy_scope::batch}});
+        const th::mpt_tensors t{or_undefined(log_prob), or_undefined(old_log_prob), entropy, or_undefined(mask),
+                                response_score, or_undefined(offsets)};
+        const auto [keep, st] = th::mpt_mask(t, cfg);
+        return py::make_tuple(
+            keep, py::dict("responses"_a = st.responses, "tokens"_a = st.tokens,
+                           "positive_responses"_a = st.positive_responses, "mpt_tokens"_a = st.mpt_tokens,
+                           "masked_tokens"_a = st.masked_tokens, "responses_below_target"_a = st.responses_below_target,
+                           "batch_below_target"_a = st.batch_below_target, "mean_entropy"_a = st.mean_entropy,
+                           "mpt_fraction"_a = st.mpt_fraction(), "masked_fraction"_a = st.masked_fraction()));
+      },
+      "log_prob"_a, "old_log_prob"_a, "entropy"_a, "mask"_a, "response_score"_a, "offsets"_a, "mode"_a, "tau"_a,
+      "sigma"_a, "positive"_a, "positive_reward"_a, "probability"_a, "scope"_a);
+}
+
+}  // namespace ulorl_py

@@ -1,0 +1,406 @@
+"""The tensor functions of the ulorl package: keyword arguments in, the C++ kernels of ulorl::th out.
+
+Nothing here computes a formula: each function builds a configuration and calls the extension.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from . import _ulorl
+from ._ulorl import AdvantagePreset, Error, Normalizer, PolicyLossConfig
+
+ArrayLike = Union[torch.Tensor, np.ndarray, Sequence[float]]
+
+
+def _fail(function: str, argument: str, what: str) -> Error:
+    """An ulorl.Error with the C++ message format and fields."""
+    e = Error(f"ulorl::{function}: argument '{argument}': {what}")
+    e.function, e.argument, e.index = function, argument, -1
+    return e
+
+
+def policy_loss_config(
+    *,
+    objective: str = "ppo_clip",
+    eps_low: float = 0.2,
+    eps_high: Optional[float] = None,
+    dual_clip: float = 0.0,
+    delta: float = 0.0,
+    log_ratio_clamp: float = 20.0,
+    seq_log_ratio_max: float = 10.0,
+    seq_gradient: str = "own_token",
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    kl_input_clamp: float = math.inf,
+    kl_output_clamp: float = math.inf,
+    kl_straight_through: bool = False,
+    kl_importance_weighted: bool = False,
+    entropy_coef: float = 0.0,
+    normalizer: Optional[Normalizer] = None,
+    check_values: bool = True,
+) -> PolicyLossConfig:
+    """A :class:`PolicyLossConfig` (ulorl::policy_loss_config) from keyword arguments.
+
+    objective: ``ppo_clip`` (clip-higher when eps_high > eps_low, dual clip c > 1, TRL's delta cap),
+    ``gspo``, ``cispo``, ``gmpo``, ``sapo`` or ``policy_gradient``; eps_high defaults to eps_low.
+    kl_estimator: ``k1``, ``abs``, ``k2``, ``k3`` with optional input / output clamps. The values are
+    checked by the loss call (ulorl.Error naming the field).
+    """
+    c = PolicyLossConfig()
+    c.objective = objective
+    c.eps_low = eps_low
+    c.eps_high = eps_low if eps_high is None else eps_high
+    c.dual_clip, c.delta = dual_clip, delta
+    c.log_ratio_clamp, c.seq_log_ratio_max, c.seq_gradient = log_ratio_clamp, seq_log_ratio_max, seq_gradient
+    c.tau_pos, c.tau_neg = tau_pos, tau_neg
+    c.kl_coef, c.kl_estimator = kl_coef, kl_estimator
+    c.kl_input_clamp, c.kl_output_clamp = kl_input_clamp, kl_output_clamp
+    c.kl_straight_through, c.kl_importance_weighted = kl_straight_through, kl_importance_weighted
+    c.entropy_coef = entropy_coef
+    if normalizer is not None:
+        c.normalizer = normalizer
+    c.check_values = check_values
+    return c
+
+
+def _config(fn: str, config: Optional[PolicyLossConfig], options: Dict[str, Any], normalizer: Optional[Normalizer],
+            agg_mode: str, agg_constant: float, mask: torch.Tensor, offsets: Optional[torch.Tensor]) -> PolicyLossConfig:
+    if config is not None:
+        if options:
+            raise _fail(fn, next(iter(options)), "give either config= or loss options, not both")
+        cfg = config
+        if normalizer is not None:
+            cfg = policy_loss_config()  # copy: never modify the caller's config
+            for k in ("objective", "eps_low", "eps_high", "dual_clip", "delta", "log_ratio_clamp", "seq_log_ratio_max",
+                      "seq_gradient", "tau_pos", "tau_neg", "kl_coef", "kl_estimator", "kl_input_clamp",
+                      "kl_output_clamp", "kl_straight_through", "kl_importance_weighted", "entropy_coef",
+                      "check_values"):
+                setattr(cfg, k, getattr(config, k))
+            cfg.normalizer = normalizer
+        return cfg
+    try:
+        cfg = policy_loss_config(**options)
+    except TypeError as e:
+        raise TypeError(f"{fn}: {e}") from None
+    if normalizer is not None:
+        cfg.normalizer = normalizer
+    else:
+        # No step normaliser given: this call is the whole batch (its own counts).
+        cfg.normalizer = _ulorl.global_normalizer(agg_mode, _ulorl.count_batch(mask, offsets), agg_constant)
+    return cfg
+
+
+def policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_log_prob: Optional[torch.Tensor] = None,
+    entropy: Optional[torch.Tensor] = None,
+    weights: Optional[torch.Tensor] = None,
+    offsets: Optional[torch.Tensor] = None,
+    normalizer: Optional[Normalizer] = None,
+    agg_mode: str = "token_mean",
+    agg_constant: float = 0.0,
+    config: Optional[PolicyLossConfig] = None,
+    **options: Any,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """The fused policy loss of one micro-batch as an autograd function.
+
+    Token tensors are ``[B, T]`` (any strides) or, with ``offsets`` ``[B+1]``, packed ``[total]``;
+    float32 or float64. ``mask`` is bool, uint8 or the log-probs' dtype (checked to be 0/1).
+    Gradients flow to ``log_prob`` and (entropy_coef != 0) ``entropy``; ``old_log_prob``,
+    ``advantages``, ``ref_log_prob`` (needed when kl_coef != 0) and ``weights`` (rollout-correction
+    weights) are constants.
+
+    Aggregation: ``normalizer`` is the step's global normaliser (:func:`global_normalizer` of the
+    all-reduced :func:`count_batch` counts): with it the micro-batch losses and gradients sum exactly
+    to the full batch's. Without it, the call normalises by its own mask's counts with ``agg_mode``
+    (``token_mean``, ``seq_mean_token_sum``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm``,
+    ``constant``; the last two divide by ``agg_constant``).
+
+    ``options`` are :func:`policy_loss_config`'s (objective, eps_low, eps_high, kl_coef, ...);
+    ``config`` passes a ready :class:`PolicyLossConfig` instead (the presets do).
+
+    Returns ``(loss, metrics)``: the 0-dim loss (token dtype) and a dict of floats: loss, pg_loss,
+    kl_loss, entropy_loss, clip fractions (clip_fraction, clip_low_fraction, clip_high_fraction,
+    clip_region_fraction, dual_clip_fraction), approx_kl_k1, approx_kl_k1_clamped, approx_kl_k3,
+    ratio_mean / min / max, kl_mean, entropy_mean and the counts behind them.
+    """
+    cfg = _config("policy_loss", config, options, normalizer, agg_mode, agg_constant, mask, offsets)
+    loss, result = _ulorl._policy_loss(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob, weights, entropy,
+                                       offsets)
+    return loss, result.as_dict()
+
+
+def _policy_loss_result(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob=None, weights=None, entropy=None,
+                        offsets=None):
+    """(loss, PolicyLossResult) for the presets, which map the result onto their frameworks' metrics."""
+    return _ulorl._policy_loss(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob, weights, entropy, offsets)
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
+                         check_logits: bool = False, fast_backward: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-row log-prob of ``labels`` and entropy of ``softmax(logits / temperature)``, one pass.
+
+    logits ``[N, V]`` float32, float64 or bfloat16 (any strides, no copy); labels ``[N]`` int64 or
+    int32 (contiguous). Returns ``(log_prob, entropy)`` ``[N]``: float64 for float64 logits, float32
+    otherwise. Differentiable in ``logits`` (backward from the saved O(N) statistics).
+    ``check_logits`` rejects NaN / +inf logits and all -inf rows.
+    """
+    return _ulorl._logits_stats(logits, labels, temperature, check_logits, fast_backward)
+
+
+def policy_loss_from_logits(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    in_place: bool = False,
+    check_logits: bool = False,
+    fast_backward: bool = False,
+    ref_log_prob: Optional[torch.Tensor] = None,
+    weights: Optional[torch.Tensor] = None,
+    offsets: Optional[torch.Tensor] = None,
+    normalizer: Optional[Normalizer] = None,
+    agg_mode: str = "token_mean",
+    agg_constant: float = 0.0,
+    config: Optional[PolicyLossConfig] = None,
+    **options: Any,
+) -> Tuple[torch.Tensor, Dict[str, Any]]:
+    """The policy loss straight from logits ``[N, V]`` (row i = token i of the token layout, padded:
+    b * T + t). ``d loss / d logits`` is computed in the forward pass: into a new ``[N, V]`` tensor, or
+    with ``in_place`` into the logits' own memory (their values are gone after the call).
+    Token-level objectives only (not gspo / gmpo). Arguments and the returned metrics as
+    :func:`policy_loss`, plus ``metrics['log_prob']`` and ``metrics['entropy']`` (detached tensors in
+    the token layout; entropy only with an entropy term).
+    """
+    cfg = _config("policy_loss_from_logits", config, options, normalizer, agg_mode, agg_constant, mask, offsets)
+    loss, result, lp, ent = _ulorl._policy_loss_from_logits(logits, labels, old_log_prob, advantages, mask, cfg,
+                                                            ref_log_prob, weights, offsets, temperature, check_logits,
+                                                            fast_backward, in_place)
+    metrics: Dict[str, Any] = result.as_dict()
+    metrics["log_prob"], metrics["entropy"] = lp, ent
+    return loss, metrics
+
+
+def linear_head_policy_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    labels: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_rows: int = 0,
+    workspace_budget: int = 256 << 20,
+    check_inputs: bool = False,
+    fast_backward: bool = False,
+    ref_log_prob: Optional[torch.Tensor] = None,
+    weights: Optional[torch.Tensor] = None,
+    offsets: Optional[torch.Tensor] = None,
+    normalizer: Optional[Normalizer] = None,
+    agg_mode: str = "token_mean",
+    agg_constant: float = 0.0,
+    config: Optional[PolicyLossConfig] = None,
+    **options: Any,
+) -> Tuple[torch.Tensor, Dict[str, Any]]:
+    """The policy loss straight from hidden states ``[N, H]``, the unembedding ``weight`` ``[V, H]``
+    (nn.Linear's layout) and ``bias`` ``[V]`` or None, in chunks of ``chunk_rows`` rows (0: sized
+    from ``workspace_budget`` bytes): never holds the ``[N, V]`` logits; the GEMMs run in torch's
+    BLAS. Gradients for whichever of hidden, weight, bias require grad. Other arguments and the
+    returned metrics as :func:`policy_loss_from_logits`.
+    """
+    cfg = _config("linear_head_policy_loss", config, options, normalizer, agg_mode, agg_constant, mask, offsets)
+    if chunk_rows < 0:
+        raise _fail("linear_head_policy_loss", "chunk_rows", f"= {chunk_rows}: must be >= 0")
+    if workspace_budget < 1:
+        raise _fail("linear_head_policy_loss", "workspace_budget", f"= {workspace_budget}: must be >= 1")
+    loss, result, lp, ent = _ulorl._linear_head_policy_loss(hidden, weight, bias, labels, old_log_prob, advantages,
+                                                            mask, cfg, ref_log_prob, weights, offsets, temperature,
+                                                            chunk_rows, workspace_budget, check_inputs, fast_backward)
+    metrics: Dict[str, Any] = result.as_dict()
+    metrics["log_prob"], metrics["entropy"] = lp, ent
+    return loss, metrics
+
+
+# ---- advantages ------------------------------------------------------------------------------------
+
+_DEFAULT_ESTIMATOR = {"verl": "grpo", "trl": "grpo", "openrlhf": "group_norm", "nemo_rl": "grpo",
+                      "open_instruct": "standard"}
+
+
+def advantage_preset(
+    preset: str = "verl",
+    *,
+    estimator: Optional[str] = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std: bool = True,
+    scale_rewards: str = "group",
+    use_leave_one_out_baseline: bool = True,
+    normalize_rewards: bool = True,
+    baseline: str = "group_mean",
+    scale: str = "group_std",
+    std: str = "unbiased",
+    eps: float = 1e-6,
+    eps_at: str = "add_to_std",
+    singleton: str = "zero",
+    zero_std: str = "divide",
+    placement: str = "masked",
+    allow_empty_rows: bool = False,
+) -> AdvantagePreset:
+    """A framework's advantage semantics (ulorl/advantage/presets.hpp), by the framework's names:
+
+    * ``verl``: estimator ``grpo`` (epsilon, norm_adv_by_std = False is Dr. GRPO) or ``rloo``;
+    * ``trl``: scale_rewards ``group`` / ``batch`` / ``none``;
+    * ``openrlhf``: estimator ``group_norm``, ``rloo`` or ``dr_grpo``;
+    * ``nemo_rl``: use_leave_one_out_baseline, normalize_rewards;
+    * ``open_instruct``: estimator ``standard`` or ``centered``;
+    * ``custom``: every knob of ulorl::group_advantage_config and broadcast_config (baseline, scale,
+      std, eps, eps_at, singleton, zero_std, placement, allow_empty_rows).
+    """
+    if preset == "custom":
+        return _ulorl._custom_advantage(baseline, scale, std, eps, eps_at, singleton, zero_std, placement,
+                                        allow_empty_rows)
+    est = estimator if estimator is not None else _DEFAULT_ESTIMATOR.get(preset, "")
+    return _ulorl._advantage_preset(preset, est, epsilon, norm_adv_by_std, scale_rewards, use_leave_one_out_baseline,
+                                    normalize_rewards)
+
+
+def _as_tensor(x: ArrayLike, dtype: Optional[torch.dtype]) -> Tuple[torch.Tensor, bool]:
+    if isinstance(x, torch.Tensor):
+        return x, False
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(x)), True
+    return torch.as_tensor(x, dtype=dtype), False
+
+
+def group_advantages(
+    rewards: ArrayLike,
+    group_ids: Optional[ArrayLike] = None,
+    preset: Union[str, AdvantagePreset] = "verl",
+    *,
+    group_size: Optional[int] = None,
+    **preset_options: Any,
+) -> Union[torch.Tensor, np.ndarray]:
+    """GRPO-family advantages ``[B]`` of per-response ``rewards`` ``[B]`` (float32 / float64).
+
+    Groups: ``group_ids`` ``[B]`` (int64 / int32, any ids, any order) or ``group_size`` (contiguous
+    groups: TRL num_generations, OpenRLHF n_samples_per_prompt). ``preset`` is a name with
+    :func:`advantage_preset`'s options, or an :class:`AdvantagePreset`. Tensors or numpy arrays in;
+    the same kind out (numpy in, numpy out).
+    """
+    p = preset if isinstance(preset, AdvantagePreset) else advantage_preset(preset, **preset_options)
+    r, was_numpy = _as_tensor(rewards, torch.float64)
+    ids = None
+    if group_ids is not None:
+        ids, _ = _as_tensor(group_ids, torch.int64)
+    out = _ulorl._group_advantages(r, ids, group_size, p)
+    return out.numpy() if was_numpy else out
+
+
+def broadcast_to_tokens(
+    advantages: ArrayLike,
+    mask: ArrayLike,
+    preset: Union[str, AdvantagePreset] = "verl",
+    *,
+    offsets: Optional[torch.Tensor] = None,
+    **preset_options: Any,
+) -> Union[torch.Tensor, np.ndarray]:
+    """Per-token advantages in the mask's shape from per-response ``advantages`` ``[B]``, placed as the
+    preset's framework does (masked; OpenRLHF through the last valid token; NeMo-RL every position)."""
+    p = preset if isinstance(preset, AdvantagePreset) else advantage_preset(preset, **preset_options)
+    a, was_numpy = _as_tensor(advantages, torch.float64)
+    m, _ = _as_tensor(mask, None)
+    out = _ulorl._broadcast_to_tokens(a, m, p, offsets)
+    return out.numpy() if was_numpy else out
+
+
+def dynamic_sampling_filter(
+    metric: ArrayLike,
+    group_ids: ArrayLike,
+    *,
+    drop_zero_variance: bool = True,
+    min_accuracy: float = 0.0,
+    max_accuracy: float = 1.0,
+    use_window: bool = False,
+) -> Tuple[Union[torch.Tensor, np.ndarray], Dict[str, int]]:
+    """DAPO's dynamic sampling: keep ``[B]`` (bool) is True for responses of groups whose ``metric``
+    values are not all equal (and, with ``use_window``, whose mean lies in [min_accuracy,
+    max_accuracy]). Returns ``(keep, counts)``."""
+    m, was_numpy = _as_tensor(metric, torch.float64)
+    ids, _ = _as_tensor(group_ids, torch.int64)
+    keep, stats = _ulorl._dynamic_sampling_filter(m, ids, drop_zero_variance, min_accuracy, max_accuracy, use_window)
+    return (keep.numpy() if was_numpy else keep), stats
+
+
+def overlong_penalty(
+    lengths: ArrayLike,
+    preset: str = "dapo",
+    *,
+    max_length: float,
+    buffer_length: Optional[float] = None,
+    penalty_factor: float = 1.0,
+    cache_length: Optional[float] = None,
+) -> Union[torch.Tensor, np.ndarray]:
+    """Reward shaping of long responses, float64 penalties (<= 0) to add to the scores.
+
+    * ``dapo`` (DAPO / verl): ``min(-(L - (max_length - buffer_length)) / buffer_length *
+      penalty_factor, 0)``;
+    * ``trl`` (TRL's soft overlong punishment): 0 up to max_length - cache_length, linear to -1
+      at max_length, -1 beyond.
+
+    Tensors in give a float64 tensor; numpy arrays or sequences give a numpy array.
+    """
+    is_tensor = isinstance(lengths, torch.Tensor)
+    arr = lengths.detach().cpu().double().numpy() if is_tensor else np.asarray(lengths, dtype=np.float64)
+    if preset == "dapo":
+        if buffer_length is None:
+            raise _fail("overlong_penalty", "buffer_length", "required for preset 'dapo'")
+        out = _ulorl._dapo_overlong_penalties(arr, max_length, buffer_length, penalty_factor)
+    elif preset == "trl":
+        if cache_length is None:
+            raise _fail("overlong_penalty", "cache_length", "required for preset 'trl'")
+        out = _ulorl._soft_overlong_penalties(arr, max_length, cache_length)
+    else:
+        raise _fail("overlong_penalty", "preset", f"unknown name '{preset}' (expected 'dapo' or 'trl')")
+    return torch.from_numpy(out) if is_tensor else out
+
+
+def mpt_mask(
+    entropy: torch.Tensor,
+    response_score: torch.Tensor,
+    *,
+    log_prob: Optional[torch.Tensor] = None,
+    old_log_prob: Optional[torch.Tensor] = None,
+    mask: Optional[torch.Tensor] = None,
+    offsets: Optional[torch.Tensor] = None,
+    mode: str = "dynamic",
+    tau: float = 0.99,
+    sigma: float = 0.2,
+    positive: str = "reward",
+    positive_reward: float = 1.0,
+    probability: str = "current",
+    scope: str = "response",
+) -> Tuple[torch.Tensor, Dict[str, Any]]:
+    """UloRL's mask of well-mastered positive tokens (MPT): keep = 0 for tokens of positive responses
+    (reward >= positive_reward, or advantage > 0 with positive='advantage') whose probability is
+    >= tau, in ``dynamic`` mode only while the mean entropy (per response, or of the batch) is below
+    sigma. The probability is the current policy's (``log_prob``) or the rollout's (``old_log_prob``,
+    probability='rollout'). Returns ``(keep, stats)``, keep in the mask's dtype (bool without a mask).
+    """
+    return _ulorl._mpt_mask(log_prob, old_log_prob, entropy, mask, response_score, offsets, mode, tau, sigma, positive,
+                            positive_reward, probability, scope)
