@@ -15,6 +15,7 @@
 
 #include "catch.hpp"
 #include "support/rollout_oracle.hpp"
+#include "support/rollout_oracle_mapping.hpp"
 #include "ulorl/rollout.hpp"
 
 // Catch records every assertion; with ~1e7 checks that dominates the runtime under ASan, so the hot
@@ -34,21 +35,6 @@ struct episode_stats {
                tokens = 0, provenance_checks = 0, stale_drops = 0;
 };
 
-oracle::outcome to_oracle(decode_outcome o) {
-  switch (o) {
-    case decode_outcome::segment_end: return oracle::outcome::segment_end;
-    case decode_outcome::eos: return oracle::outcome::eos;
-    default: return oracle::outcome::failed;
-  }
-}
-
-std::vector<std::int64_t> expand(std::span<const ulorl::version_span> spans) {
-  std::vector<std::int64_t> v;
-  for (const auto& s : spans)
-    for (auto t = s.begin; t < s.end; ++t) v.push_back(s.version);
-  return v;
-}
-
 class episode {
  public:
   episode(std::uint64_t seed, episode_stats& st) : rng_(seed), st_(st) {
@@ -65,19 +51,8 @@ class episode {
     cfg_.release_batch_groups = pick(0, 1) ? pick(1, 4) : 0;
     cfg_.max_staleness = pick(0, 2) == 0 ? pick(0, 3) : -1;
     cfg_.on_stale = pick(0, 1) ? ulorl::staleness_action::drop : ulorl::staleness_action::recompute;
-    oracle::config oc;
-    oc.group_size = G;
-    oc.max_tokens = cfg_.max_response_tokens;
-    oc.segments = cfg_.num_segments;
-    oc.max_active = cfg_.max_active_responses;
-    oc.max_decode_tokens = cfg_.max_decode_tokens;
-    oc.max_new_groups = cfg_.max_new_groups_per_step;
-    oc.admission_order = cfg_.order == ulorl::release_order::admission;
-    oc.batch_groups = cfg_.release_batch_groups;
-    oc.max_staleness = cfg_.max_staleness;
-    oc.drop_stale = cfg_.on_stale == ulorl::staleness_action::drop;
     sched_.emplace(cfg_);
-    model_.emplace(oc);
+    model_.emplace(oracle::to_oracle(cfg_));
     p_fail_ = pick(0, 1) ? 0.0 : 0.05;
     p_skip_ = pick(0, 1) ? 0.0 : 0.03;
     p_update_ = 0.1 * static_cast<double>(pick(0, 6));
@@ -120,7 +95,7 @@ class episode {
   void expect_reject(std::int64_t id, std::int64_t n, decode_outcome o) {
     const auto before = sched_->state();
     CHECK_THROWS_AS(sched_->report(id, n, o), ulorl::error);
-    CHECK_FALSE(model_->report(id, n, to_oracle(o)));
+    CHECK_FALSE(model_->report(id, n, oracle::to_oracle(o)));
     PROP_CHECK(sched_->state() == before);  // a rejected call changes nothing
     ++st_.rejections;
   }
@@ -192,7 +167,7 @@ class episode {
         o = decode_outcome::segment_end;
       }
       sched_->report(it.id, n, o);
-      PROP_CHECK(model_->report(it.id, n, to_oracle(o)));
+      PROP_CHECK(model_->report(it.id, n, oracle::to_oracle(o)));
       done_ids.push_back(it.id);
       st_.tokens += n;
       if (!drain && uni() < 0.003) checkpoint_roundtrip();  // mid-step
@@ -259,7 +234,7 @@ class episode {
         PROP_CHECK(r.admitted_step == want[g].admitted_step);
         PROP_CHECK(r.tokens <= cfg_.max_response_tokens);
         const auto spans = batch.spans_of(r);
-        const auto toks = expand(spans);
+        const auto toks = oracle::expand(spans);
         PROP_CHECK(toks == m.versions);
         // Versions never decrease along a response.
         PROP_CHECK(std::is_sorted(toks.begin(), toks.end()));
@@ -327,7 +302,7 @@ class episode {
       for (std::size_t q = 0; q < g.r.size(); ++q) {
         const auto rid = id * cfg_.group_size + static_cast<std::int64_t>(q);
         live_tokens += static_cast<std::int64_t>(g.r[q].versions.size());
-        PROP_CHECK(expand(sched_->spans_of(rid)) == g.r[q].versions);
+        PROP_CHECK(oracle::expand(sched_->spans_of(rid)) == g.r[q].versions);
       }
     PROP_CHECK(sched_->live_tokens() == live_tokens);
     PROP_CHECK(k.generated_tokens == k.released_tokens + live_tokens + k.dropped_tokens);  // conservation

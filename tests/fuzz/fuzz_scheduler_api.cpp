@@ -1,8 +1,9 @@
 // Fuzz target: sequences of segment_scheduler calls (offer_prompts, plan, report with any outcome,
 // length and id, abort, end_step, take_experience, update_policy, save + restore), compared call
-// by call with the naive model of tests/support/rollout_oracle.hpp (mapped to the scheduler as in
-// tests/test_rollout_scheduler_property.cpp). Every call the model rejects must throw ulorl::error
-// and leave the checkpoint byte-identical; every accepted call must give the model's answer.
+// by call with the naive model of tests/support/rollout_oracle.hpp (mapped onto the scheduler by
+// tests/support/rollout_oracle_mapping.hpp, as in the property test). Every call the model rejects
+// must throw ulorl::error and leave the checkpoint byte-identical; every accepted call must give the
+// model's answer.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -12,42 +13,13 @@
 #include "fuzz_common.hpp"
 #include "scheduler_fuzz.hpp"
 #include "support/rollout_oracle.hpp"
+#include "support/rollout_oracle_mapping.hpp"
 #include "ulorl/rollout.hpp"
 
 namespace {
 
 using ulorl::decode_outcome;
 using ulorl::segment_scheduler;
-
-oracle::outcome to_oracle(decode_outcome o) {
-  switch (o) {
-    case decode_outcome::segment_end: return oracle::outcome::segment_end;
-    case decode_outcome::eos: return oracle::outcome::eos;
-    default: return oracle::outcome::failed;
-  }
-}
-
-oracle::config to_oracle(const ulorl::segment_scheduler_config& c) {
-  oracle::config oc;
-  oc.group_size = c.group_size;
-  oc.max_tokens = c.max_response_tokens;
-  oc.segments = c.num_segments;
-  oc.max_active = c.max_active_responses;
-  oc.max_decode_tokens = c.max_decode_tokens;
-  oc.max_new_groups = c.max_new_groups_per_step;
-  oc.admission_order = c.order == ulorl::release_order::admission;
-  oc.batch_groups = c.release_batch_groups;
-  oc.max_staleness = c.max_staleness;
-  oc.drop_stale = c.on_stale == ulorl::staleness_action::drop;
-  return oc;
-}
-
-std::vector<std::int64_t> expand(std::span<const ulorl::version_span> spans) {
-  std::vector<std::int64_t> v;
-  for (const auto& s : spans)
-    for (auto t = s.begin; t < s.end; ++t) v.push_back(s.version);
-  return v;
-}
 
 //! A call the model rejects: the scheduler must throw and its checkpoint must not change.
 template <class F>
@@ -65,7 +37,7 @@ void expect_reject(const segment_scheduler& s, F&& call) {
 
 class session {
  public:
-  explicit session(const ulorl::segment_scheduler_config& c) : cfg_(c), model_(to_oracle(c)) { sched_.emplace(c); }
+  explicit session(const ulorl::segment_scheduler_config& c) : cfg_(c), model_(oracle::to_oracle(c)) { sched_.emplace(c); }
 
   void run(FuzzedDataProvider& p) {
     for (int i = 0; i < 256 && p.remaining_bytes() > 0; ++i) {
@@ -147,7 +119,7 @@ class session {
       return;
     }
     // The model mutates only when it accepts, so ask it first.
-    if (!model_.report(id, n, to_oracle(o))) {
+    if (!model_.report(id, n, oracle::to_oracle(o))) {
       expect_reject(*sched_, [&] { sched_->report(id, n, o); });
       return;
     }
@@ -200,7 +172,7 @@ class session {
         FUZZ_CHECK(r.tokens == static_cast<std::int64_t>(m.versions.size()));
         FUZZ_CHECK(r.failures == m.failures && r.decode_steps == m.decode_steps && r.finish_step == m.finish_step);
         FUZZ_CHECK(r.admitted_step == want[g].admitted_step);
-        FUZZ_CHECK(expand(batch.spans_of(r)) == m.versions);
+        FUZZ_CHECK(oracle::expand(batch.spans_of(r)) == m.versions);
         FUZZ_CHECK(released_.insert(r.response_id).second);
       }
     }
@@ -218,7 +190,7 @@ class session {
     FUZZ_CHECK(sched_->live_groups() == static_cast<std::int64_t>(model_.live().size()));
     for (const auto& [id, g] : model_.live())
       for (std::size_t q = 0; q < g.r.size(); ++q)
-        FUZZ_CHECK(expand(sched_->spans_of(id * cfg_.group_size + static_cast<std::int64_t>(q))) == g.r[q].versions);
+        FUZZ_CHECK(oracle::expand(sched_->spans_of(id * cfg_.group_size + static_cast<std::int64_t>(q))) == g.r[q].versions);
     fuzz::check_invariants(*sched_);
   }
 
