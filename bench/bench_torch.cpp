@@ -15,9 +15,6 @@
 
 #include <ulorl/adapters/torch.hpp>
 
-#include <c10/core/CPUAllocator.h>
-
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -27,47 +24,16 @@
 #include <utility>
 
 #include "bench_common.hpp"
+#include "support/torch_counting_allocator.hpp"
 
 namespace th = ulorl::th;
 
 namespace {
 
-// ---- counting allocator -------------------------------------------------------------------------
+// ---- counting allocator (tests/support/torch_counting_allocator.hpp) -----------------------------
 
-struct counting_allocator final : c10::Allocator {
-  c10::Allocator* base = nullptr;
-  mutable std::atomic<std::int64_t> current{0}, peak{0};
-  struct ctx_t {
-    c10::DataPtr inner;
-    std::int64_t bytes;
-    const counting_allocator* owner;
-  };
-  static void release(void* p) {
-    auto* c = static_cast<ctx_t*>(p);
-    c->owner->current -= c->bytes;
-    delete c;
-  }
-  c10::DataPtr allocate(std::size_t n) const override {
-    c10::DataPtr inner = base->allocate(n);
-    void* data = inner.get();
-    const c10::Device dev = inner.device();
-    auto* c = new ctx_t{std::move(inner), static_cast<std::int64_t>(n), this};
-    const std::int64_t now = current += static_cast<std::int64_t>(n);
-    std::int64_t p = peak.load();
-    while (now > p && !peak.compare_exchange_weak(p, now)) {
-    }
-    return {data, c, &release, dev};
-  }
-};
-counting_allocator& allocator() {
-  static counting_allocator* a = [] {
-    auto* c = new counting_allocator;
-    c->base = c10::GetCPUAllocator();
-    c10::SetCPUAllocator(c, 200);
-    return c;
-  }();
-  return *a;
-}
+using testing_support::counting_allocator;
+counting_allocator& allocator() { return counting_allocator::install(); }
 
 //! Extra peak bytes of f() (see the header comment); `keep` bytes are subtracted.
 std::int64_t extra_peak(const std::function<std::int64_t()>& f) {

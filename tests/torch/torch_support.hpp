@@ -4,9 +4,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <c10/core/CPUAllocator.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/torch_counting_allocator.hpp"
 
 namespace tsupport {
 
@@ -87,47 +86,6 @@ inline bool fd_matches(const std::function<double()>& f, at::Tensor x, const at:
   return close(analytic.reshape({-1}), num, rtol, atol);
 }
 
-// ---- counting allocator ----------------------------------------------------------------------
-
-//! Wraps torch's CPU allocator and counts the bytes of live tensors (current and peak).
-struct counting_allocator final : c10::Allocator {
-  c10::Allocator* base = nullptr;
-  mutable std::atomic<std::int64_t> current{0};
-  mutable std::atomic<std::int64_t> peak{0};
-
-  struct ctx_t {
-    c10::DataPtr inner;
-    std::int64_t bytes;
-    const counting_allocator* owner;
-  };
-  static void release(void* p) {
-    auto* c = static_cast<ctx_t*>(p);
-    c->owner->current -= c->bytes;
-    delete c;
-  }
-  c10::DataPtr allocate(std::size_t n) const override {
-    c10::DataPtr inner = base->allocate(n);
-    void* data = inner.get();
-    const c10::Device dev = inner.device();
-    auto* c = new ctx_t{std::move(inner), static_cast<std::int64_t>(n), this};
-    const std::int64_t now = current += static_cast<std::int64_t>(n);
-    std::int64_t p = peak.load();
-    while (now > p && !peak.compare_exchange_weak(p, now)) {
-    }
-    return {data, c, &release, dev};
-  }
-  void reset_peak() const { peak = current.load(); }
-
-  //! Installs the counter as torch's CPU allocator (once per process).
-  static counting_allocator& install() {
-    static counting_allocator* a = [] {
-      auto* c = new counting_allocator;
-      c->base = c10::GetCPUAllocator();
-      c10::SetCPUAllocator(c, 200);
-      return c;
-    }();
-    return *a;
-  }
-};
+using testing_support::counting_allocator;  // tests/support/torch_counting_allocator.hpp
 
 }  // namespace tsupport
