@@ -45,6 +45,7 @@
 #include <ulorl/control/kl_controller.hpp>
 #include <ulorl/control/reference_reset.hpp>
 
+#include "batching.hpp"
 #include "policy.hpp"
 #include "rollout.hpp"
 #include "task.hpp"
@@ -214,7 +215,7 @@ class grpo_trainer {
     p.ref_log_prob = torch::zeros({B, T}, dtype);
     {
       torch::NoGradGuard no_grad;
-      for_micro_batches(p.lengths, 0, B, [&](std::int64_t lo, std::int64_t n, std::int64_t tj) {
+      for_micro_batches(p.lengths, [&](std::int64_t lo, std::int64_t n, std::int64_t tj) {
         const auto [lp, ent] = stats(policy_, p, lo, n, tj);
         p.log_prob.narrow(0, lo, n).narrow(1, 0, tj).copy_(lp);
         p.entropy.narrow(0, lo, n).narrow(1, 0, tj).copy_(ent);
@@ -256,7 +257,7 @@ class grpo_trainer {
     cfg.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean,
                                               {.tokens = std::max(1.0, q.loss_mask.sum().item<double>())});
     ulorl::policy_loss_result total;
-    for_micro_batches(q.lengths, 0, static_cast<std::int64_t>(rows.size()), [&](std::int64_t lo, std::int64_t n, std::int64_t tj) {
+    for_micro_batches(q.lengths, [&](std::int64_t lo, std::int64_t n, std::int64_t tj) {
       const auto sub = [&](const torch::Tensor& t) { return t.narrow(0, lo, n).narrow(1, 0, tj); };
       const auto logits = policy_->forward(sub(q.input), sub(q.attention));
       const auto flat = logits.view({n * tj, logits.size(2)});
@@ -302,16 +303,14 @@ class grpo_trainer {
     return kept;
   }
 
-  //! Calls f(first_row, rows, columns) for consecutive row ranges of [lo, lo + n) whose padded
-  //! size (rows x the longest row's length; lengths ascending) fits the micro-batch budget.
+  //! Calls f(first_row, rows, columns) for the micro-batches of the length-sorted rows [0, n).
   template <class F>
-  void for_micro_batches(const std::vector<std::int64_t>& lengths, std::int64_t lo, std::int64_t n, F&& f) const {
-    for (std::int64_t a = lo; a < lo + n;) {
-      std::int64_t b = a + 1;
-      while (b < lo + n && lengths[static_cast<std::size_t>(b)] * (b - a + 1) <= c_.max_tokens_per_micro_batch) ++b;
-      f(a, b - a, lengths[static_cast<std::size_t>(b - 1)]);
-      a = b;
-    }
+  void for_micro_batches(const std::vector<std::int64_t>& lengths, F&& f) const {
+    for_padded_micro_batches(
+        lengths.size(), c_.max_tokens_per_micro_batch, [&](std::size_t i) { return lengths[i]; },
+        [&](std::size_t first, std::size_t count) {
+          f(static_cast<std::int64_t>(first), static_cast<std::int64_t>(count), lengths[first + count - 1]);
+        });
   }
 
   //! Log-probs and entropies [n, tj] of rows [lo, lo + n) under `model`.

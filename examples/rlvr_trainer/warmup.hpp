@@ -22,6 +22,7 @@
 #include <numeric>
 #include <vector>
 
+#include "batching.hpp"
 #include "policy.hpp"
 #include "rng.hpp"
 #include "task.hpp"
@@ -81,14 +82,13 @@ class supervised_warmup {
     policy_->train();
     opt_.zero_grad();
     double loss_sum = 0, correct = 0;
-    for (std::size_t lo = 0; lo < seqs.size();) {
-      std::size_t hi = lo + 1;  // sorted: the micro-batch's longest is its last
-      while (hi < seqs.size() && static_cast<std::int64_t>(seqs[hi].size() * (hi - lo + 1)) <= c_.max_tokens_per_micro_batch) ++hi;
-      const auto [l, c] = micro_batch(seqs, lo, hi, static_cast<double>(total));
-      loss_sum += l;
-      correct += c;
-      lo = hi;
-    }
+    for_padded_micro_batches(
+        seqs.size(), c_.max_tokens_per_micro_batch, [&](std::size_t i) { return seqs[i].size(); },
+        [&](std::size_t lo, std::size_t count) {
+          const auto [l, c] = micro_batch(seqs, lo, lo + count, static_cast<double>(total));
+          loss_sum += l;
+          correct += c;
+        });
     torch::nn::utils::clip_grad_norm_(policy_->parameters(), 1.0);
     opt_.step();
     policy_->eval();
