@@ -10,6 +10,7 @@
 #include "catch.hpp"
 #include "support/advantage_oracle.hpp"
 #include "support/random.hpp"
+#include "support/rejection.hpp"
 
 using ulorl::baseline_kind;
 using ulorl::group_advantage_config;
@@ -162,6 +163,39 @@ TEST_CASE("bad input is rejected before any output is written", "[advantage][err
   // eps may be 0 when a zero std skips scaling (nothing divides by eps alone).
   call(s, {0, 0, 0}, {.eps = 0.0, .zero_std = ulorl::zero_std_rule::skip});
   REQUIRE(out[0] != 7);
+}
+
+// Each enum of the configuration, cast from an integer no enumerator has, is rejected at
+// validation naming config.<field> and the value; the output keeps its sentinel.
+TEST_CASE("an unknown enum value in the config is rejected naming it, and nothing is written",
+          "[advantage][errors][enum]") {
+  const std::vector<double> s{1, 0, 1, 1};
+  const std::vector<std::int64_t> ids{0, 0, 1, 1};
+  std::vector<double> out(4, 7.0);
+  const auto by_ids = [&](group_advantage_config cfg) {
+    return [&, cfg] {
+      ulorl::group_advantages(std::span<const double>(s), std::span<const std::int64_t>(ids), std::span<double>(out), cfg);
+    };
+  };
+  REQUIRE_THROWS_WITH(by_ids({.baseline = static_cast<baseline_kind>(9)})(),
+                      Catch::Equals("ulorl::group_advantages: argument 'config.baseline' = 9: unknown enum value "
+                                    "(known: 0, 1, 2)"));
+  require_unknown_enum(by_ids({.baseline = static_cast<baseline_kind>(9)}), "group_advantages", "config.baseline", 9);
+  require_unknown_enum(by_ids({.scale = static_cast<scale_kind>(7)}), "group_advantages", "config.scale", 7);
+  require_unknown_enum(by_ids({.std = static_cast<ulorl::std_estimator>(2)}), "group_advantages", "config.std", 2);
+  require_unknown_enum(by_ids({.eps_at = static_cast<ulorl::eps_placement>(2)}), "group_advantages", "config.eps_at", 2);
+  require_unknown_enum(by_ids({.singleton = static_cast<singleton_rule>(3)}), "group_advantages", "config.singleton", 3);
+  require_unknown_enum(by_ids({.zero_std = static_cast<ulorl::zero_std_rule>(2)}), "group_advantages", "config.zero_std",
+                       2);
+  // Also where nothing else would read the field (no scaling: std, eps_at and zero_std unused).
+  require_unknown_enum(by_ids({.scale = scale_kind::none, .std = static_cast<ulorl::std_estimator>(-1)}),
+                       "group_advantages", "config.std", -1);
+  // The fixed-size overload validates the same way.
+  require_unknown_enum([&] {
+    ulorl::group_advantages(std::span<const double>(s), 2, std::span<double>(out),
+                            {.singleton = static_cast<singleton_rule>(42)});
+  }, "group_advantages", "config.singleton", 42);
+  REQUIRE(all_equal(out, 7.0));
 }
 
 TEST_CASE("output may alias the scores", "[advantage]") {

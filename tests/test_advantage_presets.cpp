@@ -7,6 +7,7 @@
 #include "catch.hpp"
 #include "support/advantage_oracle.hpp"
 #include "support/random.hpp"
+#include "support/rejection.hpp"
 
 namespace {
 std::vector<double> run(const std::vector<double>& s, const std::vector<std::int64_t>& ids, const ulorl::advantage_preset& p) {
@@ -63,4 +64,25 @@ TEST_CASE("Open-Instruct: biased std, eps 1e-8", "[presets]") {
   const auto a = run({1.0, 0.0, 0.0, 0.0}, {0, 0, 0, 0}, ulorl::presets::open_instruct::advantage());
   REQUIRE(a[0] == Approx(0.75 / (std::sqrt(0.1875) + 1e-8)).epsilon(1e-14));
   REQUIRE(run({1.0, 0.0}, {0, 0}, ulorl::presets::open_instruct::advantage(false))[0] == 0.5);
+}
+
+// The presets map their framework's option to a configuration: an option value that names none
+// of them is rejected (it used to fall through to "no scaling" / group_norm), and a known one still
+// works in a constant expression.
+TEST_CASE("TRL scale_rewards and OpenRLHF estimator: unknown values are rejected", "[presets][errors][enum]") {
+  using S = ulorl::presets::trl::scale_rewards;
+  using E = ulorl::presets::openrlhf::advantage_estimator;
+  static_assert(ulorl::presets::trl::advantage(S::batch).group.scale == ulorl::scale_kind::batch_std);
+  static_assert(ulorl::presets::openrlhf::advantage(E::rloo).group.baseline == ulorl::baseline_kind::leave_one_out);
+  REQUIRE(ulorl::presets::trl::advantage(S::none).group.scale == ulorl::scale_kind::none);
+  REQUIRE(ulorl::presets::trl::advantage(S::group).group.scale == ulorl::scale_kind::group_std);
+  REQUIRE_THROWS_WITH(ulorl::presets::trl::advantage(static_cast<S>(3)),
+                      Catch::Equals("ulorl::presets::trl::advantage: argument 'scale' = 3: unknown enum value "
+                                    "(known: 0, 1, 2)"));
+  require_unknown_enum([] { (void)ulorl::presets::trl::advantage(static_cast<S>(42)); }, "presets::trl::advantage",
+                       "scale", 42);
+  require_unknown_enum([] { (void)ulorl::presets::openrlhf::advantage(static_cast<E>(3)); },
+                       "presets::openrlhf::advantage", "estimator", 3);
+  require_unknown_enum([] { (void)ulorl::presets::openrlhf::advantage(static_cast<E>(-7)); },
+                       "presets::openrlhf::advantage", "estimator", -7);
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/rejection.hpp"
 
 using ulorl::token_placement;
 
@@ -75,6 +76,24 @@ TEST_CASE("bad layouts and masks are rejected", "[broadcast][errors]") {
                                                  ulorl::packed(std::span<double>(small), std::span<const std::int64_t>(off4))),
                       Catch::Contains("'out'") && Catch::Contains("shape differs"));
   for (double x : out) REQUIRE(x == 9.0);
+}
+
+TEST_CASE("an unknown placement is rejected naming config.placement, and nothing is written",
+          "[broadcast][errors][enum]") {
+  const std::vector<double> adv{2.0, -1.0};
+  const std::vector<std::uint8_t> mask{1, 1, 0, 1, 0, 0};
+  std::vector<double> out(6, 9.0);
+  const auto m = ulorl::padded(ulorl::matrix_view<const std::uint8_t>(mask.data(), 2, 3));
+  const auto o = ulorl::padded(ulorl::matrix_view<double>(out.data(), 2, 3));
+  const auto call = [&](token_placement p) {
+    return [&, p] { ulorl::broadcast_to_tokens(std::span<const double>(adv), m, o, {.placement = p}); };
+  };
+  REQUIRE_THROWS_WITH(call(static_cast<token_placement>(3))(),
+                      Catch::Equals("ulorl::broadcast_to_tokens: argument 'config.placement' = 3: unknown enum value "
+                                    "(known: 0, 1, 2)"));
+  require_unknown_enum(call(static_cast<token_placement>(42)), "broadcast_to_tokens", "config.placement", 42);
+  require_unknown_enum(call(static_cast<token_placement>(-1)), "broadcast_to_tokens", "config.placement", -1);
+  REQUIRE(all_equal(out, 9.0));
 }
 
 TEST_CASE("response scores sum every position of a row (mask not applied)", "[scores]") {

@@ -253,6 +253,7 @@ TEST_CASE("KL controller: each field out of range in a checksummed payload is re
   using M = mutation<kl_raw>;
   const std::vector<M> ms = {
       {"type 2", "type", [](kl_raw& r) { r.type = 2; }},
+      {"type 255", "type", [](kl_raw& r) { r.type = 255; }},
       {"init_coef -1", "init_coef", [](kl_raw& r) { r.init_coef = -1; }},
       {"init_coef NaN", "init_coef", [](kl_raw& r) { r.init_coef = qnan; }},
       {"init_coef above max_coef", "init_coef", [](kl_raw& r) { r.init_coef = 3.0; }},
@@ -305,6 +306,7 @@ TEST_CASE("entropy controller: each field out of range in a checksummed payload 
   using M = mutation<entropy_raw>;
   const std::vector<M> ms = {
       {"rule 2", "rule", [](entropy_raw& r) { r.rule = 2; }},
+      {"rule 255", "rule", [](entropy_raw& r) { r.rule = 255; }},
       {"target_entropy -0.1", "target_entropy", [](entropy_raw& r) { r.target_entropy = -0.1; }},
       {"target_entropy 2e6", "target_entropy", [](entropy_raw& r) { r.target_entropy = 2e6; }},
       {"target_entropy NaN", "target_entropy", [](entropy_raw& r) { r.target_entropy = qnan; }},
@@ -381,6 +383,7 @@ TEST_CASE("reference reset: each field out of range in a checksummed payload is 
       {"resets 2 with index 1", "state.last_event.index", [](reset_raw& r) { r.resets = 2; }},
       {"last_event.step INT64_MIN", "state.last_event.step", [](reset_raw& r) { r.event_step = i64_min; }},
       {"last_event.trigger 6", "state.last_event.trigger", [](reset_raw& r) { r.event_trigger = 6; }},
+      {"last_event.trigger 255", "state.last_event.trigger", [](reset_raw& r) { r.event_trigger = 255; }},
       {"last_event.trigger none after a reset", "state.last_event.trigger", [](reset_raw& r) { r.event_trigger = 0; }},
       {"periodic reset recording 0.9 steps", "state.last_event.value", [](reset_raw& r) { r.event_trigger = 1; }},
       {"periodic reset with the trigger off", "state.last_event.trigger",
@@ -413,6 +416,7 @@ TEST_CASE("reference reset: each field out of range in a checksummed payload is 
       {"anchor_step 0 but last_step -1", "state.last_step", [](reset_raw& r) { r.last_step = -1; }},
       {"last_event.step 0 before a reset", "state.last_event.step", [](reset_raw& r) { r.event_step = 0; }},
       {"last_event.trigger manual before a reset", "state.last_event.trigger", [](reset_raw& r) { r.event_trigger = 5; }},
+      {"last_event.trigger 6 before a reset", "state.last_event.trigger", [](reset_raw& r) { r.event_trigger = 6; }},
       {"last_event.value 1 before a reset", "state.last_event.value", [](reset_raw& r) { r.event_value = 1.0; }},
       {"last_event.index 1 before a reset", "state.last_event.index", [](reset_raw& r) { r.event_index = 1; }},
       {"best 1 before a validation", "state.best", [](reset_raw& r) { r.best = 1.0; }},

@@ -12,6 +12,7 @@
 #include "catch.hpp"
 #include "support/rejection.hpp"
 #include "support/dynamics_oracle.hpp"
+#include "support/forged_checkpoint.hpp"
 
 namespace {
 constexpr std::uint64_t kSeed = 4242;
@@ -141,6 +142,31 @@ TEST_CASE("entropy controller rejects bad configuration, input and checkpoints",
   CHECK_THROWS_AS(ulorl::entropy_controller::restore(bytes), ulorl::error);
   // Every bit flip and truncation, wrong kinds and versions, and each field out of range:
   // tests/test_control_checkpoint.cpp.
+}
+
+TEST_CASE("entropy controller rejects an unknown rule in its config and its checkpoint",
+          "[control][entropy][error][enum]") {
+  using ulorl::entropy_control_rule;
+  const ulorl::entropy_controller_config bad{.rule = static_cast<entropy_control_rule>(7)};
+  REQUIRE_THROWS_WITH(ulorl::entropy_controller(bad),
+                      Catch::Equals("ulorl::entropy_controller: argument 'rule' = 7: unknown enum value (known: 0, 1)"));
+  require_unknown_enum([&] { (void)ulorl::initial_state(bad); }, "entropy_controller", "rule", 7);
+  // The transition and the bonus reject it before computing anything: the caller's state is unchanged.
+  ulorl::entropy_controller c({.rule = entropy_control_rule::proportional, .init_coef = 0.01});
+  c.update(0.1);
+  ulorl::entropy_controller_state s = c.state();
+  const ulorl::entropy_controller_config bad2{.rule = static_cast<entropy_control_rule>(2), .init_coef = 0.01};
+  require_unknown_enum([&] { s = ulorl::entropy_update(bad2, s, 0.1); }, "entropy_controller::update", "rule", 2);
+  require_unknown_enum([&] { (void)ulorl::entropy_bonus(bad2, s, 0.1); }, "entropy_controller::bonus", "rule", 2);
+  CHECK(s.coef == c.state().coef);
+  CHECK(s.updates == 1);
+  CHECK(s.last_entropy == 0.1);
+  // A checkpoint whose rule byte (the payload's first) is unknown, with a valid checksum.
+  const auto forged = with_byte(c.save(), payload_start, 2);
+  auto restored = c;
+  require_unknown_enum([&] { restored = ulorl::entropy_controller::restore(forged); }, "entropy_controller::restore", "rule",
+                       2);
+  CHECK(restored.save() == c.save());
 }
 
 TEST_CASE("entropy coefficient stays finite: degenerate magnitudes are rejected", "[control][entropy][limits]") {

@@ -12,6 +12,7 @@
 #include "catch.hpp"
 #include "support/rejection.hpp"
 #include "support/dynamics_oracle.hpp"
+#include "support/forged_checkpoint.hpp"
 
 namespace {
 constexpr std::uint64_t kSeed = 777001;
@@ -152,6 +153,28 @@ TEST_CASE("KL controller rejects bad configuration, input and checkpoints", "[co
   CHECK_THROWS_AS(ulorl::kl_controller::restore({}), ulorl::error);
   // Every bit flip and truncation, wrong kinds and versions, and each field out of range:
   // tests/test_control_checkpoint.cpp.
+}
+
+TEST_CASE("KL controller rejects an unknown controller type in its config and its checkpoint", "[control][kl][error][enum]") {
+  using ulorl::kl_control_type;
+  const ulorl::kl_controller_config bad{.type = static_cast<kl_control_type>(9)};
+  REQUIRE_THROWS_WITH(ulorl::kl_controller(bad),
+                      Catch::Equals("ulorl::kl_controller: argument 'type' = 9: unknown enum value (known: 0, 1)"));
+  require_unknown_enum([&] { (void)ulorl::initial_state(bad); }, "kl_controller", "type", 9);
+  // The transition rejects it before computing anything: the caller's state is unchanged.
+  ulorl::kl_controller k({.type = kl_control_type::adaptive, .init_coef = 0.1});
+  k.update(0.3, 64);
+  ulorl::kl_controller_state s = k.state();
+  require_unknown_enum([&] { s = ulorl::kl_update({.type = static_cast<kl_control_type>(2), .init_coef = 0.1}, s, 0.3, 64); },
+                       "kl_controller::update", "type", 2);
+  CHECK(s.coef == k.state().coef);
+  CHECK(s.updates == 1);
+  CHECK(s.last_kl == 0.3);
+  // A checkpoint whose type byte (the payload's first) is unknown, with a valid checksum.
+  const auto forged = with_byte(k.save(), payload_start, 200);
+  auto restored = k;
+  require_unknown_enum([&] { restored = ulorl::kl_controller::restore(forged); }, "kl_controller::restore", "type", 200);
+  CHECK(restored.save() == k.save());
 }
 
 TEST_CASE("KL coefficient stays finite and bounded under extreme updates", "[control][kl][limits]") {

@@ -14,6 +14,7 @@
 #include "catch.hpp"
 #include "support/rejection.hpp"
 #include "support/dynamics_oracle.hpp"
+#include "support/forged_checkpoint.hpp"
 
 namespace {
 constexpr std::uint64_t kSeed = 99173;
@@ -253,6 +254,29 @@ TEST_CASE("reference reset rejects bad configuration, input and checkpoints", "[
   CHECK_THROWS_AS(ulorl::reference_reset_policy::restore(bad), ulorl::error);
   // Every bit flip and truncation, wrong kinds and versions, and each field out of range:
   // tests/test_control_checkpoint.cpp.
+}
+
+// The trigger is state, never configuration: it reaches the policy only through a checkpoint.
+TEST_CASE("reference reset rejects an unknown trigger in a checkpoint, before and after a reset",
+          "[control][reset][error][checkpoint][enum]") {
+  ulorl::reference_reset_policy fresh({.on_kl_share = true});
+  ulorl::reference_reset_policy reset = fresh;
+  reset.observe_step(1, 0.9, 0.1);  // kl_share reset
+  REQUIRE(reset.state().last_event.trigger == reset_trigger::kl_share);
+  for (const auto* p : {&fresh, &reset}) {
+    // last_event.trigger is the payload's byte before its last 16 (value f64, index u64), and the
+    // checksum (u64) follows the payload.
+    const auto saved = p->save();
+    for (const std::uint8_t trigger : {std::uint8_t{6}, std::uint8_t{255}}) {
+      INFO("has_reset " << p->state().has_reset << ", trigger " << int{trigger});
+      const auto bytes = with_byte(saved, saved.size() - 8 - 17, trigger);
+      auto restored = *p;
+      require_unknown_enum([&] { restored = ulorl::reference_reset_policy::restore(bytes); },
+                           "reference_reset_policy::restore", "state.last_event.trigger", trigger);
+      CHECK(restored.save() == p->save());
+    }
+  }
+  CHECK(ulorl::to_string(static_cast<reset_trigger>(6)) == "unknown");  // the log name of a value never accepted
 }
 
 TEST_CASE("reference reset: the KL share of huge loss terms does not overflow", "[control][reset][limits]") {

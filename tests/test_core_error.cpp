@@ -35,6 +35,26 @@ TEST_CASE("error messages name function, argument, index and value", "[error]") 
   REQUIRE_THROWS_AS(ulorl::detail::fail("f", "x", "y"), std::invalid_argument);
 }
 
+TEST_CASE("require_known and require_known_at name the value and the known values", "[error][enum]") {
+  enum class small : std::uint8_t { a = 0, b = 3, c = 7 };
+  enum class wide { neg = -2, pos = 1 };
+  REQUIRE_NOTHROW(ulorl::require_known("f", "k", small::b, small::a, small::b, small::c));
+  REQUIRE_THROWS_WITH(ulorl::require_known("f", "k", static_cast<small>(200), small::a, small::b, small::c),
+                      Catch::Equals("ulorl::f: argument 'k' = 200: unknown enum value (known: 0, 3, 7)"));
+  REQUIRE_THROWS_WITH(ulorl::require_known("f", "k", static_cast<wide>(0), wide::neg, wide::pos),
+                      Catch::Equals("ulorl::f: argument 'k' = 0: unknown enum value (known: -2, 1)"));
+  REQUIRE_THROWS_WITH(ulorl::require_known_at("f", "rows.kind", 5, static_cast<small>(1), small::a, small::c),
+                      Catch::Equals("ulorl::f: argument 'rows.kind'[5] = 1: unknown enum value (known: 0, 7)"));
+  const auto o = outcome_of([] { ulorl::require_known_at("f", "rows.kind", 5, static_cast<small>(1), small::a); });
+  CHECK(o.index == 5);
+  CHECK(o.argument == "rows.kind");
+  // Usable in constant expressions (the advantage presets validate their options there).
+  static_assert([] {
+    ulorl::require_known("f", "k", small::c, small::a, small::c);
+    return true;
+  }());
+}
+
 // An out-of-range enum value (an integer cast, a corrupted config) must be rejected at validation,
 // naming the argument, instead of running some branch (PPO, k3, "no baseline", a division by eps).
 TEST_CASE("unknown enum values are rejected at validation in every area", "[error][enum]") {

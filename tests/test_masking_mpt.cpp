@@ -12,6 +12,7 @@
 
 #include "catch.hpp"
 #include "support/dynamics_oracle.hpp"
+#include "support/rejection.hpp"
 
 namespace {
 
@@ -382,4 +383,28 @@ TEST_CASE("mpt_mask rejects bad input before writing", "[masking][mpt][error]") 
                     ulorl::error);
     CHECK(kp == std::vector<double>(4, 5.0));
   }
+}
+
+TEST_CASE("mpt_mask rejects an unknown enum value of its config before writing", "[masking][mpt][error][enum]") {
+  const std::vector<double> lp{0.0, -1.0, 0.0, -2.0}, en{0.1, 0.1, 0.1, 0.1}, score{1.0, 0.0};
+  std::vector<double> keep(4, 5.0);
+  const auto mv = [](const std::vector<double>& v) { return ulorl::padded(ulorl::matrix_view<const double>(v.data(), 2, 2)); };
+  const ulorl::mpt_batch<double> in{.log_prob = mv(lp), .old_log_prob = mv(lp), .entropy = mv(en), .response_score = score};
+  const auto out = ulorl::padded(ulorl::matrix_view<double>(keep.data(), 2, 2));
+  const auto call = [&](ulorl::mpt_config cfg) { return [&, cfg] { (void)ulorl::mpt_mask(in, out, cfg); }; };
+  REQUIRE_THROWS_WITH(call({.mode = static_cast<ulorl::mpt_mode>(42)})(),
+                      Catch::Equals("ulorl::mpt_mask: argument 'mode' = 42: unknown enum value (known: 0, 1, 2)"));
+  require_unknown_enum(call({.mode = static_cast<ulorl::mpt_mode>(3)}), "mpt_mask", "mode", 3);
+  require_unknown_enum(call({.mode = static_cast<ulorl::mpt_mode>(255)}), "mpt_mask", "mode", 255);
+  require_unknown_enum(call({.positive = static_cast<ulorl::mpt_positive>(2)}), "mpt_mask", "positive", 2);
+  require_unknown_enum(call({.probability = static_cast<ulorl::mpt_probability>(2)}), "mpt_mask", "probability", 2);
+  require_unknown_enum(call({.scope = static_cast<ulorl::mpt_entropy_scope>(9)}), "mpt_mask", "scope", 9);
+  // Also where the field would not be read (the scope of a static mask, every field when off).
+  require_unknown_enum(call({.mode = ulorl::mpt_mode::static_mask, .scope = static_cast<ulorl::mpt_entropy_scope>(2)}),
+                       "mpt_mask", "scope", 2);
+  require_unknown_enum(call({.mode = ulorl::mpt_mode::off, .positive = static_cast<ulorl::mpt_positive>(7)}), "mpt_mask",
+                       "positive", 7);
+  REQUIRE(all_equal(keep, 5.0));
+  CHECK_NOTHROW(call({})());
+  CHECK_FALSE(all_equal(keep, 5.0));
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/rejection.hpp"
 #include "ulorl/rollout/checkpoint.hpp"
 
 using ulorl::decode_outcome;
@@ -225,6 +226,39 @@ TEST_CASE("states that break an invariant are rejected on restore", "[rollout][c
   expect_reject([](auto& st) { st.free_slots.push_back(0); }, "free list names a live slot");
   expect_reject([](auto& st) { st.responses[1].state = static_cast<ulorl::response_state>(42); }, "unknown state");
   expect_reject([](auto& st) { st.offered_end = st.next_group_id - 1; }, "offered before admitted");
+}
+
+// Every enum of the state (config.order, config.on_stale, phase, groups.status, responses.state)
+// with a value no enumerator has, under a valid checksum: restore_scheduler rejects it naming the
+// field, the slot and the value, and segment_scheduler(state) does the same under its own name.
+TEST_CASE("unknown enum values in a restored state are rejected naming the field", "[rollout][checkpoint][enum]") {
+  const auto good = busy_scheduler().state();
+  REQUIRE(good.groups.size() >= 2);
+  struct forged_enum {
+    std::string argument;
+    std::int64_t index;
+    long long value;
+    void (*mutate)(ulorl::segment_scheduler_state&);
+  };
+  const std::vector<forged_enum> cases = {
+      {"config.order", -1, 2, [](auto& st) { st.config.order = static_cast<ulorl::release_order>(2); }},
+      {"config.on_stale", -1, 255, [](auto& st) { st.config.on_stale = static_cast<ulorl::staleness_action>(255); }},
+      {"phase", -1, 2, [](auto& st) { st.phase = static_cast<ulorl::scheduler_phase>(2); }},
+      {"groups.status", 1, 3, [](auto& st) { st.groups[1].status = static_cast<ulorl::group_status>(3); }},
+      {"responses.state", 4, 6, [](auto& st) { st.responses[4].state = static_cast<ulorl::response_state>(6); }},
+      {"responses.state", 0, 42, [](auto& st) { st.responses[0].state = static_cast<ulorl::response_state>(42); }},
+  };
+  std::vector<std::byte> bytes;
+  for (const auto& c : cases) {
+    INFO(c.argument << "[" << c.index << "] = " << c.value);
+    auto st = good;
+    c.mutate(st);
+    ulorl::detail::save_state(st, bytes);
+    require_unknown_enum([&] { (void)ulorl::restore_scheduler(bytes); }, "restore_scheduler", c.argument, c.value, c.index);
+    require_unknown_enum([&] { (void)segment_scheduler(st); }, "segment_scheduler(state)", c.argument, c.value, c.index);
+  }
+  ulorl::detail::save_state(good, bytes);
+  CHECK(ulorl::restore_scheduler(bytes).state() == good);
 }
 
 TEST_CASE("checkpoint files: save_scheduler_to_file and restore_scheduler_from_file", "[rollout][checkpoint]") {

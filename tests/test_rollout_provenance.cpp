@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/rejection.hpp"
 #include "ulorl/rollout/provenance.hpp"
 
 using ulorl::is_mode;
@@ -116,4 +117,25 @@ TEST_CASE("provenance rejects malformed spans and configs", "[rollout][provenanc
   CHECK_THROWS_AS(ulorl::old_logprob_plan(three, c, runs), ulorl::error);  // needs room for 3
   std::vector<std::uint8_t> m(9);
   CHECK_THROWS_AS(ulorl::fill_recompute_mask(three, c, m), ulorl::error);
+}
+
+TEST_CASE("every provenance query rejects an unknown is_mode before writing", "[rollout][provenance][enum]") {
+  const old_logprob_config c{.mode = static_cast<is_mode>(5), .current_version = 5};
+  std::vector<std::int64_t> versions_out(8, -9);
+  std::vector<std::uint8_t> mask_out(8, 7);
+  std::vector<ulorl::old_logprob_span> runs(3, {-1, -1, -1, true});
+  REQUIRE_THROWS_WITH(ulorl::fill_old_logprob_versions(three, c, versions_out),
+                      Catch::Equals("ulorl::fill_old_logprob_versions: argument 'config.mode' = 5: unknown enum value "
+                                    "(known: 0, 1, 2)"));
+  require_unknown_enum([&] { ulorl::fill_old_logprob_versions(three, c, versions_out); }, "fill_old_logprob_versions",
+                       "config.mode", 5);
+  require_unknown_enum([&] { ulorl::fill_recompute_mask(three, c, mask_out); }, "fill_recompute_mask", "config.mode", 5);
+  require_unknown_enum([&] { (void)ulorl::old_logprob_plan(three, c, runs); }, "old_logprob_plan", "config.mode", 5);
+  require_unknown_enum([&] { (void)ulorl::recompute_token_count(three, c); }, "recompute_token_count", "config.mode", 5);
+  require_unknown_enum([&] { (void)ulorl::old_logprob_version(three, 0, c); }, "old_logprob_version", "config.mode", 5);
+  require_unknown_enum([&] { (void)ulorl::old_logprob_version(three, 0, {.mode = static_cast<is_mode>(255)}); },
+                       "old_logprob_version", "config.mode", 255);
+  CHECK(all_equal(versions_out, std::int64_t{-9}));
+  CHECK(all_equal(mask_out, std::uint8_t{7}));
+  CHECK(all_equal(runs, ulorl::old_logprob_span{-1, -1, -1, true}));
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/rejection.hpp"
 #include "ulorl/rollout/segment_scheduler.hpp"
 
 using ulorl::decode_outcome;
@@ -49,6 +50,33 @@ TEST_CASE("scheduler config validation", "[rollout][scheduler]") {
   CHECK_THROWS_AS(segment_scheduler(C{.release_batch_groups = -1}), ulorl::error);
   CHECK_THROWS_AS(segment_scheduler(C{.max_staleness = -2}), ulorl::error);
   CHECK_THROWS_AS(segment_scheduler(C{.on_stale = static_cast<ulorl::staleness_action>(9)}), ulorl::error);
+}
+
+TEST_CASE("unknown release_order, staleness_action and decode_outcome are rejected naming them",
+          "[rollout][scheduler][enum]") {
+  using C = ulorl::segment_scheduler_config;
+  REQUIRE_THROWS_WITH(segment_scheduler(C{.order = static_cast<ulorl::release_order>(7)}),
+                      Catch::Equals("ulorl::segment_scheduler: argument 'config.order' = 7: unknown enum value "
+                                    "(known: 0, 1)"));
+  require_unknown_enum([] { (void)segment_scheduler(C{.order = static_cast<ulorl::release_order>(255)}); }, "segment_scheduler",
+                       "config.order", 255);
+  require_unknown_enum([] { (void)segment_scheduler(C{.on_stale = static_cast<ulorl::staleness_action>(9)}); },
+                       "segment_scheduler", "config.on_stale", 9);
+  // Also without a staleness bound, where on_stale is never read.
+  require_unknown_enum([] { (void)segment_scheduler(C{.max_staleness = -1, .on_stale = static_cast<ulorl::staleness_action>(2)}); },
+                       "segment_scheduler", "config.on_stale", 2);
+  // An unknown outcome of a planned item: rejected, the scheduler unchanged.
+  segment_scheduler s({.group_size = 2, .max_response_tokens = 10, .num_segments = 2});
+  s.offer_prompts(1);
+  (void)s.plan();
+  const auto before = s.state();
+  for (const int bad : {3, 9, 255}) {
+    require_unknown_enum([&] { s.report(0, 5, static_cast<decode_outcome>(bad)); }, "segment_scheduler::report", "outcome",
+                         bad);
+    CHECK(s.state() == before);
+  }
+  s.report(0, 5, decode_outcome::segment_end);  // the item is still open
+  CHECK(s.state_of(0) == response_state::paused);
 }
 
 TEST_CASE("life cycle: queued -> decoding -> paused -> finished | truncated -> released", "[rollout][scheduler]") {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -78,6 +79,18 @@ inline void require_rejected(const outcome& o, const std::string& fn, const std:
   REQUIRE(o.what.find("ulorl::" + fn) != std::string::npos);
   REQUIRE(o.what.find("'" + arg + "'") != std::string::npos);
   if (index >= 0) REQUIRE(o.what.find("'[" + std::to_string(index) + "]") != std::string::npos);
+}
+//! `f()` must throw the ulorl::error of require_known / require_known_at for `value` of argument
+//! `arg` (element `index`, -1 for none) of `fn`: "ulorl::<fn>: argument '<arg>'[[<index>]] = <value>:
+//! unknown enum value (known: ...)".
+template <class F>
+void require_unknown_enum(F&& f, const std::string& fn, const std::string& arg, long long value,
+                          std::int64_t index = -1) {
+  const outcome o = outcome_of(std::forward<F>(f));
+  require_rejected(o, fn, arg, index);
+  const std::string element = index >= 0 ? "[" + std::to_string(index) + "]" : "";
+  REQUIRE_THAT(o.what, Catch::StartsWith("ulorl::" + fn + ": argument '" + arg + "'" + element + " = " +
+                                         std::to_string(value) + ": unknown enum value (known: "));
 }
 template <class V>
 bool all_equal(const std::vector<V>& v, V x) {

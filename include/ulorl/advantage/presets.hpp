@@ -12,6 +12,7 @@
 #include "ulorl/advantage/group_advantage.hpp"
 #include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -42,35 +43,49 @@ namespace verl {
 
 namespace trl {
 enum class scale_rewards { group, batch, none };
-//! TRL GRPOTrainer advantages (`scale_rewards`), contiguous groups of num_generations.
-[[nodiscard]] constexpr advantage_preset advantage(scale_rewards scale = scale_rewards::group) noexcept {
-  return {{.baseline = baseline_kind::group_mean,
-           .scale = scale == scale_rewards::group   ? scale_kind::group_std
-                    : scale == scale_rewards::batch ? scale_kind::batch_std
-                                                    : scale_kind::none,
-           .std = std_estimator::unbiased,
-           .eps = 1e-4,
-           .singleton = singleton_rule::zero},
-          {.placement = token_placement::masked, .allow_empty_rows = true}};
+//! TRL GRPOTrainer advantages (`scale_rewards`), contiguous groups of num_generations. Throws
+//! ulorl::error on an unknown `scale`.
+[[nodiscard]] constexpr advantage_preset advantage(scale_rewards scale = scale_rewards::group) {
+  require_known("presets::trl::advantage", "scale", scale, scale_rewards::group, scale_rewards::batch,
+                scale_rewards::none);
+  advantage_preset p{{.baseline = baseline_kind::group_mean,
+                      .scale = scale_kind::group_std,
+                      .std = std_estimator::unbiased,
+                      .eps = 1e-4,
+                      .singleton = singleton_rule::zero},
+                     {.placement = token_placement::masked, .allow_empty_rows = true}};
+  switch (scale) {
+    case scale_rewards::group: break;
+    case scale_rewards::batch: p.group.scale = scale_kind::batch_std; break;
+    case scale_rewards::none: p.group.scale = scale_kind::none; break;
+  }
+  return p;
 }
 }  // namespace trl
 
 namespace openrlhf {
 enum class advantage_estimator { group_norm, rloo, dr_grpo };
-//! OpenRLHF advantages for n_samples_per_prompt contiguous groups.
-[[nodiscard]] constexpr advantage_preset advantage(advantage_estimator e) noexcept {
+//! OpenRLHF advantages for n_samples_per_prompt contiguous groups. Throws ulorl::error on an
+//! unknown estimator.
+[[nodiscard]] constexpr advantage_preset advantage(advantage_estimator e) {
+  require_known("presets::openrlhf::advantage", "estimator", e, advantage_estimator::group_norm,
+                advantage_estimator::rloo, advantage_estimator::dr_grpo);
   advantage_preset p{{.baseline = baseline_kind::group_mean,
                       .scale = scale_kind::group_std,
                       .std = std_estimator::unbiased,
                       .eps = 1e-9,
                       .singleton = singleton_rule::reject},
                      {.placement = token_placement::through_last, .allow_empty_rows = true}};
-  if (e == advantage_estimator::rloo) {
-    p.group.baseline = baseline_kind::leave_one_out;
-    p.group.scale = scale_kind::none;
-  } else if (e == advantage_estimator::dr_grpo) {
-    p.group.scale = scale_kind::none;
-    p.group.singleton = singleton_rule::zero;
+  switch (e) {
+    case advantage_estimator::group_norm: break;
+    case advantage_estimator::rloo:
+      p.group.baseline = baseline_kind::leave_one_out;
+      p.group.scale = scale_kind::none;
+      break;
+    case advantage_estimator::dr_grpo:
+      p.group.scale = scale_kind::none;
+      p.group.singleton = singleton_rule::zero;
+      break;
   }
   return p;
 }

@@ -59,8 +59,7 @@ struct entropy_controller_state {
 
 inline void validate(const entropy_controller_config& c, std::string_view fn = "entropy_controller") {
   constexpr double L = entropy_controller_limit;
-  if (c.rule != entropy_control_rule::step && c.rule != entropy_control_rule::proportional)
-    detail::fail_value(fn, "rule", static_cast<unsigned>(c.rule), "unknown entropy control rule (0 step, 1 proportional)");
+  require_known(fn, "rule", c.rule, entropy_control_rule::step, entropy_control_rule::proportional);
   detail::require_in_range(fn, "target_entropy", c.target_entropy, 0.0, L);
   detail::require_in_range(fn, "step_up", c.step_up, 0.0, L);
   detail::require_in_range(fn, "step_down", c.step_down, 0.0, L);

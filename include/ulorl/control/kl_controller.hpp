@@ -60,8 +60,7 @@ struct kl_controller_state {
 //! Throws ulorl::error naming the offending field. Adaptive-only fields are checked only when
 //! adaptive (a fixed controller never reads them; the golden fixed case passes null for them).
 inline void validate(const kl_controller_config& c, std::string_view fn = "kl_controller") {
-  if (c.type != kl_control_type::fixed && c.type != kl_control_type::adaptive)
-    detail::fail_value(fn, "type", static_cast<unsigned>(c.type), "unknown KL controller type (0 fixed, 1 adaptive)");
+  require_known(fn, "type", c.type, kl_control_type::fixed, kl_control_type::adaptive);
   require_non_negative(fn, "init_coef", c.init_coef);
   require_non_negative(fn, "min_coef", c.min_coef);
   if (!(c.max_coef >= c.min_coef)) detail::fail_value(fn, "max_coef", c.max_coef, "must be >= min_coef");

@@ -133,6 +133,8 @@ inline void validate(const reference_reset_config& c, std::string_view fn = "ref
 //! Throws ulorl::error naming the first field of `s` that breaks an invariant of
 //! reference_reset_state (listed with it) under the (validated) configuration `c`.
 inline void validate(const reference_reset_config& c, const reference_reset_state& s, std::string_view fn) {
+  require_known(fn, "state.last_event.trigger", s.last_event.trigger, reset_trigger::none, reset_trigger::periodic,
+                reset_trigger::plateau, reset_trigger::drop, reset_trigger::kl_share, reset_trigger::manual);
   detail::require_counter(fn, "state.evaluations", s.evaluations);
   detail::require_counter(fn, "state.resets", s.resets);
   if (s.last_step < 0) detail::fail_value(fn, "state.last_step", s.last_step, "must be >= 0");
@@ -160,9 +162,7 @@ inline void validate(const reference_reset_config& c, const reference_reset_stat
       detail::fail_value(fn, "state.last_event.step", e.step,
                          "must equal state.anchor_step (" + std::to_string(s.anchor_step) + "): a reset moves the anchor");
     require_finite(fn, "state.last_event.value", e.value);
-    if (e.trigger > reset_trigger::manual)
-      detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "unknown reset trigger");
-    switch (e.trigger) {
+    switch (e.trigger) {  // exhaustive: an unknown trigger was rejected above
       case reset_trigger::none:
         detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "a reset has a trigger");
         break;
@@ -372,10 +372,7 @@ class reference_reset_policy {
     s.evaluations = r.u64("state.evaluations");
     s.resets = r.u64("state.resets");
     s.last_event.step = r.i64("state.last_event.step");
-    const auto trig = r.u8("state.last_event.trigger");
-    if (trig > static_cast<std::uint8_t>(reset_trigger::manual))
-      detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(trig), "unknown reset trigger");
-    s.last_event.trigger = static_cast<reset_trigger>(trig);
+    s.last_event.trigger = static_cast<reset_trigger>(r.u8("state.last_event.trigger"));  // checked by validate
     s.last_event.value = r.f64("state.last_event.value");
     s.last_event.index = r.u64("state.last_event.index");
     detail::close_checkpoint(r, fn);

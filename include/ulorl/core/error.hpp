@@ -107,14 +107,40 @@ void require_non_negative(std::string_view function, std::string_view argument, 
   if (!(value >= V(0)) || !std::isfinite(static_cast<double>(value)))
     detail::fail_value(function, argument, value, "must be finite and >= 0");
 }
+namespace detail {
+template <class E>
+[[nodiscard]] constexpr long long enum_value(E value) noexcept {
+  return static_cast<long long>(static_cast<std::underlying_type_t<E>>(value));
+}
+//! "unknown enum value (known: 0, 1, 2)", the reason given by require_known and require_known_at.
+template <class... Known>
+[[nodiscard]] std::string unknown_enum_value(Known... known) {
+  std::ostringstream os;
+  os << "unknown enum value";
+  const char* sep = " (known: ";
+  ((os << sep << enum_value(known), sep = ", "), ...);
+  os << ")";
+  return os.str();
+}
+}  // namespace detail
+
 //! An enum argument must hold one of its named values: a value cast from a wrong integer or read
-//! from a corrupted config is rejected here, at validation, instead of falling into some branch.
+//! from a corrupted config or checkpoint is rejected here, at validation, instead of falling into
+//! some branch. The message names the argument, the value and the known values. constexpr so that
+//! constexpr functions (the presets) can validate their enum arguments.
 template <class E, class... Known>
-void require_known(std::string_view function, std::string_view argument, E value, Known... known) {
-  static_assert(std::is_enum_v<E> && (std::is_same_v<E, Known> && ...));
+constexpr void require_known(std::string_view function, std::string_view argument, E value, Known... known) {
+  static_assert(std::is_enum_v<E> && sizeof...(Known) > 0 && (std::is_same_v<E, Known> && ...));
   if (((value != known) && ...))
-    detail::fail_value(function, argument, static_cast<long long>(static_cast<std::underlying_type_t<E>>(value)),
-                       "unknown enum value");
+    detail::fail_value(function, argument, detail::enum_value(value), detail::unknown_enum_value(known...));
+}
+//! The same for element `index` of an array argument (a record of a restored state).
+template <class E, class... Known>
+constexpr void require_known_at(std::string_view function, std::string_view argument, std::int64_t index, E value,
+                                Known... known) {
+  static_assert(std::is_enum_v<E> && sizeof...(Known) > 0 && (std::is_same_v<E, Known> && ...));
+  if (((value != known) && ...))
+    detail::fail_at(function, argument, index, detail::enum_value(value), detail::unknown_enum_value(known...));
 }
 inline void require_same_size(std::string_view function, std::string_view argument, std::size_t actual,
                               std::string_view reference, std::size_t expected) {

@@ -84,12 +84,10 @@ inline void validate_mpt_config(std::string_view fn, const mpt_config& c) {
   if (!(c.tau > 0.0 && c.tau <= 1.0)) fail_value(fn, "tau", c.tau, "must be in (0, 1]");
   if (!(c.sigma >= 0.0) || !std::isfinite(c.sigma)) fail_value(fn, "sigma", c.sigma, "must be finite and >= 0");
   if (!std::isfinite(c.positive_reward)) fail_value(fn, "positive_reward", c.positive_reward, "must be finite");
-  if (static_cast<unsigned>(c.mode) > 2u) fail_value(fn, "mode", static_cast<unsigned>(c.mode), "unknown mode");
-  if (static_cast<unsigned>(c.positive) > 1u)
-    fail_value(fn, "positive", static_cast<unsigned>(c.positive), "unknown positive rule");
-  if (static_cast<unsigned>(c.probability) > 1u)
-    fail_value(fn, "probability", static_cast<unsigned>(c.probability), "unknown probability source");
-  if (static_cast<unsigned>(c.scope) > 1u) fail_value(fn, "scope", static_cast<unsigned>(c.scope), "unknown scope");
+  require_known(fn, "mode", c.mode, mpt_mode::off, mpt_mode::static_mask, mpt_mode::dynamic_mask);
+  require_known(fn, "positive", c.positive, mpt_positive::reward, mpt_positive::advantage);
+  require_known(fn, "probability", c.probability, mpt_probability::current, mpt_probability::rollout);
+  require_known(fn, "scope", c.scope, mpt_entropy_scope::response, mpt_entropy_scope::batch);
 }
 
 template <class M>

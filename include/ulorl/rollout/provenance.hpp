@@ -93,8 +93,7 @@ inline void validate_version_spans(std::string_view fn, std::span<const version_
 }
 
 inline void validate_old_logprob_config(std::string_view fn, const old_logprob_config& cfg) {
-  if (cfg.mode != is_mode::tois && cfg.mode != is_mode::sais && cfg.mode != is_mode::pois)
-    fail_value(fn, "config.mode", static_cast<int>(cfg.mode), "unknown is_mode");
+  require_known(fn, "config.mode", cfg.mode, is_mode::tois, is_mode::sais, is_mode::pois);
   if (cfg.current_version < 0) fail_value(fn, "config.current_version", cfg.current_version, "must be >= 0");
   if (cfg.max_staleness < -1) fail_value(fn, "config.max_staleness", cfg.max_staleness, "must be -1 (none) or >= 0");
 }

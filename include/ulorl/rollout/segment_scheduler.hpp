@@ -287,14 +287,12 @@ inline void validate_scheduler_config(std::string_view fn, const segment_schedul
                "must fit one whole group's segment (>= group_size * segment_tokens()), or be 0 (unbounded)");
   if (c.max_new_groups_per_step < 0 || c.max_new_groups_per_step > lim::max_offered_groups)
     fail_value(fn, "config.max_new_groups_per_step", c.max_new_groups_per_step, "must be in [0, 2^42] (0 = unbounded)");
-  if (c.order != release_order::completion && c.order != release_order::admission)
-    fail_value(fn, "config.order", static_cast<int>(c.order), "unknown release_order");
+  require_known(fn, "config.order", c.order, release_order::completion, release_order::admission);
   if (c.release_batch_groups < 0 || c.release_batch_groups > lim::max_offered_groups)
     fail_value(fn, "config.release_batch_groups", c.release_batch_groups, "must be in [0, 2^42]");
   if (c.max_staleness < -1 || c.max_staleness > lim::max_count)
     fail_value(fn, "config.max_staleness", c.max_staleness, "must be -1 (none) or in [0, 2^62]");
-  if (c.on_stale != staleness_action::recompute && c.on_stale != staleness_action::drop)
-    fail_value(fn, "config.on_stale", static_cast<int>(c.on_stale), "unknown staleness_action");
+  require_known(fn, "config.on_stale", c.on_stale, staleness_action::recompute, staleness_action::drop);
 }
 
 //! Gives `v` room for `n` elements, growing geometrically so that repeated calls stay amortised
@@ -674,8 +672,7 @@ class segment_scheduler {
     const std::int32_t idx = planned_index(fn, response_id);
     const std::int32_t g = plan_slot_[static_cast<std::size_t>(idx)];
     const plan_item& it = s_.plan[static_cast<std::size_t>(idx)];
-    if (outcome != decode_outcome::segment_end && outcome != decode_outcome::eos && outcome != decode_outcome::failed)
-      detail::fail_value(fn, "outcome", static_cast<int>(outcome), "unknown decode_outcome");
+    require_known(fn, "outcome", outcome, decode_outcome::segment_end, decode_outcome::eos, decode_outcome::failed);
     if (new_tokens < 0 || new_tokens > it.max_new_tokens)
       detail::fail_at(fn, "new_tokens", response_id, new_tokens, "must be in [0, max_new_tokens] of the plan item");
     if (outcome == decode_outcome::segment_end && new_tokens != it.max_new_tokens)
@@ -846,8 +843,8 @@ inline void segment_scheduler::validate_state(std::string_view fn) {
   const auto count_in = [&](std::string_view arg, std::int64_t v, std::int64_t hi) {
     if (v < 0 || v > hi) fail(arg, -1, v, "outside [0, " + std::to_string(hi) + "]");
   };
+  require_known(fn, "phase", s_.phase, scheduler_phase::idle, scheduler_phase::planned);
   const bool planned = s_.phase == scheduler_phase::planned;
-  if (s_.phase != scheduler_phase::idle && !planned) fail("phase", -1, static_cast<int>(s_.phase), "unknown phase");
   count_in("step", s_.step, lim::max_count);
   if (planned && s_.step == lim::max_count) fail("step", -1, s_.step, "an open step must end below the limit 2^62");
   count_in("policy_version", s_.policy_version, lim::max_count);
@@ -870,9 +867,8 @@ inline void segment_scheduler::validate_state(std::string_view fn) {
   for (std::size_t g = 0; g < s_.groups.size(); ++g) {
     const auto& gr = s_.groups[g];
     const auto gi = static_cast<std::int64_t>(g);
+    require_known_at(fn, "groups.status", gi, gr.status, group_status::free, group_status::live, group_status::complete);
     const bool is_free = gr.status == group_status::free;
-    if (!is_free && gr.status != group_status::live && gr.status != group_status::complete)
-      fail("groups.status", gi, static_cast<int>(gr.status), "unknown status");
     if (gr.group_id < 0 || gr.group_id >= s_.next_group_id) fail("groups.group_id", gi, gr.group_id, "not an admitted group id");
     if (gr.admitted_step < 0 || gr.admitted_step > s_.step) fail("groups.admitted_step", gi, gr.admitted_step, "outside [0, step]");
     if (gr.done < 0 || gr.done > G) fail("groups.done", gi, gr.done, "outside [0, group_size]");
@@ -885,6 +881,9 @@ inline void segment_scheduler::validate_state(std::string_view fn) {
     for (std::size_t k = 0; k < Gz; ++k) {
       const auto& r = s_.responses[g * Gz + k];
       const auto ri = static_cast<std::int64_t>(g * Gz + k);
+      require_known_at(fn, "responses.state", ri, r.state, response_state::queued, response_state::decoding,
+                       response_state::paused, response_state::finished, response_state::truncated,
+                       response_state::released);
       bool unfinished = false;
       switch (r.state) {
         case response_state::finished:
