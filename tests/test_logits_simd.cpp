@@ -57,10 +57,10 @@ TEST_CASE("chunk kernels equal plain loops") {
     }
     float ref_max = -std::numeric_limits<float>::infinity();
     for (float v : x) ref_max = std::max(ref_max, v);
-    CHECK(detail::simd::chunk_max(x.data(), n) == ref_max);
+    CHECK(simd::chunk_max(x.data(), n) == ref_max);
     const float m = n ? ref_max : 0.0f;
     double s = 0, t = 0;
-    detail::simd::chunk_sums(x.data(), n, m, 0.8f, s, t);
+    simd::chunk_sums(x.data(), n, m, 0.8f, s, t);
     long double rs = 0, rt = 0;
     for (float v : x) {
       const long double d = (static_cast<long double>(v) - m) * static_cast<long double>(0.8f);
@@ -71,13 +71,13 @@ TEST_CASE("chunk kernels equal plain loops") {
     CHECK(std::fabs(s - rs) <= 1e-6 * std::max(1.0L, rs));
     CHECK(std::fabs(t - rt) <= 1e-6 * std::max(1.0L, std::fabs(rt)));
     std::vector<float> g(n), gs(n + 16), gf(n);
-    detail::simd::chunk_grad<true>(x.data(), g.data(), n, static_cast<double>(m), 0.8, 1.25, 0.5f, -0.25f);
+    simd::chunk_grad<true>(x.data(), g.data(), n, static_cast<double>(m), 0.8, 1.25, 0.5f, -0.25f);
     // Non-temporal stores (to a 64-byte aligned address) and prefetching change nothing.
     float* aligned = gs.data() + (64 - reinterpret_cast<std::uintptr_t>(gs.data()) % 64) % 64 / sizeof(float);
-    detail::simd::chunk_grad<true>(x.data(), aligned, n, static_cast<double>(m), 0.8, 1.25, 0.5f, -0.25f, true,
+    simd::chunk_grad<true>(x.data(), aligned, n, static_cast<double>(m), 0.8, 1.25, 0.5f, -0.25f, true,
                                    reinterpret_cast<const char*>(x.data()), n * sizeof(float));
-    detail::simd::stream_fence();
-    detail::simd::chunk_grad<false>(x.data(), gf.data(), n, static_cast<double>(m), 0.8, 1.25, 0.5f, -0.25f);
+    simd::stream_fence();
+    simd::chunk_grad<false>(x.data(), gf.data(), n, static_cast<double>(m), 0.8, 1.25, 0.5f, -0.25f);
     for (std::size_t i = 0; i < n; ++i) {
       CHECK(aligned[i] == g[i]);
       const long double lp = (static_cast<long double>(x[i]) - m) * 0.8L - 1.25L;
@@ -95,12 +95,12 @@ TEST_CASE("chunk kernels equal plain loops") {
   // NaN: ignored by the max, propagated by the sums and the gradient.
   std::vector<float> x(40, 1.0f);
   x[17] = std::numeric_limits<float>::quiet_NaN();
-  CHECK(detail::simd::chunk_max(x.data(), x.size()) == 1.0f);
+  CHECK(simd::chunk_max(x.data(), x.size()) == 1.0f);
   double s = 0, t = 0;
-  detail::simd::chunk_sums(x.data(), x.size(), 1.0f, 1.0f, s, t);
+  simd::chunk_sums(x.data(), x.size(), 1.0f, 1.0f, s, t);
   CHECK(std::isnan(s));
   std::vector<float> g(40);
-  detail::simd::chunk_grad<true>(x.data(), g.data(), 40, 1.0, 1.0, 3.0, 1.0f, 1.0f);
+  simd::chunk_grad<true>(x.data(), g.data(), 40, 1.0, 1.0, 3.0, 1.0f, 1.0f);
   CHECK(std::isnan(g[17]));
   CHECK(std::isfinite(g[16]));
 }

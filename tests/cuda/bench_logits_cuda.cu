@@ -12,16 +12,9 @@
 
 #include <ulorl/kernels/logits.cuh>
 
-namespace {
+#include "cuda_check.hpp"
 
-#define CUDA_OK(call)                                                                           \
-  do {                                                                                          \
-    const cudaError_t e_ = (call);                                                              \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+namespace {
 
 constexpr std::int64_t vocab = 151936;
 

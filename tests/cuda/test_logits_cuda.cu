@@ -15,6 +15,7 @@
 #include <ulorl/kernels/logits.cuh>
 
 #include "cpu_reference.hpp"
+#include "cuda_check.hpp"
 
 namespace {
 
@@ -25,14 +26,6 @@ int failures = 0;
       ++failures;                                                          \
       std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);          \
     }                                                                      \
-  } while (0)
-#define CUDA_OK(call)                                                                          \
-  do {                                                                                         \
-    const cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::printf("FAIL %s:%d: %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
   } while (0)
 
 using ulorl::cuda::detail::from_float;

@@ -1,5 +1,6 @@
 // ulorl/core/config.hpp — version, the versioned inline namespace, the host/device qualifier for
-// scalar math shared with CUDA, and the exception switch. Every other ulorl header includes this.
+// scalar math shared with CUDA, the exception switch and the compiler portability macros.
+// Every other ulorl header includes this.
 #pragma once
 
 #define ULORL_VERSION_MAJOR 0
@@ -29,10 +30,24 @@
 
 #if defined(__GNUC__) || defined(__clang__)
 #define ULORL_RESTRICT __restrict__
+//! Forces inlining: the per-token formulas inside the kernels' loops (a call left in a loop body
+//! stops vectorisation), the lane operations.
 #define ULORL_ALWAYS_INLINE inline __attribute__((always_inline))
+#define ULORL_NOINLINE __attribute__((noinline))
 #else
 #define ULORL_RESTRICT
 #define ULORL_ALWAYS_INLINE inline
+#define ULORL_NOINLINE
+#endif
+
+//! GCC does not schedule instructions before register allocation on x86 by default. The loss row
+//! kernels are long chains of dependent vector operations (two exponentials per token); the
+//! register-pressure-aware pre-RA scheduler interleaves their independent chains (bench/RESULTS.md,
+//! bench_loss). Only those kernels get it; define ULORL_NO_SCHED_PRESSURE to turn it off.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(ULORL_NO_SCHED_PRESSURE)
+#define ULORL_SCHED_PRESSURE __attribute__((optimize("schedule-insns", "sched-pressure")))
+#else
+#define ULORL_SCHED_PRESSURE
 #endif
 
 //! Define ULORL_NO_EXCEPTIONS to turn every `throw ulorl::error` into a message on stderr and

@@ -28,7 +28,7 @@
 ULORL_NAMESPACE_BEGIN
 
 namespace detail::logits {
-inline namespace ULORL_LOGITS_ISA {
+inline namespace ULORL_ISA {
 
 inline void chunk_grad(const double* p, double* out, std::size_t n, double c, double inv_tau, double r, double a,
                        double b, bool, bool, const char*, std::size_t) noexcept {
@@ -101,10 +101,10 @@ void check_stat(const char* fn, const char* arg, vector_view<const S> v, std::si
                       "must be finite (row " + std::to_string(r) + ")");
 }
 
-}  // namespace ULORL_LOGITS_ISA
+}  // namespace ULORL_ISA
 }  // namespace detail::logits
 
-inline namespace ULORL_LOGITS_ISA {
+inline namespace ULORL_ISA {
 
 //! Writes dL/dlogits for L = sum_i grad_logprob_i logprob_i + grad_entropy_i entropy_i.
 //! `lse`, `entropy` [N]: saved by logits_forward with the same logits and temperature.
@@ -158,6 +158,6 @@ void logits_backward(matrix_view<L> logits, std::span<const I> labels, vector_vi
                   std::forward<Exec>(exec));
 }
 
-}  // namespace ULORL_LOGITS_ISA
+}  // namespace ULORL_ISA
 
 ULORL_NAMESPACE_END

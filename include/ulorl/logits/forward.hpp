@@ -46,7 +46,7 @@ struct logits_config {
 };
 
 namespace detail::logits {
-inline namespace ULORL_LOGITS_ISA {
+inline namespace ULORL_ISA {
 
 inline constexpr std::size_t chunk = 1024;  // 4 KiB of float: two L1-resident reads per chunk
 
@@ -261,10 +261,10 @@ void check_output(const char* fn, const char* arg, vector_view<S> out, std::size
   require_distinct_elements(fn, arg, out);
 }
 
-}  // namespace ULORL_LOGITS_ISA
+}  // namespace ULORL_ISA
 }  // namespace detail::logits
 
-inline namespace ULORL_LOGITS_ISA {
+inline namespace ULORL_ISA {
 
 //! Per-row chosen-token log-prob, entropy and log-sum-exp of logits / temperature.
 //! `logits` [N, V] (float, double or bf16; any strides), `labels` [N] in [0, V).
@@ -304,6 +304,6 @@ void logits_forward(matrix_view<L> logits, std::span<const I> labels, vector_vie
   logits_forward(matrix_view<const L>(logits), labels, logprob, entropy, lse, cfg, std::forward<Exec>(exec));
 }
 
-}  // namespace ULORL_LOGITS_ISA
+}  // namespace ULORL_ISA
 
 ULORL_NAMESPACE_END

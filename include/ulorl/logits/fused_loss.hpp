@@ -39,7 +39,7 @@ struct logits_loss_buffers {
 };
 
 namespace detail::logits {
-inline namespace ULORL_LOGITS_ISA {
+inline namespace ULORL_ISA {
 
 template <class L>
 matrix_view<const L> token_rows(matrix_view<const L> logits, std::size_t first, std::size_t count) noexcept {
@@ -91,10 +91,10 @@ policy_loss_result loss_on_buffers(const policy_loss_inputs<T, M>& in, const pol
   return policy_loss(full, cfg, buf.grad_log_prob, with_entropy ? buf.grad_entropy : token_view<T>());
 }
 
-}  // namespace ULORL_LOGITS_ISA
+}  // namespace ULORL_ISA
 }  // namespace detail::logits
 
-inline namespace ULORL_LOGITS_ISA {
+inline namespace ULORL_ISA {
 
 //! Loss, metrics and d loss / d logits of one micro-batch. `in.log_prob` and `in.entropy` must be
 //! empty: they are computed from `logits` / `lcfg.temperature` into `buf`. Labels are the sampled
@@ -147,6 +147,6 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
   return res;
 }
 
-}  // namespace ULORL_LOGITS_ISA
+}  // namespace ULORL_ISA
 
 ULORL_NAMESPACE_END

@@ -105,7 +105,7 @@ constexpr std::size_t row_bytes(std::size_t v) noexcept {
   return v * sizeof(T) + row_doubles * sizeof(double);
 }
 
-inline namespace ULORL_LOGITS_ISA {
+inline namespace ULORL_ISA {
 
 // ---- GEMM micro-kernels -------------------------------------------------------------------------
 
@@ -119,10 +119,10 @@ struct lanes {
   static ULORL_ALWAYS_INLINE type splat(T x) noexcept { return x; }
   static ULORL_ALWAYS_INLINE T sum(type v) noexcept { return v; }
 };
-#ifdef ULORL_LOGITS_VECTOR
+#ifdef ULORL_SIMD
 // simd.hpp's native float vector.
-using detail::simd::vfloat;
-inline constexpr std::size_t vwidth = static_cast<std::size_t>(detail::simd::width);
+using simd::vfloat;
+inline constexpr std::size_t vwidth = static_cast<std::size_t>(simd::width);
 template <>
 struct lanes<float> {
   using type = vfloat;
@@ -374,7 +374,7 @@ inline std::byte* align_up(std::byte* p) noexcept {
   return p + static_cast<std::ptrdiff_t>((ws_align - u % ws_align) % ws_align);
 }
 
-}  // namespace ULORL_LOGITS_ISA
+}  // namespace ULORL_ISA
 }  // namespace detail::head
 
 //! Rows per chunk for N rows and vocabulary V: cfg.chunk_rows if set, else the most rows whose
@@ -400,7 +400,7 @@ template <class T>
 }
 
 namespace detail::head {
-inline namespace ULORL_LOGITS_ISA {
+inline namespace ULORL_ISA {
 
 //! The caller's workspace, or one allocated for this call when the caller passed none.
 template <class T>
@@ -648,10 +648,10 @@ struct token_cursor {
   }
 };
 
-}  // namespace ULORL_LOGITS_ISA
+}  // namespace ULORL_ISA
 }  // namespace detail::head
 
-inline namespace ULORL_LOGITS_ISA {
+inline namespace ULORL_ISA {
 
 //! Per-row chosen-token log-prob, entropy and log-sum-exp of (hidden . weight^T + bias) / temperature,
 //! in chunks of C rows (O(C V) workspace). `labels` [N] in [0, V); outputs [N] (float or double),
@@ -789,6 +789,6 @@ template <class T, class I, class P, class M, class Exec = sequential_executor, 
   return res;
 }
 
-}  // namespace ULORL_LOGITS_ISA
+}  // namespace ULORL_ISA
 
 ULORL_NAMESPACE_END

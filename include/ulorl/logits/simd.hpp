@@ -4,9 +4,10 @@
 // online-softmax sums (sum e^d, sum e^d d) and the chunk's gradient p (a + b log p); the last two
 // evaluate 2^x = 2^n 2^f with f = x - round(x) exact and a degree-7 Taylor polynomial for 2^f.
 //
-// The loops use GCC/Clang vector extensions at the native width (16 floats with AVX-512, 8 with AVX,
-// 4 with SSE2/NEON), so one source serves every ISA the compiler targets; with another compiler, or
-// with ULORL_LOGITS_SCALAR defined (or under nvcc), scalar loops compute the same quantities with std::exp.
+// The loops use core/simd.hpp's float vector at the native width (16 floats with AVX-512, 8 with
+// AVX, 4 with SSE2/NEON) and its ISA tag, so one source serves every ISA the compiler targets; with
+// another compiler, with ULORL_NO_SIMD defined, or under nvcc, scalar loops compute the same
+// quantities with std::exp.
 #pragma once
 
 #include <cmath>
@@ -16,53 +17,19 @@
 #include <limits>
 
 #include "ulorl/core/config.hpp"
-
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__) && !defined(__CUDACC__)
-#include <immintrin.h>
-#endif
-
-// nvcc's front end does not parse __builtin_convertvector: .cu files get the scalar loops.
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(ULORL_LOGITS_SCALAR) && !defined(__CUDACC__)
-#define ULORL_LOGITS_VECTOR 1
-#endif
-
-// The kernels' code depends on the ISA the translation unit is compiled for. Their functions live in
-// an inline namespace named after it, so that objects built with different flags (-march=native next
-// to a portable build) never merge one variant into the other at link time (an ODR violation that
-// would run AVX-512 code on a CPU without it). Types (configs, views, bf16) are not tagged.
-#if !defined(ULORL_LOGITS_VECTOR)
-#define ULORL_LOGITS_ISA isa_scalar
-#elif defined(__AVX512F__)
-#define ULORL_LOGITS_ISA isa_v16
-#elif defined(__AVX__) && defined(__FMA__)
-#define ULORL_LOGITS_ISA isa_v8fma
-#elif defined(__AVX__)
-#define ULORL_LOGITS_ISA isa_v8
-#else
-#define ULORL_LOGITS_ISA isa_v4
-#endif
+#include "ulorl/core/simd.hpp"
 
 ULORL_NAMESPACE_BEGIN
-namespace detail::simd {
-inline namespace ULORL_LOGITS_ISA {
+namespace simd {
+inline namespace ULORL_ISA {
 
 //! Logits below the row maximum by more than this (after /tau) have e^d < 1.7e-38: flushed to 0.
 inline constexpr float exp_floor = -87.0f;
 
-#ifdef ULORL_LOGITS_VECTOR
-#if defined(__AVX512F__)
-inline constexpr int width = 16;
-#define ULORL_LOGITS_EXACT_FMA 1
-#elif defined(__AVX__)
-inline constexpr int width = 8;
-#if defined(__FMA__)
-#define ULORL_LOGITS_EXACT_FMA 1
-#endif
-#else
-inline constexpr int width = 4;
-#endif
-typedef float vfloat __attribute__((vector_size(width * 4)));
-typedef std::int32_t vint __attribute__((vector_size(width * 4)));
+#ifdef ULORL_SIMD
+inline constexpr int width = ULORL_SIMD_BYTES / 4;
+using vfloat = vec_lanes<float>::V;
+using vint = vec_lanes<float>::IV;
 
 ULORL_ALWAYS_INLINE vfloat load(const float* p) noexcept {
   vfloat v;
@@ -83,13 +50,15 @@ ULORL_ALWAYS_INLINE vfloat exp2_poly(vfloat f) noexcept {
   q = q * f + 6.9314718055994531e-01f;
   return q * f + 1.0f;
 }
-#ifdef ULORL_LOGITS_EXACT_FMA
+#ifdef ULORL_SIMD_FMA
 //! a * b + c with one rounding (the hardware FMA, whatever the -ffp-contract setting).
 ULORL_ALWAYS_INLINE vfloat fma(vfloat a, vfloat b, vfloat c) noexcept {
-#if defined(__AVX512F__)
+#if ULORL_SIMD_BYTES == 64
   return _mm512_fmadd_ps(a, b, c);
-#else
+#elif ULORL_SIMD_BYTES == 32
   return _mm256_fmadd_ps(a, b, c);
+#else
+  return _mm_fmadd_ps(a, b, c);
 #endif
 }
 #endif
@@ -157,7 +126,7 @@ ULORL_ALWAYS_INLINE void prefetch_lines(const char* next, std::size_t next_bytes
 #endif
 }
 
-#ifdef ULORL_LOGITS_VECTOR
+#ifdef ULORL_SIMD
 //! Non-temporal (cache-bypassing) store of one vector to a sizeof(V)-aligned address.
 template <class V>
 ULORL_ALWAYS_INLINE void store_nt(float* dst, V v) noexcept {
@@ -187,7 +156,7 @@ ULORL_ALWAYS_INLINE void store_nt(float* dst, V v) noexcept {
 inline float chunk_max(const float* ULORL_RESTRICT p, std::size_t n) noexcept {
   float m = -std::numeric_limits<float>::infinity();
   std::size_t i = 0;
-#ifdef ULORL_LOGITS_VECTOR
+#ifdef ULORL_SIMD
   if (n >= 2 * width) {
     vfloat m0 = splat(m), m1 = m0;
     for (; i + 2 * width <= n; i += 2 * width) {
@@ -212,7 +181,7 @@ inline float chunk_max(const float* ULORL_RESTRICT p, std::size_t n) noexcept {
 inline void chunk_sums(const float* ULORL_RESTRICT p, std::size_t n, float m, float inv_tau, double& s, double& t,
                        const char* next = nullptr, std::size_t next_bytes = 0) noexcept {
   std::size_t i = 0;
-#ifdef ULORL_LOGITS_VECTOR
+#ifdef ULORL_SIMD
   if (n >= 2 * width) {
     const float k = inv_tau * 1.44269504088896341f;
     const float floor2 = exp_floor * 1.44269504088896341f;
@@ -268,7 +237,7 @@ template <bool Precise>
 inline void chunk_grad(const float* p, float* out, std::size_t n, double c, double inv_tau, double r, float a, float b,
                        bool stream = false, const char* next = nullptr, std::size_t next_bytes = 0) noexcept {
   std::size_t i = 0;
-#ifdef ULORL_LOGITS_VECTOR
+#ifdef ULORL_SIMD
   const bool stream_full = stream && reinterpret_cast<std::uintptr_t>(out) % sizeof(vfloat) == 0;
   stream = stream && reinterpret_cast<std::uintptr_t>(out) % sizeof(hfloat) == 0;
   const auto put = [&](float* dst, hfloat v) {
@@ -277,7 +246,7 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
     else
       std::memcpy(dst, &v, sizeof v);
   };
-#ifdef ULORL_LOGITS_EXACT_FMA
+#ifdef ULORL_SIMD_FMA
   if constexpr (Precise) {
     // Full-width float with error-free transformations, base 2. With u = x - c (rounded) and e1 its
     // exact error (TwoSum), k + k_lo = log2(e) / tau, lp2 = log2 p = (u + e1)(k + k_lo) - rr:
@@ -367,27 +336,27 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
 
 //! Orders non-temporal stores before later stores (call once after a streamed output).
 inline void stream_fence() noexcept {
-#if defined(ULORL_LOGITS_VECTOR) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
+#if defined(ULORL_SIMD) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
   _mm_sfence();
 #endif
 }
 
-}  // namespace ULORL_LOGITS_ISA
-}  // namespace detail::simd
+}  // namespace ULORL_ISA
+}  // namespace simd
 
-inline namespace ULORL_LOGITS_ISA {
+inline namespace ULORL_ISA {
 
 //! out[i] = e^{in[i]} with the kernels' vectorised exp (max relative error ~1.2e-7 for
 //! x in [-87, 88.3]; +0 below -87, clamps above 88.3; NaN propagates). For testing and reuse.
 inline void vec_exp(const float* in, float* out, std::size_t n) noexcept {
   std::size_t i = 0;
-#ifdef ULORL_LOGITS_VECTOR
-  for (; i + detail::simd::width <= n; i += detail::simd::width)
-    detail::simd::store(out + i, detail::simd::exp(detail::simd::load(in + i)));
+#ifdef ULORL_SIMD
+  for (; i + simd::width <= n; i += simd::width)
+    simd::store(out + i, simd::exp(simd::load(in + i)));
 #endif
-  for (; i < n; ++i) out[i] = detail::simd::exp_scalar(in[i] > 88.3f ? 88.3f : in[i]);
+  for (; i < n; ++i) out[i] = simd::exp_scalar(in[i] > 88.3f ? 88.3f : in[i]);
 }
 
-}  // namespace ULORL_LOGITS_ISA
+}  // namespace ULORL_ISA
 
 ULORL_NAMESPACE_END

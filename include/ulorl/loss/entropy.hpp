@@ -11,7 +11,7 @@
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/ragged.hpp"
 #include "ulorl/loss/aggregation.hpp"
-#include "ulorl/loss/ratio.hpp"  // ULORL_LOSS_INLINE
+#include "ulorl/loss/ratio.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -23,7 +23,7 @@ struct entropy_value {
 
 //! One token's entropy term.
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr entropy_value<T> entropy_term(T entropy, T coef) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr entropy_value<T> entropy_term(T entropy, T coef) noexcept {
   return {-coef * entropy, -coef};
 }
 

@@ -11,6 +11,8 @@
 // estimator and the unbiased k2 gradient d, never clamped.
 // `importance_weighted` (TRL use_bias_correction_kl): kl * r with r the unclamped policy/old ratio.
 // Used as a loss term (+ beta * kl, in policy_loss) or to penalise rewards (r - beta * kl, below).
+// Each estimator is one descriptor over a lane type (core/simd.hpp), shared by the scalar loops, the
+// SIMD row kernels and device code; docs/losses.md says how to add one.
 #pragma once
 
 #include <cmath>
@@ -19,9 +21,11 @@
 #include <string_view>
 
 #include "ulorl/core/config.hpp"
+#include "ulorl/core/dispatch.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/numerics.hpp"
 #include "ulorl/core/ragged.hpp"
+#include "ulorl/core/simd.hpp"
 #include "ulorl/loss/ratio.hpp"
 
 ULORL_NAMESPACE_BEGIN
@@ -35,12 +39,6 @@ struct kl_config {
   double output_clamp = std::numeric_limits<double>::infinity();    //!< |kl| clamp (verl k3 / OpenRLHF: 10)
   bool importance_weighted = false;                                 //!< TRL bias correction: kl * ratio
 };
-
-inline void validate_kl(std::string_view fn, const kl_config& c) {
-  require_known(fn, "estimator", c.estimator, kl_estimator::k1, kl_estimator::abs, kl_estimator::k2, kl_estimator::k3);
-  if (!(c.input_clamp > 0.0)) detail::fail_value(fn, "input_clamp", c.input_clamp, "must be > 0 (infinity: none)");
-  if (!(c.output_clamp > 0.0)) detail::fail_value(fn, "output_clamp", c.output_clamp, "must be > 0 (infinity: none)");
-}
 
 template <class T>
 struct kl_params {
@@ -56,50 +54,149 @@ template <class T>
           static_cast<T>(c.output_clamp)};
 }
 
+// ---- estimators -----------------------------------------------------------------------------------
+//
+// An estimator descriptor has a `name` and
+//   template <class L> static void raw(V u, V u0, const kl_params<T>& p, V& value, V& dvalue);
+// the estimate of u = clamp(u0, -input_clamp, input_clamp), u0 = ref - logp, and its derivative with
+// respect to logp before the clamps (u0 is passed for exp's range: see k3). kl_lanes() applies the
+// clamps, their gradient rule and straight-through around it: an estimator is its formula only.
+// The built-in ones have a `kind` and are listed in `kl_registry`, the only list run-time dispatch
+// consults; one defined outside the library runs through policy_loss_with().
+
+namespace detail {
+template <kl_estimator K>
+struct builtin_estimator {
+  static constexpr kl_estimator kind = K;
+  kl_config config{};
+};
+}  // namespace detail
+
+//! k1 = -u (= logp - ref), d/d logp = 1.
+struct k1_estimator : detail::builtin_estimator<kl_estimator::k1> {
+  static constexpr std::string_view name = "k1";
+  template <class L>
+  ULORL_HD static ULORL_ALWAYS_INLINE constexpr void raw(typename L::V u, typename L::V, const kl_params<typename L::value_type>&,
+                                                         typename L::V& v, typename L::V& dv) noexcept {
+    v = -u, dv = L::splat(typename L::value_type(1));
+  }
+};
+//! |u|, d/d logp = sign(logp - ref) (0 at 0).
+struct abs_estimator : detail::builtin_estimator<kl_estimator::abs> {
+  static constexpr std::string_view name = "abs";
+  template <class L>
+  ULORL_HD static ULORL_ALWAYS_INLINE constexpr void raw(typename L::V u, typename L::V, const kl_params<typename L::value_type>&,
+                                                         typename L::V& v, typename L::V& dv) noexcept {
+    using T = typename L::value_type;
+    v = L::select(u < T(0), -u, u);
+    dv = L::select(u < T(0), L::splat(T(1)), L::select(u > T(0), L::splat(T(-1)), L::splat(T(0))));
+  }
+};
+//! k2 = u^2 / 2, d/d logp = -u.
+struct k2_estimator : detail::builtin_estimator<kl_estimator::k2> {
+  static constexpr std::string_view name = "k2";
+  template <class L>
+  ULORL_HD static ULORL_ALWAYS_INLINE constexpr void raw(typename L::V u, typename L::V, const kl_params<typename L::value_type>&,
+                                                         typename L::V& v, typename L::V& dv) noexcept {
+    v = typename L::value_type(0.5) * u * u, dv = -u;
+  }
+};
+//! k3 = exp(u) - u - 1 (>= 0), d/d logp = -(exp(u) - 1); exp(u) - 1 - u without cancellation near 0.
+struct k3_estimator : detail::builtin_estimator<kl_estimator::k3> {
+  static constexpr std::string_view name = "k3";
+  template <class L>
+  ULORL_HD static ULORL_ALWAYS_INLINE constexpr void raw(typename L::V u, typename L::V u0, const kl_params<typename L::value_type>& p,
+                                                         typename L::V& v, typename L::V& dv) noexcept {
+    using T = typename L::value_type;
+    using C = detail::exp_constants<T>;
+    // exp clamps to its own range: one clamp of u0 to both ranges, off the critical path of u.
+    const T b = p.input_clamp;
+    const T lo = -b > C::lo ? -b : C::lo, hi = b < C::hi ? b : C::hi;
+    typename L::V e{};
+    (void)L::exp_in_range(L::clamp(u0, L::splat(lo), L::splat(hi)), e);
+    v = e, dv = -(e + u);
+  }
+};
+
+//! Every built-in estimator: the only list run-time dispatch consults.
+using kl_registry = descriptor_list<k1_estimator, abs_estimator, k2_estimator, k3_estimator>;
+
+//! Calls f(descriptor) with the built-in estimator of c.estimator; an unknown one throws
+//! ulorl::error naming `fn` and the argument "estimator".
+template <class F>
+decltype(auto) visit_kl_estimator(std::string_view fn, const kl_config& c, F&& f) {
+  return detail::visit_kind(fn, "estimator", c.estimator, c, f, kl_registry{});
+}
+
+namespace detail {
+//! The checks of kl_config that do not depend on the estimator.
+inline void validate_kl_clamps(std::string_view fn, const kl_config& c) {
+  if (!(c.input_clamp > 0.0)) detail::fail_value(fn, "input_clamp", c.input_clamp, "must be > 0 (infinity: none)");
+  if (!(c.output_clamp > 0.0)) detail::fail_value(fn, "output_clamp", c.output_clamp, "must be > 0 (infinity: none)");
+}
+}  // namespace detail
+
+//! Throws ulorl::error for an invalid KL configuration (an unknown estimator included).
+inline void validate_kl(std::string_view fn, const kl_config& c) {
+  visit_kl_estimator(fn, c, [](const auto&) {});
+  detail::validate_kl_clamps(fn, c);
+}
+
+template <class L>
+struct kl_lanes_value {
+  typename L::V value;
+  typename L::V grad;  //!< d value / d logp
+};
+
+//! One token's KL estimate and its derivative with respect to logp, lane-wise, for estimator E:
+//! both clamps stop the gradient where active (torch's rule); straight-through takes the value of
+//! E and the unclamped k2 gradient logp - ref.
+template <class E, class L>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr kl_lanes_value<L> kl_lanes(typename L::V logp, typename L::V ref,
+                                                                                const kl_params<typename L::value_type>& p) noexcept {
+  using T = typename L::value_type;
+  using V = typename L::V;
+  const V u0 = ref - logp;
+  const V ic = L::splat(p.input_clamp), oc = L::splat(p.output_clamp);
+  const V u = L::clamp(u0, -ic, ic);
+  V v{}, dv{};
+  E::template raw<L>(u, u0, p, v, dv);
+  const V value = L::clamp(v, -oc, oc);
+  const typename L::M pass = (u0 == u) & (v == value);  // both clamps pass (NaN included: no)
+  const V g = L::select(pass, dv, L::splat(T(0)));
+  return {value, L::select(L::mask_of(p.straight_through), logp - ref, g)};
+}
+
 template <class T>
 struct kl_value {
   T value;
   T grad;  //!< d value / d logp
 };
 
-//! One token's KL estimate and its derivative with respect to logp, the estimator fixed at compile
-//! time (the vectorised loops use this form).
-template <kl_estimator E, class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr kl_value<T> kl_term_t(T logp, T ref, const kl_params<T>& p) noexcept {
-  const T u0 = ref - logp;
-  const T u = clamp(u0, -p.input_clamp, p.input_clamp);
-  const bool pass_in = u == u0;  // passes(u0, -c, c), NaN included
-  T v, dv;  // dv: d value / d logp before the clamps
-  if constexpr (E == kl_estimator::k1) {
-    v = -u, dv = T(1);
-  } else if constexpr (E == kl_estimator::abs) {
-    v = u < T(0) ? -u : u, dv = u < T(0) ? T(1) : (u > T(0) ? T(-1) : T(0));
-  } else if constexpr (E == kl_estimator::k2) {
-    v = T(0.5) * u * u, dv = -u;
-  } else {
-    const T e = exp_minus_one_minus_x(u);  // exp(u) - 1 - u, accurate near 0
-    v = e, dv = -(e + u);
+namespace detail {
+template <class T, class E0, class... E>
+[[nodiscard]] ULORL_HD constexpr kl_value<T> kl_term_in(T logp, T ref, const kl_params<T>& p, descriptor_list<E0, E...>) noexcept {
+  if (p.estimator == E0::kind) {
+    const auto k = kl_lanes<E0, simd::scalar_lanes<T>>(logp, ref, p);
+    return {k.value, k.grad};
   }
-  const T value = clamp(v, -p.output_clamp, p.output_clamp);
-  const bool pass_out = value == v;
-  // straight_through ? d : g, written as arithmetic (both finite) so that a loop-invariant flag
-  // does not become control flow inside vectorised loops.
-  const T st = p.straight_through ? T(1) : T(0);
-  const T g = (pass_in & pass_out) ? dv : T(0);
-  const T grad = (logp - ref) * st + g * (T(1) - st);
-  return {value, grad};
+  if constexpr (sizeof...(E) == 0) {
+    // Only reachable with a configuration that validate_kl rejects: NaN, never a plausible value.
+    return {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::quiet_NaN()};
+  } else {
+    return kl_term_in(logp, ref, p, descriptor_list<E...>{});
+  }
+}
+}  // namespace detail
+
+//! One token's KL estimate and its derivative with respect to logp (a validated configuration).
+template <class T>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr kl_value<T> kl_term(T logp, T ref, const kl_params<T>& p) noexcept {
+  return detail::kl_term_in(logp, ref, p, kl_registry{});
 }
 
-//! One token's KL estimate and its derivative with respect to logp.
-template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr kl_value<T> kl_term(T logp, T ref, const kl_params<T>& p) noexcept {
-  switch (p.estimator) {
-    case kl_estimator::k1: return kl_term_t<kl_estimator::k1>(logp, ref, p);
-    case kl_estimator::abs: return kl_term_t<kl_estimator::abs>(logp, ref, p);
-    case kl_estimator::k2: return kl_term_t<kl_estimator::k2>(logp, ref, p);
-    default: return kl_term_t<kl_estimator::k3>(logp, ref, p);
-  }
-}
+// The batch functions are compiled with the including translation unit's ISA: tagged (core/simd.hpp).
+inline namespace ULORL_ISA {
 
 //! Element-wise KL estimate and gradient: kl[b,t], grad[b,t] = d kl[b,t] / d logp[b,t] (= gradient of
 //! sum kl). Every element is computed (no mask), as the frameworks do. Validates before writing.
@@ -171,5 +268,7 @@ double kl_penalized_rewards(token_view<const T> rewards, token_view<const T> log
   }
   return n > 0 ? sum / n : 0.0;
 }
+
+}  // namespace ULORL_ISA
 
 ULORL_NAMESPACE_END

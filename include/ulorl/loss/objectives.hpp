@@ -15,17 +15,24 @@
 //
 // Gradients follow torch's autograd on the frameworks' code: a clamp passes the gradient on its
 // closed interval, max/min pass it to the selected operand and split it in half at an exact tie.
-// The token functions are ULORL_HD scalar math shared by the CPU loops, the fused-from-logits path
-// and the CUDA kernels. docs/losses.md has every formula beside the frameworks'.
+// Each objective is written once, as a function template over a lane type (core/simd.hpp): the
+// scalar loops, the SIMD row kernels and device code evaluate the same source. Each is described by
+// one descriptor type (its kind, name, level, parameters, validation and token function) listed in
+// `objective_registry`; dispatch from a run-time objective_kind goes through that list and nothing
+// else, and an unknown kind is an error. docs/losses.md has every formula beside the frameworks',
+// and says how to add an objective.
 #pragma once
 
 #include <cmath>
 #include <limits>
 #include <string_view>
+#include <type_traits>
 
 #include "ulorl/core/config.hpp"
+#include "ulorl/core/dispatch.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/numerics.hpp"
+#include "ulorl/core/simd.hpp"
 #include "ulorl/loss/ratio.hpp"
 
 ULORL_NAMESPACE_BEGIN
@@ -53,25 +60,6 @@ struct objective_config {
   double tau_pos = 1.0;              //!< sapo temperature for A > 0
   double tau_neg = 1.05;             //!< sapo temperature for A <= 0
 };
-
-//! Throws ulorl::error for an invalid objective configuration.
-inline void validate_objective(std::string_view fn, const objective_config& c) {
-  require_known(fn, "kind", c.kind, objective_kind::ppo_clip, objective_kind::gspo, objective_kind::cispo,
-                objective_kind::gmpo, objective_kind::sapo, objective_kind::policy_gradient);
-  require_known(fn, "seq_gradient", c.seq_gradient, sequence_gradient::own_token, sequence_gradient::through_mean);
-  if (!(c.eps_low >= 0.0 && c.eps_low < 1.0)) detail::fail_value(fn, "eps_low", c.eps_low, "must be in [0, 1)");
-  require_non_negative(fn, "eps_high", c.eps_high);
-  if (!(c.dual_clip == 0.0 || (c.dual_clip > 1.0 && std::isfinite(c.dual_clip))))
-    detail::fail_value(fn, "dual_clip", c.dual_clip, "must be 0 (off) or a finite c > 1");
-  if (!(c.delta == 0.0 || (c.delta > 1.0 && std::isfinite(c.delta))))
-    detail::fail_value(fn, "delta", c.delta, "must be 0 (off) or a finite delta > 1");
-  if (!(c.log_ratio_clamp > 0.0)) detail::fail_value(fn, "log_ratio_clamp", c.log_ratio_clamp, "must be > 0");
-  if (std::isnan(c.seq_log_ratio_max)) detail::fail_value(fn, "seq_log_ratio_max", c.seq_log_ratio_max, "must not be NaN");
-  if (c.kind == objective_kind::sapo) {
-    require_positive(fn, "tau_pos", c.tau_pos);
-    require_positive(fn, "tau_neg", c.tau_neg);
-  }
-}
 
 //! The configuration converted once to the element type for the inner loops.
 template <class T>
@@ -115,111 +103,348 @@ enum token_flag : unsigned {
   flag_dual_clipped = 8u,  //!< dual clip bound selected (verl pg_clipfrac_lower)
 };
 
-//! One token's objective: loss value and d loss / d (the variable the caller's `dratio` refers to).
+//! The token flags lane-wise: one mask per flag (value-initialised: none set).
+template <class L>
+struct clip_flags {
+  typename L::M clipped{}, low{}, high{}, dual{};
+};
+//! The flags of one scalar lane as token_flag bits.
+template <class T>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr unsigned flag_bits(const clip_flags<simd::scalar_lanes<T>>& f) noexcept {
+  return (f.clipped ? flag_clipped : 0u) | (f.low ? flag_clipped_low : 0u) | (f.high ? flag_clipped_high : 0u) |
+         (f.dual ? flag_dual_clipped : 0u);
+}
+
+//! One token's objective, lane-wise: loss value, d loss / d logp, clip flags.
+template <class L>
+struct objective_lanes {
+  typename L::V loss, dloss;
+  clip_flags<L> flags;
+};
+
+//! One token's objective (scalar): loss value and d loss / d (the variable the caller's `dratio`
+//! refers to), flags as token_flag bits.
 template <class T>
 struct objective_value {
   T loss;
   T dloss;
   unsigned flags;
 };
-
-//! max(a, b) with torch's gradient: the selected operand's, half of each at a tie.
 template <class T>
-ULORL_HD ULORL_LOSS_INLINE constexpr void select_max(T a, T da, T b, T db, T& v, T& dv) noexcept {
-  // Arithmetic outside the selects: an FP operation inside a conditional arm may trap, which
-  // stops the compiler from if-converting (and vectorising) the token loops.
-  const T half = T(0.5) * (da + db);
-  v = a > b ? a : b;
-  dv = a > b ? da : (b > a ? db : half);
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> to_scalar(const objective_lanes<simd::scalar_lanes<T>>& o) noexcept {
+  return {o.loss, o.dloss, flag_bits(o.flags)};
 }
 
-//! The clipped surrogate (ppo_clip, gspo) given the ratio r and its derivative dr:
-//!   L1 = -A min(r, delta), L2 = -A clamp(r, lo, hi), C1 = max(L1, L2), and for A < 0 with dual
-//!   clip C2 = min(C1, -A c). Returns the loss and d loss = dL/dr * dr.
-//!
-//! Without delta and dual clip (the common case: DAPO, ProRL, GRPO) the same values come from
-//! `clipped_surrogate_plain`, which the vectorised kernels use: there L1 == L2 implies
-//! dL1 == dL2 (either A = 0 or r is inside [lo, hi]), so the tie rule needs no half step, and
-//! L2 > L1 only where r is outside [lo, hi], where the clamp passes no gradient: dL2 = 0.
-template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr objective_value<T> clipped_surrogate_plain(T r, T dr, T adv,
-                                                                                    const objective_params<T>& p) noexcept {
-  const T rc = clamp(r, p.lo, p.hi);
-  const T l1 = -adv * r, l2 = -adv * rc;
-  const bool clipped = l2 > l1;
-  const unsigned flags = (clipped ? flag_clipped : 0u) | (((r < p.lo) & (adv < T(0))) ? flag_clipped_low : 0u) |
-                         (((r > p.hi) & (adv > T(0))) ? flag_clipped_high : 0u);
-  return {l1 > l2 ? l1 : l2, clipped ? T(0) : -adv * dr, flags};
-}
+//! What a token objective reads: the token's log-prob, advantage and importance ratio.
+template <class L>
+struct token_args {
+  typename L::V logp;
+  typename L::V adv;
+  ratio_lanes<L> ratio;
+};
 
-template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr objective_value<T> clipped_surrogate(T r, T dr, T adv, const objective_params<T>& p) noexcept {
-  constexpr T inf = std::numeric_limits<T>::infinity();
-  if (p.delta == inf && p.dual_c == inf) return clipped_surrogate_plain(r, dr, adv, p);
+// ---- the formulas ---------------------------------------------------------------------------------
+
+//! The clipped surrogate (ppo_clip, and gspo on the sequence ratio) given the ratio r and its
+//! derivative dr: L1 = -A min(r, delta), L2 = -A clamp(r, lo, hi), C1 = max(L1, L2), and for A < 0
+//! with dual clip C2 = min(C1, -A c). Returns the loss and d loss = dL/dr * dr. max/min pass the
+//! gradient to the selected operand and half of each at a tie (torch); a clamp passes it on its
+//! closed interval.
+template <class L>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_lanes<L> clipped_surrogate_lanes(
+    typename L::V r, typename L::V dr, typename L::V adv, const objective_params<typename L::value_type>& p) noexcept {
+  using T = typename L::value_type;
+  using V = typename L::V;
+  using M = typename L::M;
+  const V zero = L::splat(T(0));
+  const V lo = L::splat(p.lo), hi = L::splat(p.hi), delta = L::splat(p.delta);
   // Two-sided delta clip: one-sided clamp from above, half gradient at the tie.
-  const T r1 = r > p.delta ? p.delta : r;
-  const T half_dr = T(0.5) * dr;
-  const T dr1 = r > p.delta ? T(0) : (r == p.delta ? half_dr : dr);
-  const T rc = clamp(r, p.lo, p.hi);
-  const T drc = passes(r, p.lo, p.hi) ? dr : T(0);
-  const T l1 = -adv * r1, l2 = -adv * rc;
-  T c1, dc1;
-  select_max(l1, -adv * dr1, l2, -adv * drc, c1, dc1);
+  const V r1 = L::select(r > delta, delta, r);
+  const V half_dr = T(0.5) * dr;
+  const V dr1 = L::select(r > delta, zero, L::select(r == delta, half_dr, dr));
+  const V rc = L::clamp(r, lo, hi);
+  const V drc = L::select(L::passes(r, lo, hi), dr, zero);
+  const V l1 = -adv * r1, l2 = -adv * rc;
+  const V d1 = -adv * dr1, d2 = -adv * drc;
+  // Arithmetic outside the selects: an FP operation inside a conditional arm may trap, which stops
+  // the compiler from if-converting (and vectorising) the loops.
+  const V half = T(0.5) * (d1 + d2);
+  const V c1 = L::select(l1 > l2, l1, l2);
+  const V dc1 = L::select(l1 > l2, d1, L::select(l2 > l1, d2, half));
   // Dual clip, branch-free: with c = +inf (off) the bound -A c never binds for A < 0.
-  const bool neg = adv < T(0);
-  const T l3_any = -adv * p.dual_c;  // NaN for A = 0 with c = inf: never selected below
-  const T l3 = neg ? l3_any : std::numeric_limits<T>::infinity();  // constant: zero derivative
-  const bool dual = neg & (c1 > l3);
-  const T half_dc1 = T(0.5) * dc1;
-  const T loss = c1 < l3 ? c1 : l3;
-  const T dloss = c1 < l3 ? dc1 : (l3 < c1 ? T(0) : half_dc1);
-  const unsigned flags = (l2 > l1 ? flag_clipped : 0u) | (((r1 < p.lo) & neg) ? flag_clipped_low : 0u) |
-                         (((r1 > p.hi) & (adv > T(0))) ? flag_clipped_high : 0u) | (dual ? flag_dual_clipped : 0u);
-  return {loss, dloss, flags};
+  const M neg = adv < T(0);
+  const V l3_any = -adv * p.dual_c;  // NaN for A = 0 with c = inf: never selected below
+  const V l3 = L::select(neg, l3_any, L::splat(std::numeric_limits<T>::infinity()));  // constant: zero derivative
+  const V half_dc1 = T(0.5) * dc1;
+  objective_lanes<L> o;
+  o.loss = L::select(c1 < l3, c1, l3);
+  o.dloss = L::select(c1 < l3, dc1, L::select(l3 < c1, zero, half_dc1));
+  o.flags.clipped = l2 > l1;
+  o.flags.low = (r1 < lo) & neg;
+  o.flags.high = (r1 > hi) & (adv > T(0));
+  o.flags.dual = neg & (c1 > l3);
+  return o;
 }
 
-//! CISPO: L = -sg(clamp(r, lo, hi)) A logp; d L / d logp = -clamp(r, lo, hi) A.
+//! The clipped surrogate without delta and dual clip (the common case: DAPO, ProRL, GRPO): the same
+//! values as clipped_surrogate_lanes in fewer operations. L1 == L2 implies dL1 == dL2 (A = 0 or r
+//! inside [lo, hi]), so the tie rule needs no half step, and L2 > L1 only outside [lo, hi], where
+//! the clamp passes no gradient.
+template <class L>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_lanes<L> clipped_surrogate_plain_lanes(
+    typename L::V r, typename L::V dr, typename L::V adv, const objective_params<typename L::value_type>& p) noexcept {
+  using T = typename L::value_type;
+  using V = typename L::V;
+  const V lo = L::splat(p.lo), hi = L::splat(p.hi);
+  const V rc = L::clamp(r, lo, hi);
+  const V l1 = -adv * r, l2 = -adv * rc;
+  objective_lanes<L> o;
+  o.flags.clipped = l2 > l1;
+  o.loss = L::select(l1 > l2, l1, l2);
+  o.dloss = L::select(o.flags.clipped, L::splat(T(0)), -adv * dr);
+  o.flags.low = (r < lo) & (adv < T(0));
+  o.flags.high = (r > hi) & (adv > T(0));
+  return o;
+}
+
+//! GMPO's per-token clipped log-ratio y = sign(A) min(sign(A) x, sign(A) clamp(x, -eps_low,
+//! eps_high)) and dy/dx; the row loss -mean(A) exp(mean y) is formed by the sequence rows.
+template <class L>
+struct gmpo_token_lanes {
+  typename L::V y, dy;
+  clip_flags<L> flags;
+};
+template <class L>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr gmpo_token_lanes<L> gmpo_log_ratio_lanes(
+    typename L::V x, typename L::V adv, const objective_params<typename L::value_type>& p) noexcept {
+  using T = typename L::value_type;
+  using V = typename L::V;
+  const V zero = L::splat(T(0)), one = L::splat(T(1));
+  const V elo = L::splat(-p.eps_low), ehi = L::splat(p.eps_high);
+  const V xc = L::clamp(x, elo, ehi);
+  const V dxc = L::select(L::passes(x, elo, ehi), one, zero);
+  const V s = L::select(adv > T(0), one, L::select(adv < T(0), L::splat(T(-1)), zero));
+  // min(s x, s xc): derivative s (or s dxc), split at a tie; times the outer s.
+  const V a = s * x, b = s * xc;
+  const V sdxc = s * dxc;
+  const V tie = T(0.5) * (s + sdxc);
+  gmpo_token_lanes<L> g;
+  g.y = s * L::select(a < b, a, b);
+  g.dy = s * L::select(a < b, s, L::select(b < a, sdxc, tie));
+  const typename L::M clipped = x != xc;
+  g.flags.clipped = clipped;
+  g.flags.high = clipped & (adv > T(0));
+  g.flags.low = clipped & (adv < T(0));
+  return g;
+}
+
+// ---- descriptors ----------------------------------------------------------------------------------
+//
+// A descriptor is a type with
+//   static constexpr std::string_view name;          // for messages and metrics
+//   static constexpr objective_level level;          // token: one token function; sequence: a row pass
+//   template <class T> P<T> params() const;          // the parameters in T, once per call
+//   void validate(std::string_view fn) const;        // throws ulorl::error for bad parameters
+//   template <class L> static objective_lanes<L> token(const token_args<L>&, const P<T>&);  // token level
+// The built-in descriptors hold the objective_config they were made from and have a `kind`; a
+// descriptor defined outside the library (any parameters of its own) runs through
+// policy_loss_with() exactly as the built-in ones run through policy_loss().
+
+enum class objective_level { token, sequence };
+
+namespace detail {
+//! Checks shared by every built-in objective.
+inline void validate_objective_common(std::string_view fn, const objective_config& c) {
+  require_known(fn, "seq_gradient", c.seq_gradient, sequence_gradient::own_token, sequence_gradient::through_mean);
+  if (!(c.eps_low >= 0.0 && c.eps_low < 1.0)) detail::fail_value(fn, "eps_low", c.eps_low, "must be in [0, 1)");
+  require_non_negative(fn, "eps_high", c.eps_high);
+  if (!(c.dual_clip == 0.0 || (c.dual_clip > 1.0 && std::isfinite(c.dual_clip))))
+    detail::fail_value(fn, "dual_clip", c.dual_clip, "must be 0 (off) or a finite c > 1");
+  if (!(c.delta == 0.0 || (c.delta > 1.0 && std::isfinite(c.delta))))
+    detail::fail_value(fn, "delta", c.delta, "must be 0 (off) or a finite delta > 1");
+  if (!(c.log_ratio_clamp > 0.0)) detail::fail_value(fn, "log_ratio_clamp", c.log_ratio_clamp, "must be > 0");
+  if (std::isnan(c.seq_log_ratio_max)) detail::fail_value(fn, "seq_log_ratio_max", c.seq_log_ratio_max, "must not be NaN");
+}
+
+//! The part of a built-in descriptor that only depends on objective_config.
+template <objective_kind K>
+struct builtin_objective {
+  static constexpr objective_kind kind = K;
+  objective_config config{};
+  template <class T>
+  [[nodiscard]] objective_params<T> params() const noexcept {
+    return make_objective_params<T>(config);
+  }
+  void validate(std::string_view fn) const { validate_objective_common(fn, config); }
+};
+}  // namespace detail
+
+//! PPO's clipped surrogate with clip-higher, TRL's two-sided delta and dual clip.
+struct ppo_clip_objective : detail::builtin_objective<objective_kind::ppo_clip> {
+  static constexpr std::string_view name = "ppo_clip";
+  static constexpr objective_level level = objective_level::token;
+  template <class L>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr objective_lanes<L> token(
+      const token_args<L>& a, const objective_params<typename L::value_type>& p) noexcept {
+    return clipped_surrogate_lanes<L>(a.ratio.ratio, a.ratio.dratio, a.adv, p);
+  }
+  //! The same objective in fewer operations when delta and dual clip are off.
+  struct plain_form;
+  template <class T>
+  [[nodiscard]] ULORL_HD static constexpr bool plain_applies(const objective_params<T>& p) noexcept {
+    return p.delta == std::numeric_limits<T>::infinity() && p.dual_c == std::numeric_limits<T>::infinity();
+  }
+  [[nodiscard]] bool has_plain_form() const noexcept { return plain_applies(params<double>()); }
+};
+struct ppo_clip_objective::plain_form : detail::builtin_objective<objective_kind::ppo_clip> {
+  static constexpr std::string_view name = "ppo_clip";
+  static constexpr objective_level level = objective_level::token;
+  template <class L>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr objective_lanes<L> token(
+      const token_args<L>& a, const objective_params<typename L::value_type>& p) noexcept {
+    return clipped_surrogate_plain_lanes<L>(a.ratio.ratio, a.ratio.dratio, a.adv, p);
+  }
+};
+
+//! CISPO (MiniMax-M1): L = -sg(clamp(r, lo, hi)) A logp; d L / d logp = -clamp(r, lo, hi) A.
+struct cispo_objective : detail::builtin_objective<objective_kind::cispo> {
+  static constexpr std::string_view name = "cispo";
+  static constexpr objective_level level = objective_level::token;
+  template <class L>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr objective_lanes<L> token(
+      const token_args<L>& a, const objective_params<typename L::value_type>& p) noexcept {
+    using V = typename L::V;
+    const V r = a.ratio.ratio, lo = L::splat(p.lo), hi = L::splat(p.hi);
+    const V rc = L::clamp(r, lo, hi);
+    objective_lanes<L> o;
+    o.loss = -rc * a.adv * a.logp;
+    o.dloss = -rc * a.adv;
+    o.flags.clipped = rc != r;
+    o.flags.low = r < lo;
+    o.flags.high = r > hi;
+    return o;
+  }
+};
+
+//! SAPO (verl): L = -sigmoid(tau (r - 1)) (4 / tau) A with tau = tau_pos (A > 0) or tau_neg.
+struct sapo_objective : detail::builtin_objective<objective_kind::sapo> {
+  static constexpr std::string_view name = "sapo";
+  static constexpr objective_level level = objective_level::token;
+  void validate(std::string_view fn) const {
+    detail::validate_objective_common(fn, config);
+    require_positive(fn, "tau_pos", config.tau_pos);
+    require_positive(fn, "tau_neg", config.tau_neg);
+  }
+  template <class L>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr objective_lanes<L> token(
+      const token_args<L>& a, const objective_params<typename L::value_type>& p) noexcept {
+    using T = typename L::value_type;
+    using V = typename L::V;
+    using C = detail::exp_constants<T>;
+    const V r = a.ratio.ratio, dr = a.ratio.dratio;
+    const V tau = L::select(a.adv > T(0), L::splat(p.tau_pos), L::splat(p.tau_neg));
+    V em1{};
+    const V e = L::exp_in_range(L::clamp(-tau * (r - T(1)), L::splat(C::lo), L::splat(C::hi)), em1);
+    const V s = T(1) / (T(1) + e);
+    objective_lanes<L> o;
+    o.loss = -s * (T(4) / tau) * a.adv;
+    o.dloss = -T(4) * a.adv * s * (T(1) - s) * dr;
+    return o;
+  }
+};
+
+//! Plain policy gradient (REINFORCE, GPG; what UloRL's pseudo on-policy IS gives): L = -A logp.
+struct policy_gradient_objective : detail::builtin_objective<objective_kind::policy_gradient> {
+  static constexpr std::string_view name = "policy_gradient";
+  static constexpr objective_level level = objective_level::token;
+  template <class L>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr objective_lanes<L> token(
+      const token_args<L>& a, const objective_params<typename L::value_type>&) noexcept {
+    objective_lanes<L> o;
+    o.loss = -a.adv * a.logp;
+    o.dloss = -a.adv;
+    return o;
+  }
+};
+
+//! GSPO: the clipped surrogate on the sequence ratio (loss/detail/gspo_rows.hpp).
+struct gspo_objective : detail::builtin_objective<objective_kind::gspo> {
+  static constexpr std::string_view name = "gspo";
+  static constexpr objective_level level = objective_level::sequence;
+};
+
+//! GMPO: -mean_t(A) exp(mean_t y) per row (loss/detail/gmpo_rows.hpp).
+struct gmpo_objective : detail::builtin_objective<objective_kind::gmpo> {
+  static constexpr std::string_view name = "gmpo";
+  static constexpr objective_level level = objective_level::sequence;
+};
+
+//! Every built-in objective: the only list run-time dispatch consults.
+using objective_registry = descriptor_list<ppo_clip_objective, gspo_objective, cispo_objective, gmpo_objective,
+                                           sapo_objective, policy_gradient_objective>;
+
+//! Calls f(descriptor) with the built-in descriptor of c.kind (holding c); an unknown kind throws
+//! ulorl::error naming `fn` and the argument "kind".
+template <class F>
+decltype(auto) visit_objective(std::string_view fn, const objective_config& c, F&& f) {
+  return detail::visit_kind(fn, "kind", c.kind, c, f, objective_registry{});
+}
+
+//! Throws ulorl::error for an invalid objective configuration (an unknown kind included).
+inline void validate_objective(std::string_view fn, const objective_config& c) {
+  visit_objective(fn, c, [&](const auto& d) { d.validate(fn); });
+}
+
+// ---- scalar forms (tests, presets, callers with one token) -----------------------------------------
+
+//! The clipped surrogate of one token (the plain form when delta and dual clip are off).
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr objective_value<T> cispo(T logp, T r, T adv, const objective_params<T>& p) noexcept {
-  const T rc = clamp(r, p.lo, p.hi);
-  const unsigned flags = (rc != r ? flag_clipped : 0u) | (r < p.lo ? flag_clipped_low : 0u) | (r > p.hi ? flag_clipped_high : 0u);
-  return {-rc * adv * logp, -rc * adv, flags};
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> clipped_surrogate(T r, T dr, T adv,
+                                                                                        const objective_params<T>& p) noexcept {
+  if (ppo_clip_objective::plain_applies(p)) return to_scalar(clipped_surrogate_plain_lanes<simd::scalar_lanes<T>>(r, dr, adv, p));
+  return to_scalar(clipped_surrogate_lanes<simd::scalar_lanes<T>>(r, dr, adv, p));
 }
-
-//! SAPO: L = -sigmoid(tau (r - 1)) (4 / tau) A with tau = tau_pos (A > 0) or tau_neg.
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr objective_value<T> sapo(T r, T dr, T adv, const objective_params<T>& p) noexcept {
-  const T tau = adv > T(0) ? p.tau_pos : p.tau_neg;
-  const T s = T(1) / (T(1) + loss_exp(-tau * (r - T(1))));
-  return {-s * (T(4) / tau) * adv, -T(4) * adv * s * (T(1) - s) * dr, 0u};
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> clipped_surrogate_plain(T r, T dr, T adv,
+                                                                                              const objective_params<T>& p) noexcept {
+  return to_scalar(clipped_surrogate_plain_lanes<simd::scalar_lanes<T>>(r, dr, adv, p));
 }
-
-//! Plain policy gradient: L = -A logp, d L / d logp = -A.
+namespace detail {
+template <class D, class T>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> token_scalar(T logp, T r, T dr, T adv,
+                                                                                   const objective_params<T>& p) noexcept {
+  using L = simd::scalar_lanes<T>;
+  const token_args<L> a{logp, adv, {T(0), T(0), r, dr, T(0)}};
+  return to_scalar(D::template token<L>(a, p));
+}
+}  // namespace detail
+//! CISPO of one token (ratio r); d loss / d logp.
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr objective_value<T> policy_gradient(T logp, T adv) noexcept {
-  return {-adv * logp, -adv, 0u};
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> cispo(T logp, T r, T adv, const objective_params<T>& p) noexcept {
+  return detail::token_scalar<cispo_objective>(logp, r, T(0), adv, p);
+}
+//! SAPO of one token (ratio r, d r = dr).
+template <class T>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> sapo(T r, T dr, T adv, const objective_params<T>& p) noexcept {
+  return detail::token_scalar<sapo_objective>(T(0), r, dr, adv, p);
+}
+//! Plain policy gradient of one token: L = -A logp, d L / d logp = -A.
+template <class T>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> policy_gradient(T logp, T adv) noexcept {
+  return detail::token_scalar<policy_gradient_objective>(logp, T(1), T(0), adv, objective_params<T>{});
 }
 
-//! GMPO's per-token clipped log-ratio y = sign(A) min(sign(A) x, sign(A) clamp(x, -eps_low, eps_high))
-//! and dy/dx (loss = -mean(A) exp(mean y) is formed per row by the caller).
 template <class T>
 struct gmpo_token {
   T y;
   T dy;
   unsigned flags;
 };
+//! GMPO's clipped log-ratio of one token (see gmpo_log_ratio_lanes).
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr gmpo_token<T> gmpo_log_ratio(T x, T adv, const objective_params<T>& p) noexcept {
-  const T xc = clamp(x, -p.eps_low, p.eps_high);
-  const T dxc = passes(x, -p.eps_low, p.eps_high) ? T(1) : T(0);
-  const T s = adv > T(0) ? T(1) : (adv < T(0) ? T(-1) : T(0));
-  // min(s x, s xc): derivative s (or s dxc), split at a tie; times the outer s.
-  const T a = s * x, b = s * xc;
-  const T y = s * (a < b ? a : b);
-  const T dy = s * (a < b ? s : (b < a ? s * dxc : T(0.5) * (s + s * dxc)));
-  const bool clipped = x != xc;
-  const unsigned flags = clipped ? (flag_clipped | (adv > T(0) ? flag_clipped_high : 0u) | (adv < T(0) ? flag_clipped_low : 0u)) : 0u;
-  return {y, dy, flags};
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr gmpo_token<T> gmpo_log_ratio(T x, T adv, const objective_params<T>& p) noexcept {
+  const auto g = gmpo_log_ratio_lanes<simd::scalar_lanes<T>>(x, adv, p);
+  return {g.y, g.dy, flag_bits(g.flags)};
 }
 
 ULORL_NAMESPACE_END

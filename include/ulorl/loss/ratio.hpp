@@ -25,89 +25,9 @@
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/numerics.hpp"
 #include "ulorl/core/ragged.hpp"
-
-//! Forces inlining of the per-token scalar math into the token loops: a call left in a loop body
-//! (GCC's inliner gives up on the larger objectives) stops vectorisation.
-#if defined(__GNUC__) || defined(__clang__)
-#define ULORL_LOSS_INLINE __attribute__((always_inline))
-#else
-#define ULORL_LOSS_INLINE
-#endif
+#include "ulorl/core/simd.hpp"
 
 ULORL_NAMESPACE_BEGIN
-
-namespace detail {
-template <class T>
-struct exp_constants;
-template <>
-struct exp_constants<float> {
-  // Arguments are clamped so that the exponent 2^n stays normal: results are finite and > 0.
-  static constexpr float lo = -87.0f, hi = 88.3f;
-  static constexpr float log2e = 1.44269504088896341f;
-  static constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;  // Cephes split, n*ln2_hi exact
-  static constexpr float round_magic = 12582912.0f;                      // 1.5 * 2^23
-};
-template <>
-struct exp_constants<double> {
-  static constexpr double lo = -708.0, hi = 709.0;
-  static constexpr double log2e = 1.4426950408889634074;
-  static constexpr double ln2_hi = 6.93145751953125e-1, ln2_lo = 1.42860682030941723212e-6;
-  static constexpr double round_magic = 6755399441055744.0;  // 1.5 * 2^52
-};
-}  // namespace detail
-
-namespace detail {
-//! The body of loss_exp shared by the scalar functions and the SIMD loss kernel (`V` is T or a
-//! GCC/Clang vector of T): for an already clamped x, rounds x*log2(e) to n with the magic-number
-//! trick (exact, no libm call; `t` receives the biased n) and reduces r = x - n ln2 (|r| <= ln2/2).
-//! exp(r) = 1 + (r + s) with s = r^2 q(r), q the Taylor series of (exp(r) - 1 - r) / r^2; the caller
-//! multiplies by 2^n built from `t`. `s` is exp(x) - 1 - x itself whenever n = 0 (|x| < ln2/2: r = x
-//! exactly), so the k3 estimators get that difference without cancellation and without a second
-//! series. Truncation of q relative to 1/2: <= 9e-8 (float, to r^5/7!: about float's ulp at
-//! |r| <= ln2/2), ~7e-17 (double, to r^11/13!).
-template <class V, class T = V>
-ULORL_HD ULORL_LOSS_INLINE constexpr void exp_poly(V x, V& t, V& r, V& s) noexcept {
-  using C = exp_constants<T>;
-  t = x * C::log2e + C::round_magic;
-  const V n = t - C::round_magic;
-  r = (x - n * C::ln2_hi) - n * C::ln2_lo;
-  // q by Estrin's scheme (pairs in r, then in r^2 and r^4): a few dependent steps instead of a
-  // Horner chain of 6 (float) / 11 (double) FMAs, which the loss kernel's latency is made of.
-  const V r2 = r * r;
-  V q;
-  if constexpr (std::is_same_v<T, float>) {
-    const V a01 = r * T(1.0 / 6) + T(0.5), a23 = r * T(1.0 / 120) + T(1.0 / 24), a45 = r * T(1.0 / 5040) + T(1.0 / 720);
-    q = r2 * (r2 * a45 + a23) + a01;
-  } else {
-    const V p0 = r * (1.0 / 6.0) + 0.5, p1 = r * (1.0 / 120.0) + 1.0 / 24.0, p2 = r * (1.0 / 5040.0) + 1.0 / 720.0;
-    const V p3 = r * (1.0 / 362880.0) + 1.0 / 40320.0, p4 = r * (1.0 / 39916800.0) + 1.0 / 3628800.0;
-    const V p5 = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
-    const V r4 = r2 * r2;
-    const V q0 = r2 * p1 + p0, q1 = r2 * p3 + p2, q2 = r2 * p5 + p4;
-    q = r4 * (r4 * q2 + q1) + q0;
-  }
-  s = q * r2;
-}
-
-//! exp(x) and exp(x) - 1 - x (`em1`) for x already clamped to exp's range: the one implementation
-//! behind loss_exp and the SIMD loss kernel's lanes (`V` is T or a GCC/Clang vector of T, `IV` the
-//! integer type or vector of the same width).
-//! exp(x) = 2^n (1 + (r + s)) = 2^n (r + s) + 2^n, 2^n built in the exponent field directly.
-template <class V, class T = V, class IV = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>
-ULORL_HD ULORL_LOSS_INLINE constexpr V exp_in_range(V x, V& em1) noexcept {
-  using C = exp_constants<T>;
-  using I = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
-  constexpr int mant = sizeof(T) == 4 ? 23 : 52;
-  constexpr I bias = sizeof(T) == 4 ? 127 : 1023;
-  V t, r, s;
-  exp_poly<V, T>(x, t, r, s);
-  const IV ni = std::bit_cast<IV>(t) - std::bit_cast<I>(C::round_magic);
-  const V scale = std::bit_cast<V>(static_cast<IV>((ni + bias) << mant));
-  const V e = (r + s) * scale + scale;
-  em1 = t == C::round_magic ? s : (e - T(1)) - x;
-  return e;
-}
-}  // namespace detail
 
 //! exp(x) for float/double, accurate to a few ulp, branch-free (vectorises), finite for every finite
 //! x: arguments are clamped to [-87, 88.3] (float) / [-708, 709] (double), so an overflowing ratio
@@ -115,7 +35,7 @@ ULORL_HD ULORL_LOSS_INLINE constexpr V exp_in_range(V x, V& em1) noexcept {
 //! `em1` receives exp(x) - 1 - x (of the clamped x), accurate near 0 (no cancellation: the series
 //! below ln2/2, the direct difference above, where it is >= 0.06).
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T loss_exp(T x, T& em1) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr T loss_exp(T x, T& em1) noexcept {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
   using C = detail::exp_constants<T>;
   return detail::exp_in_range<T>(x < C::lo ? C::lo : (x > C::hi ? C::hi : x), em1);
@@ -123,14 +43,14 @@ template <class T>
 
 //! exp(x) (see the two-argument form).
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T loss_exp(T x) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr T loss_exp(T x) noexcept {
   T em1{};
   return loss_exp(x, em1);
 }
 
 //! exp(u) - 1 - u without cancellation near 0 (the k3 KL estimator and its derivative need it).
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr T exp_minus_one_minus_x(T u) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr T exp_minus_one_minus_x(T u) noexcept {
   T em1{};
   (void)loss_exp(u, em1);
   return em1;
@@ -139,12 +59,41 @@ template <class T>
 //! Branch-free form of core's clamp_passes_gradient (closed interval): `&` instead of `&&` keeps
 //! the token loops free of control flow, so that they vectorise.
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr bool passes(T x, T lo, T hi) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr bool passes(T x, T lo, T hi) noexcept {
   return (lo <= x) & (x <= hi);
 }
 
-//! One token's importance ratio: value, derivative with respect to logp, and whether the clamp was
-//! active. `bound` is the symmetric log-ratio clamp (infinity: none).
+//! One token's importance ratio, lane-wise (`L`: core/simd.hpp's lane types): the raw log-ratio
+//! x = logp - old, its clamp to [-bound, bound] (bound = infinity: none), the ratio, its derivative
+//! with respect to logp (0 where the clamp is active; NaN included) and exp(log r) - 1 - log r, the
+//! k3 estimate of KL(old || new) the metrics report.
+template <class L>
+struct ratio_lanes {
+  using V = typename L::V;
+  V x;          //!< logp - old_logp
+  V log_ratio;  //!< clamp(x, -bound, bound)
+  V ratio;      //!< exp(log_ratio)
+  V dratio;     //!< d ratio / d logp
+  V k3;         //!< (ratio - 1) - log_ratio, without cancellation near 0
+};
+
+template <class L>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr ratio_lanes<L> importance_ratio(typename L::V logp, typename L::V old_logp,
+                                                                                     typename L::value_type bound) noexcept {
+  using T = typename L::value_type;
+  using V = typename L::V;
+  using C = detail::exp_constants<T>;
+  const V x = logp - old_logp;
+  const V xc = L::clamp(x, L::splat(-bound), L::splat(bound));
+  // exp clamps its argument to its own range: one clamp of x to both ranges gives the same value,
+  // off the critical path of xc.
+  const T lo = -bound > C::lo ? -bound : C::lo, hi = bound < C::hi ? bound : C::hi;
+  V k3{};
+  const V r = L::exp_in_range(L::clamp(x, L::splat(lo), L::splat(hi)), k3);
+  return {x, xc, r, L::select(x == xc, r, L::splat(T(0))), k3};
+}
+
+//! One token's importance ratio (scalar form of importance_ratio).
 template <class T>
 struct ratio_value {
   T log_ratio;  //!< clamped log-ratio
@@ -153,11 +102,9 @@ struct ratio_value {
 };
 
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_LOSS_INLINE constexpr ratio_value<T> clamped_ratio(T logp, T old_logp, T bound) noexcept {
-  const T x = logp - old_logp;
-  const T xc = clamp(x, -bound, bound);
-  const T r = loss_exp(xc);
-  return {xc, r, passes(x, -bound, bound) ? r : T(0)};
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr ratio_value<T> clamped_ratio(T logp, T old_logp, T bound) noexcept {
+  const auto r = importance_ratio<simd::scalar_lanes<T>>(logp, old_logp, bound);
+  return {r.log_ratio, r.ratio, r.dratio};
 }
 
 // ---- rollout correction weights (batch) ---------------------------------------------------------

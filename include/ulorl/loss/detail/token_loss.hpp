@@ -1,0 +1,100 @@
+// ulorl/loss/detail/token_loss.hpp — one token's fused loss, lane-wise: the importance ratio, the
+// objective descriptor's token function, the rollout-correction weight and the KL term with its
+// gradient. The scalar API (policy_token_loss), the strided rows, the SIMD row kernels and device
+// code all evaluate this one function.
+#pragma once
+
+#include <type_traits>
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/simd.hpp"
+#include "ulorl/loss/kl.hpp"
+#include "ulorl/loss/objectives.hpp"
+#include "ulorl/loss/policy_loss_types.hpp"
+#include "ulorl/loss/ratio.hpp"
+
+ULORL_NAMESPACE_BEGIN
+
+//! The estimator argument of the token loss when the KL term is off (kl_coef = 0).
+struct no_kl {};
+
+namespace detail {
+inline namespace ULORL_ISA {
+
+//! One token's loss before the aggregation weight, lane-wise.
+template <class L>
+struct token_lanes {
+  typename L::V pg;     //!< weight * objective
+  typename L::V kl;     //!< KL estimate (times the ratio when importance-weighted)
+  typename L::V dlogp;  //!< d (pg + kl_coef kl) / d logp
+  ratio_lanes<L> ratio;
+  clip_flags<L> flags;
+};
+
+//! `Obj`: a token-level objective descriptor; `Est`: a KL estimator descriptor or no_kl.
+//! `General` false: weight 1 and no importance weighting, whatever `wt` and `iw` hold (the lean
+//! kernels); true: `wt` multiplies the objective and `iw` lanes weigh the KL by the ratio.
+//! The objective's parameters `op` have `bound`, the token log-ratio clamp.
+template <class Obj, class Est, bool General, class L, class P>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr token_lanes<L> token_loss_lanes(
+    typename L::V lp, typename L::V old, typename L::V ref, typename L::V adv, typename L::V wt, typename L::M iw,
+    const token_loss_params<typename L::value_type, P>& p) noexcept {
+  using V = typename L::V;
+  token_lanes<L> t;
+  t.ratio = importance_ratio<L>(lp, old, p.objective.bound);
+  const objective_lanes<L> o = Obj::template token<L>(token_args<L>{lp, adv, t.ratio}, p.objective);
+  t.flags = o.flags;
+  if constexpr (General) {
+    t.pg = wt * o.loss;
+    t.dlogp = wt * o.dloss;
+  } else {
+    (void)wt;
+    t.pg = o.loss;
+    t.dlogp = o.dloss;
+  }
+  if constexpr (std::is_same_v<Est, no_kl>) {
+    (void)ref, (void)iw;
+    t.kl = V{};
+  } else {
+    const kl_lanes_value<L> k = kl_lanes<Est, L>(lp, ref, p.kl);
+    if constexpr (General) {
+      const V r = t.ratio.ratio;
+      t.kl = L::select(iw, k.value * r, k.value);
+      t.dlogp += p.kl_coef * L::select(iw, k.grad * r + k.value * t.ratio.dratio, k.grad);
+    } else {
+      (void)iw;
+      t.kl = k.value;
+      t.dlogp += p.kl_coef * k.grad;
+    }
+  }
+  return t;
+}
+
+//! Calls f(objective descriptor, estimator descriptor or no_kl) for a validated token-level
+//! configuration: the plain form of ppo_clip where it applies, the estimator when kl_coef != 0.
+template <class F>
+decltype(auto) visit_token_loss(std::string_view fn, const policy_loss_config& cfg, F&& f) {
+  return visit_objective(fn, cfg.objective, [&](const auto& obj) -> decltype(auto) {
+    using D = std::remove_cvref_t<decltype(obj)>;
+    auto with_kl = [&](const auto& o) -> decltype(auto) {
+      if (cfg.kl_coef == 0.0) return f(o, no_kl{});
+      return visit_kl_estimator(fn, cfg.kl, [&](const auto& e) -> decltype(auto) { return f(o, e); });
+    };
+    if constexpr (D::level == objective_level::sequence) {
+      return f(obj, no_kl{});  // sequence-level objectives have their own rows (the caller branches on level)
+    } else if constexpr (requires { typename D::plain_form; }) {
+      if (obj.has_plain_form()) {
+        typename D::plain_form plain;
+        plain.config = obj.config;
+        return with_kl(plain);
+      }
+      return with_kl(obj);
+    } else {
+      return with_kl(obj);
+    }
+  });
+}
+
+}  // namespace ULORL_ISA
+}  // namespace detail
+ULORL_NAMESPACE_END

@@ -1,0 +1,254 @@
+// ulorl/loss/detail/token_rows.hpp — the rows of the token-level objectives: a SIMD row kernel for
+// unit-stride rows and a scalar loop for any strides, both evaluating token_loss_lanes (the one
+// formula) with their lane type.
+//
+// The kernel is instantiated per (objective, KL estimator) and in two forms: lean (no rollout
+// weights, no entropy term, no importance-weighted KL: the common configuration, nothing it does
+// not need) and general (those three as loop-invariant lane masks). Every lane computes exactly
+// the scalar formula (same operations in the same order; only FMA contraction may differ); the
+// metrics go to per-lane accumulators (sums in T for at most `block` vectors, then in double;
+// integer counts; min/max in T) reduced once per row; a row's peel and tail run through the same
+// vector step on a padded local copy, so a token's result does not depend on its position.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/parallel.hpp"
+#include "ulorl/core/ragged.hpp"
+#include "ulorl/core/simd.hpp"
+#include "ulorl/loss/aggregation.hpp"
+#include "ulorl/loss/detail/rows.hpp"
+#include "ulorl/loss/detail/token_loss.hpp"
+#include "ulorl/loss/policy_loss_types.hpp"
+
+ULORL_NAMESPACE_BEGIN
+namespace detail {
+inline namespace ULORL_ISA {
+
+//! The parameters type of descriptor D in element type T.
+template <class D, class T>
+using params_of = decltype(std::declval<const D&>().template params<T>());
+
+//! Any strides: the scalar loop over views.
+template <class Obj, class Est, class T, class M, class P>
+void token_row_strided(std::size_t n, vector_view<const T> lp, vector_view<const T> old, vector_view<const T> adv,
+                       vector_view<const M> mask, vector_view<const T> ref, vector_view<const T> wts, vector_view<const T> ent,
+                       vector_view<T> grad, T w, bool iw, const token_loss_params<T, P>& p, row_sums& s) {
+  using L = simd::scalar_lanes<T>;
+  constexpr bool has_kl = !std::is_same_v<Est, no_kl>;
+  for (std::size_t t = 0; t < n; ++t) {
+    const bool valid = mask[t] != M(0);
+    const T e = ent.empty() ? T(0) : ent[t];
+    const auto r = token_loss_lanes<Obj, Est, true, L>(lp[t], old[t], has_kl ? ref[t] : T(0), adv[t],
+                                                       wts.empty() ? T(1) : wts[t], iw, p);
+    grad[t] = valid ? w * r.dlogp : T(0);
+    fold_token(s, valid, r.pg, r.kl, r.ratio, r.flags, lp[t], old[t], e);
+  }
+}
+
+#if defined(ULORL_SIMD)
+//! The vectorised row kernel of one (objective, estimator, form): unit-stride rows only.
+template <class Obj, class Est, bool General, class T, class P, std::size_t Bytes = ULORL_SIMD_BYTES>
+struct row_kernel {
+  using L = simd::vec_lanes<T, Bytes>;
+  using V = typename L::V;
+  using IV = typename L::IV;
+  using DV = typename L::DV;
+  static constexpr std::size_t N = L::N;
+  static constexpr bool has_kl = !std::is_same_v<Est, no_kl>;
+
+  //! Sums are kept per lane in T for at most `block` vectors, then added to per-lane doubles (a
+  //! float->double conversion of every term would double the loop's work and its registers).
+  static constexpr std::size_t block = sizeof(T) == 4 ? 32 : 1u << 30;
+  //! Vectors per loop iteration (the same steps in the same order: bit-identical results). double:
+  //! 4 (four independent exp chains in one block for the scheduler); float: 1 (its step already
+  //! holds 16 lanes, and the spills grow). The unrolled loop is a plain inner loop that GCC fully
+  //! unrolls (the same unrolling written with a lambda is slower). bench/RESULTS.md, bench_loss.
+  static constexpr std::size_t unroll = sizeof(T) == 8 ? 4 : 1;
+
+  struct accumulators {
+    DV pg{}, kl{}, en{}, nlr{}, nlrc{}, k3{}, ratio{};
+    V s_pg{}, s_kl{}, s_en{}, s_nlr{}, s_nlrc{}, s_k3{}, s_ratio{};
+    IV clip{}, low{}, high{}, dual{}, cnt{};
+    V rmin = L::splat(std::numeric_limits<T>::infinity()), rmax = L::splat(-std::numeric_limits<T>::infinity());
+  };
+  //! The general form's loop-invariant switches as lane masks.
+  struct switches {
+    IV weights{}, entropy{}, iw{};
+  };
+
+  //! N tokens: token_loss_lanes, the gradient store and the metric folds. Absent optional arrays:
+  //! `wp` and `ep` point at valid data (the caller passes logp) and the switches mask them out.
+  static ULORL_ALWAYS_INLINE void step(const T* lpp, const T* oldp, const T* advp, IV valid, const T* refp, const T* wp,
+                                       const T* ep, T* gp, T w, const token_loss_params<T, P>& p, const switches& sw,
+                                       accumulators& a) noexcept {
+    const V lp = L::load(lpp), old = L::load(oldp), adv = L::load(advp);
+    const V zero{};
+    V ref{}, wt = L::splat(T(1));
+    if constexpr (has_kl) ref = L::load(refp);
+    if constexpr (General) wt = L::select(sw.weights, L::load(wp), wt);
+    const token_lanes<L> t = token_loss_lanes<Obj, Est, General, L>(lp, old, ref, adv, wt, sw.iw, p);
+    L::store(gp, valid ? w * t.dlogp : zero);
+    a.s_pg = L::add_where(a.s_pg, valid, t.pg);
+    if constexpr (has_kl) a.s_kl = L::add_where(a.s_kl, valid, t.kl);
+    if constexpr (General) a.s_en = L::add_where(a.s_en, valid & sw.entropy, L::load(ep));
+    a.s_nlr = L::sub_where(a.s_nlr, valid, t.ratio.x);  // old - lp == -(lp - old) exactly
+    a.s_nlrc = L::sub_where(a.s_nlrc, valid, t.ratio.log_ratio);
+    a.s_k3 = L::add_where(a.s_k3, valid, t.ratio.k3);
+    a.s_ratio = L::add_where(a.s_ratio, valid, t.ratio.ratio);
+    a.cnt -= valid;
+    a.clip = L::count_where(a.clip, t.flags.clipped, valid), a.low = L::count_where(a.low, t.flags.low, valid);
+    a.high = L::count_where(a.high, t.flags.high, valid), a.dual = L::count_where(a.dual, t.flags.dual, valid);
+    a.rmin = L::min_where(a.rmin, valid, t.ratio.ratio);
+    a.rmax = L::max_where(a.rmax, valid, t.ratio.ratio);
+  }
+
+  //! m < N tokens on padded local copies (mask 0), so that no lane reads past the row.
+  template <class M>
+  static void partial(std::size_t m, const T* lp, const T* old, const T* adv, const M* mask, const T* ref, const T* wts,
+                      const T* ent, T* grad, T w, const token_loss_params<T, P>& p, const switches& sw, accumulators& a) noexcept {
+    alignas(Bytes) T b_lp[N] = {}, b_old[N] = {}, b_adv[N] = {}, b_ref[N] = {}, b_w[N] = {}, b_e[N] = {}, b_g[N] = {};
+    simd::mask_elem_t<M> b_m[N] = {};
+    for (std::size_t l = 0; l < m; ++l) {
+      b_lp[l] = lp[l], b_old[l] = old[l], b_adv[l] = adv[l];
+      b_m[l] = static_cast<simd::mask_elem_t<M>>(mask[l]);
+      if constexpr (has_kl) b_ref[l] = ref[l];
+      if constexpr (General) b_w[l] = wts[l], b_e[l] = ent[l];
+    }
+    step(b_lp, b_old, b_adv, L::valid_lanes(b_m), b_ref, b_w, b_e, b_g, w, p, sw, a);
+    for (std::size_t l = 0; l < m; ++l) grad[l] = b_g[l];
+  }
+
+  //! One row of n tokens; returns its valid-token count. The peel (tokens before the first
+  //! vector-aligned logp) and the tail run through partial().
+  template <class M>
+  static ULORL_NOINLINE ULORL_SCHED_PRESSURE std::size_t row(std::size_t n, const T* ULORL_RESTRICT lp, const T* ULORL_RESTRICT old,
+                                                             const T* ULORL_RESTRICT adv, const M* ULORL_RESTRICT mask,
+                                                             const T* ULORL_RESTRICT ref, const T* wts, const T* ent,
+                                                             T* ULORL_RESTRICT grad, T w, const token_loss_params<T, P>& params,
+                                                             const switches& switches_in, row_sums& s) noexcept {
+    const token_loss_params<T, P> p = params;  // local copies: cannot alias the stores
+    const switches sw = switches_in;
+    accumulators a;
+    auto flush = [&a] {
+      L::flush(a.pg, a.s_pg), L::flush(a.nlr, a.s_nlr), L::flush(a.nlrc, a.s_nlrc), L::flush(a.k3, a.s_k3);
+      L::flush(a.ratio, a.s_ratio);
+      if constexpr (has_kl) L::flush(a.kl, a.s_kl);
+      if constexpr (General) L::flush(a.en, a.s_en);
+    };
+    std::size_t t = simd::peel<T, Bytes>(lp, n);
+    if (t != 0) {
+      partial(t, lp, old, adv, mask, ref, wts, ent, grad, w, p, sw, a);
+      flush();
+    }
+    while (t + N <= n) {
+      const std::size_t stop = n - t >= block * N ? t + block * N : n - (n - t) % N;
+      if constexpr (unroll > 1) {
+        for (; t + unroll * N <= stop; t += unroll * N) {
+#pragma GCC unroll 16
+          for (std::size_t u = t; u < t + unroll * N; u += N)
+            step(lp + u, old + u, adv + u, L::valid_lanes(mask + u), has_kl ? ref + u : nullptr, General ? wts + u : nullptr,
+                 General ? ent + u : nullptr, grad + u, w, p, sw, a);
+        }
+      }
+      for (; t < stop; t += N)
+        step(lp + t, old + t, adv + t, L::valid_lanes(mask + t), has_kl ? ref + t : nullptr, General ? wts + t : nullptr,
+             General ? ent + t : nullptr, grad + t, w, p, sw, a);
+      flush();
+    }
+    if (t < n) {
+      // Absent arrays are null: no arithmetic on them (UB), as in the vector loop.
+      partial(n - t, lp + t, old + t, adv + t, mask + t, has_kl ? ref + t : nullptr, General ? wts + t : nullptr,
+              General ? ent + t : nullptr, grad + t, w, p, sw, a);
+      flush();
+    }
+    std::size_t count = 0;
+    for (std::size_t l = 0; l < N; ++l) {
+      s.pg += a.pg[l], s.kl += a.kl[l], s.ent += a.en[l];
+      s.clipped += static_cast<double>(a.clip[l]), s.low += static_cast<double>(a.low[l]);
+      s.high += static_cast<double>(a.high[l]), s.dual += static_cast<double>(a.dual[l]);
+      s.nlr += a.nlr[l], s.nlrc += a.nlrc[l], s.k3 += a.k3[l], s.ratio += a.ratio[l];
+      const double lo = static_cast<double>(a.rmin[l]), hi = static_cast<double>(a.rmax[l]);
+      s.rmin = lo < s.rmin ? lo : s.rmin;
+      s.rmax = hi > s.rmax ? hi : s.rmax;
+      count += static_cast<std::size_t>(a.cnt[l]);
+    }
+    return count;
+  }
+};
+
+//! Valid tokens of a unit-stride mask row.
+template <class M>
+[[nodiscard]] inline std::size_t count_row(const M* p, std::size_t n) noexcept {
+  std::size_t c = 0;
+  for (std::size_t t = 0; t < n; ++t) c += p[t] != M(0);
+  return c;
+}
+#endif  // ULORL_SIMD
+
+//! Every row of a token-level objective `Obj` with KL estimator `Est` (or no_kl).
+template <class Obj, class Est, class T, class M, class P, class Exec>
+void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, const token_loss_params<T, P>& p, bool iw,
+                token_view<T> grad, token_view<T> gent, policy_loss_result& res, const Exec& exec) {
+  constexpr bool has_kl = !std::is_same_v<Est, no_kl>;
+  const bool has_w = !in.weights.empty(), has_ent = p.entropy_coef != T(0);
+  iw = iw && has_kl;
+  // Unit-stride rows (the common case) take the vectorised kernel; any other strides the view loop.
+  auto unit = [](const auto& v) { return v.rows() == 0 || v.row(0).stride() == 1; };
+  const bool contiguous = unit(in.log_prob) && unit(in.old_log_prob) && unit(in.advantages) && unit(in.mask) &&
+                          (!has_kl || unit(in.ref_log_prob)) && (!has_w || unit(in.weights)) &&
+                          (!has_ent || unit(in.entropy)) && unit(grad);
+  const bool general = has_w || has_ent || iw;
+  // Only seq_mean_token_mean's row weight depends on the row's token count.
+  const bool per_row_weight = norm.mode == agg_mode::seq_mean_token_mean;
+  auto one_row = [&](std::size_t b, row_out& o) {
+    const std::size_t n = in.log_prob.row_size(b);
+    row_sums& s = o.s;
+    std::size_t& nb = o.tokens;
+    double& wd = o.w;
+#if defined(ULORL_SIMD)
+    if (contiguous) {
+      const M* mk = in.mask.row(b).data();
+      wd = row_weight(norm, per_row_weight ? count_row(mk, n) : 0);
+      const T w = static_cast<T>(wd);
+      const T* lp = in.log_prob.row(b).data();
+      const T* old = in.old_log_prob.row(b).data();
+      const T* adv = in.advantages.row(b).data();
+      const T* ref = has_kl ? in.ref_log_prob.row(b).data() : nullptr;
+      T* g = grad.row(b).data();
+      if (general) {
+        using kernel = row_kernel<Obj, Est, true, T, P>;
+        using L = typename kernel::L;
+        const T* wts = has_w ? in.weights.row(b).data() : lp;  // absent: read logp, masked out
+        const T* ent = has_ent ? in.entropy.row(b).data() : lp;
+        const typename kernel::switches sw{L::mask_of(has_w), L::mask_of(has_ent), L::mask_of(iw)};
+        nb = kernel::row(n, lp, old, adv, mk, ref, wts, ent, g, w, p, sw, s);
+      } else {
+        using kernel = row_kernel<Obj, Est, false, T, P>;
+        nb = kernel::row(n, lp, old, adv, mk, ref, nullptr, nullptr, g, w, p, typename kernel::switches{}, s);
+      }
+    } else
+#endif
+    {
+      (void)contiguous, (void)general, (void)per_row_weight;
+      nb = row_tokens(in.mask, b);
+      wd = row_weight(norm, nb);
+      token_row_strided<Obj, Est, T, M, P>(n, in.log_prob.row(b), in.old_log_prob.row(b), in.advantages.row(b), in.mask.row(b),
+                                           has_kl ? in.ref_log_prob.row(b) : vector_view<const T>(),
+                                           has_w ? in.weights.row(b) : vector_view<const T>(),
+                                           has_ent ? in.entropy.row(b) : vector_view<const T>(), grad.row(b),
+                                           static_cast<T>(wd), iw, p, s);
+    }
+    if (has_ent) entropy_grad_row(gent.row(b), in.mask.row(b), wd, static_cast<double>(p.entropy_coef));
+  };
+  run_rows(in.log_prob.rows(), static_cast<double>(p.kl_coef), static_cast<double>(p.entropy_coef), exec, one_row, res);
+}
+
+}  // namespace ULORL_ISA
+}  // namespace detail
+ULORL_NAMESPACE_END

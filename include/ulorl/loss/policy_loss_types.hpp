@@ -1,0 +1,79 @@
+// ulorl/loss/policy_loss_types.hpp — the types of the fused policy loss (ulorl/loss/policy_loss.hpp):
+// its inputs, configuration and result, and the parameters of one token's loss in the element type.
+#pragma once
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/ragged.hpp"
+#include "ulorl/loss/aggregation.hpp"
+#include "ulorl/loss/kl.hpp"
+#include "ulorl/loss/metrics.hpp"
+#include "ulorl/loss/objectives.hpp"
+
+ULORL_NAMESPACE_BEGIN
+
+//! Inputs of one micro-batch. All views share log_prob's shape; optional views are empty when absent.
+template <class T, class M = T>
+struct policy_loss_inputs {
+  token_view<const T> log_prob;
+  token_view<const T> old_log_prob;
+  token_view<const T> advantages;
+  token_view<const M> mask;
+  token_view<const T> ref_log_prob{};  //!< required when kl_coef != 0
+  token_view<const T> weights{};       //!< rollout-correction weights (detached); absent: 1
+  token_view<const T> entropy{};       //!< required when entropy_coef != 0
+};
+
+struct policy_loss_config {
+  objective_config objective{};
+  kl_config kl{};
+  double kl_coef = 0.0;       //!< beta of the KL loss term; 0: no term (ref_log_prob unused)
+  double entropy_coef = 0.0;  //!< entropy bonus coefficient; 0: no term
+  //! The step's normaliser (global_normalizer). For gmpo the denominator is the number of sequences
+  //! (the loss is a mean over rows) and the mode only weighs the KL / entropy terms.
+  agg_normalizer normalizer{};
+  //! true (default): every token value is scanned before anything is computed; a NaN/Inf input or
+  //! a mask value other than 0/1 throws ulorl::error naming the argument and index, and no output
+  //! is written. false: for inputs the caller trusts, those scans (one extra read of every input)
+  //! are skipped; shapes, layouts and the configuration are still checked. A NaN/Inf then flows
+  //! into the loss (and into the gradient as far as torch's clamp rule lets it: a NaN argument is
+  //! outside every clamp, so clamped terms pass no gradient), and any non-zero mask value counts as
+  //! a valid token.
+  bool check_values = true;
+};
+
+struct policy_loss_result {
+  double loss = 0;          //!< pg_loss + kl_loss + entropy_loss
+  double pg_loss = 0;       //!< aggregated objective
+  double kl_loss = 0;       //!< aggregated kl_coef * kl
+  double entropy_loss = 0;  //!< aggregated -entropy_coef * H
+  loss_metrics metrics{};
+};
+
+//! The parameters of one token's loss in the element type T (P: the objective's parameters).
+template <class T, class P = objective_params<T>>
+struct token_loss_params {
+  P objective;
+  kl_params<T> kl;
+  T kl_coef;
+  T entropy_coef;
+};
+template <class T>
+[[nodiscard]] constexpr token_loss_params<T> make_token_loss_params(const policy_loss_config& c) noexcept {
+  return {make_objective_params<T>(c.objective), make_kl_params<T>(c.kl), static_cast<T>(c.kl_coef),
+          static_cast<T>(c.entropy_coef)};
+}
+
+//! One token's contribution before the aggregation weight (policy_token_loss).
+template <class T>
+struct token_loss {
+  T loss;               //!< weight * objective + kl_coef * kl - entropy_coef * H
+  T pg;                 //!< weight * objective
+  T kl;                 //!< KL estimate (importance-weighted when configured)
+  T dlogp;              //!< d loss / d logp
+  T dentropy;           //!< d loss / d H
+  T ratio;              //!< importance ratio (after the log-ratio clamp)
+  T log_ratio_clamped;  //!< clamp(logp - old)
+  unsigned flags;       //!< token_flag bits
+};
+
+ULORL_NAMESPACE_END
