@@ -260,35 +260,40 @@ class trainer {
     cfg.objective = {.kind = ulorl::objective_kind::ppo_clip, .eps_low = 0.2, .eps_high = 0.28};
     cfg.kl = {.estimator = ulorl::kl_estimator::k3};
     cfg.kl_coef = kl_coef;
+    // Dynamic MPT masking on the current policy's probabilities and entropies; masked MPTs still
+    // count in the step's normaliser, so masking removes their gradient without re-weighting the rest.
+    const ulorl::mpt_config mcfg{.mode = use_mpt_ ? ulorl::mpt_mode::dynamic_mask : ulorl::mpt_mode::off,
+                                 .tau = o_.tau,
+                                 .sigma = o_.sigma};
+    cfg.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean, ulorl::count_batch(cpacked(ones)));
+    const std::size_t V = static_cast<std::size_t>(task_.vocab());
     for (int epoch = 0; epoch < o_.epochs; ++epoch) {
       demo::policy::cache c;
       policy_.forward(x, c);
-      stats(c.logits, labels, logp, ent, lse);
-      // Dynamic MPT masking on the current policy's probabilities and entropies.
-      ulorl::mpt_config mcfg{.mode = use_mpt_ ? ulorl::mpt_mode::dynamic_mask : ulorl::mpt_mode::off,
-                             .tau = o_.tau,
-                             .sigma = o_.sigma};
-      const auto ms = ulorl::mpt_mask(ulorl::mpt_batch<float, float, float>{.log_prob = cpacked(logp),
-                                                                             .old_log_prob = cpacked(behaviour),
-                                                                             .entropy = cpacked(ent),
-                                                                             .mask = cpacked(ones),
-                                                                             .response_score = std::span<const float>(scores)},
-                                      packed(keep), mcfg);
-      // The step's normaliser: every valid token of the batch (masked MPTs still count, so masking
-      // removes their gradient without re-weighting the rest).
-      cfg.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean, ulorl::count_batch(cpacked(ones)));
-      const auto res = ulorl::policy_loss(
-          ulorl::policy_loss_inputs<float, float>{.log_prob = cpacked(logp),
-                                                  .old_log_prob = cpacked(behaviour),
+      // One fused call: statistics, the MPT mask (the hook, writing `keep`, the loss's mask), the
+      // loss and d loss / d logits.
+      ulorl::mpt_stats ms{};
+      const auto mpt_hook = [&](const ulorl::token_statistics<float>& st) {
+        ms = ulorl::mpt_mask(ulorl::mpt_batch<float, float, float>{.log_prob = st.log_prob,
+                                                                    .old_log_prob = cpacked(behaviour),
+                                                                    .entropy = st.entropy,
+                                                                    .mask = cpacked(ones),
+                                                                    .response_score = std::span<const float>(scores)},
+                             packed(keep), mcfg);
+      };
+      demo::mat dlogits(static_cast<Eigen::Index>(N), task_.vocab());
+      const auto res = ulorl::policy_loss_from_logits(
+          ulorl::matrix_view<const float>(c.logits.data(), N, V), std::span<const int>(labels),
+          ulorl::policy_loss_inputs<float, float>{.old_log_prob = cpacked(behaviour),
                                                   .advantages = cpacked(tok_adv),
                                                   .mask = cpacked(keep),
                                                   .ref_log_prob = cpacked(ref_logp)},
-          cfg, packed(glogp));
-      demo::mat dlogits(static_cast<Eigen::Index>(N), task_.vocab());
-      ulorl::logits_backward(ulorl::matrix_view<const float>(c.logits.data(), N, static_cast<std::size_t>(task_.vocab())),
-                             std::span<const int>(labels), ulorl::vector_view<const float>(lse.data(), N),
-                             ulorl::vector_view<const float>(ent.data(), N), ulorl::vector_view<const float>(glogp.data(), N),
-                             ulorl::vector_view<const float>(), ulorl::matrix_view<float>(dlogits.data(), N, static_cast<std::size_t>(task_.vocab())));
+          cfg,
+          ulorl::logits_loss_buffers<float>{.log_prob = packed(logp),
+                                            .entropy = packed(ent),
+                                            .grad_log_prob = packed(glogp),
+                                            .lse = ulorl::vector_view<float>(lse.data(), N)},
+          ulorl::matrix_view<float>(dlogits.data(), N, V), ulorl::logits_config{}, ulorl::sequential_executor{}, mpt_hook);
       demo::policy grad;
       policy_.backward(c, dlogits, grad);
       opt_.step(policy_, grad);

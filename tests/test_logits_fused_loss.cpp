@@ -216,3 +216,61 @@ TEST_CASE("policy_loss_from_logits rejects bad input before writing the gradient
                     Catch::Matchers::Contains("rows"));
   CHECK(gl == std::vector<double>(n * p.v, 7.0));
 }
+
+TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's statistics and sets the mask the loss uses") {
+  // The hook masks the valid tokens whose entropy is above the batch's mean (an entropy-based token
+  // selection, computed from what the hook is given); the fused result must equal the fused call
+  // with that mask given up front (no hook), and the statistics the hook saw the oracle's.
+  std::mt19937_64 rng(seed + 3);
+  const auto p = make(rng);
+  auto cfg = ppo_config(p);
+  cfg.entropy_coef = 0.0;  // the entropies are computed for the hook anyway (buf.entropy is given)
+  const std::size_t n = p.b * p.t;
+  const auto tv = [&](const std::vector<double>& v) {
+    return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
+  };
+  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
+  std::vector<double> mask = p.mask;  // the caller's mask memory, written by the hook
+  std::vector<double> lp(n), ent(n, -1.0), glp(n), lse(n), g(n * p.v), seen_lse(n);
+  int calls = 0;
+  const auto hook = [&](const token_statistics<double>& st) {
+    ++calls;
+    REQUIRE(st.entropy.size() == n);
+    double sum = 0, cnt = 0;
+    for (std::size_t b = 0; b < p.b; ++b)
+      for (std::size_t t = 0; t < p.t; ++t)
+        if (p.mask[b * p.t + t] != 0) sum += st.entropy(b, t), cnt += 1;
+    for (std::size_t b = 0; b < p.b; ++b)
+      for (std::size_t t = 0; t < p.t; ++t)
+        mask[b * p.t + t] = p.mask[b * p.t + t] != 0 && st.entropy(b, t) <= sum / cnt ? 1.0 : 0.0;
+    for (std::size_t i = 0; i < n; ++i) seen_lse[i] = st.lse[i];
+  };
+  const policy_loss_inputs<double> in{.log_prob = {}, .old_log_prob = tv(p.old), .advantages = tv(p.adv), .mask = tv(mask),
+                                      .ref_log_prob = tv(p.ref)};
+  const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), {}, vector_view<double>(lse.data(), n)};
+  const auto res = policy_loss_from_logits(matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
+                                           in, cfg, buf, matrix_view<double>(g.data(), n, p.v), {.temperature = 0.8},
+                                           sequential_executor{}, hook);
+  REQUIRE(calls == 1);
+  double kept = 0, valid = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::vector<double> row(p.x.begin() + static_cast<std::ptrdiff_t>(i * p.v),
+                                  p.x.begin() + static_cast<std::ptrdiff_t>((i + 1) * p.v));
+    const auto o = oracle::logits_row(row, static_cast<std::size_t>(p.labels[i]), 0.8);
+    CHECK(std::fabs(ent[i] - static_cast<double>(o.entropy)) < 1e-12);
+    CHECK(std::fabs(seen_lse[i] - lse[i]) == 0.0);
+    kept += mask[i], valid += p.mask[i];
+  }
+  REQUIRE(kept > 0);
+  REQUIRE(kept < valid);  // the hook's mask is not trivial
+  REQUIRE(res.metrics.tokens == kept);
+  // The same call with the hook's mask given up front.
+  std::vector<double> lp2(n), glp2(n), lse2(n), g2(n * p.v);
+  const policy_loss_inputs<double> in2{.log_prob = {}, .old_log_prob = tv(p.old), .advantages = tv(p.adv), .mask = tv(mask),
+                                       .ref_log_prob = tv(p.ref)};
+  const logits_loss_buffers<double> buf2{out(lp2), {}, out(glp2), {}, vector_view<double>(lse2.data(), n)};
+  const auto res2 = policy_loss_from_logits(matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
+                                            in2, cfg, buf2, matrix_view<double>(g2.data(), n, p.v), {.temperature = 0.8});
+  REQUIRE(res.loss == res2.loss);
+  REQUIRE(g == g2);
+}

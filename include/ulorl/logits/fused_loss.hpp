@@ -32,10 +32,25 @@ ULORL_NAMESPACE_BEGIN
 template <class T>
 struct logits_loss_buffers {
   token_view<T> log_prob;       //!< out: chosen-token log-probs
-  token_view<T> entropy;        //!< out: entropies (required when entropy_coef != 0, else may be empty)
+  token_view<T> entropy;        //!< out: entropies (required when entropy_coef != 0; else empty: not computed)
   token_view<T> grad_log_prob;  //!< out: d loss / d log_prob
   token_view<T> grad_entropy;   //!< out: d loss / d entropy (required when entropy_coef != 0)
   vector_view<T> lse;           //!< out: [N] log-sum-exp of logits / temperature, flat token order
+};
+
+//! What a statistics hook sees: every token's statistics after the forward pass, before the loss, in
+//! the layout of old_log_prob (`entropy` empty when the buffers have none; `lse` in flat token order).
+template <class T>
+struct token_statistics {
+  token_view<const T> log_prob;
+  token_view<const T> entropy;
+  vector_view<const T> lse;
+};
+
+//! The default statistics hook: does nothing.
+struct no_statistics_hook {
+  template <class T>
+  constexpr void operator()(const token_statistics<T>&) const noexcept {}
 };
 
 namespace detail::logits {
@@ -68,27 +83,35 @@ std::size_t check_loss_buffers(const char* fn, const char* source, const policy_
   if (cfg.entropy_coef != 0.0) {
     require_same_shape(fn, "buf.entropy", buf.entropy, "old_log_prob", ref);
     require_same_shape(fn, "buf.grad_entropy", buf.grad_entropy, "old_log_prob", ref);
+  } else if (!buf.entropy.empty()) {
+    require_same_shape(fn, "buf.entropy", buf.entropy, "old_log_prob", ref);
   }
   require_same_size(fn, "buf.lse", buf.lse.size(), "tokens", ref.size());
   detail::require_distinct_tokens(fn, "buf.log_prob", buf.log_prob);
   require_distinct_elements(fn, "buf.lse", buf.lse);
-  if (cfg.entropy_coef != 0.0) {
+  if (!buf.entropy.empty()) {
     detail::require_distinct_tokens(fn, "buf.entropy", buf.entropy);
     detail::require_disjoint_tokens(fn, "buf.entropy", buf.entropy, "buf.log_prob", buf.log_prob);
   }
   return ref.size();
 }
 
+//! The statistics in `buf` as the hook sees them.
+template <class T>
+token_statistics<T> statistics_of(const logits_loss_buffers<T>& buf) noexcept {
+  return {buf.log_prob, buf.entropy, buf.lse};
+}
+
 //! The policy loss on the log-probs (and entropies) in `buf`: validates every token input and
 //! writes the token gradients into `buf`.
-template <class T, class M>
+template <class T, class M, class Exec>
 policy_loss_result loss_on_buffers(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
-                                   const logits_loss_buffers<T>& buf) {
+                                   const logits_loss_buffers<T>& buf, const Exec& exec) {
   const bool with_entropy = cfg.entropy_coef != 0.0;
   policy_loss_inputs<T, M> full = in;
   full.log_prob = buf.log_prob;
   if (with_entropy) full.entropy = buf.entropy;
-  return policy_loss(full, cfg, buf.grad_log_prob, with_entropy ? buf.grad_entropy : token_view<T>());
+  return policy_loss(full, cfg, buf.grad_log_prob, with_entropy ? buf.grad_entropy : token_view<T>(), exec);
 }
 
 }  // namespace ULORL_ISA
@@ -97,16 +120,23 @@ policy_loss_result loss_on_buffers(const policy_loss_inputs<T, M>& in, const pol
 inline namespace ULORL_ISA {
 
 //! Loss, metrics and d loss / d logits of one micro-batch. `in.log_prob` and `in.entropy` must be
-//! empty: they are computed from `logits` / `lcfg.temperature` into `buf`. Labels are the sampled
-//! token ids of every row (padded positions too: any id in [0, V)). Throws ulorl::error before
-//! writing `grad_logits` (a NaN / +inf logit in a row makes its log-prob non-finite, which the
-//! policy loss rejects naming the token, unless `lcfg.check_logits` rejects it first).
-template <class L, class I, class T, class M, class G, class Exec = sequential_executor>
+//! empty: they are computed from `logits` / `lcfg.temperature` into `buf` (entropies whenever
+//! `buf.entropy` is given). Labels are the sampled token ids of every row (padded positions too: any
+//! id in [0, V)). Throws ulorl::error before writing `grad_logits` (a NaN / +inf logit in a row
+//! makes its log-prob non-finite, which the policy loss rejects naming the token, unless
+//! `lcfg.check_logits` rejects it first).
+//!
+//! `hook(const token_statistics<T>&)` runs between the statistics and the loss: it sees every
+//! token's log-prob, entropy and log-sum-exp and may write the memory behind `in.mask` and
+//! `in.weights` (the caller's), which the loss then reads and validates: UloRL's dynamic MPT mask
+//! (mpt_mask on the current policy's statistics), entropy-based token selection. The loss runs on
+//! `exec` like the forward and backward passes.
+template <class L, class I, class T, class M, class G, class Exec = sequential_executor, class Hook = no_statistics_hook>
 [[nodiscard]] policy_loss_result policy_loss_from_logits(matrix_view<const L> logits, std::span<const I> labels,
                                                          const policy_loss_inputs<T, M>& in,
                                                          const policy_loss_config& cfg, const logits_loss_buffers<T>& buf,
                                                          matrix_view<G> grad_logits, const logits_config& lcfg = {},
-                                                         Exec&& exec = {}) {
+                                                         Exec&& exec = {}, Hook&& hook = {}) {
   constexpr const char* fn = "policy_loss_from_logits";
   const std::size_t n = detail::logits::check_loss_buffers(fn, "logits", in, cfg, buf);
   const token_view<const T>& ref = in.old_log_prob;
@@ -114,7 +144,7 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
     detail::fail(fn, "logits",
                  "has " + std::to_string(logits.rows()) + " rows but the token layout has " + std::to_string(n) +
                      " tokens (row i of the logits is token flat_index i)");
-  const bool with_entropy = cfg.entropy_coef != 0.0;
+  const bool with_entropy = cfg.entropy_coef != 0.0, entropy_out = !buf.entropy.empty();
   if (grad_logits.rows() != logits.rows() || grad_logits.cols() != logits.cols())
     detail::fail(fn, "grad_logits", "must have the shape of 'logits'");
   require_distinct_elements(fn, "grad_logits", grad_logits);
@@ -123,14 +153,16 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
   // 1. Per-token statistics, response by response (rows of the token layout may be strided).
   for (std::size_t b = 0; b < ref.rows(); ++b) {
     const std::size_t first = ref.row_begin(b), count = ref.row_size(b);
-    const vector_view<T> ent = with_entropy ? buf.entropy.row(b) : vector_view<T>();
+    const vector_view<T> ent = entropy_out ? buf.entropy.row(b) : vector_view<T>();
     logits_forward(detail::logits::token_rows(logits, first, count), labels.subspan(first, count), buf.log_prob.row(b),
                    ent, vector_view<T>(buf.lse.data() + static_cast<std::ptrdiff_t>(first) * buf.lse.stride(), count,
                                        buf.lse.stride()),
                    lcfg, exec);
   }
-  // 2. The policy loss on those log-probs (validates every token input, writes the token gradients).
-  const policy_loss_result res = detail::logits::loss_on_buffers(in, cfg, buf);
+  // 2. The caller's hook, then the policy loss on those log-probs (validates every token input,
+  // writes the token gradients).
+  hook(detail::logits::statistics_of(buf));
+  const policy_loss_result res = detail::logits::loss_on_buffers(in, cfg, buf, exec);
   // 3. d loss / d logits.
   for (std::size_t b = 0; b < ref.rows(); ++b) {
     const std::size_t first = ref.row_begin(b), count = ref.row_size(b);

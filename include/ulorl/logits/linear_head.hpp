@@ -743,14 +743,16 @@ void linear_head_backward(const linear_head_inputs<T>& in, std::span<const I> la
 //! the chunks: statistics into `buf` (log_prob, entropy, lse), policy_loss (the loss area's own math,
 //! any objective, KL, entropy term and normaliser), then the backward (recomputing each chunk's
 //! logits) into `grads`. `in.log_prob` and `in.entropy` must be empty. Throws before writing `grads`.
-template <class T, class I, class P, class M, class Exec = sequential_executor, class Gemm = builtin_gemm>
+//! `hook` as policy_loss_from_logits's: it sees the statistics in `buf` before the loss.
+template <class T, class I, class P, class M, class Exec = sequential_executor, class Gemm = builtin_gemm,
+          class Hook = no_statistics_hook>
 [[nodiscard]] policy_loss_result policy_loss_from_hidden(const linear_head_inputs<T>& head, std::span<const I> labels,
                                                          const policy_loss_inputs<P, M>& in,
                                                          const policy_loss_config& cfg, const logits_loss_buffers<P>& buf,
                                                          const linear_head_grads<T>& grads,
                                                          const linear_head_config& hcfg = {},
                                                          std::span<std::byte> workspace = {}, Exec&& exec = {},
-                                                         Gemm&& gemm = {}) {
+                                                         Gemm&& gemm = {}, Hook&& hook = {}) {
   constexpr const char* fn = "policy_loss_from_hidden";
   const std::size_t n = detail::logits::check_loss_buffers(fn, "hidden states", in, cfg, buf);
   detail::head::check_inputs(fn, head, labels, hcfg.temperature);
@@ -758,7 +760,7 @@ template <class T, class I, class P, class M, class Exec = sequential_executor, 
     detail::fail(fn, "hidden",
                  "has " + std::to_string(head.hidden.rows()) + " rows but the token layout has " + std::to_string(n) +
                      " tokens (row i of hidden is token flat_index i)");
-  const bool with_entropy = cfg.entropy_coef != 0.0;
+  const bool with_entropy = cfg.entropy_coef != 0.0, entropy_out = !buf.entropy.empty();
   detail::head::check_grads(fn, head, grads);
   detail::head::check_values(fn, head, hcfg.temperature);
 
@@ -768,14 +770,16 @@ template <class T, class I, class P, class M, class Exec = sequential_executor, 
   auto sink = [&](std::size_t r0, std::size_t c, const double* lp, const double* ent, const double* lse) {
     for (std::size_t i = 0; i < c; ++i) {
       lp_at(r0 + i) = static_cast<P>(lp[i]);
-      if (with_entropy) ent_at(r0 + i) = static_cast<P>(ent[i]);
+      if (entropy_out) ent_at(r0 + i) = static_cast<P>(ent[i]);
       lse_out[r0 + i] = static_cast<P>(lse[i]);
     }
   };
   detail::head::no_grad none;
   detail::head::run(fn, head, labels, sink, none, linear_head_grads<T>{}, hcfg, workspace, exec, gemm);
-  // 2. The policy loss on those log-probs (validates every token input, writes the token gradients).
-  const policy_loss_result res = detail::logits::loss_on_buffers(in, cfg, buf);
+  // 2. The caller's hook, then the policy loss on those log-probs (validates every token input,
+  // writes the token gradients).
+  hook(detail::logits::statistics_of(buf));
+  const policy_loss_result res = detail::logits::loss_on_buffers(in, cfg, buf, exec);
   // 3. Gradients, recomputing each chunk's logits.
   detail::head::token_cursor<P> glp_at{&buf.grad_log_prob}, gent_at{&buf.grad_entropy};
   auto grad_fn = [&](std::size_t r0, std::span<const double>, std::span<const double>, std::span<double> glp,
