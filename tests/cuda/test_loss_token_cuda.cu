@@ -30,14 +30,26 @@ struct token_out {
 };
 
 template <class Obj, class Est>
-__global__ void token_kernel(const token_in* in, token_out* out, ulorl::token_loss_params<float> p, bool iw, int n) {
+__global__ void token_kernel(const token_in* in, token_out* out, ulorl::token_loss_params<float> p, int n) {
   using L = ulorl::simd::scalar_lanes<float>;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const token_in t = in[i];
-  const auto r = ulorl::detail::token_loss_lanes<Obj, Est, true, L>(t.lp, t.old, t.ref, t.adv, t.w, iw, p);
+  const auto r = ulorl::detail::token_loss_lanes<Obj, Est, true, L>(t.lp, t.old, t.ref, t.adv, t.w, p);
   out[i] = {r.pg, r.kl, r.dlogp, ulorl::flag_bits(r.flags)};
 }
+
+//! The estimator descriptor of a kernel's estimator argument (the host call wraps it itself).
+template <class E>
+struct base_of {
+  using type = E;
+};
+template <class E>
+struct base_of<ulorl::importance_weighted<E>> {
+  using type = E;
+};
+template <class E>
+using base_estimator = typename base_of<E>::type;
 
 bool close(float a, float b) { return std::fabs(a - b) <= 2e-6f * (1.0f + std::fabs(b)); }
 
@@ -53,14 +65,14 @@ void check(const char* name, const std::vector<token_in>& host, const ulorl::pol
   if constexpr (requires { obj.config; }) obj.config = cfg.objective;
   const ulorl::token_loss_params<float> p{obj.template params<float>(), ulorl::make_kl_params<float>(cfg.kl),
                                           static_cast<float>(cfg.kl_coef), 0.0f};
-  token_kernel<Obj, Est><<<(n + 127) / 128, 128>>>(din, dout, p, cfg.kl.importance_weighted, n);
+  token_kernel<Obj, Est><<<(n + 127) / 128, 128>>>(din, dout, p, n);
   CUDA_OK(cudaGetLastError());
   std::vector<token_out> dev(n);
   CUDA_OK(cudaMemcpy(dev.data(), dout, n * sizeof(token_out), cudaMemcpyDeviceToHost));
   int bad = 0;
   for (int i = 0; i < n; ++i) {
     const auto& t = host[i];
-    const auto h = ulorl::policy_token_loss_with(obj, Est{}, t.lp, t.old, t.ref, t.adv, t.w, 0.0f, cfg);
+    const auto h = ulorl::policy_token_loss_with(obj, base_estimator<Est>{}, t.lp, t.old, t.ref, t.adv, t.w, 0.0f, cfg);
     if (!close(dev[i].pg, h.pg) || !close(dev[i].kl, h.kl) || !close(dev[i].dlogp, h.dlogp) || dev[i].flags != h.flags) {
       if (bad++ < 3)
         std::printf("FAIL %s token %d: device (%g, %g, %g, %u) host (%g, %g, %g, %u)\n", name, i, dev[i].pg, dev[i].kl,
@@ -84,7 +96,7 @@ void check_estimators(const char* name, const std::vector<token_in>& host, ulorl
   check<Obj, ulorl::k2_estimator>((base + " / k2").c_str(), host, cfg);
   check<Obj, ulorl::k3_estimator>((base + " / k3").c_str(), host, cfg);
   cfg.kl.importance_weighted = true;
-  check<Obj, ulorl::k3_estimator>((base + " / k3 importance-weighted").c_str(), host, cfg);
+  check<Obj, ulorl::importance_weighted<ulorl::k3_estimator>>((base + " / k3 importance-weighted").c_str(), host, cfg);
   cfg.kl.importance_weighted = false, cfg.kl.straight_through = true;
   check<Obj, ulorl::k3_estimator>((base + " / k3 straight-through").c_str(), host, cfg);
 }

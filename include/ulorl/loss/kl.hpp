@@ -175,7 +175,8 @@ struct kl_value {
 
 namespace detail {
 template <class T, class E0, class... E>
-[[nodiscard]] ULORL_HD constexpr kl_value<T> kl_term_in(T logp, T ref, const kl_params<T>& p, descriptor_list<E0, E...>) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr kl_value<T> kl_term_in(T logp, T ref, const kl_params<T>& p,
+                                                                  descriptor_list<E0, E...>) noexcept {
   if (p.estimator == E0::kind) {
     const auto k = kl_lanes<E0, simd::scalar_lanes<T>>(logp, ref, p);
     return {k.value, k.grad};

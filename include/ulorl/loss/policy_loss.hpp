@@ -57,7 +57,7 @@ template <class Obj, class Est, class T, class P>
                                                               const token_loss_params<T, P>& p) noexcept {
   using L = simd::scalar_lanes<T>;
   const T e = p.entropy_coef != T(0) ? entropy : T(0);
-  const auto t = token_loss_lanes<Obj, Est, true, L>(logp, old_logp, ref, adv, weight, p.kl.importance_weighted, p);
+  const auto t = token_loss_lanes<Obj, Est, true, L>(logp, old_logp, ref, adv, weight, p);
   token_loss<T> r{};
   r.pg = t.pg;
   r.kl = t.kl;
@@ -78,7 +78,10 @@ template <class T>
 template <class Obj, class T, class E0, class... E>
 [[nodiscard]] ULORL_HD constexpr token_loss<T> token_loss_by_estimator(T logp, T old_logp, T ref, T adv, T weight, T entropy,
                                                                        const token_loss_params<T>& p, descriptor_list<E0, E...>) noexcept {
-  if (p.kl.estimator == E0::kind) return one_token_loss<Obj, E0>(logp, old_logp, ref, adv, weight, entropy, p);
+  if (p.kl.estimator == E0::kind) {
+    if (p.kl.importance_weighted) return one_token_loss<Obj, importance_weighted<E0>>(logp, old_logp, ref, adv, weight, entropy, p);
+    return one_token_loss<Obj, E0>(logp, old_logp, ref, adv, weight, entropy, p);
+  }
   if constexpr (sizeof...(E) == 0) return invalid_token_loss<T>();
   else return token_loss_by_estimator<Obj>(logp, old_logp, ref, adv, weight, entropy, p, descriptor_list<E...>{});
 }
@@ -130,6 +133,10 @@ template <class Obj, class Est, class T>
   static_assert(Obj::level == objective_level::token, "policy_token_loss_with: a token-level objective descriptor");
   const token_loss_params<T, detail::params_of<Obj, T>> p{obj.template params<T>(), make_kl_params<T>(cfg.kl),
                                                           static_cast<T>(cfg.kl_coef), static_cast<T>(cfg.entropy_coef)};
+  if (cfg.kl_coef == 0.0) return detail::one_token_loss<Obj, no_kl>(logp, old_logp, ref, adv, weight, entropy, p);
+  if constexpr (!std::is_same_v<Est, no_kl>)
+    if (cfg.kl.importance_weighted)
+      return detail::one_token_loss<Obj, importance_weighted<Est>>(logp, old_logp, ref, adv, weight, entropy, p);
   return detail::one_token_loss<Obj, Est>(logp, old_logp, ref, adv, weight, entropy, p);
 }
 }  // namespace ULORL_ISA
@@ -224,7 +231,7 @@ template <class Obj, class Est, class T, class M, class Exec>
   const token_loss_params<T, P> p{obj.template params<T>(), make_kl_params<T>(cfg.kl), static_cast<T>(cfg.kl_coef),
                                   static_cast<T>(cfg.entropy_coef)};
   policy_loss_result res;
-  token_rows<Obj, Est>(in, cfg.normalizer, p, cfg.kl.importance_weighted, grad_log_prob, grad_entropy, res, exec);
+  token_rows<Obj, Est>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
   res.loss = res.pg_loss + res.kl_loss + res.entropy_loss;
   return res;
 }
@@ -304,7 +311,10 @@ template <class Obj, class T, class M, class Exec = sequential_executor>
   });
   if (cfg.kl_coef == 0.0) return detail::run_token_rows<Obj, no_kl>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
   return visit_kl_estimator(fn, cfg.kl, [&](const auto& est) {
-    return detail::run_token_rows<Obj, std::remove_cvref_t<decltype(est)>>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
+    using E = std::remove_cvref_t<decltype(est)>;
+    if (cfg.kl.importance_weighted)
+      return detail::run_token_rows<Obj, importance_weighted<E>>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
+    return detail::run_token_rows<Obj, E>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
   });
 }
 
@@ -319,6 +329,8 @@ template <class Obj, class Est, class T, class M, class Exec = sequential_execut
   (void)est;
   detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] { obj.validate(fn); });
   if (cfg.kl_coef == 0.0) return detail::run_token_rows<Obj, no_kl>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
+  if (cfg.kl.importance_weighted)
+    return detail::run_token_rows<Obj, importance_weighted<Est>>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
   return detail::run_token_rows<Obj, Est>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
 }
 }  // namespace ULORL_ISA

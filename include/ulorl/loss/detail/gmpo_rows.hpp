@@ -60,7 +60,7 @@ void gmpo_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, c
       if (has_ref) {
         // Importance-weighted: by the token's own clamped ratio (the row ratio is a statistic of
         // clipped log-ratios).
-        const auto tr = clamped_ratio(lp[t], old[t], op.bound);
+        const auto tr = p.kl.importance_weighted ? clamped_ratio(lp[t], old[t], op.bound) : ratio_value<T>{T(0), T(1), T(0)};
         const auto k = sequence_token_kl(lp[t], in.ref_log_prob(b, t), tr.ratio, tr.dratio, p);
         kl = k.value;
         own += p.kl_coef * (k.grad + k.via_w);

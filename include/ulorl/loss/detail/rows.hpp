@@ -130,7 +130,7 @@ struct sequence_kl {
   T via_w;  //!< kl * d iw / d logp (0 without importance weighting)
 };
 template <class T, class P>
-[[nodiscard]] sequence_kl<T> sequence_token_kl(T lp, T ref, T iw, T diw, const token_loss_params<T, P>& p) noexcept {
+[[nodiscard]] ULORL_ALWAYS_INLINE sequence_kl<T> sequence_token_kl(T lp, T ref, T iw, T diw, const token_loss_params<T, P>& p) noexcept {
   const auto k = kl_term(lp, ref, p.kl);
   if (!p.kl.importance_weighted) return {k.value, k.grad, T(0)};
   return {k.value * iw, k.grad * iw, k.value * diw};

@@ -18,6 +18,16 @@ ULORL_NAMESPACE_BEGIN
 //! The estimator argument of the token loss when the KL term is off (kl_coef = 0).
 struct no_kl {};
 
+//! The estimator argument for estimator E weighted by the token's ratio (kl_config::importance_weighted).
+template <class E>
+struct importance_weighted {
+  using estimator = E;
+};
+template <class E>
+inline constexpr bool is_importance_weighted = false;
+template <class E>
+inline constexpr bool is_importance_weighted<importance_weighted<E>> = true;
+
 namespace detail {
 inline namespace ULORL_ISA {
 
@@ -31,20 +41,20 @@ struct token_lanes {
   clip_flags<L> flags;
 };
 
-//! `Obj`: a token-level objective descriptor; `Est`: a KL estimator descriptor or no_kl.
-//! `General` false: weight 1 and no importance weighting, whatever `wt` and `iw` hold (the lean
-//! kernels); true: `wt` multiplies the objective and `iw` lanes weigh the KL by the ratio.
+//! `Obj`: a token-level objective descriptor; `Est`: a KL estimator descriptor, importance_weighted<E>
+//! (the KL times the ratio, its gradient through both) or no_kl. `Weighted` false: weight 1,
+//! whatever `wt` holds (the kernels without rollout weights); true: `wt` multiplies the objective.
 //! The objective's parameters `op` have `bound`, the token log-ratio clamp.
-template <class Obj, class Est, bool General, class L, class P>
+template <class Obj, class Est, bool Weighted, class L, class P>
 [[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr token_lanes<L> token_loss_lanes(
-    typename L::V lp, typename L::V old, typename L::V ref, typename L::V adv, typename L::V wt, typename L::M iw,
+    typename L::V lp, typename L::V old, typename L::V ref, typename L::V adv, typename L::V wt,
     const token_loss_params<typename L::value_type, P>& p) noexcept {
   using V = typename L::V;
   token_lanes<L> t;
   t.ratio = importance_ratio<L>(lp, old, p.objective.bound);
   const objective_lanes<L> o = Obj::template token<L>(token_args<L>{lp, adv, t.ratio}, p.objective);
   t.flags = o.flags;
-  if constexpr (General) {
+  if constexpr (Weighted) {
     t.pg = wt * o.loss;
     t.dlogp = wt * o.dloss;
   } else {
@@ -53,32 +63,34 @@ template <class Obj, class Est, bool General, class L, class P>
     t.dlogp = o.dloss;
   }
   if constexpr (std::is_same_v<Est, no_kl>) {
-    (void)ref, (void)iw;
+    (void)ref;
     t.kl = V{};
+  } else if constexpr (is_importance_weighted<Est>) {
+    const kl_lanes_value<L> k = kl_lanes<typename Est::estimator, L>(lp, ref, p.kl);
+    const V r = t.ratio.ratio;
+    t.kl = k.value * r;
+    t.dlogp += p.kl_coef * (k.grad * r + k.value * t.ratio.dratio);
   } else {
     const kl_lanes_value<L> k = kl_lanes<Est, L>(lp, ref, p.kl);
-    if constexpr (General) {
-      const V r = t.ratio.ratio;
-      t.kl = L::select(iw, k.value * r, k.value);
-      t.dlogp += p.kl_coef * L::select(iw, k.grad * r + k.value * t.ratio.dratio, k.grad);
-    } else {
-      (void)iw;
-      t.kl = k.value;
-      t.dlogp += p.kl_coef * k.grad;
-    }
+    t.kl = k.value;
+    t.dlogp += p.kl_coef * k.grad;
   }
   return t;
 }
 
 //! Calls f(objective descriptor, estimator descriptor or no_kl) for a validated token-level
-//! configuration: the plain form of ppo_clip where it applies, the estimator when kl_coef != 0.
+//! configuration: the plain form of ppo_clip where it applies, the estimator (importance-weighted
+//! when configured) when kl_coef != 0.
 template <class F>
 decltype(auto) visit_token_loss(std::string_view fn, const policy_loss_config& cfg, F&& f) {
   return visit_objective(fn, cfg.objective, [&](const auto& obj) -> decltype(auto) {
     using D = std::remove_cvref_t<decltype(obj)>;
     auto with_kl = [&](const auto& o) -> decltype(auto) {
       if (cfg.kl_coef == 0.0) return f(o, no_kl{});
-      return visit_kl_estimator(fn, cfg.kl, [&](const auto& e) -> decltype(auto) { return f(o, e); });
+      return visit_kl_estimator(fn, cfg.kl, [&](const auto& e) -> decltype(auto) {
+        if (cfg.kl.importance_weighted) return f(o, importance_weighted<std::remove_cvref_t<decltype(e)>>{});
+        return f(o, e);
+      });
     };
     if constexpr (D::level == objective_level::sequence) {
       return f(obj, no_kl{});  // sequence-level objectives have their own rows (the caller branches on level)

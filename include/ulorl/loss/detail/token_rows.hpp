@@ -2,9 +2,9 @@
 // unit-stride rows and a scalar loop for any strides, both evaluating token_loss_lanes (the one
 // formula) with their lane type.
 //
-// The kernel is instantiated per (objective, KL estimator) and in two forms: lean (no rollout
-// weights, no entropy term, no importance-weighted KL: the common configuration, nothing it does
-// not need) and general (those three as loop-invariant lane masks). Every lane computes exactly
+// The kernel is instantiated per (objective, KL estimator, importance weighting) and in three
+// forms: lean (no rollout weights, no entropy term: the common configuration), weighted (rollout
+// weights) and general (weights and entropy as loop-invariant lane masks). Every lane computes exactly
 // the scalar formula (same operations in the same order; only FMA contraction may differ); the
 // metrics go to per-lane accumulators (sums in T for at most `block` vectors, then in double;
 // integer counts; min/max in T) reduced once per row; a row's peel and tail run through the same
@@ -38,23 +38,32 @@ using params_of = decltype(std::declval<const D&>().template params<T>());
 template <class Obj, class Est, class T, class M, class P>
 void token_row_strided(std::size_t n, vector_view<const T> lp, vector_view<const T> old, vector_view<const T> adv,
                        vector_view<const M> mask, vector_view<const T> ref, vector_view<const T> wts, vector_view<const T> ent,
-                       vector_view<T> grad, T w, bool iw, const token_loss_params<T, P>& p, row_sums& s) {
+                       vector_view<T> grad, T w, const token_loss_params<T, P>& p, row_sums& s) {
   using L = simd::scalar_lanes<T>;
   constexpr bool has_kl = !std::is_same_v<Est, no_kl>;
   for (std::size_t t = 0; t < n; ++t) {
     const bool valid = mask[t] != M(0);
     const T e = ent.empty() ? T(0) : ent[t];
     const auto r = token_loss_lanes<Obj, Est, true, L>(lp[t], old[t], has_kl ? ref[t] : T(0), adv[t],
-                                                       wts.empty() ? T(1) : wts[t], iw, p);
+                                                       wts.empty() ? T(1) : wts[t], p);
     grad[t] = valid ? w * r.dlogp : T(0);
     fold_token(s, valid, r.pg, r.kl, r.ratio, r.flags, lp[t], old[t], e);
   }
 }
 
+//! The forms of the row kernel: what it reads beside the token arrays.
+enum class row_form {
+  lean,      //!< no rollout weights, no entropy term
+  weighted,  //!< rollout weights, no entropy term
+  general,   //!< weights and entropy as loop-invariant lane masks (either may be absent)
+};
+
 #if defined(ULORL_SIMD)
 //! The vectorised row kernel of one (objective, estimator, form): unit-stride rows only.
-template <class Obj, class Est, bool General, class T, class P, std::size_t Bytes = ULORL_SIMD_BYTES>
+template <class Obj, class Est, row_form Form, class T, class P, std::size_t Bytes = ULORL_SIMD_BYTES>
 struct row_kernel {
+  static constexpr bool General = Form == row_form::general;
+  static constexpr bool HasW = Form != row_form::lean;
   using L = simd::vec_lanes<T, Bytes>;
   using V = typename L::V;
   using IV = typename L::IV;
@@ -79,7 +88,7 @@ struct row_kernel {
   };
   //! The general form's loop-invariant switches as lane masks.
   struct switches {
-    IV weights{}, entropy{}, iw{};
+    IV weights{}, entropy{};
   };
 
   //! N tokens: token_loss_lanes, the gradient store and the metric folds. Absent optional arrays:
@@ -92,7 +101,8 @@ struct row_kernel {
     V ref{}, wt = L::splat(T(1));
     if constexpr (has_kl) ref = L::load(refp);
     if constexpr (General) wt = L::select(sw.weights, L::load(wp), wt);
-    const token_lanes<L> t = token_loss_lanes<Obj, Est, General, L>(lp, old, ref, adv, wt, sw.iw, p);
+    else if constexpr (HasW) wt = L::load(wp);
+    const token_lanes<L> t = token_loss_lanes<Obj, Est, HasW, L>(lp, old, ref, adv, wt, p);
     L::store(gp, valid ? w * t.dlogp : zero);
     a.s_pg = L::add_where(a.s_pg, valid, t.pg);
     if constexpr (has_kl) a.s_kl = L::add_where(a.s_kl, valid, t.kl);
@@ -118,7 +128,8 @@ struct row_kernel {
       b_lp[l] = lp[l], b_old[l] = old[l], b_adv[l] = adv[l];
       b_m[l] = static_cast<simd::mask_elem_t<M>>(mask[l]);
       if constexpr (has_kl) b_ref[l] = ref[l];
-      if constexpr (General) b_w[l] = wts[l], b_e[l] = ent[l];
+      if constexpr (HasW) b_w[l] = wts[l];
+      if constexpr (General) b_e[l] = ent[l];
     }
     step(b_lp, b_old, b_adv, L::valid_lanes(b_m), b_ref, b_w, b_e, b_g, w, p, sw, a);
     for (std::size_t l = 0; l < m; ++l) grad[l] = b_g[l];
@@ -152,18 +163,18 @@ struct row_kernel {
         for (; t + unroll * N <= stop; t += unroll * N) {
 #pragma GCC unroll 16
           for (std::size_t u = t; u < t + unroll * N; u += N)
-            step(lp + u, old + u, adv + u, L::valid_lanes(mask + u), has_kl ? ref + u : nullptr, General ? wts + u : nullptr,
+            step(lp + u, old + u, adv + u, L::valid_lanes(mask + u), has_kl ? ref + u : nullptr, HasW ? wts + u : nullptr,
                  General ? ent + u : nullptr, grad + u, w, p, sw, a);
         }
       }
       for (; t < stop; t += N)
-        step(lp + t, old + t, adv + t, L::valid_lanes(mask + t), has_kl ? ref + t : nullptr, General ? wts + t : nullptr,
+        step(lp + t, old + t, adv + t, L::valid_lanes(mask + t), has_kl ? ref + t : nullptr, HasW ? wts + t : nullptr,
              General ? ent + t : nullptr, grad + t, w, p, sw, a);
       flush();
     }
     if (t < n) {
       // Absent arrays are null: no arithmetic on them (UB), as in the vector loop.
-      partial(n - t, lp + t, old + t, adv + t, mask + t, has_kl ? ref + t : nullptr, General ? wts + t : nullptr,
+      partial(n - t, lp + t, old + t, adv + t, mask + t, has_kl ? ref + t : nullptr, HasW ? wts + t : nullptr,
               General ? ent + t : nullptr, grad + t, w, p, sw, a);
       flush();
     }
@@ -193,17 +204,16 @@ template <class M>
 
 //! Every row of a token-level objective `Obj` with KL estimator `Est` (or no_kl).
 template <class Obj, class Est, class T, class M, class P, class Exec>
-void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, const token_loss_params<T, P>& p, bool iw,
+void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, const token_loss_params<T, P>& p,
                 token_view<T> grad, token_view<T> gent, policy_loss_result& res, const Exec& exec) {
   constexpr bool has_kl = !std::is_same_v<Est, no_kl>;
   const bool has_w = !in.weights.empty(), has_ent = p.entropy_coef != T(0);
-  iw = iw && has_kl;
   // Unit-stride rows (the common case) take the vectorised kernel; any other strides the view loop.
   auto unit = [](const auto& v) { return v.rows() == 0 || v.row(0).stride() == 1; };
   const bool contiguous = unit(in.log_prob) && unit(in.old_log_prob) && unit(in.advantages) && unit(in.mask) &&
                           (!has_kl || unit(in.ref_log_prob)) && (!has_w || unit(in.weights)) &&
                           (!has_ent || unit(in.entropy)) && unit(grad);
-  const bool general = has_w || has_ent || iw;
+  const row_form form = has_ent ? row_form::general : has_w ? row_form::weighted : row_form::lean;
   // Only seq_mean_token_mean's row weight depends on the row's token count.
   const bool per_row_weight = norm.mode == agg_mode::seq_mean_token_mean;
   auto one_row = [&](std::size_t b, row_out& o) {
@@ -221,28 +231,31 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
       const T* adv = in.advantages.row(b).data();
       const T* ref = has_kl ? in.ref_log_prob.row(b).data() : nullptr;
       T* g = grad.row(b).data();
-      if (general) {
-        using kernel = row_kernel<Obj, Est, true, T, P>;
+      if (form == row_form::general) {
+        using kernel = row_kernel<Obj, Est, row_form::general, T, P>;
         using L = typename kernel::L;
         const T* wts = has_w ? in.weights.row(b).data() : lp;  // absent: read logp, masked out
-        const T* ent = has_ent ? in.entropy.row(b).data() : lp;
-        const typename kernel::switches sw{L::mask_of(has_w), L::mask_of(has_ent), L::mask_of(iw)};
+        const T* ent = in.entropy.row(b).data();
+        const typename kernel::switches sw{L::mask_of(has_w), L::mask_of(has_ent)};
         nb = kernel::row(n, lp, old, adv, mk, ref, wts, ent, g, w, p, sw, s);
+      } else if (form == row_form::weighted) {
+        using kernel = row_kernel<Obj, Est, row_form::weighted, T, P>;
+        nb = kernel::row(n, lp, old, adv, mk, ref, in.weights.row(b).data(), nullptr, g, w, p, typename kernel::switches{}, s);
       } else {
-        using kernel = row_kernel<Obj, Est, false, T, P>;
+        using kernel = row_kernel<Obj, Est, row_form::lean, T, P>;
         nb = kernel::row(n, lp, old, adv, mk, ref, nullptr, nullptr, g, w, p, typename kernel::switches{}, s);
       }
     } else
 #endif
     {
-      (void)contiguous, (void)general, (void)per_row_weight;
+      (void)contiguous, (void)form, (void)per_row_weight;
       nb = row_tokens(in.mask, b);
       wd = row_weight(norm, nb);
       token_row_strided<Obj, Est, T, M, P>(n, in.log_prob.row(b), in.old_log_prob.row(b), in.advantages.row(b), in.mask.row(b),
                                            has_kl ? in.ref_log_prob.row(b) : vector_view<const T>(),
                                            has_w ? in.weights.row(b) : vector_view<const T>(),
                                            has_ent ? in.entropy.row(b) : vector_view<const T>(), grad.row(b),
-                                           static_cast<T>(wd), iw, p, s);
+                                           static_cast<T>(wd), p, s);
     }
     if (has_ent) entropy_grad_row(gent.row(b), in.mask.row(b), wd, static_cast<double>(p.entropy_coef));
   };
