@@ -20,14 +20,7 @@
 #include <utility>
 #include <vector>
 
-#if !defined(AB_SIDE)
-#error "compile with -DAB_SIDE=new or -DAB_SIDE=old (bench/CMakeLists.txt builds both)"
-#endif
-
-// The old side is built with -DULORL_ABI_NAMESPACE=v0_base: a baseline whose headers ignored the
-// macro would put its symbols into the new side's namespace, where the linker merges them silently.
-static_assert(std::is_same_v<ulorl::policy_loss_config, ulorl::ULORL_ABI_NAMESPACE::policy_loss_config>,
-              "ulorl does not declare its API in ulorl::ULORL_ABI_NAMESPACE");
+#include "ab_side.hpp"
 
 namespace ab::AB_SIDE_NS {
 namespace {
