@@ -102,7 +102,7 @@ def suite_loss(args) -> List[Case]:
 # ---- suite: logits --------------------------------------------------------------------------------
 def suite_logits(args) -> List[Case]:
     """log_softmax + gather + entropy on [N, V = 151936] float32 logits, as verl/TRL write it in eager
-    mode: forward alone, and forward + backward of g_lp * logprob + g_ent * entropy. --sizes are row
+    mode: forward alone, and forward + backward of g_lp * log_prob + g_ent * entropy. --sizes are row
     counts N here (default 64,1024: torch holds several [N, V] temporaries, ~0.6 GB each at N = 1024).
     Items are logits (N * V) per second; ulorl's from BM_forward/seq and BM_fwd_bwd/seq."""
     import torch

@@ -265,8 +265,9 @@ bool run_step(MPI_Comm comm, std::uint64_t seed) {
   // GMPO (a mean over sequences), each with verl's k3 KL against the reference policy. GSPO's clip
   // range is wider than the paper's 3e-4 / 4e-4 so that this batch's noise leaves rows unclipped.
   const ulorl::objective_config ppo{.eps_low = 0.2, .eps_high = 0.28};
-  const auto gspo = ulorl::presets::verl::objective("gspo", 0.03, 0.04);
-  const auto gmpo = ulorl::presets::verl::objective("geo_mean", 0.4, 0.4);
+  namespace verl = ulorl::presets::verl;
+  const auto gspo = verl::objective({.loss_mode = verl::loss_mode_kind::gspo, .clip_ratio_low = 0.03, .clip_ratio_high = 0.04});
+  const auto gmpo = verl::objective({.loss_mode = verl::loss_mode_kind::geo_mean, .clip_ratio_low = 0.4, .clip_ratio_high = 0.4});
   using ulorl::agg_mode;
   const loss_case cases[] = {{"ppo clip-higher", "token-mean", ppo, agg_mode::token_mean},
                              {"ppo clip-higher", "seq-mean-token-sum", ppo, agg_mode::seq_mean_token_sum},
@@ -275,7 +276,7 @@ bool run_step(MPI_Comm comm, std::uint64_t seed) {
                              {"ppo clip-higher", "constant (Dr. GRPO)", ppo, agg_mode::constant},
                              {"gspo", "seq-mean-token-mean", gspo, agg_mode::seq_mean_token_mean},
                              {"gmpo", "seq-mean-token-sum", gmpo, agg_mode::seq_mean_token_sum}};
-  const ulorl::policy_loss_config base{.kl = ulorl::presets::verl::kl("low_var_kl"), .kl_coef = 0.01};
+  const ulorl::policy_loss_config base{.kl = verl::kl({.kl_penalty = ulorl::kl_estimator::k3}), .kl_coef = 0.01};
 
   // The single-process reference: the whole batch as one micro-batch, on rank 0.
   std::vector<micro_batch> full;
@@ -343,8 +344,12 @@ bool run_step(MPI_Comm comm, std::uint64_t seed) {
     cfg.objective = ppo;
     const double accumulation_steps = static_cast<double>(mbs.size());
     auto local_normalizer = [&](const micro_batch& m) {
-      auto n = ulorl::presets::trl::normalizer("bnpo", ulorl::count_batch(m.view(m.mask)),
-                                               static_cast<double>(max_response_length), accumulation_steps, {}, size);
+      namespace trl = ulorl::presets::trl;
+      auto n = trl::normalizer({.loss_type = trl::loss_type_kind::bnpo,
+                                .max_completion_length = static_cast<double>(max_response_length),
+                                .gradient_accumulation_steps = accumulation_steps,
+                                .num_processes = static_cast<double>(size)},
+                               ulorl::count_batch(m.view(m.mask)));
       n.scale /= size;
       return n;
     };

@@ -284,7 +284,8 @@ class trainer {
       demo::mat dlogits(static_cast<Eigen::Index>(N), task_.vocab());
       const auto res = ulorl::policy_loss_from_logits(
           ulorl::matrix_view<const float>(c.logits.data(), N, V), std::span<const int>(labels),
-          ulorl::policy_loss_inputs<float, float>{.old_log_prob = cpacked(behaviour),
+          ulorl::policy_loss_inputs<float, float>{.log_prob = {},
+                                                  .old_log_prob = cpacked(behaviour),
                                                   .advantages = cpacked(tok_adv),
                                                   .mask = cpacked(keep),
                                                   .ref_log_prob = cpacked(ref_logp)},
@@ -292,6 +293,7 @@ class trainer {
           ulorl::logits_loss_buffers<float>{.log_prob = packed(logp),
                                             .entropy = packed(ent),
                                             .grad_log_prob = packed(glogp),
+                                            .grad_entropy = {},
                                             .lse = ulorl::vector_view<float>(lse.data(), N)},
           ulorl::matrix_view<float>(dlogits.data(), N, V), ulorl::logits_config{}, ulorl::sequential_executor{}, mpt_hook);
       demo::policy grad;

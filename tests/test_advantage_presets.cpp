@@ -86,3 +86,26 @@ TEST_CASE("TRL scale_rewards and OpenRLHF estimator: unknown values are rejected
   require_unknown_enum([] { (void)ulorl::presets::openrlhf::advantage(static_cast<E>(-7)); },
                        "presets::openrlhf::advantage", "estimator", -7);
 }
+
+TEST_CASE("presets of the added estimators map the frameworks' option names", "[presets]") {
+  namespace verl = ulorl::presets::verl;
+  static_assert(verl::optimal_token_baseline_advantage().align == ulorl::token_alignment::position);
+  static_assert(verl::optimal_token_baseline_advantage().handle_zero_tail);
+  static_assert(verl::optimal_token_baseline_advantage().eps == 1e-8);
+  constexpr auto tir = verl::tir_optimal_token_baseline_advantage({.handle_zero_tail = false, .epsilon = 1e-6});
+  static_assert(tir.align == ulorl::token_alignment::valid_token && !tir.handle_zero_tail && tir.eps == 1e-6);
+  constexpr auto gdpo = verl::gdpo_advantage({.norm_adv_by_std_in_grpo = false});
+  static_assert(gdpo.group.scale == ulorl::scale_kind::none && gdpo.group.singleton == ulorl::singleton_rule::identity);
+  static_assert(gdpo.whiten.unbiased && gdpo.whiten.eps == 1e-8 && gdpo.whiten.mask_output);
+  constexpr auto nemo = ulorl::presets::nemo_rl::gdpo_advantage({.use_leave_one_out_baseline = false});
+  static_assert(nemo.group.baseline == ulorl::baseline_kind::group_mean && nemo.batch.eps == 0.0 &&
+                nemo.batch.zero_std == ulorl::zero_std_rule::skip &&
+                nemo.broadcast.placement == ulorl::token_placement::every_position);
+  constexpr auto rpp = ulorl::presets::nemo_rl::reinforce_plus_plus_advantage({.minus_baseline = false});
+  static_assert(rpp.group.baseline == ulorl::baseline_kind::none && !rpp.whiten.unbiased && !rpp.whiten.mask_output &&
+                rpp.whiten.eps_at == ulorl::whiten_eps::floor_variance);
+  // minus_baseline = false keeps a singleton's score; true gives it 0
+  REQUIRE(run({3.0, 1.0}, {4, 5}, ulorl::advantage_preset{rpp.group, {}})[0] == 3.0);
+  REQUIRE(run({3.0, 1.0}, {4, 5}, ulorl::advantage_preset{ulorl::presets::nemo_rl::reinforce_plus_plus_advantage().group, {}})[0] ==
+          0.0);
+}

@@ -1,13 +1,17 @@
 // Tests for ulorl/advantage/reinforce_pp.hpp against the oracle: returns with reset after EOS,
-// unbiased masked whitening, the baseline variant, both layouts.
+// unbiased masked whitening, the baseline variant (verl's and NeMo-RL's), the variance floor and
+// unmasked output, both layouts.
+#include <ulorl/advantage/presets.hpp>
 #include <ulorl/advantage/reinforce_pp.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "catch.hpp"
 #include "support/advantage_oracle.hpp"
 #include "support/random.hpp"
+#include "support/rejection.hpp"
 
 TEST_CASE("REINFORCE++ returns and advantages match the oracle", "[reinforce_pp]") {
   testing_support::rng r(5);
@@ -103,6 +107,121 @@ TEST_CASE("REINFORCE++ rejects a single valid token, bad gamma, bad eps", "[rein
   };
   REQUIRE_THROWS_WITH(call2(1.5), Catch::Contains("'gamma' = 1.5"));
   REQUIRE_THROWS_WITH(call2(1.0, {.eps = 0.0}), Catch::Contains("config.eps"));
+  for (double x : adv) REQUIRE(x == 9);
+  for (double x : ret) REQUIRE(x == 9);
+}
+
+TEST_CASE("REINFORCE++-baseline with a group-advantage config: NeMo-RL's estimator against the oracle",
+          "[reinforce_pp]") {
+  // NeMo-RL: a_i = s_i - mu_g (0 for a singleton) or s_i, at every position; biased variance over
+  // the valid tokens floored at 1e-8; every position written. Both layouts.
+  testing_support::rng r(5301);
+  int checked = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const auto B = static_cast<std::size_t>(r.integer(1, 19));
+    const bool packed = trial % 2 == 1;
+    shape sh{B, static_cast<std::size_t>(r.integer(1, 11)), {}};
+    if (packed) {
+      sh = {0, 0, {0}};
+      for (std::size_t b = 0; b < B; ++b) sh.offsets.push_back(sh.offsets.back() + r.integer(0, 9));
+    }
+    std::vector<double> scores(B), mask(sh.size());
+    std::vector<std::vector<int>> m(B);
+    for (auto& s : scores) s = r.coin(0.3) ? 1.0 : r.normal();
+    for (std::size_t b = 0; b < B; ++b) {
+      const std::size_t valid = static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(sh.row_size(b))));
+      for (std::size_t t = 0; t < sh.row_size(b); ++t) {
+        mask[sh.row_begin(b) + t] = t < valid;
+        m[b].push_back(t < valid);
+      }
+    }
+    if (std::count(mask.begin(), mask.end(), 1.0) == 0) continue;
+    const auto ids = testing_support::random_group_ids(r, B);
+    for (bool minus_baseline : {true, false}) {
+      CAPTURE(trial, B, packed, minus_baseline);
+      std::vector<double> a(B);
+      for (std::size_t i = 0; i < B; ++i) {
+        std::vector<long double> g;
+        for (auto j : oracle::group_members(ids, i)) g.push_back(scores[j]);
+        a[i] = minus_baseline ? static_cast<double>(scores[i] - oracle::mean_of(g)) : scores[i];
+      }
+      oracle::rows x(B);
+      for (std::size_t b = 0; b < B; ++b) x[b].assign(sh.row_size(b), a[b]);
+      const auto want = oracle::whiten(x, m, false, true, false);
+      std::vector<double> out(sh.size(), 7.0);
+      ulorl::reinforce_pp_baseline_advantages(
+          std::span<const double>(scores), ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids)),
+          view_of<const double>(mask.data(), sh), view_of(out.data(), sh),
+          ulorl::presets::nemo_rl::reinforce_plus_plus_advantage({.minus_baseline = minus_baseline}));
+      for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t t = 0; t < sh.row_size(b); ++t)
+          REQUIRE(out[sh.row_begin(b) + t] == Approx(want[b][t]).epsilon(1e-9).margin(1e-9));
+      ++checked;
+    }
+  }
+  REQUIRE(checked > 80);
+}
+
+TEST_CASE("masked_whiten: the variance floor and unmasked output", "[reinforce_pp]") {
+  const std::vector<double> x{1, 2, 3, 40}, m{1, 1, 1, 0};
+  std::vector<double> out(4);
+  const auto run = [&](const ulorl::whiten_config& cfg) {
+    ulorl::masked_whiten(ulorl::padded(ulorl::matrix_view<const double>(x.data(), 1, 4)),
+                         ulorl::padded(ulorl::matrix_view<const double>(m.data(), 1, 4)),
+                         ulorl::padded(ulorl::matrix_view<double>(out.data(), 1, 4)), cfg);
+  };
+  // biased variance 2/3: floored at eps it stays 2/3; with eps added it is 2/3 + eps
+  run({.eps = 1e-3, .unbiased = false, .eps_at = ulorl::whiten_eps::floor_variance, .mask_output = false});
+  REQUIRE(out[0] == Approx(-1.0 / std::sqrt(2.0 / 3.0)).epsilon(1e-15));
+  REQUIRE(out[3] == Approx(38.0 / std::sqrt(2.0 / 3.0)).epsilon(1e-15));  // masked position written
+  run({.eps = 1e-3, .unbiased = false});
+  REQUIRE(out[0] == Approx(-1.0 / std::sqrt(2.0 / 3.0 + 1e-3)).epsilon(1e-15));
+  REQUIRE(out[3] == 0.0);
+  // the floor takes over for a constant batch
+  const std::vector<double> c{5, 5, 5, 5};
+  ulorl::masked_whiten(ulorl::padded(ulorl::matrix_view<const double>(c.data(), 1, 4)),
+                       ulorl::padded(ulorl::matrix_view<const double>(m.data(), 1, 4)),
+                       ulorl::padded(ulorl::matrix_view<double>(out.data(), 1, 4)),
+                       {.eps = 1e-8, .unbiased = false, .eps_at = ulorl::whiten_eps::floor_variance, .mask_output = false});
+  for (double v : out) REQUIRE(v == 0.0);
+}
+
+TEST_CASE("REINFORCE++: unknown whitening rules and an empty batch are rejected, outputs untouched",
+          "[reinforce_pp][errors][enum]") {
+  const std::vector<double> r{1, 0, 0, 1}, m{1, 1, 1, 1}, zeros(4, 0.0);
+  std::vector<double> ret(4, 9), adv(4, 9);
+  const auto tv = [](const std::vector<double>& v) { return ulorl::padded(ulorl::matrix_view<const double>(v.data(), 2, 2)); };
+  const auto ov = [](std::vector<double>& v) { return ulorl::padded(ulorl::matrix_view<double>(v.data(), 2, 2)); };
+  const auto bad = static_cast<ulorl::whiten_eps>(3);
+  require_unknown_enum([&] { ulorl::masked_whiten(tv(r), tv(m), ov(adv), {.eps_at = bad}); }, "masked_whiten", "config.eps_at", 3);
+  require_unknown_enum([&] { ulorl::reinforce_pp_advantages(tv(r), tv(m), 1.0, ov(ret), ov(adv), {.eps_at = bad}); },
+                       "reinforce_pp_advantages", "config.eps_at", 3);
+  const std::vector<double> s{1, 0};
+  const std::vector<std::int64_t> ids{0, 0};
+  const auto groups = ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids));
+  require_unknown_enum(
+      [&] {
+        ulorl::reinforce_pp_baseline_advantages(std::span<const double>(s), groups, tv(m), ov(adv),
+                                                ulorl::reinforce_pp_baseline_config{.whiten = {.eps_at = bad}});
+      },
+      "reinforce_pp_baseline_advantages", "config.whiten.eps_at", 3);
+  require_unknown_enum(
+      [&] {
+        ulorl::reinforce_pp_baseline_advantages(std::span<const double>(s), groups, tv(m), ov(adv),
+                                                ulorl::reinforce_pp_baseline_config{.group = {.baseline = static_cast<ulorl::baseline_kind>(7)}});
+      },
+      "group_advantages", "config.baseline", 7);
+  // NeMo-RL's biased whitening needs one valid token
+  require_rejected(outcome_of([&] {
+                     ulorl::reinforce_pp_baseline_advantages(std::span<const double>(s), groups, tv(zeros), ov(adv),
+                                                             ulorl::presets::nemo_rl::reinforce_plus_plus_advantage());
+                   }),
+                   "reinforce_pp_baseline_advantages", "mask", -1);
+  require_rejected(outcome_of([&] {
+                     ulorl::reinforce_pp_baseline_advantages(std::span<const double>(s), groups, tv(m), ov(adv),
+                                                             ulorl::reinforce_pp_baseline_config{.whiten = {.eps = -1.0}});
+                   }),
+                   "reinforce_pp_baseline_advantages", "config.whiten.eps", -1);
   for (double x : adv) REQUIRE(x == 9);
   for (double x : ret) REQUIRE(x == 9);
 }

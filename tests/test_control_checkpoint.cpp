@@ -111,7 +111,7 @@ struct entropy_raw {
   std::uint8_t rule = 1;
   double target_entropy = 0.3, init_coef = 0.01, step_up = 0.005, step_down = 0.005, gain = 0.05, tolerance = 0.02,
          min_coef = 0.001, max_coef = 0.05;
-  std::uint8_t gate = 1;
+  std::uint8_t gate = 1, gate_source = 0, raise_at_target = 0;
   double coef = 0.02;
   std::uint64_t updates = 2;
   double last_entropy = 0.5;
@@ -159,12 +159,14 @@ std::vector<std::byte> encode(const kl_raw& r, std::size_t drop_tail = 0, bool e
 }
 std::vector<std::byte> encode(const entropy_raw& r, std::size_t drop_tail = 0, bool extra = false) {
   std::vector<std::byte> out;
-  const auto at = ulorl::detail::begin_checkpoint(out, ulorl::checkpoint_kind::entropy_controller, 1);
+  const auto at = ulorl::detail::begin_checkpoint(out, ulorl::checkpoint_kind::entropy_controller, 2);
   ulorl::detail::byte_writer w(out);
   w.u8(r.rule);
   for (double v : {r.target_entropy, r.init_coef, r.step_up, r.step_down, r.gain, r.tolerance, r.min_coef, r.max_coef})
     w.f64(v);
   w.u8(r.gate);
+  w.u8(r.gate_source);
+  w.u8(r.raise_at_target);
   w.f64(r.coef);
   w.u64(r.updates);
   w.f64(r.last_entropy);
@@ -321,6 +323,8 @@ TEST_CASE("entropy controller: each field out of range in a checksummed payload 
       {"max_coef 2e6", "max_coef", [](entropy_raw& r) { r.max_coef = 2e6; }},
       {"max_coef below min_coef", "max_coef", [](entropy_raw& r) { r.max_coef = 0.0005; }},
       {"gate_above_target 2", "bytes", [](entropy_raw& r) { r.gate = 2; }},
+      {"gate_source 2", "gate_source", [](entropy_raw& r) { r.gate_source = 2; }},
+      {"raise_at_target 2", "bytes", [](entropy_raw& r) { r.raise_at_target = 2; }},
       {"coef NaN", "state.coef", [](entropy_raw& r) { r.coef = qnan; }},
       {"coef above max_coef", "state.coef", [](entropy_raw& r) { r.coef = 0.06; }},
       {"coef below min_coef", "state.coef", [](entropy_raw& r) { r.coef = 0.0; }},

@@ -193,3 +193,147 @@ TEST_CASE("entropy coefficient stays finite: degenerate magnitudes are rejected"
   CHECK(g.update(1e6) == 0.0);
   CHECK_NOTHROW(ulorl::entropy_controller::restore(e.save()));
 }
+
+// ---- TRL's adaptive entropy coefficient (presets::trl::adaptive_entropy) ------------------------
+
+namespace {
+//! Golden README §4.11, as written there: (applied, value after the step) for each step's entropy.
+std::vector<std::pair<double, double>> trl_adaptive_oracle(double c, double target, double delta, double lo, double hi,
+                                                           const std::vector<double>& h) {
+  std::vector<std::pair<double, double>> out;
+  double h_prev = std::numeric_limits<double>::infinity();
+  for (double e : h) {
+    const double applied = h_prev <= target ? c : 0.0;
+    c = e <= target ? std::min(c + delta, hi) : std::max(c - delta, lo);
+    h_prev = e;
+    out.emplace_back(applied, c);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("TRL adaptive entropy preset matches the oracle", "[control][entropy][trl]") {
+  using ulorl::presets::trl::adaptive_entropy;
+  constexpr auto d = adaptive_entropy();
+  static_assert(d.init_coef == 0.0 && d.target_entropy == 0.2 && d.step_up == 0.005 && d.step_down == 0.005 &&
+                d.min_coef == 0.0 && d.max_coef == 1.0 && d.tolerance == 0.0 && d.gate_above_target &&
+                d.gate_source == ulorl::entropy_gate_source::last_update && d.raise_at_target &&
+                d.rule == ulorl::entropy_control_rule::step);
+  std::mt19937_64 rng(kSeed + 7);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int trial = 0; trial < 80; ++trial) {
+    const double target = trial % 4 == 0 ? 0.2 : 1.5 * u(rng), delta = trial % 3 == 0 ? 0.005 : 0.1 * u(rng);
+    const double lo = trial % 2 == 0 ? 0.0 : 0.01 * u(rng), hi = lo + (trial % 5 == 0 ? 1.0 : 0.2 * u(rng));
+    const double c0 = lo + (hi - lo) * u(rng);
+    std::vector<double> h(1 + static_cast<std::size_t>(u(rng) * 150));
+    for (auto& x : h) x = u(rng) < 0.15 ? target : 2.0 * target * u(rng) + (u(rng) < 0.05 ? 1.0 : 0.0);
+    const auto want = trl_adaptive_oracle(c0, target, delta, lo, hi, h);
+    ulorl::entropy_controller c(adaptive_entropy({.entropy_coef = c0, .entropy_target = target, .entropy_coef_delta = delta,
+                                                  .entropy_coef_min = lo, .entropy_coef_max = hi}));
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      INFO("trial " << trial << " step " << i << " H " << h[i] << " target " << target);
+      REQUIRE(c.bonus() == want[i].first);
+      REQUIRE(c.update(h[i]) == Approx(want[i].second).epsilon(1e-14).margin(1e-300));
+    }
+  }
+}
+
+TEST_CASE("TRL adaptive entropy: first step ungated-closed, tie at the target, gate on the last update",
+          "[control][entropy][trl]") {
+  ulorl::entropy_controller c(ulorl::presets::trl::adaptive_entropy({.entropy_coef = 0.1}));
+  CHECK(c.bonus() == 0.0);               // H_prev = +inf before the first step
+  CHECK(c.update(0.2) == Approx(0.105)); // H == target raises c
+  CHECK(c.bonus() == Approx(0.105));     // last H 0.2 <= target: applied
+  CHECK(c.update(0.3) == Approx(0.1));
+  CHECK(c.bonus() == 0.0);               // last H 0.3 > target: gated
+  CHECK(c.value() == Approx(0.1));
+  // The step rule without raise_at_target holds c at the target (Skywork-OR1).
+  ulorl::entropy_controller s({.target_entropy = 0.2, .init_coef = 0.1, .max_coef = 1.0});
+  CHECK(s.update(0.2) == 0.1);
+  // With a dead band, raise_at_target moves c at its lower edge H == target - tolerance only.
+  ulorl::entropy_controller b({.target_entropy = 0.5, .init_coef = 0.1, .tolerance = 0.25, .max_coef = 1.0,
+                               .raise_at_target = true});
+  CHECK(b.update(0.25) == Approx(0.105));
+  CHECK(b.update(0.26) == Approx(0.105));
+  CHECK(b.update(0.75) == Approx(0.105));  // upper edge: inside the band
+  CHECK(b.update(0.76) == Approx(0.1));
+  // Without a gate both bonus overloads give c, whatever the gate source.
+  for (auto src : {ulorl::entropy_gate_source::current_batch, ulorl::entropy_gate_source::last_update}) {
+    ulorl::entropy_controller g({.init_coef = 0.05, .gate_above_target = false, .gate_source = src});
+    CHECK(g.bonus() == 0.05);
+    CHECK(g.bonus(0.9) == 0.05);
+  }
+  // Each gate source refuses the overload that does not read its entropy, leaving the state alone.
+  CHECK(arg_of([&] { (void)c.bonus(0.1); }) == "gate_source");
+  ulorl::entropy_controller k({.init_coef = 0.05});
+  CHECK(arg_of([&] { (void)k.bonus(); }) == "gate_source");
+  CHECK(k.state().updates == 0);
+  CHECK(c.state().updates == 2);
+}
+
+TEST_CASE("TRL adaptive entropy: save/restore mid-run, version 1 payloads, rejected options",
+          "[control][entropy][trl][checkpoint]") {
+  std::mt19937_64 rng(kSeed + 8);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  ulorl::entropy_controller a(ulorl::presets::trl::adaptive_entropy({.entropy_coef = 0.02, .entropy_coef_max = 0.1}));
+  std::vector<double> h(200);
+  for (auto& x : h) x = u(rng) < 0.1 ? 0.2 : 0.4 * u(rng);
+  for (std::size_t i = 0; i < 77; ++i) a.update(h[i]);
+  auto b = ulorl::entropy_controller::restore(a.save());
+  CHECK(b.config().gate_source == ulorl::entropy_gate_source::last_update);
+  CHECK(b.config().raise_at_target);
+  for (std::size_t i = 77; i < h.size(); ++i) {
+    REQUIRE(a.bonus() == b.bonus());
+    REQUIRE(a.update(h[i]) == b.update(h[i]));
+  }
+  CHECK(a.save() == b.save());
+
+  // Payload version 1 (no gate_source / raise_at_target bytes) restores as the Skywork-OR1 defaults.
+  ulorl::entropy_controller v({.target_entropy = 0.3, .init_coef = 0.01, .max_coef = 0.05});
+  v.update(0.1);
+  std::vector<std::byte> v1;
+  const auto at = ulorl::detail::begin_checkpoint(v1, ulorl::checkpoint_kind::entropy_controller, 1);
+  {
+    ulorl::detail::byte_writer w(v1);
+    const auto& c = v.config();
+    w.u8(0);
+    for (double x : {c.target_entropy, c.init_coef, c.step_up, c.step_down, c.gain, c.tolerance, c.min_coef, c.max_coef})
+      w.f64(x);
+    w.boolean(c.gate_above_target);
+    w.f64(v.state().coef);
+    w.u64(v.state().updates);
+    w.f64(v.state().last_entropy);
+  }
+  ulorl::detail::finish_checkpoint(v1, at);
+  const auto r1 = ulorl::entropy_controller::restore(v1);
+  CHECK(r1.config().gate_source == ulorl::entropy_gate_source::current_batch);
+  CHECK_FALSE(r1.config().raise_at_target);
+  CHECK(r1.save() == v.save());  // written back as version 2
+
+  // An unknown gate source in the configuration and in a checkpoint (payload byte 66).
+  const ulorl::entropy_controller_config bad{.gate_source = static_cast<ulorl::entropy_gate_source>(5)};
+  require_unknown_enum([&] { ulorl::entropy_controller e(bad); }, "entropy_controller", "gate_source", 5);
+  const auto forged = with_byte(a.save(), payload_start + 66, 2);
+  require_unknown_enum([&] { (void)ulorl::entropy_controller::restore(forged); }, "entropy_controller::restore",
+                       "gate_source", 2);
+  CHECK_THROWS_AS(ulorl::entropy_controller::restore(with_byte(a.save(), payload_start + 67, 2)), ulorl::error);
+  // An unsupported payload version (3) is refused.
+  CHECK(arg_of([&] { (void)ulorl::entropy_controller::restore(with_byte(a.save(), 12, 3)); }) == "bytes");
+  // The preset's options go through the controller's checks.
+  CHECK(arg_of([&] {
+          ulorl::entropy_controller e(ulorl::presets::trl::adaptive_entropy({.entropy_coef = 2.0}));
+        }) == "init_coef");
+  CHECK(arg_of([&] {
+          ulorl::entropy_controller e(ulorl::presets::trl::adaptive_entropy({.entropy_coef_delta = -0.1}));
+        }) == "step_up");
+  CHECK(arg_of([&] {
+          ulorl::entropy_controller e(ulorl::presets::trl::adaptive_entropy({.entropy_target = std::nan("")}));
+        }) == "target_entropy");
+  CHECK(arg_of([&] {
+          ulorl::entropy_controller e(
+              ulorl::presets::trl::adaptive_entropy({.entropy_coef_min = 0.5, .entropy_coef_max = 0.4}));
+        }) == "max_coef");
+  ulorl::entropy_controller t(ulorl::presets::trl::adaptive_entropy());
+  CHECK(arg_of([&] { t.update(std::nan("")); }) == "entropy");
+  CHECK(t.state().updates == 0);
+}

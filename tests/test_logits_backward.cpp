@@ -175,7 +175,7 @@ TEST_CASE("logits_backward: masked entries, in place, strided output") {
   auto b = logits_data::make(rng, rows, v, 3.0, 0.0, 0.2);
   b.x[0 * v + 7] = -finf;
   b.labels[1] = 9;
-  b.x[1 * v + 9] = -finf;  // a masked label: logprob -inf, gradient g_lp / tau there, 0 elsewhere masked
+  b.x[1 * v + 9] = -finf;  // a masked label: log_prob -inf, gradient g_lp / tau there, 0 elsewhere masked
   const auto ref = backward<float, float>(b.x, rows, v, b.labels, b.g_lp, b.g_ent, 0.9);
   for (std::size_t i = 0; i < b.x.size(); ++i)
     if (b.x[i] == -finf && i != 1 * v + 9) CHECK(ref[i] == 0.0f);
@@ -251,7 +251,7 @@ TEST_CASE("logits_backward rejects bad input before writing") {
   }
   lse[1] = 1.0;
   glp[0] = std::numeric_limits<double>::infinity();
-  CHECK_THROWS_WITH(call(out), Catch::Matchers::Contains("'grad_logprob'[0]"));
+  CHECK_THROWS_WITH(call(out), Catch::Matchers::Contains("'grad_log_prob'[0]"));
   glp[0] = 1.0;
   h.pop_back();
   CHECK_THROWS_WITH(call(out), Catch::Matchers::Contains("'entropy'"));
@@ -265,7 +265,7 @@ TEST_CASE("logits_backward rejects bad input before writing") {
   CHECK(g != std::vector<float>(rows * v, 42.0f));
 }
 
-TEST_CASE("logits_backward: the temperature rule of logits_forward (finite reciprocal; scaled rows with check_logits)") {
+TEST_CASE("logits_backward: the temperature rule of logits_forward (finite reciprocal; scaled rows with the value scan)") {
   const std::size_t rows = 2, v = 2;
   std::vector<double> x{1.0, 0.0, -3.0, 2.0}, g(rows * v, 42.0);
   std::vector<double> lse{1.0, 1.0}, h{0.5, 0.5}, glp{1.0, 1.0}, gent{0.1, 0.1};
@@ -274,7 +274,7 @@ TEST_CASE("logits_backward: the temperature rule of logits_forward (finite recip
     logits_backward(matrix_view<const double>(logits.data(), rows, v), std::span<const std::int64_t>(y),
                     vector_view<const double>(lse.data(), rows), vector_view<const double>(h.data(), rows),
                     vector_view<const double>(glp.data(), rows), vector_view<const double>(gent.data(), rows),
-                    matrix_view<double>(g.data(), rows, v), {.temperature = tau, .check_logits = check});
+                    matrix_view<double>(g.data(), rows, v), {.temperature = tau, .check_values = check});
   };
   try {
     call(x, 1e-320, false);

@@ -47,7 +47,7 @@ double max_err(const stats& s, const std::vector<std::vector<double>>& rows, con
   double e = 0;
   for (std::size_t r = 0; r < rows.size(); ++r) {
     const auto o = oracle::logits_row(rows[r], static_cast<std::size_t>(y[r]), tau);
-    e = std::max({e, unit_err(s.lp[r], o.logprob), unit_err(s.h[r], o.entropy), unit_err(s.lse[r], o.lse)});
+    e = std::max({e, unit_err(s.lp[r], o.log_prob), unit_err(s.h[r], o.entropy), unit_err(s.lse[r], o.lse)});
   }
   return e;
 }
@@ -186,14 +186,14 @@ TEST_CASE("logits_forward properties: shift invariance, masked entries, temperat
   CHECK(o.lp[0] == 0.0);
   CHECK(o.h[0] == 0.0);
   CHECK(o.lse[0] == 3.0);
-  // Uniform row: entropy log V, logprob -log V.
+  // Uniform row: entropy log V, log_prob -log V.
   std::vector<float> uni(777, 0.5f);
   const auto un = run(uni, 1, 777, {0}, {.temperature = 2.0});
   CHECK(std::fabs(un.h[0] - std::log(777.0)) < 1e-7);
   CHECK(std::fabs(un.lp[0] + std::log(777.0)) < 1e-7);
 }
 
-TEST_CASE("logits_forward non-finite logits: propagation per row, or rejection with check_logits") {
+TEST_CASE("logits_forward non-finite logits: rejection by the value scan (default), or propagation per row without it") {
   const float fi = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   for (std::size_t v : {5u, 3000u}) {
     std::vector<float> x(4 * v, 0.25f);
@@ -201,7 +201,7 @@ TEST_CASE("logits_forward non-finite logits: propagation per row, or rejection w
     x[1 * v + v - 1] = fi;            // row 1: +inf
     for (std::size_t c = 0; c < v; ++c) x[2 * v + c] = -fi;  // row 2: all masked
     const std::vector<std::int64_t> y{0, 0, 0, 1};
-    const auto s = run(x, 4, v, y);
+    const auto s = run(x, 4, v, y, {.check_values = false});
     for (int r : {0, 1}) {
       CHECK(std::isnan(s.lp[r]));
       CHECK(std::isnan(s.h[r]));
@@ -215,12 +215,12 @@ TEST_CASE("logits_forward non-finite logits: propagation per row, or rejection w
     std::vector<float> z(2500, -fi);
     z[2100] = nan;
     z[5] = 1.0f;
-    CHECK(std::isnan(run(z, 1, 2500, {5}).lp[0]));
+    CHECK(std::isnan(run(z, 1, 2500, {5}, {.check_values = false}).lp[0]));
     std::vector<double> lp(4, 9.0), h(4, 9.0), lse(4, 9.0);
     try {
       logits_forward(matrix_view<const float>(x.data(), 4, v), std::span<const std::int64_t>(y),
                      vector_view<double>(lp.data(), 4), vector_view<double>(h.data(), 4),
-                     vector_view<double>(lse.data(), 4), {.check_logits = true});
+                     vector_view<double>(lse.data(), 4));
       FAIL("no error");
     } catch (const ulorl::error& e) {
       CHECK(e.argument() == "logits");
@@ -232,7 +232,7 @@ TEST_CASE("logits_forward non-finite logits: propagation per row, or rejection w
     x[1 * v + v - 1] = 0.0f;
     CHECK_THROWS_WITH(logits_forward(matrix_view<const float>(x.data(), 4, v), std::span<const std::int64_t>(y),
                                      vector_view<double>(lp.data(), 4), vector_view<double>(h.data(), 4),
-                                     vector_view<double>(lse.data(), 4), {.check_logits = true}),
+                                     vector_view<double>(lse.data(), 4), {.check_values = true}),
                       Catch::Matchers::Contains("row 2 has no finite logit"));
   }
 }
@@ -305,7 +305,7 @@ TEST_CASE("logits_forward: a temperature whose reciprocal overflows is rejected,
   const auto call = [&](auto x, double tau, bool check = false) {
     logits_forward(x, std::span<const std::int64_t>(y), vector_view<double>(lp.data(), 2),
                    vector_view<double>(h.data(), 2), vector_view<double>(lse.data(), 2),
-                   {.temperature = tau, .check_logits = check});
+                   {.temperature = tau, .check_values = check});
   };
   const matrix_view<const double> md(xd.data(), 2, 2);
   const matrix_view<const float> mf(xf.data(), 2, 2);
@@ -340,7 +340,7 @@ TEST_CASE("logits_forward: a temperature whose reciprocal overflows is rejected,
   CHECK(lp[1] == Approx(2.0 - l1).epsilon(1e-6));
 }
 
-TEST_CASE("logits_forward with check_logits: a row whose scaled logits overflow is an error, never inf") {
+TEST_CASE("logits_forward's value scan: a row whose scaled logits overflow is an error, never inf") {
   // 1e10 / 1e-300 = 1e310 overflows double: without the check lse would be +inf and the log-prob 0.
   std::vector<double> x{1e10, 0.0, 1.0, 2.0};
   const std::vector<std::int64_t> y{0, 1};
@@ -348,7 +348,7 @@ TEST_CASE("logits_forward with check_logits: a row whose scaled logits overflow 
   const auto call = [&](const std::vector<double>& v, double tau) {
     logits_forward(matrix_view<const double>(v.data(), 2, 2), std::span<const std::int64_t>(y),
                    vector_view<double>(lp.data(), 2), vector_view<double>(h.data(), 2),
-                   vector_view<double>(lse.data(), 2), {.temperature = tau, .check_logits = true});
+                   vector_view<double>(lse.data(), 2), {.temperature = tau, .check_values = true});
   };
   try {
     call(x, 1e-300);
@@ -373,7 +373,7 @@ TEST_CASE("logits_forward with check_logits: a row whose scaled logits overflow 
   std::vector<float> lpf(2, 5.0f);
   CHECK_THROWS_WITH(logits_forward(matrix_view<const double>(big.data(), 2, 2), std::span<const std::int64_t>(y),
                                    vector_view<float>(lpf.data(), 2), vector_view<float>(), vector_view<float>(),
-                                   {.temperature = 1e-10, .check_logits = true}),
+                                   {.temperature = 1e-10, .check_values = true}),
                     Catch::Matchers::Contains("row 0"));
   CHECK(lpf == std::vector<float>(2, 5.0f));
 }
@@ -391,13 +391,13 @@ TEST_CASE("logits_forward: outputs whose strides make distinct rows alias are re
     call(vector_view<double>(lp.data(), 3, 0), vh, vlse);
     FAIL("no error");
   } catch (const ulorl::error& e) {
-    CHECK(e.argument() == "logprob");
+    CHECK(e.argument() == "log_prob");
     CHECK(std::string(e.what()).find("stride 0") != std::string::npos);
   }
   CHECK_THROWS_WITH(call(vlp, vector_view<double>(h.data(), 3, 0), vlse), Catch::Matchers::Contains("'entropy'"));
   CHECK_THROWS_WITH(call(vlp, vh, vector_view<double>(lse.data(), 3, 0)), Catch::Matchers::Contains("'lse'"));
   // Two outputs on the same elements.
-  CHECK_THROWS_WITH(call(vlp, vlp, vlse), Catch::Matchers::Contains("'entropy'") && Catch::Matchers::Contains("'logprob'"));
+  CHECK_THROWS_WITH(call(vlp, vlp, vlse), Catch::Matchers::Contains("'entropy'") && Catch::Matchers::Contains("'log_prob'"));
   CHECK_THROWS_WITH(call(vlp, vh, vector_view<double>(lp.data() + 1, 3)), Catch::Matchers::Contains("'lse'"));
   CHECK(lp == std::vector<double>(3, 5.0));
   CHECK(h == std::vector<double>(3, 5.0));
@@ -449,11 +449,74 @@ TEST_CASE("every entry point that takes a temperature applies the same rule") {
   // With value checks: logits up to H max|h| max|w| = 1e10, over tau = 1e-300 they overflow.
   CHECK_THROWS_WITH(linear_head_forward(headd, std::span<const std::int64_t>(y), vector_view<double>(out.data(), 1),
                                         vector_view<double>(), vector_view<double>(),
-                                        {.temperature = 1e-300, .check_inputs = true}),
+                                        {.temperature = 1e-300, .check_values = true}),
                     Catch::Matchers::Contains("temperature"));
   CHECK(out[0] == 5.0);
   // A tiny temperature the logits allow: z = 1e10 * {1, -1} / 1e-290 is finite.
   linear_head_forward(headd, std::span<const std::int64_t>(y), vector_view<double>(out.data(), 1),
-                      vector_view<double>(), vector_view<double>(), {.temperature = 1e-290, .check_inputs = true});
+                      vector_view<double>(), vector_view<double>(), {.temperature = 1e-290, .check_values = true});
   CHECK(out[0] == 0.0);
+}
+
+static double widen_for_test(float x) { return x; }
+static double widen_for_test(double x) { return x; }
+static double widen_for_test(bf16 x) { return x.to_float(); }
+
+TEST_CASE("logits_forward sum_pi_squared matches the oracle's sum of squared probabilities, same pass") {
+  std::mt19937_64 rng(seed + 31);
+  double worst = 0;
+  for (std::size_t v : {1u, 3u, 47u, 1023u, 1025u, 5000u})
+    for (double scale : {0.5, 4.0, 40.0})
+      for (double tau : {1.0, 0.6}) {
+        auto b = logits_data::make(rng, 5, v, scale, 3.0, v > 3 ? 0.1 : 0.0);
+        // Ascending maxima across chunks exercise the rescaling of the squared sum.
+        if (v > 2048) b.x[4 * v + 4000] = static_cast<float>(scale * 6);
+        std::vector<float> xf(b.x.begin(), b.x.end());
+        std::vector<double> xd(b.x.begin(), b.x.end());
+        std::vector<bf16> xb;
+        for (double x : b.x) xb.push_back(bf16::from_float(static_cast<float>(x)));
+        const auto check = [&](const auto& x, double tol) {
+          using L = typename std::decay_t<decltype(x)>::value_type;
+          std::vector<double> lp(5), lp2(5), q(5, -1.0);
+          logits_forward(matrix_view<const L>(x.data(), 5, v), std::span<const std::int64_t>(b.labels),
+                         logits_outputs<double>{.log_prob = vector_view<double>(lp.data(), 5),
+                                                .sum_pi_squared = vector_view<double>(q.data(), 5)},
+                         {.temperature = tau});
+          logits_forward(matrix_view<const L>(x.data(), 5, v), std::span<const std::int64_t>(b.labels),
+                         vector_view<double>(lp2.data(), 5), vector_view<double>(), vector_view<double>(),
+                         {.temperature = tau});
+          CHECK(lp == lp2);  // the squared sum changes nothing else
+          for (std::size_t r = 0; r < 5; ++r) {
+            std::vector<double> row(v);
+            for (std::size_t c = 0; c < v; ++c) row[c] = static_cast<double>(widen_for_test(x[r * v + c]));
+            const long double want = oracle::sum_pi_squared(row, tau);
+            const double e = static_cast<double>(std::fabs(q[r] - want) / want);
+            worst = std::max(worst, e);
+            INFO("V " << v << " scale " << scale << " tau " << tau << " row " << r << " got " << q[r] << " want "
+                      << static_cast<double>(want));
+            CHECK(e < tol);
+            CHECK(q[r] > 0.0);
+            CHECK(q[r] <= 1.0 + 1e-6);
+          }
+        };
+        check(xf, 2e-5);
+        check(xd, 1e-12);
+        check(xb, 2e-5);
+      }
+  std::printf("  sum_pi_squared: worst relative error %.3g\n", worst);
+  // A one-hot row has sum 1; a uniform row 1 / V; NaN rows (value scan off) NaN; outputs checked.
+  std::vector<float> x{0.0f, -std::numeric_limits<float>::infinity(), 0.0f, 0.0f,
+                       1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f, 3.0f};
+  std::vector<double> lp(2), q(2);
+  const std::vector<std::int64_t> y{0, 0};
+  logits_forward(matrix_view<const float>(x.data(), 2, 4), std::span<const std::int64_t>(y),
+                 logits_outputs<double>{.log_prob = vector_view<double>(lp.data(), 2),
+                                        .sum_pi_squared = vector_view<double>(q.data(), 2)},
+                 {.check_values = false});
+  CHECK(std::fabs(q[0] - 1.0 / 3.0) < 1e-7);
+  CHECK(std::isnan(q[1]));
+  CHECK_THROWS_AS(logits_forward(matrix_view<const float>(x.data(), 1, 4), std::span<const std::int64_t>(y.data(), 1),
+                                 logits_outputs<double>{.log_prob = vector_view<double>(lp.data(), 1),
+                                                        .sum_pi_squared = vector_view<double>(lp.data(), 1)}),
+                  ulorl::error);  // aliases log_prob
 }

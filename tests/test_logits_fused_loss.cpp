@@ -43,7 +43,7 @@ problem make(std::mt19937_64& rng) {
 
 // The fused loss in the padded layout; returns the loss and fills grad (if non-null).
 double fused_padded(const problem& p, const std::vector<double>& x, const policy_loss_config& cfg, double tau,
-                    std::vector<double>* grad, std::vector<double>* logp = nullptr) {
+                    std::vector<double>* grad, std::vector<double>* logp = nullptr, bool check_values = true) {
   const std::size_t n = p.b * p.t;
   const auto tv = [&](const std::vector<double>& v) {
     return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
@@ -55,7 +55,7 @@ double fused_padded(const problem& p, const std::vector<double>& x, const policy
   const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)};
   const auto res = policy_loss_from_logits(matrix_view<const double>(x.data(), n, p.v),
                                            std::span<const std::int64_t>(p.labels), in, cfg, buf,
-                                           matrix_view<double>(g.data(), n, p.v), {.temperature = tau});
+                                           matrix_view<double>(g.data(), n, p.v), {.temperature = tau, .check_values = check_values});
   if (grad) *grad = g;
   if (logp) *logp = lp;
   return res.loss;
@@ -90,7 +90,7 @@ TEST_CASE("policy_loss_from_logits: value equals policy_loss on the oracle's log
     const std::vector<double> row(p.x.begin() + static_cast<std::ptrdiff_t>(i * p.v),
                                   p.x.begin() + static_cast<std::ptrdiff_t>((i + 1) * p.v));
     const auto o = oracle::logits_row(row, static_cast<std::size_t>(p.labels[i]), 0.8);
-    olp[i] = static_cast<double>(o.logprob);
+    olp[i] = static_cast<double>(o.log_prob);
     oent[i] = static_cast<double>(o.entropy);
     CHECK(std::fabs(lp[i] - olp[i]) < 1e-13);
   }
@@ -191,8 +191,11 @@ TEST_CASE("policy_loss_from_logits rejects bad input before writing the gradient
   CHECK_THROWS_WITH(fused_padded(p, p.x, cfg, 1.0, &g), Catch::Matchers::Contains("advantages"));
   p.adv[2] = 0.5;
   auto x = p.x;
-  x[3 * p.v + 1] = std::nan("");  // token 3's log-prob becomes NaN: the policy loss names it
-  CHECK_THROWS_WITH(fused_padded(p, x, cfg, 1.0, &g), Catch::Matchers::Contains("log_prob"));
+  x[3 * p.v + 1] = std::nan("");  // the logits' value scan names the entry
+  CHECK_THROWS_WITH(fused_padded(p, x, cfg, 1.0, &g), Catch::Matchers::Contains("'logits'[34] = nan") &&
+                                                          Catch::Matchers::Contains("row 3, column 1"));
+  // Without the logits' scan, token 3's log-prob becomes NaN and the policy loss names it.
+  CHECK_THROWS_WITH(fused_padded(p, x, cfg, 1.0, &g, nullptr, false), Catch::Matchers::Contains("log_prob"));
   // Giving log_prob yourself is an error: it comes from the logits.
   const std::size_t n = p.b * p.t;
   std::vector<double> lp(n), ent(n), glp(n), gent(n), lse(n), gl(n * p.v, 7.0);
@@ -231,11 +234,14 @@ TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's stati
   };
   const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
   std::vector<double> mask = p.mask;  // the caller's mask memory, written by the hook
-  std::vector<double> lp(n), ent(n, -1.0), glp(n), lse(n), g(n * p.v), seen_lse(n);
+  std::vector<double> lp(n), ent(n, -1.0), glp(n), lse(n), g(n * p.v), seen_lse(n), sq(n, -1.0), seen_sq(n);
   int calls = 0;
   const auto hook = [&](const token_statistics<double>& st) {
     ++calls;
     REQUIRE(st.entropy.size() == n);
+    REQUIRE(st.sum_pi_squared.size() == n);
+    for (std::size_t b = 0; b < p.b; ++b)
+      for (std::size_t t = 0; t < p.t; ++t) seen_sq[b * p.t + t] = st.sum_pi_squared(b, t);
     double sum = 0, cnt = 0;
     for (std::size_t b = 0; b < p.b; ++b)
       for (std::size_t t = 0; t < p.t; ++t)
@@ -247,7 +253,7 @@ TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's stati
   };
   const policy_loss_inputs<double> in{.log_prob = {}, .old_log_prob = tv(p.old), .advantages = tv(p.adv), .mask = tv(mask),
                                       .ref_log_prob = tv(p.ref)};
-  const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), {}, vector_view<double>(lse.data(), n)};
+  const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), {}, vector_view<double>(lse.data(), n), out(sq)};
   const auto res = policy_loss_from_logits(matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
                                            in, cfg, buf, matrix_view<double>(g.data(), n, p.v), {.temperature = 0.8},
                                            sequential_executor{}, hook);
@@ -259,6 +265,8 @@ TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's stati
     const auto o = oracle::logits_row(row, static_cast<std::size_t>(p.labels[i]), 0.8);
     CHECK(std::fabs(ent[i] - static_cast<double>(o.entropy)) < 1e-12);
     CHECK(std::fabs(seen_lse[i] - lse[i]) == 0.0);
+    CHECK(std::fabs(sq[i] - static_cast<double>(oracle::sum_pi_squared(row, 0.8))) < 1e-12);
+    CHECK(seen_sq[i] == sq[i]);
     kept += mask[i], valid += p.mask[i];
   }
   REQUIRE(kept > 0);

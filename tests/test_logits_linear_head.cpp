@@ -105,7 +105,7 @@ template <class T>
 errors compare(const problem<T>& p, const outputs<T>& o, const oracle::head_result& r) {
   errors e;
   for (std::size_t i = 0; i < p.q.n; ++i)
-    e.stats = std::max({e.stats, unit_err(o.lp[i], r.logprob[i]), unit_err(o.ent[i], r.entropy[i]),
+    e.stats = std::max({e.stats, unit_err(o.lp[i], r.log_prob[i]), unit_err(o.ent[i], r.entropy[i]),
                         unit_err(o.lse[i], r.lse[i])});
   e.gh = oracle::normwise_error(o.gh, r.grad_hidden, r.scale_hidden);
   e.gw = oracle::normwise_error(o.gw, r.grad_weight, r.scale_weight);
@@ -209,7 +209,7 @@ TEST_CASE("linear head double: strided operands, forward-only and backward-only 
                       {.temperature = 1.3, .chunk_rows = 2});
   double es = 0;
   for (std::size_t i = 0; i < n; ++i)
-    es = std::max({es, unit_err(lp[i], r.logprob[i]), unit_err(ent[2 * i], r.entropy[i]), unit_err(lse[i], r.lse[i])});
+    es = std::max({es, unit_err(lp[i], r.log_prob[i]), unit_err(ent[2 * i], r.entropy[i]), unit_err(lse[i], r.lse[i])});
   std::vector<double> ghT(h * n), gwT(h * v), gb(v);
   linear_head_backward(in, std::span<const std::int64_t>(p.q.labels), vector_view<const double>(p.q.g_lp.data(), n),
                        vector_view<const double>(p.q.g_ent.data(), n),
@@ -238,7 +238,7 @@ TEST_CASE("linear head gradients agree with central finite differences (oracle l
   const auto r = oracle::linear_head(p.q);
   const auto o = run_all(p, {.temperature = 0.8, .chunk_rows = 2});
   const double eps = 1e-5;
-  // Production forward in double as the loss: L = sum g_lp logprob + g_ent entropy.
+  // Production forward in double as the loss: L = sum g_lp log_prob + g_ent entropy.
   const auto prod_loss = [&](const problem<double>& pp) {
     std::vector<double> lp(pp.q.n), ent(pp.q.n);
     linear_head_forward(pp.inputs(), std::span<const std::int64_t>(pp.q.labels), vector_view<double>(lp.data(), pp.q.n),
@@ -361,7 +361,7 @@ TEST_CASE("linear head: workspace size query, caller workspace, automatic chunk"
                   ulorl::error);
 }
 
-TEST_CASE("linear head: NaN / inf in hidden or weight follow logits_forward (NaN rows) or are rejected") {
+TEST_CASE("linear head: NaN / inf in hidden or weight are rejected by the value scan, or follow logits_forward (NaN rows) without it") {
   std::mt19937_64 rng(seed + 6);
   auto p = make<float>(rng, 4, 8, 20, 1.0, false);
   const auto labels = std::span<const std::int64_t>(p.q.labels);
@@ -374,7 +374,7 @@ TEST_CASE("linear head: NaN / inf in hidden or weight follow logits_forward (NaN
   const auto clean = fwd(p, {.chunk_rows = 3});
   auto bad = p;
   bad.hidden[2 * 8 + 5] = std::numeric_limits<float>::quiet_NaN();  // row 2
-  const auto got = fwd(bad, {.chunk_rows = 3});
+  const auto got = fwd(bad, {.chunk_rows = 3, .check_values = false});
   for (std::size_t s = 0; s < 3; ++s)
     for (std::size_t i = 0; i < 4; ++i) {
       if (i == 2)
@@ -384,14 +384,14 @@ TEST_CASE("linear head: NaN / inf in hidden or weight follow logits_forward (NaN
     }
   auto badw = p;
   badw.weight[7 * 8 + 1] = std::numeric_limits<float>::quiet_NaN();  // NaN in column 7 of every row
-  const auto gotw = fwd(badw, {});
+  const auto gotw = fwd(badw, {.check_values = false});
   for (std::size_t s = 0; s < 3; ++s)
     for (std::size_t i = 0; i < 4; ++i) CHECK(std::isnan(gotw[s][i]));
   // +inf in a weight makes logit 7 of row i +inf (a NaN row) or -inf (a masked entry: the row stays
   // finite), by the sign of hidden[i, 1], as logits_forward documents for infinite logits.
   auto infw = p;
   infw.weight[7 * 8 + 1] = std::numeric_limits<float>::infinity();
-  const auto goti = fwd(infw, {});
+  const auto goti = fwd(infw, {.check_values = false});
   for (std::size_t i = 0; i < 4; ++i) {
     INFO("row " << i << " hidden[i,1] = " << p.hidden[i * 8 + 1]);
     if (p.hidden[i * 8 + 1] > 0)
@@ -399,9 +399,9 @@ TEST_CASE("linear head: NaN / inf in hidden or weight follow logits_forward (NaN
     else if (p.hidden[i * 8 + 1] < 0 && p.q.labels[i] != 7)
       CHECK(std::isfinite(goti[0][i]));
   }
-  // check_inputs rejects up front, naming argument and flat index.
+  // The value scan rejects up front, naming argument and flat index.
   try {
-    (void)fwd(bad, {.check_inputs = true});
+    (void)fwd(bad, {});
     FAIL("no error");
   } catch (const ulorl::error& e) {
     CHECK(e.argument() == "hidden");
@@ -440,7 +440,7 @@ TEST_CASE("linear head: NaN / inf in hidden or weight follow logits_forward (NaN
         vector_view<double>(), {.chunk_rows = 2});
     FAIL("no error");
   } catch (const ulorl::error& e) {
-    CHECK(e.argument() == "grad_logprob");
+    CHECK(e.argument() == "grad_log_prob");
     CHECK(e.index() == 3);
   }
 }
@@ -478,7 +478,7 @@ TEST_CASE("linear head rejects bad input before writing, naming argument and ind
       {"labels", -1, [&] { fwd(in(3, 4, 6, 4), ys.subspan(0, 2), 3); }},                  // labels size
       {"labels", 1, [&] { fwd(in(3, 4, 6, 4), std::span<const std::int64_t>(y_bad), 3); }},  // label = V
       {"labels", 2, [&] { fwd(in(3, 4, 6, 4), std::span<const std::int64_t>(y_neg), 3); }},  // label < 0
-      {"logprob", -1, [&] { fwd(in(3, 4, 6, 4), ys, 2); }},                              // output size
+      {"log_prob", -1, [&] { fwd(in(3, 4, 6, 4), ys, 2); }},                              // output size
       {"temperature", -1, [&] { fwd(in(3, 4, 6, 4), ys, 3, {.temperature = 0.0}); }},
       {"temperature", -1, [&] { fwd(in(3, 4, 6, 4), ys, 3, {.temperature = nan_v}); }},
       {"bias", -1,
@@ -487,12 +487,12 @@ TEST_CASE("linear head rejects bad input before writing, naming argument and ind
                                                        matrix_view<const float>(w.data(), 6, 4), vector_view<const float>(fb, 5)},
                              ys, vector_view<double>(lp.data(), 3), vector_view<double>(), vector_view<double>());
        }},
-      {"grad_logprob", -1,
+      {"grad_log_prob", -1,
        [&] {
          linear_head_backward(in(3, 4, 6, 4), ys, vector_view<const double>(glp.data(), 2), vector_view<const double>(),
                               linear_head_grads<float>{matrix_view<float>(gh.data(), 3, 4)});
        }},
-      {"grad_logprob", 1,
+      {"grad_log_prob", 1,
        [&] {
          std::vector<double> g = glp;
          g[1] = nan_v;
@@ -583,8 +583,8 @@ TEST_CASE("policy_loss_from_hidden: log-probs match the oracle, gradients match 
   pl_problem pl;
   const auto r0 = oracle::linear_head(p.q);
   for (std::size_t i = 0; i < 6; ++i) {  // old / ref log-probs near the current ones: ratios near 1
-    pl.old.push_back(static_cast<double>(r0.logprob[i]) + 0.2 * nd(rng));
-    pl.ref.push_back(static_cast<double>(r0.logprob[i]) + 0.3 * nd(rng));
+    pl.old.push_back(static_cast<double>(r0.log_prob[i]) + 0.2 * nd(rng));
+    pl.ref.push_back(static_cast<double>(r0.log_prob[i]) + 0.3 * nd(rng));
     pl.adv.push_back(nd(rng));
     pl.mask.push_back(i == 5 ? 0.0 : 1.0);
   }
@@ -598,7 +598,7 @@ TEST_CASE("policy_loss_from_hidden: log-probs match the oracle, gradients match 
   (void)policy_from_hidden(p, pl, cfg, 0.9, &gh, &gw, &lp);
   const auto r = oracle::linear_head(p.q);
   double elp = 0;
-  for (std::size_t i = 0; i < 6; ++i) elp = std::max(elp, unit_err(lp[i], r.logprob[i]));
+  for (std::size_t i = 0; i < 6; ++i) elp = std::max(elp, unit_err(lp[i], r.log_prob[i]));
   CHECK(elp < 1e-13);
   const double eps = 1e-6;
   double worst = 0;
@@ -619,7 +619,7 @@ TEST_CASE("policy_loss_from_hidden: log-probs match the oracle, gradients match 
   };
   fd(p.hidden, gh);
   fd(p.weight, gw);
-  std::printf("  policy_loss_from_hidden: logprob vs oracle %.3g, max |grad - finite difference| %.3g\n", elp, worst);
+  std::printf("  policy_loss_from_hidden: log_prob vs oracle %.3g, max |grad - finite difference| %.3g\n", elp, worst);
 }
 
 namespace {

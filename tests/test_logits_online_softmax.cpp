@@ -42,7 +42,7 @@ TEST_CASE("online softmax: push and merge in any grouping match the oracle") {
         const auto r = finalize(st, x[y], it);
         if (std::isinf(x[y])) continue;
         CHECK(std::fabs(r.lse - static_cast<double>(o.lse)) <= 1e-13 * std::fabs(static_cast<double>(o.lse)));
-        CHECK(std::fabs(r.logprob - static_cast<double>(o.logprob)) <= 1e-12 * std::max(1.0L, std::fabs(o.logprob)));
+        CHECK(std::fabs(r.log_prob - static_cast<double>(o.log_prob)) <= 1e-12 * std::max(1.0L, std::fabs(o.log_prob)));
         CHECK(std::fabs(r.entropy - static_cast<double>(o.entropy)) <= 1e-12 * std::max(1.0L, o.entropy));
       }
     }
@@ -57,14 +57,14 @@ TEST_CASE("online softmax edge states") {
   CHECK(a.sum == 0.0);
   const auto r = finalize(a, -inf, 1.0);
   CHECK(r.lse == -inf);
-  CHECK(std::isnan(r.logprob));
+  CHECK(std::isnan(r.log_prob));
   CHECK(std::isnan(r.entropy));
   a = push(a, 2.0, 1.0);
   CHECK(a.max == 2.0);
   CHECK(a.sum == 1.0);
   const auto one = finalize(a, 2.0, 1.0);
   CHECK(one.lse == 2.0);
-  CHECK(one.logprob == 0.0);
+  CHECK(one.log_prob == 0.0);
   CHECK(one.entropy == 0.0);
   CHECK(std::isnan(finalize(push(a, std::nan(""), 1.0), 2.0, 1.0).lse));
   CHECK(std::isnan(finalize(push(a, inf, 1.0), 2.0, 1.0).entropy));

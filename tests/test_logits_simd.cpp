@@ -59,17 +59,19 @@ TEST_CASE("chunk kernels equal plain loops") {
     for (float v : x) ref_max = std::max(ref_max, v);
     CHECK(simd::chunk_max(x.data(), n) == ref_max);
     const float m = n ? ref_max : 0.0f;
-    double s = 0, t = 0;
-    simd::chunk_sums(x.data(), n, m, 0.8f, s, t);
-    long double rs = 0, rt = 0;
+    double s = 0, t = 0, q = 0;
+    simd::chunk_sums<true>(x.data(), n, m, 0.8f, s, t, q);
+    long double rs = 0, rt = 0, rq = 0;
     for (float v : x) {
       const long double d = (static_cast<long double>(v) - m) * static_cast<long double>(0.8f);
       if (std::isinf(static_cast<double>(d))) continue;
       rs += std::exp(d);
       rt += std::exp(d) * d;
+      rq += std::exp(2 * d);
     }
     CHECK(std::fabs(s - rs) <= 1e-6 * std::max(1.0L, rs));
     CHECK(std::fabs(t - rt) <= 1e-6 * std::max(1.0L, std::fabs(rt)));
+    CHECK(std::fabs(q - rq) <= 1e-6 * std::max(1.0L, rq));
     std::vector<float> g(n), gs(n + 16), gf(n);
     simd::chunk_grad<true>(x.data(), g.data(), n, static_cast<double>(m), 0.8, 1.25, 0.5f, -0.25f);
     // Non-temporal stores (to a 64-byte aligned address) and prefetching change nothing.
@@ -96,9 +98,10 @@ TEST_CASE("chunk kernels equal plain loops") {
   std::vector<float> x(40, 1.0f);
   x[17] = std::numeric_limits<float>::quiet_NaN();
   CHECK(simd::chunk_max(x.data(), x.size()) == 1.0f);
-  double s = 0, t = 0;
-  simd::chunk_sums(x.data(), x.size(), 1.0f, 1.0f, s, t);
+  double s = 0, t = 0, q = 0;
+  simd::chunk_sums<true>(x.data(), x.size(), 1.0f, 1.0f, s, t, q);
   CHECK(std::isnan(s));
+  CHECK(std::isnan(q));
   std::vector<float> g(40);
   simd::chunk_grad<true>(x.data(), g.data(), 40, 1.0, 1.0, 3.0, 1.0f, 1.0f);
   CHECK(std::isnan(g[17]));

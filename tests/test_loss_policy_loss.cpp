@@ -259,13 +259,20 @@ TEST_CASE("policy_loss: TRL presets (grpo, bnpo, dr_grpo, dapo x token, sequence
             std::vector<double> mask = p.mask;
             const auto counts = ulorl::count_batch(cview(mask, B, T));
             ulorl::policy_loss_config cfg;
-            cfg.objective = ulorl::presets::trl::objective(
-                0.2, clip_variant == 0 ? std::nullopt : std::optional<double>(0.28),
-                clip_variant == 0 ? std::nullopt : std::optional<double>(1.5), level);
-            cfg.kl = ulorl::presets::trl::kl(ts.bias_correction_kl);
+            namespace trl = ulorl::presets::trl;
+            cfg.objective = trl::objective(
+                {.epsilon = 0.2,
+                 .epsilon_high = clip_variant == 0 ? std::nullopt : std::optional<double>(0.28),
+                 .delta = clip_variant == 0 ? std::nullopt : std::optional<double>(1.5),
+                 .importance_sampling_level = trl::importance_sampling_level_from_name(level)});
+            cfg.kl = trl::kl({.use_bias_correction_kl = ts.bias_correction_kl});
             cfg.kl_coef = ts.beta;
-            cfg.normalizer = ulorl::presets::trl::normalizer(loss_type, counts, ts.max_completion_length, ts.ga,
-                                                             ts.num_items_in_batch, ts.num_processes);
+            cfg.normalizer = trl::normalizer({.loss_type = trl::loss_type_from_name(loss_type),
+                                              .max_completion_length = ts.max_completion_length,
+                                              .gradient_accumulation_steps = ts.ga,
+                                              .num_items_in_batch = ts.num_items_in_batch,
+                                              .num_processes = ts.num_processes},
+                                             counts);
             INFO("loss_type " << loss_type << " level " << level << " beta " << ts.beta << " bias_correction "
                               << ts.bias_correction_kl << " eps_high " << ts.epsilon_high << " delta " << ts.delta << " B " << B
                               << " T " << T << " GA " << ts.ga << " max_len " << ts.max_completion_length << " items "

@@ -255,25 +255,25 @@ class episode {
     const int modes = 3;
     const auto mi = pick(0, modes - 1);
     const auto m = static_cast<oracle::mode>(mi);
-    ulorl::old_logprob_config q{.mode = static_cast<ulorl::is_mode>(mi),
+    ulorl::old_log_prob_config q{.mode = static_cast<ulorl::is_mode>(mi),
                                 .current_version = current,
                                 .max_staleness = pick(0, 2) == 0 ? pick(0, 3) : -1,
-                                .trust_rollout_logprobs = pick(0, 4) != 0};
+                                .trust_rollout_log_probs = pick(0, 4) != 0};
     const auto want = oracle::old_versions(toks, m, current, q.max_staleness);
     std::vector<std::int64_t> got(toks.size());
     if (!want) {
-      CHECK_THROWS_AS(ulorl::fill_old_logprob_versions(spans, q, got), ulorl::error);
+      CHECK_THROWS_AS(ulorl::fill_old_log_prob_versions(spans, q, got), ulorl::error);
       return;
     }
-    ulorl::fill_old_logprob_versions(spans, q, got);
+    ulorl::fill_old_log_prob_versions(spans, q, got);
     PROP_CHECK(got == *want);
-    const auto flags = oracle::recompute_flags(toks, *want, q.trust_rollout_logprobs);
+    const auto flags = oracle::recompute_flags(toks, *want, q.trust_rollout_log_probs);
     std::vector<std::uint8_t> mask(toks.size());
     ulorl::fill_recompute_mask(spans, q, mask);
     PROP_CHECK(mask == flags);
     PROP_CHECK(ulorl::recompute_token_count(spans, q) == std::count(flags.begin(), flags.end(), 1));
-    std::vector<ulorl::old_logprob_span> runs(spans.size());
-    const auto n = ulorl::old_logprob_plan(spans, q, runs);
+    std::vector<ulorl::old_log_prob_span> runs(spans.size());
+    const auto n = ulorl::old_log_prob_plan(spans, q, runs);
     std::vector<std::int64_t> from_runs;
     std::vector<std::uint8_t> mask_runs;
     for (std::size_t j = 0; j < n; ++j)
@@ -285,7 +285,7 @@ class episode {
     PROP_CHECK(mask_runs == flags);
     if (!toks.empty()) {
       const auto t = pick(0, static_cast<std::int64_t>(toks.size()) - 1);
-      PROP_CHECK(ulorl::old_logprob_version(spans, t, q) == (*want)[static_cast<std::size_t>(t)]);
+      PROP_CHECK(ulorl::old_log_prob_version(spans, t, q) == (*want)[static_cast<std::size_t>(t)]);
     }
     ++st_.provenance_checks;
   }

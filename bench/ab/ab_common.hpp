@@ -57,8 +57,8 @@ struct logits_arrays {
   const std::int64_t* labels = nullptr;
   //! Saved statistics for the backward (exact, float64, of the float logits) and its incoming
   //! per-row gradients (bench_logits.cpp's: -1/N and 0.01).
-  const double *lse = nullptr, *entropy = nullptr, *grad_logprob = nullptr, *grad_entropy = nullptr;
-  double *out_logprob = nullptr, *out_entropy = nullptr, *out_lse = nullptr;  //!< the forward's outputs
+  const double *lse = nullptr, *entropy = nullptr, *grad_log_prob = nullptr, *grad_entropy = nullptr;
+  double *out_log_prob = nullptr, *out_entropy = nullptr, *out_lse = nullptr;  //!< the forward's outputs
   //! Token inputs of policy_loss_from_logits (float): old / reference log-probs near the exact ones.
   const float *old_log_prob = nullptr, *ref_log_prob = nullptr, *advantages = nullptr;
   const std::uint8_t* mask = nullptr;

@@ -147,9 +147,9 @@ std::unique_ptr<logits_store> make_logits(std::size_t rows, std::size_t vocab) {
   v.labels = s->labels.data();
   v.lse = s->lse.data();
   v.entropy = s->h.data();
-  v.grad_logprob = s->glp.data();
+  v.grad_log_prob = s->glp.data();
   v.grad_entropy = s->gent.data();
-  v.out_logprob = s->out_lp.data();
+  v.out_log_prob = s->out_lp.data();
   v.out_entropy = s->out_h.data();
   v.out_lse = s->out_lse.data();
   v.old_log_prob = s->old.data();

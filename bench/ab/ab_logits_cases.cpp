@@ -51,7 +51,7 @@ L* grad_of(const ab::logits_arrays& d) {
 template <class L>
 void forward(const ab::logits_arrays& d) {
   ulorl::logits_forward(ulorl::matrix_view<const L>(logits_of<L>(d), d.rows, d.vocab),
-                        std::span<const std::int64_t>(d.labels, d.rows), ulorl::vector_view<double>(d.out_logprob, d.rows),
+                        std::span<const std::int64_t>(d.labels, d.rows), ulorl::vector_view<double>(d.out_log_prob, d.rows),
                         ulorl::vector_view<double>(d.out_entropy, d.rows), ulorl::vector_view<double>(d.out_lse, d.rows));
 }
 template <class L>
@@ -61,7 +61,7 @@ void backward(const ab::logits_arrays& d, bool fast) {
   ulorl::logits_backward(ulorl::matrix_view<const L>(logits_of<L>(d), d.rows, d.vocab),
                          std::span<const std::int64_t>(d.labels, d.rows), ulorl::vector_view<const double>(d.lse, d.rows),
                          ulorl::vector_view<const double>(d.entropy, d.rows),
-                         ulorl::vector_view<const double>(d.grad_logprob, d.rows),
+                         ulorl::vector_view<const double>(d.grad_log_prob, d.rows),
                          ulorl::vector_view<const double>(d.grad_entropy, d.rows),
                          ulorl::matrix_view<L>(grad_of<L>(d), d.rows, d.vocab), lcfg);
 }

@@ -61,7 +61,7 @@ struct decode_request {
 struct decode_result {
   std::int64_t sequence_id = 0;
   std::vector<std::int64_t> tokens;   //!< new tokens, EOS included when reached
-  std::vector<double> logprobs;       //!< log softmax(z / T) of each new token
+  std::vector<double> log_probs;       //!< log softmax(z / T) of each new token
   bool eos = false;
 };
 
@@ -194,7 +194,7 @@ class decode_engine {
                                     std::to_string(max_seq));
       out[i].sequence_id = r.sequence_id;
       out[i].tokens.reserve(static_cast<std::size_t>(r.max_new_tokens));
-      out[i].logprobs.reserve(static_cast<std::size_t>(r.max_new_tokens));
+      out[i].log_probs.reserve(static_cast<std::size_t>(r.max_new_tokens));
     }
     rows_.clear();
     waiting_.clear();
@@ -299,7 +299,7 @@ class decode_engine {
       }
       row.last = token;
       res.tokens.push_back(token);
-      res.logprobs.push_back(lp[i][token]);
+      res.log_probs.push_back(lp[i][token]);
       if (token == c_.eos_token) res.eos = true;
     }
   }

@@ -36,7 +36,7 @@ struct rollout_response {
   std::int64_t target = 0;                     //!< the prompt's S
   std::vector<std::int64_t> prompt;
   std::vector<std::int64_t> tokens;            //!< the response (EOS included when finished)
-  std::vector<double> logprobs;                //!< sampling log-prob of each token (engine, at its version)
+  std::vector<double> log_probs;                //!< sampling log-prob of each token (engine, at its version)
   std::vector<std::int64_t> versions;          //!< engine weight version that sampled each token
   verdict result = verdict::truncated;
   double reward = 0;
@@ -131,7 +131,7 @@ class segment_rollout {
       const auto& res = results_[i];
       auto& buf = live_[it.response_id];
       buf.tokens.insert(buf.tokens.end(), res.tokens.begin(), res.tokens.end());
-      buf.logprobs.insert(buf.logprobs.end(), res.logprobs.begin(), res.logprobs.end());
+      buf.log_probs.insert(buf.log_probs.end(), res.log_probs.begin(), res.log_probs.end());
       buf.versions.insert(buf.versions.end(), res.tokens.size(), it.policy_version);
       sched_.report(it.response_id, static_cast<std::int64_t>(res.tokens.size()),
                     res.eos ? ulorl::decode_outcome::eos : ulorl::decode_outcome::segment_end);
@@ -172,7 +172,7 @@ class segment_rollout {
       out.target = g.target;
       out.prompt = g.prompt;
       out.tokens = std::move(node.mapped().tokens);
-      out.logprobs = std::move(node.mapped().logprobs);
+      out.log_probs = std::move(node.mapped().log_probs);
       out.versions = std::move(node.mapped().versions);
       out.result = task_.verify(out.target, out.tokens);
       out.reward = out.result == verdict::correct ? 1.0 : 0.0;
@@ -194,11 +194,11 @@ class segment_rollout {
   };
   struct response_buffer {
     std::vector<std::int64_t> tokens;
-    std::vector<double> logprobs;
+    std::vector<double> log_probs;
     std::vector<std::int64_t> versions;
     void resize(std::size_t n) {
       tokens.resize(n);
-      logprobs.resize(n);
+      log_probs.resize(n);
       versions.resize(n);
     }
   };

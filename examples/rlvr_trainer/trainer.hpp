@@ -10,7 +10,7 @@
 //     every token's log-prob and entropy; and of the reference policy: the KL anchor's log-probs.
 //  4. The old log-probs: POIS (UloRL's choice) takes the current policy's (step 3), so every token is
 //     treated as on-policy whatever version sampled it; SAIS takes the engine's sampling log-probs,
-//     token by token at the version that sampled it (rollout_response::logprobs).
+//     token by token at the version that sampled it (rollout_response::log_probs).
 //  5. GRPO advantages over the kept groups (verl preset), broadcast to the tokens; UloRL's MPT mask
 //     (ulorl::th::mpt_mask; off, static or dynamic) removes mastered positive tokens from the loss.
 //  6. `mini_batches` optimizer steps, each over an interleaved share of the rows, each in
@@ -190,7 +190,7 @@ class grpo_trainer {
     auto sp = sampled.accessor<double, 2>();
     for (std::int64_t i = 0; i < B; ++i) {
       const auto& r = batch.responses[order[static_cast<std::size_t>(i)]];
-      if (static_cast<std::int64_t>(r.prompt.size()) != P || r.tokens.empty() || r.logprobs.size() != r.tokens.size())
+      if (static_cast<std::int64_t>(r.prompt.size()) != P || r.tokens.empty() || r.log_probs.size() != r.tokens.size())
         throw std::invalid_argument("grpo_trainer: response " + std::to_string(r.info.response_id) +
                                     " has no tokens or a malformed prompt / log-prob record");
       std::vector<std::int64_t> seq = r.prompt;
@@ -203,7 +203,7 @@ class grpo_trainer {
         lab[i][t] = seq[static_cast<std::size_t>(t + 1)];
         if (t >= P - 1) {
           m[i][t] = true;
-          sp[i][t] = r.logprobs[static_cast<std::size_t>(t - (P - 1))];
+          sp[i][t] = r.log_probs[static_cast<std::size_t>(t - (P - 1))];
         }
       }
       p.rewards[i] = r.reward;

@@ -1,11 +1,14 @@
 // ulorl/advantage.hpp — the advantage area: scores, groups, GRPO-family estimators and presets,
-// REINFORCE++, GPG/OPO baselines, token broadcast, DAPO dynamic sampling, overlong shaping.
+// REINFORCE++, GPG/OPO baselines, multi-reward (GDPO) aggregation, the optimal token baseline,
+// token broadcast, DAPO dynamic sampling, overlong shaping.
 #pragma once
 
 #include "ulorl/advantage/baselines.hpp"
 #include "ulorl/advantage/dynamic_sampling.hpp"
 #include "ulorl/advantage/group_advantage.hpp"
 #include "ulorl/advantage/groups.hpp"
+#include "ulorl/advantage/multi_reward.hpp"
+#include "ulorl/advantage/optimal_token_baseline.hpp"
 #include "ulorl/advantage/overlong.hpp"
 #include "ulorl/advantage/presets.hpp"
 #include "ulorl/advantage/reinforce_pp.hpp"

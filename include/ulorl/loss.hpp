@@ -12,3 +12,5 @@
 #include "ulorl/loss/policy_loss.hpp"
 #include "ulorl/loss/presets.hpp"
 #include "ulorl/loss/ratio.hpp"
+#include "ulorl/loss/rollout_correction.hpp"
+#include "ulorl/loss/vespo.hpp"

@@ -24,8 +24,8 @@ at::Tensor or_undefined(const opt_tensor& t) { return t ? *t : at::Tensor(); }
 void bind_logits(py::module_& m) {
   m.def(
       "_logits_stats",
-      [](const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_logits, bool fast_backward) {
-        const ulorl::logits_config cfg{.temperature = temperature, .check_logits = check_logits,
+      [](const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values, bool fast_backward) {
+        const ulorl::logits_config cfg{.temperature = temperature, .check_values = check_values,
                                        .fast_backward = fast_backward};
         std::pair<at::Tensor, at::Tensor> r;
         {
@@ -34,17 +34,17 @@ void bind_logits(py::module_& m) {
         }
         return py::make_tuple(r.first, r.second);
       },
-      "logits"_a, "labels"_a, "temperature"_a, "check_logits"_a, "fast_backward"_a);
+      "logits"_a, "labels"_a, "temperature"_a, "check_values"_a, "fast_backward"_a);
 
   m.def(
       "_policy_loss_from_logits",
       [](const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& old_log_prob,
          const at::Tensor& advantages, const at::Tensor& mask, const ulorl::policy_loss_config& cfg,
          const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets, double temperature,
-         bool check_logits, bool fast_backward, bool in_place) {
+         bool check_values, bool fast_backward, bool in_place) {
         th::logits_loss_options opt;
         opt.extra = {or_undefined(ref_log_prob), or_undefined(weights), at::Tensor(), or_undefined(offsets)};
-        opt.logits = {.temperature = temperature, .check_logits = check_logits, .fast_backward = fast_backward};
+        opt.logits = {.temperature = temperature, .check_values = check_values, .fast_backward = fast_backward};
         opt.in_place = in_place;
         th::policy_loss_output out;
         {
@@ -54,7 +54,7 @@ void bind_logits(py::module_& m) {
         return py::make_tuple(out.loss, out.result, out.log_prob, out.entropy);
       },
       "logits"_a, "labels"_a, "old_log_prob"_a, "advantages"_a, "mask"_a, "config"_a, "ref_log_prob"_a, "weights"_a,
-      "offsets"_a, "temperature"_a, "check_logits"_a, "fast_backward"_a, "in_place"_a);
+      "offsets"_a, "temperature"_a, "check_values"_a, "fast_backward"_a, "in_place"_a);
 
   m.def(
       "_linear_head_policy_loss",
@@ -62,13 +62,13 @@ void bind_logits(py::module_& m) {
          const at::Tensor& old_log_prob, const at::Tensor& advantages, const at::Tensor& mask,
          const ulorl::policy_loss_config& cfg, const opt_tensor& ref_log_prob, const opt_tensor& weights,
          const opt_tensor& offsets, double temperature, std::size_t chunk_rows, std::size_t workspace_budget,
-         bool check_inputs, bool fast_backward) {
+         bool check_values, bool fast_backward) {
         th::linear_head_loss_options opt;
         opt.extra = {or_undefined(ref_log_prob), or_undefined(weights), at::Tensor(), or_undefined(offsets)};
         opt.head.temperature = temperature;
         opt.head.chunk_rows = chunk_rows;
         opt.head.workspace_budget = workspace_budget;
-        opt.head.check_inputs = check_inputs;
+        opt.head.check_values = check_values;
         opt.head.fast_backward = fast_backward;
         th::policy_loss_output out;
         {
@@ -80,7 +80,7 @@ void bind_logits(py::module_& m) {
       },
       "hidden"_a, "weight"_a, "bias"_a, "labels"_a, "old_log_prob"_a, "advantages"_a, "mask"_a, "config"_a,
       "ref_log_prob"_a, "weights"_a, "offsets"_a, "temperature"_a, "chunk_rows"_a, "workspace_budget"_a,
-      "check_inputs"_a, "fast_backward"_a);
+      "check_values"_a, "fast_backward"_a);
 }
 
 }  // namespace ulorl_py

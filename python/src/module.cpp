@@ -54,6 +54,7 @@ const char* name_of(ulorl::objective_kind k) {
     case K::gmpo: return "gmpo";
     case K::sapo: return "sapo";
     case K::policy_gradient: return "policy_gradient";
+    case K::penalized_pg: return "penalized_pg";
   }
   return "unknown";
 }
@@ -246,10 +247,28 @@ void bind_presets(py::module_& m) {
          opt global_batch_size, opt loss_scale_factor, std::size_t padded_length, std::optional<std::string> kl_penalty,
          double kl_coef, double entropy_coeff) {
         ulorl::policy_loss_config cfg;
-        cfg.objective = P::verl::objective(loss_mode, low, high, c, tau_pos, tau_neg);
-        cfg.normalizer = P::verl::policy_normalizer(loss_mode, P::verl::agg_mode_from_name(loss_agg_mode), counts, dp_size,
-                                                    batch_num_tokens, global_batch_size, loss_scale_factor, padded_length);
-        if (kl_penalty) cfg = with_kl(cfg, P::verl::kl(*kl_penalty), kl_coef);
+        const auto mode = P::verl::loss_mode_from_name(loss_mode);
+        // These modes need a batch pass before the loss (token selection, detached DPPO factors) or
+        // an option this binding does not take (dro_beta): compositions of the C++ conformance op
+        // (tests/conformance/op_policy_loss.cpp), not of this one-call preset.
+        using P::verl::loss_mode_kind;
+        if (mode == loss_mode_kind::dppo_tv || mode == loss_mode_kind::dppo_kl || mode == loss_mode_kind::kl_cov ||
+            mode == loss_mode_kind::clip_cov || mode == loss_mode_kind::dro)
+          ulorl::detail::fail("presets::verl::policy_loss", "loss_mode",
+                              "'" + loss_mode +
+                                  "' is not available in the Python preset (vanilla, gspo, cispo, geo_mean, sapo, "
+                                  "gpg; dro needs dro_beta, the others a batch pass before the loss)");
+        cfg.objective = P::verl::objective({.loss_mode = mode, .clip_ratio_low = low, .clip_ratio_high = high,
+                                            .clip_ratio_c = c, .tau_pos = tau_pos, .tau_neg = tau_neg});
+        cfg.normalizer = P::verl::policy_normalizer(mode,
+                                                    {.loss_agg_mode = P::verl::loss_agg_mode_from_name(loss_agg_mode),
+                                                     .dp_size = dp_size,
+                                                     .batch_num_tokens = batch_num_tokens,
+                                                     .global_batch_size = global_batch_size,
+                                                     .loss_scale_factor = loss_scale_factor,
+                                                     .padded_length = padded_length},
+                                                    counts);
+        if (kl_penalty) cfg = with_kl(cfg, P::verl::kl(P::verl::kl_penalty_from_name(*kl_penalty)), kl_coef);
         cfg.entropy_coef = entropy_coeff;
         return cfg;
       },
@@ -259,7 +278,7 @@ void bind_presets(py::module_& m) {
   m.def(
       "_verl_metrics",
       [](const std::string& loss_mode, const ulorl::policy_loss_result& r) {
-        const auto x = P::verl::metrics(loss_mode, r.metrics);
+        const auto x = P::verl::metrics(P::verl::loss_mode_from_name(loss_mode), r.metrics);
         return py::dict("pg_clipfrac"_a = x.pg_clipfrac, "ppo_kl"_a = x.ppo_kl, "pg_clipfrac_lower"_a = x.pg_clipfrac_lower);
       },
       "loss_mode"_a, "result"_a);
@@ -269,10 +288,17 @@ void bind_presets(py::module_& m) {
          const ulorl::batch_counts& counts, double dp_size, opt batch_num_tokens, opt global_batch_size,
          std::optional<std::string> kl_estimator, double kl_coef) {
         ulorl::policy_loss_config cfg;
-        cfg.objective = P::openrlhf::objective(policy_loss_type, low, high, dual_clip);
-        cfg.normalizer = P::openrlhf::policy_normalizer(policy_loss_type, token_level_loss, counts, dp_size,
-                                                        batch_num_tokens, global_batch_size);
-        if (kl_estimator) cfg = with_kl(cfg, P::openrlhf::kl(*kl_estimator), kl_coef);
+        const auto type = P::openrlhf::policy_loss_type_from_name(policy_loss_type);
+        cfg.objective = P::openrlhf::objective(
+            {.policy_loss_type = type, .clip_eps_low = low, .clip_eps_high = high, .dual_clip = dual_clip});
+        cfg.normalizer = P::openrlhf::policy_normalizer(type,
+                                                        {.token_level_loss = token_level_loss,
+                                                         .dp_size = dp_size,
+                                                         .batch_num_tokens = batch_num_tokens,
+                                                         .global_batch_size = global_batch_size},
+                                                        counts);
+        if (kl_estimator)
+          cfg = with_kl(cfg, P::openrlhf::kl({.kl_estimator = P::openrlhf::kl_estimator_from_name(*kl_estimator)}), kl_coef);
         return cfg;
       },
       "policy_loss_type"_a, "clip_eps_low"_a, "clip_eps_high"_a, "dual_clip"_a, "token_level_loss"_a, "counts"_a,
@@ -282,9 +308,15 @@ void bind_presets(py::module_& m) {
       [](double ratio_clip_min, double ratio_clip_max, opt ratio_clip_c, const std::string& kl_type, opt input_clamp,
          opt output_clamp, double kl_coef, const ulorl::batch_counts& global_counts) {
         ulorl::policy_loss_config cfg;
-        cfg.objective = P::nemo_rl::objective(ratio_clip_min, ratio_clip_max, ratio_clip_c);
+        cfg.objective = P::nemo_rl::objective(
+            {.ratio_clip_min = ratio_clip_min, .ratio_clip_max = ratio_clip_max, .ratio_clip_c = ratio_clip_c});
         cfg.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean, global_counts);
-        if (kl_coef != 0.0) cfg = with_kl(cfg, P::nemo_rl::kl(kl_type, input_clamp, output_clamp), kl_coef);
+        if (kl_coef != 0.0)
+          cfg = with_kl(cfg,
+                        P::nemo_rl::kl({.reference_policy_kl_type = P::nemo_rl::kl_type_from_name(kl_type),
+                                        .kl_input_clamp_value = input_clamp,
+                                        .kl_output_clamp_value = output_clamp}),
+                        kl_coef);
         return cfg;
       },
       "ratio_clip_min"_a, "ratio_clip_max"_a, "ratio_clip_c"_a, "kl_type"_a, "kl_input_clamp_value"_a,
@@ -295,11 +327,32 @@ void bind_presets(py::module_& m) {
          double beta, bool use_bias_correction_kl, const ulorl::batch_counts& counts, double max_completion_length,
          double gradient_accumulation_steps, opt num_items_in_batch, double num_processes) {
         ulorl::policy_loss_config cfg;
-        cfg.objective = P::trl::objective(epsilon, epsilon_high, delta, level);
-        cfg.kl = P::trl::kl(use_bias_correction_kl);
+        using P::trl::loss_type_kind;
+        const auto type = P::trl::loss_type_from_name(loss_type);
+        const auto is_level = P::trl::importance_sampling_level_from_name(level);
+        // luspo and vespo weigh rows (n_b, phi_b), and cispo / sapo at the sequence level take the
+        // row's log-ratio per token: compositions of the C++ conformance op, not of this preset.
+        if (type == loss_type_kind::luspo || type == loss_type_kind::vespo ||
+            ((type == loss_type_kind::cispo || type == loss_type_kind::sapo) &&
+             is_level != P::trl::importance_sampling_kind::token))
+          ulorl::detail::fail("presets::trl::grpo_loss", "loss_type",
+                              "'" + loss_type + "' at importance_sampling_level '" + level +
+                                  "' is not available in the Python preset (token-level grpo, bnpo, dr_grpo, dapo, "
+                                  "cispo, sapo; sequence-level grpo, bnpo, dr_grpo, dapo)");
+        cfg.objective = P::trl::objective({.epsilon = epsilon,
+                                           .epsilon_high = epsilon_high,
+                                           .delta = delta,
+                                           .importance_sampling_level = is_level,
+                                           .loss_type = type});
+        cfg.kl = P::trl::kl({.use_bias_correction_kl = use_bias_correction_kl});
         cfg.kl_coef = beta;
-        cfg.normalizer = P::trl::normalizer(loss_type, counts, max_completion_length, gradient_accumulation_steps,
-                                            num_items_in_batch, num_processes);
+        cfg.normalizer = P::trl::normalizer({.loss_type = type,
+                                             .importance_sampling_level = is_level,
+                                             .max_completion_length = max_completion_length,
+                                             .gradient_accumulation_steps = gradient_accumulation_steps,
+                                             .num_items_in_batch = num_items_in_batch,
+                                             .num_processes = num_processes},
+                                            counts);
         return cfg;
       },
       "loss_type"_a, "epsilon"_a, "epsilon_high"_a, "delta"_a, "importance_sampling_level"_a, "beta"_a,
@@ -308,10 +361,7 @@ void bind_presets(py::module_& m) {
   m.def(
       "_trl_clip_ratios",
       [](const ulorl::policy_loss_result& r, const std::string& level) {
-        if (level != "token" && level != "sequence")
-          ulorl::detail::fail("presets::trl::clip_ratios", "importance_sampling_level",
-                              "unknown name '" + level + "' (expected 'token' or 'sequence')");
-        const auto x = P::trl::clip_ratios(r.metrics, level);
+        const auto x = P::trl::clip_ratios(r.metrics, P::trl::importance_sampling_level_from_name(level));
         return py::dict("low_mean"_a = x.low_mean, "high_mean"_a = x.high_mean, "region_mean"_a = x.region_mean);
       },
       "result"_a, "importance_sampling_level"_a);
@@ -475,7 +525,7 @@ void bind_controllers(py::module_& m) {
            py::kw_only(), "rule"_a = "step", "target_entropy"_a = 0.2, "init_coef"_a = 0.0, "step_up"_a = 0.005,
            "step_down"_a = 0.005, "gain"_a = 0.05, "tolerance"_a = 0.0, "min_coef"_a = 0.0, "max_coef"_a = 0.1,
            "gate_above_target"_a = true)
-      .def("bonus", &E::bonus, "entropy"_a, "The coefficient to apply to a batch of mean entropy H (before its update).")
+      .def("bonus", py::overload_cast<double>(&E::bonus, py::const_), "entropy"_a, "The coefficient to apply to a batch of mean entropy H (before its update).")
       .def("update", &E::update, "entropy"_a, "Folds one mean entropy in; returns the new (ungated) coefficient.")
       .def_property_readonly("value", &E::value)
       .def_property_readonly("updates", [](const E& e) { return e.state().updates; })
@@ -539,12 +589,12 @@ std::vector<ulorl::version_span> spans_from(const std::vector<std::tuple<std::in
   for (const auto& [b, e, ver] : v) out.push_back({b, e, ver});
   return out;
 }
-ulorl::old_logprob_config is_config(const std::string& mode, std::int64_t current_version, std::int64_t max_staleness,
+ulorl::old_log_prob_config is_config(const std::string& mode, std::int64_t current_version, std::int64_t max_staleness,
                                     bool trust) {
-  ulorl::old_logprob_config c;
-  c.mode = parse_name<ulorl::is_mode>("old_logprob_plan", "mode", mode,
+  ulorl::old_log_prob_config c;
+  c.mode = parse_name<ulorl::is_mode>("old_log_prob_plan", "mode", mode,
                                       {{"tois", ulorl::is_mode::tois}, {"sais", ulorl::is_mode::sais}, {"pois", ulorl::is_mode::pois}});
-  c.current_version = current_version, c.max_staleness = max_staleness, c.trust_rollout_logprobs = trust;
+  c.current_version = current_version, c.max_staleness = max_staleness, c.trust_rollout_log_probs = trust;
   return c;
 }
 
@@ -687,40 +737,40 @@ void bind_scheduler(py::module_& m) {
 
   using span_list = std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>;
   m.def(
-      "old_logprob_plan",
+      "old_log_prob_plan",
       [](const span_list& spans, std::int64_t current_version, const std::string& mode, std::int64_t max_staleness,
-         bool trust_rollout_logprobs) {
+         bool trust_rollout_log_probs) {
         const auto v = spans_from(spans);
-        std::vector<ulorl::old_logprob_span> out(v.size());
-        const auto n = ulorl::old_logprob_plan(v, is_config(mode, current_version, max_staleness, trust_rollout_logprobs), out);
+        std::vector<ulorl::old_log_prob_span> out(v.size());
+        const auto n = ulorl::old_log_prob_plan(v, is_config(mode, current_version, max_staleness, trust_rollout_log_probs), out);
         py::list l;
         for (std::size_t i = 0; i < n; ++i) l.append(py::make_tuple(out[i].begin, out[i].end, out[i].old_version, out[i].recompute));
         return l;
       },
       "spans"_a, py::kw_only(), "current_version"_a, "mode"_a = "pois", "max_staleness"_a = -1,
-      "trust_rollout_logprobs"_a = true,
+      "trust_rollout_log_probs"_a = true,
       "Which policy version's log-prob is each token's old log-prob (TOIS / SAIS / POIS): "
       "[(begin, end, old_version, recompute)] runs.");
   m.def(
       "recompute_token_count",
       [](const span_list& spans, std::int64_t current_version, const std::string& mode, std::int64_t max_staleness,
-         bool trust_rollout_logprobs) {
+         bool trust_rollout_log_probs) {
         return ulorl::recompute_token_count(spans_from(spans),
-                                            is_config(mode, current_version, max_staleness, trust_rollout_logprobs));
+                                            is_config(mode, current_version, max_staleness, trust_rollout_log_probs));
       },
       "spans"_a, py::kw_only(), "current_version"_a, "mode"_a = "pois", "max_staleness"_a = -1,
-      "trust_rollout_logprobs"_a = true);
+      "trust_rollout_log_probs"_a = true);
   m.def(
-      "old_logprob_versions",
+      "old_log_prob_versions",
       [](const span_list& spans, std::int64_t current_version, const std::string& mode, std::int64_t max_staleness,
-         bool trust_rollout_logprobs) {
+         bool trust_rollout_log_probs) {
         const auto v = spans_from(spans);
         std::vector<std::int64_t> out(static_cast<std::size_t>(ulorl::span_tokens(v)));
-        ulorl::fill_old_logprob_versions(v, is_config(mode, current_version, max_staleness, trust_rollout_logprobs), out);
+        ulorl::fill_old_log_prob_versions(v, is_config(mode, current_version, max_staleness, trust_rollout_log_probs), out);
         return out;
       },
       "spans"_a, py::kw_only(), "current_version"_a, "mode"_a = "pois", "max_staleness"_a = -1,
-      "trust_rollout_logprobs"_a = true, "The old-log-prob version of every token.");
+      "trust_rollout_log_probs"_a = true, "The old-log-prob version of every token.");
 }
 
 }  // namespace

@@ -34,8 +34,8 @@ from ._ulorl import (  # noqa: E402,F401
     count_batch,
     global_normalizer,
     kl_share,
-    old_logprob_plan,
-    old_logprob_versions,
+    old_log_prob_plan,
+    old_log_prob_versions,
     recompute_token_count,
 )
 from ._api import (  # noqa: E402,F401
@@ -59,7 +59,7 @@ __all__ = [
     "AdvantagePreset", "BatchCounts", "EntropyController", "Error", "KLController", "Normalizer", "PlanItem",
     "PolicyLossConfig", "PolicyLossResult", "ReferenceResetPolicy", "SegmentScheduler", "advantage_preset",
     "broadcast_to_tokens", "count_batch", "dynamic_sampling_filter", "global_normalizer", "group_advantages",
-    "kl_share", "linear_head_policy_loss", "logprobs_from_logits", "mpt_mask", "old_logprob_plan",
-    "old_logprob_versions", "overlong_penalty", "policy_loss", "policy_loss_config", "policy_loss_from_logits",
+    "kl_share", "linear_head_policy_loss", "logprobs_from_logits", "mpt_mask", "old_log_prob_plan",
+    "old_log_prob_versions", "overlong_penalty", "policy_loss", "policy_loss_config", "policy_loss_from_logits",
     "presets", "recompute_token_count",
 ]

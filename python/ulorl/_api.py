@@ -148,15 +148,15 @@ def _policy_loss_result(log_prob, old_log_prob, advantages, mask, cfg, ref_log_p
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
-                         check_logits: bool = False, fast_backward: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                         check_values: bool = True, fast_backward: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-row log-prob of ``labels`` and entropy of ``softmax(logits / temperature)``, one pass.
 
     logits ``[N, V]`` float32, float64 or bfloat16 (any strides, no copy); labels ``[N]`` int64 or
     int32 (contiguous). Returns ``(log_prob, entropy)`` ``[N]``: float64 for float64 logits, float32
     otherwise. Differentiable in ``logits`` (backward from the saved O(N) statistics).
-    ``check_logits`` rejects NaN / +inf logits and all -inf rows.
+    ``check_values`` rejects NaN / +inf logits and all -inf rows.
     """
-    return _ulorl._logits_stats(logits, labels, temperature, check_logits, fast_backward)
+    return _ulorl._logits_stats(logits, labels, temperature, check_values, fast_backward)
 
 
 def policy_loss_from_logits(
@@ -168,7 +168,7 @@ def policy_loss_from_logits(
     *,
     temperature: float = 1.0,
     in_place: bool = False,
-    check_logits: bool = False,
+    check_values: bool = True,
     fast_backward: bool = False,
     ref_log_prob: Optional[torch.Tensor] = None,
     weights: Optional[torch.Tensor] = None,
@@ -188,7 +188,7 @@ def policy_loss_from_logits(
     """
     cfg = _config("policy_loss_from_logits", config, options, normalizer, agg_mode, agg_constant, mask, offsets)
     loss, result, lp, ent = _ulorl._policy_loss_from_logits(logits, labels, old_log_prob, advantages, mask, cfg,
-                                                            ref_log_prob, weights, offsets, temperature, check_logits,
+                                                            ref_log_prob, weights, offsets, temperature, check_values,
                                                             fast_backward, in_place)
     metrics: Dict[str, Any] = result.as_dict()
     metrics["log_prob"], metrics["entropy"] = lp, ent
@@ -207,7 +207,7 @@ def linear_head_policy_loss(
     temperature: float = 1.0,
     chunk_rows: int = 0,
     workspace_budget: int = 256 << 20,
-    check_inputs: bool = False,
+    check_values: bool = True,
     fast_backward: bool = False,
     ref_log_prob: Optional[torch.Tensor] = None,
     weights: Optional[torch.Tensor] = None,
@@ -231,7 +231,7 @@ def linear_head_policy_loss(
         raise _fail("linear_head_policy_loss", "workspace_budget", f"= {workspace_budget}: must be >= 1")
     loss, result, lp, ent = _ulorl._linear_head_policy_loss(hidden, weight, bias, labels, old_log_prob, advantages,
                                                             mask, cfg, ref_log_prob, weights, offsets, temperature,
-                                                            chunk_rows, workspace_budget, check_inputs, fast_backward)
+                                                            chunk_rows, workspace_budget, check_values, fast_backward)
     metrics: Dict[str, Any] = result.as_dict()
     metrics["log_prob"], metrics["entropy"] = lp, ent
     return loss, metrics

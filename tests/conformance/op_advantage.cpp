@@ -1,4 +1,4 @@
-// Conformance ops `advantage` and `overlong_penalty` (golden README §4.1, §4.8): JSON -> the public
+// Conformance ops `advantage` and `overlong_penalty` (golden README §4.1 with its added estimators, §4.8): JSON -> the public
 // advantage API -> JSON. No formula lives here; presets come from ulorl/advantage/presets.hpp.
 #include <ulorl/advantage.hpp>
 
@@ -17,6 +17,26 @@ batch read_batch(const json& in) {
   batch b{to_matrix(in.at("token_level_rewards"), "token_level_rewards"), to_matrix(in.at("response_mask"), "response_mask"),
           in.contains("index") ? to_ints(in["index"], "index") : std::vector<std::int64_t>{}};
   return b;
+}
+
+//! An optional [B][T] or [B][K] input: absent or null gives an empty matrix with `rows` rows.
+matrix optional_matrix(const json& in, const char* name, std::size_t rows) {
+  if (in.contains(name) && !in[name].is_null()) return to_matrix(in[name], name);
+  return matrix{rows, 0, {}};
+}
+//! `reward_weights`: null or absent is empty (all 1).
+std::vector<double> reward_weights(const json& params) {
+  return has_param(params, "reward_weights") ? to_vector(params["reward_weights"], "reward_weights")
+                                             : std::vector<double>{};
+}
+ulorl::matrix_view<const double> components_view(const matrix& m) {
+  return ulorl::matrix_view<const double>(m.data.data(), m.rows, m.cols);
+}
+//! An optional per-token input as a view of the batch's shape (empty when absent).
+ulorl::token_view<const double> optional_tokens(const matrix& m) {
+  if (m.cols == 0) return {};
+  ulorl::require_all_finite("advantage", "per-token input", padded_view(m));
+  return padded_view(m);
 }
 
 json to_tokens(const batch& b, const std::vector<double>& adv, const ulorl::broadcast_config& placement) {
@@ -67,6 +87,33 @@ json advantage(const std::string& preset, const json& params, const json& in) {
     }
     matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
     const auto out_view = padded_view(out);
+    if (est == "gdpo") {
+      const matrix comp = optional_matrix(in, "reward_components", scores.size());
+      const auto weights = reward_weights(params);
+      ulorl::multi_reward_advantages(components_view(comp), std::span<const double>(weights), groups, mask, out_view,
+                                     ulorl::presets::verl::gdpo_advantage(
+                                         {.epsilon = param_double(params, "epsilon", 1e-6),
+                                          .norm_adv_by_std_in_grpo = param_bool(params, "norm_adv_by_std_in_grpo", true)}));
+      return json{{"advantages", from_matrix(out)}};
+    }
+    if (est == "optimal_token_baseline" || est == "tir_optimal_token_baseline") {
+      const matrix lp = optional_matrix(in, "old_log_probs", scores.size());
+      const matrix spp = optional_matrix(in, "sum_pi_squared", scores.size());
+      const matrix rho = optional_matrix(in, "rollout_is_weights", scores.size());
+      const ulorl::presets::verl::optimal_token_baseline_options o{
+          .handle_zero_tail = param_bool(params, "handle_zero_tail", true), .epsilon = param_double(params, "epsilon", 1e-8)};
+      matrix ret = out;
+      ulorl::optimal_token_baseline_advantages(
+          ulorl::optimal_token_baseline_inputs<double>{.token_rewards = rewards,
+                                                       .mask = mask,
+                                                       .old_log_prob = optional_tokens(lp),
+                                                       .sum_pi_squared = optional_tokens(spp),
+                                                       .rollout_is_weights = optional_tokens(rho)},
+          groups, padded_view(ret), out_view,
+          est == "optimal_token_baseline" ? ulorl::presets::verl::optimal_token_baseline_advantage(o)
+                                          : ulorl::presets::verl::tir_optimal_token_baseline_advantage(o));
+      return json{{"advantages", from_matrix(out)}, {"returns", from_matrix(ret)}};
+    }
     if (est == "reinforce_plus_plus") {
       matrix ret = out;
       const auto ret_view = padded_view(ret);
@@ -83,7 +130,22 @@ json advantage(const std::string& preset, const json& params, const json& in) {
     const auto scale = s == "group" ? ulorl::presets::trl::scale_rewards::group
                        : s == "batch" ? ulorl::presets::trl::scale_rewards::batch
                                       : ulorl::presets::trl::scale_rewards::none;
-    return run(fixed("num_generations"), ulorl::presets::trl::advantage(scale));
+    const std::string agg = param_string(params, "multi_objective_aggregation", "sum_then_normalize");
+    if (agg != "sum_then_normalize" && agg != "normalize_then_sum")
+      throw reject("unknown multi_objective_aggregation '" + agg + "'");
+    const bool has_components = in.contains("reward_components") && !in["reward_components"].is_null();
+    if (!has_components && agg == "sum_then_normalize") return run(fixed("num_generations"), ulorl::presets::trl::advantage(scale));
+    // Several reward functions (normalize_then_sum without components is rejected by the library).
+    using A = ulorl::presets::trl::multi_objective_aggregation;
+    const matrix comp = optional_matrix(in, "reward_components", scores.size());
+    const auto weights = reward_weights(params);
+    matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
+    ulorl::multi_reward_advantages(
+        components_view(comp), std::span<const double>(weights), fixed("num_generations"), mask, padded_view(out),
+        ulorl::presets::trl::multi_reward_advantage(
+            {.scale_rewards = scale,
+             .multi_objective_aggregation = agg == "normalize_then_sum" ? A::normalize_then_sum : A::sum_then_normalize}));
+    return json{{"advantages", from_matrix(out)}};
   } else if (preset == "openrlhf") {
     using E = ulorl::presets::openrlhf::advantage_estimator;
     if (est == "group_norm" || est == "rloo" || est == "dr_grpo")
@@ -92,6 +154,22 @@ json advantage(const std::string& preset, const json& params, const json& in) {
   } else if (preset == "nemo_rl" && est == "grpo") {
     return run(by_index(), ulorl::presets::nemo_rl::advantage(param_bool(params, "use_leave_one_out_baseline", true),
                                                    param_bool(params, "normalize_rewards", true)));
+  } else if (preset == "nemo_rl" && est == "gdpo") {
+    const matrix comp = optional_matrix(in, "reward_components", scores.size());
+    const auto weights = reward_weights(params);
+    matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
+    ulorl::multi_reward_advantages(
+        components_view(comp), std::span<const double>(weights), by_index(), mask, padded_view(out),
+        ulorl::presets::nemo_rl::gdpo_advantage(
+            {.use_leave_one_out_baseline = param_bool(params, "use_leave_one_out_baseline", true),
+             .normalize_rewards = param_bool(params, "normalize_rewards", true)}));
+    return json{{"advantages", from_matrix(out)}};
+  } else if (preset == "nemo_rl" && est == "reinforce_plus_plus") {
+    matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
+    ulorl::reinforce_pp_baseline_advantages(
+        std::span<const double>(scores), by_index(), mask, padded_view(out),
+        ulorl::presets::nemo_rl::reinforce_plus_plus_advantage({.minus_baseline = param_bool(params, "minus_baseline", true)}));
+    return json{{"advantages", from_matrix(out)}};
   } else if (preset == "open_instruct" && (est == "standard" || est == "centered")) {
     return run(fixed("num_samples_per_prompt_rollout"), ulorl::presets::open_instruct::advantage(est == "standard"));
   }

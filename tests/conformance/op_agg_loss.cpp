@@ -20,12 +20,20 @@ const conformance::registrar reg("agg_loss", [](const std::string& preset, const
   const double dp = conformance::param_double(params, "dp_size", 1.0);
   ulorl::agg_normalizer norm;
   if (preset == "verl") {
-    const auto mode = ulorl::presets::verl::agg_mode_from_name(conformance::param_string(params, "loss_agg_mode", "token-mean"));
-    norm = ulorl::presets::verl::normalizer(mode, counts, dp, conformance::param_optional(params, "batch_num_tokens"),
-                                            conformance::param_optional(params, "global_batch_size"), conformance::param_optional(params, "loss_scale_factor"), loss_mat.cols);
+    norm = ulorl::presets::verl::normalizer(
+        {.loss_agg_mode = ulorl::presets::verl::loss_agg_mode_from_name(conformance::param_string(params, "loss_agg_mode", "token-mean")),
+         .dp_size = dp,
+         .batch_num_tokens = conformance::param_optional(params, "batch_num_tokens"),
+         .global_batch_size = conformance::param_optional(params, "global_batch_size"),
+         .loss_scale_factor = conformance::param_optional(params, "loss_scale_factor"),
+         .padded_length = loss_mat.cols},
+        counts);
   } else if (preset == "openrlhf") {
-    norm = ulorl::presets::openrlhf::normalizer(conformance::param_bool(params, "token_level_loss", true), counts, dp,
-                                                conformance::param_optional(params, "batch_num_tokens"), conformance::param_optional(params, "global_batch_size"));
+    norm = ulorl::presets::openrlhf::normalizer({.token_level_loss = conformance::param_bool(params, "token_level_loss", true),
+                                                 .dp_size = dp,
+                                                 .batch_num_tokens = conformance::param_optional(params, "batch_num_tokens"),
+                                                 .global_batch_size = conformance::param_optional(params, "global_batch_size")},
+                                                counts);
   } else {
     throw conformance::reject("agg_loss: unknown preset '" + preset + "'");
   }

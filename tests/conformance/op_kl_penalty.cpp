@@ -15,11 +15,14 @@ const conformance::registrar reg("kl_penalty", [](const std::string& preset, con
   const auto lp = conformance::to_matrix(inputs.at("logprob"), "logprob");
   const auto ref = conformance::to_matrix(inputs.at("ref_logprob"), "ref_logprob");
   ulorl::kl_config cfg;
-  if (preset == "verl") cfg = ulorl::presets::verl::kl(conformance::param_string(params, "kl_penalty", "kl"));
-  else if (preset == "openrlhf") cfg = ulorl::presets::openrlhf::kl(conformance::param_string(params, "kl_estimator", "k1"));
+  namespace P = ulorl::presets;
+  if (preset == "verl") cfg = P::verl::kl(P::verl::kl_penalty_from_name(conformance::param_string(params, "kl_penalty", "kl")));
+  else if (preset == "openrlhf")
+    cfg = P::openrlhf::kl({.kl_estimator = P::openrlhf::kl_estimator_from_name(conformance::param_string(params, "kl_estimator", "k1"))});
   else if (preset == "nemo_rl")
-    cfg = ulorl::presets::nemo_rl::kl(conformance::param_string(params, "kl_type", "k3"), conformance::param_optional(params, "input_clamp_value"),
-                                      conformance::param_optional(params, "output_clamp_value"));
+    cfg = P::nemo_rl::kl({.reference_policy_kl_type = P::nemo_rl::kl_type_from_name(conformance::param_string(params, "kl_type", "k3")),
+                          .kl_input_clamp_value = conformance::param_optional(params, "input_clamp_value"),
+                          .kl_output_clamp_value = conformance::param_optional(params, "output_clamp_value")});
   else throw conformance::reject("kl_penalty: unknown preset '" + preset + "'");
   conformance::matrix kl = lp, grad = lp;
   auto cv = [](const conformance::matrix& m) {

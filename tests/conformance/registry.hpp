@@ -46,6 +46,11 @@ struct matrix {
 };
 matrix to_matrix(const json& v, const char* name);
 std::vector<double> to_vector(const json& v, const char* name);
+//! An optional [B][T] input: absent or `null` gives nullopt.
+inline std::optional<matrix> optional_matrix(const json& inputs, const char* name) {
+  if (inputs.contains(name) && !inputs[name].is_null()) return to_matrix(inputs[name], name);
+  return std::nullopt;
+}
 //! Integers (JSON integers or integral numbers) in the range of int64; otherwise reject names the index.
 std::vector<std::int64_t> to_ints(const json& v, const char* name);
 

@@ -8,9 +8,9 @@
 namespace ulorl_cuda_test {
 
 //! ulorl::logits_forward + ulorl::logits_backward on contiguous float32 logits [rows, cols] with
-//! double statistics: logprob/entropy/lse [rows] and grad_logits [rows, cols] (float32).
+//! double statistics: log_prob/entropy/lse [rows] and grad_logits [rows, cols] (float32).
 void cpu_logits(const float* logits, std::size_t rows, std::size_t cols, const std::int64_t* labels, float temperature,
-                const double* grad_logprob, const double* grad_entropy, double* logprob, double* entropy, double* lse,
+                const double* grad_log_prob, const double* grad_entropy, double* log_prob, double* entropy, double* lse,
                 float* grad_logits);
 
 }  // namespace ulorl_cuda_test

@@ -84,7 +84,7 @@ void validation_without_gpu() {
   EXPECT(logits_forward(reinterpret_cast<void*>(std::uintptr_t{0x40000}), small, x, 4, 1000, 1000, y, out, out, out,
                         four) == cudaErrorInvalidValue);  // workspace too small
   EXPECT(logits_forward(reinterpret_cast<void*>(std::uintptr_t{0x40000}), bytes, x, 4, 1000, 1000, y,
-                        static_cast<float*>(nullptr), out, out, four) == cudaErrorInvalidValue);  // logprob required
+                        static_cast<float*>(nullptr), out, out, four) == cudaErrorInvalidValue);  // log_prob required
   auto* g = reinterpret_cast<__nv_bfloat16*>(std::uintptr_t{0x50000});
   EXPECT(logits_backward(x, 4, 10, 10, y, static_cast<const float*>(nullptr), out, out, out, g, 10, one) ==
          cudaErrorInvalidValue);

@@ -103,7 +103,9 @@ void run_kl(std::span<const std::byte> b, FuzzedDataProvider& p) {
 void entropy_fields(byte_writer& w, FuzzedDataProvider& p) {
   w.u8(p.ConsumeIntegralInRange<std::uint8_t>(0, 2));  // rule: step, proportional, unknown
   for (int i = 0; i < 8; ++i) w.f64(fuzz::any_double(p));  // target, init, up, down, gain, tol, min, max
-  w.boolean(p.ConsumeBool());
+  w.boolean(p.ConsumeBool());                          // gate_above_target
+  w.u8(p.ConsumeIntegralInRange<std::uint8_t>(0, 2));  // gate_source: current_batch, last_update, unknown
+  w.boolean(p.ConsumeBool());                          // raise_at_target
   w.f64(fuzz::any_double(p));  // coef
   w.u64(p.ConsumeIntegral<std::uint64_t>());
   w.f64(fuzz::any_double(p));
@@ -122,12 +124,20 @@ void run_entropy(std::span<const std::byte> b, FuzzedDataProvider& p) {
   } catch (const ulorl::error&) {
     return;
   }
-  FUZZ_CHECK(fuzz::same_bytes(saved(*e), b));
+  // A payload of version 1 is also read, and saved back as the current version.
+  std::uint32_t version = 0;
+  for (std::size_t i = 0; i < 4; ++i) version |= static_cast<std::uint32_t>(b[12 + i]) << (8 * i);
+  if (version == ulorl::entropy_controller_payload_version) FUZZ_CHECK(fuzz::same_bytes(saved(*e), b));
+  else FUZZ_CHECK(version == 1);
   check(*e);
   for (int i = 0; i < 6 && p.remaining_bytes() > 0; ++i) {
     const double h = measurement(p);
     double bonus = 0.0;
     if (!rejected_unchanged(*e, [&] { bonus = e->bonus(h); })) {
+      FUZZ_CHECK(bonus == 0.0 || bonus == e->value());
+      FUZZ_CHECK(std::isfinite(bonus));
+    }
+    if (!rejected_unchanged(*e, [&] { bonus = e->bonus(); })) {
       FUZZ_CHECK(bonus == 0.0 || bonus == e->value());
       FUZZ_CHECK(std::isfinite(bonus));
     }

@@ -1,7 +1,7 @@
 // Fuzz target: logits_forward and logits_backward (ulorl/logits/) over fuzzed N, V, strides
 // (positive, negative, broadcast, overlapping output), storage types (float, double), temperatures
 // (tiny, huge, 0, negative, NaN), labels (out of range included) and logits (-inf masked entries,
-// NaN, +inf, huge finite values), with and without `check_logits`. Each call either throws
+// NaN, +inf, huge finite values), with and without the value scan (`check_values`). Each call either throws
 // ulorl::error, and then no output element has changed, or returns; then, for rows whose logits
 // are finite or -inf with at least one finite entry: log_prob <= 0, entropy in [0, log V], a
 // finite lse, and a gradient whose row sums to ~0 (sum_j dL/dx_ij = g_lp (1 - sum p) / tau = 0)
@@ -77,7 +77,7 @@ void run(FuzzedDataProvider& p) {
                                                                  : p.ConsumeIntegralInRange<std::size_t>(0, 40);
   const bool wild = p.ConsumeIntegralInRange<int>(0, 3) == 0;
   ulorl::logits_config cfg;
-  cfg.check_logits = p.ConsumeBool();
+  cfg.check_values = p.ConsumeBool();
   cfg.fast_backward = p.ConsumeBool();
   const bool moderate_tau = p.ConsumeBool();
   cfg.temperature = moderate_tau ? p.ConsumeFloatingPointInRange<double>(0.05, 20.0) : fuzz::any_double(p);
@@ -120,7 +120,7 @@ void run(FuzzedDataProvider& p) {
       any = any || std::isfinite(z);
     }
     clean[r] = clean[r] && any && v > 0;
-    if (cfg.check_logits) FUZZ_CHECK(clean[r]);
+    if (cfg.check_values) FUZZ_CHECK(clean[r]);
     const auto at = static_cast<std::size_t>(1 + static_cast<std::ptrdiff_t>(r) * out_stride);
     if (!clean[r] || !moderate_tau || wild) continue;
     const double l = lp[at], h = ent[at], m = lse[at];

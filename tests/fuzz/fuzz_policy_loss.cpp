@@ -99,7 +99,7 @@ void run(FuzzedDataProvider& p) {
 
   ulorl::policy_loss_config cfg;
   auto& o = cfg.objective;
-  const int kind = p.ConsumeIntegralInRange<int>(0, 6);  // 6: not an objective_kind
+  const int kind = p.ConsumeIntegralInRange<int>(0, 7);  // 7: not an objective_kind
   o.kind = static_cast<ulorl::objective_kind>(kind);
   const int seq_grad = p.ConsumeIntegralInRange<int>(0, 2);
   o.seq_gradient = static_cast<ulorl::sequence_gradient>(seq_grad);
@@ -165,7 +165,7 @@ void run(FuzzedDataProvider& p) {
     return;
   }
   // A value no enum names must be rejected, never run as some default (conventions: dispatch is loud).
-  FUZZ_CHECK(kind <= static_cast<int>(ulorl::objective_kind::policy_gradient));
+  FUZZ_CHECK(kind <= static_cast<int>(ulorl::objective_kind::penalized_pg));
   FUZZ_CHECK(estimator <= static_cast<int>(ulorl::kl_estimator::k3));
   FUZZ_CHECK(mode <= static_cast<int>(ulorl::agg_mode::constant));
   FUZZ_CHECK(seq_grad <= static_cast<int>(ulorl::sequence_gradient::through_mean));

@@ -13,7 +13,7 @@ struct result {
   double loss_scale = 0;  //!< sum of |advantage| over the valid tokens / the normaliser: the size of the
                           //!< per-token terms whose float rounding the loss carries (they cancel in it)
   std::vector<float> grad;
-  std::vector<float> logprob, entropy;
+  std::vector<float> log_prob, entropy;
 };
 
 //! Addresses only (safe on any CPU); `run` also executes the kernels.

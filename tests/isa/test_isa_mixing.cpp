@@ -44,8 +44,8 @@ TEST_CASE("isa mixing: both variants compute the same results") {
   CHECK(std::fabs(a.loss - b.loss) <= 1e-6 * a.loss_scale);
   REQUIRE(a.grad.size() == b.grad.size());
   for (std::size_t i = 0; i < a.grad.size(); ++i) CHECK(std::fabs(a.grad[i] - b.grad[i]) <= 1e-6f * std::fabs(a.grad[i]) + 1e-9f);
-  for (std::size_t i = 0; i < a.logprob.size(); ++i) {
-    CHECK(std::fabs(a.logprob[i] - b.logprob[i]) <= 1e-5f * std::fabs(a.logprob[i]));
+  for (std::size_t i = 0; i < a.log_prob.size(); ++i) {
+    CHECK(std::fabs(a.log_prob[i] - b.log_prob[i]) <= 1e-5f * std::fabs(a.log_prob[i]));
     CHECK(std::fabs(a.entropy[i] - b.entropy[i]) <= 1e-5f * std::fabs(a.entropy[i]) + 1e-6f);
   }
 }

@@ -58,8 +58,8 @@ def verl_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mod
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
-def verl_low_var_kl(logprob, ref_logprob):
-    kl = ref_logprob - logprob
+def verl_low_var_kl(log_prob, ref_log_prob):
+    kl = ref_log_prob - log_prob
     kl = torch.clamp(kl, min=-20, max=20)
     ratio = torch.exp(kl)
     kld = (ratio - kl - 1).contiguous()

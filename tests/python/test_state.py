@@ -60,12 +60,12 @@ def test_scheduler_protocol_provenance_and_mid_step_restore():
     # Importance-sampling plans from the provenance (docs/segment_rollout.md): SAIS keeps each
     # segment's version, POIS takes the current one for every token (recomputing the stale span).
     spans = r[1]["spans"]
-    assert ulorl.old_logprob_plan(spans, current_version=1, mode="sais") == [(0, 4, 0, False), (4, 8, 1, False)]
-    assert ulorl.old_logprob_plan(spans, current_version=1, mode="pois") == [(0, 4, 1, True), (4, 8, 1, False)]
+    assert ulorl.old_log_prob_plan(spans, current_version=1, mode="sais") == [(0, 4, 0, False), (4, 8, 1, False)]
+    assert ulorl.old_log_prob_plan(spans, current_version=1, mode="pois") == [(0, 4, 1, True), (4, 8, 1, False)]
     assert ulorl.recompute_token_count(spans, current_version=1, mode="pois") == 4
-    assert ulorl.old_logprob_versions(spans, current_version=1, mode="sais") == [0] * 4 + [1] * 4
+    assert ulorl.old_log_prob_versions(spans, current_version=1, mode="sais") == [0] * 4 + [1] * 4
     with pytest.raises(ulorl.Error, match="tois|TOIS|version"):
-        ulorl.old_logprob_plan(spans, current_version=1, mode="tois")
+        ulorl.old_log_prob_plan(spans, current_version=1, mode="tois")
     c = s.counters
     assert c["generated_tokens"] == c["released_tokens"] + s.live_tokens + c["dropped_tokens"]
     doc = json.loads(s.to_json())

@@ -3,6 +3,7 @@
 // include/ulorl/advantage: groups by linear search, leave-one-out pools built explicitly, O(n^2).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -90,6 +91,121 @@ inline void reinforce_pp(const std::vector<std::vector<double>>& r, const std::v
   for (std::size_t b = 0; b < r.size(); ++b)
     for (std::size_t t = 0; t < r[b].size(); ++t)
       adv[b][t] = m[b][t] ? static_cast<double>((ret[b][t] - mu) / std::sqrt(sd2 + 1e-8L)) : 0.0;
+}
+
+//! Ragged per-token rows (row b has its own length); a 0/1 mask of the same rows.
+using rows = std::vector<std::vector<double>>;
+
+//! The optimal token baseline of the golden README §4.1, verbatim: G reward-to-go of the masked
+//! rewards, w = (1 - 2 exp(lp) + spp) rho^2, W its masked prefix sum; per group of >= 2 (tir: the
+//! rows with valid tokens; slots compacted) B = Σ G W m / (Σ W m + eps); zero tail for the single
+//! longest member from the second longest length on. `rho` empty: 1.
+inline void optimal_token_baseline(const rows& R, const std::vector<std::vector<int>>& m, const rows& lp,
+                                   const rows& spp, const rows& rho, const std::vector<std::int64_t>& ids,
+                                   bool zero_tail, double eps, bool tir, rows& ret, rows& adv) {
+  const std::size_t B = R.size();
+  std::vector<std::vector<long double>> G(B), W(B);
+  std::vector<std::size_t> n(B, 0);
+  for (std::size_t b = 0; b < B; ++b) {
+    const std::size_t T = R[b].size();
+    G[b].assign(T, 0);
+    W[b].assign(T, 0);
+    for (std::size_t t = 0; t < T; ++t) {
+      long double g = 0;
+      for (std::size_t u = t; u < T; ++u) g += m[b][u] ? R[b][u] : 0.0L;
+      G[b][t] = g;
+      long double w = 0;
+      for (std::size_t u = 0; u <= t; ++u)
+        if (m[b][u]) {
+          const long double r = rho.empty() ? 1.0L : rho[b][u];
+          w += (1.0L - 2.0L * std::exp(static_cast<long double>(lp[b][u])) + spp[b][u]) * r * r;
+        }
+      W[b][t] = w;
+      n[b] += m[b][t] != 0;
+    }
+  }
+  // Slot values of row b: (position t, slot j) for its valid tokens.
+  const auto slot_of = [&](std::size_t b, std::size_t t) {
+    if (!tir) return t;
+    std::size_t j = 0;
+    for (std::size_t u = 0; u < t; ++u) j += m[b][u] != 0;
+    return j;
+  };
+  ret.assign(B, {});
+  adv.assign(B, {});
+  for (std::size_t b = 0; b < B; ++b) {
+    ret[b].assign(R[b].size(), 0.0);
+    adv[b].assign(R[b].size(), 0.0);
+    std::vector<std::size_t> mem;
+    for (std::size_t i = 0; i < B; ++i)
+      if (ids[i] == ids[b] && (!tir || n[i] > 0)) mem.push_back(i);
+    // zero tail: lengths sorted, the largest unique and above the second
+    std::vector<std::size_t> L;
+    for (auto i : mem) L.push_back(n[i]);
+    std::sort(L.begin(), L.end());
+    std::size_t at_max = 0;
+    for (auto i : mem) at_max += n[i] == n[b];
+    const bool tail_row = zero_tail && mem.size() >= 2 && n[b] == L.back() && at_max == 1 && L.back() > L[L.size() - 2];
+    for (std::size_t t = 0; t < R[b].size(); ++t) {
+      ret[b][t] = static_cast<double>(G[b][t]);
+      if (!m[b][t]) continue;
+      const std::size_t j = slot_of(b, t);
+      long double base = 0;
+      if (mem.size() >= 2 && !(tail_row && j >= L[L.size() - 2])) {
+        long double num = 0, den = 0;
+        for (auto i : mem)
+          for (std::size_t u = 0; u < R[i].size(); ++u)
+            if (m[i][u] && slot_of(i, u) == j) {
+              num += G[i][u] * W[i][u];
+              den += W[i][u];
+            }
+        base = num / (den + static_cast<long double>(eps));
+      }
+      adv[b][t] = static_cast<double>(G[b][t] - base);
+    }
+  }
+}
+
+//! GDPO-style per-component advantages summed with weights: `per` gives the advantages of one
+//! component's scores.
+template <class PerComponent>
+std::vector<long double> weighted_component_sum(const std::vector<std::vector<double>>& r, const std::vector<double>& w,
+                                                PerComponent per) {
+  std::vector<long double> a(r.size(), 0);
+  for (std::size_t k = 0; k < r[0].size(); ++k) {
+    std::vector<double> s;
+    for (const auto& row : r) s.push_back(row[k]);
+    const std::vector<double> ak = per(s);
+    for (std::size_t i = 0; i < r.size(); ++i) a[i] += (w.empty() ? 1.0L : w[k]) * ak[i];
+  }
+  return a;
+}
+
+//! (a - mean) / (std + eps) over the whole batch, unbiased; `skip_zero`: a - mean when std == 0 and
+//! no eps otherwise (NeMo-RL); a batch of one gives 0.
+inline std::vector<double> batch_normalize(const std::vector<long double>& a, double eps, bool skip_zero) {
+  std::vector<double> out(a.size(), 0.0);
+  if (a.size() == 1) return out;
+  const long double mu = mean_of(a), sd = std_of(a, true);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    out[i] = static_cast<double>(skip_zero ? (sd > 0 ? (a[i] - mu) / sd : a[i] - mu) : (a[i] - mu) / (sd + eps));
+  return out;
+}
+
+//! Masked whitening over the valid tokens of [B][T] values x: unbiased with eps added (verl), or
+//! biased with the variance floored at eps (NeMo-RL); `mask_out`: 0 at masked positions.
+inline rows whiten(const rows& x, const std::vector<std::vector<int>>& m, bool unbiased, bool floor, bool mask_out) {
+  std::vector<long double> v;
+  for (std::size_t b = 0; b < x.size(); ++b)
+    for (std::size_t t = 0; t < x[b].size(); ++t)
+      if (m[b][t]) v.push_back(x[b][t]);
+  const long double mu = mean_of(v), sd = std_of(v, unbiased), var = sd * sd;
+  const long double d = std::sqrt(floor ? std::max(var, 1e-8L) : var + 1e-8L);
+  rows out = x;
+  for (std::size_t b = 0; b < x.size(); ++b)
+    for (std::size_t t = 0; t < x[b].size(); ++t)
+      out[b][t] = (m[b][t] || !mask_out) ? static_cast<double>((x[b][t] - mu) / d) : 0.0;
+  return out;
 }
 
 }  // namespace oracle

@@ -1,8 +1,8 @@
 // tests/support/linear_head_oracle.hpp — independent textbook reference for the chunked linear head,
 // in long double, written from the definitions and never calling the production code:
 //   z_ij = (sum_k h_ik w_jk + b_j) / tau,  lse_i = log sum_j e^{z_ij},  p_ij = e^{z_ij - lse_i},
-//   logprob_i = z_{i,y_i} - lse_i,         entropy_i = -sum_j p_ij log p_ij,
-// and, for L = sum_i g_lp,i logprob_i + g_ent,i entropy_i, the chain rule through the softmax Jacobian:
+//   log_prob_i = z_{i,y_i} - lse_i,         entropy_i = -sum_j p_ij log p_ij,
+// and, for L = sum_i g_lp,i log_prob_i + g_ent,i entropy_i, the chain rule through the softmax Jacobian:
 //   dL/dx_ij = (g_lp,i ([j == y_i] - p_ij) - g_ent,i p_ij (log p_ij + entropy_i)) / tau   (x = tau z)
 //   dL/dh_ik = sum_j dL/dx_ij w_jk,   dL/dw_jk = sum_i dL/dx_ij h_ik,   dL/db_j = sum_i dL/dx_ij.
 // Alongside each gradient, the sum of the magnitudes of its terms (|dL/dx| |w| etc., with |dL/dx|
@@ -24,20 +24,20 @@ struct head_problem {
   std::vector<double> weight;  // [v, h]
   std::vector<double> bias;    // [v] or empty
   std::vector<std::int64_t> labels;
-  std::vector<double> g_lp, g_ent;  // [n] loss gradients w.r.t. logprob, entropy
+  std::vector<double> g_lp, g_ent;  // [n] loss gradients w.r.t. log_prob, entropy
   double tau = 1.0;
 };
 
 struct head_result {
-  std::vector<long double> logprob, entropy, lse;              // [n]
+  std::vector<long double> log_prob, entropy, lse;              // [n]
   std::vector<long double> grad_hidden, grad_weight, grad_bias;  // [n, h], [v, h], [v]
   std::vector<long double> scale_hidden, scale_weight, scale_bias;
-  long double loss = 0;  // sum_i g_lp,i logprob_i + g_ent,i entropy_i
+  long double loss = 0;  // sum_i g_lp,i log_prob_i + g_ent,i entropy_i
 };
 
 inline head_result linear_head(const head_problem& q) {
   head_result r;
-  r.logprob.resize(q.n);
+  r.log_prob.resize(q.n);
   r.entropy.resize(q.n);
   r.lse.resize(q.n);
   std::vector<long double> dx(q.n * q.v), dxabs(q.n * q.v);
@@ -61,8 +61,8 @@ inline head_result linear_head(const head_problem& q) {
     const auto y = static_cast<std::size_t>(q.labels[i]);
     r.lse[i] = lse;
     r.entropy[i] = ent;
-    r.logprob[i] = z[y] - lse;
-    r.loss += q.g_lp[i] * r.logprob[i] + q.g_ent[i] * ent;
+    r.log_prob[i] = z[y] - lse;
+    r.loss += q.g_lp[i] * r.log_prob[i] + q.g_ent[i] * ent;
     for (std::size_t j = 0; j < q.v; ++j) {
       const long double lp = z[j] - lse, p = std::exp(lp), d = j == y ? 1.0L : 0.0L;
       dx[i * q.v + j] = (q.g_lp[i] * (d - p) - q.g_ent[i] * p * (lp + ent)) / q.tau;

@@ -1,8 +1,8 @@
 // tests/support/logits_oracle.hpp — independent textbook reference for the logits kernels, in long
-// double: z = x / tau, lse = max + log sum exp(z - max), p = exp(z - lse), logprob = z_y - lse,
+// double: z = x / tau, lse = max + log sum exp(z - max), p = exp(z - lse), log_prob = z_y - lse,
 // entropy = -sum p log p (the definition, not the kernels' log s - t/s), and the gradient of
-// g_lp * logprob + g_ent * entropy written from the softmax Jacobian:
-//   dlogprob/dz_j = [j == y] - p_j,   dentropy/dz_j = -p_j (log p_j + entropy).
+// g_lp * log_prob + g_ent * entropy written from the softmax Jacobian:
+//   dlog_prob/dz_j = [j == y] - p_j,   dentropy/dz_j = -p_j (log p_j + entropy).
 // Never calls the production code. Also: `logits_data::make`, random test batches (normal values
 // times a scale plus a shift, a fraction of -inf masked entries, labels never masked).
 #pragma once
@@ -17,7 +17,7 @@
 namespace oracle {
 
 struct row_stats {
-  long double lse, logprob, entropy;
+  long double lse, log_prob, entropy;
 };
 
 //! x: one row of raw logits (as doubles, exactly the values the kernel reads), -inf allowed.
@@ -36,7 +36,18 @@ inline row_stats logits_row(const std::vector<double>& x, std::size_t label, dou
   return {lse, static_cast<long double>(x[label]) / tau - lse, h};
 }
 
-//! d(g_lp logprob + g_ent entropy) / d x_j for one row.
+//! sum_j p_j^2 of one row, from the probabilities themselves.
+inline long double sum_pi_squared(const std::vector<double>& x, double tau) {
+  const long double lse = logits_row(x, 0, tau).lse;
+  long double q = 0;
+  for (double v : x) {
+    const long double p = std::exp(static_cast<long double>(v) / tau - lse);
+    q += p * p;
+  }
+  return q;
+}
+
+//! d(g_lp log_prob + g_ent entropy) / d x_j for one row.
 inline std::vector<long double> logits_row_grad(const std::vector<double>& x, std::size_t label, double tau,
                                                 double g_lp, double g_ent) {
   const row_stats st = logits_row(x, label, tau);
@@ -44,9 +55,9 @@ inline std::vector<long double> logits_row_grad(const std::vector<double>& x, st
   for (std::size_t j = 0; j < x.size(); ++j) {
     const long double lp = static_cast<long double>(x[j]) / tau - st.lse;
     const long double p = std::exp(lp);
-    const long double dlogprob = (j == label ? 1.0L : 0.0L) - p;
+    const long double dlog_prob = (j == label ? 1.0L : 0.0L) - p;
     const long double dentropy = p > 0 ? -p * (lp + st.entropy) : 0.0L;
-    g[j] = (g_lp * dlogprob + g_ent * dentropy) / tau;
+    g[j] = (g_lp * dlog_prob + g_ent * dentropy) / tau;
   }
   return g;
 }

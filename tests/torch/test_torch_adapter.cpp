@@ -424,7 +424,7 @@ TEST_CASE("torch adapter: bad inputs raise ulorl::error naming the argument, out
   bad[1][2] = std::nan("");
   expect_error([&] { (void)th::policy_loss(bad, lp, adv, mask, cfg); }, "policy_loss", "log_prob", "[6]");
 
-  // logits_stats: labels out of range, strided labels, rank, dtype, NaN with check_logits.
+  // logits_stats: labels out of range, strided labels, rank, dtype, NaN with the value scan.
   const at::Tensor z = at::randn({3, 5}, o);
   const at::Tensor y = at::tensor({0, 4, 5}, at::kLong);
   expect_error([&] { (void)th::logits_stats(z, y); }, "logits_forward", "labels", "[2] = 5");
@@ -435,7 +435,7 @@ TEST_CASE("torch adapter: bad inputs raise ulorl::error naming the argument, out
   expect_error([&] { (void)th::logits_stats(z, y.to(at::kFloat)); }, "logits_stats", "labels", "int64 or int32");
   at::Tensor zn = z.clone();
   zn[1][3] = std::nan("");
-  expect_error([&] { (void)th::logits_stats(zn, at::zeros({3}, at::kLong), {.check_logits = true}); },
+  expect_error([&] { (void)th::logits_stats(zn, at::zeros({3}, at::kLong), {.check_values = true}); },
                "logits_forward", "logits", "[8]");
 
   // policy_loss_from_logits in place: an error leaves the logits as they were; a stride-0

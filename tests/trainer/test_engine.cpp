@@ -139,7 +139,7 @@ TEST_CASE("engine: KV-cache log-probs equal a full-sequence recompute", "[traine
       std::int64_t produced = 0, with_eos = 0;
       for (std::size_t i = 0; i < reqs.size(); ++i) {
         REQUIRE(out[i].sequence_id == reqs[i].sequence_id);
-        REQUIRE(out[i].tokens.size() == out[i].logprobs.size());
+        REQUIRE(out[i].tokens.size() == out[i].log_probs.size());
         REQUIRE(static_cast<std::int64_t>(out[i].tokens.size()) <= reqs[i].max_new_tokens);
         // A result ends at EOS or at its quota, never otherwise.
         const bool ended_eos = !out[i].tokens.empty() && out[i].tokens.back() == eos;
@@ -154,7 +154,7 @@ TEST_CASE("engine: KV-cache log-probs equal a full-sequence recompute", "[traine
       }
       const auto ref = recompute(policy, full, from, 0.7);
       double worst = 0;
-      for (std::size_t i = 0; i < reqs.size(); ++i) worst = std::max(worst, max_abs_diff(out[i].logprobs, ref[i]));
+      for (std::size_t i = 0; i < reqs.size(); ++i) worst = std::max(worst, max_abs_diff(out[i].log_probs, ref[i]));
       std::printf("%s: %lld tokens, %lld sequences stopped at EOS, max |logp - recompute| = %.3g\n", prec.name,
                   static_cast<long long>(produced), static_cast<long long>(with_eos), worst);
       CHECK(worst <= prec.tol);
@@ -210,11 +210,11 @@ TEST_CASE("engine: a paused and resumed response equals one decoded without a pa
         for (std::size_t i = 0; i < 5; ++i) {
           seq tokens = a[i].tokens;
           tokens.insert(tokens.end(), b[i].tokens.begin(), b[i].tokens.end());
-          std::vector<double> lp = a[i].logprobs;
-          lp.insert(lp.end(), b[i].logprobs.begin(), b[i].logprobs.end());
+          std::vector<double> lp = a[i].log_probs;
+          lp.insert(lp.end(), b[i].log_probs.begin(), b[i].log_probs.end());
           INFO(prec.name << " pause after " << k << " tokens, sequence " << i);
           CHECK(tokens == ref[i].tokens);
-          CHECK(max_abs_diff(lp, ref[i].logprobs) <= prec.tol);
+          CHECK(max_abs_diff(lp, ref[i].log_probs) <= prec.tol);
         }
       }
     }
@@ -243,7 +243,7 @@ TEST_CASE("engine: continuous batching gives each sequence its result decoded al
         INFO(prec.name << " sequence " << i);
         CHECK(together[i].tokens == alone[0].tokens);
         CHECK(together[i].eos == alone[0].eos);
-        CHECK(max_abs_diff(together[i].logprobs, alone[0].logprobs) <= prec.tol);
+        CHECK(max_abs_diff(together[i].log_probs, alone[0].log_probs) <= prec.tol);
         eos_count += together[i].eos ? 1 : 0;
       }
       CHECK(eos_count > 0);  // some leave early, so the batch really changes between iterations
@@ -280,7 +280,7 @@ TEST_CASE("rollout: the engine driven by the segment scheduler with 2 segments",
       INFO("response " << r.info.response_id);
       REQUIRE(r.info.group_id == batch.group_ids[i / 4]);
       REQUIRE(static_cast<std::int64_t>(r.tokens.size()) == r.info.tokens);
-      REQUIRE(r.logprobs.size() == r.tokens.size());
+      REQUIRE(r.log_probs.size() == r.tokens.size());
       REQUIRE(r.versions.size() == r.tokens.size());
       REQUIRE(r.prompt == task.prompt(r.target));
       // State: finished iff the last token is EOS; truncated iff L_max tokens without EOS.
@@ -302,7 +302,7 @@ TEST_CASE("rollout: the engine driven by the segment scheduler with 2 segments",
       // SAIS's per-token old-log-prob version is the version that sampled the token: nothing to
       // recompute when the engine's log-probs are trusted.
       std::vector<std::int64_t> sais(r.tokens.size());
-      ulorl::fill_old_logprob_versions(r.spans, {.mode = ulorl::is_mode::sais, .current_version = batch.policy_version}, sais);
+      ulorl::fill_old_log_prob_versions(r.spans, {.mode = ulorl::is_mode::sais, .current_version = batch.policy_version}, sais);
       CHECK(sais == r.versions);
       CHECK(ulorl::recompute_token_count(r.spans, {.mode = ulorl::is_mode::sais, .current_version = batch.policy_version}) == 0);
       // Each span's log-probs equal a recompute under that version's weights.
@@ -311,7 +311,7 @@ TEST_CASE("rollout: the engine driven by the segment scheduler with 2 segments",
         seq full = r.prompt;
         full.insert(full.end(), r.tokens.begin(), r.tokens.begin() + s.end);
         const auto ref = recompute(policy, {full}, {static_cast<std::int64_t>(r.prompt.size()) + s.begin}, 1.0);
-        const std::vector<double> got(r.logprobs.begin() + s.begin, r.logprobs.begin() + s.end);
+        const std::vector<double> got(r.log_probs.begin() + s.begin, r.log_probs.begin() + s.end);
         CHECK(max_abs_diff(got, ref[0]) <= 1e-5);
       }
       multi_version += r.spans.size() > 1 ? 1 : 0;

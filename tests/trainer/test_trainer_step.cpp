@@ -50,7 +50,7 @@ rlvr::rollout_batch make_batch(const std::vector<std::vector<double>>& rewards, 
       const auto n = static_cast<std::int64_t>(3 + rlvr::counter_hash(seed, static_cast<std::uint64_t>(id), 99) % 17);
       for (std::int64_t t = 0; t < n; ++t) {
         r.tokens.push_back(static_cast<std::int64_t>(rlvr::counter_hash(seed, static_cast<std::uint64_t>(id), static_cast<std::uint64_t>(t)) % 19));
-        r.logprobs.push_back(-0.2 - 2.5 * rlvr::counter_uniform(seed, 7, static_cast<std::uint64_t>(id), static_cast<std::uint64_t>(t)));
+        r.log_probs.push_back(-0.2 - 2.5 * rlvr::counter_uniform(seed, 7, static_cast<std::uint64_t>(id), static_cast<std::uint64_t>(t)));
       }
       r.tokens.back() = countdown_task::eos_token;
       r.reward = rewards[g][k];
@@ -103,7 +103,7 @@ std::pair<double, double> reference_loss(rlvr::transformer_policy& policy, rlvr:
       torch::NoGradGuard ng;
       ref_lp = torch::log_softmax(ref->forward(input, attn)[0] / temperature, -1).narrow(0, 3, L).gather(1, target.unsqueeze(1)).squeeze(1);
     }
-    const auto old = pois ? lp.detach() : torch::tensor(r.logprobs, torch::kFloat64);
+    const auto old = pois ? lp.detach() : torch::tensor(r.log_probs, torch::kFloat64);
     const auto ratio = torch::exp(lp - old);
     const auto pg = torch::max(-adv * ratio, -adv * torch::clamp(ratio, 0.8, 1.28));
     const auto d = ref_lp - lp;

@@ -3,16 +3,20 @@
 //             (the running return resets after EOS: masked positions do not carry it);
 //   whitening over the whole batch's valid tokens, N = Σ m:
 //             mu = Σ G m / N,  v = Σ (G - mu)^2 m / (N - 1),  adv = (G - mu) / sqrt(v + eps) · m;
-//   REINFORCE++-baseline: X[i,t] = (s_i - mu_g) · m[i,t] (mu = 0 for a singleton), then whitened.
-// Matches verl's `compute_reinforce_plus_plus_outcome_advantage` and `..._baseline_...`; statistics
-// are two-pass in double.
+//   REINFORCE++-baseline: X[i,t] = a_i (a group advantage of the scores; s_i - mu_g with mu = 0 for
+//             a singleton by default), then whitened.
+// Matches verl's `compute_reinforce_plus_plus_outcome_advantage` and `..._baseline_...`; with a
+// biased variance floored at eps (sqrt(max(v, eps))) and the output left unmasked it is NeMo-RL's
+// `ReinforcePlusPlusAdvantageEstimator` (presets.hpp). Statistics are two-pass in double.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
 #include <vector>
 
+#include "ulorl/advantage/group_advantage.hpp"
 #include "ulorl/advantage/groups.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
@@ -21,10 +25,17 @@
 
 ULORL_NAMESPACE_BEGIN
 
+//! How eps enters the whitening divisor.
+enum class whiten_eps { add_to_variance, floor_variance };
+
 struct whiten_config {
-  double eps = 1e-8;     //!< added to the variance
-  bool unbiased = true;  //!< N-1 (verl) or N
+  double eps = 1e-8;     //!< added to the variance, or its floor (eps_at)
+  bool unbiased = true;  //!< N-1 (verl) or N (NeMo-RL)
   bool shift_mean = true;
+  whiten_eps eps_at = whiten_eps::add_to_variance;  //!< sqrt(v + eps) (verl) or sqrt(max(v, eps)) (NeMo-RL)
+  //! true: masked positions get 0; false: every position gets (x - mu) / D, masked ones included
+  //! (NeMo-RL). The statistics always use the valid tokens only.
+  bool mask_output = true;
 };
 
 namespace detail {
@@ -44,6 +55,7 @@ void masked_whiten(token_view<const T> x, token_view<const M> mask, token_view<U
   constexpr std::string_view fn = "masked_whiten";
   detail::check_token_pair(fn, "x", x, mask);
   require_same_shape(fn, "out", out, "mask", mask);
+  require_known(fn, "config.eps_at", cfg.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
   // eps > 0: a batch of constant values would otherwise divide by zero.
   if (!(cfg.eps > 0) || !std::isfinite(cfg.eps)) detail::fail_value(fn, "config.eps", cfg.eps, "must be finite and > 0");
   std::size_t n = 0;
@@ -63,11 +75,12 @@ void masked_whiten(token_view<const T> x, token_view<const M> mask, token_view<U
         m2 += d * d;
       }
   const double var = m2 / static_cast<double>(cfg.unbiased ? n - 1 : n);
-  const double inv = 1.0 / std::sqrt(var + cfg.eps);
+  const double inv = 1.0 / std::sqrt(cfg.eps_at == whiten_eps::add_to_variance ? var + cfg.eps : std::max(var, cfg.eps));
   const double shift = cfg.shift_mean ? mu : 0.0;
   for (std::size_t b = 0; b < x.rows(); ++b)
     for (std::size_t t = 0; t < x.row_size(b); ++t)
-      out(b, t) = mask(b, t) != M(0) ? static_cast<U>((static_cast<double>(x(b, t)) - shift) * inv) : U(0);
+      out(b, t) = mask(b, t) != M(0) || !cfg.mask_output ? static_cast<U>((static_cast<double>(x(b, t)) - shift) * inv)
+                                                         : U(0);
 }
 
 //! Discounted returns with reset after EOS (see the header comment). `returns` is not masked.
@@ -102,14 +115,24 @@ void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const
   if (n < (cfg.unbiased ? 2u : 1u)) detail::fail_value(fn, "mask", n, "whitening needs at least 2 valid tokens");
   if (!(gamma >= 0.0 && gamma <= 1.0)) detail::fail_value(fn, "gamma", gamma, "must be in [0, 1]");
   if (!(cfg.eps > 0) || !std::isfinite(cfg.eps)) detail::fail_value(fn, "config.eps", cfg.eps, "must be finite and > 0");
+  require_known(fn, "config.eps_at", cfg.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
   discounted_returns(token_rewards, mask, gamma, returns);
   masked_whiten(token_view<const U>(returns), mask, advantages, cfg);
 }
 
-//! REINFORCE++-baseline: group-mean-subtracted scores broadcast over valid tokens, then whitened.
+//! REINFORCE++-baseline: per-response advantages a_i = group_advantages(scores, `group`) written
+//! to every position of row i, then whitened with `whiten`. The default is verl's (a_i = s_i - mu_g,
+//! mu = 0 for a singleton; unbiased, eps added, masked output).
+struct reinforce_pp_baseline_config {
+  group_advantage_config group{.baseline = baseline_kind::group_mean,
+                               .scale = scale_kind::none,
+                               .singleton = singleton_rule::identity};
+  whiten_config whiten{};
+};
+
 template <class T, class M, class U>
 void reinforce_pp_baseline_advantages(std::span<const T> scores, const group_layout& groups, token_view<const M> mask,
-                                      token_view<U> advantages, const whiten_config& cfg = {}) {
+                                      token_view<U> advantages, const reinforce_pp_baseline_config& cfg) {
   constexpr std::string_view fn = "reinforce_pp_baseline_advantages";
   validate_layout(fn, "mask", mask);
   require_binary_mask(fn, "mask", mask);
@@ -117,22 +140,27 @@ void reinforce_pp_baseline_advantages(std::span<const T> scores, const group_lay
   require_same_size(fn, "groups", groups.responses(), "scores", scores.size());
   require_same_shape(fn, "advantages", advantages, "mask", mask);
   require_all_finite(fn, "scores", vector_view<const T>(scores));
+  require_known(fn, "config.whiten.eps_at", cfg.whiten.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
   std::size_t n = 0;
   for (std::size_t b = 0; b < mask.rows(); ++b) n += row_tokens(mask, b);
-  if (n < (cfg.unbiased ? 2u : 1u)) detail::fail_value(fn, "mask", n, "whitening needs at least 2 valid tokens");
-  if (!(cfg.eps > 0) || !std::isfinite(cfg.eps)) detail::fail_value(fn, "config.eps", cfg.eps, "must be finite and > 0");
-  std::vector<double> centered(scores.size());
-  for (std::size_t g = 0; g < groups.count(); ++g) {
-    const auto mem = groups.members(g);
-    const double mu = mem.size() == 1 ? 0.0 : two_pass_moments(mem.size(), [&](std::size_t k) {
-                                                 return scores[mem[k]];
-                                               }).mean;
-    for (auto i : mem) centered[i] = static_cast<double>(scores[i]) - mu;
-  }
+  if (n < (cfg.whiten.unbiased ? 2u : 1u))
+    detail::fail_value(fn, "mask", n,
+                       cfg.whiten.unbiased ? "whitening needs at least 2 valid tokens" : "whitening needs at least 1 valid token");
+  if (!(cfg.whiten.eps > 0) || !std::isfinite(cfg.whiten.eps))
+    detail::fail_value(fn, "config.whiten.eps", cfg.whiten.eps, "must be finite and > 0");
+  // group_advantages validates its configuration and may reject a score before anything is written.
+  std::vector<double> in(scores.begin(), scores.end()), a(scores.size());
+  group_advantages(std::span<const double>(in), groups, std::span<double>(a), cfg.group);
   for (std::size_t b = 0; b < mask.rows(); ++b)
-    for (std::size_t t = 0; t < mask.row_size(b); ++t)
-      advantages(b, t) = mask(b, t) != M(0) ? static_cast<U>(centered[b]) : U(0);
-  masked_whiten(token_view<const U>(advantages), mask, advantages, cfg);
+    for (std::size_t t = 0; t < mask.row_size(b); ++t) advantages(b, t) = static_cast<U>(a[b]);
+  masked_whiten(token_view<const U>(advantages), mask, advantages, cfg.whiten);
+}
+
+//! verl's REINFORCE++-baseline: (s_i - mu_g) (mu = 0 for a singleton), whitened with `cfg`.
+template <class T, class M, class U>
+void reinforce_pp_baseline_advantages(std::span<const T> scores, const group_layout& groups, token_view<const M> mask,
+                                      token_view<U> advantages, const whiten_config& cfg = {}) {
+  reinforce_pp_baseline_advantages(scores, groups, mask, advantages, reinforce_pp_baseline_config{.whiten = cfg});
 }
 
 ULORL_NAMESPACE_END

@@ -22,7 +22,7 @@ ULORL_NAMESPACE_BEGIN
 
 //! Payload format versions of the controllers' checkpoints (the envelope versions itself).
 inline constexpr std::uint32_t kl_controller_payload_version = 1;
-inline constexpr std::uint32_t entropy_controller_payload_version = 1;
+inline constexpr std::uint32_t entropy_controller_payload_version = 2;
 inline constexpr std::uint32_t reference_reset_payload_version = 1;
 
 //! Every counter of a controller's state (updates, evaluations, resets, consecutive-step counts)

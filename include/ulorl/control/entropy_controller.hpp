@@ -8,7 +8,11 @@
 //   bounds:        c <- clamp(c, min_coef, max_coef)
 //   applied:       alpha = c · [H <= target]  when gate_above_target, else alpha = c
 // The gate is Skywork-OR1's: the bonus only acts while entropy is at or below the target, so the
-// controller never pushes entropy up past it. Every number of the configuration and every measured
+// controller never pushes entropy up past it. Two typed options give TRL's `use_adaptive_entropy`
+// (presets::trl::adaptive_entropy): `gate_source = last_update` gates on the entropy of the last
+// update instead of the batch's own (closed before the first update: TRL's H_prev = +inf), and
+// `raise_at_target` makes H == target - tolerance raise c (TRL: c <- min(c + delta, max) when
+// H <= target, else c <- max(c - delta, min)). Every number of the configuration and every measured
 // entropy has magnitude <= entropy_controller_limit (1e6), so each update is finite and the
 // coefficient stays in [min_coef, max_coef]. Small explicit state machine; its state checkpoints
 // exactly (core/checkpoint.hpp's envelope, payload in docs/checkpoints.md).
@@ -28,6 +32,11 @@
 ULORL_NAMESPACE_BEGIN
 
 enum class entropy_control_rule : std::uint8_t { step, proportional };
+//! Which measured entropy the gate (gate_above_target) compares with the target.
+enum class entropy_gate_source : std::uint8_t {
+  current_batch,  //!< the entropy of the batch the bonus is applied to (Skywork-OR1): bonus(H)
+  last_update,    //!< the entropy of the last update (TRL): bonus(); closed before the first update
+};
 
 //! Bound on the magnitude of every configuration value and every entropy (nats; a mean token
 //! entropy is at most ln |vocabulary|, below 50): with it target - H is at most 2e6 and
@@ -46,6 +55,10 @@ struct entropy_controller_config {
   double min_coef = 0.0;        //!< in [0, max_coef]
   double max_coef = 0.1;        //!< in [min_coef, 1e6]
   bool gate_above_target = true;  //!< alpha = 0 while H > target (Skywork-OR1)
+  entropy_gate_source gate_source = entropy_gate_source::current_batch;  //!< which H the gate reads
+  //! true: H == target - tolerance raises c (TRL's `H <= target`); false: it holds c (Skywork-OR1
+  //! raises only for H < target).
+  bool raise_at_target = false;
 };
 
 //! Invariants (re-checked by every update and by restore): coef finite in [min_coef, max_coef];
@@ -60,6 +73,8 @@ struct entropy_controller_state {
 inline void validate(const entropy_controller_config& c, std::string_view fn = "entropy_controller") {
   constexpr double L = entropy_controller_limit;
   require_known(fn, "rule", c.rule, entropy_control_rule::step, entropy_control_rule::proportional);
+  require_known(fn, "gate_source", c.gate_source, entropy_gate_source::current_batch,
+                entropy_gate_source::last_update);
   detail::require_in_range(fn, "target_entropy", c.target_entropy, 0.0, L);
   detail::require_in_range(fn, "step_up", c.step_up, 0.0, L);
   detail::require_in_range(fn, "step_down", c.step_down, 0.0, L);
@@ -102,13 +117,34 @@ inline void require_entropy(std::string_view fn, double entropy) {
 
 //! The coefficient to apply to a loss whose batch has mean entropy `entropy`, given state `s`
 //! (Skywork-OR1's alpha_k = c_k · 1[e_k <= target] uses c before the update for that batch).
+//! A gate on the last update's entropy (gate_source == last_update) does not read the batch's
+//! entropy: that configuration is rejected here (argument 'gate_source'); call the overload
+//! without an entropy.
 [[nodiscard]] inline double entropy_bonus(const entropy_controller_config& c, const entropy_controller_state& s,
                                           double entropy) {
   constexpr std::string_view fn = "entropy_controller::bonus";
   validate(c, fn);
   validate(c, s, fn);
   detail::require_entropy(fn, entropy);
+  if (c.gate_above_target && c.gate_source == entropy_gate_source::last_update)
+    detail::fail_value(fn, "gate_source", detail::enum_value(c.gate_source),
+                       "the gate reads the last update's entropy (last_update): call bonus() without an entropy");
   return c.gate_above_target && entropy > c.target_entropy ? 0.0 : s.coef;
+}
+
+//! The coefficient for the next batch from the state alone (TRL: alpha = c if H_prev <= target
+//! else 0, with H_prev = +inf before the first update). Needs a gate on the last update's entropy
+//! or no gate; a gate on the batch's own entropy (gate_source == current_batch) is rejected here
+//! (argument 'gate_source'): call the overload that takes it.
+[[nodiscard]] inline double entropy_bonus(const entropy_controller_config& c, const entropy_controller_state& s) {
+  constexpr std::string_view fn = "entropy_controller::bonus";
+  validate(c, fn);
+  validate(c, s, fn);
+  if (!c.gate_above_target) return s.coef;
+  if (c.gate_source == entropy_gate_source::current_batch)
+    detail::fail_value(fn, "gate_source", detail::enum_value(c.gate_source),
+                       "the gate reads the batch's own entropy (current_batch): call bonus(entropy)");
+  return s.updates > 0 && s.last_entropy <= c.target_entropy ? s.coef : 0.0;
 }
 
 //! The transition: folds one measured mean entropy into the state. Checks the configuration and
@@ -124,7 +160,7 @@ inline void require_entropy(std::string_view fn, double entropy) {
   s.last_entropy = entropy;
   const double err = c.target_entropy - entropy;  // > 0: entropy too low, raise the bonus
   double v = s.coef;
-  if (err > c.tolerance) {
+  if (err > c.tolerance || (c.raise_at_target && err == c.tolerance)) {
     v = c.rule == entropy_control_rule::step ? v + c.step_up : v + c.gain * err;
   } else if (err < -c.tolerance) {
     v = c.rule == entropy_control_rule::step ? v - c.step_down : v + c.gain * err;
@@ -139,6 +175,8 @@ class entropy_controller {
 
   //! alpha for a batch of mean entropy H, before this batch's update.
   [[nodiscard]] double bonus(double entropy) const { return entropy_bonus(config_, state_, entropy); }
+  //! alpha for the next batch from the state alone (gate on the last update's entropy, or none).
+  [[nodiscard]] double bonus() const { return entropy_bonus(config_, state_); }
   //! Folds H in; returns the new ungated coefficient c.
   double update(double entropy) {
     state_ = entropy_update(config_, state_, entropy);
@@ -164,6 +202,8 @@ class entropy_controller {
     w.f64(config_.min_coef);
     w.f64(config_.max_coef);
     w.boolean(config_.gate_above_target);
+    w.u8(static_cast<std::uint8_t>(config_.gate_source));
+    w.boolean(config_.raise_at_target);
     w.f64(state_.coef);
     w.u64(state_.updates);
     w.f64(state_.last_entropy);
@@ -176,10 +216,19 @@ class entropy_controller {
   }
   //! Rebuilds a controller from exactly one checkpoint written by `save`. A damaged envelope, a
   //! field out of its documented range or a state that breaks an invariant throws ulorl::error
-  //! naming the field.
+  //! naming the field. Payload version 1 (written before gate_source and raise_at_target existed)
+  //! is read too, with those two at their defaults (current_batch, false): what it behaved as.
   [[nodiscard]] static entropy_controller restore(std::span<const std::byte> bytes) {
     constexpr std::string_view fn = "entropy_controller::restore";
-    auto r = detail::open_checkpoint(bytes, checkpoint_kind::entropy_controller, entropy_controller_payload_version, fn);
+    // The payload version sits at header offset 12 (u32, little-endian); open_checkpoint then
+    // checks the whole envelope, checksum first, against the version read here.
+    std::uint32_t version = entropy_controller_payload_version;
+    if (bytes.size() >= detail::checkpoint_header_bytes) {
+      std::uint32_t pv = 0;
+      for (std::size_t i = 0; i < 4; ++i) pv |= static_cast<std::uint32_t>(bytes[12 + i]) << (8 * i);
+      if (pv == 1) version = 1;
+    }
+    auto r = detail::open_checkpoint(bytes, checkpoint_kind::entropy_controller, version, fn);
     entropy_controller_config c;
     c.rule = static_cast<entropy_control_rule>(r.u8("rule"));
     c.target_entropy = r.f64("target_entropy");
@@ -191,6 +240,10 @@ class entropy_controller {
     c.min_coef = r.f64("min_coef");
     c.max_coef = r.f64("max_coef");
     c.gate_above_target = r.boolean("gate_above_target");
+    if (version >= 2) {
+      c.gate_source = static_cast<entropy_gate_source>(r.u8("gate_source"));
+      c.raise_at_target = r.boolean("raise_at_target");
+    }
     entropy_controller_state s;
     s.coef = r.f64("state.coef");
     s.updates = r.u64("state.updates");
@@ -207,5 +260,36 @@ class entropy_controller {
   entropy_controller_config config_;
   entropy_controller_state state_;
 };
+
+namespace presets::trl {
+//! TRL GRPOConfig's adaptive entropy fields, under TRL's names and with its defaults.
+struct adaptive_entropy_params {
+  double entropy_coef = 0.0;          //!< initial coefficient c
+  double entropy_target = 0.2;        //!< target mean token entropy (nats)
+  double entropy_coef_delta = 0.005;  //!< step of c per optimizer step
+  double entropy_coef_min = 0.0;      //!< lower bound of c
+  double entropy_coef_max = 1.0;      //!< upper bound of c
+};
+//! TRL `use_adaptive_entropy` (golden README §4.11): each optimizer step applies
+//! alpha = c · [H_prev <= target] (H_prev = +inf before the first step: bonus()), then
+//! update(H) sets c <- min(c + delta, max) if H <= target, else c <- max(c - delta, min).
+//! The step rule with step_up = step_down = delta, no dead band, raise_at_target and a gate on
+//! the last update's entropy. The controller's checks apply (entropy_coef in [min, max], every
+//! value in [0, 1e6]).
+[[nodiscard]] constexpr entropy_controller_config adaptive_entropy(const adaptive_entropy_params& p = {}) noexcept {
+  return {.rule = entropy_control_rule::step,
+          .target_entropy = p.entropy_target,
+          .init_coef = p.entropy_coef,
+          .step_up = p.entropy_coef_delta,
+          .step_down = p.entropy_coef_delta,
+          .gain = 0.0,
+          .tolerance = 0.0,
+          .min_coef = p.entropy_coef_min,
+          .max_coef = p.entropy_coef_max,
+          .gate_above_target = true,
+          .gate_source = entropy_gate_source::last_update,
+          .raise_at_target = true};
+}
+}  // namespace presets::trl
 
 ULORL_NAMESPACE_END

@@ -1,9 +1,9 @@
 // ulorl/logits/backward.hpp — d loss / d logits from the statistics saved by logits_forward, in one
 // read of the logits and one write of the gradient (no [N, V] temporary, may run in place).
-// For L = sum_i g_lp_i logprob_i + g_ent_i entropy_i (the per-row gradients any loss hands back):
+// For L = sum_i g_lp_i log_prob_i + g_ent_i entropy_i (the per-row gradients any loss hands back):
 //   dL/dx_ij = (g_lp_i (delta_{j,y_i} - p_ij) - g_ent_i p_ij (z_ij - E_i)) / tau,
 //   p_ij = exp(z_ij - lse_i),  z_ij - E_i = log p_ij + entropy_i
-// (verl's entropy/logprob backward, golden README section 4.6; Liger's fused cross-entropy backward).
+// (verl's entropy/log_prob backward, golden README section 4.6; Liger's fused cross-entropy backward).
 // The chosen token's element is evaluated in double with expm1, so g (1 - p) keeps its digits when
 // p -> 1. Masked (-inf) logits get exactly 0 (and g_lp / tau if they are the label).
 #pragma once
@@ -106,15 +106,15 @@ void check_stat(const char* fn, const char* arg, vector_view<const S> v, std::si
 
 inline namespace ULORL_ISA {
 
-//! Writes dL/dlogits for L = sum_i grad_logprob_i logprob_i + grad_entropy_i entropy_i.
+//! Writes dL/dlogits for L = sum_i grad_log_prob_i log_prob_i + grad_entropy_i entropy_i.
 //! `lse`, `entropy` [N]: saved by logits_forward with the same logits and temperature.
-//! `grad_logprob` [N]; `grad_entropy` [N] or empty (no entropy term; `entropy` may then be empty).
+//! `grad_log_prob` [N]; `grad_entropy` [N] or empty (no entropy term; `entropy` may then be empty).
 //! `grad_logits` [N, V] (float, double or bf16; any non-overlapping strides) may be the logits
 //! buffer itself (same type and strides): the backward then runs in place.
 //! Throws ulorl::error before writing anything (non-finite statistics or gradients name their row).
 template <class L, class I, class S, class D, class G, class Exec = sequential_executor>
 void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vector_view<const S> lse,
-                     vector_view<const S> entropy, vector_view<const D> grad_logprob,
+                     vector_view<const S> entropy, vector_view<const D> grad_log_prob,
                      vector_view<const D> grad_entropy, matrix_view<G> grad_logits, const logits_config& cfg = {},
                      Exec&& exec = {}) {
   static_assert(std::is_floating_point_v<S> && std::is_floating_point_v<D>, "statistics are float or double");
@@ -124,7 +124,7 @@ void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vec
   const std::size_t n = logits.rows();
   const bool with_entropy = grad_entropy.size() != 0;
   detail::logits::check_stat(fn, "lse", lse, n);
-  detail::logits::check_stat(fn, "grad_logprob", grad_logprob, n);
+  detail::logits::check_stat(fn, "grad_log_prob", grad_log_prob, n);
   if (with_entropy) {
     detail::logits::check_stat(fn, "grad_entropy", grad_entropy, n);
     detail::logits::check_stat(fn, "entropy", entropy, n);
@@ -141,7 +141,7 @@ void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vec
       const double g_ent = with_entropy ? static_cast<double>(grad_entropy[r]) : 0.0;
       const double h = with_entropy ? static_cast<double>(entropy[r]) : 0.0;
       detail::logits::row_backward<L, G>(logits.row(r), grad_logits.row(r), static_cast<std::size_t>(labels[r]),
-                                         static_cast<double>(lse[r]), h, static_cast<double>(grad_logprob[r]), g_ent,
+                                         static_cast<double>(lse[r]), h, static_cast<double>(grad_log_prob[r]), g_ent,
                                          tau, cfg.fast_backward);
     }
   });
@@ -151,10 +151,10 @@ void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vec
 template <class L, class I, class S, class D, class G, class Exec = sequential_executor>
   requires(!std::is_const_v<L>)
 void logits_backward(matrix_view<L> logits, std::span<const I> labels, vector_view<const S> lse,
-                     vector_view<const S> entropy, vector_view<const D> grad_logprob,
+                     vector_view<const S> entropy, vector_view<const D> grad_log_prob,
                      vector_view<const D> grad_entropy, matrix_view<G> grad_logits, const logits_config& cfg = {},
                      Exec&& exec = {}) {
-  logits_backward(matrix_view<const L>(logits), labels, lse, entropy, grad_logprob, grad_entropy, grad_logits, cfg,
+  logits_backward(matrix_view<const L>(logits), labels, lse, entropy, grad_log_prob, grad_entropy, grad_logits, cfg,
                   std::forward<Exec>(exec));
 }
 

@@ -1,15 +1,17 @@
 // ulorl/logits/forward.hpp — per-row statistics of logits [N, V] in ONE pass over memory: the chosen
 // token's log-prob, the entropy and the log-sum-exp, for float, double or bf16 storage, any strides,
 // optional temperature (z = logits / tau, as verl's `logits.div_(temperature)`).
-//   logprob_i = z[i, y_i] - lse_i,   entropy_i = lse_i - sum_j p_ij z_ij,   lse_i = log sum_j e^{z_ij}
+//   log_prob_i = z[i, y_i] - lse_i,   entropy_i = lse_i - sum_j p_ij z_ij,   lse_i = log sum_j e^{z_ij}
 // Online softmax (Milakov & Gimelshein 2018) extended with the running sum of e^d d, so the entropy
 // needs no second pass: see online_softmax.hpp. Never materialises an [N, V] temporary; the scratch is
 // one 1024-element chunk on the stack. Matches verl `logprobs_from_logits` + `entropy_from_logits`
 // (golden op `logits_stats`), torch `log_softmax(z).gather(y)` and `-(softmax(z) * log_softmax(z)).sum()`.
 //
 // Non-finite logits: -inf marks masked vocabulary (probability exactly 0, no contribution to the
-// entropy). NaN or +inf in a row make that row's outputs NaN (other rows are unaffected), as torch
-// does; set `check_logits` to reject them up front instead (costs one extra read of the logits).
+// entropy). The value scan (`check_values`, on by default as in every area of ulorl) rejects NaN or
+// +inf logits, all -inf rows and rows whose scaled logits would overflow before anything is
+// written, at the cost of one extra read of the logits; with `check_values = false` a NaN or +inf
+// makes its row's outputs NaN (other rows are unaffected), as torch does.
 #pragma once
 
 #include <cmath>
@@ -37,9 +39,10 @@ struct logits_config {
   //! z = logits / temperature; finite, > 0, with 1 / temperature finite in the arithmetic type
   //! (float for float and bf16 logits, double for double)
   double temperature = 1.0;
-  //! reject NaN / +inf logits, all -inf rows and rows whose scaled logits max |x| / temperature
-  //! exceed half the range of the statistics' type (one extra read)
-  bool check_logits = false;
+  //! The value scan: reject NaN / +inf logits, all -inf rows and rows whose scaled logits
+  //! max |x| / temperature exceed half the range of the statistics' type, before writing anything
+  //! (one extra read of the logits). false: such rows give NaN / inf statistics instead.
+  bool check_values = true;
   //! Backward only: form log p in float as torch does (p off by |log p| * 6e-8 relative, e.g. 1e-6
   //! at p = 1e-7) instead of double; about half the arithmetic, for when that bounds the speed.
   bool fast_backward = false;
@@ -97,19 +100,23 @@ inline double chunk_max(const double* p, std::size_t n) noexcept {
 }
 inline float chunk_max(const float* p, std::size_t n) noexcept { return simd::chunk_max(p, n); }
 
-inline void chunk_sums(const double* p, std::size_t n, double m, double inv_tau, double& s, double& t, const char*,
-                       std::size_t) noexcept {
+//! s += sum_j e^{d_j}, t += sum_j e^{d_j} d_j and, with Sq, q += sum_j e^{2 d_j}, d_j = (x_j - m) / tau.
+template <bool Sq>
+inline void chunk_sums(const double* p, std::size_t n, double m, double inv_tau, double& s, double& t, double& q,
+                       const char*, std::size_t) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const double d = (p[i] - m) * inv_tau;
     if (d == -std::numeric_limits<double>::infinity()) continue;
     const double e = std::exp(d);
     s += e;
     t += e * d;
+    if constexpr (Sq) q += e * e;
   }
 }
-inline void chunk_sums(const float* p, std::size_t n, double m, double inv_tau, double& s, double& t,
+template <bool Sq>
+inline void chunk_sums(const float* p, std::size_t n, double m, double inv_tau, double& s, double& t, double& q,
                        const char* next = nullptr, std::size_t next_bytes = 0) noexcept {
-  simd::chunk_sums(p, n, static_cast<float>(m), static_cast<float>(inv_tau), s, t, next, next_bytes);
+  simd::chunk_sums<Sq>(p, n, static_cast<float>(m), static_cast<float>(inv_tau), s, t, q, next, next_bytes);
 }
 
 //! Storage of the chunk after [j0, j0 + chunk) of a contiguous row, for prefetching (else null).
@@ -128,12 +135,16 @@ bool has_nan(const C* p, std::size_t n) noexcept {
   return false;
 }
 
-//! One row: one pass over memory (each chunk is read from memory once, then from L1).
-template <class L>
-token_stats<double> row_forward(vector_view<const L> row, std::size_t label, double inv_tau) noexcept {
+//! One row: one pass over memory (each chunk is read from memory once, then from L1). With Sq,
+//! `*sum_pi_squared` receives sum_j p_j^2 = (sum_j e^{2 d_j}) / s^2, accumulated relative to the same
+//! running maximum as s (rescaled by e^{2 delta}).
+template <class L, bool Sq = false>
+token_stats<double> row_forward(vector_view<const L> row, std::size_t label, double inv_tau,
+                                double* sum_pi_squared = nullptr) noexcept {
   using C = compute_t<L>;
   alignas(64) C buf[chunk];
   softmax_partial<double> st;
+  double sq = 0;  // sum_j e^{2 d_j} relative to st.max (Sq only)
   bool nan = false;
   const std::size_t v = row.size();
   for (std::size_t j0 = 0; j0 < v; j0 += chunk) {
@@ -144,17 +155,26 @@ token_stats<double> row_forward(vector_view<const L> row, std::size_t label, dou
       nan = nan || has_nan(x, n);
       continue;
     }
-    if (static_cast<double>(cm) > st.max) st = st.rescaled(static_cast<double>(cm), inv_tau);
-    double s = 0, t = 0;
+    if (static_cast<double>(cm) > st.max) {
+      if constexpr (Sq)
+        if (sq != 0) sq *= std::exp(2 * (st.max - static_cast<double>(cm)) * inv_tau);
+      st = st.rescaled(static_cast<double>(cm), inv_tau);
+    }
+    double s = 0, t = 0, q = 0;
     const auto [next, next_bytes] = next_chunk(row, j0);
-    chunk_sums(x, n, st.max, inv_tau, s, t, next, next_bytes);
+    chunk_sums<Sq>(x, n, st.max, inv_tau, s, t, q, next, next_bytes);
     st.sum += s;
     st.tsum += t;
+    if constexpr (Sq) sq += q;
   }
   if (nan) {
     const double q = std::numeric_limits<double>::quiet_NaN();
+    if constexpr (Sq) *sum_pi_squared = q;
     return {q, q, q};
   }
+  if constexpr (Sq)
+    *sum_pi_squared = st.max == -std::numeric_limits<double>::infinity() ? std::numeric_limits<double>::quiet_NaN()
+                                                                          : sq / (st.sum * st.sum);
   return finalize(st, static_cast<double>(widen(row[label])), inv_tau);
 }
 
@@ -250,7 +270,7 @@ void check_common(const char* fn, matrix_view<const L> logits, std::span<const I
       detail::fail_at(fn, "labels", static_cast<std::int64_t>(r), static_cast<std::int64_t>(y),
                       "must be in [0, V) with V = " + std::to_string(v) + " (row " + std::to_string(r) + ")");
   }
-  if (cfg.check_logits) check_logits<range_t<L, S>>(fn, logits, cfg.temperature);
+  if (cfg.check_values) check_logits<range_t<L, S>>(fn, logits, cfg.temperature);
 }
 
 template <class S>
@@ -266,42 +286,80 @@ void check_output(const char* fn, const char* arg, vector_view<S> out, std::size
 
 inline namespace ULORL_ISA {
 
-//! Per-row chosen-token log-prob, entropy and log-sum-exp of logits / temperature.
-//! `logits` [N, V] (float, double or bf16; any strides), `labels` [N] in [0, V).
-//! Outputs [N] (float or double): `logprob`; `entropy` and `lse` may be empty views when not wanted
-//! (computing them costs nothing extra). Keep `lse` and `entropy` for logits_backward
-//! (store lse in double when |logits| is large: float lse is exact only to |lse| * 6e-8).
-//! `exec` runs rows in parallel (see parallel.hpp). Throws ulorl::error before writing anything.
+//! The per-row outputs of logits_forward, each [N] (float or double) or an empty view when not
+//! wanted. `log_prob` is required. `entropy` and `lse` cost nothing extra; keep them for
+//! logits_backward (store lse in double when |logits| is large: float lse is exact only to
+//! |lse| * 6e-8). `sum_pi_squared` is sum_v p_v^2 = exp(lse(2z) - 2 lse(z)) of the row (the
+//! collision probability; the optimal token baseline's statistic, verl's `sum_pi_squared`), in the
+//! same pass: one more multiply-add per logit, only when given.
+template <class S>
+struct logits_outputs {
+  vector_view<S> log_prob;
+  vector_view<S> entropy{};
+  vector_view<S> lse{};
+  vector_view<S> sum_pi_squared{};
+};
+
+//! Per-row chosen-token log-prob, entropy, log-sum-exp and (optionally) sum of squared
+//! probabilities of logits / temperature. `logits` [N, V] (float, double or bf16; any strides),
+//! `labels` [N] in [0, V). `exec` runs rows in parallel (see parallel.hpp). Throws ulorl::error
+//! before writing anything.
 template <class L, class I, class S, class Exec = sequential_executor>
-void logits_forward(matrix_view<const L> logits, std::span<const I> labels, vector_view<S> logprob,
-                    vector_view<S> entropy, vector_view<S> lse, const logits_config& cfg = {}, Exec&& exec = {}) {
+void logits_forward(matrix_view<const L> logits, std::span<const I> labels, const logits_outputs<S>& out,
+                    const logits_config& cfg = {}, Exec&& exec = {}) {
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
   constexpr const char* fn = "logits_forward";
   detail::logits::check_common<S>(fn, logits, labels, cfg);
   const std::size_t n = logits.rows();
-  detail::logits::check_output(fn, "logprob", logprob, n, false);
+  const auto& [log_prob, entropy, lse, sum_sq] = out;
+  detail::logits::check_output(fn, "log_prob", log_prob, n, false);
   detail::logits::check_output(fn, "entropy", entropy, n, true);
   detail::logits::check_output(fn, "lse", lse, n, true);
-  require_disjoint(fn, "entropy", entropy, "logprob", logprob);
-  require_disjoint(fn, "lse", lse, "logprob", logprob);
+  detail::logits::check_output(fn, "sum_pi_squared", sum_sq, n, true);
+  require_disjoint(fn, "entropy", entropy, "log_prob", log_prob);
+  require_disjoint(fn, "lse", lse, "log_prob", log_prob);
   require_disjoint(fn, "lse", lse, "entropy", entropy);
+  require_disjoint(fn, "sum_pi_squared", sum_sq, "log_prob", log_prob);
+  require_disjoint(fn, "sum_pi_squared", sum_sq, "entropy", entropy);
+  require_disjoint(fn, "sum_pi_squared", sum_sq, "lse", lse);
   const double inv_tau = 1.0 / cfg.temperature;
-  exec(n, [&](std::size_t begin, std::size_t end) {
+  const auto rows = [&]<bool Sq>(std::size_t begin, std::size_t end) {
     for (std::size_t r = begin; r < end; ++r) {
-      const auto st = detail::logits::row_forward<L>(logits.row(r), static_cast<std::size_t>(labels[r]), inv_tau);
-      logprob[r] = static_cast<S>(st.logprob);
+      double q = 0;
+      const auto st =
+          detail::logits::row_forward<L, Sq>(logits.row(r), static_cast<std::size_t>(labels[r]), inv_tau, &q);
+      log_prob[r] = static_cast<S>(st.log_prob);
       if (entropy.size() != 0) entropy[r] = static_cast<S>(st.entropy);
       if (lse.size() != 0) lse[r] = static_cast<S>(st.lse);
+      if constexpr (Sq) sum_sq[r] = static_cast<S>(q);
     }
-  });
+  };
+  if (sum_sq.size() != 0)
+    exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<true>(begin, end); });
+  else
+    exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<false>(begin, end); });
+}
+
+//! Positional form: log_prob, entropy and lse (entropy and lse may be empty).
+template <class L, class I, class S, class Exec = sequential_executor>
+void logits_forward(matrix_view<const L> logits, std::span<const I> labels, vector_view<S> log_prob,
+                    vector_view<S> entropy, vector_view<S> lse, const logits_config& cfg = {}, Exec&& exec = {}) {
+  logits_forward(logits, labels, logits_outputs<S>{log_prob, entropy, lse}, cfg, std::forward<Exec>(exec));
 }
 
 //! Convenience overload for mutable logits views.
 template <class L, class I, class S, class Exec = sequential_executor>
   requires(!std::is_const_v<L>)
-void logits_forward(matrix_view<L> logits, std::span<const I> labels, vector_view<S> logprob, vector_view<S> entropy,
+void logits_forward(matrix_view<L> logits, std::span<const I> labels, vector_view<S> log_prob, vector_view<S> entropy,
                     vector_view<S> lse, const logits_config& cfg = {}, Exec&& exec = {}) {
-  logits_forward(matrix_view<const L>(logits), labels, logprob, entropy, lse, cfg, std::forward<Exec>(exec));
+  logits_forward(matrix_view<const L>(logits), labels, log_prob, entropy, lse, cfg, std::forward<Exec>(exec));
+}
+//! Convenience overload for mutable logits views.
+template <class L, class I, class S, class Exec = sequential_executor>
+  requires(!std::is_const_v<L>)
+void logits_forward(matrix_view<L> logits, std::span<const I> labels, const logits_outputs<S>& out,
+                    const logits_config& cfg = {}, Exec&& exec = {}) {
+  logits_forward(matrix_view<const L>(logits), labels, out, cfg, std::forward<Exec>(exec));
 }
 
 }  // namespace ULORL_ISA

@@ -2,8 +2,8 @@
 // old / reference log-probs + advantages + mask -> loss, d loss / d logits and the metrics, for every
 // objective, KL estimator, entropy term and aggregation mode of ulorl/loss/policy_loss.hpp, with its
 // partition-exact normaliser. Three passes, none of them [N, V]-sized in memory:
-//   1. logits_forward: logprob_i, entropy_i, lse_i per token (one read of the logits);
-//   2. policy_loss: d loss / d logprob_i and d loss / d entropy_i (the loss area's own scalar math,
+//   1. logits_forward: log_prob_i, entropy_i, lse_i per token (one read of the logits);
+//   2. policy_loss: d loss / d log_prob_i and d loss / d entropy_i (the loss area's own scalar math,
 //      not a second copy: sequence-level objectives such as GSPO / GMPO work unchanged);
 //   3. logits_backward: d loss / d logits (one read, one write; may run in place).
 // Row i of the logits is the token of flat index i of the token layout (padded: b * T + t, including
@@ -36,6 +36,9 @@ struct logits_loss_buffers {
   token_view<T> grad_log_prob;  //!< out: d loss / d log_prob
   token_view<T> grad_entropy;   //!< out: d loss / d entropy (required when entropy_coef != 0)
   vector_view<T> lse;           //!< out: [N] log-sum-exp of logits / temperature, flat token order
+  //! out, optional: sum_v p_v^2 of every token (logits_outputs::sum_pi_squared), for a hook that
+  //! needs it (the optimal token baseline); empty: not computed
+  token_view<T> sum_pi_squared{};
 };
 
 //! What a statistics hook sees: every token's statistics after the forward pass, before the loss, in
@@ -45,6 +48,7 @@ struct token_statistics {
   token_view<const T> log_prob;
   token_view<const T> entropy;
   vector_view<const T> lse;
+  token_view<const T> sum_pi_squared{};  //!< empty unless the buffers have it
 };
 
 //! The default statistics hook: does nothing.
@@ -87,6 +91,13 @@ std::size_t check_loss_buffers(const char* fn, const char* source, const policy_
     require_same_shape(fn, "buf.entropy", buf.entropy, "old_log_prob", ref);
   }
   require_same_size(fn, "buf.lse", buf.lse.size(), "tokens", ref.size());
+  if (!buf.sum_pi_squared.empty()) {
+    require_same_shape(fn, "buf.sum_pi_squared", buf.sum_pi_squared, "old_log_prob", ref);
+    detail::require_distinct_tokens(fn, "buf.sum_pi_squared", buf.sum_pi_squared);
+    detail::require_disjoint_tokens(fn, "buf.sum_pi_squared", buf.sum_pi_squared, "buf.log_prob", buf.log_prob);
+    if (!buf.entropy.empty())
+      detail::require_disjoint_tokens(fn, "buf.sum_pi_squared", buf.sum_pi_squared, "buf.entropy", buf.entropy);
+  }
   detail::require_distinct_tokens(fn, "buf.log_prob", buf.log_prob);
   require_distinct_elements(fn, "buf.lse", buf.lse);
   if (!buf.entropy.empty()) {
@@ -99,7 +110,7 @@ std::size_t check_loss_buffers(const char* fn, const char* source, const policy_
 //! The statistics in `buf` as the hook sees them.
 template <class T>
 token_statistics<T> statistics_of(const logits_loss_buffers<T>& buf) noexcept {
-  return {buf.log_prob, buf.entropy, buf.lse};
+  return {buf.log_prob, buf.entropy, buf.lse, buf.sum_pi_squared};
 }
 
 //! The policy loss on the log-probs (and entropies) in `buf`: validates every token input and
@@ -122,9 +133,9 @@ inline namespace ULORL_ISA {
 //! Loss, metrics and d loss / d logits of one micro-batch. `in.log_prob` and `in.entropy` must be
 //! empty: they are computed from `logits` / `lcfg.temperature` into `buf` (entropies whenever
 //! `buf.entropy` is given). Labels are the sampled token ids of every row (padded positions too: any
-//! id in [0, V)). Throws ulorl::error before writing `grad_logits` (a NaN / +inf logit in a row
-//! makes its log-prob non-finite, which the policy loss rejects naming the token, unless
-//! `lcfg.check_logits` rejects it first).
+//! id in [0, V)). Throws ulorl::error before writing `grad_logits`: a NaN / +inf logit is rejected by
+//! the value scan of `lcfg.check_values` (or, with that scan off, its row's non-finite log-prob by
+//! the policy loss's own `cfg.check_values` scan, naming the token).
 //!
 //! `hook(const token_statistics<T>&)` runs between the statistics and the loss: it sees every
 //! token's log-prob, entropy and log-sum-exp and may write the memory behind `in.mask` and
@@ -153,10 +164,14 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
   // 1. Per-token statistics, response by response (rows of the token layout may be strided).
   for (std::size_t b = 0; b < ref.rows(); ++b) {
     const std::size_t first = ref.row_begin(b), count = ref.row_size(b);
-    const vector_view<T> ent = entropy_out ? buf.entropy.row(b) : vector_view<T>();
-    logits_forward(detail::logits::token_rows(logits, first, count), labels.subspan(first, count), buf.log_prob.row(b),
-                   ent, vector_view<T>(buf.lse.data() + static_cast<std::ptrdiff_t>(first) * buf.lse.stride(), count,
-                                       buf.lse.stride()),
+    logits_forward(detail::logits::token_rows(logits, first, count), labels.subspan(first, count),
+                   logits_outputs<T>{.log_prob = buf.log_prob.row(b),
+                                     .entropy = entropy_out ? buf.entropy.row(b) : vector_view<T>(),
+                                     .lse = vector_view<T>(buf.lse.data() + static_cast<std::ptrdiff_t>(first) *
+                                                                                buf.lse.stride(),
+                                                           count, buf.lse.stride()),
+                                     .sum_pi_squared = buf.sum_pi_squared.empty() ? vector_view<T>()
+                                                                                  : buf.sum_pi_squared.row(b)},
                    lcfg, exec);
   }
   // 2. The caller's hook, then the policy loss on those log-probs (validates every token input,

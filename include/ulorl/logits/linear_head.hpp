@@ -3,7 +3,7 @@
 // gradients of the hidden states, the weight and the bias, without ever holding the [N, V] logits.
 // Rows are processed in chunks of C; per chunk, in a caller-provided workspace of C x V values:
 //   Z   = hidden[c] . weight^T + bias                 (GEMM, "A B^T")
-//   logprob, entropy, lse = logits_forward(Z / tau)   (the kernels of forward.hpp, unchanged)
+//   log_prob, entropy, lse = logits_forward(Z / tau)   (the kernels of forward.hpp, unchanged)
 //   g_lp, g_ent           = the loss's per-row gradients for the chunk (given, or from a functor)
 //   dZ  = logits_backward(Z, ...)                     (in place in the workspace)
 //   grad_hidden[c]  (+)= dZ . weight                  (GEMM, "A B")
@@ -60,10 +60,11 @@ struct linear_head_config {
   double temperature = 1.0;                            //!< logits are (hidden . weight^T + bias) / temperature
   std::size_t chunk_rows = 0;                          //!< rows per chunk C; 0: automatic from workspace_budget
   std::size_t workspace_budget = std::size_t{256} << 20;  //!< bytes the automatic C aims at (C >= 1 always)
-  //! Forward only: reject NaN / inf in hidden, weight, bias up front. When false (the default, as
-  //! logits_forward) a NaN / inf reaches the logits: rows it touches get NaN statistics (a NaN in a
-  //! weight row touches every row). The backward functions always check (they cannot proceed).
-  bool check_inputs = false;
+  //! The value scan (every function): reject NaN / inf in hidden, weight, bias and magnitudes whose
+  //! logits could overflow, before writing anything (one read of hidden and weight, small next to
+  //! the GEMM). false: a NaN / inf reaches the logits, and the rows it touches get NaN statistics
+  //! and gradients (a NaN in a weight row touches every row).
+  bool check_values = true;
   bool fast_backward = false;                          //!< logits_config::fast_backward
   grad_mode grad_hidden = grad_mode::overwrite;        //!< grad_hidden: activations of this batch
   grad_mode grad_weight = grad_mode::accumulate;       //!< grad_weight and grad_bias: parameters
@@ -99,7 +100,7 @@ struct builtin_gemm {};
 namespace detail::head {
 // Workspace layout constants (ISA-independent: the size query must agree across builds).
 inline constexpr std::size_t ws_align = 64;
-inline constexpr std::size_t row_doubles = 5;  // logprob, entropy, lse, grad_logprob, grad_entropy
+inline constexpr std::size_t row_doubles = 5;  // log_prob, entropy, lse, grad_log_prob, grad_entropy
 template <class T>
 constexpr std::size_t row_bytes(std::size_t v) noexcept {
   return v * sizeof(T) + row_doubles * sizeof(double);
@@ -318,7 +319,7 @@ void check_inputs(const char* fn, const linear_head_inputs<T>& in, std::span<con
 }
 
 //! Non-finite values, magnitudes whose products could overflow T (H max|h| max|w| + max|b|), and
-//! that bound over the temperature beyond half the range of T (logits_forward's check_logits rule):
+//! that bound over the temperature beyond half the range of T (logits_forward's value-scan rule):
 //! after this no logit, no scaled logit, and so no statistic can be non-finite.
 template <class T>
 void check_values(const char* fn, const linear_head_inputs<T>& in, double temperature) {
@@ -559,7 +560,7 @@ struct no_stats {
 //! Marks the forward-only path.
 struct no_grad {};
 
-//! The chunk loop shared by every public function. `stats(first, count, logprob, entropy, lse)`
+//! The chunk loop shared by every public function. `stats(first, count, log_prob, entropy, lse)`
 //! sees each chunk's statistics; `grad_fn` (unless no_grad) maps them to the per-row gradients.
 //! Inputs are validated by the caller.
 template <class T, class I, class Stats, class GradFn, class Exec, class Gemm = builtin_gemm>
@@ -576,7 +577,7 @@ void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> lab
       for (std::size_t j = 0; j < g.bias.size(); ++j) g.bias[j] = T(0);
     }
   }
-  const logits_config lcfg{.temperature = cfg.temperature, .check_logits = false, .fast_backward = cfg.fast_backward};
+  const logits_config lcfg{.temperature = cfg.temperature, .check_values = false, .fast_backward = cfg.fast_backward};
   const std::size_t cmax = s.rows;
   double* const lp = s.stats;
   double* const ent = s.stats + cmax;
@@ -598,7 +599,7 @@ void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> lab
               std::span<double>(gent, c));
       for (std::size_t i = 0; i < c; ++i) {
         if (!std::isfinite(glp[i]))
-          detail::fail_at(fn, "grad_logprob", static_cast<std::int64_t>(r0 + i), glp[i],
+          detail::fail_at(fn, "grad_log_prob", static_cast<std::int64_t>(r0 + i), glp[i],
                           "must be finite (from the gradient functor; earlier chunks' gradients are already written)");
         if (!std::isfinite(gent[i]))
           detail::fail_at(fn, "grad_entropy", static_cast<std::int64_t>(r0 + i), gent[i],
@@ -627,10 +628,10 @@ void check_grads(const char* fn, const linear_head_inputs<T>& in, const linear_h
 //! Writes a chunk's statistics into the caller's [N] outputs (each may be empty).
 template <class S>
 struct stats_sink {
-  vector_view<S> logprob, entropy, lse;
+  vector_view<S> log_prob, entropy, lse;
   void operator()(std::size_t r0, std::size_t c, const double* lp, const double* ent, const double* ls) const noexcept {
     for (std::size_t i = 0; i < c; ++i) {
-      if (logprob.size() != 0) logprob[r0 + i] = static_cast<S>(lp[i]);
+      if (log_prob.size() != 0) log_prob[r0 + i] = static_cast<S>(lp[i]);
       if (entropy.size() != 0) entropy[r0 + i] = static_cast<S>(ent[i]);
       if (lse.size() != 0) lse[r0 + i] = static_cast<S>(ls[i]);
     }
@@ -660,27 +661,27 @@ inline namespace ULORL_ISA {
 //! statistics over rows (parallel.hpp); `gemm` runs the GEMM (builtin_gemm: ulorl's own, on `exec`).
 //! Throws ulorl::error before writing anything.
 template <class T, class I, class S, class Exec = sequential_executor, class Gemm = builtin_gemm>
-void linear_head_forward(const linear_head_inputs<T>& in, std::span<const I> labels, vector_view<S> logprob,
+void linear_head_forward(const linear_head_inputs<T>& in, std::span<const I> labels, vector_view<S> log_prob,
                          vector_view<S> entropy, vector_view<S> lse, const linear_head_config& cfg = {},
                          std::span<std::byte> workspace = {}, Exec&& exec = {}, Gemm&& gemm = {}) {
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
   constexpr const char* fn = "linear_head_forward";
   detail::head::check_inputs(fn, in, labels, cfg.temperature);
   const std::size_t n = in.hidden.rows();
-  detail::head::check_stat_output(fn, "logprob", logprob, n, false);
+  detail::head::check_stat_output(fn, "log_prob", log_prob, n, false);
   detail::head::check_stat_output(fn, "entropy", entropy, n, true);
   detail::head::check_stat_output(fn, "lse", lse, n, true);
-  if (cfg.check_inputs) detail::head::check_values(fn, in, cfg.temperature);
+  if (cfg.check_values) detail::head::check_values(fn, in, cfg.temperature);
   detail::head::no_grad none;
-  detail::head::run(fn, in, labels, detail::head::stats_sink<S>{logprob, entropy, lse}, none, linear_head_grads<T>{},
+  detail::head::run(fn, in, labels, detail::head::stats_sink<S>{log_prob, entropy, lse}, none, linear_head_grads<T>{},
                     cfg, workspace, exec, gemm);
 }
 
-//! Forward and backward in one pass over the chunks, for a loss L(logprob, entropy) whose per-row
+//! Forward and backward in one pass over the chunks, for a loss L(log_prob, entropy) whose per-row
 //! gradients a functor gives chunk by chunk:
-//!   grad_fn(std::size_t first_row, std::span<const double> logprob, std::span<const double> entropy,
-//!           std::span<double> grad_logprob, std::span<double> grad_entropy)
-//! for rows [first_row, first_row + logprob.size()) (the grad spans arrive zeroed). Writes the
+//!   grad_fn(std::size_t first_row, std::span<const double> log_prob, std::span<const double> entropy,
+//!           std::span<double> grad_log_prob, std::span<double> grad_entropy)
+//! for rows [first_row, first_row + log_prob.size()) (the grad spans arrive zeroed). Writes the
 //! statistics (each output [N] or empty) and the gradients `grads` (each [N, H] / [V, H] / [V] or
 //! empty) per cfg.grad_hidden / cfg.grad_weight (overwrite or accumulate). Validates everything,
 //! including that hidden, weight, bias are finite, before writing; a non-finite gradient returned by
@@ -688,7 +689,7 @@ void linear_head_forward(const linear_head_inputs<T>& in, std::span<const I> lab
 template <class T, class I, class GradFn, class S = double, class Exec = sequential_executor,
           class Gemm = builtin_gemm>
 void linear_head_forward_backward(const linear_head_inputs<T>& in, std::span<const I> labels, GradFn&& grad_fn,
-                                  const linear_head_grads<T>& grads, vector_view<S> logprob = {},
+                                  const linear_head_grads<T>& grads, vector_view<S> log_prob = {},
                                   vector_view<S> entropy = {}, vector_view<S> lse = {},
                                   const linear_head_config& cfg = {}, std::span<std::byte> workspace = {},
                                   Exec&& exec = {}, Gemm&& gemm = {}) {
@@ -696,21 +697,21 @@ void linear_head_forward_backward(const linear_head_inputs<T>& in, std::span<con
   constexpr const char* fn = "linear_head_forward_backward";
   detail::head::check_inputs(fn, in, labels, cfg.temperature);
   const std::size_t n = in.hidden.rows();
-  detail::head::check_stat_output(fn, "logprob", logprob, n, true);
+  detail::head::check_stat_output(fn, "log_prob", log_prob, n, true);
   detail::head::check_stat_output(fn, "entropy", entropy, n, true);
   detail::head::check_stat_output(fn, "lse", lse, n, true);
   detail::head::check_grads(fn, in, grads);
-  detail::head::check_values(fn, in, cfg.temperature);
-  detail::head::run(fn, in, labels, detail::head::stats_sink<S>{logprob, entropy, lse}, grad_fn, grads, cfg, workspace,
+  if (cfg.check_values) detail::head::check_values(fn, in, cfg.temperature);
+  detail::head::run(fn, in, labels, detail::head::stats_sink<S>{log_prob, entropy, lse}, grad_fn, grads, cfg, workspace,
                     exec, gemm);
 }
 
-//! Gradients of L = sum_i grad_logprob_i logprob_i + grad_entropy_i entropy_i with respect to
+//! Gradients of L = sum_i grad_log_prob_i log_prob_i + grad_entropy_i entropy_i with respect to
 //! hidden, weight and bias (the forward is recomputed chunk by chunk; nothing is saved between calls).
-//! `grad_logprob` [N]; `grad_entropy` [N] or empty (no entropy term). Throws before writing anything.
+//! `grad_log_prob` [N]; `grad_entropy` [N] or empty (no entropy term). Throws before writing anything.
 template <class T, class I, class D, class Exec = sequential_executor, class Gemm = builtin_gemm>
 void linear_head_backward(const linear_head_inputs<T>& in, std::span<const I> labels,
-                          vector_view<const D> grad_logprob, vector_view<const D> grad_entropy,
+                          vector_view<const D> grad_log_prob, vector_view<const D> grad_entropy,
                           const linear_head_grads<T>& grads, const linear_head_config& cfg = {},
                           std::span<std::byte> workspace = {}, Exec&& exec = {}, Gemm&& gemm = {}) {
   static_assert(std::is_floating_point_v<D>, "gradients are float or double");
@@ -724,14 +725,14 @@ void linear_head_backward(const linear_head_inputs<T>& in, std::span<const I> la
       if (!std::isfinite(static_cast<double>(g[r])))
         detail::fail_at(fn, arg, static_cast<std::int64_t>(r), static_cast<double>(g[r]), "must be finite");
   };
-  check("grad_logprob", grad_logprob);
+  check("grad_log_prob", grad_log_prob);
   if (grad_entropy.size() != 0) check("grad_entropy", grad_entropy);
   detail::head::check_grads(fn, in, grads);
-  detail::head::check_values(fn, in, cfg.temperature);
+  if (cfg.check_values) detail::head::check_values(fn, in, cfg.temperature);
   auto copy = [&](std::size_t r0, std::span<const double>, std::span<const double>, std::span<double> glp,
                   std::span<double> gent) {
     for (std::size_t i = 0; i < glp.size(); ++i) {
-      glp[i] = static_cast<double>(grad_logprob[r0 + i]);
+      glp[i] = static_cast<double>(grad_log_prob[r0 + i]);
       if (grad_entropy.size() != 0) gent[i] = static_cast<double>(grad_entropy[r0 + i]);
     }
   };
@@ -755,6 +756,8 @@ template <class T, class I, class P, class M, class Exec = sequential_executor, 
                                                          Gemm&& gemm = {}, Hook&& hook = {}) {
   constexpr const char* fn = "policy_loss_from_hidden";
   const std::size_t n = detail::logits::check_loss_buffers(fn, "hidden states", in, cfg, buf);
+  if (!buf.sum_pi_squared.empty())
+    detail::fail(fn, "buf.sum_pi_squared", "must be empty: the linear head does not compute sum_v p_v^2");
   detail::head::check_inputs(fn, head, labels, hcfg.temperature);
   if (head.hidden.rows() != n)
     detail::fail(fn, "hidden",
@@ -762,7 +765,7 @@ template <class T, class I, class P, class M, class Exec = sequential_executor, 
                      " tokens (row i of hidden is token flat_index i)");
   const bool with_entropy = cfg.entropy_coef != 0.0, entropy_out = !buf.entropy.empty();
   detail::head::check_grads(fn, head, grads);
-  detail::head::check_values(fn, head, hcfg.temperature);
+  if (hcfg.check_values) detail::head::check_values(fn, head, hcfg.temperature);
 
   // 1. Statistics of every token.
   detail::head::token_cursor<P> lp_at{&buf.log_prob}, ent_at{&buf.entropy};

@@ -6,10 +6,10 @@
 // For a row of raw logits x_j, temperature tau, z_j = x_j / tau, p = softmax(z):
 //   with m = max_j x_j and d_j = (x_j - m) / tau <= 0,
 //   s = sum_j e^{d_j},   t = sum_j e^{d_j} d_j,
-//   lse = m / tau + log s,   logprob_y = d_y - log s,   entropy = lse - sum_j p_j z_j = log s - t / s.
+//   lse = m / tau + log s,   log_prob_y = d_y - log s,   entropy = lse - sum_j p_j z_j = log s - t / s.
 // Rescaling to a new maximum m' (delta = (m - m') / tau <= 0):
 //   s' = e^delta s,   t' = e^delta (t + delta s).
-// Backward of L = g_lp * logprob_y + g_ent * entropy (verl's formula, golden README section 4.6):
+// Backward of L = g_lp * log_prob_y + g_ent * entropy (verl's formula, golden README section 4.6):
 //   dL/dx_j = (g_lp (delta_{jy} - p_j) - g_ent p_j (z_j - E)) / tau,  z_j - E = log p_j + entropy,
 //   i.e. p_j (a + b log p_j) + delta_{jy} g_lp / tau with a = -(g_lp + g_ent H) / tau, b = -g_ent / tau.
 // Matches verl's entropy_from_logits / logprobs_from_logits and Liger's fused linear cross-entropy.
@@ -69,29 +69,29 @@ template <class A>
 template <class A>
 struct token_stats {
   A lse;
-  A logprob;
+  A log_prob;
   A entropy;
 };
 
 //! Finish a row. `x_label` is the chosen token's raw logit. A row with no finite logit (all -inf)
-//! has no distribution: lse = -inf, logprob = entropy = NaN. NaN or +inf logits give NaN results.
+//! has no distribution: lse = -inf, log_prob = entropy = NaN. NaN or +inf logits give NaN results.
 template <class A>
 [[nodiscard]] ULORL_HD token_stats<A> finalize(const softmax_partial<A>& s, A x_label, A inv_tau) noexcept {
   const A log_s = std::log(s.sum);
   token_stats<A> r;
   if (s.max == -std::numeric_limits<A>::infinity()) {
     r.lse = s.max;
-    r.logprob = r.entropy = std::numeric_limits<A>::quiet_NaN();
+    r.log_prob = r.entropy = std::numeric_limits<A>::quiet_NaN();
     return r;
   }
   r.lse = s.max * inv_tau + log_s;
-  r.logprob = (x_label - s.max) * inv_tau - log_s;
+  r.log_prob = (x_label - s.max) * inv_tau - log_s;
   const A h = log_s - s.tsum / s.sum;
   r.entropy = h < A(0) ? A(0) : h;  // rounding of a one-hot row can give -1e-17; NaN passes through
   return r;
 }
 
-//! dL/dx_j = p_j (a + b log p_j) + [j == y] label_term for L = g_lp logprob_y + g_ent entropy.
+//! dL/dx_j = p_j (a + b log p_j) + [j == y] label_term for L = g_lp log_prob_y + g_ent entropy.
 template <class A>
 struct grad_coeffs {
   A a;
@@ -99,17 +99,17 @@ struct grad_coeffs {
   A label_term;
 };
 template <class A>
-[[nodiscard]] ULORL_HD grad_coeffs<A> backward_coeffs(A g_logprob, A g_entropy, A entropy, A inv_tau) noexcept {
-  return {-(g_logprob + g_entropy * entropy) * inv_tau, -g_entropy * inv_tau, g_logprob * inv_tau};
+[[nodiscard]] ULORL_HD grad_coeffs<A> backward_coeffs(A g_log_prob, A g_entropy, A entropy, A inv_tau) noexcept {
+  return {-(g_log_prob + g_entropy * entropy) * inv_tau, -g_entropy * inv_tau, g_log_prob * inv_tau};
 }
 
 //! The chosen token's gradient computed without the cancellation of g (1 - p) when p -> 1:
 //! (g_lp (-expm1(lp)) - g_ent p (lp + H)) / tau, with lp = x_y / tau - lse.
 template <class A>
-[[nodiscard]] ULORL_HD A label_gradient(A log_p, A g_logprob, A g_entropy, A entropy, A inv_tau) noexcept {
+[[nodiscard]] ULORL_HD A label_gradient(A log_p, A g_log_prob, A g_entropy, A entropy, A inv_tau) noexcept {
   const A p = std::exp(log_p);
   const A ent_term = p == A(0) ? A(0) : g_entropy * p * (log_p + entropy);
-  return (g_logprob * -std::expm1(log_p) - ent_term) * inv_tau;
+  return (g_log_prob * -std::expm1(log_p) - ent_term) * inv_tau;
 }
 
 ULORL_NAMESPACE_END

@@ -178,15 +178,17 @@ inline float chunk_max(const float* ULORL_RESTRICT p, std::size_t n) noexcept {
 //! saves the Cody-Waite steps of e^x. Sums are kept per lane in float (a chunk is short) and folded
 //! into the double totals. `next`, `next_bytes`: the next chunk's storage, prefetched while this one
 //! computes, so that the memory stream overlaps the arithmetic.
+//! `Sq`: also q += sum_j e^{2 d_j} (the squares of the same exponentials: one more FMA per entry).
+template <bool Sq = false>
 inline void chunk_sums(const float* ULORL_RESTRICT p, std::size_t n, float m, float inv_tau, double& s, double& t,
-                       const char* next = nullptr, std::size_t next_bytes = 0) noexcept {
+                       double& q, const char* next = nullptr, std::size_t next_bytes = 0) noexcept {
   std::size_t i = 0;
 #ifdef ULORL_SIMD
   if (n >= 2 * width) {
     const float k = inv_tau * 1.44269504088896341f;
     const float floor2 = exp_floor * 1.44269504088896341f;
     const float magic = 12582912.0f;
-    vfloat s0{}, s1{}, t0{}, t1{};
+    vfloat s0{}, s1{}, t0{}, t1{}, q0{}, q1{};
     for (; i + 2 * width <= n; i += 2 * width) {
       prefetch_lines(next, next_bytes, i * sizeof(float), 2 * width * sizeof(float));
       vfloat d0 = (load(p + i) - m) * k;
@@ -204,16 +206,23 @@ inline void chunk_sums(const float* ULORL_RESTRICT p, std::size_t n, float m, fl
       s1 += e1;
       t0 += e0 * d0;
       t1 += e1 * d1;
+      if constexpr (Sq) {
+        q0 += e0 * e0;
+        q1 += e1 * e1;
+      }
     }
     s0 += s1;
     t0 += t1;
-    double ss = 0, tt = 0;
+    q0 += q1;
+    double ss = 0, tt = 0, qq = 0;
     for (int l = 0; l < width; ++l) {
       ss += static_cast<double>(s0[l]);
       tt += static_cast<double>(t0[l]);
+      if constexpr (Sq) qq += static_cast<double>(q0[l]);
     }
     s += ss;
     t += tt * 0.6931471805599453;  // base-2 exponents back to natural units
+    q += qq;
   }
 #else
   (void)next, (void)next_bytes;
@@ -224,6 +233,7 @@ inline void chunk_sums(const float* ULORL_RESTRICT p, std::size_t n, float m, fl
     const double e = d0 < exp_floor ? 0.0 : std::exp(d);
     s += e;
     t += e * d;
+    if constexpr (Sq) q += e * e;
   }
 }
 

@@ -12,6 +12,8 @@
 //   sapo       L = -sigmoid(tau (r - 1)) (4 / tau) A (verl's soft adaptive policy optimisation)
 //   policy_gradient  L = -A logp (REINFORCE / GPG; the gradient of PPO at ratio 1, which is what
 //              UloRL's pseudo on-policy importance sampling gives)
+//   penalized_pg  L = -A g + c_abs |x| + c_sq x^2 / 2 with g = r or logp, x = logp - old (verl kl_cov:
+//              g = r, c_abs on the selected tokens; verl dro: g = logp, c_sq = beta)
 //
 // Gradients follow torch's autograd on the frameworks' code: a clamp passes the gradient on its
 // closed interval, max/min pass it to the selected operand and split it in half at an exact tie.
@@ -37,7 +39,7 @@
 
 ULORL_NAMESPACE_BEGIN
 
-enum class objective_kind { ppo_clip, gspo, cispo, gmpo, sapo, policy_gradient };
+enum class objective_kind { ppo_clip, gspo, cispo, gmpo, sapo, policy_gradient, penalized_pg };
 
 //! Where the gradient of a sequence-level ratio goes (gspo).
 enum class sequence_gradient {
@@ -46,6 +48,12 @@ enum class sequence_gradient {
 };
 
 inline constexpr double no_limit = std::numeric_limits<double>::infinity();
+
+//! The surrogate g of penalized_pg.
+enum class pg_surrogate {
+  ratio,     //!< g = r, the importance ratio (d g / d logp = d r / d logp)
+  log_prob,  //!< g = logp (REINFORCE; d g / d logp = 1)
+};
 
 //! Objective parameters. Defaults: symmetric PPO clip 0.2, log-ratio clamp +-20 before exp.
 struct objective_config {
@@ -59,6 +67,9 @@ struct objective_config {
   sequence_gradient seq_gradient = sequence_gradient::own_token;
   double tau_pos = 1.0;              //!< sapo temperature for A > 0
   double tau_neg = 1.05;             //!< sapo temperature for A <= 0
+  pg_surrogate surrogate = pg_surrogate::ratio;  //!< penalized_pg: g = r or logp
+  double abs_penalty = 0.0;          //!< penalized_pg: c_abs of c_abs |x| (>= 0)
+  double square_penalty = 0.0;       //!< penalized_pg: c_sq of c_sq x^2 / 2 (>= 0)
 };
 
 //! The configuration converted once to the element type for the inner loops.
@@ -75,6 +86,9 @@ struct objective_params {
   T seq_max;    //!< gspo sequence log-ratio upper clamp
   T tau_pos;
   T tau_neg;
+  T abs_penalty;
+  T square_penalty;
+  pg_surrogate surrogate;
   sequence_gradient seq_gradient;
 };
 
@@ -92,6 +106,9 @@ template <class T>
           static_cast<T>(c.seq_log_ratio_max),
           static_cast<T>(c.tau_pos),
           static_cast<T>(c.tau_neg),
+          static_cast<T>(c.abs_penalty),
+          static_cast<T>(c.square_penalty),
+          c.surrogate,
           c.seq_gradient};
 }
 
@@ -307,6 +324,7 @@ struct ppo_clip_objective::plain_form : detail::builtin_objective<objective_kind
 };
 
 //! CISPO (MiniMax-M1): L = -sg(clamp(r, lo, hi)) A logp; d L / d logp = -clamp(r, lo, hi) A.
+//! Flags low / high carry the advantage sign as token_flag says (TRL `cispo_clip_ratio` = high).
 struct cispo_objective : detail::builtin_objective<objective_kind::cispo> {
   static constexpr std::string_view name = "cispo";
   static constexpr objective_level level = objective_level::token;
@@ -320,9 +338,15 @@ struct cispo_objective : detail::builtin_objective<objective_kind::cispo> {
     o.loss = -rc * a.adv * a.logp;
     o.dloss = -rc * a.adv;
     o.flags.clipped = rc != r;
-    o.flags.low = r < lo;
-    o.flags.high = r > hi;
+    o.flags.low = (r < lo) & (a.adv < typename L::value_type(0));
+    o.flags.high = (r > hi) & (a.adv > typename L::value_type(0));
     return o;
+  }
+  //! eps_low = 1 is allowed: lo = 0 turns the clamp into TRL's one-sided min(r, 1 + eps_high).
+  void validate(std::string_view fn) const {
+    objective_config c = config;
+    if (c.eps_low == 1.0) c.eps_low = 0.0;
+    detail::validate_objective_common(fn, c);
   }
 };
 
@@ -367,6 +391,39 @@ struct policy_gradient_objective : detail::builtin_objective<objective_kind::pol
   }
 };
 
+//! A policy gradient with a log-ratio penalty: L = -A g + c_abs |x| + c_sq x^2 / 2, x = logp - old
+//! (unclamped), g = r (surrogate ratio) or logp; d L / d logp = -A g' + c_abs sign(x) + c_sq x
+//! (sign(0) = 0). verl `kl_cov` (Cui et al. 2025, KL-Cov): g = r, c_abs = ppo_kl_coef on the
+//! selected tokens, 0 elsewhere; verl `dro`: g = logp, c_sq = dro_beta.
+struct penalized_pg_objective : detail::builtin_objective<objective_kind::penalized_pg> {
+  static constexpr std::string_view name = "penalized_pg";
+  static constexpr objective_level level = objective_level::token;
+  void validate(std::string_view fn) const {
+    detail::validate_objective_common(fn, config);
+    require_known(fn, "surrogate", config.surrogate, pg_surrogate::ratio, pg_surrogate::log_prob);
+    if (!(config.abs_penalty >= 0.0 && std::isfinite(config.abs_penalty)))
+      detail::fail_value(fn, "abs_penalty", config.abs_penalty, "must be finite and >= 0");
+    if (!(config.square_penalty >= 0.0 && std::isfinite(config.square_penalty)))
+      detail::fail_value(fn, "square_penalty", config.square_penalty, "must be finite and >= 0");
+  }
+  template <class L>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr objective_lanes<L> token(
+      const token_args<L>& a, const objective_params<typename L::value_type>& p) noexcept {
+    using T = typename L::value_type;
+    using V = typename L::V;
+    const V x = a.ratio.x, zero = L::splat(T(0)), one = L::splat(T(1));
+    const typename L::M on_ratio = L::mask_of(p.surrogate == pg_surrogate::ratio);
+    const V g = L::select(on_ratio, a.ratio.ratio, a.logp);
+    const V dg = L::select(on_ratio, a.ratio.dratio, one);
+    const V ax = L::select(x < T(0), -x, x);
+    const V sx = L::select(x > T(0), one, L::select(x < T(0), -one, zero));
+    objective_lanes<L> o;
+    o.loss = -a.adv * g + p.abs_penalty * ax + (T(0.5) * p.square_penalty) * (x * x);
+    o.dloss = -a.adv * dg + p.abs_penalty * sx + p.square_penalty * x;
+    return o;
+  }
+};
+
 //! GSPO: the clipped surrogate on the sequence ratio (loss/detail/gspo_rows.hpp).
 struct gspo_objective : detail::builtin_objective<objective_kind::gspo> {
   static constexpr std::string_view name = "gspo";
@@ -381,7 +438,7 @@ struct gmpo_objective : detail::builtin_objective<objective_kind::gmpo> {
 
 //! Every built-in objective: the only list run-time dispatch consults.
 using objective_registry = descriptor_list<ppo_clip_objective, gspo_objective, cispo_objective, gmpo_objective,
-                                           sapo_objective, policy_gradient_objective>;
+                                           sapo_objective, policy_gradient_objective, penalized_pg_objective>;
 
 //! Calls f(descriptor) with the built-in descriptor of c.kind (holding c); an unknown kind throws
 //! ulorl::error naming `fn` and the argument "kind".

@@ -1,13 +1,10 @@
-// ulorl/loss/ratio.hpp — the importance ratio of the policy losses and the rollout-correction weights.
+// ulorl/loss/ratio.hpp — the importance ratio of the policy losses.
 //
 //   log r = clamp(logp - old_logp, -B, B),  r = exp(log r)         (verl / OpenRLHF: B = 20; TRL: none)
 //   d r / d logp = r * [|logp - old_logp| <= B]                     (torch's closed-interval clamp rule)
 //
-// Rollout correction (truncated importance sampling, Yao et al. 2025 "Your efficient RL framework
-// secretly brings you off-policy RL"; verl `rollout_is`): the trainer's old policy and the inference
-// engine disagree, so each token (or sequence) is reweighted by rho = exp(old_logp - rollout_logp),
-// truncated (`min(rho, C)`) or masked (`rho > C -> 0`). The weight is detached: a separate
-// multiplicative factor on the per-token loss, never differentiated.
+// The rollout-correction weights (rho = pi_old / pi_rollout, truncated, masked, rejection
+// sampling) are ulorl/loss/rollout_correction.hpp.
 //
 // `exp` here is ulorl's own branch-free exponential (`loss_exp`): the same bits on every CPU path
 // and the CUDA kernels, and vectorisable by the compiler without -ffast-math (libm's exp is not).
@@ -105,99 +102,6 @@ template <class T>
 [[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr ratio_value<T> clamped_ratio(T logp, T old_logp, T bound) noexcept {
   const auto r = importance_ratio<simd::scalar_lanes<T>>(logp, old_logp, bound);
   return {r.log_ratio, r.ratio, r.dratio};
-}
-
-// ---- rollout correction weights (batch) ---------------------------------------------------------
-
-//! Granularity of the rollout-correction ratio rho = pi_old / pi_rollout.
-enum class rollout_is_level {
-  token,      //!< rho_t = exp(old_t - rollout_t)
-  sequence,   //!< rho_b = exp(sum_t (old - rollout) m): the product of the token ratios
-  geometric,  //!< rho_b = exp(mean_t (old - rollout) m): their geometric mean
-};
-//! What happens above the threshold.
-enum class rollout_is_mode {
-  truncate,  //!< TIS: w = min(rho, threshold)
-  mask,      //!< MIS: w = rho if lower <= rho <= threshold else 0 (the token/sequence is dropped)
-};
-
-struct rollout_correction_config {
-  rollout_is_level level = rollout_is_level::token;
-  rollout_is_mode mode = rollout_is_mode::truncate;
-  double threshold = 2.0;          //!< upper bound C (> 0)
-  double lower_threshold = 0.0;    //!< mask mode only: rho below it is masked too
-  double log_ratio_clamp = 20.0;   //!< log rho clamped before exp (sequence sums can be large)
-};
-
-//! Counts of what the correction did, mergeable over micro-batches.
-struct rollout_correction_stats {
-  double tokens = 0;       //!< valid tokens seen
-  double truncated = 0;    //!< valid tokens whose weight was truncated or masked
-  double weight_sum = 0;   //!< sum of weights over valid tokens
-};
-
-//! Writes detached rollout-correction weights (0 on masked tokens). `mask` may be empty (every
-//! token valid). Validates every input before writing.
-template <class T, class M>
-rollout_correction_stats rollout_correction_weights(token_view<const T> old_log_prob, token_view<const T> rollout_log_prob,
-                                                    token_view<const M> mask, const rollout_correction_config& cfg,
-                                                    token_view<T> weights) {
-  constexpr std::string_view fn = "rollout_correction_weights";
-  validate_layout(fn, "old_log_prob", old_log_prob);
-  require_same_shape(fn, "rollout_log_prob", rollout_log_prob, "old_log_prob", old_log_prob);
-  require_same_shape(fn, "weights", weights, "old_log_prob", old_log_prob);
-  if (!mask.empty()) {
-    require_same_shape(fn, "mask", mask, "old_log_prob", old_log_prob);
-    require_binary_mask(fn, "mask", mask);
-  }
-  require_positive(fn, "threshold", cfg.threshold);
-  require_non_negative(fn, "lower_threshold", cfg.lower_threshold);
-  if (!(cfg.lower_threshold <= cfg.threshold)) detail::fail_value(fn, "lower_threshold", cfg.lower_threshold, "must be <= threshold");
-  if (!(cfg.log_ratio_clamp > 0)) detail::fail_value(fn, "log_ratio_clamp", cfg.log_ratio_clamp, "must be > 0");
-  require_all_finite(fn, "old_log_prob", old_log_prob);
-  require_all_finite(fn, "rollout_log_prob", rollout_log_prob);
-  // Each token's log-ratio must be finite too: finite inputs near the double range overflow, and a
-  // sequence sum holding both +inf and -inf would be NaN.
-  for (std::size_t b = 0; b < old_log_prob.rows(); ++b) {
-    const auto o = old_log_prob.row(b), r = rollout_log_prob.row(b);
-    for (std::size_t t = 0; t < o.size(); ++t)
-      if (!std::isfinite(static_cast<double>(o[t]) - static_cast<double>(r[t])))
-        detail::fail_at(fn, "rollout_log_prob", static_cast<std::int64_t>(rollout_log_prob.flat_index(b, t)), r[t],
-                        "old_log_prob - rollout_log_prob overflows");
-  }
-
-  const double bound = cfg.log_ratio_clamp;
-  auto bounded = [&](double rho) {
-    if (cfg.mode == rollout_is_mode::truncate) return rho > cfg.threshold ? cfg.threshold : rho;
-    return (rho > cfg.threshold || rho < cfg.lower_threshold) ? 0.0 : rho;
-  };
-  rollout_correction_stats st;
-  for (std::size_t b = 0; b < old_log_prob.rows(); ++b) {
-    const auto o = old_log_prob.row(b), r = rollout_log_prob.row(b);
-    const auto w = weights.row(b);
-    auto valid = [&](std::size_t t) { return mask.empty() || mask(b, t) != M(0); };
-    double seq = 0, n = 0;
-    if (cfg.level != rollout_is_level::token) {
-      for (std::size_t t = 0; t < o.size(); ++t)
-        if (valid(t)) seq += static_cast<double>(o[t]) - static_cast<double>(r[t]), n += 1;
-      if (cfg.level == rollout_is_level::geometric && n > 0) seq /= n;
-    }
-    const double seq_rho = loss_exp(clamp(seq, -bound, bound));
-    for (std::size_t t = 0; t < o.size(); ++t) {
-      double wt = 0;
-      if (valid(t)) {
-        const double rho = cfg.level == rollout_is_level::token
-                               ? loss_exp(clamp(static_cast<double>(o[t]) - static_cast<double>(r[t]), -bound, bound))
-                               : seq_rho;
-        wt = bounded(rho);
-        st.truncated += wt != rho;
-        st.tokens += 1;
-        st.weight_sum += wt;
-      }
-      w[t] = static_cast<T>(wt);
-    }
-  }
-  return st;
 }
 
 ULORL_NAMESPACE_END

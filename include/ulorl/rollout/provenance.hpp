@@ -44,7 +44,7 @@ enum class is_mode : std::uint8_t {
 };
 
 //! Parameters of an old-log-prob query.
-struct old_logprob_config {
+struct old_log_prob_config {
   is_mode mode = is_mode::pois;  //!< UloRL's default
   std::int64_t current_version = 0;  //!< the policy about to be trained (the latest update)
   //! SAIS only: tokens whose lag `current_version - v` exceeds this are moved onto the current
@@ -52,16 +52,16 @@ struct old_logprob_config {
   std::int64_t max_staleness = -1;
   //! True: the engine's log-probs of the sampling version are usable as they are. False: every
   //! old log-prob is recomputed by the trainer (engine/trainer numerics differ), as verl does.
-  bool trust_rollout_logprobs = true;
+  bool trust_rollout_log_probs = true;
 };
 
 //! One run of tokens with the same old-log-prob answer.
-struct old_logprob_span {
+struct old_log_prob_span {
   std::int64_t begin = 0;
   std::int64_t end = 0;
   std::int64_t old_version = 0;  //!< whose log-prob to use as pi_old
   bool recompute = false;        //!< true when that log-prob must be computed by the trainer
-  friend constexpr bool operator==(const old_logprob_span&, const old_logprob_span&) = default;
+  friend constexpr bool operator==(const old_log_prob_span&, const old_log_prob_span&) = default;
 };
 
 //! Staleness of a response relative to `current_version`.
@@ -92,14 +92,14 @@ inline void validate_version_spans(std::string_view fn, std::span<const version_
   }
 }
 
-inline void validate_old_logprob_config(std::string_view fn, const old_logprob_config& cfg) {
+inline void validate_old_log_prob_config(std::string_view fn, const old_log_prob_config& cfg) {
   require_known(fn, "config.mode", cfg.mode, is_mode::tois, is_mode::sais, is_mode::pois);
   if (cfg.current_version < 0) fail_value(fn, "config.current_version", cfg.current_version, "must be >= 0");
   if (cfg.max_staleness < -1) fail_value(fn, "config.max_staleness", cfg.max_staleness, "must be -1 (none) or >= 0");
 }
 
 // The answer for one generating version; the single source of truth for every query below.
-inline old_logprob_span answer_for(const version_span& s, const old_logprob_config& cfg) noexcept {
+inline old_log_prob_span answer_for(const version_span& s, const old_log_prob_config& cfg) noexcept {
   std::int64_t old_v = s.version;
   if (cfg.mode == is_mode::pois) {
     old_v = cfg.current_version;
@@ -107,7 +107,7 @@ inline old_logprob_span answer_for(const version_span& s, const old_logprob_conf
              cfg.current_version - s.version > cfg.max_staleness) {
     old_v = cfg.current_version;
   }
-  return {s.begin, s.end, old_v, !cfg.trust_rollout_logprobs || old_v != s.version};
+  return {s.begin, s.end, old_v, !cfg.trust_rollout_log_probs || old_v != s.version};
 }
 
 inline void check_tois(std::string_view fn, std::span<const version_span> spans) {
@@ -134,10 +134,10 @@ inline void check_tois(std::string_view fn, std::span<const version_span> spans)
 
 //! Old-log-prob answers, one per maximal run of equal answers, written to `out`
 //! (needs at most `spans.size()` entries). Returns the number written.
-inline std::size_t old_logprob_plan(std::span<const version_span> spans, const old_logprob_config& cfg,
-                                    std::span<old_logprob_span> out) {
-  constexpr std::string_view fn = "old_logprob_plan";
-  detail::validate_old_logprob_config(fn, cfg);
+inline std::size_t old_log_prob_plan(std::span<const version_span> spans, const old_log_prob_config& cfg,
+                                    std::span<old_log_prob_span> out) {
+  constexpr std::string_view fn = "old_log_prob_plan";
+  detail::validate_old_log_prob_config(fn, cfg);
   detail::validate_version_spans(fn, spans, cfg.current_version);
   if (cfg.mode == is_mode::tois) detail::check_tois(fn, spans);
   if (out.size() < spans.size()) require_same_size(fn, "out", out.size(), "spans", spans.size());
@@ -154,10 +154,10 @@ inline std::size_t old_logprob_plan(std::span<const version_span> spans, const o
 }
 
 //! Per-token old-log-prob version: `out[t]` for t in [0, span_tokens(spans)).
-inline void fill_old_logprob_versions(std::span<const version_span> spans, const old_logprob_config& cfg,
+inline void fill_old_log_prob_versions(std::span<const version_span> spans, const old_log_prob_config& cfg,
                                       std::span<std::int64_t> out) {
-  constexpr std::string_view fn = "fill_old_logprob_versions";
-  detail::validate_old_logprob_config(fn, cfg);
+  constexpr std::string_view fn = "fill_old_log_prob_versions";
+  detail::validate_old_log_prob_config(fn, cfg);
   detail::validate_version_spans(fn, spans, cfg.current_version);
   if (cfg.mode == is_mode::tois) detail::check_tois(fn, spans);
   require_same_size(fn, "out", out.size(), "span_tokens(spans)", static_cast<std::size_t>(span_tokens(spans)));
@@ -168,10 +168,10 @@ inline void fill_old_logprob_versions(std::span<const version_span> spans, const
 }
 
 //! Per-token recompute mask (1 = the trainer must compute this token's old log-prob).
-inline void fill_recompute_mask(std::span<const version_span> spans, const old_logprob_config& cfg,
+inline void fill_recompute_mask(std::span<const version_span> spans, const old_log_prob_config& cfg,
                                 std::span<std::uint8_t> out) {
   constexpr std::string_view fn = "fill_recompute_mask";
-  detail::validate_old_logprob_config(fn, cfg);
+  detail::validate_old_log_prob_config(fn, cfg);
   detail::validate_version_spans(fn, spans, cfg.current_version);
   if (cfg.mode == is_mode::tois) detail::check_tois(fn, spans);
   require_same_size(fn, "out", out.size(), "span_tokens(spans)", static_cast<std::size_t>(span_tokens(spans)));
@@ -183,9 +183,9 @@ inline void fill_recompute_mask(std::span<const version_span> spans, const old_l
 
 //! Number of tokens whose old log-prob the trainer must compute.
 [[nodiscard]] inline std::int64_t recompute_token_count(std::span<const version_span> spans,
-                                                        const old_logprob_config& cfg) {
+                                                        const old_log_prob_config& cfg) {
   constexpr std::string_view fn = "recompute_token_count";
-  detail::validate_old_logprob_config(fn, cfg);
+  detail::validate_old_log_prob_config(fn, cfg);
   detail::validate_version_spans(fn, spans, cfg.current_version);
   if (cfg.mode == is_mode::tois) detail::check_tois(fn, spans);
   std::int64_t n = 0;
@@ -195,10 +195,10 @@ inline void fill_recompute_mask(std::span<const version_span> spans, const old_l
 }
 
 //! The old-log-prob version of one token `t` (O(log spans)).
-[[nodiscard]] inline std::int64_t old_logprob_version(std::span<const version_span> spans, std::int64_t t,
-                                                      const old_logprob_config& cfg) {
-  constexpr std::string_view fn = "old_logprob_version";
-  detail::validate_old_logprob_config(fn, cfg);
+[[nodiscard]] inline std::int64_t old_log_prob_version(std::span<const version_span> spans, std::int64_t t,
+                                                      const old_log_prob_config& cfg) {
+  constexpr std::string_view fn = "old_log_prob_version";
+  detail::validate_old_log_prob_config(fn, cfg);
   detail::validate_version_spans(fn, spans, cfg.current_version);
   if (cfg.mode == is_mode::tois) detail::check_tois(fn, spans);
   if (t < 0 || t >= span_tokens(spans)) detail::fail_value(fn, "t", t, "token index outside the response");

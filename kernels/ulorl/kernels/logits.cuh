@@ -1,6 +1,6 @@
 // ulorl/kernels/logits.cuh — CUDA versions of ulorl/logits/{forward,backward}.hpp for bf16, fp16 and
 // fp32 logits with fp32 statistics (component ulorl::cuda):
-//   forward:  per row, one pass over the logits -> logprob[y], entropy, lse (online softmax with the
+//   forward:  per row, one pass over the logits -> log_prob[y], entropy, lse (online softmax with the
 //             running sum of e^d d, merged across threads, warps and vocabulary splits by the same
 //             ULORL_HD math as the CPU: ulorl/logits/online_softmax.hpp);
 //   backward: d loss/d logits = p (a + b log p) + [j == y] g_lp / tau from the saved lse and entropy:
@@ -172,7 +172,7 @@ __device__ __forceinline__ void report_bad_label(int* flag, int64_t row) {
 
 template <class T>
 __device__ void finish_row(const T* row, int64_t cols, int64_t r, const int64_t* labels,
-                           const softmax_partial<float>& st, float inv_tau, float* logprob, float* entropy, float* lse,
+                           const softmax_partial<float>& st, float inv_tau, float* log_prob, float* entropy, float* lse,
                            int* bad_label_row) {
   const int64_t y = labels[r];
   token_stats<float> out;
@@ -182,7 +182,7 @@ __device__ void finish_row(const T* row, int64_t cols, int64_t r, const int64_t*
   } else {
     out = finalize(st, to_float(row[y]), inv_tau);
   }
-  logprob[r] = out.logprob;
+  log_prob[r] = out.log_prob;
   if (entropy != nullptr) entropy[r] = out.entropy;
   if (lse != nullptr) lse[r] = out.lse;
 }
@@ -233,7 +233,7 @@ template <class T, bool Vec>
 __global__ void __launch_bounds__(block_threads)
     forward_kernel(const T* __restrict__ logits, int64_t cols, int64_t row_stride, const int64_t* __restrict__ labels,
                    float inv_tau, int splits, int64_t split_len, softmax_partial<float>* __restrict__ partials,
-                   float* __restrict__ logprob, float* __restrict__ entropy, float* __restrict__ lse,
+                   float* __restrict__ log_prob, float* __restrict__ entropy, float* __restrict__ lse,
                    int* bad_label_row) {
   const int64_t r = blockIdx.x;
   const int split = static_cast<int>(blockIdx.y);
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(block_threads)
   const softmax_partial<float> p = block_partial<T, Vec>(row, begin < cols ? begin : cols, end, inv_tau);
   if (threadIdx.x != 0) return;
   if (splits == 1)
-    finish_row(row, cols, r, labels, p, inv_tau, logprob, entropy, lse, bad_label_row);
+    finish_row(row, cols, r, labels, p, inv_tau, log_prob, entropy, lse, bad_label_row);
   else
     partials[r * splits + split] = p;
 }
@@ -253,7 +253,7 @@ template <class T>
 __global__ void __launch_bounds__(block_threads)
     combine_kernel(const T* __restrict__ logits, int64_t rows, int64_t cols, int64_t row_stride,
                    const int64_t* __restrict__ labels, float inv_tau, int splits,
-                   const softmax_partial<float>* __restrict__ partials, float* __restrict__ logprob,
+                   const softmax_partial<float>* __restrict__ partials, float* __restrict__ log_prob,
                    float* __restrict__ entropy, float* __restrict__ lse, int* bad_label_row) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (block_threads / 32) + threadIdx.x / 32;
   if (r >= rows) return;
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(block_threads)
   for (int s = lane; s < splits; s += 32) p = merge(p, partials[r * splits + s], inv_tau);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) p = merge(p, shfl_xor(p, o), inv_tau);
-  if (lane == 0) finish_row(logits + r * row_stride, cols, r, labels, p, inv_tau, logprob, entropy, lse, bad_label_row);
+  if (lane == 0) finish_row(logits + r * row_stride, cols, r, labels, p, inv_tau, log_prob, entropy, lse, bad_label_row);
 }
 
 //! Gradient of one element: p (a + b lp), lp = (x - c) / tau - rr (anchor c near lse * tau keeps
@@ -280,7 +280,7 @@ template <class T, bool Vec>
 __global__ void __launch_bounds__(block_threads)
     backward_kernel(const T* logits, int64_t cols, int64_t row_stride, const int64_t* __restrict__ labels,
                     const float* __restrict__ lse, const float* __restrict__ entropy,
-                    const float* __restrict__ grad_logprob, const float* __restrict__ grad_entropy, T* grad,
+                    const float* __restrict__ grad_log_prob, const float* __restrict__ grad_entropy, T* grad,
                     int64_t grad_row_stride, float tau, int64_t cols_per_block, int* bad_label_row) {
   const int64_t r = blockIdx.x;
   const T* row = logits + r * row_stride;
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(block_threads)
   const float inv_tau = 1.0f / tau;
   const int64_t y = labels[r];
   const bool bad = y < 0 || y >= cols;
-  const float g_lp = grad_logprob[r];
+  const float g_lp = grad_log_prob[r];
   const float g_ent = grad_entropy != nullptr ? grad_entropy[r] : 0.f;
   const float h = grad_entropy != nullptr ? entropy[r] : 0.f;
   const float l = lse[r];
@@ -377,11 +377,11 @@ inline cudaError_t logits_forward_workspace_bytes(int64_t rows, int64_t cols, co
 }
 
 //! Forward statistics of `rows` rows of `cols` logits (row r at logits + r * row_stride elements):
-//! logprob[r] (required), entropy[r], lse[r] (each may be nullptr). CUB-style two-phase call: with
+//! log_prob[r] (required), entropy[r], lse[r] (each may be nullptr). CUB-style two-phase call: with
 //! d_temp_storage == nullptr only temp_storage_bytes is set. T: float, __half or __nv_bfloat16.
 template <class T>
 cudaError_t logits_forward(void* d_temp_storage, std::size_t& temp_storage_bytes, const T* logits, int64_t rows,
-                           int64_t cols, int64_t row_stride, const int64_t* labels, float* logprob, float* entropy,
+                           int64_t cols, int64_t row_stride, const int64_t* labels, float* log_prob, float* entropy,
                            float* lse, const logits_config& cfg = {}, cudaStream_t stream = nullptr) {
   static_assert(detail::is_logit_v<T>, "logits must be float, __half or __nv_bfloat16");
   if (cudaError_t e = detail::check_common(logits, rows, cols, row_stride, labels, cfg); e != cudaSuccess) return e;
@@ -394,7 +394,7 @@ cudaError_t logits_forward(void* d_temp_storage, std::size_t& temp_storage_bytes
   if (temp_storage_bytes < need || reinterpret_cast<std::uintptr_t>(d_temp_storage) % 16 != 0)
     return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  if (logprob == nullptr) return cudaErrorInvalidValue;
+  if (log_prob == nullptr) return cudaErrorInvalidValue;
   int splits = 1;
   detail::choose_splits(rows, cols, cfg, splits);
   constexpr int n = detail::pack<T>::n;
@@ -405,32 +405,32 @@ cudaError_t logits_forward(void* d_temp_storage, std::size_t& temp_storage_bytes
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(splits));
   if (detail::vec_ok<T>(logits, row_stride))
     detail::forward_kernel<T, true><<<grid, detail::block_threads, 0, stream>>>(
-        logits, cols, row_stride, labels, inv_tau, splits, split_len, partials, logprob, entropy, lse, cfg.bad_label_row);
+        logits, cols, row_stride, labels, inv_tau, splits, split_len, partials, log_prob, entropy, lse, cfg.bad_label_row);
   else
     detail::forward_kernel<T, false><<<grid, detail::block_threads, 0, stream>>>(
-        logits, cols, row_stride, labels, inv_tau, splits, split_len, partials, logprob, entropy, lse, cfg.bad_label_row);
+        logits, cols, row_stride, labels, inv_tau, splits, split_len, partials, log_prob, entropy, lse, cfg.bad_label_row);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (splits > 1) {
     const auto blocks = static_cast<unsigned>((rows + detail::block_threads / 32 - 1) / (detail::block_threads / 32));
     detail::combine_kernel<T><<<blocks, detail::block_threads, 0, stream>>>(
-        logits, rows, cols, row_stride, labels, inv_tau, splits, partials, logprob, entropy, lse, cfg.bad_label_row);
+        logits, rows, cols, row_stride, labels, inv_tau, splits, partials, log_prob, entropy, lse, cfg.bad_label_row);
     return cudaGetLastError();
   }
   return cudaSuccess;
 }
 
-//! d loss/d logits for loss = sum_r grad_logprob[r] logprob[r] + grad_entropy[r] entropy[r], from the
+//! d loss/d logits for loss = sum_r grad_log_prob[r] log_prob[r] + grad_entropy[r] entropy[r], from the
 //! forward's lse and entropy. grad_entropy == nullptr: no entropy term (entropy may then be nullptr).
 //! grad may alias logits (same row_stride): in place. One read of the logits, one write of grad.
 template <class T>
 cudaError_t logits_backward(const T* logits, int64_t rows, int64_t cols, int64_t row_stride, const int64_t* labels,
-                            const float* lse, const float* entropy, const float* grad_logprob,
+                            const float* lse, const float* entropy, const float* grad_log_prob,
                             const float* grad_entropy, T* grad, int64_t grad_row_stride,
                             const logits_config& cfg = {}, cudaStream_t stream = nullptr) {
   static_assert(detail::is_logit_v<T>, "logits must be float, __half or __nv_bfloat16");
   if (cudaError_t e = detail::check_common(logits, rows, cols, row_stride, labels, cfg); e != cudaSuccess) return e;
   if (rows == 0) return cudaSuccess;
-  if (lse == nullptr || grad_logprob == nullptr || grad == nullptr || !detail::aligned<T>(grad))
+  if (lse == nullptr || grad_log_prob == nullptr || grad == nullptr || !detail::aligned<T>(grad))
     return cudaErrorInvalidValue;
   if (grad_entropy != nullptr && entropy == nullptr) return cudaErrorInvalidValue;
   if (rows > 1 && grad_row_stride < cols) return cudaErrorInvalidValue;
@@ -446,11 +446,11 @@ cudaError_t logits_backward(const T* logits, int64_t rows, int64_t cols, int64_t
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(col_blocks));
   if (detail::vec_ok<T>(logits, row_stride) && detail::vec_ok<T>(grad, grad_row_stride))
     detail::backward_kernel<T, true><<<grid, detail::block_threads, 0, stream>>>(
-        logits, cols, row_stride, labels, lse, entropy, grad_logprob, grad_entropy, grad, grad_row_stride,
+        logits, cols, row_stride, labels, lse, entropy, grad_log_prob, grad_entropy, grad, grad_row_stride,
         cfg.temperature, cols_per_block, cfg.bad_label_row);
   else
     detail::backward_kernel<T, false><<<grid, detail::block_threads, 0, stream>>>(
-        logits, cols, row_stride, labels, lse, entropy, grad_logprob, grad_entropy, grad, grad_row_stride,
+        logits, cols, row_stride, labels, lse, entropy, grad_log_prob, grad_entropy, grad, grad_row_stride,
         cfg.temperature, cols_per_block, cfg.bad_label_row);
   return cudaGetLastError();
 }

@@ -69,7 +69,7 @@ struct policy_loss_output {
 //! Options of policy_loss_from_logits.
 struct logits_loss_options {
   policy_loss_tensors extra{};  //!< ref_log_prob, weights, offsets (entropy must stay undefined)
-  logits_config logits{};       //!< temperature, check_logits, fast_backward
+  logits_config logits{};       //!< temperature, check_values, fast_backward
   //! Write d loss / d logits into the logits' own memory instead of a new [N, V] tensor. The
   //! logits' values are gone after the call; their version counter is bumped, so autograd rejects
   //! any other saved use of them ("modified by an inplace operation").
@@ -261,7 +261,7 @@ struct logits_stats_function : public torch::autograd::Function<logits_stats_fun
     const at::Tensor lse = ctx->saved_data["lse"].toTensor();
     const at::Tensor ent = ctx->saved_data["entropy"].toTensor();
     const logits_config cfg{.temperature = ctx->saved_data["temperature"].toDouble(),
-                            .check_logits = false,
+                            .check_values = false,
                             .fast_backward = ctx->saved_data["fast_backward"].toBool()};
     at::Tensor g_lp = grads[0], g_ent = grads[1];
     if (!g_lp.defined() && !g_ent.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
