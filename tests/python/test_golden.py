@@ -29,7 +29,8 @@ PYTHON_TRL_LOSS_TYPES = {"grpo", "bnpo", "dr_grpo", "dapo"}
 
 def not_in_python_presets(op, preset, params, inputs):
     """Why the one-call Python preset cannot run this case (None when it can)."""
-    if op == "advantage" and preset in ("nemo_rl", "trl") and "reward_components" in inputs:
+    if op == "advantage" and preset in ("nemo_rl", "trl") and (
+            "reward_components" in inputs or params.get("multi_objective_aggregation") is not None):
         return "multi-reward advantages"
     if op == "policy_loss":
         if preset == "nemo_rl":
