@@ -142,6 +142,19 @@ constexpr void require_known_at(std::string_view function, std::string_view argu
   if (((value != known) && ...))
     detail::fail_at(function, argument, index, detail::enum_value(value), detail::unknown_enum_value(known...));
 }
+//! The value that `name` maps to in `table` (entries of a name and a value, e.g. std::pair or any
+//! two-member aggregate): the one parser of every `*_from_name`. An unknown name throws
+//! ulorl::error "unknown name 'x' (known: a, b, ...)".
+template <class Table>
+[[nodiscard]] auto value_of_name(std::string_view function, std::string_view argument, std::string_view name,
+                                 const Table& table) {
+  for (const auto& [n, v] : table)
+    if (n == name) return v;
+  std::string what = "unknown name '" + std::string(name) + "' (known:";
+  const char* sep = " ";
+  for (const auto& [n, v] : table) what += sep + std::string(n), sep = ", ";
+  detail::fail(function, argument, what + ")");
+}
 inline void require_same_size(std::string_view function, std::string_view argument, std::size_t actual,
                               std::string_view reference, std::size_t expected) {
   if (actual != expected) {

@@ -55,11 +55,7 @@ struct name_entry {
 //! The value of `name` in `table`; an unknown name throws ulorl::error listing the known ones.
 template <class E, std::size_t N>
 [[nodiscard]] E parse(std::string_view fn, std::string_view arg, std::string_view name, const name_entry<E> (&table)[N]) {
-  for (const auto& e : table)
-    if (e.name == name) return e.value;
-  std::string known;
-  for (const auto& e : table) known += (known.empty() ? "" : ", ") + std::string(e.name);
-  detail::fail(fn, arg, "unknown name '" + std::string(name) + "' (known: " + known + ")");
+  return value_of_name(fn, arg, name, table);
 }
 //! The subset of KL estimators a framework offers.
 inline void require_estimator(std::string_view fn, std::string_view arg, kl_estimator e, bool offered) {

@@ -76,12 +76,7 @@ namespace detail_rc {
 template <class E, std::size_t N>
 [[nodiscard]] E from_name(std::string_view fn, std::string_view argument, std::string_view name,
                           const std::array<std::pair<std::string_view, E>, N>& table) {
-  for (const auto& [n, e] : table)
-    if (n == name) return e;
-  std::string what = "unknown name '" + std::string(name) + "' (known:";
-  const char* sep = " ";
-  for (const auto& entry : table) what += sep + std::string(entry.first), sep = ", ";
-  detail::fail(fn, argument, what + ")");
+  return value_of_name(fn, argument, name, table);
 }
 }  // namespace detail_rc
 
