@@ -31,8 +31,14 @@
 #if defined(__GNUC__) || defined(__clang__)
 #define ULORL_RESTRICT __restrict__
 //! Forces inlining: the per-token formulas inside the kernels' loops (a call left in a loop body
-//! stops vectorisation), the lane operations.
+//! stops vectorisation), the lane operations. Only in optimised builds: at -O0 forced inlining
+//! copies every lane operation into every kernel and doubles the compile time of a debug build
+//! (a sanitised kernel translation unit: 125 s -> 66 s), for code that is not vectorised anyway.
+#if defined(__OPTIMIZE__)
 #define ULORL_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ULORL_ALWAYS_INLINE inline
+#endif
 #define ULORL_NOINLINE __attribute__((noinline))
 #else
 #define ULORL_RESTRICT
@@ -43,8 +49,8 @@
 //! GCC does not schedule instructions before register allocation on x86 by default. The loss row
 //! kernels are long chains of dependent vector operations (two exponentials per token); the
 //! register-pressure-aware pre-RA scheduler interleaves their independent chains (bench/RESULTS.md,
-//! bench_loss). Only those kernels get it; define ULORL_NO_SCHED_PRESSURE to turn it off.
-#if defined(__GNUC__) && !defined(__clang__) && !defined(ULORL_NO_SCHED_PRESSURE)
+//! bench_loss). Only those kernels get it, in optimised builds; define ULORL_NO_SCHED_PRESSURE to turn it off.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(ULORL_NO_SCHED_PRESSURE) && defined(__OPTIMIZE__)
 #define ULORL_SCHED_PRESSURE __attribute__((optimize("schedule-insns", "sched-pressure")))
 #else
 #define ULORL_SCHED_PRESSURE

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "ulorl/core/config.hpp"
@@ -46,5 +48,54 @@ struct thread_executor {
     for (auto& w : workers) w.join();
   }
 };
+
+//! A non-owning reference to an executor, itself an executor. The kernels' dispatch takes one, so
+//! that it is compiled once per value and mask type, not once per executor type (and can be
+//! instantiated once for a whole program: ulorl/loss/extern_kernels.hpp). One indirect call per
+//! block of rows. A reference to sequential_executor stays sequential (`sequential()` is true: the
+//! kernels then fold rows as they go, allocating nothing). The referenced executor must outlive it.
+class executor_ref {
+ public:
+  executor_ref(const sequential_executor&) noexcept {}  // NOLINT: implicit, as the executor itself
+  executor_ref(const executor_ref&) noexcept = default;
+  template <class Exec>
+    requires(!std::is_same_v<std::remove_cvref_t<Exec>, sequential_executor> &&
+             !std::is_same_v<std::remove_cvref_t<Exec>, executor_ref>)
+  executor_ref(const Exec& exec) noexcept  // NOLINT: implicit, as the executor itself
+      : exec_(&exec), run_(&run<Exec>) {}
+
+  [[nodiscard]] bool sequential() const noexcept { return run_ == nullptr; }
+
+  template <class Body>
+  void operator()(std::size_t n, Body&& body) const {
+    if (run_ == nullptr) {
+      if (n > 0) body(std::size_t{0}, n);
+      return;
+    }
+    using B = std::remove_reference_t<Body>;
+    run_(exec_, n, const_cast<void*>(static_cast<const void*>(std::addressof(body))),
+         [](void* b, std::size_t lo, std::size_t hi) { (*static_cast<B*>(b))(lo, hi); });
+  }
+
+ private:
+  using body_fn = void (*)(void*, std::size_t, std::size_t);
+  template <class Exec>
+  static void run(const void* exec, std::size_t n, void* body, body_fn call) {
+    (*static_cast<const Exec*>(exec))(n, [body, call](std::size_t lo, std::size_t hi) { call(body, lo, hi); });
+  }
+  const void* exec_ = nullptr;
+  void (*run_)(const void*, std::size_t, void*, body_fn) = nullptr;
+};
+
+namespace detail {
+//! Whether `exec` runs everything on the calling thread in one block (known at compile time for
+//! sequential_executor, at run time for an executor_ref).
+template <class Exec>
+[[nodiscard]] constexpr bool is_sequential(const Exec& exec) noexcept {
+  if constexpr (std::is_same_v<Exec, sequential_executor>) return ((void)exec, true);
+  else if constexpr (std::is_same_v<Exec, executor_ref>) return exec.sequential();
+  else return ((void)exec, false);
+}
+}  // namespace detail
 
 ULORL_NAMESPACE_END

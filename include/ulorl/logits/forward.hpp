@@ -311,7 +311,8 @@ void logits_forward(matrix_view<const L> logits, std::span<const I> labels, cons
   constexpr const char* fn = "logits_forward";
   detail::logits::check_common<S>(fn, logits, labels, cfg);
   const std::size_t n = logits.rows();
-  const auto& [log_prob, entropy, lse, sum_sq] = out;
+  // Named copies, not a structured binding: clang 14 cannot capture bindings in a lambda.
+  const vector_view<S> log_prob = out.log_prob, entropy = out.entropy, lse = out.lse, sum_sq = out.sum_pi_squared;
   detail::logits::check_output(fn, "log_prob", log_prob, n, false);
   detail::logits::check_output(fn, "entropy", entropy, n, true);
   detail::logits::check_output(fn, "lse", lse, n, true);

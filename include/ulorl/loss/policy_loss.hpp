@@ -238,6 +238,40 @@ template <class Obj, class Est, class T, class M, class Exec>
 }  // namespace ULORL_ISA
 }  // namespace detail
 
+namespace detail {
+inline namespace ULORL_ISA {
+//! policy_loss's body: validation and the dispatch to every objective's and estimator's rows. It
+//! depends on the value and mask types only (the executor is referenced, not a template parameter),
+//! so ulorl/loss/extern_kernels.hpp can compile it once per program for the common types.
+template <class T, class M>
+[[nodiscard]] policy_loss_result policy_loss_dispatch(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
+                                                      token_view<T> grad_log_prob, token_view<T> grad_entropy,
+                                                      executor_ref exec) {
+  constexpr std::string_view fn = "policy_loss";
+  validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] {
+    validate_objective(fn, cfg.objective);
+    validate_kl(fn, cfg.kl);
+  });
+  return detail::visit_token_loss(fn, cfg, [&](const auto& obj, const auto& est) -> policy_loss_result {
+    using D = std::remove_cvref_t<decltype(obj)>;
+    using E = std::remove_cvref_t<decltype(est)>;
+    if constexpr (D::level == objective_level::sequence) {
+      const auto p = make_token_loss_params<T>(cfg);
+      policy_loss_result res;
+      if constexpr (std::is_same_v<D, gspo_objective>)
+        detail::gspo_rows<T, M>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
+      else
+        detail::gmpo_rows<T, M>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
+      res.loss = res.pg_loss + res.kl_loss + res.entropy_loss;
+      return res;
+    } else {
+      return detail::run_token_rows<D, E>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
+    }
+  });
+}
+}  // namespace ULORL_ISA
+}  // namespace detail
+
 inline namespace ULORL_ISA {
 
 //! Validates the inputs and the configuration (throws ulorl::error naming argument and index).
@@ -269,24 +303,7 @@ template <class T, class M, class Exec>
 [[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
                                              token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "policy_loss: T must be float or double");
-  constexpr std::string_view fn = "policy_loss";
-  validate_policy_loss(fn, in, cfg, grad_log_prob, grad_entropy, exec);
-  return detail::visit_token_loss(fn, cfg, [&](const auto& obj, const auto& est) -> policy_loss_result {
-    using D = std::remove_cvref_t<decltype(obj)>;
-    using E = std::remove_cvref_t<decltype(est)>;
-    if constexpr (D::level == objective_level::sequence) {
-      const auto p = make_token_loss_params<T>(cfg);
-      policy_loss_result res;
-      if constexpr (std::is_same_v<D, gspo_objective>)
-        detail::gspo_rows<T, M>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
-      else
-        detail::gmpo_rows<T, M>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
-      res.loss = res.pg_loss + res.kl_loss + res.entropy_loss;
-      return res;
-    } else {
-      return detail::run_token_rows<D, E>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
-    }
-  });
+  return detail::policy_loss_dispatch<T, M>(in, cfg, grad_log_prob, grad_entropy, executor_ref(exec));
 }
 
 //! The loss on the calling thread (sequential_executor: allocates nothing).
@@ -336,3 +353,8 @@ template <class Obj, class Est, class T, class M, class Exec = sequential_execut
 }  // namespace ULORL_ISA
 
 ULORL_NAMESPACE_END
+
+// ULORL_EXTERN_KERNELS: the common instantiations are compiled elsewhere (extern_kernels.hpp).
+#if defined(ULORL_EXTERN_KERNELS)
+#include "ulorl/loss/extern_kernels.hpp"
+#endif

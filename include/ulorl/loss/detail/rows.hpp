@@ -91,8 +91,7 @@ inline void fold_out(policy_loss_result& res, const row_out& o, double kl_coef, 
 //! it goes (no allocation); any other collects the rows' sums first.
 template <class Exec, class OneRow>
 void run_rows(std::size_t rows, double kl_coef, double ent_coef, const Exec& exec, OneRow&& one_row, policy_loss_result& res) {
-  if constexpr (std::is_same_v<Exec, sequential_executor>) {
-    (void)exec;
+  if (is_sequential(exec)) {
     for (std::size_t b = 0; b < rows; ++b) {
       row_out o;
       one_row(b, o);

@@ -105,8 +105,7 @@ template <class T, class M, class Exec>
       }
       return true;
     };
-    if constexpr (std::is_same_v<Exec, sequential_executor>) {
-      (void)exec;
+    if (is_sequential(exec)) {
       return rows_ok(0, in.log_prob.rows());
     } else {
       std::atomic<bool> ok{true};  // the executor returns after every block: its join orders these stores

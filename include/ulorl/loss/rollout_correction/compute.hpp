@@ -222,7 +222,7 @@ template <class T>
 }
 
 //! One pass over the batch: statistics into `st`; with Write, the outputs (weights divided by
-//! `divisor`). Throws (before Write passes write anything, when run first without Write) on a weight
+//! `divisor`) and only the statistics they depend on (not the diagnostics). Throws (before Write passes write anything, when run first without Write) on a weight
 //! that is not finite in T. Returns the largest weight of any position.
 template <bool Write, class T, class M>
 double scan(std::string_view fn, const inputs<T, M>& in, const config& c, const outputs<T, M>& out, double divisor,
@@ -252,11 +252,14 @@ double scan(std::string_view fn, const inputs<T, M>& in, const config& c, const 
     for (std::size_t t = 0; t < len; ++t) {
       if (!valid(t)) continue;
       const double ol = static_cast<double>(o[t]), rl = static_cast<double>(r[t]), x = ol - rl;
-      n += 1, sx += x, so += ol, sr += rl;
-      st.abs_log_ratio_sum += std::fabs(x);
-      st.abs_log_ratio_max = std::max(st.abs_log_ratio_max, std::fabs(x));
-      st.k3_sum += kl_term(rl, ol, k3_plain).value;
-      st.chi2_token_sum += std::exp(2 * clamp(x, -dc, dc));
+      n += 1, sx += x;
+      if constexpr (!Write) {  // diagnostics: the write pass only needs what the outputs need
+        so += ol, sr += rl;
+        st.abs_log_ratio_sum += std::fabs(x);
+        st.abs_log_ratio_max = std::max(st.abs_log_ratio_max, std::fabs(x));
+        st.k3_sum += kl_term(rl, ol, k3_plain).value;
+        st.chi2_token_sum += std::exp(2 * clamp(x, -dc, dc));
+      }
       for (std::size_t i = 0; i < chain.size; ++i) {
         const auto s = chain.items[i].criterion.statistic;
         if (s == rs_statistic::token) continue;
@@ -265,12 +268,14 @@ double scan(std::string_view fn, const inputs<T, M>& in, const config& c, const 
       }
     }
     st.rows += 1, st.tokens += n, st.nonempty_rows += n > 0 ? 1 : 0, st.log_ratio_sum += sx;
-    st.chi2_seq_sum += std::exp(2 * clamp(sx, -dc, dc));
-    const double mo = n > 0 ? so / n : 0.0, mr = n > 0 ? sr / n : 0.0, delta = mr - mo;
-    st.training_ppl_sum += std::exp(-mo), st.training_log_ppl_sum += -mo;
-    st.rollout_ppl_sum += std::exp(-mr), st.rollout_log_ppl_sum += -mr;
-    st.log_ppl_diff_sum += delta, st.log_ppl_abs_diff_sum += std::fabs(delta), st.ppl_ratio_sum += std::exp(delta);
-    st.log_ppl_diff_max = std::max(st.log_ppl_diff_max, delta), st.log_ppl_diff_min = std::min(st.log_ppl_diff_min, delta);
+    if constexpr (!Write) {
+      st.chi2_seq_sum += std::exp(2 * clamp(sx, -dc, dc));
+      const double mo = n > 0 ? so / n : 0.0, mr = n > 0 ? sr / n : 0.0, delta = mr - mo;
+      st.training_ppl_sum += std::exp(-mo), st.training_log_ppl_sum += -mo;
+      st.rollout_ppl_sum += std::exp(-mr), st.rollout_log_ppl_sum += -mr;
+      st.log_ppl_diff_sum += delta, st.log_ppl_abs_diff_sum += std::fabs(delta), st.ppl_ratio_sum += std::exp(delta);
+      st.log_ppl_diff_max = std::max(st.log_ppl_diff_max, delta), st.log_ppl_diff_min = std::min(st.log_ppl_diff_min, delta);
+    }
     bool seq_keep = true;
     for (std::size_t i = 0; i < chain.size; ++i) {
       const auto s = chain.items[i].criterion.statistic;

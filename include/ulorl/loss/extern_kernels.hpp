@@ -1,0 +1,59 @@
+// ulorl/loss/extern_kernels.hpp — compile the policy-loss kernels once per program instead of once
+// per translation unit.
+//
+// Every translation unit that calls ulorl::policy_loss instantiates the kernels of every objective,
+// KL estimator and row form for its value and mask types: the largest part of its compile time.
+// A program with many such units can compile them once:
+//   - in every unit that calls the loss, include this header (or define ULORL_EXTERN_KERNELS for
+//     the whole target: policy_loss.hpp then includes it); it declares the common instantiations
+//     `extern`, so those units only call them;
+//   - in exactly one unit, instantiate them:
+//         #include <ulorl/loss/extern_kernels.hpp>
+//         ULORL_INSTANTIATE_POLICY_LOSS(float, float)   // one line per (value, mask) pair, or
+//         ULORL_INSTANTIATE_POLICY_LOSS_COMMON()         // every pair declared below
+//     (one pair per unit builds them in parallel).
+// The declared pairs: value float or double, mask the value type, std::uint8_t or bool (or only
+// the mask type ULORL_EXTERN_KERNELS_MASK, where defined). Any other pair is instantiated where it
+// is used, as without this header. The instantiations belong to the
+// ISA tag of the units' compiler flags (core/simd.hpp): units built with other instruction-set flags
+// (-mavx2, ...) name other functions and instantiate their own. The executor does not matter: the
+// dispatch takes an executor_ref (core/parallel.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "ulorl/loss/policy_loss.hpp"
+
+//! The explicit instantiation of policy_loss's dispatch for value type T and mask type M.
+#define ULORL_POLICY_LOSS_INSTANCE_(EXTERN, T, M)                                                                  \
+  ULORL_NAMESPACE_BEGIN namespace detail {                                                                         \
+  inline namespace ULORL_ISA {                                                                                     \
+  EXTERN template policy_loss_result policy_loss_dispatch<T, M>(const policy_loss_inputs<T, M>&, const policy_loss_config&, \
+                                                                token_view<T>, token_view<T>, executor_ref);       \
+  }                                                                                                                \
+  }                                                                                                                \
+  ULORL_NAMESPACE_END
+
+//! Instantiates (defines) the kernels of one (value, mask) pair: in one translation unit only.
+#define ULORL_INSTANTIATE_POLICY_LOSS(T, M) ULORL_POLICY_LOSS_INSTANCE_(, T, M)
+//! Declares the kernels of one (value, mask) pair as instantiated elsewhere.
+#define ULORL_EXTERN_POLICY_LOSS(T, M) ULORL_POLICY_LOSS_INSTANCE_(extern, T, M)
+
+//! Every pair this header declares: with ULORL_EXTERN_KERNELS_MASK defined (a mask type), float and
+//! double with that mask only (e.g. std::uint8_t, the mask type of the torch adapter).
+#if defined(ULORL_EXTERN_KERNELS_MASK)
+#define ULORL_POLICY_LOSS_COMMON_PAIRS_(X) \
+  X(float, ULORL_EXTERN_KERNELS_MASK)      \
+  X(double, ULORL_EXTERN_KERNELS_MASK)
+#else
+#define ULORL_POLICY_LOSS_COMMON_PAIRS_(X) \
+  X(float, float)                          \
+  X(float, std::uint8_t)                   \
+  X(float, bool)                           \
+  X(double, double)                        \
+  X(double, std::uint8_t)                  \
+  X(double, bool)
+#endif
+#define ULORL_INSTANTIATE_POLICY_LOSS_COMMON() ULORL_POLICY_LOSS_COMMON_PAIRS_(ULORL_INSTANTIATE_POLICY_LOSS)
+
+ULORL_POLICY_LOSS_COMMON_PAIRS_(ULORL_EXTERN_POLICY_LOSS)
