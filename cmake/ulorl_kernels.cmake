@@ -2,6 +2,7 @@
 # mask) pairs (ulorl/loss/extern_kernels.hpp), one object per pair; linking it defines
 # ULORL_EXTERN_KERNELS. Included by the top-level project and the fuzz project; links ulorl::ulorl where
 # that target exists (else the caller sets the include directories). Not installed: a build-time helper.
+# The pairs extern_kernels.hpp declares (ULORL_POLICY_LOSS_COMMON_PAIRS_): keep the two lists in step.
 set(ULORL_KERNEL_PAIRS "float,float" "float,std::uint8_t" "float,bool" "double,double" "double,std::uint8_t" "double,bool")
 # ulorl_add_kernel_library(name [MASK type]): with MASK, only the pairs of that mask type (defines
 # ULORL_EXTERN_KERNELS_MASK for the targets that link it).

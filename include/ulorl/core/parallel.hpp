@@ -57,10 +57,8 @@ struct thread_executor {
 class executor_ref {
  public:
   executor_ref(const sequential_executor&) noexcept {}  // NOLINT: implicit, as the executor itself
-  executor_ref(const executor_ref&) noexcept = default;
   template <class Exec>
-    requires(!std::is_same_v<std::remove_cvref_t<Exec>, sequential_executor> &&
-             !std::is_same_v<std::remove_cvref_t<Exec>, executor_ref>)
+    requires(!std::is_same_v<Exec, sequential_executor> && !std::is_same_v<Exec, executor_ref>)
   executor_ref(const Exec& exec) noexcept  // NOLINT: implicit, as the executor itself
       : exec_(&exec), run_(&run<Exec>) {}
 

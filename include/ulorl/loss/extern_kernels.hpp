@@ -9,9 +9,8 @@
 //     `extern`, so those units only call them;
 //   - in exactly one unit, instantiate them:
 //         #include <ulorl/loss/extern_kernels.hpp>
-//         ULORL_INSTANTIATE_POLICY_LOSS(float, float)   // one line per (value, mask) pair, or
-//         ULORL_INSTANTIATE_POLICY_LOSS_COMMON()         // every pair declared below
-//     (one pair per unit builds them in parallel).
+//         ULORL_INSTANTIATE_POLICY_LOSS(float, float)   // one line per declared (value, mask) pair
+//     (one pair per unit builds them in parallel; cmake/ulorl_kernels.cmake does that).
 // The declared pairs: value float or double, mask the value type, std::uint8_t or bool (or only
 // the mask type ULORL_EXTERN_KERNELS_MASK, where defined). Any other pair is instantiated where it
 // is used, as without this header. The instantiations belong to the
@@ -39,7 +38,7 @@
 //! Declares the kernels of one (value, mask) pair as instantiated elsewhere.
 #define ULORL_EXTERN_POLICY_LOSS(T, M) ULORL_POLICY_LOSS_INSTANCE_(extern, T, M)
 
-//! Every pair this header declares: with ULORL_EXTERN_KERNELS_MASK defined (a mask type), float and
+//! Every pair this header declares (cmake/ulorl_kernels.cmake lists the same pairs): with ULORL_EXTERN_KERNELS_MASK defined (a mask type), float and
 //! double with that mask only (e.g. std::uint8_t, the mask type of the torch adapter).
 #if defined(ULORL_EXTERN_KERNELS_MASK)
 #define ULORL_POLICY_LOSS_COMMON_PAIRS_(X) \
@@ -54,6 +53,5 @@
   X(double, std::uint8_t)                  \
   X(double, bool)
 #endif
-#define ULORL_INSTANTIATE_POLICY_LOSS_COMMON() ULORL_POLICY_LOSS_COMMON_PAIRS_(ULORL_INSTANTIATE_POLICY_LOSS)
 
 ULORL_POLICY_LOSS_COMMON_PAIRS_(ULORL_EXTERN_POLICY_LOSS)

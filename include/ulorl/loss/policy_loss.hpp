@@ -238,6 +238,21 @@ template <class Obj, class Est, class T, class M, class Exec>
 }  // namespace ULORL_ISA
 }  // namespace detail
 
+inline namespace ULORL_ISA {
+
+//! Validates the inputs and the configuration (throws ulorl::error naming argument and index).
+//! The value scan of unit-stride rows runs on `exec`; the exact checks that name the index run on
+//! the calling thread, only when the scan finds a problem or a view is strided.
+template <class T, class M, class Exec = sequential_executor>
+void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
+                          token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec = Exec{}) {
+  detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] {
+    validate_objective(fn, cfg.objective);
+    validate_kl(fn, cfg.kl);
+  });
+}
+}  // namespace ULORL_ISA
+
 namespace detail {
 inline namespace ULORL_ISA {
 //! policy_loss's body: validation and the dispatch to every objective's and estimator's rows. It
@@ -248,10 +263,7 @@ template <class T, class M>
                                                       token_view<T> grad_log_prob, token_view<T> grad_entropy,
                                                       executor_ref exec) {
   constexpr std::string_view fn = "policy_loss";
-  validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] {
-    validate_objective(fn, cfg.objective);
-    validate_kl(fn, cfg.kl);
-  });
+  validate_policy_loss(fn, in, cfg, grad_log_prob, grad_entropy, exec);
   return detail::visit_token_loss(fn, cfg, [&](const auto& obj, const auto& est) -> policy_loss_result {
     using D = std::remove_cvref_t<decltype(obj)>;
     using E = std::remove_cvref_t<decltype(est)>;
@@ -273,18 +285,6 @@ template <class T, class M>
 }  // namespace detail
 
 inline namespace ULORL_ISA {
-
-//! Validates the inputs and the configuration (throws ulorl::error naming argument and index).
-//! The value scan of unit-stride rows runs on `exec`; the exact checks that name the index run on
-//! the calling thread, only when the scan finds a problem or a view is strided.
-template <class T, class M, class Exec = sequential_executor>
-void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
-                          token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec = Exec{}) {
-  detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] {
-    validate_objective(fn, cfg.objective);
-    validate_kl(fn, cfg.kl);
-  });
-}
 
 //! The fused policy loss of one micro-batch. Writes d loss / d logp into `grad_log_prob` (0 on
 //! masked tokens) and, with an entropy term, d loss / d H into `grad_entropy`. Nothing is written

@@ -222,8 +222,8 @@ template <class T>
 }
 
 //! One pass over the batch: statistics into `st`; with Write, the outputs (weights divided by
-//! `divisor`) and only the statistics they depend on (not the diagnostics). Throws (before Write passes write anything, when run first without Write) on a weight
-//! that is not finite in T. Returns the largest weight of any position.
+//! `divisor`) and only the statistics they depend on (not the diagnostics). Throws (before Write
+//! passes write anything, when run first without Write) on a weight that is not finite in T. Returns the largest weight of any position.
 template <bool Write, class T, class M>
 double scan(std::string_view fn, const inputs<T, M>& in, const config& c, const outputs<T, M>& out, double divisor,
             statistics& st) {
