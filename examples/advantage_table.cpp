@@ -32,7 +32,7 @@ int main() {
   ulorl::group_advantages(std::span<const double>(shaped), groups, std::span<double>(verl), ulorl::presets::verl::grpo_advantage().group);
   ulorl::group_advantages(std::span<const double>(shaped), groups, std::span<double>(nemo), ulorl::presets::nemo_rl::advantage().group);
   ulorl::group_advantages(std::span<const double>(shaped), groups, std::span<double>(drgrpo),
-                          ulorl::presets::verl::grpo_advantage(1e-6, false).group);
+                          ulorl::presets::verl::grpo_advantage({.norm_adv_by_std_in_grpo = false}).group);
 
   std::printf("ulorl %d.%d.%d — advantages of a sample RLVR batch (%zu prompts x %zu responses)\n\n",
               ULORL_VERSION_MAJOR, ULORL_VERSION_MINOR, ULORL_VERSION_PATCH, groups.count(), group_size);

@@ -260,7 +260,7 @@ bool run_step(MPI_Comm comm, std::uint64_t seed) {
 
   const estimator estimators[] = {{"verl GRPO", ulorl::presets::verl::grpo_advantage()},
                                   {"verl RLOO", ulorl::presets::verl::rloo_advantage()},
-                                  {"Dr. GRPO", ulorl::presets::verl::grpo_advantage(1e-6, false)}};
+                                  {"Dr. GRPO", ulorl::presets::verl::grpo_advantage({.norm_adv_by_std_in_grpo = false})}};
   // PPO with DAPO's clip-higher, GSPO (verl's sequence ratio; verl forces seq-mean-token-mean) and
   // GMPO (a mean over sequences), each with verl's k3 KL against the reference policy. GSPO's clip
   // range is wider than the paper's 3e-4 / 4e-4 so that this batch's noise leaves rows unclipped.

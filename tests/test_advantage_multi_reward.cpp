@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -383,4 +384,22 @@ TEST_CASE("TRL multi_reward_advantage: unknown enums are rejected; presets are c
                        "presets::trl::multi_reward_advantage", "multi_objective_aggregation", 3);
   require_unknown_enum([] { (void)ulorl::presets::trl::multi_reward_advantage({.scale_rewards = static_cast<S>(6)}); },
                        "presets::trl::advantage", "scale", 6);
+}
+
+TEST_CASE("multi-reward token advantages: an absent mask is an all-ones mask, bit for bit, in both layouts", "[multi_reward][mask]") {
+  testing_support::rng r(5301);
+  for (const bool packed : {false, true}) {
+    batch b(r, 12, 3, packed, true);
+    if (packed) b.sh.offsets = {0, 3, 5, 9, 10, 12, 17, 18, 22, 23, 27, 29, 30};  // no empty row
+    std::fill(b.mask.begin(), b.mask.end(), 1.0);
+    b.mask.resize(b.sh.size(), 1.0);
+    for (const auto& cfg : {ulorl::presets::verl::gdpo_advantage(), ulorl::presets::nemo_rl::gdpo_advantage(),
+                            ulorl::presets::trl::multi_reward_advantage()}) {
+      const std::vector<double> ones = b.tokens(cfg);
+      std::vector<double> absent(b.sh.size(), 7.0);
+      ulorl::multi_reward_advantages(b.components(), std::span<const double>(b.weights), b.groups(),
+                                     ulorl::token_view<const double>{}, view_of(absent.data(), b.sh), cfg);
+      REQUIRE(std::memcmp(absent.data(), ones.data(), ones.size() * sizeof(double)) == 0);
+    }
+  }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -260,9 +261,6 @@ TEST_CASE("optimal token baseline rejects bad inputs, outputs untouched", "[opti
     // required inputs
     {
       auto x = in;
-      x.mask = {};
-      expect(c, x, "mask", -1);
-      x = in;
       x.old_log_prob = {};
       expect(c, x, "old_log_prob", -1);
       x = in;
@@ -381,4 +379,23 @@ TEST_CASE("optimal token baseline reads only valid tokens", "[optimal_token_base
   c.run({});
   REQUIRE(c.adv == adv);
   REQUIRE(c.ret == ret);
+}
+
+TEST_CASE("optimal token baseline: an absent mask is an all-ones mask, bit for bit, in both layouts", "[mask]") {
+  testing_support::rng r(9113);
+  for (const bool packed : {false, true})
+    for (const auto align : {token_alignment::position, token_alignment::valid_token}) {
+      otb_case<double> c(random_shape(r, packed), r, true, false, 0.0);
+      for (std::size_t k = 0; k < c.mask.size(); ++k)
+        if (c.mask[k] == 0.0) c.R[k] = 0.25, c.lp[k] = std::log(0.5), c.spp[k] = 0.5, c.rho[k] = 1.0, c.mask[k] = 1.0;
+      otb_case<double> d = c;
+      c.run({.align = align});
+      auto in = d.inputs();
+      in.mask = {};
+      ulorl::optimal_token_baseline_advantages(in, ulorl::group_layout::from_ids(std::span<const std::int64_t>(d.ids)),
+                                               view_of(d.ret.data(), d.sh), view_of(d.adv.data(), d.sh),
+                                               {.align = align});
+      REQUIRE(std::memcmp(c.ret.data(), d.ret.data(), c.ret.size() * sizeof(double)) == 0);
+      REQUIRE(std::memcmp(c.adv.data(), d.adv.data(), c.adv.size() * sizeof(double)) == 0);
+    }
 }

@@ -26,7 +26,7 @@ TEST_CASE("verl GRPO: unbiased std, eps 1e-6, singleton s/(1+eps)", "[presets]")
   const auto o = oracle::grpo(s, ids, 1e-6, true, true, true);
   for (std::size_t i = 0; i < s.size(); ++i) REQUIRE(a[i] == Approx(o[i]).epsilon(1e-12).margin(1e-15));
   REQUIRE(run({3.0}, {4}, ulorl::presets::verl::grpo_advantage())[0] == Approx(3.0 / (1 + 1e-6)).epsilon(1e-15));
-  REQUIRE(run({3.0}, {4}, ulorl::presets::verl::grpo_advantage(1e-6, false))[0] == 3.0);
+  REQUIRE(run({3.0}, {4}, ulorl::presets::verl::grpo_advantage({.norm_adv_by_std_in_grpo = false}))[0] == 3.0);
   REQUIRE(run({3.0}, {4}, ulorl::presets::verl::rloo_advantage())[0] == 3.0);
 }
 
@@ -63,7 +63,9 @@ TEST_CASE("NeMo-RL: leave-one-out, groups of two never normalised", "[presets]")
 TEST_CASE("Open-Instruct: biased std, eps 1e-8", "[presets]") {
   const auto a = run({1.0, 0.0, 0.0, 0.0}, {0, 0, 0, 0}, ulorl::presets::open_instruct::advantage());
   REQUIRE(a[0] == Approx(0.75 / (std::sqrt(0.1875) + 1e-8)).epsilon(1e-14));
-  REQUIRE(run({1.0, 0.0}, {0, 0}, ulorl::presets::open_instruct::advantage(false))[0] == 0.5);
+  REQUIRE(run({1.0, 0.0}, {0, 0}, ulorl::presets::open_instruct::advantage(
+                                   {.advantage_normalization_type = ulorl::presets::open_instruct::advantage_normalization::centered}))[0] ==
+          0.5);
 }
 
 // The presets map their framework's option to a configuration: an option value that names none
@@ -108,4 +110,25 @@ TEST_CASE("presets of the added estimators map the frameworks' option names", "[
   REQUIRE(run({3.0, 1.0}, {4, 5}, ulorl::advantage_preset{rpp.group, {}})[0] == 3.0);
   REQUIRE(run({3.0, 1.0}, {4, 5}, ulorl::advantage_preset{ulorl::presets::nemo_rl::reinforce_plus_plus_advantage().group, {}})[0] ==
           0.0);
+}
+
+TEST_CASE("GRPO presets take options named as their frameworks name them", "[presets]") {
+  namespace verl = ulorl::presets::verl;
+  namespace nemo = ulorl::presets::nemo_rl;
+  namespace oi = ulorl::presets::open_instruct;
+  static_assert(verl::grpo_advantage().group.scale == ulorl::scale_kind::group_std && verl::grpo_advantage().group.eps == 1e-6);
+  constexpr auto dr = verl::grpo_advantage({.epsilon = 1e-3, .norm_adv_by_std_in_grpo = false});
+  static_assert(dr.group.scale == ulorl::scale_kind::none && dr.group.eps == 1e-3);
+  static_assert(nemo::advantage().group.scale == ulorl::scale_kind::leave_one_out_std);
+  constexpr auto pool = nemo::advantage({.use_leave_one_out_baseline = false});
+  static_assert(pool.group.baseline == ulorl::baseline_kind::group_mean && pool.group.scale == ulorl::scale_kind::group_std);
+  static_assert(nemo::advantage({.normalize_rewards = false}).group.scale == ulorl::scale_kind::none);
+  static_assert(oi::advantage().group.scale == ulorl::scale_kind::group_std);
+  static_assert(oi::advantage({.advantage_normalization_type = oi::advantage_normalization::centered}).group.scale ==
+                ulorl::scale_kind::none);
+  // The GDPO presets build on the same options.
+  REQUIRE(verl::gdpo_advantage({.epsilon = 1e-3}).group.eps == verl::grpo_advantage({.epsilon = 1e-3}).group.eps);
+  REQUIRE(nemo::gdpo_advantage({.normalize_rewards = false}).group.scale == nemo::advantage({.normalize_rewards = false}).group.scale);
+  require_unknown_enum([] { (void)oi::advantage({.advantage_normalization_type = static_cast<oi::advantage_normalization>(2)}); },
+                       "presets::open_instruct::advantage", "advantage_normalization_type", 2);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/absent_mask.hpp"
 #include "support/advantage_oracle.hpp"
 #include "support/random.hpp"
 #include "support/rejection.hpp"
@@ -224,4 +225,31 @@ TEST_CASE("REINFORCE++: unknown whitening rules and an empty batch are rejected,
                    "reinforce_pp_baseline_advantages", "config.whiten.eps", -1);
   for (double x : adv) REQUIRE(x == 9);
   for (double x : ret) REQUIRE(x == 9);
+}
+
+TEST_CASE("REINFORCE++: an absent mask is an all-ones mask, bit for bit, in both layouts", "[mask]") {
+  std::mt19937_64 rng(17);
+  for (const auto& lay : absent_mask::layouts(rng, 4, 7)) {
+    INFO((lay.packed ? "packed" : "padded"));
+    const auto r = absent_mask::uniform(rng, lay.size(), -1, 1);
+    const std::vector<double> ones(lay.size(), 1.0);
+    const ulorl::token_view<const double> absent{};
+    std::vector<double> w(lay.size()), wa(lay.size());
+    ulorl::masked_whiten(lay.cview(r), lay.cview(ones), lay.mview(w));
+    ulorl::masked_whiten(lay.cview(r), absent, lay.mview(wa));
+    REQUIRE(absent_mask::same_bits(wa, w));
+    std::vector<double> ret(lay.size()), reta(lay.size()), adv(lay.size()), adva(lay.size());
+    ulorl::discounted_returns(lay.cview(r), lay.cview(ones), 0.9, lay.mview(ret));
+    ulorl::discounted_returns(lay.cview(r), absent, 0.9, lay.mview(reta));
+    REQUIRE(absent_mask::same_bits(reta, ret));
+    ulorl::reinforce_pp_advantages(lay.cview(r), lay.cview(ones), 0.95, lay.mview(ret), lay.mview(adv));
+    ulorl::reinforce_pp_advantages(lay.cview(r), absent, 0.95, lay.mview(reta), lay.mview(adva));
+    REQUIRE(absent_mask::same_bits(reta, ret));
+    REQUIRE(absent_mask::same_bits(adva, adv));
+    const auto scores = absent_mask::uniform(rng, lay.B, 0, 1);
+    const ulorl::group_layout groups = ulorl::group_layout::fixed(lay.B, 2);
+    ulorl::reinforce_pp_baseline_advantages(std::span<const double>(scores), groups, lay.cview(ones), lay.mview(adv));
+    ulorl::reinforce_pp_baseline_advantages(std::span<const double>(scores), groups, absent, lay.mview(adva));
+    REQUIRE(absent_mask::same_bits(adva, adv));
+  }
 }

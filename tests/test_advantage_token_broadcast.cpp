@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/absent_mask.hpp"
 #include "support/rejection.hpp"
 
 using ulorl::token_placement;
@@ -112,4 +113,27 @@ TEST_CASE("response scores sum every position of a row (mask not applied)", "[sc
   REQUIRE_THROWS_WITH(ulorl::response_scores(ulorl::padded(ulorl::matrix_view<const double>(r.data(), 3, 3)),
                                              std::span<double>(s.data(), 2)),
                       Catch::Contains("'out'"));
+}
+
+TEST_CASE("broadcast_to_tokens: an absent mask is an all-ones mask in both layouts", "[mask]") {
+  std::mt19937_64 rng(5);
+  for (const auto& lay : absent_mask::layouts(rng, 4, 6)) {
+    INFO((lay.packed ? "packed" : "padded"));
+    const auto a = absent_mask::uniform(rng, lay.B, -1, 1);
+    const std::vector<std::uint8_t> ones(lay.size(), 1);
+    for (auto place : {ulorl::token_placement::masked, ulorl::token_placement::through_last, ulorl::token_placement::every_position}) {
+      const ulorl::broadcast_config cfg{.placement = place, .allow_empty_rows = true};
+      std::vector<double> o(lay.size(), 7.0), oa(lay.size(), 7.0);
+      ulorl::broadcast_to_tokens(std::span<const double>(a), lay.cview(ones), lay.mview(o), cfg);
+      ulorl::broadcast_to_tokens(std::span<const double>(a), ulorl::token_view<const std::uint8_t>{}, lay.mview(oa), cfg);
+      REQUIRE(absent_mask::same_bits(oa, o));
+    }
+  }
+  // The absent mask's rows are out's rows: an empty packed row is still an empty row.
+  std::mt19937_64 r2(6);
+  const auto lay = absent_mask::layouts(r2, 3, 4)[1];
+  const std::vector<double> a{1, 2, 3};
+  std::vector<double> o(lay.size());
+  REQUIRE_THROWS_WITH(ulorl::broadcast_to_tokens(std::span<const double>(a), ulorl::token_view<const double>{}, lay.mview(o)),
+                      Catch::Contains("'mask'") && Catch::Contains("no valid token"));
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/absent_mask.hpp"
 
 namespace {
 constexpr std::uint64_t seed = 99;
@@ -113,4 +114,37 @@ TEST_CASE("count_batch, global_normalizer and rejected normalisers") {
   L[2] = std::nan("");
   REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {ulorl::agg_mode::token_mean, 3, 1}, mv(g, B, T)), ulorl::error);
   for (double v : g) REQUIRE(v == 8.0);
+}
+
+TEST_CASE("agg_loss and count_batch: an absent mask is an all-ones mask, bit for bit, in both layouts", "[mask]") {
+  std::mt19937_64 rng(seed + 7);
+  for (const auto& lay : absent_mask::layouts(rng, 5, 9)) {
+    INFO((lay.packed ? "packed" : "padded"));
+    const auto L = absent_mask::uniform(rng, lay.size(), -2, 2);
+    const std::vector<double> ones(lay.size(), 1.0);
+    const ulorl::token_view<const double> absent{};
+    const auto c = ulorl::count_batch(lay.cview(ones));
+    const auto ca = ulorl::count_batch(absent, lay.cview(L));
+    REQUIRE(absent_mask::same_bits(ca, c));
+    REQUIRE(ca.tokens == static_cast<double>(lay.size()));
+    REQUIRE(ca.sequences == (lay.packed ? 4.0 : 5.0));  // the packed layout's row 1 is empty
+    REQUIRE(absent_mask::same_bits(ulorl::count_batch(lay.cview(ones), lay.cview(L)), c));
+    for (auto mode : {ulorl::agg_mode::token_mean, ulorl::agg_mode::seq_mean_token_sum, ulorl::agg_mode::seq_mean_token_mean,
+                      ulorl::agg_mode::seq_mean_token_sum_norm, ulorl::agg_mode::constant}) {
+      const auto norm = ulorl::global_normalizer(mode, c, 17.0, 2.0);
+      std::vector<double> g(lay.size(), 9.0), ga(lay.size(), 9.0);
+      const double loss = ulorl::agg_loss(lay.cview(L), lay.cview(ones), norm, lay.mview(g));
+      const double la = ulorl::agg_loss(lay.cview(L), absent, norm, lay.mview(ga));
+      REQUIRE(absent_mask::same_bits(la, loss));
+      REQUIRE(absent_mask::same_bits(ga, g));
+    }
+    // A given mask must still have the shape; the absent one takes loss_mat's.
+    const std::vector<double> short_mask(3, 1.0);
+    const auto wrong = ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(short_mask.data(), 1, 3));
+    REQUIRE_THROWS_WITH(ulorl::agg_loss(lay.cview(L), wrong, ulorl::global_normalizer(ulorl::agg_mode::token_mean, c)),
+                        Catch::Contains("'mask'"));
+    REQUIRE_THROWS_WITH(ulorl::count_batch(wrong, lay.cview(L)), Catch::Contains("'mask'"));
+  }
+  // Without the tokens, an empty view is an empty batch.
+  REQUIRE(ulorl::count_batch(ulorl::token_view<const double>{}).rows == 0);
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/absent_mask.hpp"
 #include "support/rejection.hpp"
 
 TEST_CASE("entropy_term and entropy_loss") {
@@ -185,13 +186,18 @@ TEST_CASE("entropy_loss: bad input names the argument and the flat index; grad_e
         REQUIRE(all_equal(c.g, 9.0));
         ++rejected;
       }
-    // The mask and the gradient output are required.
-    for (const char* missing : {"mask", "grad_entropy"}) {
+    // The gradient output is required; an absent mask means every token valid.
+    {
       entropy_case<double> c(base);
-      (std::string(missing) == "mask" ? c.with_mask : c.with_grad) = false;
-      require_rejected(outcome_of([&] { (void)c.run(); }), fn, missing, -1);
+      c.with_grad = false;
+      require_rejected(outcome_of([&] { (void)c.run(); }), fn, "grad_entropy", -1);
       REQUIRE(all_equal(c.g, 9.0));
       ++rejected;
+    }
+    {
+      entropy_case<double> c(base);
+      c.with_mask = false;
+      REQUIRE_NOTHROW(c.run());
     }
     // Non-finite entropy at the first, a masked and the last token.
     for (double bad : {std::nan(""), inf, -inf})
@@ -225,5 +231,22 @@ TEST_CASE("entropy_loss: bad input names the argument and the flat index; grad_e
       ++rejected;
     }
   }
-  REQUIRE(rejected == 2 * (3 * 5 + 2 + 3 * 3 + 2 * (1 + 4 * 2) + 3 + 4 + 3 + 5));
+  REQUIRE(rejected == 2 * (3 * 5 + 1 + 3 * 3 + 2 * (1 + 4 * 2) + 3 + 4 + 3 + 5));
+}
+
+TEST_CASE("entropy_loss: an absent mask is an all-ones mask, bit for bit, in both layouts", "[mask]") {
+  std::mt19937_64 rng(31);
+  for (const auto& lay : absent_mask::layouts(rng, 4, 11)) {
+    INFO((lay.packed ? "packed" : "padded"));
+    const auto H = absent_mask::uniform(rng, lay.size(), 0, 3);
+    const std::vector<float> ones(lay.size(), 1.0f);
+    for (auto mode : {ulorl::agg_mode::token_mean, ulorl::agg_mode::seq_mean_token_mean}) {
+      const ulorl::agg_normalizer norm{mode, 13.0, 1.5};
+      std::vector<double> g(lay.size(), 5.0), ga(lay.size(), 5.0);
+      const double loss = ulorl::entropy_loss(lay.cview(H), lay.cview(ones), 0.01, norm, lay.mview(g));
+      const double la = ulorl::entropy_loss(lay.cview(H), ulorl::token_view<const float>{}, 0.01, norm, lay.mview(ga));
+      REQUIRE(absent_mask::same_bits(la, loss));
+      REQUIRE(absent_mask::same_bits(ga, g));
+    }
+  }
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/absent_mask.hpp"
 
 namespace {
 
@@ -579,7 +580,7 @@ TEST_CASE("nemo_rl kl_penalty_term: value and gradient (incl. the weight's deriv
                                                 .reference_policy_kl_type = e, .kl_input_clamp_value = in,
                                                 .kl_output_clamp_value = out};
           o.use_on_policy_kl_approximation = on_policy;
-          const auto norm = P::nemo_rl::normalizer(o, std::nullopt, std::nullopt,
+          const auto norm = P::nemo_rl::normalizer(o, {},
                                                    ulorl::count_batch(cview(p.mask, p.B, p.T)));
           auto value = [&](const std::vector<double>& lp) {
             double s = 0;
@@ -639,10 +640,13 @@ TEST_CASE("nemo_rl ClippedPGLossFn options: objective, normaliser, rejections, P
   REQUIRE(P::nemo_rl::objective(o).kind == ulorl::objective_kind::ppo_clip);
   ulorl::batch_counts local;
   local.tokens = 7, local.rows = 3, local.sequences = 3;
-  REQUIRE(P::nemo_rl::normalizer({}, std::nullopt, std::nullopt, local).denominator == 7);
-  REQUIRE(P::nemo_rl::normalizer({}, 500.0, 40.0, local).denominator == 500);
-  REQUIRE(P::nemo_rl::normalizer({.token_level_loss = false}, 500.0, 40.0, local).mode == agg_mode::seq_mean_token_mean);
-  REQUIRE(P::nemo_rl::normalizer({.token_level_loss = false}, 500.0, 40.0, local).denominator == 40);
+  const P::nemo_rl::global_counts global{.global_valid_toks = 500.0, .global_valid_seqs = 40.0};
+  REQUIRE(P::nemo_rl::normalizer({}, {}, local).denominator == 7);
+  REQUIRE(P::nemo_rl::normalizer({}, global, local).denominator == 500);
+  REQUIRE(P::nemo_rl::normalizer({}, {.global_valid_seqs = 40.0}, local).denominator == 7);
+  REQUIRE(P::nemo_rl::normalizer({.token_level_loss = false}, global, local).mode == agg_mode::seq_mean_token_mean);
+  REQUIRE(P::nemo_rl::normalizer({.token_level_loss = false}, global, local).denominator == 40);
+  REQUIRE(P::nemo_rl::normalizer({.token_level_loss = false}, {.global_valid_toks = 500.0}, local).denominator == 3);
   // Rejections (NeMo asserts).
   REQUIRE_THROWS_AS(P::nemo_rl::validate({.ratio_clip_c = 1.0}), ulorl::error);
   REQUIRE_THROWS_AS(P::nemo_rl::validate({.truncated_importance_sampling_type = W::truncate, .truncated_importance_sampling_ratio = 2.0}),
@@ -703,3 +707,47 @@ TEST_CASE("nemo_rl kl_penalty_term: rejections leave the gradient untouched") {
 }
 
 }  // namespace
+
+TEST_CASE("verl batch passes and NeMo-RL terms: an absent mask is an all-ones mask, bit for bit, in both layouts", "[mask]") {
+  using K = P::verl::loss_mode_kind;
+  std::mt19937_64 rng(777);
+  for (const auto& lay : absent_mask::layouts(rng, 5, 9)) {
+    INFO((lay.packed ? "packed" : "padded"));
+    const auto old = absent_mask::uniform(rng, lay.size(), -3, -0.1);
+    auto lp = old;
+    for (auto& x : lp) x = std::min(-0.01, x + (absent_mask::uniform(rng, 1, -0.6, 0.6)[0]));
+    const auto adv = absent_mask::uniform(rng, lay.size(), -1, 1), ref = absent_mask::uniform(rng, lay.size(), -3, -0.1);
+    const auto rollout = absent_mask::uniform(rng, lay.size(), -3, -0.1), isw = absent_mask::uniform(rng, lay.size(), 0.5, 1.5);
+    const std::vector<std::uint8_t> ones(lay.size(), 1);
+    const ulorl::token_view<const std::uint8_t> absent{};
+    for (const K mode : {K::dppo_tv, K::dppo_kl}) {
+      const P::verl::objective_options o{.loss_mode = mode, .clip_ratio_low = 0.2, .clip_ratio_high = 0.3};
+      std::vector<double> w(lay.size(), 9.0), wa(lay.size(), 9.0);
+      const auto st = P::verl::dppo_weights(o, lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.cview(isw), lay.mview(w));
+      const auto sa = P::verl::dppo_weights(o, lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.cview(isw), lay.mview(wa));
+      REQUIRE(absent_mask::same_bits(wa, w));
+      REQUIRE((absent_mask::same_bits(sa.pg_clipfrac, st.pg_clipfrac) && absent_mask::same_bits(sa.pg_clipfrac_lower, st.pg_clipfrac_lower)));
+    }
+    {
+      const P::verl::objective_options o{.loss_mode = K::kl_cov};
+      std::vector<double> sel(lay.size(), 9.0), sela(lay.size(), 9.0);
+      const auto st = P::verl::kl_cov_selection(o, lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.mview(sel));
+      const auto sa = P::verl::kl_cov_selection(o, lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.mview(sela));
+      REQUIRE(absent_mask::same_bits(sela, sel));
+      REQUIRE(absent_mask::same_bits(sa.ppo_kl, st.ppo_kl));
+    }
+    for (const bool token_level : {true, false}) {
+      P::nemo_rl::clipped_pg_loss_options o{.token_level_loss = token_level, .reference_policy_kl_penalty = 0.3};
+      o.use_on_policy_kl_approximation = !token_level;
+      const auto norm = P::nemo_rl::normalizer(o, {}, ulorl::count_batch(absent, lay.cview(lp)));
+      std::vector<double> g(lay.size(), 0.5), ga(lay.size(), 0.5);
+      const double kl = P::nemo_rl::kl_penalty_term(o, lay.cview(lp), lay.cview(ref), lay.cview(rollout), lay.cview(ones), norm, lay.mview(g));
+      const double ka = P::nemo_rl::kl_penalty_term(o, lay.cview(lp), lay.cview(ref), lay.cview(rollout), absent, norm, lay.mview(ga));
+      REQUIRE(absent_mask::same_bits(ka, kl));
+      REQUIRE(absent_mask::same_bits(ga, g));
+      const auto r1 = P::nemo_rl::logged_ratios(o, lay.cview(lp), lay.cview(old), lay.cview(ones), {.global_valid_toks = 40.0});
+      const auto ra = P::nemo_rl::logged_ratios(o, lay.cview(lp), lay.cview(old), absent, {.global_valid_toks = 40.0});
+      REQUIRE((absent_mask::same_bits(ra.probs_ratio, r1.probs_ratio) && absent_mask::same_bits(ra.probs_ratio_clamped, r1.probs_ratio_clamped)));
+    }
+  }
+}

@@ -1085,3 +1085,178 @@ TEST_CASE("policy_loss rejects gradient outputs whose strides alias distinct tok
   (void)ulorl::policy_loss(in, c.cfg, padded(g, 1, 3), padded(ge, 1, 3));
   CHECK(std::any_of(g.begin(), g.end(), [](double x) { return x != 42.0; }));
 }
+
+// ---- an absent mask: every token valid -----------------------------------------------------------
+
+namespace {
+
+bool same_bits(const void* a, const void* b, std::size_t n) { return std::memcmp(a, b, n) == 0; }
+
+//! The problem's arrays as element type T in one layout: padded [B, T] or packed (row b's first
+//! len[b] tokens), unit-stride or every array at stride 2.
+template <class T, class M>
+struct laid_out {
+  std::size_t B = 0, Tn = 0, n = 0;
+  std::ptrdiff_t s = 1;
+  bool packed = false;
+  std::vector<std::int64_t> off;
+  std::vector<T> lp, old, adv, ref, w, ent;
+  std::unique_ptr<M[]> ones;  // not std::vector: M may be bool
+  laid_out(const problem& p, const std::vector<std::size_t>& len, bool packed_layout, bool strided)
+      : B(p.B), Tn(p.T), s(strided ? 2 : 1), packed(packed_layout) {
+    off.push_back(0);
+    for (std::size_t b = 0; b < B; ++b) off.push_back(off.back() + static_cast<std::int64_t>(packed ? len[b] : Tn));
+    n = static_cast<std::size_t>(off.back());
+    const auto lay = [&](const std::vector<double>& v, std::vector<T>& out) {
+      out.assign(n * static_cast<std::size_t>(s), T(-7));
+      for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t t = 0; t < static_cast<std::size_t>(off[b + 1] - off[b]); ++t)
+          out[(static_cast<std::size_t>(off[b]) + t) * static_cast<std::size_t>(s)] = static_cast<T>(v[b * Tn + t]);
+    };
+    lay(p.lp, lp), lay(p.old, old), lay(p.adv, adv), lay(p.ref, ref), lay(p.ent, ent);
+    if (!p.w.empty()) lay(p.w, w);
+    ones = std::make_unique<M[]>(n * static_cast<std::size_t>(s) + 1);
+    std::fill_n(ones.get(), n * static_cast<std::size_t>(s), M(1));
+  }
+  template <class U>
+  ulorl::token_view<U> view(U* data) const {
+    if (packed)
+      return ulorl::token_view<U>::packed(ulorl::vector_view<U>(data, n, s), std::span<const std::int64_t>(off));
+    return ulorl::token_view<U>::padded(ulorl::matrix_view<U>(data, B, Tn, static_cast<std::ptrdiff_t>(Tn) * s, s));
+  }
+  template <class U>
+  ulorl::token_view<const U> cv(const std::vector<U>& v) const {
+    return v.empty() ? ulorl::token_view<const U>{} : view<const U>(v.data());
+  }
+  [[nodiscard]] ulorl::token_view<const M> all_ones() const { return view<const M>(ones.get()); }
+  [[nodiscard]] ulorl::policy_loss_inputs<T, M> inputs(ulorl::token_view<const M> m) const {
+    return {cv(lp), cv(old), cv(adv), m, cv(ref), cv(w), cv(ent)};
+  }
+};
+
+struct loss_run {
+  ulorl::policy_loss_result res;
+  std::vector<double> grad, gent;  // as double, for the comparison
+};
+
+template <class T, class M, class Run>
+loss_run run_layout(const laid_out<T, M>& d, Run&& run) {
+  std::vector<T> g(d.n * static_cast<std::size_t>(d.s), T(42)), ge(d.n * static_cast<std::size_t>(d.s), T(43));
+  loss_run r;
+  r.res = run(d.template view<T>(g.data()), d.template view<T>(ge.data()));
+  r.grad.assign(g.begin(), g.end());
+  r.gent.assign(ge.begin(), ge.end());
+  return r;
+}
+
+void require_same_bits(const loss_run& a, const loss_run& b) {
+  REQUIRE(same_bits(&a.res.loss, &b.res.loss, sizeof(double)));
+  REQUIRE(same_bits(&a.res.pg_loss, &b.res.pg_loss, sizeof(double)));
+  REQUIRE(same_bits(&a.res.kl_loss, &b.res.kl_loss, sizeof(double)));
+  REQUIRE(same_bits(&a.res.entropy_loss, &b.res.entropy_loss, sizeof(double)));
+  REQUIRE(same_bits(&a.res.metrics, &b.res.metrics, sizeof(ulorl::loss_metrics)));
+  REQUIRE(a.grad.size() == b.grad.size());
+  REQUIRE(same_bits(a.grad.data(), b.grad.data(), a.grad.size() * sizeof(double)));
+  REQUIRE(same_bits(a.gent.data(), b.gent.data(), a.gent.size() * sizeof(double)));
+}
+
+//! policy_loss with an absent mask against an explicit all-ones mask: the same bits (loss parts,
+//! every metric, both gradients), in the layout `d`.
+template <class T, class M>
+void require_absent_is_all_ones(const laid_out<T, M>& d, const ulorl::policy_loss_config& cfg) {
+  const auto grad_ent = [&](ulorl::token_view<T> ge) { return cfg.entropy_coef != 0.0 ? ge : ulorl::token_view<T>{}; };
+  const auto ones = run_layout(d, [&](ulorl::token_view<T> g, ulorl::token_view<T> ge) {
+    return ulorl::policy_loss(d.inputs(d.all_ones()), cfg, g, grad_ent(ge));
+  });
+  const auto absent = run_layout(d, [&](ulorl::token_view<T> g, ulorl::token_view<T> ge) {
+    return ulorl::policy_loss(d.inputs({}), cfg, g, grad_ent(ge));
+  });
+  require_same_bits(absent, ones);
+  REQUIRE(absent.res.metrics.tokens == static_cast<double>(d.n));
+  // The executor folds rows in the same order: the same bits too.
+  const auto threaded = run_layout(d, [&](ulorl::token_view<T> g, ulorl::token_view<T> ge) {
+    return ulorl::policy_loss(d.inputs({}), cfg, g, grad_ent(ge), ulorl::thread_executor{3});
+  });
+  require_same_bits(threaded, ones);
+}
+
+template <class T, class M>
+void absent_mask_cases(std::uint64_t s) {
+  std::mt19937_64 rng(s);
+  INFO("seed " << s);
+  const std::size_t B = 5, Tn = 37;
+  std::uniform_int_distribution<std::size_t> ul(0, Tn);
+  for (const char* obj : {"ppo", "ppo_dual", "cispo", "sapo", "pg", "gspo_own", "gspo_mean", "gmpo"})
+    for (const char* kl : {"none", "k3", "k2_st"})
+      for (const char* agg : {"token", "seq_mean"})
+        for (int form = 0; form < 3; ++form) {  // lean, weighted, general (entropy)
+          const problem p = random_problem(rng, B, Tn, form == 1);
+          std::vector<std::size_t> len(B);
+          for (auto& l : len) l = ul(rng);
+          len[1] = 0;  // an empty packed row
+          auto c = make_combo(obj, kl, agg, 40.0);
+          if (form != 2) c.cfg.entropy_coef = 0.0;
+          for (const bool packed : {false, true})
+            for (const bool strided : {false, true})
+              for (const bool check : {true, false}) {
+                INFO(obj << " " << kl << " " << agg << " form " << form << (packed ? " packed" : " padded")
+                          << (strided ? " strided" : "") << (check ? "" : " unchecked"));
+                c.cfg.check_values = check;
+                require_absent_is_all_ones(laid_out<T, M>(p, len, packed, strided), c.cfg);
+              }
+        }
+}
+
+}  // namespace
+
+TEST_CASE("policy_loss: an absent mask is an all-ones mask, bit for bit, in every path", "[mask]") {
+  absent_mask_cases<double, double>(seed + 101);
+  absent_mask_cases<double, std::uint8_t>(seed + 102);
+  absent_mask_cases<float, std::uint8_t>(seed + 103);
+  absent_mask_cases<float, bool>(seed + 104);
+}
+
+TEST_CASE("policy_loss: a broadcast mask (stride 0) is read as its values in the vectorised rows", "[mask]") {
+  std::mt19937_64 rng(seed + 105);
+  const std::size_t B = 6, Tn = 45;
+  const problem p = random_problem(rng, B, Tn, false);
+  const std::vector<float> row_valid{1, 0, 1, 1, 0, 1};
+  std::vector<float> full(B * Tn);
+  for (std::size_t b = 0; b < B; ++b) std::fill_n(full.begin() + static_cast<std::ptrdiff_t>(b * Tn), Tn, row_valid[b]);
+  for (const char* obj : {"ppo", "gspo_mean"}) {
+    auto c = make_combo(obj, "k3", "seq_mean", 20.0);
+    const std::vector<std::size_t> len(B, Tn);
+    const laid_out<float, float> d(p, len, false, false);
+    const auto run_with = [&](ulorl::token_view<const float> m) {
+      return run_layout(d, [&](ulorl::token_view<float> g, ulorl::token_view<float> ge) {
+        return ulorl::policy_loss(d.inputs(m), c.cfg, g, ge);
+      });
+    };
+    // Row b's mask is row_valid[b] at every token: column stride 0.
+    const auto expanded =
+        ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(row_valid.data(), B, Tn, 1, 0));
+    require_same_bits(run_with(expanded), run_with(ulorl::token_view<const float>::padded(
+                                                  ulorl::matrix_view<const float>(full.data(), B, Tn))));
+  }
+}
+
+TEST_CASE("policy_loss: an absent mask lifts the mask's shape requirement only", "[mask][errors]") {
+  std::mt19937_64 rng(seed + 106);
+  const std::size_t B = 3, Tn = 5;
+  const problem p = random_problem(rng, B, Tn, false);
+  const auto c = make_combo("ppo", "k3", "token", 10.0);
+  std::vector<double> g(B * Tn, 42.0), ge(B * Tn, 43.0);
+  ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, Tn), cview(p.old, B, Tn), cview(p.adv, B, Tn),
+                                               {},                  cview(p.ref, B, Tn), {}, cview(p.ent, B, Tn)};
+  (void)ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn));
+  // A given mask must still have log_prob's shape and 0/1 values.
+  const std::vector<double> short_mask(B * (Tn - 1), 1.0), bad(B * Tn, 0.5);
+  in.mask = cview(short_mask, B, Tn - 1);
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn)), Catch::Contains("'mask'"));
+  in.mask = cview(bad, B, Tn);
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn)), Catch::Contains("'mask'"));
+  // The other required inputs stay required.
+  in.mask = {};
+  in.ref_log_prob = {};
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn)), Catch::Contains("'ref_log_prob'"));
+}

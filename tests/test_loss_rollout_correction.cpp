@@ -741,10 +741,10 @@ TEST_CASE("rollout_correction presets: typed options map onto the configuration;
   m.totals.out_of_bounds_rows = 1;
   const pn::rollout_correction_options tis{.truncated_importance_sampling_type = rc::is_weighting::truncate, .truncated_importance_sampling_ratio = 2.0};
   REQUIRE(pn::rollout_correction_logged(m, tis).sampling_importance_ratio == Approx(1.2));
-  REQUIRE(pn::rollout_correction_logged(m, tis, 20.0).is_oob_ratio == Approx(0.1));
+  REQUIRE(pn::rollout_correction_logged(m, tis, {.global_valid_toks = 20.0}).is_oob_ratio == Approx(0.1));
   pn::rollout_correction_options seq = tis;
   seq.sequence_level_importance_ratios = true;
-  REQUIRE(pn::rollout_correction_logged(m, seq, std::nullopt, 8.0).sampling_importance_ratio == Approx(4 * 5 / 8.0));
+  REQUIRE(pn::rollout_correction_logged(m, seq, {.global_valid_seqs = 8.0}).sampling_importance_ratio == Approx(4 * 5 / 8.0));
   pn::rollout_correction_options gate{.truncated_importance_sampling_type = rc::is_weighting::geometric_gate,
                                       .truncated_importance_sampling_ratio = 1.1, .truncated_importance_sampling_ratio_min = 0.9};
   REQUIRE(pn::rollout_correction_logged(m, gate).is_oob_ratio == Approx(0.25));

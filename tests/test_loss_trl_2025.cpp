@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/absent_mask.hpp"
 
 namespace {
 namespace P = ulorl::presets;
@@ -432,5 +433,34 @@ TEST_CASE("trl 2025 token-level modes are partition-exact with the global normal
     const double split = run(0, 2, g_split) + run(2, 5, g_split) + run(5, 6, g_split);
     REQUIRE(split == Approx(full).epsilon(1e-12));
     for (std::size_t i = 0; i < g_full.size(); ++i) REQUIRE(g_split[i] == Approx(g_full[i]).epsilon(1e-12).margin(1e-300));
+  }
+}
+
+TEST_CASE("top_entropy_mask and vespo_weights: an absent mask is an all-ones mask, bit for bit, in both layouts", "[mask]") {
+  std::mt19937_64 rng(4242);
+  for (const auto& lay : absent_mask::layouts(rng, 5, 8)) {
+    INFO((lay.packed ? "packed" : "padded"));
+    const auto H = absent_mask::uniform(rng, lay.size(), 0, 3);
+    const auto lp = absent_mask::uniform(rng, lay.size(), -3, 0), old = absent_mask::uniform(rng, lay.size(), -3, 0);
+    const auto q = absent_mask::uniform(rng, lay.size(), 0.5, 1.5);
+    const auto adv = absent_mask::uniform(rng, lay.B, -1, 1);
+    const std::vector<double> ones(lay.size(), 1.0);
+    const ulorl::token_view<const double> absent{};
+    REQUIRE(ulorl::entropy_quantile_workspace(absent, lay.cview(H)) == lay.size());
+    REQUIRE(ulorl::entropy_quantile_workspace(lay.cview(ones), lay.cview(H)) == lay.size());
+    std::vector<double> scratch(lay.size()), keep(lay.size()), keepa(lay.size());
+    const ulorl::entropy_quantile_config cfg{.quantile = 0.4};
+    const double theta = ulorl::top_entropy_mask(lay.cview(H), lay.cview(ones), cfg, lay.mview(keep), scratch);
+    const double ta = ulorl::top_entropy_mask(lay.cview(H), absent, cfg, lay.mview(keepa), scratch);
+    REQUIRE(absent_mask::same_bits(ta, theta));
+    REQUIRE(absent_mask::same_bits(keepa, keep));
+    REQUIRE(absent_mask::same_bits(ulorl::entropy_quantile_threshold(lay.cview(H), absent, cfg, scratch), theta));
+    for (const bool with_q : {false, true}) {
+      std::vector<double> phi(lay.B), phia(lay.B);
+      const auto qv = with_q ? lay.cview(q) : absent;
+      ulorl::vespo_weights(ulorl::vespo_inputs<double>{lay.cview(lp), lay.cview(old), lay.cview(ones), adv, qv}, {}, phi);
+      ulorl::vespo_weights(ulorl::vespo_inputs<double>{lay.cview(lp), lay.cview(old), absent, adv, qv}, {}, phia);
+      REQUIRE(absent_mask::same_bits(phia, phi));
+    }
   }
 }

@@ -376,7 +376,7 @@ void bind_presets(py::module_& m) {
          const std::string& scale_rewards, bool leave_one_out, bool normalize) {
         constexpr std::string_view fn = "group_advantages";
         if (preset == "verl") {
-          if (estimator == "grpo") return P::verl::grpo_advantage(epsilon, norm_adv_by_std);
+          if (estimator == "grpo") return P::verl::grpo_advantage({.epsilon = epsilon, .norm_adv_by_std_in_grpo = norm_adv_by_std});
           if (estimator == "rloo") return P::verl::rloo_advantage();
           ulorl::detail::fail(fn, "estimator", "unknown verl estimator '" + estimator + "' (expected 'grpo' or 'rloo')");
         }
@@ -390,10 +390,12 @@ void bind_presets(py::module_& m) {
           return P::openrlhf::advantage(parse_name<E>(
               fn, "estimator", estimator, {{"group_norm", E::group_norm}, {"rloo", E::rloo}, {"dr_grpo", E::dr_grpo}}));
         }
-        if (preset == "nemo_rl") return P::nemo_rl::advantage(leave_one_out, normalize);
+        if (preset == "nemo_rl")
+          return P::nemo_rl::advantage({.use_leave_one_out_baseline = leave_one_out, .normalize_rewards = normalize});
         if (preset == "open_instruct") {
-          if (estimator == "standard") return P::open_instruct::advantage(true);
-          if (estimator == "centered") return P::open_instruct::advantage(false);
+          using N = P::open_instruct::advantage_normalization;
+          if (estimator == "standard") return P::open_instruct::advantage({.advantage_normalization_type = N::standard});
+          if (estimator == "centered") return P::open_instruct::advantage({.advantage_normalization_type = N::centered});
           ulorl::detail::fail(fn, "estimator",
                               "unknown open_instruct estimator '" + estimator + "' (expected 'standard' or 'centered')");
         }

@@ -70,8 +70,9 @@ json advantage(const std::string& preset, const json& params, const json& in) {
   if (preset == "verl") {
     const auto groups = by_index();
     if (est == "grpo")
-      return run(groups, ulorl::presets::verl::grpo_advantage(param_double(params, "epsilon", 1e-6),
-                                                   param_bool(params, "norm_adv_by_std_in_grpo", true)));
+      return run(groups, ulorl::presets::verl::grpo_advantage(
+                             {.epsilon = param_double(params, "epsilon", 1e-6),
+                              .norm_adv_by_std_in_grpo = param_bool(params, "norm_adv_by_std_in_grpo", true)}));
     if (est == "rloo") return run(groups, ulorl::presets::verl::rloo_advantage());
     const ulorl::broadcast_config masked{.placement = ulorl::token_placement::masked, .allow_empty_rows = true};
     if (est == "gpg") {
@@ -152,8 +153,9 @@ json advantage(const std::string& preset, const json& params, const json& in) {
       return run(fixed("n_samples_per_prompt"),
                  ulorl::presets::openrlhf::advantage(est == "group_norm" ? E::group_norm : est == "rloo" ? E::rloo : E::dr_grpo));
   } else if (preset == "nemo_rl" && est == "grpo") {
-    return run(by_index(), ulorl::presets::nemo_rl::advantage(param_bool(params, "use_leave_one_out_baseline", true),
-                                                   param_bool(params, "normalize_rewards", true)));
+    return run(by_index(), ulorl::presets::nemo_rl::advantage(
+                               {.use_leave_one_out_baseline = param_bool(params, "use_leave_one_out_baseline", true),
+                                .normalize_rewards = param_bool(params, "normalize_rewards", true)}));
   } else if (preset == "nemo_rl" && est == "gdpo") {
     const matrix comp = optional_matrix(in, "reward_components", scores.size());
     const auto weights = reward_weights(params);
@@ -171,7 +173,9 @@ json advantage(const std::string& preset, const json& params, const json& in) {
         ulorl::presets::nemo_rl::reinforce_plus_plus_advantage({.minus_baseline = param_bool(params, "minus_baseline", true)}));
     return json{{"advantages", from_matrix(out)}};
   } else if (preset == "open_instruct" && (est == "standard" || est == "centered")) {
-    return run(fixed("num_samples_per_prompt_rollout"), ulorl::presets::open_instruct::advantage(est == "standard"));
+    using N = ulorl::presets::open_instruct::advantage_normalization;
+    return run(fixed("num_samples_per_prompt_rollout"),
+               ulorl::presets::open_instruct::advantage({.advantage_normalization_type = est == "standard" ? N::standard : N::centered}));
   }
   throw reject("unknown preset/estimator '" + preset + "'/'" + est + "'");
 }

@@ -192,7 +192,8 @@ json run_nemo_rl(const json& params, const inputs_t& base, const std::optional<c
   cfg.objective = P::nemo_rl::objective(o);
   const auto rc_cfg = P::nemo_rl::rollout_correction(o);
   const auto counts = ulorl::count_batch(base.mask);
-  cfg.normalizer = P::nemo_rl::normalizer(o, gt, gs, counts);
+  const P::nemo_rl::global_counts global{.global_valid_toks = gt, .global_valid_seqs = gs};
+  cfg.normalizer = P::nemo_rl::normalizer(o, global, counts);
 
   inputs_t in = base;
   if (o.force_on_policy_ratio) in.old_log_prob = base.log_prob;
@@ -216,8 +217,8 @@ json run_nemo_rl(const json& params, const inputs_t& base, const std::optional<c
   if (with_kl)
     kl = P::nemo_rl::kl_penalty_term(o, base.log_prob, view_of(ref), view_of(rollout), base.mask, cfg.normalizer, grad.v());
   const auto logged = P::nemo_rl::rollout_correction_logged(rm, {.truncated_importance_sampling_type = o.truncated_importance_sampling_type},
-                                                            gt, gs);
-  const auto ratios = P::nemo_rl::logged_ratios(o, base.log_prob, base.old_log_prob, base.mask, gt);
+                                                            global);
+  const auto ratios = P::nemo_rl::logged_ratios(o, base.log_prob, base.old_log_prob, base.mask, global);
   json out{{"pg_loss", res.pg_loss + kl},
            {"grad_log_prob", conformance::from_matrix(grad.m)},
            {"probs_ratio", ratios.probs_ratio},

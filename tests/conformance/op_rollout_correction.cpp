@@ -136,8 +136,9 @@ json nemo_rl(const json& params, const json& inputs) {
   o.truncated_importance_sampling_ratio_min = param_optional(params, "truncated_importance_sampling_ratio_min");
   o.sequence_level_importance_ratios = param_bool(params, "sequence_level_importance_ratios", false);
   const auto r = run(read_batch(inputs), p::rollout_correction(o));
-  const auto logged = p::rollout_correction_logged(r.m, o, param_optional(params, "global_valid_toks"),
-                                                   param_optional(params, "global_valid_seqs"));
+  const auto logged = p::rollout_correction_logged(r.m, o,
+                                                   {.global_valid_toks = param_optional(params, "global_valid_toks"),
+                                                    .global_valid_seqs = param_optional(params, "global_valid_seqs")});
   json out{{"weights", from_matrix(r.weights)}, {"sampling_importance_ratio", logged.sampling_importance_ratio}};
   if (o.truncated_importance_sampling_type) out["is_oob_ratio"] = logged.is_oob_ratio;
   return out;

@@ -26,12 +26,15 @@ ulorl::group_advantage_config config(FuzzedDataProvider& p) {
   using namespace ulorl;
   switch (p.ConsumeIntegralInRange<int>(0, 9)) {
     case 0: return presets::verl::grpo_advantage().group;
-    case 1: return presets::verl::grpo_advantage(1e-6, false).group;
+    case 1: return presets::verl::grpo_advantage({.norm_adv_by_std_in_grpo = false}).group;
     case 2: return presets::verl::rloo_advantage().group;
     case 3: return presets::trl::advantage(static_cast<presets::trl::scale_rewards>(p.ConsumeIntegralInRange<int>(0, 2))).group;
     case 4: return presets::openrlhf::advantage(static_cast<presets::openrlhf::advantage_estimator>(p.ConsumeIntegralInRange<int>(0, 2))).group;
-    case 5: return presets::nemo_rl::advantage(p.ConsumeBool(), p.ConsumeBool()).group;
-    case 6: return presets::open_instruct::advantage(p.ConsumeBool()).group;
+    case 5: return presets::nemo_rl::advantage({.use_leave_one_out_baseline = p.ConsumeBool(), .normalize_rewards = p.ConsumeBool()}).group;
+    case 6: return presets::open_instruct::advantage({.advantage_normalization_type = p.ConsumeBool()
+                                                         ? presets::open_instruct::advantage_normalization::standard
+                                                         : presets::open_instruct::advantage_normalization::centered})
+                    .group;
     default: {
       group_advantage_config c;
       const int b = p.ConsumeIntegralInRange<int>(0, 3), s = p.ConsumeIntegralInRange<int>(0, 4), e = p.ConsumeIntegralInRange<int>(0, 2),

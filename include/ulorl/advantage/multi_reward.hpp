@@ -180,7 +180,8 @@ void multi_reward_advantages(matrix_view<const T> components, std::span<const do
 //! whitened by cfg.whiten. `mask` and `out` share a layout (padded or packed) with B rows. Throws
 //! before writing on everything the per-response overload rejects, a mask that is not 0/1 or of
 //! another shape, an empty mask row unless cfg.broadcast.allow_empty_rows, and for final_norm == tokens
-//! fewer valid tokens than the whitening needs (2 unbiased, 1 biased).
+//! fewer valid tokens than the whitening needs (2 unbiased, 1 biased). An absent mask (empty view):
+//! every token of out's layout valid.
 template <class T, class M, class U>
 void multi_reward_advantages(matrix_view<const T> components, std::span<const double> weights,
                              const group_layout& groups, token_view<const M> mask, token_view<U> out,
@@ -190,6 +191,8 @@ void multi_reward_advantages(matrix_view<const T> components, std::span<const do
   if (components.rows() == 0) detail::fail(fn, "components", "empty batch: at least one response is required");
   detail::validate_components(fn, components, weights, cfg.min_components);
   require_same_size(fn, "groups", groups.responses(), "components rows", components.rows());
+  if (mask.empty()) validate_layout(fn, "out", out);
+  mask = mask_or_all_valid(mask, out);
   validate_layout(fn, "mask", mask);
   require_binary_mask(fn, "mask", mask);
   require_same_size(fn, "mask", mask.rows(), "components rows", components.rows());

@@ -51,7 +51,7 @@ struct optimal_token_baseline_config {
 template <class T, class M = T>
 struct optimal_token_baseline_inputs {
   token_view<const T> token_rewards;
-  token_view<const M> mask;                //!< 0/1 response mask (required)
+  token_view<const M> mask{};              //!< 0/1 response mask; absent (empty): every token valid
   token_view<const T> old_log_prob;        //!< log π_old of the chosen token (required)
   token_view<const T> sum_pi_squared;      //!< Σ_v π_old(v)² of the token's distribution, >= 0 (required)
   token_view<const T> rollout_is_weights{};  //!< ρ̄ (detached, >= 0); absent: 1
@@ -76,8 +76,8 @@ void require_where_valid(std::string_view fn, std::string_view arg, const token_
 }  // namespace detail
 
 //! Writes `returns` (G at every position, masked ones included: the masked rewards still to come)
-//! and `advantages` ((G - B) · m). Throws ulorl::error before writing on: a missing mask,
-//! old_log_prob or sum_pi_squared; views of different shapes or a bad packed layout; a mask value
+//! and `advantages` ((G - B) · m). An absent mask: every token of token_rewards' layout valid.
+//! Throws ulorl::error before writing on: a missing old_log_prob or sum_pi_squared; views of different shapes or a bad packed layout; a mask value
 //! other than 0/1; a non-finite reward, log-prob, Σπ² or weight at a valid token, a negative Σπ² or
 //! weight; `groups` not covering the B rows; eps negative or not finite; an unknown alignment; and a
 //! result that is not finite (a reward-to-go that overflows, or Σ W + eps = 0 from inconsistent
@@ -91,15 +91,15 @@ void optimal_token_baseline_advantages(const optimal_token_baseline_inputs<T, M>
   if (!(cfg.eps >= 0.0) || !std::isfinite(cfg.eps)) detail::fail_value(fn, "config.eps", cfg.eps, "must be finite and >= 0");
   const auto& rewards = in.token_rewards;
   validate_layout(fn, "token_rewards", rewards);
-  if (in.mask.empty()) detail::fail(fn, "mask", "required");
+  const token_view<const M> mask = mask_or_all_valid(in.mask, rewards);
   if (in.old_log_prob.empty()) detail::fail(fn, "old_log_prob", "required");
   if (in.sum_pi_squared.empty()) detail::fail(fn, "sum_pi_squared", "required");
-  validate_layout(fn, "mask", in.mask);
+  validate_layout(fn, "mask", mask);
   validate_layout(fn, "old_log_prob", in.old_log_prob);
   validate_layout(fn, "sum_pi_squared", in.sum_pi_squared);
   validate_layout(fn, "returns", returns);
   validate_layout(fn, "advantages", advantages);
-  require_same_shape(fn, "mask", in.mask, "token_rewards", rewards);
+  require_same_shape(fn, "mask", mask, "token_rewards", rewards);
   require_same_shape(fn, "old_log_prob", in.old_log_prob, "token_rewards", rewards);
   require_same_shape(fn, "sum_pi_squared", in.sum_pi_squared, "token_rewards", rewards);
   const bool weighted = !in.rollout_is_weights.empty();
@@ -111,13 +111,12 @@ void optimal_token_baseline_advantages(const optimal_token_baseline_inputs<T, M>
   require_same_shape(fn, "advantages", advantages, "token_rewards", rewards);
   if (rewards.rows() == 0) detail::fail(fn, "token_rewards", "empty batch: at least one response is required");
   require_same_size(fn, "groups", groups.responses(), "token_rewards rows", rewards.rows());
-  require_binary_mask(fn, "mask", in.mask);
-  detail::require_where_valid(fn, "token_rewards", rewards, in.mask, false);
-  detail::require_where_valid(fn, "old_log_prob", in.old_log_prob, in.mask, false);
-  detail::require_where_valid(fn, "sum_pi_squared", in.sum_pi_squared, in.mask, true);
-  if (weighted) detail::require_where_valid(fn, "rollout_is_weights", in.rollout_is_weights, in.mask, true);
+  require_binary_mask(fn, "mask", mask);
+  detail::require_where_valid(fn, "token_rewards", rewards, mask, false);
+  detail::require_where_valid(fn, "old_log_prob", in.old_log_prob, mask, false);
+  detail::require_where_valid(fn, "sum_pi_squared", in.sum_pi_squared, mask, true);
+  if (weighted) detail::require_where_valid(fn, "rollout_is_weights", in.rollout_is_weights, mask, true);
 
-  const auto& mask = in.mask;
   const std::size_t B = rewards.rows();
   const auto valid = [&](std::size_t b, std::size_t t) { return mask(b, t) != M(0); };
   // G, W and the advantage of every token, at its flat index (b*T + t or offsets[b] + t).

@@ -9,8 +9,8 @@
 //   Open-Instruct biased std, eps 1e-8
 // and the estimators built from other pieces: verl GDPO and the optimal token baseline
 // (multi_reward.hpp, optimal_token_baseline.hpp), TRL multi-objective aggregation, NeMo-RL GDPO and
-// REINFORCE++ (reinforce_pp.hpp). Those presets take an options struct whose fields carry the
-// framework's option names: `presets::verl::gdpo_advantage({.norm_adv_by_std_in_grpo = false})`.
+// REINFORCE++ (reinforce_pp.hpp). A preset with options takes an options struct whose fields carry
+// the framework's option names: `presets::verl::grpo_advantage({.norm_adv_by_std_in_grpo = false})`.
 #pragma once
 
 #include "ulorl/advantage/group_advantage.hpp"
@@ -32,12 +32,17 @@ struct advantage_preset {
 namespace presets {
 
 namespace verl {
-//! verl `compute_grpo_outcome_advantage` (norm_adv_by_std = false is Dr. GRPO).
-[[nodiscard]] constexpr advantage_preset grpo_advantage(double epsilon = 1e-6, bool norm_adv_by_std = true) noexcept {
+//! verl `compute_grpo_outcome_advantage` options (`epsilon`, `norm_adv_by_std_in_grpo`).
+struct grpo_options {
+  double epsilon = 1e-6;
+  bool norm_adv_by_std_in_grpo = true;  //!< false: Dr. GRPO (no division by the std)
+};
+//! verl `compute_grpo_outcome_advantage` (norm_adv_by_std_in_grpo = false is Dr. GRPO).
+[[nodiscard]] constexpr advantage_preset grpo_advantage(const grpo_options& o = {}) noexcept {
   return {{.baseline = baseline_kind::group_mean,
-           .scale = norm_adv_by_std ? scale_kind::group_std : scale_kind::none,
+           .scale = o.norm_adv_by_std_in_grpo ? scale_kind::group_std : scale_kind::none,
            .std = std_estimator::unbiased,
-           .eps = epsilon,
+           .eps = o.epsilon,
            .singleton = singleton_rule::identity},
           {.placement = token_placement::masked, .allow_empty_rows = true}};
 }
@@ -52,11 +57,11 @@ struct gdpo_options {
   double epsilon = 1e-6;
   bool norm_adv_by_std_in_grpo = true;
 };
-//! verl GDPO: each reward component's `grpo_advantage(epsilon, norm_adv_by_std_in_grpo)`, their
+//! verl GDPO: each reward component's `grpo_advantage({epsilon, norm_adv_by_std_in_grpo})`, their
 //! weighted sum placed on the valid tokens, whitened over the batch (REINFORCE++'s unbiased
 //! whitening, eps 1e-8 added to the variance).
 [[nodiscard]] constexpr multi_reward_config gdpo_advantage(const gdpo_options& o = {}) noexcept {
-  const advantage_preset grpo = grpo_advantage(o.epsilon, o.norm_adv_by_std_in_grpo);
+  const advantage_preset grpo = grpo_advantage({.epsilon = o.epsilon, .norm_adv_by_std_in_grpo = o.norm_adv_by_std_in_grpo});
   return {.aggregation = reward_aggregation::normalize_then_sum,
           .group = grpo.group,
           .final_norm = final_normalization::tokens,
@@ -156,12 +161,17 @@ enum class advantage_estimator { group_norm, rloo, dr_grpo };
 }  // namespace openrlhf
 
 namespace nemo_rl {
-//! NeMo-RL GRPO (use_leave_one_out_baseline, normalize_rewards), groups by id, mask not applied.
-[[nodiscard]] constexpr advantage_preset advantage(bool leave_one_out = true, bool normalize = true) noexcept {
-  return {{.baseline = leave_one_out ? baseline_kind::leave_one_out : baseline_kind::group_mean,
-           .scale = !normalize ? scale_kind::none
-                    : leave_one_out ? scale_kind::leave_one_out_std
-                                    : scale_kind::group_std,
+//! NeMo-RL GRPO options (`use_leave_one_out_baseline`, `normalize_rewards`).
+struct grpo_options {
+  bool use_leave_one_out_baseline = true;
+  bool normalize_rewards = true;
+};
+//! NeMo-RL GRPO, groups by id, mask not applied.
+[[nodiscard]] constexpr advantage_preset advantage(const grpo_options& o = {}) noexcept {
+  return {{.baseline = o.use_leave_one_out_baseline ? baseline_kind::leave_one_out : baseline_kind::group_mean,
+           .scale = !o.normalize_rewards           ? scale_kind::none
+                    : o.use_leave_one_out_baseline ? scale_kind::leave_one_out_std
+                                                   : scale_kind::group_std,
            .std = std_estimator::unbiased,
            .eps = 1e-6,
            .singleton = singleton_rule::zero,
@@ -174,11 +184,12 @@ struct gdpo_options {
   bool use_leave_one_out_baseline = true;
   bool normalize_rewards = true;
 };
-//! NeMo-RL GDPO: each component's `advantage(...)`, their weighted sum (at least 2 components)
+//! NeMo-RL GDPO: each component's `advantage({...})`, their weighted sum (at least 2 components)
 //! normalised over the batch, (a - mean)/std when std > 0 (unbiased, no epsilon) else a - mean;
 //! every position.
 [[nodiscard]] constexpr multi_reward_config gdpo_advantage(const gdpo_options& o = {}) noexcept {
-  const advantage_preset grpo = advantage(o.use_leave_one_out_baseline, o.normalize_rewards);
+  const advantage_preset grpo =
+      advantage({.use_leave_one_out_baseline = o.use_leave_one_out_baseline, .normalize_rewards = o.normalize_rewards});
   return {.aggregation = reward_aggregation::normalize_then_sum,
           .group = grpo.group,
           .final_norm = final_normalization::responses,
@@ -213,10 +224,20 @@ struct reinforce_plus_plus_options {
 }  // namespace nemo_rl
 
 namespace open_instruct {
-//! Open-Instruct: `standard` (biased std, eps 1e-8) or `centered` (mean only).
-[[nodiscard]] constexpr advantage_preset advantage(bool standard = true) noexcept {
+//! `advantage_normalization_type`.
+enum class advantage_normalization { standard, centered };
+//! Open-Instruct options.
+struct advantage_options {
+  advantage_normalization advantage_normalization_type = advantage_normalization::standard;
+};
+//! Open-Instruct: `standard` (biased std, eps 1e-8) or `centered` (mean only). Throws ulorl::error on
+//! an unknown advantage_normalization_type.
+[[nodiscard]] constexpr advantage_preset advantage(const advantage_options& o = {}) {
+  require_known("presets::open_instruct::advantage", "advantage_normalization_type", o.advantage_normalization_type,
+                advantage_normalization::standard, advantage_normalization::centered);
   return {{.baseline = baseline_kind::group_mean,
-           .scale = standard ? scale_kind::group_std : scale_kind::none,
+           .scale = o.advantage_normalization_type == advantage_normalization::standard ? scale_kind::group_std
+                                                                                        : scale_kind::none,
            .std = std_estimator::biased,
            .eps = 1e-8,
            .singleton = singleton_rule::zero},

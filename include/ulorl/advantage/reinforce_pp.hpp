@@ -39,21 +39,26 @@ struct whiten_config {
 };
 
 namespace detail {
+//! Checks x and its mask; returns the mask, an absent one as x's all-valid mask.
 template <class T, class M>
-void check_token_pair(std::string_view fn, std::string_view arg, token_view<const T> x, token_view<const M> mask) {
+[[nodiscard]] token_view<const M> check_token_pair(std::string_view fn, std::string_view arg, token_view<const T> x,
+                                                   token_view<const M> mask) {
+  if (mask.empty()) validate_layout(fn, arg, x);
+  mask = mask_or_all_valid(mask, x);
   validate_layout(fn, "mask", mask);
   require_same_shape(fn, arg, x, "mask", mask);
   require_binary_mask(fn, "mask", mask);
   require_all_finite(fn, arg, x);
+  return mask;
 }
 }  // namespace detail
 
 //! out = (x - mu) / sqrt(v + eps) · m over the valid tokens of the whole batch (out may alias x).
-//! Needs N >= 2 valid tokens (N >= 1 when biased).
+//! Needs N >= 2 valid tokens (N >= 1 when biased). An absent mask (empty view): every token of x valid.
 template <class T, class M, class U>
 void masked_whiten(token_view<const T> x, token_view<const M> mask, token_view<U> out, const whiten_config& cfg = {}) {
   constexpr std::string_view fn = "masked_whiten";
-  detail::check_token_pair(fn, "x", x, mask);
+  mask = detail::check_token_pair(fn, "x", x, mask);
   require_same_shape(fn, "out", out, "mask", mask);
   require_known(fn, "config.eps_at", cfg.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
   // eps > 0: a batch of constant values would otherwise divide by zero.
@@ -83,12 +88,13 @@ void masked_whiten(token_view<const T> x, token_view<const M> mask, token_view<U
                                                          : U(0);
 }
 
-//! Discounted returns with reset after EOS (see the header comment). `returns` is not masked.
+//! Discounted returns with reset after EOS (see the header comment). `returns` is not masked. An
+//! absent mask (empty view): every token of token_rewards valid.
 template <class T, class M, class U>
 void discounted_returns(token_view<const T> token_rewards, token_view<const M> mask, double gamma,
                         token_view<U> returns) {
   constexpr std::string_view fn = "discounted_returns";
-  detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
+  mask = detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
   require_same_shape(fn, "returns", returns, "mask", mask);
   if (!(gamma >= 0.0 && gamma <= 1.0)) detail::fail_value(fn, "gamma", gamma, "must be in [0, 1]");
   for (std::size_t b = 0; b < mask.rows(); ++b) {
@@ -102,12 +108,12 @@ void discounted_returns(token_view<const T> token_rewards, token_view<const M> m
 }
 
 //! REINFORCE++: returns and whitened advantages (advantages may alias returns' storage only if
-//! the caller does not need the returns).
+//! the caller does not need the returns). An absent mask (empty view): every token of token_rewards valid.
 template <class T, class M, class U>
 void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const M> mask, double gamma,
                              token_view<U> returns, token_view<U> advantages, const whiten_config& cfg = {}) {
   constexpr std::string_view fn = "reinforce_pp_advantages";
-  detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
+  mask = detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
   require_same_shape(fn, "advantages", advantages, "mask", mask);
   require_same_shape(fn, "returns", returns, "mask", mask);
   std::size_t n = 0;
@@ -122,7 +128,8 @@ void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const
 
 //! REINFORCE++-baseline: per-response advantages a_i = group_advantages(scores, `group`) written
 //! to every position of row i, then whitened with `whiten`. The default is verl's (a_i = s_i - mu_g,
-//! mu = 0 for a singleton; unbiased, eps added, masked output).
+//! mu = 0 for a singleton; unbiased, eps added, masked output). An absent mask (empty view): every
+//! token of advantages' layout valid.
 struct reinforce_pp_baseline_config {
   group_advantage_config group{.baseline = baseline_kind::group_mean,
                                .scale = scale_kind::none,
@@ -134,6 +141,8 @@ template <class T, class M, class U>
 void reinforce_pp_baseline_advantages(std::span<const T> scores, const group_layout& groups, token_view<const M> mask,
                                       token_view<U> advantages, const reinforce_pp_baseline_config& cfg) {
   constexpr std::string_view fn = "reinforce_pp_baseline_advantages";
+  if (mask.empty()) validate_layout(fn, "advantages", advantages);
+  mask = mask_or_all_valid(mask, advantages);
   validate_layout(fn, "mask", mask);
   require_binary_mask(fn, "mask", mask);
   require_same_size(fn, "scores", scores.size(), "mask rows", mask.rows());

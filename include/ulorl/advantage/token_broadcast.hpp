@@ -24,13 +24,16 @@ struct broadcast_config {
   bool allow_empty_rows = false;
 };
 
-//! Writes out(i, t) from advantages[i] and the 0/1 mask (same layout and shape as out).
+//! Writes out(i, t) from advantages[i] and the 0/1 mask (same layout and shape as out; an absent
+//! mask, an empty view: every token of out's layout valid).
 template <class T, class M, class U>
 void broadcast_to_tokens(std::span<const T> advantages, token_view<const M> mask, token_view<U> out,
                          const broadcast_config& cfg = {}) {
   constexpr std::string_view fn = "broadcast_to_tokens";
   require_known(fn, "config.placement", cfg.placement, token_placement::masked, token_placement::through_last,
                 token_placement::every_position);
+  if (mask.empty()) validate_layout(fn, "out", out);
+  mask = mask_or_all_valid(mask, out);
   validate_layout(fn, "mask", mask);
   require_same_shape(fn, "out", out, "mask", mask);
   require_same_size(fn, "advantages", advantages.size(), "mask rows", mask.rows());

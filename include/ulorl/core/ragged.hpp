@@ -3,8 +3,15 @@
 //   packed tokens + offsets[B+1] (flash-attention's cu_seqlens, int32 or int64), optionally masked.
 // `token_view<T>` addresses element (b, t) of either layout; validation helpers check offsets, masks,
 // shapes and finiteness and name the offending argument and flat index.
+//
+// Masks: every function of ulorl that takes a token mask takes an absent one (an empty view,
+// `token_view<const M>{}`) as "every token valid": all B x T tokens of the padded layout, every
+// token inside the offsets of the packed layout, in the shape of the function's other token arrays
+// (log_prob, or what it names). The results are the same bits as with an explicit all-ones mask.
+// `mask_or_all_valid` is that rule: the mask, or a view of the other array's tokens that reads 1.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -51,6 +58,23 @@ class token_view {
   constexpr static token_view packed(vector_view<T> values, std::span<const std::int32_t> offsets) noexcept {
     token_view v = packed_common(values, offsets.empty() ? 0 : offsets.size() - 1);
     v.off32_ = offsets.data();
+    return v;
+  }
+
+  //! The tokens of `shape` (its layout, B, T or offsets), every one reading `*value` (strides 0):
+  //! a broadcast, e.g. the all-valid mask of mask_or_all_valid.
+  template <class U>
+  constexpr static token_view broadcast(T* value, const token_view<U>& shape) noexcept {
+    token_view v;
+    v.kind_ = shape.kind_;
+    v.data_ = value;
+    v.rows_ = shape.rows_;
+    v.cols_ = shape.cols_;
+    v.row_stride_ = 0;
+    v.stride_ = 0;
+    v.total_ = shape.total_;
+    v.off64_ = shape.off64_;
+    v.off32_ = shape.off32_;
     return v;
   }
 
@@ -144,6 +168,30 @@ template <class T, class O>
   return token_view<T>::packed(vector_view<T>(values), std::span<const O>(offsets));
 }
 
+// ---- absent masks ----------------------------------------------------------------------------------
+
+namespace detail {
+//! The value an all-valid mask reads, as many times as the widest SIMD vector has lanes (16), so
+//! that a vector load of a broadcast row reads ones only (loss/detail/token_rows.hpp).
+template <class M>
+struct all_valid {
+  static constexpr std::array<M, 16> ones = [] {
+    std::array<M, 16> a{};
+    for (auto& x : a) x = M(1);
+    return a;
+  }();
+};
+}  // namespace detail
+
+//! A function's mask argument: `mask` itself, or for an absent mask (an empty view) the tokens of
+//! `shape` (the function's reference array, e.g. log_prob) all reading 1: every token valid. The
+//! view returned for an absent mask has strides 0 (token_view::broadcast).
+template <class M, class U>
+[[nodiscard]] constexpr token_view<const M> mask_or_all_valid(token_view<const M> mask, const token_view<U>& shape) noexcept {
+  if (!mask.empty()) return mask;
+  return token_view<const M>::broadcast(detail::all_valid<std::remove_cv_t<M>>::ones.data(), shape);
+}
+
 // ---- validation (throwing; call before writing any output) --------------------------------------
 
 //! Checks the internal consistency of a view: a packed view's offsets start at 0, never decrease
@@ -210,7 +258,7 @@ void require_binary_mask(std::string_view fn, std::string_view arg, const token_
   }
 }
 
-//! Number of valid tokens of row b (mask may be empty: every token valid).
+//! Number of valid tokens of row b (of a mask view; an absent mask goes through mask_or_all_valid first).
 template <class M>
 [[nodiscard]] std::size_t row_tokens(const token_view<M>& mask, std::size_t b) noexcept {
   const auto r = mask.row(b);

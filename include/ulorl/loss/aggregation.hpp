@@ -40,7 +40,8 @@ struct batch_counts {
   friend constexpr batch_counts operator+(batch_counts a, const batch_counts& b) noexcept { return a += b; }
 };
 
-//! Counts one micro-batch's mask (validated: layout and 0/1 values).
+//! Counts one micro-batch's mask (validated: layout and 0/1 values). An empty view has no rows: to
+//! count a batch without a mask (every token valid), pass its tokens too (the overload below).
 template <class M>
 [[nodiscard]] batch_counts count_batch(token_view<const M> mask) {
   constexpr std::string_view fn = "count_batch";
@@ -54,6 +55,16 @@ template <class M>
     c.sequences += n > 0 ? 1.0 : 0.0;
   }
   return c;
+}
+//! Counts the mask of a micro-batch whose tokens are `tokens` (e.g. its log_prob): an absent mask
+//! (empty view) counts every token of that layout as valid; a given one must have its shape.
+template <class M, class U>
+[[nodiscard]] batch_counts count_batch(token_view<const M> mask, const token_view<U>& tokens) {
+  constexpr std::string_view fn = "count_batch";
+  validate_layout(fn, "tokens", tokens);
+  mask = mask_or_all_valid(mask, tokens);
+  require_same_shape(fn, "mask", mask, "tokens", tokens);
+  return count_batch(mask);
 }
 
 //! The step's normaliser: the mode, its denominator (N, S or C above) and the reduction scale.
@@ -103,12 +114,14 @@ inline void validate_normalizer(std::string_view fn, const agg_normalizer& n) {
 }
 
 //! loss = scale * sum L m / D_b; writes d loss / d L into `grad` (0 on masked tokens; `grad` may be
-//! empty). Validates every input before writing.
+//! empty). An absent mask (empty view): every token of loss_mat valid. Validates every input before
+//! writing.
 template <class T, class M>
 [[nodiscard]] double agg_loss(token_view<const T> loss_mat, token_view<const M> mask, const agg_normalizer& norm,
                               token_view<T> grad = {}) {
   constexpr std::string_view fn = "agg_loss";
   validate_layout(fn, "loss_mat", loss_mat);
+  mask = mask_or_all_valid(mask, loss_mat);
   require_same_shape(fn, "mask", mask, "loss_mat", loss_mat);
   if (!grad.empty()) require_same_shape(fn, "grad", grad, "loss_mat", loss_mat);
   require_binary_mask(fn, "mask", mask);

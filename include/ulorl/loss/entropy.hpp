@@ -28,12 +28,14 @@ template <class T>
 }
 
 //! Aggregated entropy bonus: sum_bt w_bt (-coef H_bt) m_bt with the aggregation weights of `norm`;
-//! writes d loss / d H into `grad_entropy` (0 on masked tokens). Validates before writing.
+//! writes d loss / d H into `grad_entropy` (0 on masked tokens). An absent mask (empty view): every
+//! token of `entropy` valid. Validates before writing.
 template <class T, class M>
 [[nodiscard]] double entropy_loss(token_view<const T> entropy, token_view<const M> mask, double coef,
                                   const agg_normalizer& norm, token_view<T> grad_entropy) {
   constexpr std::string_view fn = "entropy_loss";
   validate_layout(fn, "entropy", entropy);
+  mask = mask_or_all_valid(mask, entropy);
   require_same_shape(fn, "mask", mask, "entropy", entropy);
   require_same_shape(fn, "grad_entropy", grad_entropy, "entropy", entropy);
   require_binary_mask(fn, "mask", mask);

@@ -227,7 +227,7 @@ void kl_penalty(token_view<const T> log_prob, token_view<const T> ref_log_prob, 
 
 //! KL-penalised token rewards: out[b,t] = (reward[b,t] - beta * kl[b,t]) * m[b,t] (verl
 //! `apply_kl_penalty`, OpenRLHF `compute_reward`). The penalty is a reward: no gradient flows.
-//! `mask` may be empty. Returns the masked mean KL (0 without valid tokens).
+//! An absent mask (empty view): every token valid. Returns the masked mean KL (0 without valid tokens).
 template <class T, class M>
 double kl_penalized_rewards(token_view<const T> rewards, token_view<const T> log_prob, token_view<const T> ref_log_prob,
                             token_view<const M> mask, double beta, const kl_config& cfg, token_view<T> out) {
@@ -236,10 +236,9 @@ double kl_penalized_rewards(token_view<const T> rewards, token_view<const T> log
   require_same_shape(fn, "log_prob", log_prob, "rewards", rewards);
   require_same_shape(fn, "ref_log_prob", ref_log_prob, "rewards", rewards);
   require_same_shape(fn, "out", out, "rewards", rewards);
-  if (!mask.empty()) {
-    require_same_shape(fn, "mask", mask, "rewards", rewards);
-    require_binary_mask(fn, "mask", mask);
-  }
+  mask = mask_or_all_valid(mask, rewards);
+  require_same_shape(fn, "mask", mask, "rewards", rewards);
+  require_binary_mask(fn, "mask", mask);
   require_finite(fn, "beta", beta);
   validate_kl(fn, cfg);
   if (cfg.importance_weighted) detail::fail(fn, "importance_weighted", "not meaningful for a reward penalty");
@@ -255,13 +254,13 @@ double kl_penalized_rewards(token_view<const T> rewards, token_view<const T> log
   // range: rejected before anything is written, instead of writing +-inf.
   for (std::size_t b = 0; b < rewards.rows(); ++b)
     for (std::size_t t = 0; t < rewards.row_size(b); ++t)
-      if ((mask.empty() || mask(b, t) != M(0)) && !std::isfinite(penalised(b, t, kl_at(b, t))))
+      if (mask(b, t) != M(0) && !std::isfinite(penalised(b, t, kl_at(b, t))))
         detail::fail_at(fn, "log_prob", static_cast<std::int64_t>(log_prob.flat_index(b, t)), log_prob(b, t),
                         "reward - beta * kl overflows the element type (clamp the KL: input_clamp / output_clamp)");
   double sum = 0, n = 0;
   for (std::size_t b = 0; b < rewards.rows(); ++b) {
     for (std::size_t t = 0; t < rewards.row_size(b); ++t) {
-      const bool valid = mask.empty() || mask(b, t) != M(0);
+      const bool valid = mask(b, t) != M(0);
       const auto k = kl_at(b, t);
       out(b, t) = valid ? penalised(b, t, k) : T(0);
       if (valid) sum += static_cast<double>(k), n += 1;

@@ -1,5 +1,6 @@
 // ulorl/loss/policy_loss.hpp — the fused policy loss: one pass over the token arrays
-// (logp, old logp, advantages, mask, optional reference logp, rollout-correction weights, entropy)
+// (logp, old logp, advantages, mask (absent: every token valid), optional reference logp,
+// rollout-correction weights, entropy)
 // producing the loss, d loss / d logp, d loss / d entropy and the metrics.
 //
 //   loss = sum_bt agg_weight(b) m[b,t] ( w[b,t] objective(b,t) + kl_coef kl(b,t) - entropy_coef H[b,t] )
@@ -176,9 +177,10 @@ inline namespace ULORL_ISA {
 //! The checks of validate_policy_loss; `validate_descriptors()` checks the objective and the
 //! estimator (after the shapes, before the values).
 template <class T, class M, class Exec, class F>
-void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
+void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T, M>& given, const policy_loss_config& cfg,
                                  token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec,
                                  F&& validate_descriptors) {
+  const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   validate_layout(fn, "log_prob", in.log_prob);
   if (in.log_prob.rows() == 0) detail::fail(fn, "log_prob", "empty batch (B = 0): at least one response is required");
   require_same_shape(fn, "old_log_prob", in.old_log_prob, "log_prob", in.log_prob);
@@ -259,10 +261,11 @@ inline namespace ULORL_ISA {
 //! depends on the value and mask types only (the executor is referenced, not a template parameter),
 //! so ulorl/loss/extern_kernels.hpp can compile it once per program for the common types.
 template <class T, class M>
-[[nodiscard]] policy_loss_result policy_loss_dispatch(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
+[[nodiscard]] policy_loss_result policy_loss_dispatch(const policy_loss_inputs<T, M>& given, const policy_loss_config& cfg,
                                                       token_view<T> grad_log_prob, token_view<T> grad_entropy,
                                                       executor_ref exec) {
   constexpr std::string_view fn = "policy_loss";
+  const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   validate_policy_loss(fn, in, cfg, grad_log_prob, grad_entropy, exec);
   return detail::visit_token_loss(fn, cfg, [&](const auto& obj, const auto& est) -> policy_loss_result {
     using D = std::remove_cvref_t<decltype(obj)>;
@@ -287,9 +290,9 @@ template <class T, class M>
 inline namespace ULORL_ISA {
 
 //! The fused policy loss of one micro-batch. Writes d loss / d logp into `grad_log_prob` (0 on
-//! masked tokens) and, with an entropy term, d loss / d H into `grad_entropy`. Nothing is written
-//! when validation fails (`cfg.check_values = false` skips the value scans: see
-//! policy_loss_config). Summing the results of micro-batches that share `cfg.normalizer` gives
+//! masked tokens; an absent `in.mask` means every token is valid) and, with an entropy term,
+//! d loss / d H into `grad_entropy`. Nothing is written when validation fails
+//! (`cfg.check_values = false` skips the value scans: see policy_loss_config). Summing the results of micro-batches that share `cfg.normalizer` gives
 //! the full batch's loss, gradient and (via loss_metrics::merge) metrics. An empty micro-batch
 //! (B = 0) is rejected, as every batch API of ulorl does (rows without valid tokens are fine); so
 //! are gradient outputs whose strides make distinct tokens share an element, or that share one.
@@ -317,11 +320,12 @@ template <class T, class M>
 //! objectives.hpp for the interface; its parameters must have `bound`, the token log-ratio clamp),
 //! with the built-in estimator of cfg.kl; cfg.objective is not read. Same contract as policy_loss.
 template <class Obj, class T, class M, class Exec = sequential_executor>
-[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
+[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& given, const policy_loss_config& cfg,
                                                   token_view<T> grad_log_prob, token_view<T> grad_entropy = {},
                                                   const Exec& exec = Exec{}) {
   static_assert(Obj::level == objective_level::token, "policy_loss_with: a token-level objective descriptor");
   constexpr std::string_view fn = "policy_loss_with";
+  const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] {
     obj.validate(fn);
     validate_kl(fn, cfg.kl);
@@ -338,11 +342,12 @@ template <class Obj, class T, class M, class Exec = sequential_executor>
 //! As above with a KL estimator descriptor `est` defined outside the library (see kl.hpp); of
 //! cfg.kl only the clamps, straight_through and importance_weighted are read.
 template <class Obj, class Est, class T, class M, class Exec = sequential_executor>
-[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const Est& est, const policy_loss_inputs<T, M>& in,
+[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const Est& est, const policy_loss_inputs<T, M>& given,
                                                   const policy_loss_config& cfg, token_view<T> grad_log_prob,
                                                   token_view<T> grad_entropy = {}, const Exec& exec = Exec{}) {
   static_assert(Obj::level == objective_level::token, "policy_loss_with: a token-level objective descriptor");
   constexpr std::string_view fn = "policy_loss_with";
+  const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   (void)est;
   detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] { obj.validate(fn); });
   if (cfg.kl_coef == 0.0) return detail::run_token_rows<Obj, no_kl>(obj, in, cfg, grad_log_prob, grad_entropy, exec);

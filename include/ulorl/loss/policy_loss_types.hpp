@@ -17,7 +17,9 @@ struct policy_loss_inputs {
   token_view<const T> log_prob;
   token_view<const T> old_log_prob;
   token_view<const T> advantages;
-  token_view<const M> mask;
+  //! 0/1 response mask; absent (empty): every token of log_prob's layout is valid (padded: all
+  //! B x T, packed: every token inside the offsets), the same bits as an all-ones mask.
+  token_view<const M> mask{};
   token_view<const T> ref_log_prob{};  //!< required when kl_coef != 0
   token_view<const T> weights{};       //!< rollout-correction weights (detached); absent: 1
   token_view<const T> entropy{};       //!< required when entropy_coef != 0
@@ -48,6 +50,15 @@ struct policy_loss_result {
   double entropy_loss = 0;  //!< aggregated -entropy_coef * H
   loss_metrics metrics{};
 };
+
+namespace detail {
+//! `in` with an absent mask as the all-valid mask of log_prob's tokens (mask_or_all_valid).
+template <class T, class M>
+[[nodiscard]] constexpr policy_loss_inputs<T, M> with_all_valid_mask(policy_loss_inputs<T, M> in) noexcept {
+  in.mask = mask_or_all_valid(in.mask, in.log_prob);
+  return in;
+}
+}  // namespace detail
 
 //! The parameters of one token's loss in the element type T (P: the objective's parameters).
 template <class T, class P = objective_params<T>>

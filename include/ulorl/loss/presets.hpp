@@ -260,13 +260,17 @@ struct mode_stats {
 
 // ---- the batch passes of dppo_*, kl_cov and clip_cov ------------------------------------------------
 // They write what policy_loss reads (a weight, a selection): the objectives stay those of
-// objectives.hpp. All validate every input before writing; `rollout_is_weights` may be empty (1).
+// objectives.hpp. All validate every input before writing; `rollout_is_weights` may be empty (1),
+// and so may `mask` (every token of log_prob valid).
 
 namespace detail_verl {
+//! Validates the batch; returns the mask, an absent one as log_prob's all-valid mask.
 template <class T, class M>
-void require_batch(std::string_view fn, token_view<const T> old_log_prob, token_view<const T> log_prob,
-                   token_view<const T> advantages, token_view<const M> mask, token_view<const T> rollout_is_weights) {
+[[nodiscard]] token_view<const M> require_batch(std::string_view fn, token_view<const T> old_log_prob, token_view<const T> log_prob,
+                                                token_view<const T> advantages, token_view<const M> mask,
+                                                token_view<const T> rollout_is_weights) {
   validate_layout(fn, "log_prob", log_prob);
+  mask = mask_or_all_valid(mask, log_prob);
   require_same_shape(fn, "old_log_prob", old_log_prob, "log_prob", log_prob);
   require_same_shape(fn, "advantages", advantages, "log_prob", log_prob);
   require_same_shape(fn, "mask", mask, "log_prob", log_prob);
@@ -276,6 +280,7 @@ void require_batch(std::string_view fn, token_view<const T> old_log_prob, token_
   require_all_finite(fn, "old_log_prob", old_log_prob);
   require_all_finite(fn, "advantages", advantages);
   if (!rollout_is_weights.empty()) require_all_finite(fn, "rollout_is_weights", rollout_is_weights);
+  return mask;
 }
 template <class T>
 [[nodiscard]] double weight_at(token_view<const T> w, std::size_t b, std::size_t t) {
@@ -303,7 +308,7 @@ mode_stats dppo_weights(const objective_options& o, token_view<const T> old_log_
     detail::fail_value(fn, "clip_ratio_low", o.clip_ratio_low, "must be finite and >= 0 (a divergence threshold)");
   if (!(o.clip_ratio_high >= 0.0 && std::isfinite(o.clip_ratio_high)))
     detail::fail_value(fn, "clip_ratio_high", o.clip_ratio_high, "must be finite and >= 0 (a divergence threshold)");
-  detail_verl::require_batch(fn, old_log_prob, log_prob, advantages, mask, rollout_is_weights);
+  mask = detail_verl::require_batch(fn, old_log_prob, log_prob, advantages, mask, rollout_is_weights);
   require_same_shape(fn, "weights", weights, "log_prob", log_prob);
   const bool tv = o.loss_mode == loss_mode_kind::dppo_tv;
   const double c = o.clip_ratio_c, dl = o.clip_ratio_low, dh = o.clip_ratio_high;
@@ -341,7 +346,7 @@ mode_stats kl_cov_selection(const objective_options& o, token_view<const T> old_
   detail_verl::require_loss_mode(fn, o.loss_mode);
   if (o.loss_mode != loss_mode_kind::kl_cov) detail::fail_value(fn, "loss_mode", static_cast<int>(o.loss_mode), "must be kl_cov");
   (void)objective(o);
-  detail_verl::require_batch(fn, old_log_prob, log_prob, advantages, mask, token_view<const T>{});
+  mask = detail_verl::require_batch(fn, old_log_prob, log_prob, advantages, mask, token_view<const T>{});
   require_same_shape(fn, "selected", selected, "log_prob", log_prob);
   struct token {
     std::size_t b, t;
@@ -388,7 +393,7 @@ mode_stats clip_cov_weights(const objective_options& o, token_view<const T> old_
   if (o.loss_mode != loss_mode_kind::clip_cov) detail::fail_value(fn, "loss_mode", static_cast<int>(o.loss_mode), "must be clip_cov");
   const objective_config oc = objective(o);
   validate_objective(fn, oc);
-  detail_verl::require_batch(fn, old_log_prob, log_prob, advantages, mask, rollout_is_weights);
+  mask = detail_verl::require_batch(fn, old_log_prob, log_prob, advantages, mask, rollout_is_weights);
   require_same_shape(fn, "clip_cov_selection", clip_cov_selection, "log_prob", log_prob);
   require_same_shape(fn, "weights", weights, "log_prob", log_prob);
   require_binary_mask(fn, "clip_cov_selection", clip_cov_selection);
@@ -618,12 +623,12 @@ inline void validate(const clipped_pg_loss_options& o) {
       .truncated_importance_sampling_ratio_min = o.truncated_importance_sampling_ratio_min});
 }
 
-//! The actor's (and the KL's) normaliser: token-mean over global_valid_toks (absent: this batch's
-//! N) or the mean of row means over global_valid_seqs (absent: this batch's B).
-[[nodiscard]] inline agg_normalizer normalizer(const clipped_pg_loss_options& o, std::optional<double> global_valid_toks,
-                                               std::optional<double> global_valid_seqs, const batch_counts& local) {
-  if (o.token_level_loss) return {agg_mode::token_mean, global_valid_toks.value_or(local.tokens), 1.0};
-  return {agg_mode::seq_mean_token_mean, global_valid_seqs.value_or(local.rows), 1.0};
+//! The actor's (and the KL's) normaliser: token-mean over g.global_valid_toks (absent: this batch's
+//! N) or the mean of row means over g.global_valid_seqs (absent: this batch's B).
+[[nodiscard]] inline agg_normalizer normalizer(const clipped_pg_loss_options& o, const global_counts& g,
+                                               const batch_counts& local) {
+  if (o.token_level_loss) return {agg_mode::token_mean, g.global_valid_toks.value_or(local.tokens), 1.0};
+  return {agg_mode::seq_mean_token_mean, g.global_valid_seqs.value_or(local.rows), 1.0};
 }
 
 //! NeMo-RL's reference-KL term, which policy_loss's KL term does not express (the weight multiplies
@@ -634,7 +639,8 @@ inline void validate(const clipped_pg_loss_options& o) {
 //! clamp is active. Returns kl = β Σ_b ω_b Σ_t K m (ω_b the row weight of `norm`) and adds its
 //! gradient β ω_b dK to grad_log_prob on the valid tokens. `rollout_log_prob` is read only with
 //! the on-policy approximation, which rejects an overflowing exp(logp - rollout_log_prob) (NeMo's
-//! gradient there is 0 · inf = NaN). Validates before writing.
+//! gradient there is 0 · inf = NaN). An absent mask (empty view): every token valid. Validates
+//! before writing.
 template <class T, class M>
 double kl_penalty_term(const clipped_pg_loss_options& o, token_view<const T> log_prob, token_view<const T> ref_log_prob,
                        token_view<const T> rollout_log_prob, token_view<const M> mask, const agg_normalizer& norm,
@@ -642,6 +648,7 @@ double kl_penalty_term(const clipped_pg_loss_options& o, token_view<const T> log
   constexpr std::string_view fn = "presets::nemo_rl::kl_penalty_term";
   validate(o);
   validate_layout(fn, "log_prob", log_prob);
+  mask = mask_or_all_valid(mask, log_prob);
   require_same_shape(fn, "ref_log_prob", ref_log_prob, "log_prob", log_prob);
   require_same_shape(fn, "mask", mask, "log_prob", log_prob);
   require_same_shape(fn, "grad_log_prob", grad_log_prob, "log_prob", log_prob);
@@ -688,16 +695,18 @@ double kl_penalty_term(const clipped_pg_loss_options& o, token_view<const T> log
 //! NeMo-RL's logged ratios: probs_ratio = Σ ratio m / Gt and probs_ratio_clamped = Σ r̄ m / Gt, with
 //! ratio = exp(logp - prev), r̄ = clamp(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max) (1 and 1 under
 //! force_on_policy_ratio; logp and logp under disable_ppo_ratio). `prev` is old_log_prob (ignored
-//! under force_on_policy_ratio); Gt = global_valid_toks (absent: N).
+//! under force_on_policy_ratio); Gt = g.global_valid_toks (absent: N). An absent mask (empty view):
+//! every token valid.
 struct ratio_metrics {
   double probs_ratio = 0, probs_ratio_clamped = 0;
 };
 template <class T, class M>
 [[nodiscard]] ratio_metrics logged_ratios(const clipped_pg_loss_options& o, token_view<const T> log_prob, token_view<const T> prev,
-                                          token_view<const M> mask, std::optional<double> global_valid_toks) {
+                                          token_view<const M> mask, const global_counts& g = {}) {
   constexpr std::string_view fn = "presets::nemo_rl::logged_ratios";
   validate(o);
   validate_layout(fn, "log_prob", log_prob);
+  mask = mask_or_all_valid(mask, log_prob);
   require_same_shape(fn, "old_log_prob", prev, "log_prob", log_prob);
   require_same_shape(fn, "mask", mask, "log_prob", log_prob);
   double n = 0, sr = 0, sc = 0;
@@ -716,7 +725,7 @@ template <class T, class M>
       }
       n += 1, sr += r, sc += rc;
     }
-  const double gt = global_valid_toks.value_or(n);
+  const double gt = g.global_valid_toks.value_or(n);
   return {gt > 0 ? sr / gt : 0.0, gt > 0 ? sc / gt : 0.0};
 }
 

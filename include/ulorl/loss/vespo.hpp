@@ -33,7 +33,7 @@ struct vespo_config {
 };
 
 //! One batch: log_prob, old_log_prob, mask and (optional) the importance-sampling ratio q share
-//! one shape; `advantages` holds B values.
+//! one shape; `advantages` holds B values. An absent mask (empty): every token valid.
 template <class T, class M = T>
 struct vespo_inputs {
   token_view<const T> log_prob{};
@@ -66,13 +66,14 @@ void vespo_weights(const vespo_inputs<T, M>& in, const vespo_config& cfg, std::s
   require_finite(fn, "lambda_neg", cfg.lambda_neg);
   const auto& lp = in.log_prob;
   validate_layout(fn, "log_prob", lp);
+  const token_view<const M> mask = mask_or_all_valid(in.mask, lp);
   require_same_shape(fn, "old_log_prob", in.old_log_prob, "log_prob", lp);
-  require_same_shape(fn, "mask", in.mask, "log_prob", lp);
+  require_same_shape(fn, "mask", mask, "log_prob", lp);
   require_same_size(fn, "advantages", in.advantages.size(), "log_prob rows", lp.rows());
   require_same_size(fn, "phi", phi.size(), "log_prob rows", lp.rows());
   const bool has_q = !in.is_ratio.empty();
   if (has_q) require_same_shape(fn, "is_ratio", in.is_ratio, "log_prob", lp);
-  require_binary_mask(fn, "mask", in.mask);
+  require_binary_mask(fn, "mask", mask);
   require_all_finite(fn, "log_prob", lp);
   require_all_finite(fn, "old_log_prob", in.old_log_prob);
   for (std::size_t b = 0; b < in.advantages.size(); ++b)
@@ -90,7 +91,7 @@ void vespo_weights(const vespo_inputs<T, M>& in, const vespo_config& cfg, std::s
   for (std::size_t b = 0; b < lp.rows(); ++b) {
     double s = 0.0;
     for (std::size_t t = 0; t < lp.row_size(b); ++t) {
-      if (in.mask(b, t) != M(0))
+      if (mask(b, t) != M(0))
         s += std::clamp(static_cast<double>(lp(b, t)) - static_cast<double>(in.old_log_prob(b, t)), -20.0, 20.0);
       if (has_q) {
         const double q = static_cast<double>(in.is_ratio(b, t));

@@ -40,6 +40,11 @@ template <class M>
     for (std::size_t t = 0; t < mask.row_size(b); ++t) n += mask(b, t) != M(0) ? 1u : 0u;
   return n;
 }
+//! As above for the tokens of `entropy`: an absent mask (empty view) counts every token of its layout.
+template <class M, class T>
+[[nodiscard]] std::size_t entropy_quantile_workspace(token_view<const M> mask, const token_view<T>& entropy) noexcept {
+  return entropy_quantile_workspace(mask_or_all_valid(mask, entropy));
+}
 
 namespace detail {
 template <class T, class M>
@@ -48,6 +53,7 @@ void validate_entropy_quantile(std::string_view fn, token_view<const T> entropy,
   if (!(cfg.quantile >= 0.0 && cfg.quantile <= 1.0))
     detail::fail_value(fn, "quantile", cfg.quantile, "must be in [0, 1]");
   validate_layout(fn, "entropy", entropy);
+  mask = mask_or_all_valid(mask, entropy);
   require_same_shape(fn, "mask", mask, "entropy", entropy);
   require_binary_mask(fn, "mask", mask);
   require_all_finite(fn, "entropy", entropy);
@@ -84,14 +90,14 @@ template <class T, class M>
 
 //! theta: the (1 - quantile) linear quantile of the valid tokens' entropies (+inf without valid
 //! tokens). Validates first: quantile in [0, 1], equal shapes, 0/1 mask, finite entropies, valid
-//! entropies >= 0, scratch large enough. Both layouts.
+//! entropies >= 0, scratch large enough. Both layouts; an absent mask (empty view): every token valid.
 template <class T, class M>
 [[nodiscard]] double entropy_quantile_threshold(token_view<const T> entropy, token_view<const M> mask,
                                                 const entropy_quantile_config& cfg, std::span<double> scratch) {
   static_assert(std::is_floating_point_v<T>, "entropies must be float or double");
   constexpr std::string_view fn = "entropy_quantile_threshold";
   detail::validate_entropy_quantile(fn, entropy, mask, cfg, scratch);
-  return detail::entropy_threshold_of(entropy, mask, cfg.quantile, scratch);
+  return detail::entropy_threshold_of(entropy, mask_or_all_valid(mask, entropy), cfg.quantile, scratch);
 }
 
 //! Writes E[b,t] = [m = 1 and H >= theta] into `keep` (entropy's shape, either layout) and returns
@@ -103,6 +109,7 @@ double top_entropy_mask(token_view<const T> entropy, token_view<const M> mask, c
   static_assert(!std::is_const_v<O>, "keep must be writable");
   constexpr std::string_view fn = "top_entropy_mask";
   detail::validate_entropy_quantile(fn, entropy, mask, cfg, scratch);
+  mask = mask_or_all_valid(mask, entropy);
   validate_layout(fn, "keep", keep);
   require_same_shape(fn, "keep", keep, "entropy", entropy);
   const double theta = detail::entropy_threshold_of(entropy, mask, cfg.quantile, scratch);

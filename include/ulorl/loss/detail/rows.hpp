@@ -65,6 +65,36 @@ inline void fold_row(policy_loss_result& res, const row_sums& s, double w, doubl
   m.kl_sum += s.kl, m.entropy_sum += s.ent;
 }
 
+//! A mask row as the vectorised passes read it (N: their lanes): a unit-stride row as it is (step
+//! 1); a broadcast row (stride 0: the all-valid mask of an absent one, or a caller's expanded mask)
+//! as N copies of its one value, read with step 0, so that a vector load at `data + t * step` reads
+//! the row's values for every t.
+template <class M, std::size_t N>
+struct vector_mask_row {
+  M rep[N];
+  const M* data;
+  std::ptrdiff_t step = 1;
+  explicit vector_mask_row(vector_view<const M> r) noexcept : data(r.data()) {
+    if (r.stride() != 0) return;
+    for (auto& x : rep) x = r.size() != 0 ? r[0] : M(0);
+    data = rep, step = 0;
+  }
+  vector_mask_row(const vector_mask_row&) = delete;
+  vector_mask_row& operator=(const vector_mask_row&) = delete;
+  //! Valid tokens of the row's n tokens.
+  [[nodiscard]] std::size_t count(std::size_t n) const noexcept {
+    if (step == 0) return data[0] != M(0) ? n : 0;
+    std::size_t c = 0;
+    for (std::size_t t = 0; t < n; ++t) c += data[t] != M(0);
+    return c;
+  }
+};
+//! The rows of `v` are unit-stride or broadcasts (stride 0): what vector_mask_row reads.
+template <class M>
+[[nodiscard]] constexpr bool unit_or_broadcast(const token_view<M>& v) noexcept {
+  return v.rows() == 0 || v.row(0).stride() == 1 || v.row(0).stride() == 0;
+}
+
 //! One row's sums, aggregation weight and valid-token count, before the fold into the result.
 struct row_out {
   row_sums s;

@@ -120,13 +120,14 @@ struct row_kernel {
 
   //! m < N tokens on padded local copies (mask 0), so that no lane reads past the row.
   template <class M>
-  static void partial(std::size_t m, const T* lp, const T* old, const T* adv, const M* mask, const T* ref, const T* wts,
-                      const T* ent, T* grad, T w, const token_loss_params<T, P>& p, const switches& sw, accumulators& a) noexcept {
+  static void partial(std::size_t m, const T* lp, const T* old, const T* adv, const M* mask, std::ptrdiff_t ms, const T* ref,
+                      const T* wts, const T* ent, T* grad, T w, const token_loss_params<T, P>& p, const switches& sw,
+                      accumulators& a) noexcept {
     alignas(Bytes) T b_lp[N] = {}, b_old[N] = {}, b_adv[N] = {}, b_ref[N] = {}, b_w[N] = {}, b_e[N] = {}, b_g[N] = {};
     simd::mask_elem_t<M> b_m[N] = {};
     for (std::size_t l = 0; l < m; ++l) {
       b_lp[l] = lp[l], b_old[l] = old[l], b_adv[l] = adv[l];
-      b_m[l] = static_cast<simd::mask_elem_t<M>>(mask[l]);
+      b_m[l] = static_cast<simd::mask_elem_t<M>>(mask[static_cast<std::ptrdiff_t>(l) * ms]);
       if constexpr (has_kl) b_ref[l] = ref[l];
       if constexpr (HasW) b_w[l] = wts[l];
       if constexpr (General) b_e[l] = ent[l];
@@ -136,11 +137,13 @@ struct row_kernel {
   }
 
   //! One row of n tokens; returns its valid-token count. The peel (tokens before the first
-  //! vector-aligned logp) and the tail run through partial().
+  //! vector-aligned logp) and the tail run through partial(). Token t's mask value is
+  //! mask[t * ms]: ms 1 for a unit-stride mask row, 0 for a broadcast one (vector_mask_row).
   template <class M>
   static ULORL_NOINLINE ULORL_SCHED_PRESSURE std::size_t row(std::size_t n, const T* ULORL_RESTRICT lp, const T* ULORL_RESTRICT old,
                                                              const T* ULORL_RESTRICT adv, const M* ULORL_RESTRICT mask,
-                                                             const T* ULORL_RESTRICT ref, const T* wts, const T* ent,
+                                                             std::ptrdiff_t ms, const T* ULORL_RESTRICT ref, const T* wts,
+                                                             const T* ent,
                                                              T* ULORL_RESTRICT grad, T w, const token_loss_params<T, P>& params,
                                                              const switches& switches_in, row_sums& s) noexcept {
     const token_loss_params<T, P> p = params;  // local copies: cannot alias the stores
@@ -154,7 +157,7 @@ struct row_kernel {
     };
     std::size_t t = simd::peel<T, Bytes>(lp, n);
     if (t != 0) {
-      partial(t, lp, old, adv, mask, ref, wts, ent, grad, w, p, sw, a);
+      partial(t, lp, old, adv, mask, ms, ref, wts, ent, grad, w, p, sw, a);
       flush();
     }
     while (t + N <= n) {
@@ -163,19 +166,19 @@ struct row_kernel {
         for (; t + unroll * N <= stop; t += unroll * N) {
 #pragma GCC unroll 16
           for (std::size_t u = t; u < t + unroll * N; u += N)
-            step(lp + u, old + u, adv + u, L::valid_lanes(mask + u), has_kl ? ref + u : nullptr, HasW ? wts + u : nullptr,
-                 General ? ent + u : nullptr, grad + u, w, p, sw, a);
+            step(lp + u, old + u, adv + u, L::valid_lanes(mask + static_cast<std::ptrdiff_t>(u) * ms),
+                 has_kl ? ref + u : nullptr, HasW ? wts + u : nullptr, General ? ent + u : nullptr, grad + u, w, p, sw, a);
         }
       }
       for (; t < stop; t += N)
-        step(lp + t, old + t, adv + t, L::valid_lanes(mask + t), has_kl ? ref + t : nullptr, HasW ? wts + t : nullptr,
-             General ? ent + t : nullptr, grad + t, w, p, sw, a);
+        step(lp + t, old + t, adv + t, L::valid_lanes(mask + static_cast<std::ptrdiff_t>(t) * ms),
+             has_kl ? ref + t : nullptr, HasW ? wts + t : nullptr, General ? ent + t : nullptr, grad + t, w, p, sw, a);
       flush();
     }
     if (t < n) {
       // Absent arrays are null: no arithmetic on them (UB), as in the vector loop.
-      partial(n - t, lp + t, old + t, adv + t, mask + t, has_kl ? ref + t : nullptr, HasW ? wts + t : nullptr,
-              General ? ent + t : nullptr, grad + t, w, p, sw, a);
+      partial(n - t, lp + t, old + t, adv + t, mask + static_cast<std::ptrdiff_t>(t) * ms, ms, has_kl ? ref + t : nullptr,
+              HasW ? wts + t : nullptr, General ? ent + t : nullptr, grad + t, w, p, sw, a);
       flush();
     }
     std::size_t count = 0;
@@ -193,13 +196,6 @@ struct row_kernel {
   }
 };
 
-//! Valid tokens of a unit-stride mask row.
-template <class M>
-[[nodiscard]] inline std::size_t count_row(const M* p, std::size_t n) noexcept {
-  std::size_t c = 0;
-  for (std::size_t t = 0; t < n; ++t) c += p[t] != M(0);
-  return c;
-}
 #endif  // ULORL_SIMD
 
 //! Every row of a token-level objective `Obj` with KL estimator `Est` (or no_kl).
@@ -208,9 +204,10 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
                 token_view<T> grad, token_view<T> gent, policy_loss_result& res, const Exec& exec) {
   constexpr bool has_kl = !std::is_same_v<Est, no_kl>;
   const bool has_w = !in.weights.empty(), has_ent = p.entropy_coef != T(0);
-  // Unit-stride rows (the common case) take the vectorised kernel; any other strides the view loop.
+  // Unit-stride rows (the common case; the mask may be a broadcast, e.g. the all-valid mask of an
+  // absent one) take the vectorised kernel; any other strides the view loop.
   auto unit = [](const auto& v) { return v.rows() == 0 || v.row(0).stride() == 1; };
-  const bool contiguous = unit(in.log_prob) && unit(in.old_log_prob) && unit(in.advantages) && unit(in.mask) &&
+  const bool contiguous = unit(in.log_prob) && unit(in.old_log_prob) && unit(in.advantages) && unit_or_broadcast(in.mask) &&
                           (!has_kl || unit(in.ref_log_prob)) && (!has_w || unit(in.weights)) &&
                           (!has_ent || unit(in.entropy)) && unit(grad);
   const row_form form = has_ent ? row_form::general : has_w ? row_form::weighted : row_form::lean;
@@ -223,8 +220,9 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
     double& wd = o.w;
 #if defined(ULORL_SIMD)
     if (contiguous) {
-      const M* mk = in.mask.row(b).data();
-      wd = row_weight(norm, per_row_weight ? count_row(mk, n) : 0);
+      const vector_mask_row<M, simd::vec_lanes<T>::N> mr(in.mask.row(b));
+      const M* mk = mr.data;
+      wd = row_weight(norm, per_row_weight ? mr.count(n) : 0);
       const T w = static_cast<T>(wd);
       const T* lp = in.log_prob.row(b).data();
       const T* old = in.old_log_prob.row(b).data();
@@ -237,13 +235,14 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
         const T* wts = has_w ? in.weights.row(b).data() : lp;  // absent: read logp, masked out
         const T* ent = in.entropy.row(b).data();
         const typename kernel::switches sw{L::mask_of(has_w), L::mask_of(has_ent)};
-        nb = kernel::row(n, lp, old, adv, mk, ref, wts, ent, g, w, p, sw, s);
+        nb = kernel::row(n, lp, old, adv, mk, mr.step, ref, wts, ent, g, w, p, sw, s);
       } else if (form == row_form::weighted) {
         using kernel = row_kernel<Obj, Est, row_form::weighted, T, P>;
-        nb = kernel::row(n, lp, old, adv, mk, ref, in.weights.row(b).data(), nullptr, g, w, p, typename kernel::switches{}, s);
+        nb = kernel::row(n, lp, old, adv, mk, mr.step, ref, in.weights.row(b).data(), nullptr, g, w, p, typename kernel::switches{},
+                         s);
       } else {
         using kernel = row_kernel<Obj, Est, row_form::lean, T, P>;
-        nb = kernel::row(n, lp, old, adv, mk, ref, nullptr, nullptr, g, w, p, typename kernel::switches{}, s);
+        nb = kernel::row(n, lp, old, adv, mk, mr.step, ref, nullptr, nullptr, g, w, p, typename kernel::switches{}, s);
       }
     } else
 #endif

@@ -14,6 +14,7 @@
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/parallel.hpp"
 #include "ulorl/core/simd.hpp"
+#include "ulorl/loss/detail/rows.hpp"
 #include "ulorl/loss/policy_loss_types.hpp"
 
 ULORL_NAMESPACE_BEGIN
@@ -39,9 +40,10 @@ decltype(auto) with_flags(F&& f, bool b, Flags... rest) {
 //! loop (one stream each, read once), not one loop per array: +20% at 16M tokens, where the scan
 //! runs from memory. Finite is an integer test of the exponent field (not all ones), which
 //! -ffinite-math-only cannot fold away: the running lane-wise maximum of `bits & exponent` over
-//! the arrays stays below the exponent mask; the comparison runs once per row.
+//! the arrays stays below the exponent mask; the comparison runs once per row. Token t's mask value
+//! is mask[t * ms] (ms 0: a broadcast row, vector_mask_row).
 template <class T, class M, std::size_t Bytes, bool KL, bool W, bool E>
-[[nodiscard]] inline bool row_values_ok(std::size_t n, const M* mask, const T* lp, const T* old, const T* adv, const T* ref, const T* wts,
+[[nodiscard]] inline bool row_values_ok(std::size_t n, const M* mask, std::ptrdiff_t ms, const T* lp, const T* old, const T* adv, const T* ref, const T* wts,
                                         const T* ent) noexcept {
   using L = simd::vec_lanes<T, Bytes>;
   using I = typename L::I;
@@ -57,7 +59,8 @@ template <class T, class M, std::size_t Bytes, bool KL, bool W, bool E>
     bool ok = true;
     for (std::size_t t = b; t < e; ++t)
       ok = ok && finite(lp[t]) && finite(old[t]) && finite(adv[t]) && (!KL || finite(ref[t])) && (!W || finite(wts[t])) &&
-           (!E || finite(ent[t])) && (bool_mask || mask[t] == M(0) || mask[t] == M(1));
+           (!E || finite(ent[t])) &&
+           (bool_mask || mask[static_cast<std::ptrdiff_t>(t) * ms] == M(0) || mask[static_cast<std::ptrdiff_t>(t) * ms] == M(1));
     return ok;
   };
   IV hi{};
@@ -72,7 +75,7 @@ template <class T, class M, std::size_t Bytes, bool KL, bool W, bool E>
     hi = vmax(hi, x);
     if constexpr (!bool_mask) {
       MV m;
-      std::memcpy(&m, mask + t, sizeof m);
+      std::memcpy(&m, mask + static_cast<std::ptrdiff_t>(t) * ms, sizeof m);
       bad |= (m != ME(0)) & (m != ME(1));
     }
   }
@@ -81,7 +84,8 @@ template <class T, class M, std::size_t Bytes, bool KL, bool W, bool E>
   return ok && scalar_ok(t, n);
 }
 
-//! True when every row of every input the configuration reads is unit-stride, the mask is 0/1 and
+//! True when every row of every input the configuration reads is unit-stride (the mask may be a
+//! broadcast), the mask is 0/1 and
 //! the values are finite; false means "run the exact checks".
 //! The rows are scanned on `exec` (split as the loss splits them); the answer is their AND.
 template <class T, class M, class Exec>
@@ -89,7 +93,7 @@ template <class T, class M, class Exec>
   constexpr std::size_t VB = ULORL_SIMD_BYTES;
   auto unit = [](const auto& v) { return v.rows() == 0 || v.row(0).stride() == 1; };
   const bool kl = cfg.kl_coef != 0.0, w = !in.weights.empty(), e = cfg.entropy_coef != 0.0;
-  if (!(unit(in.mask) && unit(in.log_prob) && unit(in.old_log_prob) && unit(in.advantages) && (!kl || unit(in.ref_log_prob)) &&
+  if (!(unit_or_broadcast(in.mask) && unit(in.log_prob) && unit(in.old_log_prob) && unit(in.advantages) && (!kl || unit(in.ref_log_prob)) &&
         (!w || unit(in.weights)) && (!e || unit(in.entropy))))
     return false;
   const auto scan = [&](auto kl_tag, auto w_tag, auto e_tag) {
@@ -98,8 +102,9 @@ template <class T, class M, class Exec>
         const T* ref = decltype(kl_tag)::value ? in.ref_log_prob.row(b).data() : nullptr;
         const T* wts = decltype(w_tag)::value ? in.weights.row(b).data() : nullptr;
         const T* ent = decltype(e_tag)::value ? in.entropy.row(b).data() : nullptr;
+        const vector_mask_row<M, simd::vec_lanes<T, VB>::N> mr(in.mask.row(b));
         if (!row_values_ok<T, M, VB, decltype(kl_tag)::value, decltype(w_tag)::value, decltype(e_tag)::value>(
-                in.log_prob.row_size(b), in.mask.row(b).data(), in.log_prob.row(b).data(), in.old_log_prob.row(b).data(),
+                in.log_prob.row_size(b), mr.data, mr.step, in.log_prob.row(b).data(), in.old_log_prob.row(b).data(),
                 in.advantages.row(b).data(), ref, wts, ent))
           return false;
       }

@@ -346,7 +346,14 @@ struct rollout_correction_options {
   return c;
 }
 
-//! NeMo-RL's logged metrics, with its global normalisers (absent: the batch's N and B).
+//! NeMo-RL's global normalisers of a loss call, `global_valid_toks` and `global_valid_seqs` (the
+//! step's valid tokens and sequences over every micro-batch and rank); absent: this batch's own.
+struct global_counts {
+  std::optional<double> global_valid_toks{};  //!< Gt; absent: this batch's N
+  std::optional<double> global_valid_seqs{};  //!< Gs; absent: this batch's B
+};
+
+//! NeMo-RL's logged metrics, with its global normalisers (global_counts).
 struct rollout_correction_metrics {
   //! Token level: sum w m / Gt; sequence level: B * sum_b w_b / Gs (NeMo's masked mean broadcasts
   //! the [B, 1] weights against the [B] sample mask).
@@ -356,13 +363,12 @@ struct rollout_correction_metrics {
 };
 [[nodiscard]] inline rollout_correction_metrics rollout_correction_logged(const rollout_correction::metrics& m,
                                                                           const rollout_correction_options& o,
-                                                                          std::optional<double> global_valid_toks = std::nullopt,
-                                                                          std::optional<double> global_valid_seqs = std::nullopt) {
+                                                                          const global_counts& g = {}) {
   constexpr std::string_view fn = "presets::nemo_rl::rollout_correction_logged";
-  if (global_valid_toks) require_non_negative(fn, "global_valid_toks", *global_valid_toks);
-  if (global_valid_seqs) require_non_negative(fn, "global_valid_seqs", *global_valid_seqs);
+  if (g.global_valid_toks) require_non_negative(fn, "global_valid_toks", *g.global_valid_toks);
+  if (g.global_valid_seqs) require_non_negative(fn, "global_valid_seqs", *g.global_valid_seqs);
   const auto& s = m.totals;
-  const double gt = global_valid_toks.value_or(s.tokens), gs = global_valid_seqs.value_or(s.rows);
+  const double gt = g.global_valid_toks.value_or(s.tokens), gs = g.global_valid_seqs.value_or(s.rows);
   auto per = [](double a, double d) { return d > 0 ? a / d : 0.0; };
   rollout_correction_metrics r;
   r.sampling_importance_ratio = o.sequence_level_importance_ratios ? per(s.rows * s.unit_sum, gs) : per(s.weight_sum, gt);
