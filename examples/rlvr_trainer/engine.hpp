@@ -14,6 +14,7 @@
 // counter_uniform(seed, stream, sequence_id, response_index): a sequence samples the same tokens
 // whether it runs alone or batched, whole or resumed, whenever the weights (and so its logits)
 // agree. Each token's log-prob under the sampling distribution, log softmax(z / T), is recorded.
+// set_greedy(true) takes the most likely token instead (greedy validation); nothing else changes.
 //
 // Costs are measured per call in the terms of ulorl/rollout/simulator.hpp's decode_engine_model:
 //   decode iteration  tau(b, C) = t_iter + t_seq * b + t_kv * C   (b rows, C cached tokens read)
@@ -28,6 +29,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <span>
 #include <stdexcept>
@@ -151,6 +153,14 @@ struct engine_costs {
   return m;
 }
 
+//! The fitted model as segment_rollout_sim's cost flags (its --engine model).
+[[nodiscard]] inline std::string simulator_flags(const ulorl::decode_engine_model& m) {
+  char b[160];
+  std::snprintf(b, sizeof b, "--iteration-ms %.4f --per-seq-us %.3f --kv-ns %.3f --prefill-us %.3f", m.iteration_s * 1e3,
+                m.per_sequence_s * 1e6, m.per_context_token_s * 1e9, m.prefill_token_s * 1e6);
+  return b;
+}
+
 class decode_engine {
  public:
   decode_engine(transformer_policy policy, const engine_config& config)
@@ -176,6 +186,11 @@ class decode_engine {
                                   std::to_string(version_) + ", got " + std::to_string(v) + ")");
     version_ = v;
   }
+
+  //! Greedy decoding (the most likely token, the first of equals) instead of sampling; the recorded
+  //! log-probs stay those of softmax(z / T).
+  void set_greedy(bool on) noexcept { greedy_ = on; }
+  [[nodiscard]] bool greedy() const noexcept { return greedy_; }
 
   //! Decodes every request; out[i] is the result of reqs[i].
   void generate(std::span<const decode_request> reqs, std::vector<decode_result>& out) {
@@ -288,14 +303,21 @@ class decode_engine {
       const auto index = req.first_index + static_cast<std::int64_t>(res.tokens.size());
       const double u = counter_uniform(c_.seed, req.stream, static_cast<std::uint64_t>(req.sequence_id),
                                        static_cast<std::uint64_t>(index));
-      // Inverse CDF; rounding can leave the total just below u, then the last token of nonzero mass.
       std::int64_t token = -1;
-      double cdf = 0;
-      for (std::int64_t v = 0; v < V; ++v) {
-        const double p = std::exp(lp[i][v]);
-        if (p > 0) token = v;
-        cdf += p;
-        if (u < cdf && p > 0) break;
+      if (greedy_) {
+        // The most likely token (the first of equals).
+        token = 0;
+        for (std::int64_t v = 1; v < V; ++v)
+          if (lp[i][v] > lp[i][token]) token = v;
+      } else {
+        // Inverse CDF; rounding can leave the total just below u, then the last token of nonzero mass.
+        double cdf = 0;
+        for (std::int64_t v = 0; v < V; ++v) {
+          const double p = std::exp(lp[i][v]);
+          if (p > 0) token = v;
+          cdf += p;
+          if (u < cdf && p > 0) break;
+        }
       }
       row.last = token;
       res.tokens.push_back(token);
@@ -341,6 +363,7 @@ class decode_engine {
   std::vector<std::size_t> waiting_;  // requests with a quota, in submission order
   engine_costs costs_;
   std::int64_t version_ = 0;
+  bool greedy_ = false;
 };
 
 }  // namespace rlvr

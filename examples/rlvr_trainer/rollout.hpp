@@ -218,7 +218,8 @@ class segment_rollout {
 };
 
 //! Sampled accuracy on `targets` (one response each, one segment): an evaluation rollout through
-//! its own scheduler, at the engine's current weights, on a sampling stream of its own.
+//! its own scheduler, at the engine's current weights, on a sampling stream of its own. With the
+//! engine in greedy mode it is the greedy accuracy (greedy_accuracy).
 [[nodiscard]] inline double sampled_accuracy(const countdown_task& task, decode_engine& engine,
                                              const std::vector<std::int64_t>& targets, std::uint64_t stream = 0x5A1u) {
   if (targets.empty()) return 0.0;
@@ -241,6 +242,18 @@ class segment_rollout {
     }
   }
   return correct / static_cast<double>(n);
+}
+
+//! Greedy accuracy on `targets`: sampled_accuracy with the engine decoding greedily, restored after.
+[[nodiscard]] inline double greedy_accuracy(const countdown_task& task, decode_engine& engine,
+                                            const std::vector<std::int64_t>& targets) {
+  struct restore {
+    decode_engine& e;
+    bool was;
+    ~restore() { e.set_greedy(was); }
+  } r{engine, engine.greedy()};
+  engine.set_greedy(true);
+  return sampled_accuracy(task, engine, targets);
 }
 
 }  // namespace rlvr

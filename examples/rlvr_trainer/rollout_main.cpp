@@ -239,8 +239,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(c.decode_iterations), c.decode_tokens_per_s(), c.prefill_tokens_per_s(),
               static_cast<long long>(c.prefill_tokens),
               c.prefill_padded_tokens > 0 ? 100.0 * static_cast<double>(c.prefill_padded_tokens - c.prefill_tokens) / static_cast<double>(c.prefill_padded_tokens) : 0.0);
-  std::printf("cost model (segment_rollout_sim): --iteration-ms %.4f --per-seq-us %.3f --kv-ns %.3f --prefill-us %.3f\n",
-              m.iteration_s * 1e3, m.per_sequence_s * 1e6, m.per_context_token_s * 1e9, m.prefill_token_s * 1e6);
+  std::printf("cost model (segment_rollout_sim): %s\n", rlvr::simulator_flags(m).c_str());
   if (!o.lengths_out.empty()) {
     std::ofstream f(o.lengths_out);
     for (const auto L : sim_lengths) f << L << '\n';

@@ -62,6 +62,7 @@ enum class verdict : std::uint8_t {
 
 struct countdown_config {
   std::int64_t max_target = 999;            //!< S in [1, max_target]; remainders have 3 digits
+  std::int64_t min_target = 1;              //!< training and validation targets are drawn from [min_target, max_target]
   std::int64_t max_response_tokens = 1024;  //!< L_max: longer responses are truncated
   double validation_fraction = 0.1;         //!< share of the targets >= 10 held out for validation
   std::uint64_t seed = 1;                   //!< selects the held-out targets and the prompt draws
@@ -90,6 +91,8 @@ class countdown_task {
   explicit countdown_task(const countdown_config& config = {}) : c_(config) {
     if (c_.max_target < 1 || c_.max_target > 999)
       throw std::invalid_argument("countdown_task: max_target must be in [1, 999], got " + std::to_string(c_.max_target));
+    if (c_.min_target < 1 || c_.min_target > c_.max_target)
+      throw std::invalid_argument("countdown_task: min_target must be in [1, max_target], got " + std::to_string(c_.min_target));
     const std::int64_t shortest = answer_tokens((c_.max_target + 8) / 9);
     if (c_.max_response_tokens < shortest)
       throw std::invalid_argument("countdown_task: max_response_tokens " + std::to_string(c_.max_response_tokens) +
@@ -97,12 +100,16 @@ class countdown_task {
                                   " tokens)");
     if (!(c_.validation_fraction >= 0.0 && c_.validation_fraction < 1.0))
       throw std::invalid_argument("countdown_task: validation_fraction must be in [0, 1)");
-    for (std::int64_t s = 1; s <= c_.max_target; ++s) held_out_count_ += held_out(s) ? 1 : 0;
+    for (std::int64_t s = c_.min_target; s <= c_.max_target; ++s) {
+      held_out_count_ += held_out(s) ? 1 : 0;
+      training_count_ += held_out(s) ? 0 : 1;
+    }
+    if (training_count_ == 0) throw std::invalid_argument("countdown_task: every target of [min_target, max_target] is held out");
   }
 
   [[nodiscard]] const countdown_config& config() const noexcept { return c_; }
   [[nodiscard]] std::int64_t max_response_tokens() const noexcept { return c_.max_response_tokens; }
-  //! Number of distinct held-out targets.
+  //! Number of distinct held-out targets in [min_target, max_target].
   [[nodiscard]] std::int64_t held_out_count() const noexcept { return held_out_count_; }
   //! Longest prompt + response a policy must hold.
   [[nodiscard]] std::int64_t max_sequence_tokens() const noexcept { return prompt_tokens + c_.max_response_tokens; }
@@ -121,7 +128,7 @@ class countdown_task {
     return unit_interval(counter_hash(c_.seed, 0x4E1D0u, static_cast<std::uint64_t>(target))) < c_.validation_fraction;
   }
 
-  //! The training target for a key (a group id): log-uniform on [1, max_target], never held out.
+  //! The training target for a key (a group id): log-uniform on [min_target, max_target], never held out.
   //! A pure function of (seed, key), so every run and segment count sees the same prompts.
   [[nodiscard]] std::int64_t training_target(std::uint64_t key) const noexcept { return draw(0x7A1Bu, key, false); }
 
@@ -203,19 +210,22 @@ class countdown_task {
       throw std::invalid_argument(std::string(fn) + ": target " + std::to_string(target) + " outside [1, " +
                                   std::to_string(c_.max_target) + "]");
   }
-  // Log-uniform on [1, max_target] (P(S = s) = log((s + 1) / s) / log(max + 1)), redrawn until the
-  // target is (or is not) held out.
+  // Log-uniform on [lo, hi] = [min_target, max_target] (P(S = s) = log((s + 1) / s) / log((hi + 1) / lo)),
+  // redrawn until the target is (or is not) held out.
   [[nodiscard]] std::int64_t draw(std::uint64_t salt, std::uint64_t key, bool want_held_out) const noexcept {
-    const double log_span = std::log(static_cast<double>(c_.max_target) + 1.0);
+    const double log_lo = std::log(static_cast<double>(c_.min_target));
+    const double log_span = std::log(static_cast<double>(c_.max_target) + 1.0) - log_lo;
     for (std::uint64_t attempt = 0;; ++attempt) {
       const double u = counter_uniform(c_.seed, salt, key, attempt);
-      const auto s = std::clamp<std::int64_t>(static_cast<std::int64_t>(std::exp(u * log_span)), 1, c_.max_target);
+      const auto s = std::clamp<std::int64_t>(static_cast<std::int64_t>(std::exp(log_lo + u * log_span)), c_.min_target,
+                                              c_.max_target);
       if (held_out(s) == want_held_out) return s;
     }
   }
 
   countdown_config c_;
   std::int64_t held_out_count_ = 0;
+  std::int64_t training_count_ = 0;
 };
 
 }  // namespace rlvr

@@ -6,13 +6,18 @@
 //
 //   rlvr_train [--steps N] [--segments K] [--mpt off|static|dynamic] [--resets on|off] [--is pois|sais]
 //              [--prompts P] [--group G] [--max-response L] [--warmup N] [--checkpoint FILE]
-//              [--lr X] [--mini-batches M] [--temperature T] [--validate N] [--validate-every K]
-//              [--seed S] [--threads N] [--csv FILE] [--json FILE]
+//              [--lr X] [--lr-warmup N] [--mini-batches M] [--temperature T] [--validate N] [--validate-every K]
+//              [--seed S] [--threads N] [--csv FILE] [--json FILE] [--svg FILE] [--min-target S] [--max-target S]
+//              [--validation greedy|sampled]
+//              [--agg token-mean|seq-mean-token-mean] [--mpt-tau P] [--mpt-sigma H] [--lengths-out FILE]
 //
 // One line per training step: rollout and update seconds, responses released / kept by dynamic
 // sampling, mean reward, entropy, KL to the reference and beta, clip fraction, MPT-masked share,
 // median response length, decode tokens/s; validation accuracy every --validate-every steps (and
-// resets when they happen). --csv writes the same per step; --json a summary at the end.
+// resets when they happen). --csv writes the same per step, --svg its curves (validation accuracy,
+// reward, entropy, KL, response lengths; resets marked), --json a summary at the end. On a terminal a
+// progress bar on stderr shows step, reward, accuracy, entropy, tokens/s and the time left.
+// Validation is greedy decoding (default) or sampling at the training temperature.
 // --checkpoint FILE loads warmed-up weights from FILE when it exists, else warms up and saves them.
 #include <torch/torch.h>
 
@@ -20,11 +25,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "engine.hpp"
+#include "plot.hpp"
 #include "policy.hpp"
 #include "rollout.hpp"
 #include "task.hpp"
@@ -33,32 +42,44 @@
 
 namespace {
 
+// The defaults are the measured default run (examples/rlvr_trainer/README.md, docs/trainer.md): RL on
+// targets 90..270 with a 128-token budget, where the warmed-up policy's uniform digit choices often
+// run out of tokens and larger steps fit.
 struct options {
   int steps = 30;
   int segments = 1;
   int prompts = 8;
   int group = 8;
-  int max_response = 1024;
-  int warmup = 300;
+  int max_response = 128;
+  int warmup = 800;
   int mini_batches = 2;
   int validate = 128;
   int validate_every = 5;
   int threads = 1;
-  double lr = 1e-5;
+  int max_target = 270;
+  int min_target = 90;
+  double lr = 3e-4;
+  int lr_warmup = 10;
+  double mpt_tau = ulorl::mpt_config{}.tau;
+  double mpt_sigma = 0.45;  // below the warmed-up policy's entropy (0.53 nats per token), which RL lowers
   double temperature = 1.0;
   std::uint64_t seed = 1;
   std::string mpt = "dynamic";
   std::string resets = "on";
   std::string is = "pois";
-  std::string checkpoint, csv, json;
+  std::string validation = "sampled";
+  std::string agg = "token-mean";
+  std::string checkpoint, csv, json, svg, lengths_out;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "%s\nusage: rlvr_train [--steps N] [--segments K] [--mpt off|static|dynamic] [--resets on|off]\n"
                "       [--is pois|sais] [--prompts P] [--group G] [--max-response L] [--warmup N]\n"
-               "       [--checkpoint FILE] [--lr X] [--mini-batches M] [--temperature T] [--validate N]\n"
-               "       [--validate-every K] [--seed S] [--threads N] [--csv FILE] [--json FILE]\n",
+               "       [--checkpoint FILE] [--lr X] [--lr-warmup N] [--mini-batches M] [--temperature T] [--validate N]\n"
+               "       [--validate-every K] [--seed S] [--threads N] [--csv FILE] [--json FILE] [--svg FILE]\n"
+               "       [--min-target S] [--max-target S] [--validation greedy|sampled]\n"
+               "       [--agg token-mean|seq-mean-token-mean] [--mpt-tau P] [--mpt-sigma H] [--lengths-out FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -81,7 +102,16 @@ options parse(int argc, char** argv) {
       else if (a == "--validate") o.validate = std::stoi(v);
       else if (a == "--validate-every") o.validate_every = std::stoi(v);
       else if (a == "--threads") o.threads = std::stoi(v);
+      else if (a == "--max-target") o.max_target = std::stoi(v);
+      else if (a == "--min-target") o.min_target = std::stoi(v);
+      else if (a == "--validation") o.validation = v;
+      else if (a == "--agg") o.agg = v;
+      else if (a == "--svg") o.svg = v;
+      else if (a == "--lengths-out") o.lengths_out = v;
       else if (a == "--lr") o.lr = std::stod(v);
+      else if (a == "--lr-warmup") o.lr_warmup = std::stoi(v);
+      else if (a == "--mpt-tau") o.mpt_tau = std::stod(v);
+      else if (a == "--mpt-sigma") o.mpt_sigma = std::stod(v);
       else if (a == "--temperature") o.temperature = std::stod(v);
       else if (a == "--seed") o.seed = std::stoull(v);
       else if (a == "--mpt") o.mpt = v;
@@ -96,19 +126,48 @@ options parse(int argc, char** argv) {
     }
   }
   if (o.steps < 0 || o.segments < 1 || o.prompts < 1 || o.group < 2 || o.max_response < 1 || o.warmup < 0 ||
-      o.mini_batches < 1 || o.validate < 0 || o.validate_every < 1 || o.threads < 1 || !(o.lr > 0) || !(o.temperature > 0))
+      o.mini_batches < 1 || o.validate < 0 || o.validate_every < 1 || o.threads < 1 || o.lr_warmup < 0 ||
+      !(o.mpt_tau > 0 && o.mpt_tau <= 1) || !(o.mpt_sigma >= 0) ||
+      o.max_target < 10 || o.max_target > 999 || o.min_target < 1 || o.min_target > o.max_target || !(o.lr > 0) || !(o.temperature > 0))
     usage("option value out of range");
   if (o.mpt != "off" && o.mpt != "static" && o.mpt != "dynamic") usage("--mpt must be off, static or dynamic");
   if (o.resets != "on" && o.resets != "off") usage("--resets must be on or off");
   if (o.is != "pois" && o.is != "sais") usage("--is must be pois or sais");
+  if (o.validation != "greedy" && o.validation != "sampled") usage("--validation must be greedy or sampled");
+  if (o.agg != "token-mean" && o.agg != "seq-mean-token-mean") usage("--agg must be token-mean or seq-mean-token-mean");
   return o;
 }
 
-std::int64_t median(std::vector<std::int64_t> v) {
+//! The q-quantile (nearest rank below) of v; 0 for none.
+std::int64_t quantile(std::vector<std::int64_t> v, double q) {
   if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
+  const auto k = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
 }
+
+//! One line on stderr, rewritten in place, when stderr is a terminal.
+class progress_bar {
+ public:
+  explicit progress_bar(int steps) : steps_(steps), on_(isatty(STDERR_FILENO) != 0) {}
+  void show(int step, double reward, double accuracy, double entropy, double tokens_per_s, double elapsed_s) {
+    if (!on_ || steps_ <= 0) return;
+    constexpr int width = 24;
+    const int done = width * step / steps_;
+    const double eta = step > 0 ? elapsed_s / step * (steps_ - step) : 0.0;
+    std::fprintf(stderr, "\r[%.*s%.*s] %d/%d  reward %.3f  acc %.3f  entropy %.3f  %.0f tok/s  ETA %dm%02ds ", done,
+                 "########################", width - done, "........................", step, steps_, reward, accuracy,
+                 entropy, tokens_per_s, static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+    std::fflush(stderr);
+  }
+  void clear() {
+    if (on_) std::fprintf(stderr, "\r%*s\r", 110, "");
+  }
+
+ private:
+  int steps_;
+  bool on_;
+};
 
 }  // namespace
 
@@ -116,9 +175,12 @@ int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   torch::set_num_threads(o.threads);
   const auto t_start = std::chrono::steady_clock::now();
-  const rlvr::countdown_task task({.max_target = 999, .max_response_tokens = o.max_response, .seed = o.seed});
+  const rlvr::countdown_task task({.max_target = o.max_target, .min_target = o.min_target, .max_response_tokens = o.max_response, .seed = o.seed});
   rlvr::transformer_policy policy(rlvr::policy_config{.vocab_size = rlvr::countdown_task::vocab_size,
-                                                      .max_seq = task.max_sequence_tokens(),
+                                                      .max_seq = std::max<std::int64_t>(
+                                                          task.max_sequence_tokens(),
+                                                          rlvr::countdown_task::prompt_tokens +
+                                                              rlvr::warmup_config{}.max_answer_tokens),
                                                       .seed = o.seed});
   policy->eval();
   std::printf("policy: %lld parameters; countdown task, L_max %d; %d segments, MPT %s, resets %s, %s\n",
@@ -131,7 +193,10 @@ int main(int argc, char** argv) {
     policy->eval();
     std::printf("warm-up weights loaded from %s\n", o.checkpoint.c_str());
   } else if (o.warmup > 0) {
-    rlvr::supervised_warmup warm(policy, task, {.steps = o.warmup, .seed = o.seed});
+    // The warm-up imitates random correct answers of the full task (targets 1..999, uniform digits,
+    // L_max 1024), whatever the RL task's range and L_max: one checkpoint serves every RL setting.
+    const rlvr::countdown_task warm_task({.seed = o.seed});
+    rlvr::supervised_warmup warm(policy, warm_task, {.steps = o.warmup, .seed = o.seed});
     double loss = 0;
     for (int s = 1; s <= o.warmup; ++s) {
       loss += warm.step().loss;
@@ -148,17 +213,26 @@ int main(int argc, char** argv) {
   rlvr::decode_engine engine(policy, {.max_batch = 2 * o.prompts * o.group, .temperature = o.temperature,
                                       .eos_token = rlvr::countdown_task::eos_token, .seed = o.seed});
   const auto val_targets = task.validation_targets(o.validate);
-  const auto validate = [&] { return o.validate > 0 ? rlvr::sampled_accuracy(task, engine, val_targets) : 0.0; };
+  const auto validate = [&] {
+    if (o.validate == 0) return 0.0;
+    return o.validation == "greedy" ? rlvr::greedy_accuracy(task, engine, val_targets)
+                                    : rlvr::sampled_accuracy(task, engine, val_targets);
+  };
   const double val0 = validate();
-  std::printf("validation accuracy after warm-up (%d held-out targets, T = %.2f): %.3f\n", o.validate, o.temperature, val0);
+  std::printf("validation accuracy after warm-up (%d held-out targets, %s): %.3f\n", o.validate,
+              o.validation == "greedy" ? "greedy" : "sampled", val0);
 
   rlvr::trainer_config tc;
   tc.lr = o.lr;
+  tc.lr_warmup_steps = o.lr_warmup;
   tc.mini_batches = o.mini_batches;
   tc.temperature = o.temperature;
   tc.is = o.is == "pois" ? rlvr::old_policy::pois : rlvr::old_policy::sais;
   tc.mpt.mode = o.mpt == "off" ? ulorl::mpt_mode::off : o.mpt == "static" ? ulorl::mpt_mode::static_mask : ulorl::mpt_mode::dynamic_mask;
+  tc.mpt.tau = o.mpt_tau;
+  tc.mpt.sigma = o.mpt_sigma;
   tc.resets_enabled = o.resets == "on";
+  tc.agg = o.agg == "token-mean" ? ulorl::agg_mode::token_mean : ulorl::agg_mode::seq_mean_token_mean;
   rlvr::grpo_trainer trainer(policy, tc);
   rlvr::segment_rollout rollout(task, engine,
                                 {.group_size = o.group,
@@ -168,12 +242,13 @@ int main(int argc, char** argv) {
                                  .release_batch_groups = o.prompts},
                                 [&](std::int64_t g) { return task.training_target(static_cast<std::uint64_t>(g)); });
 
-  std::ofstream csv;
-  if (!o.csv.empty()) {
-    csv.open(o.csv);
-    csv << "step,rollout_s,train_s,released,kept,reward,entropy,kl,kl_coef,clip_fraction,mpt_masked,median_length,"
-           "decode_tokens_per_s,validation_accuracy,reset\n";
-  }
+  rlvr::plot::csv_table record{.names = {"step", "rollout_s", "train_s", "released", "kept", "reward", "entropy", "kl",
+                                          "kl_coef", "clip_fraction", "mpt_masked", "median_length", "p90_length",
+                                          "decode_tokens_per_s", "validation_accuracy", "reset", "elapsed_s"}};
+  record.append({0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, o.validate > 0 ? val0 : NAN, 0, 0});
+  progress_bar bar(o.steps);
+  std::vector<std::int64_t> released_lengths;
+  const auto t_rl = std::chrono::steady_clock::now();
   std::printf("%4s %7s %6s %5s %4s %6s %7s %8s %8s %6s %5s %5s %6s %6s\n", "step", "roll_s", "upd_s", "resp", "kept",
               "reward", "entropy", "kl", "beta", "clip", "mpt%", "len50", "tok/s", "val");
   double best_val = val0, last_val = val0, rollout_s = 0, train_s = 0;
@@ -196,15 +271,18 @@ int main(int argc, char** argv) {
     }
     std::vector<std::int64_t> lengths;
     for (const auto& r : batch->responses) lengths.push_back(static_cast<std::int64_t>(r.tokens.size()));
+    released_lengths.insert(released_lengths.end(), lengths.begin(), lengths.end());
     const auto st = trainer.train(*batch, step);
     if (st.updated) rollout.update_policy(++version);
     rollout_s += roll;
     train_s += st.seconds;
     tokens += new_tokens;
     std::string val = "";
+    double val_now = NAN;
     bool reset = false;
     if (o.validate > 0 && step % o.validate_every == 0) {
       last_val = validate();
+      val_now = last_val;
       best_val = std::max(best_val, last_val);
       const auto a = trainer.on_validation(step, last_val);
       reset = a.reset_reference;
@@ -214,18 +292,32 @@ int main(int argc, char** argv) {
       val = buf;
     }
     const double mpt_share = st.tokens > 0 ? 100.0 * st.mpt_masked / st.tokens : 0.0;
+    const double tok_s = roll > 0 ? static_cast<double>(new_tokens) / roll : 0.0;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_rl).count();
+    bar.clear();
     std::printf("%4d %7.1f %6.1f %5lld %4lld %6.3f %7.4f %8.5f %8.5f %6.4f %5.1f %5lld %6.0f %6s\n", step, roll,
                 st.seconds, static_cast<long long>(st.responses), static_cast<long long>(st.kept_responses),
                 st.reward_mean, st.entropy_mean, st.kl_mean, st.kl_coef, st.clip_fraction, mpt_share,
-                static_cast<long long>(median(lengths)), roll > 0 ? static_cast<double>(new_tokens) / roll : 0.0,
-                val.c_str());
+                static_cast<long long>(quantile(lengths, 0.5)), tok_s, val.c_str());
     std::fflush(stdout);
-    if (csv.is_open())
-      csv << step << ',' << roll << ',' << st.seconds << ',' << st.responses << ',' << st.kept_responses << ','
-          << st.reward_mean << ',' << st.entropy_mean << ',' << st.kl_mean << ',' << st.kl_coef << ','
-          << st.clip_fraction << ',' << mpt_share << ',' << median(lengths) << ','
-          << (roll > 0 ? static_cast<double>(new_tokens) / roll : 0.0) << ','
-          << (val.empty() ? std::string() : std::to_string(last_val)) << ',' << (reset ? 1 : 0) << '\n';
+    bar.show(step, st.reward_mean, last_val, st.entropy_mean, tok_s, elapsed);
+    const auto updated = [&](double v) { return st.updated ? v : NAN; };
+    record.append({static_cast<double>(step), roll, st.seconds, static_cast<double>(st.responses),
+                   static_cast<double>(st.kept_responses), st.reward_mean, updated(st.entropy_mean), updated(st.kl_mean),
+                   st.kl_coef, updated(st.clip_fraction), mpt_share, static_cast<double>(quantile(lengths, 0.5)),
+                   static_cast<double>(quantile(lengths, 0.9)), tok_s, val_now, reset ? 1.0 : 0.0, elapsed});
+  }
+  bar.clear();
+  if (!o.csv.empty()) record.write(o.csv);
+  if (!o.svg.empty()) {
+    const std::vector<rlvr::plot::panel_spec> panels{
+        {.column = "validation_accuracy", .title = "Validation accuracy (" + o.validation + ")", .y_label = "accuracy"},
+        {.column = "reward", .title = "Mean reward of the released responses", .y_label = "reward"},
+        {.column = "entropy", .title = "Entropy per response token", .y_label = "nats"},
+        {.column = "kl", .title = "k3 KL to the reference per loss token", .y_label = "nats"},
+        {.column = "median_length", .title = "Median response length", .y_label = "tokens"},
+        {.column = "p90_length", .title = "p90 response length", .y_label = "tokens"}};
+    rlvr::plot::write_svg(o.svg, rlvr::plot::panels_of({{.label = "", .table = record}}, panels, "step", "reset"));
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::printf("validation accuracy: %.3f after warm-up, %.3f last, %.3f best; %lld resets\n", val0, last_val, best_val,
@@ -233,6 +325,12 @@ int main(int argc, char** argv) {
   std::printf("time: warm-up %.1f s, rollout %.1f s (%lld tokens, %.0f tokens/s), updates %.1f s, total %.1f s\n", t_warm,
               rollout_s, static_cast<long long>(tokens), rollout_s > 0 ? static_cast<double>(tokens) / rollout_s : 0.0,
               train_s, total);
+  std::printf("engine cost model (segment_rollout_sim): %s\n",
+              rlvr::simulator_flags(rlvr::fit_engine_model(engine.costs())).c_str());
+  if (!o.lengths_out.empty()) {
+    std::ofstream f(o.lengths_out);
+    for (const auto L : released_lengths) f << L << '\n';
+  }
   if (!o.json.empty()) {
     std::ofstream j(o.json);
     j << "{\"steps\": " << o.steps << ", \"segments\": " << o.segments << ", \"mpt\": \"" << o.mpt << "\", \"resets\": \""

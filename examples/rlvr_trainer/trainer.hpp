@@ -59,7 +59,8 @@ enum class old_policy {
 };
 
 struct trainer_config {
-  double lr = 1e-5;  //!< AdamW; 2e-4 took the warmed-up policy to a k3 KL of ~50 nats per token in one step
+  double lr = 1e-5;  //!< AdamW
+  std::int64_t lr_warmup_steps = 0;  //!< linear learning-rate ramp over the first optimizer steps (after each optimizer reset)
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;
   double eps_low = 0.2;   //!< clip-higher (DAPO): [1 - eps_low, 1 + eps_high]
@@ -71,6 +72,9 @@ struct trainer_config {
                                  .horizon = 2000.0};
   ulorl::reference_reset_config resets{.on_plateau = true, .patience = 3, .min_delta = 0.0, .cooldown_steps = 10};
   bool resets_enabled = true;
+  //! Loss aggregation over the mini-batch, with its global counts as the normaliser: token_mean
+  //! (DAPO) or seq_mean_token_mean (GRPO: each response weighs the same, whatever its length).
+  ulorl::agg_mode agg = ulorl::agg_mode::token_mean;
   std::int64_t mini_batches = 1;                  //!< optimizer steps per released batch
   std::int64_t max_tokens_per_micro_batch = 8192;  //!< padded tokens per forward / backward
   double temperature = 1.0;                       //!< the engine's sampling temperature
@@ -253,9 +257,12 @@ class grpo_trainer {
     ulorl::policy_loss_config cfg{.objective = {.eps_low = c_.eps_low, .eps_high = c_.eps_high},
                                   .kl = {.estimator = ulorl::kl_estimator::k3},
                                   .kl_coef = kl_.value()};
-    // The update's global normaliser: every micro-batch divides by the same token count.
-    cfg.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean,
-                                              {.tokens = std::max(1.0, q.loss_mask.sum().item<double>())});
+    // The update's global normaliser: every micro-batch divides by the same token (or response) count.
+    const double tokens = q.loss_mask.sum().item<double>();
+    const double sequences = q.loss_mask.any(1).sum().item<double>();
+    cfg.normalizer = ulorl::global_normalizer(c_.agg, {.tokens = std::max(1.0, tokens),
+                                                       .sequences = std::max(1.0, sequences),
+                                                       .rows = static_cast<double>(rows.size())});
     ulorl::policy_loss_result total;
     for_micro_batches(q.lengths, [&](std::int64_t lo, std::int64_t n, std::int64_t tj) {
       const auto sub = [&](const torch::Tensor& t) { return t.narrow(0, lo, n).narrow(1, 0, tj); };
@@ -332,6 +339,11 @@ class grpo_trainer {
       for (std::int64_t i = mb; i < B; i += c_.mini_batches) rows.push_back(i);
       if (rows.empty()) continue;
       policy_->train();
+      ++optimizer_steps_;
+      const double ramp = c_.lr_warmup_steps > 0 ? std::min(1.0, static_cast<double>(optimizer_steps_) /
+                                                                     static_cast<double>(c_.lr_warmup_steps))
+                                                 : 1.0;
+      for (auto& g : opt_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(c_.lr * ramp);
       opt_->zero_grad();
       const auto r = loss_and_grad(p, rows);
       st.grad_norm = torch::nn::utils::clip_grad_norm_(policy_->parameters(), c_.max_grad_norm);
@@ -353,6 +365,7 @@ class grpo_trainer {
   }
 
   void reset_optimizer() {
+    optimizer_steps_ = 0;
     opt_ = std::make_unique<torch::optim::AdamW>(policy_->parameters(),
                                                  torch::optim::AdamWOptions(c_.lr).weight_decay(c_.weight_decay));
   }
@@ -363,6 +376,7 @@ class grpo_trainer {
   ulorl::kl_controller kl_;
   ulorl::reference_reset_policy resets_;
   std::unique_ptr<torch::optim::AdamW> opt_;
+  std::int64_t optimizer_steps_ = 0;  // since the last optimizer reset
 };
 
 }  // namespace rlvr
