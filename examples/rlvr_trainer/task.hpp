@@ -100,11 +100,9 @@ class countdown_task {
                                   " tokens)");
     if (!(c_.validation_fraction >= 0.0 && c_.validation_fraction < 1.0))
       throw std::invalid_argument("countdown_task: validation_fraction must be in [0, 1)");
-    for (std::int64_t s = c_.min_target; s <= c_.max_target; ++s) {
-      held_out_count_ += held_out(s) ? 1 : 0;
-      training_count_ += held_out(s) ? 0 : 1;
-    }
-    if (training_count_ == 0) throw std::invalid_argument("countdown_task: every target of [min_target, max_target] is held out");
+    for (std::int64_t s = c_.min_target; s <= c_.max_target; ++s) held_out_count_ += held_out(s) ? 1 : 0;
+    if (held_out_count_ == c_.max_target - c_.min_target + 1)
+      throw std::invalid_argument("countdown_task: every target of [min_target, max_target] is held out");
   }
 
   [[nodiscard]] const countdown_config& config() const noexcept { return c_; }
@@ -225,7 +223,6 @@ class countdown_task {
 
   countdown_config c_;
   std::int64_t held_out_count_ = 0;
-  std::int64_t training_count_ = 0;
 };
 
 }  // namespace rlvr

@@ -175,7 +175,8 @@ int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   torch::set_num_threads(o.threads);
   const auto t_start = std::chrono::steady_clock::now();
-  const rlvr::countdown_task task({.max_target = o.max_target, .min_target = o.min_target, .max_response_tokens = o.max_response, .seed = o.seed});
+  const rlvr::countdown_task task(
+      {.max_target = o.max_target, .min_target = o.min_target, .max_response_tokens = o.max_response, .seed = o.seed});
   rlvr::transformer_policy policy(rlvr::policy_config{.vocab_size = rlvr::countdown_task::vocab_size,
                                                       .max_seq = std::max<std::int64_t>(
                                                           task.max_sequence_tokens(),

@@ -52,16 +52,13 @@ struct grpo_options {
           {.placement = token_placement::masked, .allow_empty_rows = true}};
 }
 
-//! verl `compute_gdpo_outcome_advantage` options (algorithm config names).
-struct gdpo_options {
-  double epsilon = 1e-6;
-  bool norm_adv_by_std_in_grpo = true;
-};
+//! verl `compute_gdpo_outcome_advantage` options: GRPO's (algorithm config names).
+using gdpo_options = grpo_options;
 //! verl GDPO: each reward component's `grpo_advantage({epsilon, norm_adv_by_std_in_grpo})`, their
 //! weighted sum placed on the valid tokens, whitened over the batch (REINFORCE++'s unbiased
 //! whitening, eps 1e-8 added to the variance).
 [[nodiscard]] constexpr multi_reward_config gdpo_advantage(const gdpo_options& o = {}) noexcept {
-  const advantage_preset grpo = grpo_advantage({.epsilon = o.epsilon, .norm_adv_by_std_in_grpo = o.norm_adv_by_std_in_grpo});
+  const advantage_preset grpo = grpo_advantage(o);
   return {.aggregation = reward_aggregation::normalize_then_sum,
           .group = grpo.group,
           .final_norm = final_normalization::tokens,
@@ -179,17 +176,13 @@ struct grpo_options {
           {.placement = token_placement::every_position, .allow_empty_rows = true}};
 }
 
-//! NeMo-RL GDPO options (`use_leave_one_out_baseline`, `normalize_rewards`).
-struct gdpo_options {
-  bool use_leave_one_out_baseline = true;
-  bool normalize_rewards = true;
-};
+//! NeMo-RL GDPO options: GRPO's (`use_leave_one_out_baseline`, `normalize_rewards`).
+using gdpo_options = grpo_options;
 //! NeMo-RL GDPO: each component's `advantage({...})`, their weighted sum (at least 2 components)
 //! normalised over the batch, (a - mean)/std when std > 0 (unbiased, no epsilon) else a - mean;
 //! every position.
 [[nodiscard]] constexpr multi_reward_config gdpo_advantage(const gdpo_options& o = {}) noexcept {
-  const advantage_preset grpo =
-      advantage({.use_leave_one_out_baseline = o.use_leave_one_out_baseline, .normalize_rewards = o.normalize_rewards});
+  const advantage_preset grpo = advantage(o);
   return {.aggregation = reward_aggregation::normalize_then_sum,
           .group = grpo.group,
           .final_norm = final_normalization::responses,
