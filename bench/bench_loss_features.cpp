@@ -5,7 +5,12 @@
 //   weights          policy_loss_inputs::weights given (rollout-correction / OPSM / DPPO factors)
 //   rc_apply         rollout_correction::apply alone (TRL token_truncate, clip_max 3): weights + mask
 //   rc_then_loss     rollout_correction::apply, then the loss with its weights and mask (the
-//                    composition a trainer runs today: two passes over the token arrays)
+//                    composition: apply's passes, then the loss's)
+//   rc_in_loss       the same correction inside the loss pass (policy_loss_config::rollout):
+//                    the same bits as rc_then_loss, no weights or keep-mask written or read
+//   rc_rs_in_loss    rc_in_loss with a rejection chain (token k2, sequence-mean k3): the statistics
+//                    pass (rollout_correction::accumulate, no outputs) for the kept-token normaliser,
+//                    then the loss pass
 //   cispo / sapo / policy_gradient / penalized_pg (verl dro)   the objective instead of PPO clip
 // Run with --benchmark_enable_random_interleaving=true --benchmark_repetitions=5 so that the
 // variants alternate in one process (this VM's speed drifts between processes); the summary on
@@ -75,9 +80,9 @@ ulorl::policy_loss_config plain_config(double valid) {
   return c;
 }
 
-enum class feature { plain, weights, rc_apply, rc_then_loss, cispo, sapo, policy_gradient, penalized_pg };
-const char* const feature_names[] = {"plain", "weights", "rc_apply", "rc_then_loss",
-                                     "cispo", "sapo", "policy_gradient", "penalized_pg"};
+enum class feature { plain, weights, rc_apply, rc_then_loss, rc_in_loss, rc_rs_in_loss, cispo, sapo, policy_gradient, penalized_pg };
+const char* const feature_names[] = {"plain", "weights", "rc_apply",        "rc_then_loss", "rc_in_loss", "rc_rs_in_loss",
+                                     "cispo", "sapo",    "policy_gradient", "penalized_pg"};
 
 ulorl::policy_loss_config config_of(feature f, double valid) {
   auto c = plain_config(valid);
@@ -86,7 +91,9 @@ ulorl::policy_loss_config config_of(feature f, double valid) {
     case feature::plain:
     case feature::weights:
     case feature::rc_apply:
-    case feature::rc_then_loss: break;
+    case feature::rc_then_loss:
+    case feature::rc_in_loss:
+    case feature::rc_rs_in_loss: break;
     case feature::cispo: c.objective = verl::objective({.loss_mode = verl::loss_mode_kind::cispo, .clip_ratio_high = 0.28}); break;
     case feature::sapo: c.objective = verl::objective({.loss_mode = verl::loss_mode_kind::sapo}); break;
     case feature::policy_gradient: c.objective = verl::objective({.loss_mode = verl::loss_mode_kind::gpg}); break;
@@ -105,13 +112,26 @@ void BM_feature(benchmark::State& st) {
   if (f == feature::weights) in.weights = d.view(d.weights);
   const ulorl::rollout_correction::inputs<float, std::uint8_t> rin{d.view(d.old), d.view(d.rollout), d.view(d.mask)};
   const ulorl::rollout_correction::outputs<float, std::uint8_t> rout{d.out(d.weights), d.out(d.keep)};
+  auto rc_rs = rc;
+  rc_rs.rejection.chain.push_back({ulorl::rollout_correction::rs_statistic::token, ulorl::rollout_correction::rs_estimator::k2, 0.0, 0.004});
+  rc_rs.rejection.chain.push_back(
+      {ulorl::rollout_correction::rs_statistic::sequence_mean, ulorl::rollout_correction::rs_estimator::k3, 0.0, 0.002});
   for (auto _ : st) {
     double v = 0;
     if (f == feature::rc_apply || f == feature::rc_then_loss) v += ulorl::rollout_correction::apply(rin, rc, rout).kl;
     if (f != feature::rc_apply) {
       auto run = in;
+      auto c = cfg;
       if (f == feature::rc_then_loss) run.weights = d.view(d.weights), run.mask = d.view(d.keep);
-      v += ulorl::policy_loss(run, cfg, d.out(d.grad)).loss;
+      if (f == feature::rc_in_loss || f == feature::rc_rs_in_loss) {
+        run.rollout_log_prob = d.view(d.rollout);
+        c.rollout = f == feature::rc_in_loss ? rc : rc_rs;
+      }
+      if (f == feature::rc_rs_in_loss) {
+        const auto s = ulorl::rollout_correction::accumulate(rin, rc_rs, ulorl::rollout_correction::outputs<float, std::uint8_t>{});
+        c.normalizer.denominator = s.tokens - s.rejected_tokens;
+      }
+      v += ulorl::policy_loss(run, c, d.out(d.grad)).loss;
     }
     benchmark::DoNotOptimize(v);
     benchmark::ClobberMemory();
@@ -119,7 +139,7 @@ void BM_feature(benchmark::State& st) {
   st.SetLabel(feature_names[st.range(0)]);
   st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations()) * static_cast<std::int64_t>(tokens));
 }
-BENCHMARK(BM_feature)->DenseRange(0, 7)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_feature)->DenseRange(0, 9)->Unit(benchmark::kMillisecond);
 
 //! Forwards every run and prints each feature's time as a percentage of the plain pass (best
 //! repetitions of this run).

@@ -120,6 +120,25 @@ class token_view {
       return data_[static_cast<std::ptrdiff_t>(b) * row_stride_ + static_cast<std::ptrdiff_t>(t) * stride_];
     return data_[static_cast<std::ptrdiff_t>(row_begin(b) + t) * stride_];
   }
+  //! Rows [lo, hi) (lo <= hi <= rows()) as a view of the same memory: row b of the slice is row
+  //! lo + b; an empty view stays empty. A padded slice starts at row lo and is a padded view like
+  //! any other. A packed slice keeps the flat array and reads its offsets from lo, so its
+  //! flat_index is still the index in that array and size() counts from the array's start; its
+  //! offsets do not start at 0, so it is for code that addresses rows (row(), operator()), not an
+  //! argument of the library's batch functions (validate_layout rejects it).
+  [[nodiscard]] constexpr token_view slice(std::size_t lo, std::size_t hi) const noexcept {
+    if (empty()) return *this;
+    token_view v = *this;
+    v.rows_ = hi - lo;
+    if (kind_ == layout::padded) {
+      if (data_ != nullptr) v.data_ = data_ + static_cast<std::ptrdiff_t>(lo) * row_stride_;
+    } else if (has_offsets()) {
+      v.total_ = row_begin(hi);
+      if (off64_ != nullptr) v.off64_ = off64_ + lo;
+      else v.off32_ = off32_ + lo;
+    }
+    return v;
+  }
   //! True when another view addresses the same (b, t) set: same layout, B and T or offsets.
   template <class U>
   [[nodiscard]] constexpr bool same_shape(const token_view<U>& o) const noexcept {

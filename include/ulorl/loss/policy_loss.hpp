@@ -20,11 +20,16 @@
 // runs an objective (and an estimator) defined outside the library through the same kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
@@ -44,6 +49,7 @@
 #include "ulorl/loss/objectives.hpp"
 #include "ulorl/loss/policy_loss_types.hpp"
 #include "ulorl/loss/ratio.hpp"
+#include "ulorl/loss/rollout_correction/compute.hpp"
 
 ULORL_NAMESPACE_BEGIN
 // The entry points instantiate ISA-dependent kernels: tagged like them (core/simd.hpp); detail
@@ -174,6 +180,51 @@ void require_disjoint_tokens(std::string_view fn, std::string_view arg, const to
 
 namespace detail {
 inline namespace ULORL_ISA {
+//! The rollout correction's view of the loss inputs.
+template <class T, class M>
+[[nodiscard]] rollout_correction::inputs<T, M> rollout_inputs_of(const policy_loss_inputs<T, M>& in) noexcept {
+  return {in.old_log_prob, in.rollout_log_prob, in.mask};
+}
+//! policy_loss_config::rollout and its inputs (shapes and configuration; the values are checked
+//! with the other inputs').
+template <class T, class M>
+void validate_rollout_inputs(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg) {
+  if (!cfg.rollout) {
+    if (!in.rollout_log_prob.empty()) detail::fail(fn, "rollout_log_prob", "given without cfg.rollout (the rollout correction it feeds)");
+    if (cfg.rollout_batch_norm_factor)
+      detail::fail_value(fn, "rollout_batch_norm_factor", *cfg.rollout_batch_norm_factor, "given without cfg.rollout");
+    return;
+  }
+  const auto& rc = *cfg.rollout;
+  rollout_correction::validate(fn, rc);
+  if (in.rollout_log_prob.empty()) detail::fail(fn, "rollout_log_prob", "required with cfg.rollout");
+  require_same_shape(fn, "rollout_log_prob", in.rollout_log_prob, "log_prob", in.log_prob);
+  if (!in.weights.empty())
+    detail::fail(fn, "weights", "must be empty with cfg.rollout: the rollout correction's weights are the loss's weights");
+  double divisor = 1;
+  if (rc.importance.batch_normalize != cfg.rollout_batch_norm_factor.has_value()) {
+    if (rc.importance.batch_normalize)
+      detail::fail(fn, "rollout_batch_norm_factor",
+                   "required with rollout.importance.batch_normalize: the batch's mean weight, rollout_correction::finalize's "
+                   "batch_norm_factor of the whole batch's statistics");
+    detail::fail_value(fn, "rollout_batch_norm_factor", *cfg.rollout_batch_norm_factor,
+                       "given without rollout.importance.batch_normalize");
+  }
+  if (cfg.rollout_batch_norm_factor) {
+    divisor = *cfg.rollout_batch_norm_factor;
+    if (!(divisor > 0) || !std::isfinite(divisor))
+      detail::fail_value(fn, "rollout_batch_norm_factor", divisor, "must be finite and > 0");
+  }
+  const auto bound = rollout_correction::detail_rc::bound_of(rc.importance);
+  if (bound.nan_possible || !rollout_correction::detail_rc::representable<T>(bound.max / divisor))
+    detail::fail(fn, "rollout",
+                 "its importance weights are not finite in the element type by construction (largest weight " +
+                     std::to_string(bound.max / divisor) +
+                     (bound.nan_possible ? ", NaN where an overflowed ratio is dropped" : "") +
+                     "): bound them (importance.upper, importance.log_ratio_clamp) or run rollout_correction::apply and pass "
+                     "its weights and mask");
+}
+
 //! The checks of validate_policy_loss; `validate_descriptors()` checks the objective and the
 //! estimator (after the shapes, before the values).
 template <class T, class M, class Exec, class F>
@@ -198,6 +249,7 @@ void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T
     if (grad_entropy.empty() && !in.log_prob.empty()) detail::fail(fn, "grad_entropy", "required when entropy_coef != 0");
     require_same_shape(fn, "grad_entropy", grad_entropy, "log_prob", in.log_prob);
   }
+  validate_rollout_inputs<T>(fn, in, cfg);
   detail::require_distinct_tokens(fn, "grad_log_prob", grad_log_prob);
   if (cfg.entropy_coef != 0.0) {
     detail::require_distinct_tokens(fn, "grad_entropy", grad_entropy);
@@ -209,6 +261,7 @@ void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T
   require_finite(fn, "entropy_coef", cfg.entropy_coef);
   validate_normalizer(fn, cfg.normalizer);
   if (!cfg.check_values) return;
+  if (cfg.rollout) rollout_correction::detail_rc::validate_values(fn, rollout_inputs_of(in));
 #if defined(ULORL_SIMD)
   // Unit-stride rows: one vectorised pass over all arrays per row, on `exec`; the exact checks
   // below (which throw with the index) run only when it finds a problem or the layout is strided.
@@ -225,15 +278,86 @@ void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T
   if (cfg.entropy_coef != 0.0) require_all_finite(fn, "entropy", in.entropy);
 }
 
-//! The token rows of descriptor `obj` (parameters in T) with estimator `Est` (or no_kl).
+//! The token rows of descriptor `obj` (parameters in T) with estimator `Est` (or no_kl), folded
+//! into `res` after the rows already in it.
 template <class Obj, class Est, class T, class M, class Exec>
-[[nodiscard]] policy_loss_result run_token_rows(const Obj& obj, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
-                                                token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec) {
+void token_rows_into(const Obj& obj, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg, token_view<T> grad_log_prob,
+                     token_view<T> grad_entropy, const Exec& exec, policy_loss_result& res) {
   using P = params_of<Obj, T>;
   const token_loss_params<T, P> p{obj.template params<T>(), make_kl_params<T>(cfg.kl), static_cast<T>(cfg.kl_coef),
                                   static_cast<T>(cfg.entropy_coef)};
-  policy_loss_result res;
   token_rows<Obj, Est>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
+}
+
+//! Tokens per block of rows of the rollout-corrected pass: the block's inputs and its weights and
+//! keep-mask stay in cache between the correction and the loss.
+inline constexpr std::size_t rollout_block_tokens = std::size_t{1} << 16;
+
+//! The loss with cfg.rollout: rows in blocks of about rollout_block_tokens tokens; per block, each
+//! row's weights and keep-mask (rollout_correction's scan_row, on `exec`) into scratch memory, then
+//! `rows_into(block inputs with those weights and that mask, block gradients)`, which folds the
+//! block's rows into `res` after the previous blocks'. The rows' correction statistics are folded
+//! into res.rollout in row order. So every sum is folded in row order, as without blocks: the
+//! result is the bits of rollout_correction::apply followed by the loss on its outputs.
+template <class T, class M, class RowsInto>
+void rollout_corrected_rows(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
+                            token_view<T> grad_log_prob, token_view<T> grad_entropy, executor_ref exec, policy_loss_result& res,
+                            RowsInto&& rows_into) {
+  rollout_correction::config rc = *cfg.rollout;
+  rc.importance.masked = rollout_correction::masked_positions::zero;  // the loss ignores masked weights
+  const double divisor = cfg.rollout_batch_norm_factor.value_or(1.0);
+  const auto rin = rollout_inputs_of(in);
+  const auto chain = rollout_correction::detail_rc::plan_chain(rc.rejection);
+  const std::size_t rows = in.log_prob.rows();
+  const bool packed = in.log_prob.kind() == layout::packed;
+  std::unique_ptr<T[]> wbuf;
+  std::unique_ptr<M[]> mbuf;  // M may be bool: no std::vector
+  std::size_t capacity = 0;
+  std::vector<std::int64_t> offsets;
+  std::vector<rollout_correction::statistics> stats;
+  for (std::size_t lo = 0, hi = 0; lo < rows; lo = hi) {
+    std::size_t tokens = in.log_prob.row_size(lo);
+    for (hi = lo + 1; hi < rows && tokens + in.log_prob.row_size(hi) <= rollout_block_tokens; ++hi) tokens += in.log_prob.row_size(hi);
+    const std::size_t n = hi - lo;
+    if (tokens > capacity) {
+      capacity = std::max(tokens, rollout_block_tokens);
+      wbuf = std::make_unique<T[]>(capacity);
+      mbuf = std::make_unique<M[]>(capacity);
+    }
+    token_view<T> w;
+    token_view<M> m;
+    if (packed) {
+      offsets.resize(n + 1);
+      for (std::size_t r = 0; r <= n; ++r)
+        offsets[r] = static_cast<std::int64_t>(in.log_prob.row_begin(lo + r) - in.log_prob.row_begin(lo));
+      w = token_view<T>::packed(vector_view<T>(wbuf.get(), tokens), std::span<const std::int64_t>(offsets));
+      m = token_view<M>::packed(vector_view<M>(mbuf.get(), tokens), std::span<const std::int64_t>(offsets));
+    } else {
+      const std::size_t cols = in.log_prob.cols();
+      w = token_view<T>::padded(matrix_view<T>(wbuf.get(), n, cols, static_cast<std::ptrdiff_t>(cols), 1));
+      m = token_view<M>::padded(matrix_view<M>(mbuf.get(), n, cols, static_cast<std::ptrdiff_t>(cols), 1));
+    }
+    stats.assign(n, {});
+    exec(n, [&](std::size_t a, std::size_t z) {
+      for (std::size_t r = a; r < z; ++r)
+        (void)rollout_correction::detail_rc::scan_row<true, true>(fn, rin, rc, chain, lo + r, divisor, stats[r], w.row(r), m.row(r));
+    });
+    for (const auto& st : stats) res.rollout += st;
+    policy_loss_inputs<T, M> part{in.log_prob.slice(lo, hi), in.old_log_prob.slice(lo, hi), in.advantages.slice(lo, hi),
+                                  token_view<const M>(m),     in.ref_log_prob.slice(lo, hi), token_view<const T>(w),
+                                  in.entropy.slice(lo, hi),   {}};
+    rows_into(part, grad_log_prob.slice(lo, hi), grad_entropy.slice(lo, hi));
+  }
+}
+
+//! Runs `rows_into(inputs, grad_log_prob, grad_entropy)` on the whole batch, or through
+//! rollout_corrected_rows with cfg.rollout; then the loss's total.
+template <class T, class M, class RowsInto>
+[[nodiscard]] policy_loss_result loss_rows(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
+                                           token_view<T> grad_log_prob, token_view<T> grad_entropy, executor_ref exec,
+                                           policy_loss_result& res, RowsInto&& rows_into) {
+  if (cfg.rollout) rollout_corrected_rows(fn, in, cfg, grad_log_prob, grad_entropy, exec, res, rows_into);
+  else rows_into(in, grad_log_prob, grad_entropy);
   res.loss = res.pg_loss + res.kl_loss + res.entropy_loss;
   return res;
 }
@@ -267,22 +391,23 @@ template <class T, class M>
   constexpr std::string_view fn = "policy_loss";
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   validate_policy_loss(fn, in, cfg, grad_log_prob, grad_entropy, exec);
-  return detail::visit_token_loss(fn, cfg, [&](const auto& obj, const auto& est) -> policy_loss_result {
-    using D = std::remove_cvref_t<decltype(obj)>;
-    using E = std::remove_cvref_t<decltype(est)>;
-    if constexpr (D::level == objective_level::sequence) {
-      const auto p = make_token_loss_params<T>(cfg);
-      policy_loss_result res;
-      if constexpr (std::is_same_v<D, gspo_objective>)
-        detail::gspo_rows<T, M>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
-      else
-        detail::gmpo_rows<T, M>(in, cfg.normalizer, p, grad_log_prob, grad_entropy, res, exec);
-      res.loss = res.pg_loss + res.kl_loss + res.entropy_loss;
-      return res;
-    } else {
-      return detail::run_token_rows<D, E>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
-    }
-  });
+  policy_loss_result res;
+  return loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, exec, res,
+                   [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge) {
+                     detail::visit_token_loss(fn, cfg, [&](const auto& obj, const auto& est) {
+                       using D = std::remove_cvref_t<decltype(obj)>;
+                       using E = std::remove_cvref_t<decltype(est)>;
+                       if constexpr (D::level == objective_level::sequence) {
+                         const auto p = make_token_loss_params<T>(cfg);
+                         if constexpr (std::is_same_v<D, gspo_objective>)
+                           detail::gspo_rows<T, M>(part, cfg.normalizer, p, g, ge, res, exec);
+                         else
+                           detail::gmpo_rows<T, M>(part, cfg.normalizer, p, g, ge, res, exec);
+                       } else {
+                         detail::token_rows_into<D, E>(obj, part, cfg, g, ge, exec, res);
+                       }
+                     });
+                   });
 }
 }  // namespace ULORL_ISA
 }  // namespace detail
@@ -330,13 +455,17 @@ template <class Obj, class T, class M, class Exec = sequential_executor>
     obj.validate(fn);
     validate_kl(fn, cfg.kl);
   });
-  if (cfg.kl_coef == 0.0) return detail::run_token_rows<Obj, no_kl>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
-  return visit_kl_estimator(fn, cfg.kl, [&](const auto& est) {
-    using E = std::remove_cvref_t<decltype(est)>;
-    if (cfg.kl.importance_weighted)
-      return detail::run_token_rows<Obj, importance_weighted<E>>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
-    return detail::run_token_rows<Obj, E>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
-  });
+  policy_loss_result res;
+  return detail::loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec), res,
+                           [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge) {
+                             if (cfg.kl_coef == 0.0) return detail::token_rows_into<Obj, no_kl>(obj, part, cfg, g, ge, exec, res);
+                             visit_kl_estimator(fn, cfg.kl, [&](const auto& est) {
+                               using E = std::remove_cvref_t<decltype(est)>;
+                               if (cfg.kl.importance_weighted)
+                                 return detail::token_rows_into<Obj, importance_weighted<E>>(obj, part, cfg, g, ge, exec, res);
+                               detail::token_rows_into<Obj, E>(obj, part, cfg, g, ge, exec, res);
+                             });
+                           });
 }
 
 //! As above with a KL estimator descriptor `est` defined outside the library (see kl.hpp); of
@@ -350,10 +479,14 @@ template <class Obj, class Est, class T, class M, class Exec = sequential_execut
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   (void)est;
   detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] { obj.validate(fn); });
-  if (cfg.kl_coef == 0.0) return detail::run_token_rows<Obj, no_kl>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
-  if (cfg.kl.importance_weighted)
-    return detail::run_token_rows<Obj, importance_weighted<Est>>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
-  return detail::run_token_rows<Obj, Est>(obj, in, cfg, grad_log_prob, grad_entropy, exec);
+  policy_loss_result res;
+  return detail::loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec), res,
+                           [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge) {
+                             if (cfg.kl_coef == 0.0) return detail::token_rows_into<Obj, no_kl>(obj, part, cfg, g, ge, exec, res);
+                             if (cfg.kl.importance_weighted)
+                               return detail::token_rows_into<Obj, importance_weighted<Est>>(obj, part, cfg, g, ge, exec, res);
+                             detail::token_rows_into<Obj, Est>(obj, part, cfg, g, ge, exec, res);
+                           });
 }
 }  // namespace ULORL_ISA
 

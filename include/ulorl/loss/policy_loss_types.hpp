@@ -2,12 +2,16 @@
 // its inputs, configuration and result, and the parameters of one token's loss in the element type.
 #pragma once
 
+#include <optional>
+
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/ragged.hpp"
 #include "ulorl/loss/aggregation.hpp"
 #include "ulorl/loss/kl.hpp"
 #include "ulorl/loss/metrics.hpp"
 #include "ulorl/loss/objectives.hpp"
+#include "ulorl/loss/rollout_correction/compute.hpp"
+#include "ulorl/loss/rollout_correction/config.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -23,6 +27,9 @@ struct policy_loss_inputs {
   token_view<const T> ref_log_prob{};  //!< required when kl_coef != 0
   token_view<const T> weights{};       //!< rollout-correction weights (detached); absent: 1
   token_view<const T> entropy{};       //!< required when entropy_coef != 0
+  //! The inference engine's log-prob of each sampled token: required with policy_loss_config::rollout,
+  //! rejected without it.
+  token_view<const T> rollout_log_prob{};
 };
 
 struct policy_loss_config {
@@ -41,6 +48,21 @@ struct policy_loss_config {
   //! outside every clamp, so clamped terms pass no gradient), and any non-zero mask value counts as
   //! a valid token.
   bool check_values = true;
+  //! Rollout correction inside the loss pass (ulorl/loss/rollout_correction.hpp, from
+  //! inputs::old_log_prob, inputs::rollout_log_prob and the mask): each row's importance weights
+  //! and keep-mask are computed as rollout_correction::apply computes them and used as the
+  //! `weights` (times inputs::weights when given) and the mask of that row, without writing them
+  //! to memory; policy_loss_result::rollout returns the statistics (finalize() gives the metrics).
+  //! The loss is the same bits as apply() followed by the loss on its outputs. Two settings need
+  //! the whole batch first, from a statistics pass (rollout_correction::accumulate without
+  //! outputs, summed over parts): the normaliser of a configuration with rejection sampling counts
+  //! the kept tokens (tokens - rejected_tokens), and importance.batch_normalize takes its divisor
+  //! as rollout_batch_norm_factor (finalize()'s batch_norm_factor). The weights must be finite in
+  //! T by construction (a finite importance.upper, or a log-ratio clamp whose exp is finite):
+  //! configurations that can overflow are rejected here and run through apply().
+  std::optional<rollout_correction::config> rollout{};
+  //! The divisor of the weights: required with rollout->importance.batch_normalize, rejected otherwise.
+  std::optional<double> rollout_batch_norm_factor{};
 };
 
 struct policy_loss_result {
@@ -49,6 +71,9 @@ struct policy_loss_result {
   double kl_loss = 0;       //!< aggregated kl_coef * kl
   double entropy_loss = 0;  //!< aggregated -entropy_coef * H
   loss_metrics metrics{};
+  //! With policy_loss_config::rollout: the rollout correction's statistics of this micro-batch
+  //! (sum them over parts with operator+=, then rollout_correction::finalize).
+  rollout_correction::statistics rollout{};
 };
 
 namespace detail {

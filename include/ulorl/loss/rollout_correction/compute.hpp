@@ -187,17 +187,10 @@ struct chain_plan {
   return p;
 }
 
+//! The values of the inputs: finite log-probs, a finite difference at every token and a finite
+//! sum of the differences in every row.
 template <class T, class M>
-void validate_call(std::string_view fn, const inputs<T, M>& in, const config& c, const outputs<T, M>& out) {
-  validate(fn, c);
-  validate_layout(fn, "old_log_prob", in.old_log_prob);
-  require_same_shape(fn, "rollout_log_prob", in.rollout_log_prob, "old_log_prob", in.old_log_prob);
-  if (!in.mask.empty()) {
-    require_same_shape(fn, "mask", in.mask, "old_log_prob", in.old_log_prob);
-    require_binary_mask(fn, "mask", in.mask);
-  }
-  if (!out.weights.empty()) require_same_shape(fn, "outputs.weights", out.weights, "old_log_prob", in.old_log_prob);
-  if (!out.mask.empty()) require_same_shape(fn, "outputs.mask", out.mask, "old_log_prob", in.old_log_prob);
+void validate_values(std::string_view fn, const inputs<T, M>& in) {
   require_all_finite(fn, "old_log_prob", in.old_log_prob);
   require_all_finite(fn, "rollout_log_prob", in.rollout_log_prob);
   for (std::size_t b = 0; b < in.old_log_prob.rows(); ++b) {
@@ -216,133 +209,181 @@ void validate_call(std::string_view fn, const inputs<T, M>& in, const config& c,
   }
 }
 
+template <class T, class M>
+void validate_call(std::string_view fn, const inputs<T, M>& in, const config& c, const outputs<T, M>& out) {
+  validate(fn, c);
+  validate_layout(fn, "old_log_prob", in.old_log_prob);
+  require_same_shape(fn, "rollout_log_prob", in.rollout_log_prob, "old_log_prob", in.old_log_prob);
+  if (!in.mask.empty()) {
+    require_same_shape(fn, "mask", in.mask, "old_log_prob", in.old_log_prob);
+    require_binary_mask(fn, "mask", in.mask);
+  }
+  if (!out.weights.empty()) require_same_shape(fn, "outputs.weights", out.weights, "old_log_prob", in.old_log_prob);
+  if (!out.mask.empty()) require_same_shape(fn, "outputs.mask", out.mask, "old_log_prob", in.old_log_prob);
+  validate_values(fn, in);
+}
+
+//! The largest weight `is` can give (+inf: unbounded), and whether a dropped weight can be NaN
+//! (ratio_overflow::nan_when_masked with a ratio that can overflow).
+struct weight_bound {
+  double max;
+  bool nan_possible;
+};
+[[nodiscard]] inline weight_bound bound_of(const importance_sampling_config& is) noexcept {
+  if (is.level == is_level::none) return {1.0, false};
+  const double e = std::exp(is.log_ratio_clamp);  // +inf for an unbounded clamp
+  // ratio_overflow::zero maps an overflowed ratio to 0: the others are finite doubles.
+  const double rho_max = is.overflow == ratio_overflow::zero && !std::isfinite(e) ? std::numeric_limits<double>::max() : e;
+  const bool can_overflow = !std::isfinite(rho_max);
+  if (is.weighting == is_weighting::truncate) return {std::min(is.upper, std::max(rho_max, is.lower)), false};
+  const bool nan = is.overflow == ratio_overflow::nan_when_masked && can_overflow;
+  if (is.weighting == is_weighting::mask) return {std::min(is.upper, rho_max), nan};
+  return {rho_max, nan};  // geometric_gate passes the raw ratio
+}
+
 template <class T>
 [[nodiscard]] bool representable(double w) noexcept {
   return std::isfinite(static_cast<double>(static_cast<T>(w)));
 }
 
-//! One pass over the batch: statistics into `st`; with Write, the outputs (weights divided by
-//! `divisor`) and only the statistics they depend on (not the diagnostics). Throws (before Write
-//! passes write anything, when run first without Write) on a weight that is not finite in T. Returns the largest weight of any position.
-template <bool Write, class T, class M>
-double scan(std::string_view fn, const inputs<T, M>& in, const config& c, const outputs<T, M>& out, double divisor,
-            statistics& st) {
+//! Row b of the pass over the batch: its statistics into `st` (a fresh statistics per row: the
+//! batch's are the rows' folded in row order, the same bits for every way the rows are split).
+//! With Diag, the diagnostics (k3, chi-square, perplexities); with Write, the row's weights
+//! (divided by `divisor`) into `w` and its keep-mask into `m` (either may be empty: not written).
+//! Throws on a weight that is not finite in T (before anything is written when a pass without
+//! Write ran first). Returns the largest weight of any position of the row.
+template <bool Diag, bool Write, class T, class M>
+double scan_row(std::string_view fn, const inputs<T, M>& in, const config& c, const chain_plan& chain, std::size_t b,
+                double divisor, statistics& st, vector_view<T> w_out, vector_view<M> m_out) {
   const auto& is = c.importance;
   const bool has_is = is.level != is_level::none;
   const double dc = c.diagnostic_log_ratio_clamp;
   const auto k3_plain = make_kl_params<double>({.estimator = kl_estimator::k3});
-  const chain_plan chain = plan_chain(c.rejection);
   std::array<double, rejection_chain::capacity> acc{};
   double weight_max = 0;
-  auto reject_weight = [&](std::size_t b, std::size_t t, double w) {
+  auto reject_weight = [&](std::size_t t, double w) {
     detail::fail_at(fn, "rollout_log_prob", static_cast<std::int64_t>(in.rollout_log_prob.flat_index(b, t)),
                     t < in.rollout_log_prob.row_size(b) ? static_cast<double>(in.rollout_log_prob(b, t)) : 0.0,
                     "the importance weight (" + std::to_string(w) +
                         ") is not finite in the element type: exp(old_log_prob - rollout_log_prob) overflows and the "
                         "configuration neither bounds, clamps nor zeroes it");
   };
-  for (std::size_t b = 0; b < in.old_log_prob.rows(); ++b) {
-    const auto o = in.old_log_prob.row(b), r = in.rollout_log_prob.row(b);
-    const std::size_t len = o.size();
-    auto valid = [&](std::size_t t) { return in.mask.empty() || in.mask(b, t) != M(0); };
-    // Row sums, diagnostics and the sequence criteria's statistics.
-    double n = 0, sx = 0, so = 0, sr = 0;
-    for (std::size_t i = 0; i < chain.size; ++i)
-      acc[i] = chain.items[i].criterion.statistic == rs_statistic::sequence_max ? -std::numeric_limits<double>::infinity() : 0.0;
-    for (std::size_t t = 0; t < len; ++t) {
-      if (!valid(t)) continue;
-      const double ol = static_cast<double>(o[t]), rl = static_cast<double>(r[t]), x = ol - rl;
-      n += 1, sx += x;
-      if constexpr (!Write) {  // diagnostics: the write pass only needs what the outputs need
-        so += ol, sr += rl;
-        st.abs_log_ratio_sum += std::fabs(x);
-        st.abs_log_ratio_max = std::max(st.abs_log_ratio_max, std::fabs(x));
-        st.k3_sum += kl_term(rl, ol, k3_plain).value;
-        st.chi2_token_sum += std::exp(2 * clamp(x, -dc, dc));
-      }
-      for (std::size_t i = 0; i < chain.size; ++i) {
-        const auto s = chain.items[i].criterion.statistic;
-        if (s == rs_statistic::token) continue;
-        const double v = chain.items[i].value(ol, rl);
-        acc[i] = s == rs_statistic::sequence_max ? std::max(acc[i], v) : acc[i] + v;
-      }
+  const auto o = in.old_log_prob.row(b), r = in.rollout_log_prob.row(b);
+  const std::size_t len = o.size();
+  auto valid = [&](std::size_t t) { return in.mask.empty() || in.mask(b, t) != M(0); };
+  // Row sums, diagnostics and the sequence criteria's statistics.
+  double n = 0, sx = 0, so = 0, sr = 0;
+  for (std::size_t i = 0; i < chain.size; ++i)
+    acc[i] = chain.items[i].criterion.statistic == rs_statistic::sequence_max ? -std::numeric_limits<double>::infinity() : 0.0;
+  for (std::size_t t = 0; t < len; ++t) {
+    if (!valid(t)) continue;
+    const double ol = static_cast<double>(o[t]), rl = static_cast<double>(r[t]), x = ol - rl;
+    n += 1, sx += x;
+    if constexpr (Diag) {
+      so += ol, sr += rl;
+      st.abs_log_ratio_sum += std::fabs(x);
+      st.abs_log_ratio_max = std::max(st.abs_log_ratio_max, std::fabs(x));
+      st.k3_sum += kl_term(rl, ol, k3_plain).value;
+      st.chi2_token_sum += std::exp(2 * clamp(x, -dc, dc));
     }
-    st.rows += 1, st.tokens += n, st.nonempty_rows += n > 0 ? 1 : 0, st.log_ratio_sum += sx;
-    if constexpr (!Write) {
-      st.chi2_seq_sum += std::exp(2 * clamp(sx, -dc, dc));
-      const double mo = n > 0 ? so / n : 0.0, mr = n > 0 ? sr / n : 0.0, delta = mr - mo;
-      st.training_ppl_sum += std::exp(-mo), st.training_log_ppl_sum += -mo;
-      st.rollout_ppl_sum += std::exp(-mr), st.rollout_log_ppl_sum += -mr;
-      st.log_ppl_diff_sum += delta, st.log_ppl_abs_diff_sum += std::fabs(delta), st.ppl_ratio_sum += std::exp(delta);
-      st.log_ppl_diff_max = std::max(st.log_ppl_diff_max, delta), st.log_ppl_diff_min = std::min(st.log_ppl_diff_min, delta);
-    }
-    bool seq_keep = true;
     for (std::size_t i = 0; i < chain.size; ++i) {
       const auto s = chain.items[i].criterion.statistic;
       if (s == rs_statistic::token) continue;
-      const double stat = s == rs_statistic::sequence_sum ? acc[i] : n > 0 ? (s == rs_statistic::sequence_mean ? acc[i] / n : acc[i]) : 0.0;
-      seq_keep = seq_keep && chain.items[i].keeps(stat);
+      const double v = chain.items[i].value(ol, rl);
+      acc[i] = s == rs_statistic::sequence_max ? std::max(acc[i], v) : acc[i] + v;
     }
-    // The row's ratio (sequence level) or gate (geometric_gate).
-    double row_weight = 1;
-    bool gate = true;
-    if (has_is && is.level == is_level::sequence) {
-      const double rho = ratio(sx, is);
-      row_weight = weigh(rho, is);
-      if (!representable<T>(row_weight)) reject_weight(b, 0, row_weight);
-      const bool oob = !inside(rho, is);
-      st.out_of_bounds_rows += oob ? 1 : 0, st.out_of_bounds_tokens += oob ? n : 0;
-      st.unit_count += 1, st.unit_sum += row_weight;
-      st.unit_min = std::min(st.unit_min, row_weight), st.unit_max = std::max(st.unit_max, row_weight);
-    } else if (has_is && is.weighting == is_weighting::geometric_gate) {
-      gate = n > 0 ? inside(std::exp(sx / n), is) : is.empty_rows == empty_row_gate::ratio_one && inside(1.0, is);
-      st.out_of_bounds_rows += gate ? 0 : 1, st.out_of_bounds_tokens += gate ? 0 : n;
-    }
-    // Weights and keep-mask.
-    double row_weight_sum = 0;
-    bool row_rejected = false;
-    for (std::size_t t = 0; t < len; ++t) {
-      const bool v = valid(t);
-      const double ol = static_cast<double>(o[t]), rl = static_cast<double>(r[t]);
-      double w = 1;
-      if (has_is) {
-        if (!v && is.masked == masked_positions::zero) {
-          w = 0;
-        } else if (is.level == is_level::sequence) {
-          w = row_weight;
+  }
+  st.rows += 1, st.tokens += n, st.nonempty_rows += n > 0 ? 1 : 0, st.log_ratio_sum += sx;
+  if constexpr (Diag) {
+    st.chi2_seq_sum += std::exp(2 * clamp(sx, -dc, dc));
+    const double mo = n > 0 ? so / n : 0.0, mr = n > 0 ? sr / n : 0.0, delta = mr - mo;
+    st.training_ppl_sum += std::exp(-mo), st.training_log_ppl_sum += -mo;
+    st.rollout_ppl_sum += std::exp(-mr), st.rollout_log_ppl_sum += -mr;
+    st.log_ppl_diff_sum += delta, st.log_ppl_abs_diff_sum += std::fabs(delta), st.ppl_ratio_sum += std::exp(delta);
+    st.log_ppl_diff_max = std::max(st.log_ppl_diff_max, delta), st.log_ppl_diff_min = std::min(st.log_ppl_diff_min, delta);
+  }
+  bool seq_keep = true;
+  for (std::size_t i = 0; i < chain.size; ++i) {
+    const auto s = chain.items[i].criterion.statistic;
+    if (s == rs_statistic::token) continue;
+    const double stat = s == rs_statistic::sequence_sum ? acc[i] : n > 0 ? (s == rs_statistic::sequence_mean ? acc[i] / n : acc[i]) : 0.0;
+    seq_keep = seq_keep && chain.items[i].keeps(stat);
+  }
+  // The row's ratio (sequence level) or gate (geometric_gate).
+  double row_weight = 1;
+  bool gate = true;
+  if (has_is && is.level == is_level::sequence) {
+    const double rho = ratio(sx, is);
+    row_weight = weigh(rho, is);
+    if (!representable<T>(row_weight)) reject_weight(0, row_weight);
+    const bool oob = !inside(rho, is);
+    st.out_of_bounds_rows += oob ? 1 : 0, st.out_of_bounds_tokens += oob ? n : 0;
+    st.unit_count += 1, st.unit_sum += row_weight;
+    st.unit_min = std::min(st.unit_min, row_weight), st.unit_max = std::max(st.unit_max, row_weight);
+  } else if (has_is && is.weighting == is_weighting::geometric_gate) {
+    gate = n > 0 ? inside(std::exp(sx / n), is) : is.empty_rows == empty_row_gate::ratio_one && inside(1.0, is);
+    st.out_of_bounds_rows += gate ? 0 : 1, st.out_of_bounds_tokens += gate ? 0 : n;
+  }
+  // Weights and keep-mask.
+  double row_weight_sum = 0;
+  bool row_rejected = false;
+  for (std::size_t t = 0; t < len; ++t) {
+    const bool v = valid(t);
+    const double ol = static_cast<double>(o[t]), rl = static_cast<double>(r[t]);
+    double w = 1;
+    if (has_is) {
+      if (!v && is.masked == masked_positions::zero) {
+        w = 0;
+      } else if (is.level == is_level::sequence) {
+        w = row_weight;
+      } else {
+        const double rho = ratio(!v && is.masked == masked_positions::neutral ? 0.0 : ol - rl, is);
+        if (is.weighting == is_weighting::geometric_gate) {
+          w = gate ? rho : dropped(rho, is);
         } else {
-          const double rho = ratio(!v && is.masked == masked_positions::neutral ? 0.0 : ol - rl, is);
-          if (is.weighting == is_weighting::geometric_gate) {
-            w = gate ? rho : dropped(rho, is);
-          } else {
-            w = weigh(rho, is);
-            if (v) st.out_of_bounds_tokens += inside(rho, is) ? 0 : 1;
-          }
-          if (!representable<T>(w)) reject_weight(b, t, w);
-          if (v) {
-            st.unit_count += 1, st.unit_sum += w;
-            st.unit_min = std::min(st.unit_min, w), st.unit_max = std::max(st.unit_max, w);
-          }
+          w = weigh(rho, is);
+          if (v) st.out_of_bounds_tokens += inside(rho, is) ? 0 : 1;
         }
+        if (!representable<T>(w)) reject_weight(t, w);
         if (v) {
-          const double wc = std::min(w, is.upper);
-          st.weight_sum += w, st.capped_weight_sum += wc, st.capped_weight_sq_sum += wc * wc;
-          row_weight_sum += w;
+          st.unit_count += 1, st.unit_sum += w;
+          st.unit_min = std::min(st.unit_min, w), st.unit_max = std::max(st.unit_max, w);
         }
-        weight_max = std::max(weight_max, w);
       }
-      bool keep = seq_keep;
-      if (v)
-        for (std::size_t i = 0; i < chain.size && keep; ++i)
-          if (chain.items[i].criterion.statistic == rs_statistic::token) keep = chain.items[i].keeps(chain.items[i].value(ol, rl));
-      if (v && !keep) st.rejected_tokens += 1, row_rejected = true;
-      if constexpr (Write) {
-        if (!out.weights.empty()) out.weights(b, t) = static_cast<T>(w / divisor);
-        if (!out.mask.empty()) out.mask(b, t) = v && keep ? M(1) : M(0);
+      if (v) {
+        const double wc = std::min(w, is.upper);
+        st.weight_sum += w, st.capped_weight_sum += wc, st.capped_weight_sq_sum += wc * wc;
+        row_weight_sum += w;
       }
+      weight_max = std::max(weight_max, w);
     }
-    st.rejected_rows += row_rejected ? 1 : 0;
-    if (has_is && n > 0) st.row_mean_weight_sum += row_weight_sum / n;
+    bool keep = seq_keep;
+    if (v)
+      for (std::size_t i = 0; i < chain.size && keep; ++i)
+        if (chain.items[i].criterion.statistic == rs_statistic::token) keep = chain.items[i].keeps(chain.items[i].value(ol, rl));
+    if (v && !keep) st.rejected_tokens += 1, row_rejected = true;
+    if constexpr (Write) {
+      if (!w_out.empty()) w_out[t] = static_cast<T>(w / divisor);
+      if (!m_out.empty()) m_out[t] = v && keep ? M(1) : M(0);
+    }
+  }
+  st.rejected_rows += row_rejected ? 1 : 0;
+  if (has_is && n > 0) st.row_mean_weight_sum += row_weight_sum / n;
+  return weight_max;
+}
+
+//! Every row (scan_row), the rows' statistics folded in row order into `st`.
+template <bool Diag, bool Write, class T, class M>
+double scan(std::string_view fn, const inputs<T, M>& in, const config& c, const outputs<T, M>& out, double divisor,
+            statistics& st) {
+  const chain_plan chain = plan_chain(c.rejection);
+  double weight_max = 0;
+  for (std::size_t b = 0; b < in.old_log_prob.rows(); ++b) {
+    statistics row;
+    const double m = scan_row<Diag, Write>(fn, in, c, chain, b, divisor, row, out.weights.empty() ? vector_view<T>() : out.weights.row(b),
+                                           out.mask.empty() ? vector_view<M>() : out.mask.row(b));
+    st += row;
+    weight_max = std::max(weight_max, m);
   }
   return weight_max;
 }
@@ -400,8 +441,8 @@ template <class T, class M>
   constexpr std::string_view fn = "rollout_correction::accumulate";
   detail_rc::validate_call(fn, in, c, out);
   statistics st, again;
-  (void)detail_rc::scan<false>(fn, in, c, out, 1.0, st);
-  (void)detail_rc::scan<true>(fn, in, c, out, 1.0, again);
+  (void)detail_rc::scan<true, false>(fn, in, c, out, 1.0, st);
+  if (!out.weights.empty() || !out.mask.empty()) (void)detail_rc::scan<false, true>(fn, in, c, out, 1.0, again);
   return st;
 }
 
@@ -439,11 +480,11 @@ metrics apply(const inputs<T, M>& in, const config& c, const outputs<T, M>& out)
   constexpr std::string_view fn = "rollout_correction::apply";
   detail_rc::validate_call(fn, in, c, out);
   statistics st, again;
-  const double weight_max = detail_rc::scan<false>(fn, in, c, out, 1.0, st);
+  const double weight_max = detail_rc::scan<true, false>(fn, in, c, out, 1.0, st);
   const metrics m = detail_rc::finalize_in(fn, st, c);
   if (!detail_rc::representable<T>(weight_max / m.batch_norm_factor))
     detail::fail_value(fn, "batch_norm_factor", m.batch_norm_factor, "the largest weight divided by it overflows");
-  (void)detail_rc::scan<true>(fn, in, c, out, m.batch_norm_factor, again);
+  if (!out.weights.empty() || !out.mask.empty()) (void)detail_rc::scan<false, true>(fn, in, c, out, m.batch_norm_factor, again);
   return m;
 }
 
