@@ -28,7 +28,7 @@ setup(
     ext_modules=[
         CppExtension(
             name="ulorl._ulorl",
-            sources=[os.path.join("src", f) for f in ("module.cpp", "losses.cpp", "logits.cpp")],
+            sources=[os.path.join("src", f) for f in ("module.cpp", "losses.cpp", "logits.cpp", "corrections.cpp")],
             include_dirs=[INCLUDE],
             extra_compile_args=["-std=c++20", "-O2", "-g0"],
         )

@@ -1,6 +1,8 @@
 // python/src/common.hpp — shared declarations of the `ulorl._ulorl` extension's translation units:
 // module.cpp (configurations, presets, controllers, scheduler; no torch headers), losses.cpp
-// (policy loss, advantages, masks on tensors) and logits.cpp (the fused logits / linear-head paths).
+// (policy loss, advantages, masks on tensors), logits.cpp (the fused logits / linear-head paths) and
+// corrections.cpp (rollout correction, further advantage estimators, aggregation, KL penalty,
+// off-policy mask, the frameworks' batch passes).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -10,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include <ulorl/advantage/presets.hpp>
 #include <ulorl/core/error.hpp>
 #include <ulorl/loss/policy_loss.hpp>
 
@@ -31,10 +34,17 @@ E parse_name(std::string_view fn, std::string_view arg, std::string_view name,
   ulorl::detail::fail(fn, arg, "unknown name '" + std::string(name) + "' (expected one of " + names + ")");
 }
 
+//! TRL's `scale_rewards` names.
+inline ulorl::presets::trl::scale_rewards trl_scale_rewards_of(std::string_view fn, std::string_view name) {
+  using S = ulorl::presets::trl::scale_rewards;
+  return parse_name<S>(fn, "scale_rewards", name, {{"group", S::group}, {"batch", S::batch}, {"none", S::none}});
+}
+
 //! The metrics and loss parts of one call as a Python dict.
 py::dict result_dict(const ulorl::policy_loss_result& r);
 
 void bind_losses(py::module_& m);
 void bind_logits(py::module_& m);
+void bind_corrections(py::module_& m);
 
 }  // namespace ulorl_py

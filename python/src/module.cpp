@@ -188,6 +188,9 @@ void bind_config(py::module_& m) {
           },
           [](C& c, const std::string& s) { c.objective.seq_gradient = seq_gradient_of(s); })
       .def_property(
+          "abs_penalty", [](const C& c) { return c.objective.abs_penalty; },
+          [](C& c, double v) { c.objective.abs_penalty = v; })
+      .def_property(
           "tau_pos", [](const C& c) { return c.objective.tau_pos; }, [](C& c, double v) { c.objective.tau_pos = v; })
       .def_property(
           "tau_neg", [](const C& c) { return c.objective.tau_neg; }, [](C& c, double v) { c.objective.tau_neg = v; })
@@ -245,21 +248,15 @@ void bind_presets(py::module_& m) {
       [](const std::string& loss_mode, double low, double high, double c, double tau_pos, double tau_neg,
          const std::string& loss_agg_mode, const ulorl::batch_counts& counts, double dp_size, opt batch_num_tokens,
          opt global_batch_size, opt loss_scale_factor, std::size_t padded_length, std::optional<std::string> kl_penalty,
-         double kl_coef, double entropy_coeff) {
+         double kl_coef, double entropy_coeff, opt dro_beta, double kl_cov_ratio, double ppo_kl_coef,
+         double clip_cov_ratio, double clip_cov_lb, double clip_cov_ub) {
         ulorl::policy_loss_config cfg;
         const auto mode = P::verl::loss_mode_from_name(loss_mode);
-        // These modes need a batch pass before the loss (token selection, detached DPPO factors) or
-        // an option this binding does not take (dro_beta): compositions of the C++ conformance op
-        // (tests/conformance/op_policy_loss.cpp), not of this one-call preset.
-        using P::verl::loss_mode_kind;
-        if (mode == loss_mode_kind::dppo_tv || mode == loss_mode_kind::dppo_kl || mode == loss_mode_kind::kl_cov ||
-            mode == loss_mode_kind::clip_cov || mode == loss_mode_kind::dro)
-          ulorl::detail::fail("presets::verl::policy_loss", "loss_mode",
-                              "'" + loss_mode +
-                                  "' is not available in the Python preset (vanilla, gspo, cispo, geo_mean, sapo, "
-                                  "gpg; dro needs dro_beta, the others a batch pass before the loss)");
         cfg.objective = P::verl::objective({.loss_mode = mode, .clip_ratio_low = low, .clip_ratio_high = high,
-                                            .clip_ratio_c = c, .tau_pos = tau_pos, .tau_neg = tau_neg});
+                                            .clip_ratio_c = c, .tau_pos = tau_pos, .tau_neg = tau_neg,
+                                            .dro_beta = dro_beta, .kl_cov_ratio = kl_cov_ratio,
+                                            .ppo_kl_coef = ppo_kl_coef, .clip_cov_ratio = clip_cov_ratio,
+                                            .clip_cov_lb = clip_cov_lb, .clip_cov_ub = clip_cov_ub});
         cfg.normalizer = P::verl::policy_normalizer(mode,
                                                     {.loss_agg_mode = P::verl::loss_agg_mode_from_name(loss_agg_mode),
                                                      .dp_size = dp_size,
@@ -274,14 +271,20 @@ void bind_presets(py::module_& m) {
       },
       "loss_mode"_a, "clip_ratio_low"_a, "clip_ratio_high"_a, "clip_ratio_c"_a, "tau_pos"_a, "tau_neg"_a,
       "loss_agg_mode"_a, "counts"_a, "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a, "loss_scale_factor"_a,
-      "padded_length"_a, "kl_penalty"_a, "kl_coef"_a, "entropy_coeff"_a);
+      "padded_length"_a, "kl_penalty"_a, "kl_coef"_a, "entropy_coeff"_a, "dro_beta"_a = py::none(),
+      "kl_cov_ratio"_a = 0.0002, "ppo_kl_coef"_a = 0.1, "clip_cov_ratio"_a = 0.0002, "clip_cov_lb"_a = 1.0,
+      "clip_cov_ub"_a = 5.0);
   m.def(
       "_verl_metrics",
-      [](const std::string& loss_mode, const ulorl::policy_loss_result& r) {
-        const auto x = P::verl::metrics(P::verl::loss_mode_from_name(loss_mode), r.metrics);
+      [](const std::string& loss_mode, const ulorl::policy_loss_result& r, double pg_clipfrac, double pg_clipfrac_lower,
+         double ppo_kl) {
+        const auto x = P::verl::metrics(P::verl::loss_mode_from_name(loss_mode), r.metrics,
+                                        {.pg_clipfrac = pg_clipfrac, .pg_clipfrac_lower = pg_clipfrac_lower, .ppo_kl = ppo_kl});
         return py::dict("pg_clipfrac"_a = x.pg_clipfrac, "ppo_kl"_a = x.ppo_kl, "pg_clipfrac_lower"_a = x.pg_clipfrac_lower);
       },
-      "loss_mode"_a, "result"_a);
+      "loss_mode"_a, "result"_a, "pg_clipfrac"_a = 0.0, "pg_clipfrac_lower"_a = 0.0, "ppo_kl"_a = 0.0,
+      "verl's pg_clipfrac, ppo_kl, pg_clipfrac_lower of a loss mode; dppo_*, kl_cov and clip_cov take the statistics "
+      "their batch pass returned.");
   m.def(
       "_openrlhf_config",
       [](const std::string& policy_loss_type, double low, double high, opt dual_clip, bool token_level_loss,
@@ -304,61 +307,6 @@ void bind_presets(py::module_& m) {
       "policy_loss_type"_a, "clip_eps_low"_a, "clip_eps_high"_a, "dual_clip"_a, "token_level_loss"_a, "counts"_a,
       "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a, "kl_estimator"_a, "kl_coef"_a);
   m.def(
-      "_nemo_rl_config",
-      [](double ratio_clip_min, double ratio_clip_max, opt ratio_clip_c, const std::string& kl_type, opt input_clamp,
-         opt output_clamp, double kl_coef, const ulorl::batch_counts& global_counts) {
-        ulorl::policy_loss_config cfg;
-        cfg.objective = P::nemo_rl::objective(
-            {.ratio_clip_min = ratio_clip_min, .ratio_clip_max = ratio_clip_max, .ratio_clip_c = ratio_clip_c});
-        cfg.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean, global_counts);
-        if (kl_coef != 0.0)
-          cfg = with_kl(cfg,
-                        P::nemo_rl::kl({.reference_policy_kl_type = P::nemo_rl::kl_type_from_name(kl_type),
-                                        .kl_input_clamp_value = input_clamp,
-                                        .kl_output_clamp_value = output_clamp}),
-                        kl_coef);
-        return cfg;
-      },
-      "ratio_clip_min"_a, "ratio_clip_max"_a, "ratio_clip_c"_a, "kl_type"_a, "kl_input_clamp_value"_a,
-      "kl_output_clamp_value"_a, "reference_policy_kl_penalty"_a, "global_counts"_a);
-  m.def(
-      "_trl_config",
-      [](const std::string& loss_type, double epsilon, opt epsilon_high, opt delta, const std::string& level,
-         double beta, bool use_bias_correction_kl, const ulorl::batch_counts& counts, double max_completion_length,
-         double gradient_accumulation_steps, opt num_items_in_batch, double num_processes) {
-        ulorl::policy_loss_config cfg;
-        using P::trl::loss_type_kind;
-        const auto type = P::trl::loss_type_from_name(loss_type);
-        const auto is_level = P::trl::importance_sampling_level_from_name(level);
-        // luspo and vespo weigh rows (n_b, phi_b), and cispo / sapo at the sequence level take the
-        // row's log-ratio per token: compositions of the C++ conformance op, not of this preset.
-        if (type == loss_type_kind::luspo || type == loss_type_kind::vespo ||
-            ((type == loss_type_kind::cispo || type == loss_type_kind::sapo) &&
-             is_level != P::trl::importance_sampling_kind::token))
-          ulorl::detail::fail("presets::trl::grpo_loss", "loss_type",
-                              "'" + loss_type + "' at importance_sampling_level '" + level +
-                                  "' is not available in the Python preset (token-level grpo, bnpo, dr_grpo, dapo, "
-                                  "cispo, sapo; sequence-level grpo, bnpo, dr_grpo, dapo)");
-        cfg.objective = P::trl::objective({.epsilon = epsilon,
-                                           .epsilon_high = epsilon_high,
-                                           .delta = delta,
-                                           .importance_sampling_level = is_level,
-                                           .loss_type = type});
-        cfg.kl = P::trl::kl({.use_bias_correction_kl = use_bias_correction_kl});
-        cfg.kl_coef = beta;
-        cfg.normalizer = P::trl::normalizer({.loss_type = type,
-                                             .importance_sampling_level = is_level,
-                                             .max_completion_length = max_completion_length,
-                                             .gradient_accumulation_steps = gradient_accumulation_steps,
-                                             .num_items_in_batch = num_items_in_batch,
-                                             .num_processes = num_processes},
-                                            counts);
-        return cfg;
-      },
-      "loss_type"_a, "epsilon"_a, "epsilon_high"_a, "delta"_a, "importance_sampling_level"_a, "beta"_a,
-      "use_bias_correction_kl"_a, "counts"_a, "max_completion_length"_a, "gradient_accumulation_steps"_a,
-      "num_items_in_batch"_a, "num_processes"_a);
-  m.def(
       "_trl_clip_ratios",
       [](const ulorl::policy_loss_result& r, const std::string& level) {
         const auto x = P::trl::clip_ratios(r.metrics, P::trl::importance_sampling_level_from_name(level));
@@ -380,11 +328,7 @@ void bind_presets(py::module_& m) {
           if (estimator == "rloo") return P::verl::rloo_advantage();
           ulorl::detail::fail(fn, "estimator", "unknown verl estimator '" + estimator + "' (expected 'grpo' or 'rloo')");
         }
-        if (preset == "trl") {
-          using S = P::trl::scale_rewards;
-          return P::trl::advantage(parse_name<S>(fn, "scale_rewards", scale_rewards,
-                                                 {{"group", S::group}, {"batch", S::batch}, {"none", S::none}}));
-        }
+        if (preset == "trl") return P::trl::advantage(trl_scale_rewards_of(fn, scale_rewards));
         if (preset == "openrlhf") {
           using E = P::openrlhf::advantage_estimator;
           return P::openrlhf::advantage(parse_name<E>(
@@ -528,12 +472,27 @@ void bind_controllers(py::module_& m) {
            "step_down"_a = 0.005, "gain"_a = 0.05, "tolerance"_a = 0.0, "min_coef"_a = 0.0, "max_coef"_a = 0.1,
            "gate_above_target"_a = true)
       .def("bonus", py::overload_cast<double>(&E::bonus, py::const_), "entropy"_a, "The coefficient to apply to a batch of mean entropy H (before its update).")
+      .def("bonus", py::overload_cast<>(&E::bonus, py::const_),
+           "The coefficient to apply to the next step when the gate reads the last update's entropy (TRL's "
+           "use_adaptive_entropy, presets.trl.adaptive_entropy_controller).")
       .def("update", &E::update, "entropy"_a, "Folds one mean entropy in; returns the new (ungated) coefficient.")
       .def_property_readonly("value", &E::value)
       .def_property_readonly("updates", [](const E& e) { return e.state().updates; })
       .def_property_readonly("last_entropy", [](const E& e) { return e.state().last_entropy; })
       .def("save", [](const E& e) { return to_bytes(e.save()); })
       .def_static("restore", [](const py::bytes& b) { return E::restore(byte_span(b)); }, "data"_a);
+
+  m.def(
+      "_trl_adaptive_entropy",
+      [](double entropy_coef, double entropy_target, double entropy_coef_delta, double entropy_coef_min,
+         double entropy_coef_max) {
+        return E(ulorl::presets::trl::adaptive_entropy({.entropy_coef = entropy_coef,
+                                                        .entropy_target = entropy_target,
+                                                        .entropy_coef_delta = entropy_coef_delta,
+                                                        .entropy_coef_min = entropy_coef_min,
+                                                        .entropy_coef_max = entropy_coef_max}));
+      },
+      "entropy_coef"_a, "entropy_target"_a, "entropy_coef_delta"_a, "entropy_coef_min"_a, "entropy_coef_max"_a);
 
   using R = ulorl::reference_reset_policy;
   const auto action = [](const ulorl::reset_action& a) {
@@ -826,4 +785,5 @@ PYBIND11_MODULE(_ulorl, m) {
   ulorl_py::bind_scheduler(m);
   ulorl_py::bind_losses(m);
   ulorl_py::bind_logits(m);
+  ulorl_py::bind_corrections(m);
 }

@@ -2,7 +2,8 @@
 
 The fused policy loss (every objective, KL estimator, entropy term and partition-exact aggregation
 of ulorl/loss/), the fused logits and linear-head paths, GRPO-family advantages with the
-frameworks' presets, DAPO's dynamic-sampling filter and overlong shaping, UloRL's MPT mask and
+frameworks' presets (and GPG, OPO, REINFORCE++, multi-reward / GDPO and the optimal token baseline),
+the rollout correction (importance weights, rejection sampling), DAPO's dynamic-sampling filter and overlong shaping, UloRL's MPT mask and
 segment scheduler, and the KL / entropy / reference-reset controllers. Gradients are exact (the
 C++ kernels' own); every rejected input raises :class:`ulorl.Error` (a ``ValueError``) whose
 message names the function, the argument and the offending index.
@@ -30,6 +31,8 @@ from ._ulorl import (  # noqa: E402,F401
     PolicyLossConfig,
     PolicyLossResult,
     ReferenceResetPolicy,
+    RolloutCorrectionConfig,
+    RolloutCorrectionMetrics,
     SegmentScheduler,
     count_batch,
     global_normalizer,
@@ -40,16 +43,28 @@ from ._ulorl import (  # noqa: E402,F401
 )
 from ._api import (  # noqa: E402,F401
     advantage_preset,
+    agg_loss,
     broadcast_to_tokens,
     dynamic_sampling_filter,
+    gpg_advantages,
     group_advantages,
+    kl_penalty,
     linear_head_policy_loss,
+    logits_statistics,
     logprobs_from_logits,
     mpt_mask,
+    multi_reward_advantages,
+    off_policy_mask,
+    opo_advantages,
+    optimal_token_baseline_advantages,
     overlong_penalty,
     policy_loss,
     policy_loss_config,
     policy_loss_from_logits,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    rollout_correction,
+    rollout_correction_config,
 )
 from . import presets  # noqa: E402,F401
 
@@ -57,9 +72,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdvantagePreset", "BatchCounts", "EntropyController", "Error", "KLController", "Normalizer", "PlanItem",
-    "PolicyLossConfig", "PolicyLossResult", "ReferenceResetPolicy", "SegmentScheduler", "advantage_preset",
-    "broadcast_to_tokens", "count_batch", "dynamic_sampling_filter", "global_normalizer", "group_advantages",
-    "kl_share", "linear_head_policy_loss", "logprobs_from_logits", "mpt_mask", "old_log_prob_plan",
-    "old_log_prob_versions", "overlong_penalty", "policy_loss", "policy_loss_config", "policy_loss_from_logits",
-    "presets", "recompute_token_count",
+    "PolicyLossConfig", "PolicyLossResult", "ReferenceResetPolicy", "RolloutCorrectionConfig",
+    "RolloutCorrectionMetrics", "SegmentScheduler", "advantage_preset", "agg_loss", "broadcast_to_tokens",
+    "count_batch", "dynamic_sampling_filter", "global_normalizer", "gpg_advantages", "group_advantages",
+    "kl_penalty", "kl_share", "linear_head_policy_loss", "logits_statistics", "logprobs_from_logits", "mpt_mask",
+    "multi_reward_advantages", "off_policy_mask", "old_log_prob_plan", "old_log_prob_versions", "opo_advantages",
+    "optimal_token_baseline_advantages", "overlong_penalty", "policy_loss", "policy_loss_config",
+    "policy_loss_from_logits", "presets", "recompute_token_count", "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages", "rollout_correction", "rollout_correction_config",
 ]

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from . import _ulorl
-from ._ulorl import AdvantagePreset, Error, Normalizer, PolicyLossConfig
+from ._ulorl import AdvantagePreset, Error, Normalizer, PolicyLossConfig, RolloutCorrectionConfig
 
 ArrayLike = Union[torch.Tensor, np.ndarray, Sequence[float]]
 
@@ -157,6 +157,15 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature
     ``check_values`` rejects NaN / +inf logits and all -inf rows.
     """
     return _ulorl._logits_stats(logits, labels, temperature, check_values, fast_backward)
+
+
+def logits_statistics(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
+                      check_values: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row statistics of ``z = logits / temperature`` in float64, detached (no autograd): the
+    log-prob of ``labels``, the entropy and the log-sum-exp ``lse = log sum_j exp(z_j)`` (what the
+    backward of :func:`logprobs_from_logits` reads). Same inputs as :func:`logprobs_from_logits`."""
+    lp, ent, lse = _ulorl._logits_statistics(logits.detach(), labels, temperature, check_values)
+    return lp, ent, lse
 
 
 def policy_loss_from_logits(
@@ -404,3 +413,236 @@ def mpt_mask(
     """
     return _ulorl._mpt_mask(log_prob, old_log_prob, entropy, mask, response_score, offsets, mode, tau, sigma, positive,
                             positive_reward, probability, scope)
+
+
+# ---- values computed with their gradient ------------------------------------------------------------
+
+class _ValueWithGradient(torch.autograd.Function):
+    """A value the C++ kernel returned together with its exact gradient with respect to ``x``:
+    backward scales that gradient by the incoming one (a 0-dim value: any gradient shape; an
+    element-wise value: the gradient of each element with respect to its own input)."""
+
+    @staticmethod
+    def forward(ctx, x, value, grad):  # noqa: D401
+        ctx.save_for_backward(grad)
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (grad,) = ctx.saved_tensors
+        return g * grad, None, None
+
+
+def _with_gradient(x: torch.Tensor, value: Union[float, torch.Tensor], grad: torch.Tensor) -> torch.Tensor:
+    v = value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=grad.dtype)
+    return _ValueWithGradient.apply(x, v, grad)
+
+
+def _tensor(x: Optional[ArrayLike], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
+    return None if x is None else _as_tensor(x, dtype)[0]
+
+
+# ---- rollout correction -------------------------------------------------------------------------------
+
+def rollout_correction_config(
+    *,
+    level: str = "token",
+    weighting: str = "truncate",
+    lower: float = 0.0,
+    upper: float = 2.0,
+    log_ratio_clamp: float = 20.0,
+    overflow: str = "infinity",
+    masked: str = "zero",
+    empty_rows: str = "drop",
+    batch_normalize: bool = False,
+    rejection: Sequence[Tuple[str, str, float, float]] = (),
+    rejection_log_ratio_clamp: float = 20.0,
+    diagnostic_log_ratio_clamp: float = 20.0,
+    reject_empty_batch: bool = False,
+    require_effective_sample_size: bool = False,
+) -> RolloutCorrectionConfig:
+    """A :class:`RolloutCorrectionConfig` (ulorl::rollout_correction::config) from its fields.
+
+    Importance weights of ``x = old_log_prob - rollout_log_prob``: ``level`` ``none`` / ``token`` /
+    ``sequence``; ``weighting`` ``truncate`` (``tis``), ``mask`` (``icepop``) or ``geometric_gate``
+    (``seq-mask-tis``) with bounds ``lower`` / ``upper`` (``math.inf``: none); the log-ratio clamp,
+    what an overflowing ratio becomes (``infinity``, ``zero``, ``nan_when_masked``), the value at
+    masked positions (``zero``, ``neutral``, ``as_valid``), the gate of empty rows (``drop``,
+    ``ratio_one``) and batch normalisation. ``rejection``: the rejection-sampling chain, tuples
+    ``(statistic, estimator, lower, upper)`` with statistic ``token`` / ``seq_sum`` / ``seq_mean`` /
+    ``seq_max`` and estimator ``k1`` / ``k2`` / ``k3``. Validated here (ulorl.Error naming the field).
+    """
+    return _ulorl._rollout_correction_config(level, weighting, lower, upper, log_ratio_clamp, overflow, masked,
+                                             empty_rows, batch_normalize, list(rejection), rejection_log_ratio_clamp,
+                                             diagnostic_log_ratio_clamp, reject_empty_batch,
+                                             require_effective_sample_size)
+
+
+def rollout_correction(
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    *,
+    config: Optional[RolloutCorrectionConfig] = None,
+    offsets: Optional[torch.Tensor] = None,
+    **options: Any,
+) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, float]]:
+    """The training-vs-rollout mismatch correction of a batch (ulorl/loss/rollout_correction.hpp).
+
+    ``old_log_prob`` is the trainer's log-prob of each sampled token, ``rollout_log_prob`` the
+    inference engine's; ``[B, T]`` or packed with ``offsets``; float32 / float64; ``mask`` bool,
+    uint8 or the log-probs' dtype (None: every token valid). ``config`` is a
+    :class:`RolloutCorrectionConfig` (a preset's, or :func:`rollout_correction_config`'s, whose
+    keyword arguments ``options`` may be given instead).
+
+    Returns ``(weights, keep, metrics)``: the detached importance weights at every position (1 at
+    level ``none``; pass them as ``weights=`` of :func:`policy_loss`), the keep-mask ``mask * keep``
+    of rejection sampling in the mask's dtype (pass it as the loss's mask), and the diagnostics
+    (weight_mean, effective_sample_size, batch_norm_factor, unit_weight_min / mean / max,
+    out-of-bounds and rejected fractions, kl, k3_kl, chi2_token, chi2_seq, perplexities, ...).
+    """
+    if config is not None and options:
+        raise _fail("rollout_correction", next(iter(options)), "give either config= or configuration options, not both")
+    if config is None:
+        try:
+            config = rollout_correction_config(**options)
+        except TypeError as e:
+            raise TypeError(f"rollout_correction: {e}") from None
+    w, keep, m = _ulorl._rollout_correction(old_log_prob, rollout_log_prob, mask, config, offsets)
+    return w, keep, m.as_dict()
+
+
+# ---- advantage estimators beyond group statistics ----------------------------------------------------
+
+def gpg_advantages(scores: ArrayLike, group_ids: Optional[ArrayLike] = None, *, group_size: Optional[int] = None,
+                   f_norm: float = 1.0) -> torch.Tensor:
+    """GPG advantages ``[B]`` (verl ``gpg``): ``alpha (s - mu_g) / f_norm`` with ``alpha = B / #{s != 0}``
+    (group mean 0 for a singleton). Groups by ``group_ids`` or contiguous ``group_size``."""
+    return _ulorl._gpg_advantages(_tensor(scores, torch.float64), _tensor(group_ids, torch.int64), group_size, f_norm)
+
+
+def opo_advantages(scores: ArrayLike, mask: torch.Tensor, group_ids: Optional[ArrayLike] = None, *,
+                   group_size: Optional[int] = None, offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """OPO advantages ``[B]`` (verl ``opo``): ``s - b_g`` with the length-weighted group baseline, the
+    lengths being each row's valid tokens in ``mask``."""
+    return _ulorl._opo_advantages(_tensor(scores, torch.float64), mask, _tensor(group_ids, torch.int64), group_size,
+                                  offsets)
+
+
+def reinforce_pp_advantages(token_level_rewards: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
+                            gamma: float = 1.0,
+                            offsets: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (verl ``reinforce_plus_plus``): discounted returns with reset after EOS, whitened
+    over the batch's valid tokens. Returns ``(advantages, returns)`` in the rewards' shape."""
+    adv, ret = _ulorl._reinforce_pp_advantages(token_level_rewards, mask, gamma, offsets)
+    return adv, ret
+
+
+def reinforce_pp_baseline_advantages(scores: ArrayLike, mask: torch.Tensor, group_ids: Optional[ArrayLike] = None, *,
+                                     group_size: Optional[int] = None, preset: str = "verl",
+                                     minus_baseline: bool = True,
+                                     offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """REINFORCE++ with a group baseline, whitened over the batch, in the mask's shape: preset
+    ``verl`` (``reinforce_plus_plus_baseline``: unbiased variance + 1e-8, masked) or ``nemo_rl``
+    (``ReinforcePlusPlusAdvantageEstimator``: ``minus_baseline``, biased variance floored at 1e-8,
+    every position)."""
+    return _ulorl._reinforce_pp_baseline_advantages(_tensor(scores, torch.float64), _tensor(group_ids, torch.int64),
+                                                    group_size, mask, preset, minus_baseline, offsets)
+
+
+def multi_reward_advantages(
+    reward_components: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Optional[ArrayLike] = None,
+    *,
+    group_size: Optional[int] = None,
+    preset: str = "verl",
+    reward_weights: Optional[Sequence[float]] = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std: bool = True,
+    use_leave_one_out_baseline: bool = True,
+    normalize_rewards: bool = True,
+    scale_rewards: str = "group",
+    multi_objective_aggregation: str = "sum_then_normalize",
+    offsets: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Advantages from several reward functions, ``reward_components`` ``[B, K]``, in the mask's shape:
+
+    * ``verl`` GDPO: each component's GRPO advantage (epsilon, norm_adv_by_std), weighted sum, whitened
+      over the valid tokens;
+    * ``nemo_rl`` GDPO: each component's NeMo-RL GRPO advantage (use_leave_one_out_baseline,
+      normalize_rewards), weighted sum normalised over the batch, at every position (K >= 2);
+    * ``trl``: ``multi_objective_aggregation`` ``sum_then_normalize`` (TRL's advantage of the weighted
+      sum, scale_rewards) or ``normalize_then_sum`` (GDPO).
+
+    ``reward_weights``: K numbers (None: all 1). Groups by ``group_ids`` or contiguous ``group_size``.
+    """
+    return _ulorl._multi_reward_advantages(reward_components, list(reward_weights or []),
+                                           _tensor(group_ids, torch.int64), group_size, mask, preset, epsilon,
+                                           norm_adv_by_std, use_leave_one_out_baseline, normalize_rewards,
+                                           scale_rewards, multi_objective_aggregation, offsets)
+
+
+def optimal_token_baseline_advantages(
+    token_level_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: ArrayLike,
+    *,
+    old_log_prob: Optional[torch.Tensor],
+    sum_pi_squared: Optional[torch.Tensor],
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    estimator: str = "optimal_token_baseline",
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+    offsets: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """verl's optimal token baseline (``optimal_token_baseline``: one baseline per position of a
+    group; ``tir_optimal_token_baseline``: per j-th valid token). ``old_log_prob`` and
+    ``sum_pi_squared`` (sum over the vocabulary of pi_old^2) are required; ``rollout_is_weights``
+    optional. Returns ``(advantages, returns)``."""
+    adv, ret = _ulorl._optimal_token_baseline_advantages(token_level_rewards, mask, _tensor(group_ids, torch.int64),
+                                                         old_log_prob, sum_pi_squared, rollout_is_weights,
+                                                         handle_zero_tail, epsilon, estimator, offsets)
+    return adv, ret
+
+
+# ---- aggregation, KL penalty, off-policy mask ---------------------------------------------------------
+
+def agg_loss(loss_mat: torch.Tensor, mask: Optional[torch.Tensor] = None, *, normalizer: Optional[Normalizer] = None,
+             agg_mode: str = "token_mean", agg_constant: float = 0.0,
+             offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``scale * sum_b sum_t L m / D_b`` of a per-token loss (ulorl::agg_loss) as a 0-dim tensor with
+    autograd to ``loss_mat``. ``normalizer``: the step's (:func:`global_normalizer`); without it this
+    call's mask counts with ``agg_mode`` (the mask is then required)."""
+    if normalizer is None:
+        if mask is None:
+            raise _fail("agg_loss", "mask", "required without a normalizer (the counts come from it)")
+        normalizer = _ulorl.global_normalizer(agg_mode, _ulorl.count_batch(mask, offsets), agg_constant)
+    value, grad = _ulorl._agg_loss(loss_mat.detach(), mask, normalizer, offsets)
+    return _with_gradient(loss_mat, value, grad)
+
+
+def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str, *, preset: str = "verl",
+               input_clamp: Optional[float] = None, output_clamp: Optional[float] = None,
+               offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The element-wise KL estimate of ``log_prob`` against ``ref_log_prob`` (ulorl::kl_penalty), with
+    autograd to ``log_prob``. ``estimator`` in the preset's names: ``verl`` (kl / k1, abs, mse / k2,
+    low_var_kl / k3, with "+" for the straight-through k2 gradient), ``openrlhf`` (k1, k2, k3, output
+    clamped to +-10), ``nemo_rl`` (k1, k2, k3 with ``input_clamp`` / ``output_clamp``)."""
+    kl, grad = _ulorl._kl_penalty(log_prob.detach(), ref_log_prob, preset, estimator, input_clamp, output_clamp,
+                                  offsets)
+    return _with_gradient(log_prob, kl, grad)
+
+
+def off_policy_mask(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+                    mask: Optional[torch.Tensor] = None, *, delta: float, preset: str = "trl", form: str = "factor",
+                    offsets: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, Any]]:
+    """DeepSeek-V3.2 off-policy sequence masking (ulorl/masking/off_policy.hpp): a row whose mean
+    ``old_log_prob - log_prob`` exceeds ``delta`` drops its negative-advantage tokens. ``trl``
+    (``off_policy_mask_threshold``): ``advantages`` ``[B]``, whole rows; ``slime`` (``--use-opsm``):
+    per-token ``advantages``. ``form`` ``factor`` (1 - drop at every position) or ``loss_mask``
+    (``mask * (1 - drop)``). Returns ``(keep, seq_kl [B] float64, stats)`` with slime's
+    ``opsm_clipfrac`` among the stats."""
+    keep, seq_kl, stats = _ulorl._off_policy_mask(log_prob.detach(), old_log_prob, advantages, mask, preset, delta,
+                                                  form, offsets)
+    return keep, seq_kl, stats

@@ -227,7 +227,8 @@ def test_nemo_rl_drop_in(gen):
     loss1 = -adv * ratios
     loss2 = -adv * ratios.clamp(1.0 - 0.2, 1.0 + 0.28)
     clip_loss = torch.max(loss1, loss2)
-    kl = torch.exp(ref - x) - (ref - x) - 1
+    # NeMo-RL weighs the reference KL by exp(logp - sg(logp)): value 1, derivative 1.
+    kl = torch.exp(x - x.detach()) * (torch.exp(ref - x) - (ref - x) - 1)
     want = ((clip_loss + 0.01 * kl) * m).sum() / global_valid_toks
     want.backward()
     y = lp.clone().requires_grad_()

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _fail
+from .._api import _fail, _with_gradient
 from . import _common
 
 
@@ -29,21 +29,43 @@ def grpo_loss(
     gradient_accumulation_steps: int = 1,
     num_items_in_batch: Optional[float] = None,
     num_processes: int = 1,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    off_policy_mask_threshold: Optional[float] = None,
+    top_entropy_quantile: float = 1.0,
+    entropy_coef: float = 0.0,
+    entropies: Optional[torch.Tensor] = None,
+    sampling_per_token_logps: Optional[torch.Tensor] = None,
+    importance_sampling_ratio: Optional[torch.Tensor] = None,
     check_values: bool = True,
 ) -> Tuple[torch.Tensor, Dict[str, Any]]:
     """TRL's GRPO loss of one micro-batch.
 
-    ``advantages`` is one value per completion ``[B]`` (as TRL) or per token ``[B, T]``.
-    ``old_per_token_logps`` None means on-policy (TRL uses ``per_token_logps.detach()``).
-    loss_type: ``grpo`` (mean of sequence means / gradient_accumulation_steps), ``bnpo``,
-    ``dr_grpo`` (needs ``max_completion_length``), ``dapo`` (divides by ``num_items_in_batch`` /
-    num_processes; default: this micro-batch's tokens). ``beta`` > 0 adds beta * k3 against
-    ``ref_per_token_logps`` (times the ratio with ``use_bias_correction_kl``); epsilon_high defaults
-    to epsilon; ``delta`` caps the ratio (two-sided clip); importance_sampling_level ``token`` or
-    ``sequence`` (GSPO).
+    ``advantages`` is one value per completion ``[B]`` (as TRL) or per token ``[B, T]`` (not with the
+    off-policy mask or vespo). ``old_per_token_logps`` None means on-policy (TRL uses
+    ``per_token_logps.detach()``). loss_type: ``grpo`` (mean of sequence means /
+    gradient_accumulation_steps), ``bnpo``, ``dr_grpo`` (needs ``max_completion_length``), ``dapo``
+    (divides by ``num_items_in_batch`` / num_processes; default: this micro-batch's tokens),
+    ``cispo`` (ratio capped at epsilon_high, detached), ``sapo`` (sapo_temperature_pos / _neg),
+    ``luspo`` (rows weighted by their length), ``vespo`` (vespo_k_* / vespo_lambda_*).
+    importance_sampling_level ``token``, ``sequence`` (GSPO) or ``sequence_token`` (GSPO-token).
+    ``beta`` > 0 adds beta * k3 against ``ref_per_token_logps`` (times the ratio with
+    ``use_bias_correction_kl``); epsilon_high defaults to epsilon; ``delta`` caps the ratio.
+
+    Multipliers of the policy term: ``off_policy_mask_threshold`` (OPSM against
+    ``sampling_per_token_logps``, default old_per_token_logps), ``top_entropy_quantile`` < 1 (keeps
+    the tokens of the highest ``entropies``), ``importance_sampling_ratio`` ``[B, T]`` or ``[B, 1]``
+    (the vLLM IS ratio, :func:`rollout_correction`). ``entropy_coef`` != 0 subtracts the entropy
+    bonus of ``entropies`` (gradient to ``entropies`` when it requires grad). Not available here:
+    sequence-level cispo / sapo and luspo with beta != 0 (ulorl.Error).
 
     Returns ``(loss, metrics)`` with TRL's ``clip_ratio/low_mean``, ``clip_ratio/high_mean``,
-    ``clip_ratio/region_mean`` and (beta != 0) ``kl`` besides ulorl's metrics.
+    ``clip_ratio/region_mean`` (cispo: ``cispo_clip_ratio``; vespo: ``vespo_phi_seq_mean``; sapo:
+    none), ``kl`` (beta != 0) and ``entropy`` (given entropies) besides ulorl's metrics.
     """
     if loss_type == "dr_grpo" and max_completion_length is None:
         raise _fail("presets::trl::grpo_loss", "max_completion_length", "required for loss_type 'dr_grpo'")
@@ -56,16 +78,94 @@ def grpo_loss(
         adv = advantages.unsqueeze(-1).expand_as(per_token_logps)  # a stride-0 view, no copy
     else:
         adv = advantages
-    cfg = _ulorl._trl_config(loss_type, epsilon, epsilon_high, delta, importance_sampling_level, beta,
-                             use_bias_correction_kl, _common.counts(completion_mask),
-                             float(max_completion_length or 0), float(gradient_accumulation_steps),
-                             num_items_in_batch, float(num_processes))
+    ent = entropies.detach() if entropies is not None else None
+    setup = _ulorl._trl_grpo_loss_setup(
+        per_token_logps.detach(), old, advantages, completion_mask, sampling_per_token_logps, ent,
+        importance_sampling_ratio, loss_type, epsilon, epsilon_high, delta, importance_sampling_level, beta,
+        use_bias_correction_kl, float(max_completion_length or 0), float(gradient_accumulation_steps),
+        num_items_in_batch, float(num_processes), sapo_temperature_pos, sapo_temperature_neg, vespo_k_pos,
+        vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg, off_policy_mask_threshold, top_entropy_quantile,
+        entropy_coef)
+    cfg = setup["config"]
     cfg.check_values = check_values
-    loss, result = _ulorl._policy_loss(per_token_logps, old, adv, completion_mask, cfg,
-                                       ref_per_token_logps if beta != 0.0 else None, None, None, None)
-    clip = _ulorl._trl_clip_ratios(result, importance_sampling_level)
-    extra: Dict[str, Any] = {"clip_ratio/low_mean": clip["low_mean"], "clip_ratio/high_mean": clip["high_mean"],
-                             "clip_ratio/region_mean": clip["region_mean"]}
+    loss_mask = setup["loss_mask"] if setup["loss_mask"] is not None else completion_mask
+    ref = ref_per_token_logps if beta != 0.0 else None
+    bonus = None
+    if entropy_coef != 0.0:
+        value, grad = _ulorl._entropy_loss(ent, setup["entropy_mask"], entropy_coef, setup["entropy_normalizer"])
+        bonus = _with_gradient(entropies, value, grad)
+    loss, result = _ulorl._policy_loss(per_token_logps, old, adv, loss_mask, cfg, ref, setup["weights"], None, None)
+    if setup["metrics_weights"] is not None:
+        # luspo at the token level runs over every position: its clip metrics are the valid tokens'.
+        cfg.kl_coef = 0.0
+        _, result = _ulorl._policy_loss(per_token_logps.detach(), old, adv, completion_mask, cfg, None,
+                                        setup["metrics_weights"], None, None)
+    if bonus is not None:
+        loss = loss + bonus
+    extra: Dict[str, Any] = {}
+    d = result.as_dict()
+    if loss_type == "cispo":
+        extra["cispo_clip_ratio"] = d["clip_high_fraction"]
+    elif loss_type == "vespo":
+        extra["vespo_phi_seq_mean"] = setup["vespo_phi_seq_mean"]
+    elif loss_type != "sapo":
+        clip = _ulorl._trl_clip_ratios(result, importance_sampling_level)
+        extra.update({"clip_ratio/low_mean": clip["low_mean"], "clip_ratio/high_mean": clip["high_mean"],
+                      "clip_ratio/region_mean": clip["region_mean"]})
     if beta != 0.0:
-        extra["kl"] = result.as_dict()["kl_mean"]
-    return loss, _common.metrics_of(result, extra)
+        extra["kl"] = d["kl_mean"]
+    if entropies is not None:
+        # TRL's masked mean; a single-column tensor's mean ignores the mask (every row counts).
+        single = per_token_logps.shape[-1] == 1
+        c = _common.counts(completion_mask)
+        n = c.rows if single else c.tokens
+        extra["entropy"] = (_ulorl._agg_loss(ent, None if single else completion_mask,
+                                             _ulorl.Normalizer("token_mean", n))[0] if n > 0 else 0.0)
+    m = _common.metrics_of(result, extra)
+    m["loss"] = loss.item()
+    return loss, m
+
+def rollout_correction(
+    old_per_token_logps: torch.Tensor,
+    sampling_per_token_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    vllm_importance_sampling_mode: str = "sequence_mask",
+    vllm_importance_sampling_clip_min: Optional[float] = None,
+    vllm_importance_sampling_clip_max: Optional[float] = 3.0,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """TRL's vLLM importance-sampling ratio (``vllm_importance_sampling_mode`` token_truncate /
+    token_mask / sequence_truncate / sequence_mask, clip_min / clip_max; None: no bound) of the
+    trainer's ``old_per_token_logps`` against vLLM's ``sampling_per_token_logps``. The ratio is
+    unclamped (an overflow is +inf, then truncated or masked). Returns ``(importance_sampling_ratio,
+    metrics)``, the ratio in the log-probs' shape (a sequence mode's row value on every position),
+    metrics ``importance_sampling_ratio_min`` / ``_mean`` / ``_max`` and
+    ``sampling_logp_difference_mean`` / ``_max``."""
+    cfg = _ulorl._trl_rollout_correction_config(vllm_importance_sampling_mode, vllm_importance_sampling_clip_min,
+                                                vllm_importance_sampling_clip_max)
+    w, _, m = _ulorl._rollout_correction(old_per_token_logps, sampling_per_token_logps, completion_mask, cfg, None)
+    d = m.as_dict()
+    return w, {"importance_sampling_ratio_min": d["unit_weight_min"], "importance_sampling_ratio_mean": d["unit_weight_mean"],
+               "importance_sampling_ratio_max": d["unit_weight_max"],
+               "sampling_logp_difference_mean": d["abs_log_ratio_mean"],
+               "sampling_logp_difference_max": d["abs_log_ratio_max"]}
+
+
+def off_policy_mask(per_token_logps: torch.Tensor, sampling_per_token_logps: torch.Tensor, advantages: torch.Tensor,
+                    completion_mask: torch.Tensor, off_policy_mask_threshold: float) -> torch.Tensor:
+    """TRL's ``get_off_policy_mask``: 1 for every position of a row kept (A_b >= 0, or its mean
+    sampling_per_token_logps - per_token_logps over the completion <= the threshold), else 0;
+    ``advantages`` ``[B]``."""
+    keep, _, _ = _ulorl._off_policy_mask(per_token_logps.detach(), sampling_per_token_logps, advantages,
+                                         completion_mask, "trl", off_policy_mask_threshold, "factor")
+    return keep
+
+
+def adaptive_entropy_controller(entropy_coef: float = 0.0, entropy_target: float = 0.2,
+                                entropy_coef_delta: float = 0.005, entropy_coef_min: float = 0.0,
+                                entropy_coef_max: float = 1.0) -> _ulorl.EntropyController:
+    """TRL's ``use_adaptive_entropy`` as an :class:`ulorl.EntropyController`: each optimizer step applies
+    ``bonus()`` (the coefficient while the previous step's entropy was <= entropy_target, else 0),
+    then ``update(H)`` moves it by entropy_coef_delta within [entropy_coef_min, entropy_coef_max]."""
+    return _ulorl._trl_adaptive_entropy(entropy_coef, entropy_target, entropy_coef_delta, entropy_coef_min,
+                                        entropy_coef_max)

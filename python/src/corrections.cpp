@@ -1,0 +1,906 @@
+// python/src/corrections.cpp — the batch functions of ulorl around the policy loss, on torch tensors:
+// the rollout correction (ulorl/loss/rollout_correction.hpp) with the frameworks' presets, the
+// advantage estimators beyond group statistics (GPG, OPO, REINFORCE++, multi-reward / GDPO, optimal
+// token baseline), aggregation and the element-wise KL penalty (value and gradient, for the Python
+// autograd wrapper), the off-policy sequence mask, verl's batch passes of dppo_* / kl_cov / clip_cov,
+// OpenRLHF's vLLM IS plan and NeMo-RL's ClippedPGLossFn pieces. Every function calls the C++
+// function of the same name on views of the tensors; every check is the library's (ulorl::error,
+// raised before any output exists). No formula is restated here.
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <ulorl/adapters/torch.hpp>
+#include <ulorl/advantage.hpp>
+#include <ulorl/loss/aggregation.hpp>
+#include <ulorl/loss/entropy.hpp>
+#include <ulorl/loss/kl.hpp>
+#include <ulorl/loss/presets.hpp>
+#include <ulorl/loss/rollout_correction.hpp>
+#include <ulorl/loss/vespo.hpp>
+#include <ulorl/masking/entropy_quantile.hpp>
+#include <ulorl/masking/off_policy.hpp>
+
+#include "common.hpp"
+
+namespace ulorl_py {
+
+namespace {
+
+using namespace pybind11::literals;
+namespace th = ulorl::th;
+namespace rc = ulorl::rollout_correction;
+namespace P = ulorl::presets;
+using opt_tensor = std::optional<at::Tensor>;
+using opt = std::optional<double>;
+using byte = std::uint8_t;
+
+at::Tensor or_undefined(const opt_tensor& t) { return t ? *t : at::Tensor(); }
+
+//! Every element of `v` >= 0 (TRL's entropies and importance ratios).
+template <class T>
+void require_non_negative_tokens(std::string_view fn, std::string_view arg, ulorl::token_view<const T> v) {
+  for (std::size_t b = 0; b < v.rows(); ++b)
+    for (std::size_t t = 0; t < v.row_size(b); ++t)
+      if (!(v(b, t) >= T(0)))
+        ulorl::detail::fail_at(fn, arg, static_cast<std::int64_t>(v.flat_index(b, t)), v(b, t), "must be >= 0");
+}
+
+//! A 0/1 mask read as bytes (bool / uint8 as they are; a float mask of the token dtype T checked to
+//! be 0/1 and converted), or an empty view (every token valid) when absent.
+struct mask_bytes {
+  at::Tensor bytes;
+  ulorl::token_view<const byte> view{};
+};
+template <class T>
+mask_bytes mask_of(std::string_view fn, std::string_view arg, const opt_tensor& m, const th::offsets_view& off) {
+  mask_bytes r;
+  if (!m) return r;
+  r.bytes = th::detail::byte_mask<T>(fn, arg, *m, off);
+  r.view = th::tokens_of<const byte>(fn, arg, r.bytes, off);
+  return r;
+}
+template <class T>
+ulorl::token_view<const T> optional_tokens(std::string_view fn, std::string_view arg, const opt_tensor& t,
+                                           const th::offsets_view& off) {
+  return t ? th::tokens_of<const T>(fn, arg, *t, off) : ulorl::token_view<const T>{};
+}
+//! A new tensor of `like`'s shape and dtype (never requiring grad).
+at::Tensor empty_like_of(const at::Tensor& like) { return at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type())); }
+
+//! Groups by ids [B] (int64 / int32) or contiguous blocks of group_size.
+ulorl::group_layout groups_of(std::string_view fn, std::size_t responses, const opt_tensor& ids,
+                              std::optional<std::int64_t> group_size) {
+  if (ids && group_size) ulorl::detail::fail(fn, "group_size", "give group_ids or group_size, not both");
+  if (ids) return th::detail::groups_of(fn, *ids);
+  if (!group_size) ulorl::detail::fail(fn, "group_ids", "required (or group_size for contiguous groups of that size)");
+  if (*group_size < 1) ulorl::detail::fail_value(fn, "group_size", *group_size, "must be >= 1");
+  return ulorl::group_layout::fixed(responses, static_cast<std::size_t>(*group_size), fn, "group_size");
+}
+
+// ---- rollout correction ----------------------------------------------------------------------------
+py::dict rc_metrics_dict(const rc::metrics& m) {
+  return py::dict("tokens"_a = m.tokens, "rows"_a = m.rows, "weight_mean"_a = m.weight_mean,
+                  "effective_sample_size"_a = m.effective_sample_size, "batch_norm_factor"_a = m.batch_norm_factor,
+                  "unit_weight_mean"_a = m.unit_weight_mean, "unit_weight_min"_a = m.unit_weight_min,
+                  "unit_weight_max"_a = m.unit_weight_max,
+                  "out_of_bounds_token_fraction"_a = m.out_of_bounds_token_fraction,
+                  "out_of_bounds_row_fraction"_a = m.out_of_bounds_row_fraction,
+                  "rejected_token_fraction"_a = m.rejected_token_fraction,
+                  "rejected_row_fraction"_a = m.rejected_row_fraction, "kl"_a = m.kl, "k3_kl"_a = m.k3_kl,
+                  "chi2_token"_a = m.chi2_token, "chi2_seq"_a = m.chi2_seq, "training_ppl"_a = m.training_ppl,
+                  "training_log_ppl"_a = m.training_log_ppl, "rollout_ppl"_a = m.rollout_ppl,
+                  "rollout_log_ppl"_a = m.rollout_log_ppl, "log_ppl_diff"_a = m.log_ppl_diff,
+                  "log_ppl_abs_diff"_a = m.log_ppl_abs_diff, "log_ppl_diff_max"_a = m.log_ppl_diff_max,
+                  "log_ppl_diff_min"_a = m.log_ppl_diff_min, "ppl_ratio"_a = m.ppl_ratio,
+                  "abs_log_ratio_mean"_a = m.abs_log_ratio_mean, "abs_log_ratio_max"_a = m.abs_log_ratio_max);
+}
+
+py::tuple rollout_correction_op(const at::Tensor& old_log_prob, const at::Tensor& rollout_log_prob, const opt_tensor& mask,
+                                const rc::config& cfg, const opt_tensor& offsets) {
+  constexpr std::string_view fn = "rollout_correction";
+  const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+  return th::detail::with_token_type(fn, "old_log_prob", old_log_prob, [&](auto tag) {
+    using T = decltype(tag);
+    const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+    const rc::inputs<T, byte> in{th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
+                                 th::tokens_of<const T>(fn, "rollout_log_prob", rollout_log_prob, off), mv.view};
+    // The keep-mask in the mask's dtype: bool / uint8 written as bytes, a float mask converted after.
+    const bool bytes_in = mask && (mask->scalar_type() == at::kBool || mask->scalar_type() == at::kByte);
+    at::Tensor weights = empty_like_of(old_log_prob);
+    at::Tensor keep = at::empty(old_log_prob.sizes(), at::TensorOptions().dtype(bytes_in ? mask->scalar_type()
+                                                                                          : mask ? at::kByte : at::kBool));
+    rc::metrics m;
+    {
+      const py::gil_scoped_release nogil;
+      m = rc::apply(in, cfg,
+                    rc::outputs<T, byte>{th::tokens_of<T>(fn, "weights", weights, off), th::tokens_of<byte>(fn, "keep", keep, off)});
+    }
+    if (mask && !bytes_in) keep = keep.to(mask->scalar_type());
+    return py::make_tuple(weights, keep, m);
+  });
+}
+
+//! A verl threshold option: None, a number or a string ("u", "l_u"); a boolean is rejected.
+enum class threshold_kind { none, number, text };
+threshold_kind kind_of(std::string_view fn, std::string_view arg, const py::object& v) {
+  if (v.is_none()) return threshold_kind::none;
+  if (py::isinstance<py::bool_>(v)) ulorl::detail::fail(fn, arg, "a boolean is neither a number nor a threshold string");
+  if (py::isinstance<py::str>(v)) return threshold_kind::text;
+  if (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) return threshold_kind::number;
+  ulorl::detail::fail(fn, arg, "must be a number, a string or None");
+}
+
+void bind_rollout_correction(py::module_& m) {
+  py::class_<rc::config>(m, "RolloutCorrectionConfig",
+                         "A validated rollout-correction configuration (ulorl::rollout_correction::config): importance "
+                         "weights, rejection-sampling chain, diagnostics. Build it with ulorl.rollout_correction_config "
+                         "or a framework preset (ulorl.presets.<fw>.rollout_correction_config).")
+      .def_property_readonly("importance_weights",
+                             [](const rc::config& c) { return c.importance.level != rc::is_level::none; },
+                             "Whether the configuration computes importance weights (level is not 'none').")
+      .def_property_readonly("rejection_sampling", [](const rc::config& c) { return !c.rejection.chain.empty(); })
+      .def_property_readonly("batch_normalize", [](const rc::config& c) { return c.importance.batch_normalize; });
+
+  py::class_<rc::metrics>(m, "RolloutCorrectionMetrics", "The diagnostics of one rollout-correction call.")
+      .def("as_dict", &rc_metrics_dict);
+
+  m.def(
+      "_rollout_correction_config",
+      [](const std::string& level, const std::string& weighting, double lower, double upper, double log_ratio_clamp,
+         const std::string& overflow, const std::string& masked, const std::string& empty_rows, bool batch_normalize,
+         const std::vector<std::tuple<std::string, std::string, double, double>>& rejection,
+         double rejection_log_ratio_clamp, double diagnostic_log_ratio_clamp, bool reject_empty_batch,
+         bool require_effective_sample_size) {
+        rc::config c;
+        c.importance.level = rc::is_level_from_name(level, "level");
+        c.importance.weighting = rc::is_weighting_from_name(weighting, "weighting");
+        c.importance.lower = lower, c.importance.upper = upper, c.importance.log_ratio_clamp = log_ratio_clamp;
+        c.importance.overflow = rc::ratio_overflow_from_name(overflow, "overflow");
+        c.importance.masked = rc::masked_positions_from_name(masked, "masked");
+        c.importance.empty_rows = rc::empty_row_gate_from_name(empty_rows, "empty_rows");
+        c.importance.batch_normalize = batch_normalize;
+        for (const auto& [statistic, estimator, lo, hi] : rejection)
+          c.rejection.chain.push_back({.statistic = rc::rs_statistic_from_name(statistic, "rejection"),
+                                       .estimator = rc::rs_estimator_from_name(estimator, "rejection"),
+                                       .lower = lo,
+                                       .upper = hi});
+        c.rejection.log_ratio_clamp = rejection_log_ratio_clamp;
+        c.diagnostic_log_ratio_clamp = diagnostic_log_ratio_clamp;
+        c.reject_empty_batch = reject_empty_batch, c.require_effective_sample_size = require_effective_sample_size;
+        rc::validate("rollout_correction_config", c);
+        return c;
+      },
+      "level"_a, "weighting"_a, "lower"_a, "upper"_a, "log_ratio_clamp"_a, "overflow"_a, "masked"_a, "empty_rows"_a,
+      "batch_normalize"_a, "rejection"_a, "rejection_log_ratio_clamp"_a, "diagnostic_log_ratio_clamp"_a,
+      "reject_empty_batch"_a, "require_effective_sample_size"_a);
+
+  m.def("_rollout_correction", &rollout_correction_op, "old_log_prob"_a, "rollout_log_prob"_a, "mask"_a, "config"_a,
+        "offsets"_a = py::none());
+
+  m.def(
+      "_verl_rollout_correction_config",
+      [](const std::optional<std::string>& rollout_is, const py::object& rollout_is_threshold, bool batch_normalize,
+         const std::optional<std::string>& rollout_rs, const py::object& rollout_rs_threshold) {
+        constexpr std::string_view fn = "presets::verl::rollout_correction";
+        P::verl::rollout_correction_options o;
+        if (rollout_is) o.rollout_is = rc::is_level_from_name(*rollout_is, "rollout_is");
+        switch (kind_of(fn, "rollout_is_threshold", rollout_is_threshold)) {
+          case threshold_kind::none: o.rollout_is_threshold = std::nullopt; break;
+          case threshold_kind::text:
+            o.rollout_is_threshold = P::verl::parse_rollout_is_threshold(rollout_is_threshold.cast<std::string>());
+            break;
+          case threshold_kind::number: o.rollout_is_threshold = P::verl::is_threshold{.upper = rollout_is_threshold.cast<double>()}; break;
+        }
+        o.rollout_is_batch_normalize = batch_normalize;
+        if (rollout_rs) {
+          switch (kind_of(fn, "rollout_rs_threshold", rollout_rs_threshold)) {
+            case threshold_kind::none: o.rollout_rs = P::verl::parse_rollout_rs(*rollout_rs, std::nullopt); break;
+            case threshold_kind::text: {
+              const std::string text = rollout_rs_threshold.cast<std::string>();
+              o.rollout_rs = P::verl::parse_rollout_rs(*rollout_rs, std::optional<std::string_view>(text));
+              break;
+            }
+            case threshold_kind::number: o.rollout_rs = P::verl::parse_rollout_rs(*rollout_rs, rollout_rs_threshold.cast<double>()); break;
+          }
+        }
+        return P::verl::rollout_correction(o);
+      },
+      "rollout_is"_a, "rollout_is_threshold"_a, "rollout_is_batch_normalize"_a, "rollout_rs"_a, "rollout_rs_threshold"_a);
+
+  m.def(
+      "_trl_rollout_correction_config",
+      [](const std::string& mode, opt clip_min, opt clip_max) {
+        return P::trl::rollout_correction({.vllm_importance_sampling_mode = P::trl::importance_sampling_mode_from_name(mode),
+                                           .vllm_importance_sampling_clip_min = clip_min,
+                                           .vllm_importance_sampling_clip_max = clip_max});
+      },
+      "vllm_importance_sampling_mode"_a, "vllm_importance_sampling_clip_min"_a, "vllm_importance_sampling_clip_max"_a);
+
+  m.def(
+      "_openrlhf_rollout_correction_config",
+      [](const std::string& type, const std::vector<double>& threshold) {
+        constexpr std::string_view fn = "presets::openrlhf::rollout_correction";
+        if (threshold.size() != 2) ulorl::detail::fail_value(fn, "vllm_is_truncated_threshold", threshold.size(), "must hold [lo, hi]");
+        return P::openrlhf::rollout_correction({.vllm_is_correction_type = rc::is_weighting_from_name(type, "vllm_is_correction_type"),
+                                                .vllm_is_truncated_threshold = {threshold[0], threshold[1]}});
+      },
+      "vllm_is_correction_type"_a, "vllm_is_truncated_threshold"_a);
+
+  const auto nemo_options = [](const std::optional<std::string>& type, opt ratio, opt ratio_min, bool sequence_level) {
+    P::nemo_rl::rollout_correction_options o;
+    if (type) o.truncated_importance_sampling_type = rc::is_weighting_from_name(*type, "truncated_importance_sampling_type");
+    o.truncated_importance_sampling_ratio = ratio, o.truncated_importance_sampling_ratio_min = ratio_min;
+    o.sequence_level_importance_ratios = sequence_level;
+    return o;
+  };
+  m.def(
+      "_nemo_rl_rollout_correction_config",
+      [nemo_options](const std::optional<std::string>& type, opt ratio, opt ratio_min, bool sequence_level) {
+        return P::nemo_rl::rollout_correction(nemo_options(type, ratio, ratio_min, sequence_level));
+      },
+      "truncated_importance_sampling_type"_a, "truncated_importance_sampling_ratio"_a,
+      "truncated_importance_sampling_ratio_min"_a, "sequence_level_importance_ratios"_a);
+  m.def(
+      "_nemo_rl_rollout_correction_logged",
+      [nemo_options](const rc::metrics& metrics, const std::optional<std::string>& type, bool sequence_level,
+                     opt global_valid_toks, opt global_valid_seqs) {
+        const auto o = nemo_options(type, std::nullopt, std::nullopt, sequence_level);
+        const auto r = P::nemo_rl::rollout_correction_logged(
+            metrics, o, {.global_valid_toks = global_valid_toks, .global_valid_seqs = global_valid_seqs});
+        return py::dict("sampling_importance_ratio"_a = r.sampling_importance_ratio, "is_oob_ratio"_a = r.is_oob_ratio);
+      },
+      "metrics"_a, "truncated_importance_sampling_type"_a, "sequence_level_importance_ratios"_a, "global_valid_toks"_a,
+      "global_valid_seqs"_a);
+}
+
+// ---- advantage estimators -----------------------------------------------------------------------------
+void bind_advantages(py::module_& m) {
+  m.def(
+      "_gpg_advantages",
+      [](const at::Tensor& scores, const opt_tensor& group_ids, std::optional<std::int64_t> group_size, double f_norm) {
+        constexpr std::string_view fn = "gpg_advantages";
+        return th::detail::with_value_type(fn, "scores", scores, [&](auto tag) {
+          using T = decltype(tag);
+          const auto s = th::span_of<const T>(fn, "scores", scores);
+          const auto g = groups_of(fn, s.size(), group_ids, group_size);
+          at::Tensor out = empty_like_of(scores);
+          ulorl::gpg_advantages(s, g, th::span_of<T>(fn, "out", out), {.f_norm = f_norm});
+          return out;
+        });
+      },
+      "scores"_a, "group_ids"_a, "group_size"_a, "f_norm"_a);
+
+  m.def(
+      "_opo_advantages",
+      [](const at::Tensor& scores, const at::Tensor& mask, const opt_tensor& group_ids, std::optional<std::int64_t> group_size,
+         const opt_tensor& offsets) {
+        constexpr std::string_view fn = "opo_advantages";
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_value_type(fn, "scores", scores, [&](auto tag) {
+          using T = decltype(tag);
+          const auto s = th::span_of<const T>(fn, "scores", scores);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          ulorl::require_binary_mask(fn, "mask", mv.view);
+          ulorl::require_same_size(fn, "mask rows", mv.view.rows(), "scores", s.size());
+          std::vector<double> lengths(s.size());  // OPO's response lengths: the valid tokens of each row
+          for (std::size_t i = 0; i < lengths.size(); ++i) lengths[i] = static_cast<double>(ulorl::row_tokens(mv.view, i));
+          const auto g = groups_of(fn, s.size(), group_ids, group_size);
+          at::Tensor out = empty_like_of(scores);
+          ulorl::opo_advantages(s, std::span<const double>(lengths), g, th::span_of<T>(fn, "out", out));
+          return out;
+        });
+      },
+      "scores"_a, "mask"_a, "group_ids"_a, "group_size"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_reinforce_pp_advantages",
+      [](const at::Tensor& token_rewards, const opt_tensor& mask, double gamma, const opt_tensor& offsets) {
+        constexpr std::string_view fn = "reinforce_pp_advantages";
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "token_level_rewards", token_rewards, [&](auto tag) {
+          using T = decltype(tag);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          at::Tensor adv = empty_like_of(token_rewards), ret = empty_like_of(token_rewards);
+          ulorl::reinforce_pp_advantages(th::tokens_of<const T>(fn, "token_level_rewards", token_rewards, off), mv.view, gamma,
+                                         th::tokens_of<T>(fn, "returns", ret, off), th::tokens_of<T>(fn, "advantages", adv, off));
+          return py::make_tuple(adv, ret);
+        });
+      },
+      "token_level_rewards"_a, "mask"_a, "gamma"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_reinforce_pp_baseline_advantages",
+      [](const at::Tensor& scores, const opt_tensor& group_ids, std::optional<std::int64_t> group_size, const at::Tensor& mask,
+         const std::string& preset, bool minus_baseline, const opt_tensor& offsets) {
+        constexpr std::string_view fn = "reinforce_pp_baseline_advantages";
+        enum class which { verl, nemo_rl };
+        const which w = parse_name<which>(fn, "preset", preset, {{"verl", which::verl}, {"nemo_rl", which::nemo_rl}});
+        const ulorl::reinforce_pp_baseline_config cfg =
+            w == which::verl ? ulorl::reinforce_pp_baseline_config{}
+                             : P::nemo_rl::reinforce_plus_plus_advantage({.minus_baseline = minus_baseline});
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_value_type(fn, "scores", scores, [&](auto tag) {
+          using T = decltype(tag);
+          const auto s = th::span_of<const T>(fn, "scores", scores);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          const auto g = groups_of(fn, s.size(), group_ids, group_size);
+          at::Tensor out = at::empty(mask.sizes(), at::TensorOptions().dtype(scores.scalar_type()));
+          ulorl::reinforce_pp_baseline_advantages(s, g, mv.view, th::tokens_of<T>(fn, "advantages", out, off), cfg);
+          return out;
+        });
+      },
+      "scores"_a, "group_ids"_a, "group_size"_a, "mask"_a, "preset"_a, "minus_baseline"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_multi_reward_advantages",
+      [](const at::Tensor& components, const std::vector<double>& weights, const opt_tensor& group_ids,
+         std::optional<std::int64_t> group_size, const at::Tensor& mask, const std::string& preset, double epsilon,
+         bool norm_adv_by_std, bool leave_one_out, bool normalize, const std::string& scale_rewards,
+         const std::string& aggregation, const opt_tensor& offsets) {
+        constexpr std::string_view fn = "multi_reward_advantages";
+        enum class which { verl, nemo_rl, trl };
+        const which w = parse_name<which>(fn, "preset", preset,
+                                          {{"verl", which::verl}, {"nemo_rl", which::nemo_rl}, {"trl", which::trl}});
+        using A = P::trl::multi_objective_aggregation;
+        const ulorl::multi_reward_config cfg =
+            w == which::verl      ? P::verl::gdpo_advantage({.epsilon = epsilon, .norm_adv_by_std_in_grpo = norm_adv_by_std})
+            : w == which::nemo_rl ? P::nemo_rl::gdpo_advantage({.use_leave_one_out_baseline = leave_one_out, .normalize_rewards = normalize})
+                                  : P::trl::multi_reward_advantage(
+                                        {.scale_rewards = trl_scale_rewards_of(fn, scale_rewards),
+                                         .multi_objective_aggregation = parse_name<A>(
+                                             fn, "multi_objective_aggregation", aggregation,
+                                             {{"sum_then_normalize", A::sum_then_normalize}, {"normalize_then_sum", A::normalize_then_sum}})});
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_value_type(fn, "reward_components", components, [&](auto tag) {
+          using T = decltype(tag);
+          const auto comp = th::matrix_of<const T>(fn, "reward_components", components);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          const auto g = groups_of(fn, comp.rows(), group_ids, group_size);
+          at::Tensor out = at::empty(mask.sizes(), at::TensorOptions().dtype(components.scalar_type()));
+          ulorl::multi_reward_advantages(comp, std::span<const double>(weights), g, mv.view,
+                                         th::tokens_of<T>(fn, "advantages", out, off), cfg);
+          return out;
+        });
+      },
+      "reward_components"_a, "reward_weights"_a, "group_ids"_a, "group_size"_a, "mask"_a, "preset"_a, "epsilon"_a,
+      "norm_adv_by_std"_a, "use_leave_one_out_baseline"_a, "normalize_rewards"_a, "scale_rewards"_a,
+      "multi_objective_aggregation"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_optimal_token_baseline_advantages",
+      [](const at::Tensor& token_rewards, const at::Tensor& mask, const at::Tensor& group_ids, const opt_tensor& old_log_prob,
+         const opt_tensor& sum_pi_squared, const opt_tensor& rollout_is_weights, bool handle_zero_tail, double epsilon,
+         const std::string& estimator, const opt_tensor& offsets) {
+        constexpr std::string_view fn = "optimal_token_baseline_advantages";
+        enum class which { position, valid_token };
+        const which w = parse_name<which>(fn, "estimator", estimator,
+                                          {{"optimal_token_baseline", which::position},
+                                           {"tir_optimal_token_baseline", which::valid_token}});
+        const P::verl::optimal_token_baseline_options o{.handle_zero_tail = handle_zero_tail, .epsilon = epsilon};
+        const auto cfg = w == which::valid_token ? P::verl::tir_optimal_token_baseline_advantage(o)
+                                                 : P::verl::optimal_token_baseline_advantage(o);
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "token_level_rewards", token_rewards, [&](auto tag) {
+          using T = decltype(tag);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          const ulorl::optimal_token_baseline_inputs<T, byte> in{
+              .token_rewards = th::tokens_of<const T>(fn, "token_level_rewards", token_rewards, off),
+              .mask = mv.view,
+              .old_log_prob = optional_tokens<T>(fn, "old_log_prob", old_log_prob, off),
+              .sum_pi_squared = optional_tokens<T>(fn, "sum_pi_squared", sum_pi_squared, off),
+              .rollout_is_weights = optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off)};
+          const auto g = th::detail::groups_of(fn, group_ids);
+          at::Tensor adv = empty_like_of(token_rewards), ret = empty_like_of(token_rewards);
+          ulorl::optimal_token_baseline_advantages(in, g, th::tokens_of<T>(fn, "returns", ret, off),
+                                                   th::tokens_of<T>(fn, "advantages", adv, off), cfg);
+          return py::make_tuple(adv, ret);
+        });
+      },
+      "token_level_rewards"_a, "mask"_a, "group_ids"_a, "old_log_prob"_a, "sum_pi_squared"_a, "rollout_is_weights"_a,
+      "handle_zero_tail"_a, "epsilon"_a, "estimator"_a, "offsets"_a = py::none());
+}
+
+// ---- aggregation, KL penalty, off-policy mask ------------------------------------------------------------
+void bind_terms(py::module_& m) {
+  m.def(
+      "_agg_loss",
+      [](const at::Tensor& loss_mat, const opt_tensor& mask, const ulorl::agg_normalizer& norm, const opt_tensor& offsets) {
+        constexpr std::string_view fn = "agg_loss";
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "loss_mat", loss_mat, [&](auto tag) {
+          using T = decltype(tag);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          at::Tensor grad = empty_like_of(loss_mat);
+          const double loss = ulorl::agg_loss(th::tokens_of<const T>(fn, "loss_mat", loss_mat, off), mv.view, norm,
+                                              th::tokens_of<T>(fn, "grad", grad, off));
+          return py::make_tuple(loss, grad);
+        });
+      },
+      "loss_mat"_a, "mask"_a, "normalizer"_a, "offsets"_a = py::none());
+  m.def(
+      "_verl_normalizer",
+      [](const std::string& loss_agg_mode, const ulorl::batch_counts& counts, double dp_size, opt batch_num_tokens,
+         opt global_batch_size, opt loss_scale_factor, std::size_t padded_length) {
+        return P::verl::normalizer({.loss_agg_mode = P::verl::loss_agg_mode_from_name(loss_agg_mode),
+                                    .dp_size = dp_size,
+                                    .batch_num_tokens = batch_num_tokens,
+                                    .global_batch_size = global_batch_size,
+                                    .loss_scale_factor = loss_scale_factor,
+                                    .padded_length = padded_length},
+                                   counts);
+      },
+      "loss_agg_mode"_a, "counts"_a, "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a, "loss_scale_factor"_a,
+      "padded_length"_a);
+  m.def(
+      "_openrlhf_normalizer",
+      [](bool token_level_loss, const ulorl::batch_counts& counts, double dp_size, opt batch_num_tokens, opt global_batch_size) {
+        return P::openrlhf::normalizer({.token_level_loss = token_level_loss,
+                                        .dp_size = dp_size,
+                                        .batch_num_tokens = batch_num_tokens,
+                                        .global_batch_size = global_batch_size},
+                                       counts);
+      },
+      "token_level_loss"_a, "counts"_a, "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a);
+
+  m.def(
+      "_kl_penalty",
+      [](const at::Tensor& log_prob, const at::Tensor& ref_log_prob, const std::string& preset, const std::string& name,
+         opt input_clamp, opt output_clamp, const opt_tensor& offsets) {
+        constexpr std::string_view fn = "kl_penalty";
+        enum class which { verl, openrlhf, nemo_rl };
+        const which w = parse_name<which>(fn, "preset", preset,
+                                          {{"verl", which::verl}, {"openrlhf", which::openrlhf}, {"nemo_rl", which::nemo_rl}});
+        if (w != which::nemo_rl && (input_clamp || output_clamp))
+          ulorl::detail::fail(fn, input_clamp ? "input_clamp" : "output_clamp",
+                              "only the nemo_rl preset takes clamps (verl and OpenRLHF fix their own)");
+        const ulorl::kl_config cfg =
+            w == which::verl       ? P::verl::kl(P::verl::kl_penalty_from_name(name))
+            : w == which::openrlhf ? P::openrlhf::kl({.kl_estimator = P::openrlhf::kl_estimator_from_name(name)})
+                                   : P::nemo_rl::kl({.reference_policy_kl_type = P::nemo_rl::kl_type_from_name(name),
+                                                     .kl_input_clamp_value = input_clamp,
+                                                     .kl_output_clamp_value = output_clamp});
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+          using T = decltype(tag);
+          at::Tensor kl = empty_like_of(log_prob), grad = empty_like_of(log_prob);
+          ulorl::kl_penalty<T>(th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+                               th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off), cfg,
+                               th::tokens_of<T>(fn, "kl", kl, off), th::tokens_of<T>(fn, "grad", grad, off));
+          return py::make_tuple(kl, grad);
+        });
+      },
+      "log_prob"_a, "ref_log_prob"_a, "preset"_a, "name"_a, "input_clamp"_a, "output_clamp"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_off_policy_mask",
+      [](const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
+         const std::string& preset, double delta, const std::string& form, const opt_tensor& offsets) {
+        constexpr std::string_view fn = "off_policy_mask";
+        enum class which { trl, slime };
+        const which w = parse_name<which>(fn, "preset", preset, {{"trl", which::trl}, {"slime", which::slime}});
+        ulorl::off_policy_mask_config cfg = w == which::trl ? P::trl::off_policy_mask(delta) : P::slime::off_policy_mask(delta);
+        using F = ulorl::off_policy_mask_form;
+        cfg.form = parse_name<F>(fn, "form", form, {{"factor", F::factor}, {"loss_mask", F::loss_mask}});
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+          using T = decltype(tag);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          ulorl::off_policy_mask_inputs<T, byte, T> in{.log_prob = th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+                                                       .old_log_prob = th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
+                                                       .mask = mv.view};
+          if (cfg.advantage == ulorl::off_policy_advantage_level::token)
+            in.advantages = th::tokens_of<const T>(fn, "advantages", advantages, off);
+          else
+            in.sequence_advantages = th::span_of<const T>(fn, "advantages", advantages);
+          at::Tensor keep = empty_like_of(log_prob);
+          const std::size_t rows = in.log_prob.rows();
+          at::Tensor seq_kl = at::empty({static_cast<std::int64_t>(rows)}, at::TensorOptions().dtype(at::kDouble));
+          const auto st = ulorl::off_policy_mask(in, th::tokens_of<T>(fn, "keep", keep, off), cfg,
+                                                 th::span_of<double>(fn, "seq_kl", seq_kl));
+          return py::make_tuple(keep, seq_kl,
+                                py::dict("rows"_a = st.rows, "tokens"_a = st.tokens, "off_policy_rows"_a = st.off_policy_rows,
+                                         "dropped_rows"_a = st.dropped_rows, "dropped_tokens"_a = st.dropped_tokens,
+                                         "opsm_clipfrac"_a = st.clipfrac));
+        });
+      },
+      "log_prob"_a, "old_log_prob"_a, "advantages"_a, "mask"_a, "preset"_a, "delta"_a, "form"_a,
+      "offsets"_a = py::none());
+}
+
+// ---- verl's batch passes, OpenRLHF's IS plan, NeMo-RL's loss pieces ----------------------------------------
+py::dict stats_dict(const P::verl::mode_stats& s) {
+  return py::dict("pg_clipfrac"_a = s.pg_clipfrac, "pg_clipfrac_lower"_a = s.pg_clipfrac_lower, "ppo_kl"_a = s.ppo_kl);
+}
+
+void bind_loss_passes(py::module_& m) {
+  m.def(
+      "_verl_dppo_weights",
+      [](const std::string& loss_mode, double low, double high, double c, const at::Tensor& old_log_prob,
+         const at::Tensor& log_prob, const at::Tensor& advantages, const opt_tensor& mask, const opt_tensor& rollout_is_weights,
+         const opt_tensor& offsets) {
+        constexpr std::string_view fn = "presets::verl::dppo_weights";
+        const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_from_name(loss_mode), .clip_ratio_low = low,
+                                           .clip_ratio_high = high, .clip_ratio_c = c};
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+          using T = decltype(tag);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          at::Tensor w = empty_like_of(log_prob);
+          const auto st = P::verl::dppo_weights(o, th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
+                                                th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+                                                th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
+                                                optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off),
+                                                th::tokens_of<T>(fn, "weights", w, off));
+          return py::make_tuple(w, stats_dict(st));
+        });
+      },
+      "loss_mode"_a, "clip_ratio_low"_a, "clip_ratio_high"_a, "clip_ratio_c"_a, "old_log_prob"_a, "log_prob"_a,
+      "advantages"_a, "mask"_a, "rollout_is_weights"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_verl_kl_cov_selection",
+      [](double kl_cov_ratio, double ppo_kl_coef, const at::Tensor& old_log_prob, const at::Tensor& log_prob,
+         const at::Tensor& advantages, const opt_tensor& mask, const opt_tensor& rollout_is_weights,
+         const opt_tensor& offsets) {
+        constexpr std::string_view fn = "presets::verl::kl_cov_selection";
+        const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_kind::kl_cov, .kl_cov_ratio = kl_cov_ratio,
+                                           .ppo_kl_coef = ppo_kl_coef};
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+          using T = decltype(tag);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
+          const auto rw = optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off);
+          if (!rw.empty()) ulorl::require_same_shape(fn, "rollout_is_weights", rw, "log_prob", lp);
+          at::Tensor sel = empty_like_of(log_prob);
+          const auto st = P::verl::kl_cov_selection(o, th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
+                                                    th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
+                                                    th::tokens_of<T>(fn, "selected", sel, off));
+          // The selected tokens take the objective with the |x| penalty (weights w sel), the others
+          // the objective without it (weights w (1 - sel)), under one normaliser.
+          at::Tensor w_sel = sel, w_rest = at::ones_like(sel) - sel;
+          if (rollout_is_weights) w_sel = w_sel * *rollout_is_weights, w_rest = w_rest * *rollout_is_weights;
+          return py::make_tuple(w_sel, w_rest, stats_dict(st));
+        });
+      },
+      "kl_cov_ratio"_a, "ppo_kl_coef"_a, "old_log_prob"_a, "log_prob"_a, "advantages"_a, "mask"_a,
+      "rollout_is_weights"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_verl_clip_cov_weights",
+      [](double low, double high, double clip_cov_ratio, double clip_cov_lb, double clip_cov_ub, const at::Tensor& old_log_prob,
+         const at::Tensor& log_prob, const at::Tensor& advantages, const opt_tensor& mask, const at::Tensor& selection,
+         const opt_tensor& rollout_is_weights, const opt_tensor& offsets) {
+        constexpr std::string_view fn = "presets::verl::clip_cov_weights";
+        const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_kind::clip_cov, .clip_ratio_low = low,
+                                           .clip_ratio_high = high, .clip_cov_ratio = clip_cov_ratio,
+                                           .clip_cov_lb = clip_cov_lb, .clip_cov_ub = clip_cov_ub};
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+          using T = decltype(tag);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          const mask_bytes sv = mask_of<T>(fn, "clip_cov_selection", selection, off);
+          at::Tensor w = empty_like_of(log_prob);
+          const auto st = P::verl::clip_cov_weights(o, th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
+                                                    th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+                                                    th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view, sv.view,
+                                                    optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off),
+                                                    th::tokens_of<T>(fn, "weights", w, off));
+          return py::make_tuple(w, stats_dict(st));
+        });
+      },
+      "clip_ratio_low"_a, "clip_ratio_high"_a, "clip_cov_ratio"_a, "clip_cov_lb"_a, "clip_cov_ub"_a, "old_log_prob"_a,
+      "log_prob"_a, "advantages"_a, "mask"_a, "clip_cov_selection"_a, "rollout_is_weights"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_openrlhf_vllm_is_plan",
+      [](const std::string& policy_loss_type, bool enable) {
+        const auto p = P::openrlhf::vllm_is_correction({.policy_loss_type = P::openrlhf::policy_loss_type_from_name(policy_loss_type),
+                                                        .enable_vllm_is_correction = enable});
+        return py::dict("weights"_a = p.weights, "ratio_against_rollout"_a = p.ratio_against_rollout);
+      },
+      "policy_loss_type"_a, "enable_vllm_is_correction"_a);
+
+  // NeMo-RL ClippedPGLossFn: its options (validated), the objective / normaliser, the IS weights'
+  // configuration, its reference-KL term (value and gradient) and its logged ratios.
+  using O = P::nemo_rl::clipped_pg_loss_options;
+  py::class_<O>(m, "NemoRLClippedPGLossOptions", "NeMo-RL ClippedPGLossFn options (presets::nemo_rl::clipped_pg_loss_options).");
+  m.def(
+      "_nemo_rl_clipped_pg_loss_options",
+      [](double ratio_clip_min, double ratio_clip_max, opt ratio_clip_c, bool token_level_loss, bool force_on_policy_ratio,
+         bool disable_ppo_ratio, bool use_importance_sampling_correction, const std::optional<std::string>& tis_type,
+         opt tis_ratio, opt tis_ratio_min, double kl_penalty, const std::string& kl_type, opt kl_input_clamp,
+         opt kl_output_clamp, bool use_on_policy_kl_approximation) {
+        O o{.ratio_clip_min = ratio_clip_min,
+            .ratio_clip_max = ratio_clip_max,
+            .ratio_clip_c = ratio_clip_c,
+            .token_level_loss = token_level_loss,
+            .force_on_policy_ratio = force_on_policy_ratio,
+            .disable_ppo_ratio = disable_ppo_ratio,
+            .use_importance_sampling_correction = use_importance_sampling_correction,
+            .truncated_importance_sampling_ratio = tis_ratio,
+            .truncated_importance_sampling_ratio_min = tis_ratio_min,
+            .reference_policy_kl_penalty = kl_penalty,
+            .reference_policy_kl_type = P::nemo_rl::kl_type_from_name(kl_type),
+            .kl_input_clamp_value = kl_input_clamp,
+            .kl_output_clamp_value = kl_output_clamp,
+            .use_on_policy_kl_approximation = use_on_policy_kl_approximation};
+        if (tis_type) o.truncated_importance_sampling_type = rc::is_weighting_from_name(*tis_type, "truncated_importance_sampling_type");
+        P::nemo_rl::validate(o);
+        return o;
+      },
+      "ratio_clip_min"_a, "ratio_clip_max"_a, "ratio_clip_c"_a, "token_level_loss"_a, "force_on_policy_ratio"_a,
+      "disable_ppo_ratio"_a, "use_importance_sampling_correction"_a, "truncated_importance_sampling_type"_a,
+      "truncated_importance_sampling_ratio"_a, "truncated_importance_sampling_ratio_min"_a,
+      "reference_policy_kl_penalty"_a, "reference_policy_kl_type"_a, "kl_input_clamp_value"_a,
+      "kl_output_clamp_value"_a, "use_on_policy_kl_approximation"_a);
+  m.def(
+      "_nemo_rl_loss_config",
+      [](const O& o, const ulorl::batch_counts& counts, opt global_valid_toks, opt global_valid_seqs) {
+        ulorl::policy_loss_config cfg;
+        cfg.objective = P::nemo_rl::objective(o);
+        cfg.normalizer = P::nemo_rl::normalizer(o, {.global_valid_toks = global_valid_toks, .global_valid_seqs = global_valid_seqs}, counts);
+        return cfg;
+      },
+      "options"_a, "counts"_a, "global_valid_toks"_a, "global_valid_seqs"_a);
+  m.def("_nemo_rl_importance_config", [](const O& o) { return P::nemo_rl::rollout_correction(o); }, "options"_a);
+  m.def(
+      "_nemo_rl_kl_penalty_term",
+      [](const O& o, const at::Tensor& log_prob, const at::Tensor& ref_log_prob, const opt_tensor& rollout_log_prob,
+         const opt_tensor& mask, const ulorl::agg_normalizer& norm, const opt_tensor& offsets) {
+        constexpr std::string_view fn = "presets::nemo_rl::kl_penalty_term";
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+          using T = decltype(tag);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          at::Tensor grad = at::zeros(log_prob.sizes(), at::TensorOptions().dtype(log_prob.scalar_type()));
+          const double kl = P::nemo_rl::kl_penalty_term(o, th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+                                                        th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off),
+                                                        optional_tokens<T>(fn, "rollout_log_prob", rollout_log_prob, off), mv.view,
+                                                        norm, th::tokens_of<T>(fn, "grad", grad, off));
+          // NeMo-RL logs the penalty without its coefficient (kl_penalty).
+          const double unscaled = kl == 0.0 ? 0.0 : kl / o.reference_policy_kl_penalty;
+          return py::make_tuple(kl, unscaled, grad);
+        });
+      },
+      "options"_a, "log_prob"_a, "ref_log_prob"_a, "rollout_log_prob"_a, "mask"_a, "normalizer"_a,
+      "offsets"_a = py::none());
+  m.def(
+      "_nemo_rl_logged_ratios",
+      [](const O& o, const at::Tensor& log_prob, const at::Tensor& prev_log_prob, const opt_tensor& mask, opt global_valid_toks,
+         const opt_tensor& offsets) {
+        constexpr std::string_view fn = "presets::nemo_rl::logged_ratios";
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+          using T = decltype(tag);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          const auto r = P::nemo_rl::logged_ratios(o, th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+                                                   th::tokens_of<const T>(fn, "old_log_prob", prev_log_prob, off), mv.view,
+                                                   {.global_valid_toks = global_valid_toks});
+          return py::dict("probs_ratio"_a = r.probs_ratio, "probs_ratio_clamped"_a = r.probs_ratio_clamped);
+        });
+      },
+      "options"_a, "log_prob"_a, "prev_log_prob"_a, "mask"_a, "global_valid_toks"_a, "offsets"_a = py::none());
+
+  // TRL GRPOTrainer._compute_loss: the configuration of its loss type / level and the per-token
+  // multipliers of the policy term (off-policy mask, top-entropy mask, vLLM IS ratio or VESPO's phi),
+  // composed as docs/losses.md §13 describes; the loss itself is policy_loss (and entropy_loss for
+  // the entropy bonus) called by the Python preset.
+  m.def(
+      "_trl_grpo_loss_setup",
+      [](const at::Tensor& per_token_logps, const at::Tensor& old_per_token_logps, const at::Tensor& advantages,
+         const at::Tensor& completion_mask, const opt_tensor& sampling_per_token_logps, const opt_tensor& entropies,
+         const opt_tensor& importance_sampling_ratio, const std::string& loss_type_name, double epsilon,
+         opt epsilon_high, opt delta, const std::string& level_name, double beta, bool use_bias_correction_kl,
+         double max_completion_length, double gradient_accumulation_steps, opt num_items_in_batch,
+         double num_processes, double sapo_temperature_pos, double sapo_temperature_neg, double vespo_k_pos,
+         double vespo_lambda_pos, double vespo_k_neg, double vespo_lambda_neg, opt off_policy_mask_threshold,
+         double top_entropy_quantile, double entropy_coef) {
+        constexpr std::string_view fn = "presets::trl::grpo_loss";
+        using LT = P::trl::loss_type_kind;
+        using IS = P::trl::importance_sampling_kind;
+        const auto level = P::trl::importance_sampling_level_from_name(level_name);
+        const auto loss_type = P::trl::loss_type_from_name(loss_type_name);
+        const auto objective = P::trl::objective({.epsilon = epsilon,
+                                                  .epsilon_high = epsilon_high,
+                                                  .delta = delta,
+                                                  .importance_sampling_level = level,
+                                                  .loss_type = loss_type,
+                                                  .sapo_temperature_pos = sapo_temperature_pos,
+                                                  .sapo_temperature_neg = sapo_temperature_neg});
+        const double rho = top_entropy_quantile;
+        return th::detail::with_token_type(fn, "per_token_logps", per_token_logps, [&](auto tag) {
+          using T = decltype(tag);
+          const th::offsets_view padded{};
+          const auto lpv = th::tokens_of<const T>(fn, "per_token_logps", per_token_logps, padded);
+          const auto oldv = th::tokens_of<const T>(fn, "old_per_token_logps", old_per_token_logps, padded);
+          const mask_bytes mv = mask_of<T>(fn, "completion_mask", completion_mask, padded);
+          const std::size_t B = lpv.rows(), Tn = per_token_logps.size(1);
+          ulorl::require_same_shape(fn, "old_per_token_logps", oldv, "per_token_logps", lpv);
+          ulorl::require_same_shape(fn, "completion_mask", mv.view, "per_token_logps", lpv);
+          const bool per_row = advantages.dim() == 1;
+          std::span<const T> adv_rows{};
+          if (per_row) {
+            adv_rows = th::span_of<const T>(fn, "advantages", advantages);
+            ulorl::require_same_size(fn, "advantages", adv_rows.size(), "per_token_logps rows", B);
+          }
+          // TRL's rejections of the options.
+          if (level == IS::sequence_token) {
+            if (use_bias_correction_kl) ulorl::detail::fail(fn, "use_bias_correction_kl", "sequence_token (GSPO-token) has no bias-corrected KL");
+            if (entropy_coef != 0.0) ulorl::detail::fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus");
+          }
+          if (!(rho >= 0.0 && rho <= 1.0)) ulorl::detail::fail_value(fn, "top_entropy_quantile", rho, "must be in [0, 1]");
+          if ((rho < 1.0 || entropy_coef != 0.0) && !entropies)
+            ulorl::detail::fail(fn, "entropies", "required when top_entropy_quantile < 1 or entropy_coef != 0");
+          const auto ev = optional_tokens<T>(fn, "entropies", entropies, padded);
+          if (entropies) {
+            ulorl::require_same_shape(fn, "entropies", ev, "per_token_logps", lpv);
+            ulorl::require_all_finite(fn, "entropies", ev);
+            require_non_negative_tokens(fn, "entropies", ev);
+          }
+          const auto sv = optional_tokens<T>(fn, "sampling_per_token_logps", sampling_per_token_logps, padded);
+          if (sampling_per_token_logps) ulorl::require_same_shape(fn, "sampling_per_token_logps", sv, "per_token_logps", lpv);
+          const auto qv = optional_tokens<T>(fn, "importance_sampling_ratio", importance_sampling_ratio, padded);
+          if (importance_sampling_ratio) {
+            ulorl::require_same_size(fn, "importance_sampling_ratio rows", qv.rows(), "per_token_logps rows", B);
+            const std::size_t qcols = static_cast<std::size_t>(importance_sampling_ratio->size(1));
+            if (qcols != Tn && qcols != 1)
+              ulorl::detail::fail_value(fn, "importance_sampling_ratio", qcols, "must have T columns or 1");
+            if (loss_type == LT::vespo && qcols != Tn)
+              ulorl::detail::fail(fn, "importance_sampling_ratio", "vespo needs a token-level ratio [B, T]");
+            ulorl::require_all_finite(fn, "importance_sampling_ratio", qv);
+            require_non_negative_tokens(fn, "importance_sampling_ratio", qv);
+          }
+          const bool seq = level == IS::sequence;
+          if (seq && (loss_type == LT::cispo || loss_type == LT::sapo))
+            ulorl::detail::fail(fn, "importance_sampling_level",
+                                "sequence-level cispo / sapo (each token's log-ratio is the row's) is not available "
+                                "in the Python preset");
+          if (loss_type == LT::luspo && beta != 0.0)
+            ulorl::detail::fail(fn, "beta", "luspo with a KL term (aggregated over every position with the row "
+                                            "weights) is not available in the Python preset");
+          if ((off_policy_mask_threshold || loss_type == LT::vespo) && !per_row)
+            ulorl::detail::fail(fn, "advantages", "must be one value per completion [B] with off_policy_mask_threshold or vespo");
+
+          // Multipliers of the policy term: keep (OPSM) * E (top entropy) * q (or VESPO's phi).
+          const auto opts = at::TensorOptions().dtype(per_token_logps.scalar_type());
+          at::Tensor w = at::ones(per_token_logps.sizes(), opts);
+          if (off_policy_mask_threshold) {
+            at::Tensor keep = at::zeros(per_token_logps.sizes(), opts);
+            const ulorl::off_policy_mask_inputs<T, byte, T> oin{.log_prob = lpv,
+                                                                .old_log_prob = sampling_per_token_logps ? sv : oldv,
+                                                                .mask = mv.view,
+                                                                .sequence_advantages = adv_rows};
+            (void)ulorl::off_policy_mask(oin, th::tokens_of<T>(fn, "keep", keep, padded),
+                                         P::trl::off_policy_mask(*off_policy_mask_threshold));
+            w = w * keep;
+          }
+          // m_e, the tokens the entropy bonus covers: m, or m E with the top-entropy mask (written below).
+          at::Tensor ent_mask = completion_mask.to(per_token_logps.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+          if (rho < 1.0) {
+            std::vector<double> scratch(ulorl::entropy_quantile_workspace(mv.view, ev));
+            (void)ulorl::top_entropy_mask(ev, mv.view, ulorl::entropy_quantile_config{.quantile = rho},
+                                          th::tokens_of<T>(fn, "entropy_mask", ent_mask, padded), scratch);
+            w = w * ent_mask;
+          }
+          py::object phi_mean = py::none();
+          if (loss_type == LT::vespo) {
+            std::vector<double> phi(B, 0.0);
+            ulorl::vespo_weights(ulorl::vespo_inputs<T, byte>{lpv, oldv, mv.view, adv_rows, qv},
+                                 {.k_pos = vespo_k_pos, .lambda_pos = vespo_lambda_pos, .k_neg = vespo_k_neg,
+                                  .lambda_neg = vespo_lambda_neg},
+                                 phi);
+            const at::Tensor phi_t = at::tensor(phi, at::TensorOptions().dtype(at::kDouble)).to(opts.dtype());
+            w = w * phi_t.unsqueeze(1);
+            phi_mean = py::float_(phi_t.to(at::kDouble).mean().item<double>());  // TRL's vespo_phi_seq_mean
+          } else if (importance_sampling_ratio) {
+            w = w * *importance_sampling_ratio;
+          }
+
+          const auto counts = ulorl::count_batch(mv.view);
+          const P::trl::normalizer_options nopt{.loss_type = loss_type,
+                                                .importance_sampling_level = level,
+                                                .padded_length = Tn,
+                                                .max_completion_length = max_completion_length,
+                                                .gradient_accumulation_steps = gradient_accumulation_steps,
+                                                .num_items_in_batch = num_items_in_batch,
+                                                .num_processes = num_processes};
+          ulorl::policy_loss_config cfg;
+          cfg.objective = objective;
+          cfg.kl = P::trl::kl({.use_bias_correction_kl = use_bias_correction_kl});
+          cfg.kl_coef = beta;
+          cfg.normalizer = P::trl::normalizer(nopt, counts);
+
+          py::dict out("config"_a = cfg, "weights"_a = w, "loss_mask"_a = py::none(), "metrics_weights"_a = py::none(),
+                       "vespo_phi_seq_mean"_a = phi_mean);
+          if (loss_type == LT::luspo) {
+            // Row b weighs n_b: at the token level over every position (an all-ones mask, weights
+            // n_b w), at the sequence level over the valid tokens with the row's mean multiplier.
+            std::vector<double> nrow(B);
+            for (std::size_t b = 0; b < B; ++b) nrow[b] = static_cast<double>(ulorl::row_tokens(mv.view, b));
+            const at::Tensor n_t = at::tensor(nrow, at::TensorOptions().dtype(at::kDouble)).to(opts.dtype()).unsqueeze(1);
+            if (seq) {
+              out["weights"] = w.mean(1, true).expand_as(w).contiguous();
+            } else {
+              out["weights"] = w * n_t;
+              out["loss_mask"] = at::ones(per_token_logps.sizes(), opts);
+              out["metrics_weights"] = w;
+            }
+          }
+          if (entropy_coef != 0.0) {
+            const auto mev = th::tokens_of<const T>(fn, "entropy_mask", ent_mask, padded);
+            out["entropy_mask"] = ent_mask;
+            out["entropy_normalizer"] = P::trl::entropy_normalizer(nopt, counts, ulorl::count_batch(mev).tokens);
+          }
+          return out;
+        });
+      },
+      "per_token_logps"_a, "old_per_token_logps"_a, "advantages"_a, "completion_mask"_a, "sampling_per_token_logps"_a,
+      "entropies"_a, "importance_sampling_ratio"_a, "loss_type"_a, "epsilon"_a, "epsilon_high"_a, "delta"_a,
+      "importance_sampling_level"_a, "beta"_a, "use_bias_correction_kl"_a, "max_completion_length"_a,
+      "gradient_accumulation_steps"_a, "num_items_in_batch"_a, "num_processes"_a, "sapo_temperature_pos"_a,
+      "sapo_temperature_neg"_a, "vespo_k_pos"_a, "vespo_lambda_pos"_a, "vespo_k_neg"_a, "vespo_lambda_neg"_a,
+      "off_policy_mask_threshold"_a, "top_entropy_quantile"_a, "entropy_coef"_a);
+
+  m.def(
+      "_entropy_loss",
+      [](const at::Tensor& entropy, const opt_tensor& mask, double coef, const ulorl::agg_normalizer& norm,
+         const opt_tensor& offsets) {
+        constexpr std::string_view fn = "entropy_loss";
+        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
+        return th::detail::with_token_type(fn, "entropy", entropy, [&](auto tag) {
+          using T = decltype(tag);
+          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          at::Tensor grad = empty_like_of(entropy);
+          const double v = ulorl::entropy_loss(th::tokens_of<const T>(fn, "entropy", entropy, off), mv.view, coef, norm,
+                                               th::tokens_of<T>(fn, "grad_entropy", grad, off));
+          return py::make_tuple(v, grad);
+        });
+      },
+      "entropy"_a, "mask"_a, "coef"_a, "normalizer"_a, "offsets"_a = py::none());
+}
+
+// ---- logits statistics ----------------------------------------------------------------------------------
+void bind_logits_statistics(py::module_& m) {
+  m.def(
+      "_logits_statistics",
+      [](const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values) {
+        constexpr std::string_view fn = "logits_statistics";
+        const ulorl::logits_config cfg{.temperature = temperature, .check_values = check_values};
+        return th::detail::with_logits_type(fn, "logits", logits, [&](auto ltag) {
+          using L = decltype(ltag);
+          return th::detail::with_label_type(fn, "labels", labels, [&](auto y) {
+            const auto z = th::matrix_of<const L>(fn, "logits", logits);
+            const auto n = static_cast<std::int64_t>(z.rows());
+            const auto dbl = at::TensorOptions().dtype(at::kDouble);
+            at::Tensor lp = at::empty({n}, dbl), ent = at::empty({n}, dbl), lse = at::empty({n}, dbl);
+            {
+              const py::gil_scoped_release nogil;
+              ulorl::logits_forward(z, y, th::vector_of<double>(fn, "log_prob", lp), th::vector_of<double>(fn, "entropy", ent),
+                                    th::vector_of<double>(fn, "lse", lse), cfg, th::torch_executor{});
+            }
+            return py::make_tuple(lp, ent, lse);
+          });
+        });
+      },
+      "logits"_a, "labels"_a, "temperature"_a, "check_values"_a);
+}
+
+}  // namespace
+
+void bind_corrections(py::module_& m) {
+  bind_rollout_correction(m);
+  bind_advantages(m);
+  bind_terms(m);
+  bind_loss_passes(m);
+  bind_logits_statistics(m);
+}
+
+}  // namespace ulorl_py
