@@ -117,6 +117,53 @@ TEST_CASE("torch policy_loss: packed layout, uint8 and float masks, strided inpu
                   base.result.loss) < 1e-14);
 }
 
+TEST_CASE("torch policy_loss with cfg.rollout: the correction inside the loss equals apply() then the loss", "[torch][rollout]") {
+  tsupport::seed(1013);
+  namespace rc = ulorl::rollout_correction;
+  for (auto dt : {at::kDouble, at::kFloat}) {
+    batch x = make_batch(6, 40, dt);
+    const at::Tensor ro = x.old + (at::rand({6, 40}, at::TensorOptions().dtype(dt)) - 0.5) * 0.6;
+    rc::config c;  // token TIS, upper 2, and a token k2 rejection
+    c.rejection.chain.push_back({rc::rs_statistic::token, rc::rs_estimator::k2, 0.0, 0.02});
+    // apply() on views of the tensors: weights and keep-mask, then the loss on them.
+    const at::Tensor m8 = x.mask.to(at::kByte);
+    const at::Tensor w = at::empty_like(x.old), keep = at::empty_like(m8);
+    const auto tv = [](const at::Tensor& t, auto* p) {
+      using E = std::remove_pointer_t<decltype(p)>;
+      return ulorl::token_view<E>::padded(ulorl::matrix_view<E>(p, static_cast<std::size_t>(t.size(0)), static_cast<std::size_t>(t.size(1))));
+    };
+    rc::statistics st;
+    const auto run_apply = [&](auto tag) {
+      using T = decltype(tag);
+      const rc::inputs<T, std::uint8_t> rin{tv(x.old, x.old.data_ptr<T>()), tv(ro, ro.data_ptr<T>()), tv(m8, m8.data_ptr<std::uint8_t>())};
+      st = rc::apply(rin, c, rc::outputs<T, std::uint8_t>{tv(w, w.data_ptr<T>()), tv(keep, keep.data_ptr<std::uint8_t>())}).totals;
+    };
+    if (dt == at::kDouble) run_apply(double{});
+    else run_apply(float{});
+    const double kept = st.tokens - st.rejected_tokens;
+    REQUIRE(st.rejected_tokens > 0);
+    auto cfg = full_config(kept);
+    at::Tensor lp1 = x.lp.clone().requires_grad_(), lp2 = x.lp.clone().requires_grad_();
+    const auto a = th::policy_loss(lp1, x.old, x.adv, keep, cfg, {.ref_log_prob = x.ref, .weights = w, .entropy = x.ent});
+    cfg.rollout = c;
+    const auto b = th::policy_loss(lp2, x.old, x.adv, x.mask, cfg, {.ref_log_prob = x.ref, .entropy = x.ent, .rollout_log_prob = ro});
+    a.loss.backward();
+    b.loss.backward();
+    CHECK(a.result.loss == b.result.loss);
+    CHECK(b.result.rollout.rejected_tokens == st.rejected_tokens);
+    CHECK(b.result.rollout.k3_sum == st.k3_sum);
+    CHECK(at::equal(lp1.grad(), lp2.grad()));
+    // Without cfg.rollout, rollout_log_prob is an error naming it.
+    cfg.rollout.reset();
+    try {
+      (void)th::policy_loss(x.lp, x.old, x.adv, x.mask, cfg, {.ref_log_prob = x.ref, .entropy = x.ent, .rollout_log_prob = ro});
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      CHECK(e.argument() == "rollout_log_prob");
+    }
+  }
+}
+
 TEST_CASE("torch policy_loss: gradients equal central finite differences (float64)", "[torch][policy_loss][fd]") {
   tsupport::seed(1003);
   batch x = make_batch(3, 7, at::kDouble);

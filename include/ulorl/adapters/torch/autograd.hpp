@@ -53,6 +53,9 @@ struct policy_loss_tensors {
   //! Packed layout: offsets[B+1] (int32 or int64) and 1-D [total] token tensors. Undefined: the
   //! padded layout, [B, T] token tensors.
   at::Tensor offsets{};
+  //! The inference engine's log-probs: required with cfg.rollout (the rollout correction inside the
+  //! loss pass, policy_loss_config::rollout; its statistics in result.rollout), rejected without it.
+  at::Tensor rollout_log_prob{};
 };
 
 //! What the policy losses return. `loss` is a 0-dim tensor of the token dtype with a grad_fn;
@@ -204,6 +207,7 @@ struct policy_loss_function : public torch::autograd::Function<policy_loss_funct
         in.mask = tokens_of<const M>(fn, "mask", mask, off);
         in.ref_log_prob = optional_tokens<T>(fn, "ref_log_prob", a->extra->ref_log_prob, off);
         in.weights = optional_tokens<T>(fn, "weights", a->extra->weights, off);
+        in.rollout_log_prob = optional_tokens<T>(fn, "rollout_log_prob", a->extra->rollout_log_prob, off);
         if (a->has_entropy) in.entropy = tokens_of<const T>(fn, "entropy", entropy, off);
         const bool with_entropy = cfg.entropy_coef != 0.0;
         at::Tensor glp = new_tokens(log_prob, scalar_type_of<T>());
@@ -322,6 +326,7 @@ policy_loss_inputs<T, M> fused_inputs(std::string_view fn, const at::Tensor& old
   in.mask = tokens_of<const M>(fn, "mask", mask, off);
   in.ref_log_prob = optional_tokens<T>(fn, "ref_log_prob", extra.ref_log_prob, off);
   in.weights = optional_tokens<T>(fn, "weights", extra.weights, off);
+  in.rollout_log_prob = optional_tokens<T>(fn, "rollout_log_prob", extra.rollout_log_prob, off);
   return in;
 }
 
