@@ -151,6 +151,22 @@ void bind_rollout_correction(py::module_& m) {
   py::class_<rc::metrics>(m, "RolloutCorrectionMetrics", "The diagnostics of one rollout-correction call.")
       .def("as_dict", &rc_metrics_dict);
 
+  py::class_<rc::statistics>(m, "RolloutCorrectionStatistics",
+                             "The sums a rollout correction's metrics are computed from (ulorl::rollout_correction::"
+                             "statistics): policy_loss with config.rollout returns them per micro-batch; add them "
+                             "(+) over micro-batches and finalize them with rollout_correction_finalize.")
+      .def(py::init<>())
+      .def_readonly("rows", &rc::statistics::rows)
+      .def_readonly("tokens", &rc::statistics::tokens)
+      .def_readonly("rejected_tokens", &rc::statistics::rejected_tokens)
+      .def("__add__", [](const rc::statistics& a, const rc::statistics& b) { return a + b; });
+  m.def(
+      "rollout_correction_finalize",
+      [](const rc::statistics& s, const rc::config& c) { return rc_metrics_dict(rc::finalize(s, c)); }, "statistics"_a,
+      "config"_a,
+      "The metrics of summed statistics (the dict rollout_correction returns), with the batch-normalisation divisor "
+      "'batch_norm_factor'.");
+
   m.def(
       "_rollout_correction_config",
       [](const std::string& level, const std::string& weighting, double lower, double upper, double log_ratio_clamp,

@@ -164,6 +164,7 @@ void bind_config(py::module_& m) {
                 "Every parameter of the fused policy loss (ulorl::policy_loss_config), flattened: the objective, "
                 "the KL term, the entropy term, the aggregation normaliser and check_values.")
       .def(py::init<>())
+      .def("__copy__", [](const C& c) { return c; })
       .def_property(
           "objective", [](const C& c) { return name_of(c.objective.kind); },
           [](C& c, const std::string& s) { c.objective.kind = objective_of(s); })
@@ -211,6 +212,11 @@ void bind_config(py::module_& m) {
       .def_readwrite("entropy_coef", &C::entropy_coef)
       .def_readwrite("normalizer", &C::normalizer)
       .def_readwrite("check_values", &C::check_values)
+      .def_readwrite("rollout", &C::rollout,
+                     "A RolloutCorrectionConfig computed inside the loss pass (needs rollout_log_prob), or None.")
+      .def_readwrite("rollout_batch_norm_factor", &C::rollout_batch_norm_factor,
+                     "The weights' divisor with rollout.batch_normalize (rollout_correction_finalize's "
+                     "batch_norm_factor of the whole batch), else None.")
       .def("__repr__", [](const C& c) {
         std::string s = std::string("PolicyLossConfig(objective='") + name_of(c.objective.kind) + "'";
         const auto f = [&](const char* k, double v) { s += std::string(", ") + k + "=" + py::repr(py::float_(v)).cast<std::string>(); };
@@ -230,6 +236,8 @@ void bind_config(py::module_& m) {
       .def_readonly("pg_loss", &ulorl::policy_loss_result::pg_loss)
       .def_readonly("kl_loss", &ulorl::policy_loss_result::kl_loss)
       .def_readonly("entropy_loss", &ulorl::policy_loss_result::entropy_loss)
+      .def_readonly("rollout", &ulorl::policy_loss_result::rollout,
+                    "With config.rollout: the rollout correction's RolloutCorrectionStatistics of this call.")
       .def("as_dict", &result_dict);
 }
 

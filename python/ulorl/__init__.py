@@ -33,6 +33,7 @@ from ._ulorl import (  # noqa: E402,F401
     ReferenceResetPolicy,
     RolloutCorrectionConfig,
     RolloutCorrectionMetrics,
+    RolloutCorrectionStatistics,
     SegmentScheduler,
     count_batch,
     global_normalizer,
@@ -40,6 +41,7 @@ from ._ulorl import (  # noqa: E402,F401
     old_log_prob_plan,
     old_log_prob_versions,
     recompute_token_count,
+    rollout_correction_finalize,
 )
 from ._api import (  # noqa: E402,F401
     advantage_preset,
@@ -73,11 +75,12 @@ __version__ = "0.1.0"
 __all__ = [
     "AdvantagePreset", "BatchCounts", "EntropyController", "Error", "KLController", "Normalizer", "PlanItem",
     "PolicyLossConfig", "PolicyLossResult", "ReferenceResetPolicy", "RolloutCorrectionConfig",
-    "RolloutCorrectionMetrics", "SegmentScheduler", "advantage_preset", "agg_loss", "broadcast_to_tokens",
+    "RolloutCorrectionMetrics", "RolloutCorrectionStatistics", "SegmentScheduler", "advantage_preset", "agg_loss", "broadcast_to_tokens",
     "count_batch", "dynamic_sampling_filter", "global_normalizer", "gpg_advantages", "group_advantages",
     "kl_penalty", "kl_share", "linear_head_policy_loss", "logits_statistics", "logprobs_from_logits", "mpt_mask",
     "multi_reward_advantages", "off_policy_mask", "old_log_prob_plan", "old_log_prob_versions", "opo_advantages",
     "optimal_token_baseline_advantages", "overlong_penalty", "policy_loss", "policy_loss_config",
     "policy_loss_from_logits", "presets", "recompute_token_count", "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages", "rollout_correction", "rollout_correction_config",
+    "rollout_correction_finalize",
 ]

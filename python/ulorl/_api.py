@@ -5,6 +5,7 @@ Nothing here computes a formula: each function builds a configuration and calls 
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -77,12 +78,7 @@ def _config(fn: str, config: Optional[PolicyLossConfig], options: Dict[str, Any]
             raise _fail(fn, next(iter(options)), "give either config= or loss options, not both")
         cfg = config
         if normalizer is not None:
-            cfg = policy_loss_config()  # copy: never modify the caller's config
-            for k in ("objective", "eps_low", "eps_high", "dual_clip", "delta", "log_ratio_clamp", "seq_log_ratio_max",
-                      "seq_gradient", "tau_pos", "tau_neg", "kl_coef", "kl_estimator", "kl_input_clamp",
-                      "kl_output_clamp", "kl_straight_through", "kl_importance_weighted", "entropy_coef",
-                      "check_values"):
-                setattr(cfg, k, getattr(config, k))
+            cfg = copy.copy(config)  # never modify the caller's config
             cfg.normalizer = normalizer
         return cfg
     try:
@@ -111,6 +107,9 @@ def policy_loss(
     agg_mode: str = "token_mean",
     agg_constant: float = 0.0,
     config: Optional[PolicyLossConfig] = None,
+    rollout_log_prob: Optional[torch.Tensor] = None,
+    rollout_correction: Optional[RolloutCorrectionConfig] = None,
+    rollout_batch_norm_factor: Optional[float] = None,
     **options: Any,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """The fused policy loss of one micro-batch as an autograd function.
@@ -134,11 +133,28 @@ def policy_loss(
     kl_loss, entropy_loss, clip fractions (clip_fraction, clip_low_fraction, clip_high_fraction,
     clip_region_fraction, dual_clip_fraction), approx_kl_k1, approx_kl_k1_clamped, approx_kl_k3,
     ratio_mean / min / max, kl_mean, entropy_mean and the counts behind them.
+
+    Rollout correction inside the loss pass: ``rollout_correction`` (a :class:`RolloutCorrectionConfig`)
+    with the engine's ``rollout_log_prob`` computes the weights and keep-mask of
+    :func:`rollout_correction` row block by row block inside the pass (the same bits as that call
+    followed by the loss on its outputs; ``weights`` must then be None). With rejection sampling the
+    normaliser must count the kept tokens; with batch normalisation pass the whole batch's divisor as
+    ``rollout_batch_norm_factor``. The metrics then hold ``rollout``: the correction's
+    :class:`RolloutCorrectionStatistics` (add them over micro-batches, then
+    :func:`rollout_correction_finalize`).
     """
     cfg = _config("policy_loss", config, options, normalizer, agg_mode, agg_constant, mask, offsets)
+    if rollout_correction is not None or rollout_batch_norm_factor is not None:
+        if cfg is config:
+            cfg = copy.copy(config)
+        cfg.rollout = rollout_correction
+        cfg.rollout_batch_norm_factor = rollout_batch_norm_factor
     loss, result = _ulorl._policy_loss(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob, weights, entropy,
-                                       offsets)
-    return loss, result.as_dict()
+                                       offsets, rollout_log_prob)
+    metrics = result.as_dict()
+    if cfg.rollout is not None:
+        metrics["rollout"] = result.rollout
+    return loss, metrics
 
 
 def _policy_loss_result(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob=None, weights=None, entropy=None,

@@ -53,13 +53,17 @@ class PolicyLossConfig:
     entropy_coef: float
     normalizer: Normalizer
     check_values: bool
+    rollout: Optional[RolloutCorrectionConfig]
+    rollout_batch_norm_factor: Optional[float]
     def __init__(self) -> None: ...
+    def __copy__(self) -> PolicyLossConfig: ...
 
 class PolicyLossResult:
     loss: float
     pg_loss: float
     kl_loss: float
     entropy_loss: float
+    rollout: RolloutCorrectionStatistics
     def as_dict(self) -> Dict[str, float]: ...
 
 class AdvantagePreset: ...
@@ -73,6 +77,16 @@ class RolloutCorrectionConfig:
 
 class RolloutCorrectionMetrics:
     def as_dict(self) -> Dict[str, float]: ...
+
+class RolloutCorrectionStatistics:
+    rows: float
+    tokens: float
+    rejected_tokens: float
+    def __init__(self) -> None: ...
+    def __add__(self, other: RolloutCorrectionStatistics) -> RolloutCorrectionStatistics: ...
+
+def rollout_correction_finalize(statistics: RolloutCorrectionStatistics,
+                                config: RolloutCorrectionConfig) -> Dict[str, float]: ...
 
 class NemoRLClippedPGLossOptions: ...
 
@@ -176,7 +190,8 @@ def old_log_prob_versions(spans: Sequence[Span], *, current_version: int, mode: 
 def _policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                  config: PolicyLossConfig, ref_log_prob: Optional[torch.Tensor] = None,
                  weights: Optional[torch.Tensor] = None, entropy: Optional[torch.Tensor] = None,
-                 offsets: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, PolicyLossResult]: ...
+                 offsets: Optional[torch.Tensor] = None,
+                 rollout_log_prob: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, PolicyLossResult]: ...
 def _logits_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float, check_values: bool,
                   fast_backward: bool) -> Tuple[torch.Tensor, torch.Tensor]: ...
 def _policy_loss_from_logits(*args: Any) -> Tuple[torch.Tensor, PolicyLossResult, torch.Tensor,

@@ -259,3 +259,33 @@ def test_trl_loss_type_errors(gen):
     with pytest.raises(ulorl.Error):
         ulorl.presets.trl.grpo_loss(lp, old, adv, mask, loss_type="vespo",
                                     importance_sampling_ratio=torch.ones(lp.shape[0], 1, dtype=torch.float64))
+
+
+def test_rollout_correction_inside_the_loss_equals_the_two_calls(gen):
+    """policy_loss(rollout_correction=...) is rollout_correction() then policy_loss(weights=, mask=keep):
+    the same loss and gradient bits; its statistics finalise to the call's metrics."""
+    b, t = 5, 37
+    old = -torch.rand(b, t, generator=gen, dtype=torch.float64) * 3 - 0.05
+    lp = old + (torch.rand(b, t, generator=gen, dtype=torch.float64) - 0.5) * 0.6
+    ro = old + (torch.rand(b, t, generator=gen, dtype=torch.float64) - 0.5) * 0.6
+    adv = torch.randn(b, t, generator=gen, dtype=torch.float64)
+    mask = torch.rand(b, t, generator=gen) < 0.85
+    rc = ulorl.rollout_correction_config(level="token", upper=2.0, rejection=[("token", "k2", 0.0, 0.03)])
+    w, keep, m = ulorl.rollout_correction(old, ro, mask, config=rc)
+    kept = float(keep.sum())
+    assert 0 < kept < float(mask.sum())
+    norm = ulorl.Normalizer("token_mean", kept)
+    x1, x2 = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    l1, _ = ulorl.policy_loss(x1, old, adv, keep, weights=w, normalizer=norm, eps_high=0.28)
+    l2, m2 = ulorl.policy_loss(x2, old, adv, mask, rollout_log_prob=ro, rollout_correction=rc, normalizer=norm,
+                               eps_high=0.28)
+    l1.backward()
+    l2.backward()
+    assert l1.item() == l2.item()
+    assert torch.equal(x1.grad, x2.grad)
+    assert ulorl.rollout_correction_finalize(m2["rollout"], rc) == m
+    # rollout_log_prob without a correction, and weights with one, are errors naming the argument.
+    with pytest.raises(ulorl.Error, match="rollout_log_prob"):
+        ulorl.policy_loss(lp, old, adv, mask, rollout_log_prob=ro, normalizer=norm)
+    with pytest.raises(ulorl.Error, match="weights"):
+        ulorl.policy_loss(lp, old, adv, mask, weights=w, rollout_log_prob=ro, rollout_correction=rc, normalizer=norm)
