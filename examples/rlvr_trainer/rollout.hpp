@@ -11,10 +11,13 @@
 // log-probs, per-token versions, provenance spans, verifier verdict and reward);
 // update_policy(v) declares new weights to the engine and the scheduler together. Nothing else
 // decides what is decoded: segments, pauses, resumes and releases are all the scheduler's.
+// save / load (between steps) checkpoint the scheduler and the unreleased responses' tokens.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -22,8 +25,10 @@
 #include <utility>
 #include <vector>
 
+#include <ulorl/rollout/checkpoint.hpp>
 #include <ulorl/rollout/segment_scheduler.hpp>
 
+#include "checkpoint.hpp"
 #include "engine.hpp"
 #include "task.hpp"
 
@@ -187,6 +192,154 @@ class segment_rollout {
     sched_.update_policy(version);
   }
 
+  //! Writes the state between two steps (entries "rollout/..."): the scheduler (ulorl::
+  //! save_scheduler's bytes: queued prompts, admitted groups, paused responses with their
+  //! provenance, counters, the policy version), the targets of the admitted groups, and every
+  //! unreleased response's tokens, sampling log-probs and versions, partial responses included; the
+  //! stream and the engine's sampling configuration, as checks. The engine keeps no sequence state
+  //! between steps (a paused response is re-prefilled under the current weights when it resumes),
+  //! so there is no KV cache to save; its version is the scheduler's.
+  void save(torch::serialize::OutputArchive& a) const {
+    if (sched_.phase() != ulorl::scheduler_phase::idle)
+      throw std::logic_error("segment_rollout::save: a scheduler step is open");
+    ckpt::put_bytes(a, "rollout/scheduler", ulorl::save_scheduler(sched_));
+    for (const auto& [key, value] : fingerprint()) ckpt::put_string(a, "rollout/check/" + key, value);
+    std::vector<std::int64_t> ids, targets;
+    for (const auto& [g, d] : groups_) ids.push_back(g);
+    std::sort(ids.begin(), ids.end());
+    for (const auto g : ids) targets.push_back(groups_.at(g).target);
+    ckpt::put_tensor(a, "rollout/group_ids", torch::tensor(ids, torch::kInt64));
+    ckpt::put_tensor(a, "rollout/group_targets", torch::tensor(targets, torch::kInt64));
+    std::vector<std::int64_t> live_ids, lengths, tokens, versions;
+    std::vector<double> log_probs;
+    for (const auto& [id, b] : live_) live_ids.push_back(id);
+    std::sort(live_ids.begin(), live_ids.end());
+    for (const auto id : live_ids) {
+      const auto& b = live_.at(id);
+      lengths.push_back(static_cast<std::int64_t>(b.tokens.size()));
+      tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
+      log_probs.insert(log_probs.end(), b.log_probs.begin(), b.log_probs.end());
+      versions.insert(versions.end(), b.versions.begin(), b.versions.end());
+    }
+    ckpt::put_tensor(a, "rollout/live_ids", torch::tensor(live_ids, torch::kInt64));
+    ckpt::put_tensor(a, "rollout/live_lengths", torch::tensor(lengths, torch::kInt64));
+    ckpt::put_tensor(a, "rollout/live_tokens", torch::tensor(tokens, torch::kInt64));
+    ckpt::put_tensor(a, "rollout/live_log_probs", torch::tensor(log_probs, torch::kFloat64));
+    ckpt::put_tensor(a, "rollout/live_versions", torch::tensor(versions, torch::kInt64));
+  }
+
+  //! A rollout state read from a checkpoint and checked against this rollout, not yet applied.
+  struct loaded_state {
+    ulorl::segment_scheduler scheduler;
+    std::unordered_map<std::int64_t, std::int64_t> targets{};  // of the admitted groups
+    std::unordered_map<std::int64_t, std::vector<std::int64_t>> tokens{};
+    std::unordered_map<std::int64_t, std::vector<double>> log_probs{};
+    std::unordered_map<std::int64_t, std::vector<std::int64_t>> versions{};
+  };
+
+  //! Reads what save() wrote and checks that it fits this rollout, which must be built like the
+  //! saved one (task, scheduler configuration, targets, stream, engine sampling configuration) on
+  //! an engine at most at the saved version, and that the response buffers hold exactly the tokens
+  //! the scheduler has committed. Changes nothing; throws checkpoint_error naming what does not fit
+  //! (a target that differs means another task or seed).
+  [[nodiscard]] loaded_state read_checkpoint(torch::serialize::InputArchive& a) const {
+    ulorl::segment_scheduler sched = [&] {
+      const auto bytes = ckpt::get_bytes(a, "rollout/scheduler");
+      try {
+        return ulorl::restore_scheduler(bytes);
+      } catch (const std::exception& e) {
+        throw checkpoint_error(std::string("checkpoint: entry 'rollout/scheduler': ") + e.what());
+      }
+    }();
+    if (!(sched.config() == sched_.config()))
+      throw checkpoint_error("checkpoint does not fit: the scheduler configuration differs (checkpoint " +
+                             describe(sched.config()) + "; here " + describe(sched_.config()) + ")");
+    if (sched.phase() != ulorl::scheduler_phase::idle)
+      throw checkpoint_error("checkpoint: the saved scheduler has a step open");
+    for (const auto& [key, value] : fingerprint())
+      ckpt::require_equal("rollout " + key, ckpt::get_string(a, "rollout/check/" + key), value);
+    if (sched.policy_version() < engine_.policy_version())
+      throw checkpoint_error("checkpoint does not fit: policy version " + std::to_string(sched.policy_version()) +
+                             " in the checkpoint, the engine is at " + std::to_string(engine_.policy_version()));
+
+    const auto ids = ckpt::get_tensor(a, "rollout/group_ids", torch::kInt64, 1);
+    const auto targets = ckpt::get_tensor(a, "rollout/group_targets", torch::kInt64, 1);
+    if (targets.numel() != ids.numel()) throw checkpoint_error("checkpoint: rollout/group_targets has the wrong length");
+    loaded_state out{.scheduler = std::move(sched)};
+    auto& groups = out.targets;
+    for (std::int64_t i = 0; i < ids.numel(); ++i) {
+      const auto g = ids[i].item<std::int64_t>(), s = targets[i].item<std::int64_t>();
+      if (targets_(g) != s)
+        throw checkpoint_error("checkpoint does not fit: group " + std::to_string(g) + " has target " +
+                               std::to_string(s) + " in the checkpoint, " + std::to_string(targets_(g)) +
+                               " here (another task or seed)");
+      groups.emplace(g, s);
+    }
+
+    const auto live_ids = ckpt::get_tensor(a, "rollout/live_ids", torch::kInt64, 1);
+    const auto lengths = ckpt::get_tensor(a, "rollout/live_lengths", torch::kInt64, 1);
+    const auto tokens = ckpt::get_tensor(a, "rollout/live_tokens", torch::kInt64, 1);
+    const auto log_probs = ckpt::get_tensor(a, "rollout/live_log_probs", torch::kFloat64, 1);
+    const auto versions = ckpt::get_tensor(a, "rollout/live_versions", torch::kInt64, 1);
+    const auto total = lengths.numel() > 0 ? lengths.sum().item<std::int64_t>() : 0;
+    if (lengths.numel() != live_ids.numel() || (lengths.numel() > 0 && lengths.min().item<std::int64_t>() < 0) ||
+        tokens.numel() != total || log_probs.numel() != total || versions.numel() != total)
+      throw checkpoint_error("checkpoint: the rollout's response buffers have inconsistent lengths");
+    const auto* tok = tokens.data_ptr<std::int64_t>();
+    const auto* lp = log_probs.data_ptr<double>();
+    const auto* ver = versions.data_ptr<std::int64_t>();
+    std::int64_t at = 0;
+    for (std::int64_t i = 0; i < live_ids.numel(); ++i) {
+      const auto n = lengths[i].item<std::int64_t>(), id = live_ids[i].item<std::int64_t>();
+      if (out.tokens.contains(id)) throw checkpoint_error("checkpoint: response " + std::to_string(id) + " is stored twice");
+      out.tokens[id].assign(tok + at, tok + at + n);
+      out.log_probs[id].assign(lp + at, lp + at + n);
+      out.versions[id].assign(ver + at, ver + at + n);
+      at += n;
+    }
+
+    // Every admitted group has its target, and every response of it exactly its committed tokens.
+    const auto& st = out.scheduler.state();
+    const auto G = static_cast<std::size_t>(st.config.group_size);
+    std::size_t admitted = 0, buffered = 0;
+    for (std::size_t slot = 0; slot < st.groups.size(); ++slot) {
+      const auto& gr = st.groups[slot];
+      if (gr.status == ulorl::group_status::free) continue;
+      ++admitted;
+      if (!groups.contains(gr.group_id))
+        throw checkpoint_error("checkpoint: admitted group " + std::to_string(gr.group_id) + " has no target");
+      for (std::size_t k = 0; k < G; ++k) {
+        const auto id = gr.group_id * static_cast<std::int64_t>(G) + static_cast<std::int64_t>(k);
+        const auto it = out.tokens.find(id);
+        const auto held = it == out.tokens.end() ? 0 : static_cast<std::int64_t>(it->second.size());
+        buffered += it == out.tokens.end() ? 0 : 1;
+        if (held != st.responses[slot * G + k].tokens)
+          throw checkpoint_error("checkpoint: response " + std::to_string(id) + " holds " + std::to_string(held) +
+                                 " tokens, the scheduler has " + std::to_string(st.responses[slot * G + k].tokens) +
+                                 " committed");
+      }
+    }
+    if (admitted != groups.size() || buffered != out.tokens.size())
+      throw checkpoint_error("checkpoint: the rollout holds groups or responses the scheduler does not");
+    return out;
+  }
+
+  //! Applies a state from read_checkpoint (of this rollout) and moves the engine to its version.
+  void restore(loaded_state&& s) {
+    std::unordered_map<std::int64_t, group_data> groups;
+    for (const auto& [g, target] : s.targets) groups.emplace(g, group_data{target, task_.prompt(target)});
+    std::unordered_map<std::int64_t, response_buffer> live;
+    for (auto& [id, t] : s.tokens)
+      live.emplace(id, response_buffer{std::move(t), std::move(s.log_probs.at(id)), std::move(s.versions.at(id))});
+    if (s.scheduler.policy_version() > engine_.policy_version()) engine_.set_policy_version(s.scheduler.policy_version());
+    sched_ = std::move(s.scheduler);
+    groups_ = std::move(groups);
+    live_ = std::move(live);
+  }
+
+  //! read_checkpoint then restore: on a throw the rollout is as it was.
+  void load(torch::serialize::InputArchive& a) { restore(read_checkpoint(a)); }
+
  private:
   struct group_data {
     std::int64_t target = 0;
@@ -202,6 +355,30 @@ class segment_rollout {
       versions.resize(n);
     }
   };
+
+  //! What save() records and load() requires to be the same: the sampling stream and the engine's
+  //! sampling configuration (the batch size decides how rows are batched, and so the logits' bits).
+  [[nodiscard]] std::vector<std::pair<std::string, std::string>> fingerprint() const {
+    const auto& e = engine_.config();
+    char t[32];
+    std::snprintf(t, sizeof t, "%.17g", e.temperature);
+    return {{"stream", std::to_string(stream_)},
+            {"engine_max_batch", std::to_string(e.max_batch)},
+            {"engine_temperature", t},
+            {"engine_eos_token", std::to_string(e.eos_token)},
+            {"engine_seed", std::to_string(e.seed)},
+            {"engine_max_prefill_tokens", std::to_string(e.max_prefill_tokens)}};
+  }
+
+  [[nodiscard]] static std::string describe(const ulorl::segment_scheduler_config& c) {
+    return "group_size " + std::to_string(c.group_size) + ", max_response_tokens " +
+           std::to_string(c.max_response_tokens) + ", num_segments " + std::to_string(c.num_segments) +
+           ", max_active_responses " + std::to_string(c.max_active_responses) + ", max_decode_tokens " +
+           std::to_string(c.max_decode_tokens) + ", max_new_groups_per_step " +
+           std::to_string(c.max_new_groups_per_step) + ", order " + std::to_string(static_cast<int>(c.order)) +
+           ", release_batch_groups " + std::to_string(c.release_batch_groups) + ", max_staleness " +
+           std::to_string(c.max_staleness) + ", on_stale " + std::to_string(static_cast<int>(c.on_stale));
+  }
 
   const countdown_task& task_;
   decode_engine& engine_;

@@ -10,6 +10,7 @@
 //              [--seed S] [--threads N] [--csv FILE] [--json FILE] [--svg FILE] [--min-target S] [--max-target S]
 //              [--validation greedy|sampled]
 //              [--agg token-mean|seq-mean-token-mean] [--mpt-tau P] [--mpt-sigma H] [--lengths-out FILE]
+//              [--save FILE] [--save-every N] [--resume FILE]
 //
 // One line per training step: rollout and update seconds, responses released / kept by dynamic
 // sampling, mean reward, entropy, KL to the reference and beta, clip fraction, MPT-masked share,
@@ -19,6 +20,12 @@
 // progress bar on stderr shows step, reward, accuracy, entropy, tokens/s and the time left.
 // Validation is greedy decoding (default) or sampling at the training temperature.
 // --checkpoint FILE loads warmed-up weights from FILE when it exists, else warms up and saves them.
+// --save FILE writes a training checkpoint (checkpoint.hpp: weights, reference, AdamW, learning-rate
+// ramp, step, KL controller, reset policy, scheduler with the responses in flight, random state,
+// and this driver's records) after the last step, and every N steps with --save-every N; the file
+// is replaced atomically. --resume FILE continues such a run from its step with the same numbers as
+// a run that never stopped (--steps is the total; every other option that shapes the run must be as
+// saved, else it is refused naming the option); the CSV, JSON and SVG then cover the whole run.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -27,11 +34,14 @@
 #include <cstdlib>
 #include <cmath>
 #include <fstream>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
 
+#include "checkpoint.hpp"
 #include "engine.hpp"
 #include "plot.hpp"
 #include "policy.hpp"
@@ -70,6 +80,90 @@ struct options {
   std::string validation = "sampled";
   std::string agg = "token-mean";
   std::string checkpoint, csv, json, svg, lengths_out;
+  std::string save, resume;
+  int save_every = 0;
+};
+
+//! The options that shape a run (all but its length, threads, warm-up and output paths), as a
+//! resumed run must repeat them.
+std::vector<std::pair<std::string, std::string>> run_options(const options& o) {
+  const auto f = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return std::string(b);
+  };
+  const auto i = [](auto v) { return std::to_string(v); };
+  return {{"segments", i(o.segments)},         {"prompts", i(o.prompts)},
+          {"group", i(o.group)},               {"max-response", i(o.max_response)},
+          {"min-target", i(o.min_target)},     {"max-target", i(o.max_target)},
+          {"lr", f(o.lr)},                     {"lr-warmup", i(o.lr_warmup)},
+          {"mini-batches", i(o.mini_batches)}, {"temperature", f(o.temperature)},
+          {"validate", i(o.validate)},         {"validate-every", i(o.validate_every)},
+          {"validation", o.validation},        {"seed", i(o.seed)},
+          {"mpt", o.mpt},                      {"mpt-tau", f(o.mpt_tau)},
+          {"mpt-sigma", f(o.mpt_sigma)},       {"resets", o.resets},
+          {"is", o.is},                        {"agg", o.agg}};
+}
+
+//! What the driver reports over a whole run; saved with each training checkpoint ("driver/...").
+struct run_record {
+  rlvr::plot::csv_table table{};
+  std::vector<std::int64_t> released_lengths{};
+  double val0 = 0, best_val = 0, last_val = 0;
+  double warmup_s = 0, rl_s = 0, rollout_s = 0, train_s = 0;  // rl_s: RL wall time up to the last save
+  std::int64_t tokens = 0, resets = 0;
+
+  void save(torch::serialize::OutputArchive& a, const options& o) const {
+    namespace ck = rlvr::ckpt;
+    for (const auto& [flag, value] : run_options(o)) ck::put_string(a, "driver/option/" + flag, value);
+    std::string names;
+    for (const auto& n : table.names) names += n + ",";
+    ck::put_string(a, "driver/table/names", names);
+    const auto rows = static_cast<std::int64_t>(table.columns.empty() ? 0 : table.columns[0].size());
+    auto values = torch::empty({static_cast<std::int64_t>(table.names.size()), rows}, torch::kFloat64);
+    for (std::size_t c = 0; c < table.columns.size(); ++c)
+      for (std::int64_t r = 0; r < rows; ++r) values[static_cast<std::int64_t>(c)][r] = table.columns[c][static_cast<std::size_t>(r)];
+    ck::put_tensor(a, "driver/table/values", values);
+    ck::put_tensor(a, "driver/released_lengths", torch::tensor(released_lengths, torch::kInt64));
+    for (const auto& [key, v] : std::initializer_list<std::pair<const char*, double>>{
+             {"val0", val0}, {"best_val", best_val}, {"last_val", last_val}, {"warmup_s", warmup_s},
+             {"rl_s", rl_s}, {"rollout_s", rollout_s}, {"train_s", train_s}})
+      ck::put_double(a, std::string("driver/") + key, v);
+    ck::put_int(a, "driver/tokens", tokens);
+    ck::put_int(a, "driver/resets", resets);
+  }
+
+  void load(torch::serialize::InputArchive& a, const options& o) {
+    namespace ck = rlvr::ckpt;
+    for (const auto& [flag, value] : run_options(o)) {
+      const auto saved = ck::get_string(a, "driver/option/" + flag);
+      if (saved != value)
+        throw rlvr::checkpoint_error("the checkpoint's run has --" + flag + " " + saved + ", this one --" + flag + " " +
+                                     value + " (a resumed run keeps every option but --steps and the outputs)");
+    }
+    std::string names;
+    for (const auto& n : table.names) names += n + ",";
+    if (ck::get_string(a, "driver/table/names") != names)
+      throw rlvr::checkpoint_error("checkpoint: the driver's record has other columns");
+    const auto values = ck::get_tensor(a, "driver/table/values", torch::kFloat64, 2);
+    if (values.size(0) != static_cast<std::int64_t>(table.names.size()))
+      throw rlvr::checkpoint_error("checkpoint: the driver's record has other columns");
+    table.columns.assign(table.names.size(), {});
+    const auto v = values.accessor<double, 2>();
+    for (std::int64_t c = 0; c < values.size(0); ++c)
+      for (std::int64_t r = 0; r < values.size(1); ++r) table.columns[static_cast<std::size_t>(c)].push_back(v[c][r]);
+    const auto lengths = ck::get_tensor(a, "driver/released_lengths", torch::kInt64, 1);
+    released_lengths.assign(lengths.data_ptr<std::int64_t>(), lengths.data_ptr<std::int64_t>() + lengths.numel());
+    val0 = ck::get_double(a, "driver/val0");
+    best_val = ck::get_double(a, "driver/best_val");
+    last_val = ck::get_double(a, "driver/last_val");
+    warmup_s = ck::get_double(a, "driver/warmup_s");
+    rl_s = ck::get_double(a, "driver/rl_s");
+    rollout_s = ck::get_double(a, "driver/rollout_s");
+    train_s = ck::get_double(a, "driver/train_s");
+    tokens = ck::get_int(a, "driver/tokens");
+    resets = ck::get_int(a, "driver/resets");
+  }
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -79,7 +173,11 @@ struct options {
                "       [--checkpoint FILE] [--lr X] [--lr-warmup N] [--mini-batches M] [--temperature T] [--validate N]\n"
                "       [--validate-every K] [--seed S] [--threads N] [--csv FILE] [--json FILE] [--svg FILE]\n"
                "       [--min-target S] [--max-target S] [--validation greedy|sampled]\n"
-               "       [--agg token-mean|seq-mean-token-mean] [--mpt-tau P] [--mpt-sigma H] [--lengths-out FILE]\n",
+               "       [--agg token-mean|seq-mean-token-mean] [--mpt-tau P] [--mpt-sigma H] [--lengths-out FILE]\n"
+               "       [--save FILE] [--save-every N] [--resume FILE]\n"
+               "  --checkpoint FILE   warm-up weights: loaded when FILE exists, else the warm-up runs and saves them\n"
+               "  --save FILE         training checkpoint after the last step (and every N steps with --save-every N)\n"
+               "  --resume FILE       continue a saved run from its step; --steps is the total, other options as saved\n",
                why.c_str());
   std::exit(2);
 }
@@ -120,6 +218,9 @@ options parse(int argc, char** argv) {
       else if (a == "--checkpoint") o.checkpoint = v;
       else if (a == "--csv") o.csv = v;
       else if (a == "--json") o.json = v;
+      else if (a == "--save") o.save = v;
+      else if (a == "--save-every") o.save_every = std::stoi(v);
+      else if (a == "--resume") o.resume = v;
       else usage("unknown option " + a);
     } catch (const std::logic_error&) {
       usage("invalid value '" + v + "' for " + a);
@@ -135,6 +236,8 @@ options parse(int argc, char** argv) {
   if (o.is != "pois" && o.is != "sais") usage("--is must be pois or sais");
   if (o.validation != "greedy" && o.validation != "sampled") usage("--validation must be greedy or sampled");
   if (o.agg != "token-mean" && o.agg != "seq-mean-token-mean") usage("--agg must be token-mean or seq-mean-token-mean");
+  if (o.save_every < 0) usage("--save-every must be >= 0");
+  if (o.save_every > 0 && o.save.empty()) usage("--save-every needs --save FILE");
   return o;
 }
 
@@ -169,10 +272,7 @@ class progress_bar {
   bool on_;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
+int train(const options& o) {
   torch::set_num_threads(o.threads);
   const auto t_start = std::chrono::steady_clock::now();
   const rlvr::countdown_task task(
@@ -188,8 +288,11 @@ int main(int argc, char** argv) {
               static_cast<long long>(policy->parameter_count()), o.max_response, o.segments, o.mpt.c_str(),
               o.resets.c_str(), o.is == "pois" ? "POIS" : "SAIS");
 
-  // Supervised warm-up (or its saved result).
-  if (!o.checkpoint.empty() && std::ifstream(o.checkpoint).good()) {
+  // Supervised warm-up (or its saved result); a resumed run takes every weight from its checkpoint.
+  const bool resuming = !o.resume.empty();
+  if (resuming) {
+    // Nothing to do here: the training checkpoint is loaded once the trainer and the rollout exist.
+  } else if (!o.checkpoint.empty() && std::ifstream(o.checkpoint).good()) {
     torch::load(policy, o.checkpoint);
     policy->eval();
     std::printf("warm-up weights loaded from %s\n", o.checkpoint.c_str());
@@ -209,7 +312,10 @@ int main(int argc, char** argv) {
     }
     if (!o.checkpoint.empty()) torch::save(policy, o.checkpoint);
   }
-  const double t_warm = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  run_record h{.table = {.names = {"step", "rollout_s", "train_s", "released", "kept", "reward", "entropy", "kl",
+                                   "kl_coef", "clip_fraction", "mpt_masked", "median_length", "p90_length",
+                                   "decode_tokens_per_s", "validation_accuracy", "reset", "elapsed_s"}}};
+  h.warmup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
   rlvr::decode_engine engine(policy, {.max_batch = 2 * o.prompts * o.group, .temperature = o.temperature,
                                       .eos_token = rlvr::countdown_task::eos_token, .seed = o.seed});
@@ -219,9 +325,6 @@ int main(int argc, char** argv) {
     return o.validation == "greedy" ? rlvr::greedy_accuracy(task, engine, val_targets)
                                     : rlvr::sampled_accuracy(task, engine, val_targets);
   };
-  const double val0 = validate();
-  std::printf("validation accuracy after warm-up (%d held-out targets, %s): %.3f\n", o.validate,
-              o.validation == "greedy" ? "greedy" : "sampled", val0);
 
   rlvr::trainer_config tc;
   tc.lr = o.lr;
@@ -242,74 +345,77 @@ int main(int argc, char** argv) {
                                  .max_active_responses = 2 * o.prompts * o.group,
                                  .release_batch_groups = o.prompts},
                                 [&](std::int64_t g) { return task.training_target(static_cast<std::uint64_t>(g)); });
+  rlvr::training_loop loop(trainer, rollout, {.prompts_per_step = o.prompts, .validate_every = o.validate > 0 ? o.validate_every : 0},
+                           validate);
 
-  rlvr::plot::csv_table record{.names = {"step", "rollout_s", "train_s", "released", "kept", "reward", "entropy", "kl",
-                                          "kl_coef", "clip_fraction", "mpt_masked", "median_length", "p90_length",
-                                          "decode_tokens_per_s", "validation_accuracy", "reset", "elapsed_s"}};
-  record.append({0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, o.validate > 0 ? val0 : NAN, 0, 0});
-  progress_bar bar(o.steps);
-  std::vector<std::int64_t> released_lengths;
+  if (resuming) {
+    loop.load_checkpoint(o.resume, [&](torch::serialize::InputArchive& a) { h.load(a, o); });
+    std::printf("resumed from %s after step %lld (validation after warm-up %.3f, last %.3f)\n", o.resume.c_str(),
+                static_cast<long long>(loop.steps_done()), h.val0, h.last_val);
+    if (loop.steps_done() >= o.steps)
+      std::printf("the checkpoint is at step %lld, --steps is %d: no step to run\n",
+                  static_cast<long long>(loop.steps_done()), o.steps);
+  } else {
+    h.val0 = validate();
+    h.best_val = h.last_val = h.val0;
+    std::printf("validation accuracy after warm-up (%d held-out targets, %s): %.3f\n", o.validate,
+                o.validation == "greedy" ? "greedy" : "sampled", h.val0);
+    h.table.append({0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, o.validate > 0 ? h.val0 : NAN, 0, 0});
+  }
   const auto t_rl = std::chrono::steady_clock::now();
+  const double rl_before = h.rl_s;  // RL seconds of the runs this one continues
+  const auto rl_elapsed = [&] {
+    return rl_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_rl).count();
+  };
+  const auto save = [&] {
+    h.rl_s = rl_elapsed();
+    loop.save_checkpoint(o.save, [&](torch::serialize::OutputArchive& a) { h.save(a, o); });
+  };
+
+  progress_bar bar(o.steps);
   std::printf("%4s %7s %6s %5s %4s %6s %7s %8s %8s %6s %5s %5s %6s %6s\n", "step", "roll_s", "upd_s", "resp", "kept",
               "reward", "entropy", "kl", "beta", "clip", "mpt%", "len50", "tok/s", "val");
-  double best_val = val0, last_val = val0, rollout_s = 0, train_s = 0;
-  std::int64_t tokens = 0, resets = 0, version = engine.policy_version();
-  for (int step = 1; step <= o.steps; ++step) {
-    // Rollout steps until the scheduler releases a batch of whole groups.
-    double roll = 0;
-    std::int64_t new_tokens = 0;
-    const rlvr::rollout_batch* batch = nullptr;
-    while (true) {
-      if (rollout.scheduler().queued_groups() < o.prompts) rollout.offer_prompts(o.prompts);
-      const auto rs = rollout.step();
-      roll += rs.seconds;
-      new_tokens += rs.new_tokens;
-      const auto& b = rollout.take_experience();
-      if (!b.responses.empty()) {
-        batch = &b;
-        break;
-      }
-    }
-    std::vector<std::int64_t> lengths;
-    for (const auto& r : batch->responses) lengths.push_back(static_cast<std::int64_t>(r.tokens.size()));
-    released_lengths.insert(released_lengths.end(), lengths.begin(), lengths.end());
-    const auto st = trainer.train(*batch, step);
-    if (st.updated) rollout.update_policy(++version);
-    rollout_s += roll;
-    train_s += st.seconds;
-    tokens += new_tokens;
+  while (loop.steps_done() < o.steps) {
+    const auto r = loop.step();
+    const auto& st = r.train;
+    const auto step = static_cast<int>(r.step);
+    h.released_lengths.insert(h.released_lengths.end(), r.lengths.begin(), r.lengths.end());
+    h.rollout_s += r.rollout_seconds;
+    h.train_s += st.seconds;
+    h.tokens += r.new_tokens;
     std::string val = "";
     double val_now = NAN;
-    bool reset = false;
-    if (o.validate > 0 && step % o.validate_every == 0) {
-      last_val = validate();
-      val_now = last_val;
-      best_val = std::max(best_val, last_val);
-      const auto a = trainer.on_validation(step, last_val);
-      reset = a.reset_reference;
-      resets += reset ? 1 : 0;
+    if (r.validated) {
+      h.last_val = val_now = r.validation;
+      h.best_val = std::max(h.best_val, h.last_val);
+      h.resets += r.reset ? 1 : 0;
       char buf[32];
-      std::snprintf(buf, sizeof buf, "%.3f%s", last_val, reset ? " R" : "");
+      std::snprintf(buf, sizeof buf, "%.3f%s", h.last_val, r.reset ? " R" : "");
       val = buf;
     }
     const double mpt_share = st.tokens > 0 ? 100.0 * st.mpt_masked / st.tokens : 0.0;
-    const double tok_s = roll > 0 ? static_cast<double>(new_tokens) / roll : 0.0;
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_rl).count();
+    const double tok_s = r.rollout_seconds > 0 ? static_cast<double>(r.new_tokens) / r.rollout_seconds : 0.0;
+    const double elapsed = rl_elapsed();
     bar.clear();
-    std::printf("%4d %7.1f %6.1f %5lld %4lld %6.3f %7.4f %8.5f %8.5f %6.4f %5.1f %5lld %6.0f %6s\n", step, roll,
-                st.seconds, static_cast<long long>(st.responses), static_cast<long long>(st.kept_responses),
-                st.reward_mean, st.entropy_mean, st.kl_mean, st.kl_coef, st.clip_fraction, mpt_share,
-                static_cast<long long>(quantile(lengths, 0.5)), tok_s, val.c_str());
+    std::printf("%4d %7.1f %6.1f %5lld %4lld %6.3f %7.4f %8.5f %8.5f %6.4f %5.1f %5lld %6.0f %6s\n", step,
+                r.rollout_seconds, st.seconds, static_cast<long long>(st.responses),
+                static_cast<long long>(st.kept_responses), st.reward_mean, st.entropy_mean, st.kl_mean, st.kl_coef,
+                st.clip_fraction, mpt_share, static_cast<long long>(quantile(r.lengths, 0.5)), tok_s, val.c_str());
     std::fflush(stdout);
-    bar.show(step, st.reward_mean, last_val, st.entropy_mean, tok_s, elapsed);
     const auto updated = [&](double v) { return st.updated ? v : NAN; };
-    record.append({static_cast<double>(step), roll, st.seconds, static_cast<double>(st.responses),
-                   static_cast<double>(st.kept_responses), st.reward_mean, updated(st.entropy_mean), updated(st.kl_mean),
-                   st.kl_coef, updated(st.clip_fraction), mpt_share, static_cast<double>(quantile(lengths, 0.5)),
-                   static_cast<double>(quantile(lengths, 0.9)), tok_s, val_now, reset ? 1.0 : 0.0, elapsed});
+    h.table.append({static_cast<double>(step), r.rollout_seconds, st.seconds, static_cast<double>(st.responses),
+                    static_cast<double>(st.kept_responses), st.reward_mean, updated(st.entropy_mean),
+                    updated(st.kl_mean), st.kl_coef, updated(st.clip_fraction), mpt_share,
+                    static_cast<double>(quantile(r.lengths, 0.5)), static_cast<double>(quantile(r.lengths, 0.9)),
+                    tok_s, val_now, r.reset ? 1.0 : 0.0, elapsed});
+    if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) {
+      save();
+      std::printf("checkpoint after step %d saved to %s\n", step, o.save.c_str());
+    }
+    bar.show(step, st.reward_mean, h.last_val, st.entropy_mean, tok_s, elapsed);
   }
   bar.clear();
-  if (!o.csv.empty()) record.write(o.csv);
+  if (!o.csv.empty()) h.table.write(o.csv);
   if (!o.svg.empty()) {
     const std::vector<rlvr::plot::panel_spec> panels{
         {.column = "validation_accuracy", .title = "Validation accuracy (" + o.validation + ")", .y_label = "accuracy"},
@@ -318,27 +424,40 @@ int main(int argc, char** argv) {
         {.column = "kl", .title = "k3 KL to the reference per loss token", .y_label = "nats"},
         {.column = "median_length", .title = "Median response length", .y_label = "tokens"},
         {.column = "p90_length", .title = "p90 response length", .y_label = "tokens"}};
-    rlvr::plot::write_svg(o.svg, rlvr::plot::panels_of({{.label = "", .table = record}}, panels, "step", "reset"));
+    rlvr::plot::write_svg(o.svg, rlvr::plot::panels_of({{.label = "", .table = h.table}}, panels, "step", "reset"));
   }
-  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  std::printf("validation accuracy: %.3f after warm-up, %.3f last, %.3f best; %lld resets\n", val0, last_val, best_val,
-              static_cast<long long>(resets));
-  std::printf("time: warm-up %.1f s, rollout %.1f s (%lld tokens, %.0f tokens/s), updates %.1f s, total %.1f s\n", t_warm,
-              rollout_s, static_cast<long long>(tokens), rollout_s > 0 ? static_cast<double>(tokens) / rollout_s : 0.0,
-              train_s, total);
-  std::printf("engine cost model (segment_rollout_sim): %s\n",
+  const double total = h.warmup_s + rl_elapsed();
+  std::printf("validation accuracy: %.3f after warm-up, %.3f last, %.3f best; %lld resets\n", h.val0, h.last_val,
+              h.best_val, static_cast<long long>(h.resets));
+  std::printf("time: warm-up %.1f s, rollout %.1f s (%lld tokens, %.0f tokens/s), updates %.1f s, total %.1f s\n",
+              h.warmup_s, h.rollout_s, static_cast<long long>(h.tokens),
+              h.rollout_s > 0 ? static_cast<double>(h.tokens) / h.rollout_s : 0.0, h.train_s, total);
+  std::printf("engine cost model (segment_rollout_sim%s): %s\n", resuming ? ", steps of this process" : "",
               rlvr::simulator_flags(rlvr::fit_engine_model(engine.costs())).c_str());
   if (!o.lengths_out.empty()) {
     std::ofstream f(o.lengths_out);
-    for (const auto L : released_lengths) f << L << '\n';
+    for (const auto L : h.released_lengths) f << L << '\n';
   }
   if (!o.json.empty()) {
     std::ofstream j(o.json);
     j << "{\"steps\": " << o.steps << ", \"segments\": " << o.segments << ", \"mpt\": \"" << o.mpt << "\", \"resets\": \""
-      << o.resets << "\", \"is\": \"" << o.is << "\", \"seed\": " << o.seed << ", \"validation_after_warmup\": " << val0
-      << ", \"validation_last\": " << last_val << ", \"validation_best\": " << best_val << ", \"resets_done\": " << resets
-      << ", \"rollout_seconds\": " << rollout_s << ", \"update_seconds\": " << train_s << ", \"rollout_tokens\": " << tokens
+      << o.resets << "\", \"is\": \"" << o.is << "\", \"seed\": " << o.seed << ", \"validation_after_warmup\": " << h.val0
+      << ", \"validation_last\": " << h.last_val << ", \"validation_best\": " << h.best_val
+      << ", \"resets_done\": " << h.resets << ", \"rollout_seconds\": " << h.rollout_s
+      << ", \"update_seconds\": " << h.train_s << ", \"rollout_tokens\": " << h.tokens
       << ", \"total_seconds\": " << total << "}\n";
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  try {
+    return train(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rlvr_train: %s\n", e.what());
+    return 1;
+  }
 }

@@ -23,6 +23,13 @@
 // The caller then declares the new weights: segment_rollout::update_policy(version + 1).
 // on_validation(step, accuracy) feeds ProRL's reset policy: on a plateau the reference becomes a
 // copy of the current policy and the optimizer restarts.
+//
+// training_loop is the RL loop of rlvr_train, one training step per step() call: scheduler steps
+// until a batch of whole groups is released, train() on it, the new version declared, and every
+// validate_every steps a validation that feeds on_validation. Its save / load_checkpoint write and
+// restore the whole state at a step boundary (checkpoint.hpp's file): trainer, rollout, step count,
+// random state; a run resumed from step K gives the same numbers, bit for bit, as one that never
+// stopped (tests/trainer/test_checkpoint.cpp).
 #pragma once
 
 #include <torch/torch.h>
@@ -31,9 +38,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -46,6 +56,7 @@
 #include <ulorl/control/reference_reset.hpp>
 
 #include "batching.hpp"
+#include "checkpoint.hpp"
 #include "policy.hpp"
 #include "rollout.hpp"
 #include "task.hpp"
@@ -158,6 +169,92 @@ class grpo_trainer {
     load_parameters(reference_, snapshot_parameters(policy_));
     if (reset_optimizer_too) reset_optimizer();
   }
+
+  //! Optimizer steps since the last optimizer reset: the learning-rate ramp's position.
+  [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return optimizer_steps_; }
+
+  //! Writes the trainer's state (entries "trainer/..."): the policy's and the reference's parameters
+  //! with the model's shape, the AdamW state (torch's serialisation: each parameter's step count and
+  //! both moments), the learning-rate ramp's position, the KL controller and the reference-reset
+  //! policy (their ulorl checkpoints, configuration included), and this trainer's configuration.
+  void save(torch::serialize::OutputArchive& a) const {
+    save_policy(a, "trainer/policy", policy_);
+    save_policy(a, "trainer/reference", reference_);
+    torch::serialize::OutputArchive opt(a.compilation_unit());
+    opt_->save(opt);
+    a.write("trainer/optimizer", opt);
+    ckpt::put_int(a, "trainer/optimizer_steps", optimizer_steps_);
+    ckpt::put_bytes(a, "trainer/kl_controller", kl_.save());
+    ckpt::put_bytes(a, "trainer/reset_policy", resets_.save());
+    for (const auto& [key, value] : fingerprint(c_)) ckpt::put_string(a, "trainer/config/" + key, value);
+  }
+
+  //! A trainer state read from a checkpoint and checked against this trainer, not yet applied.
+  struct loaded_state {
+    std::vector<torch::Tensor> policy, reference;
+    std::unique_ptr<torch::optim::AdamW> optimizer;
+    std::int64_t optimizer_steps = 0;
+    ulorl::kl_controller kl;
+    ulorl::reference_reset_policy resets;
+  };
+
+  //! Reads what save() wrote and checks it fits: the same configuration (every field of
+  //! trainer_config, the controllers' configurations compared through their own serialisation) and
+  //! a policy of the same shape and dtype (its current weights do not matter). Changes nothing;
+  //! throws checkpoint_error naming the entry or field that does not fit.
+  [[nodiscard]] loaded_state read_checkpoint(torch::serialize::InputArchive& a) {
+    for (const auto& [key, value] : fingerprint(c_))
+      ckpt::require_equal("trainer " + key, ckpt::get_string(a, "trainer/config/" + key), value);
+    loaded_state s;
+    s.policy = read_policy(a, "trainer/policy", policy_);
+    s.reference = read_policy(a, "trainer/reference", reference_);
+    s.optimizer_steps = ckpt::get_int(a, "trainer/optimizer_steps");
+    if (s.optimizer_steps < 0) throw checkpoint_error("checkpoint: trainer/optimizer_steps is negative");
+    const auto restore_machine = [&](const char* key, auto machine) {
+      const auto bytes = ckpt::get_bytes(a, key);
+      try {
+        return decltype(machine)::restore(bytes);
+      } catch (const std::exception& e) {
+        throw checkpoint_error(std::string("checkpoint: entry '") + key + "': " + e.what());
+      }
+    };
+    s.kl = restore_machine("trainer/kl_controller", kl_);
+    s.resets = restore_machine("trainer/reset_policy", resets_);
+    if (ulorl::kl_controller(s.kl.config()).save() != ulorl::kl_controller(c_.kl).save())
+      throw checkpoint_error("checkpoint does not fit: the KL controller's configuration differs");
+    if (ulorl::reference_reset_policy(s.resets.config()).save() != ulorl::reference_reset_policy(c_.resets).save())
+      throw checkpoint_error("checkpoint does not fit: the reference-reset policy's configuration differs");
+    // The optimizer's state is keyed by the parameters it was built over: this policy's.
+    s.optimizer = make_optimizer();
+    auto opt = ckpt::get_archive(a, "trainer/optimizer");
+    try {
+      s.optimizer->load(opt);
+    } catch (const c10::Error& e) {
+      throw checkpoint_error(std::string("checkpoint: entry 'trainer/optimizer': ") + e.what_without_backtrace());
+    }
+    for (const auto& p : policy_->parameters()) {
+      const auto it = s.optimizer->state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      if (it == s.optimizer->state().end()) continue;  // not stepped since the last optimizer reset
+      const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      if (!st.exp_avg().defined() || !st.exp_avg_sq().defined() || st.exp_avg().sizes() != p.sizes() ||
+          st.exp_avg_sq().sizes() != p.sizes() || st.exp_avg().scalar_type() != p.scalar_type())
+        throw checkpoint_error("checkpoint: the AdamW state does not match the policy's parameters");
+    }
+    return s;
+  }
+
+  //! Applies a state from read_checkpoint (of this trainer).
+  void restore(loaded_state&& s) {
+    load_parameters(policy_, s.policy);
+    load_parameters(reference_, s.reference);
+    opt_ = std::move(s.optimizer);
+    optimizer_steps_ = s.optimizer_steps;
+    kl_ = std::move(s.kl);
+    resets_ = std::move(s.resets);
+  }
+
+  //! read_checkpoint then restore: on a throw the trainer is as it was.
+  void load(torch::serialize::InputArchive& a) { restore(read_checkpoint(a)); }
 
   //! The padded batch and per-token tensors of one update (public for the tests).
   struct prepared {
@@ -366,8 +463,81 @@ class grpo_trainer {
 
   void reset_optimizer() {
     optimizer_steps_ = 0;
-    opt_ = std::make_unique<torch::optim::AdamW>(policy_->parameters(),
+    opt_ = make_optimizer();
+  }
+
+  [[nodiscard]] std::unique_ptr<torch::optim::AdamW> make_optimizer() {
+    return std::make_unique<torch::optim::AdamW>(policy_->parameters(),
                                                  torch::optim::AdamWOptions(c_.lr).weight_decay(c_.weight_decay));
+  }
+
+  //! Every field of the configuration as text (doubles exactly), apart from the controllers'
+  //! configurations, which their own checkpoints carry.
+  [[nodiscard]] static std::vector<std::pair<std::string, std::string>> fingerprint(const trainer_config& c) {
+    const auto f = [](double v) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.17g", v);
+      return std::string(b);
+    };
+    const auto i = [](auto v) { return std::to_string(static_cast<long long>(v)); };
+    return {{"lr", f(c.lr)},
+            {"lr_warmup_steps", i(c.lr_warmup_steps)},
+            {"weight_decay", f(c.weight_decay)},
+            {"max_grad_norm", f(c.max_grad_norm)},
+            {"eps_low", f(c.eps_low)},
+            {"eps_high", f(c.eps_high)},
+            {"is", i(c.is)},
+            {"mpt_mode", i(c.mpt.mode)},
+            {"mpt_tau", f(c.mpt.tau)},
+            {"mpt_sigma", f(c.mpt.sigma)},
+            {"mpt_positive", i(c.mpt.positive)},
+            {"mpt_positive_reward", f(c.mpt.positive_reward)},
+            {"mpt_probability", i(c.mpt.probability)},
+            {"mpt_scope", i(c.mpt.scope)},
+            {"dynamic_sampling", i(c.dynamic_sampling)},
+            {"resets_enabled", i(c.resets_enabled)},
+            {"agg", i(c.agg)},
+            {"mini_batches", i(c.mini_batches)},
+            {"max_tokens_per_micro_batch", i(c.max_tokens_per_micro_batch)},
+            {"temperature", f(c.temperature)}};
+  }
+
+  //! The model's shape, dtype, parameter names and parameters under `key`.
+  static void save_policy(torch::serialize::OutputArchive& a, const std::string& key, const transformer_policy& m) {
+    for (const auto& [name, value] : shape_of(m)) ckpt::put_string(a, key + "/shape/" + name, value);
+    const auto named = m->named_parameters();
+    for (std::size_t i = 0; i < named.size(); ++i) ckpt::put_tensor(a, key + "/" + std::to_string(i), named[i].value());
+  }
+
+  //! The parameters under `key`, checked against `m`'s shape, dtype, names and sizes.
+  [[nodiscard]] static std::vector<torch::Tensor> read_policy(torch::serialize::InputArchive& a, const std::string& key,
+                                                              const transformer_policy& m) {
+    for (const auto& [name, value] : shape_of(m))
+      ckpt::require_equal(key.substr(key.find('/') + 1) + " " + name, ckpt::get_string(a, key + "/shape/" + name),
+                          value);
+    std::vector<torch::Tensor> out;
+    const auto params = m->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto name = key + "/" + std::to_string(i);
+      auto t = ckpt::get_tensor(a, name, params[i].scalar_type(), params[i].dim());
+      if (t.sizes() != params[i].sizes())
+        throw checkpoint_error("checkpoint does not fit: entry '" + name + "' has another shape than the policy's");
+      out.push_back(std::move(t));
+    }
+    return out;
+  }
+
+  [[nodiscard]] static std::vector<std::pair<std::string, std::string>> shape_of(const transformer_policy& m) {
+    const auto& c = m->config();
+    char rope[32];
+    std::snprintf(rope, sizeof rope, "%.17g", c.rope_base);
+    std::string names;
+    for (const auto& p : m->named_parameters()) names += p.key() + ";";
+    return {{"vocab_size", std::to_string(c.vocab_size)}, {"d_model", std::to_string(c.d_model)},
+            {"n_heads", std::to_string(c.n_heads)},       {"n_layers", std::to_string(c.n_layers)},
+            {"d_mlp", std::to_string(c.d_mlp)},           {"max_seq", std::to_string(c.max_seq)},
+            {"rope_base", rope},                          {"dtype", std::string(c10::toString(m->dtype()))},
+            {"parameters", names}};
   }
 
   transformer_policy policy_;
@@ -377,6 +547,139 @@ class grpo_trainer {
   ulorl::reference_reset_policy resets_;
   std::unique_ptr<torch::optim::AdamW> opt_;
   std::int64_t optimizer_steps_ = 0;  // since the last optimizer reset
+};
+
+struct training_loop_config {
+  std::int64_t prompts_per_step = 8;  //!< prompts offered whenever fewer are queued; the batch released per step
+  std::int64_t validate_every = 0;    //!< a validation every this many steps (0: none)
+};
+
+//! What one training step did.
+struct step_report {
+  std::int64_t step = 0;               //!< 1, 2, ...
+  std::int64_t rollout_steps = 0;      //!< scheduler steps until a batch was released
+  double rollout_seconds = 0;
+  std::int64_t new_tokens = 0;         //!< decoded by those scheduler steps
+  std::vector<std::int64_t> lengths;   //!< of the released responses
+  train_stats train;
+  bool validated = false;
+  double validation = 0;               //!< when validated
+  bool reset = false;                  //!< the validation reset the reference
+};
+
+//! The RL loop (see the top of this file): the driver and the tests run training through step().
+class training_loop {
+ public:
+  using validator = std::function<double()>;
+
+  //! `rollout`'s scheduler must release `config.prompts_per_step` groups per batch (or all ready
+  //! ones); `validate` measures the current policy (it must not change the rollout's state).
+  training_loop(grpo_trainer& trainer, segment_rollout& rollout, const training_loop_config& config,
+                validator validate = {})
+      : trainer_(trainer), rollout_(rollout), c_(config), validate_(std::move(validate)) {
+    if (c_.prompts_per_step < 1) throw std::invalid_argument("training_loop: prompts_per_step must be >= 1");
+    if (c_.validate_every < 0) throw std::invalid_argument("training_loop: validate_every must be >= 0");
+  }
+
+  [[nodiscard]] std::int64_t steps_done() const noexcept { return step_; }
+  [[nodiscard]] grpo_trainer& trainer() noexcept { return trainer_; }
+  [[nodiscard]] segment_rollout& rollout() noexcept { return rollout_; }
+
+  //! One training step: rollout until a batch is released, one update, the new version, validation.
+  step_report step() {
+    step_report r;
+    r.step = step_ + 1;
+    const rollout_batch* batch = nullptr;
+    while (batch == nullptr) {
+      if (rollout_.scheduler().queued_groups() < c_.prompts_per_step) rollout_.offer_prompts(c_.prompts_per_step);
+      const auto rs = rollout_.step();
+      ++r.rollout_steps;
+      r.rollout_seconds += rs.seconds;
+      r.new_tokens += rs.new_tokens;
+      const auto& b = rollout_.take_experience();
+      if (!b.responses.empty()) batch = &b;
+    }
+    for (const auto& x : batch->responses) r.lengths.push_back(static_cast<std::int64_t>(x.tokens.size()));
+    r.train = trainer_.train(*batch, r.step);
+    if (r.train.updated) rollout_.update_policy(rollout_.engine().policy_version() + 1);
+    step_ = r.step;
+    if (c_.validate_every > 0 && validate_ && r.step % c_.validate_every == 0) {
+      r.validated = true;
+      r.validation = validate_();
+      r.reset = trainer_.on_validation(r.step, r.validation).reset_reference;
+    }
+    return r;
+  }
+
+  //! The whole state at this step boundary: "loop/..." (step count, this loop's configuration),
+  //! "rng/torch_cpu" (torch's default CPU generator; the trainer draws nothing from it, its own
+  //! random numbers are counter-based functions of seeds and ids, engine.hpp and task.hpp), then
+  //! grpo_trainer::save and segment_rollout::save.
+  void save(torch::serialize::OutputArchive& a) const {
+    ckpt::put_string(a, "format", "rlvr_trainer training checkpoint");
+    ckpt::put_int(a, "loop/step", step_);
+    ckpt::put_int(a, "loop/prompts_per_step", c_.prompts_per_step);
+    ckpt::put_int(a, "loop/validate_every", c_.validate_every);
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      ckpt::put_tensor(a, "rng/torch_cpu", gen.get_state());
+    }
+    trainer_.save(a);
+    rollout_.save(a);
+  }
+
+  //! Restores what save() wrote into this loop, whose trainer and rollout are built like the saved
+  //! ones. Everything is read and checked before anything changes: on a throw (checkpoint_error
+  //! naming what does not fit) the loop, trainer and rollout are as they were.
+  void load(torch::serialize::InputArchive& a) {
+    ckpt::require_equal<std::string>("format", ckpt::get_string(a, "format"), "rlvr_trainer training checkpoint");
+    ckpt::require_equal("prompts per step", ckpt::get_int(a, "loop/prompts_per_step"), c_.prompts_per_step);
+    ckpt::require_equal("validate every", ckpt::get_int(a, "loop/validate_every"), c_.validate_every);
+    const auto step = ckpt::get_int(a, "loop/step");
+    if (step < 0) throw checkpoint_error("checkpoint: loop/step is negative");
+    const auto rng = ckpt::get_tensor(a, "rng/torch_cpu", torch::kUInt8, 1);
+    auto trainer = trainer_.read_checkpoint(a);
+    auto rollout = rollout_.read_checkpoint(a);
+    auto gen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      const auto before = gen.get_state();
+      try {
+        gen.set_state(rng);
+      } catch (const c10::Error& e) {
+        gen.set_state(before);
+        throw checkpoint_error(std::string("checkpoint: entry 'rng/torch_cpu': ") + e.what_without_backtrace());
+      }
+    }
+    trainer_.restore(std::move(trainer));
+    rollout_.restore(std::move(rollout));
+    step_ = step;
+  }
+
+  //! save() and the entries `extra` writes (the driver's records), to the file `path`, atomically.
+  void save_checkpoint(const std::string& path,
+                       const std::function<void(torch::serialize::OutputArchive&)>& extra = {}) const {
+    torch::serialize::OutputArchive a;
+    save(a);
+    if (extra) extra(a);
+    write_checkpoint_file(path, a);
+  }
+
+  //! Reads the checkpoint file `path` (checkpoint.hpp's checks), then `extra` (the driver's records;
+  //! it runs first, so that a record that does not fit leaves the loop untouched), then load().
+  void load_checkpoint(const std::string& path, const std::function<void(torch::serialize::InputArchive&)>& extra = {}) {
+    auto a = read_checkpoint_file(path);
+    if (extra) extra(a);
+    load(a);
+  }
+
+ private:
+  grpo_trainer& trainer_;
+  segment_rollout& rollout_;
+  training_loop_config c_;
+  validator validate_;
+  std::int64_t step_ = 0;
 };
 
 }  // namespace rlvr

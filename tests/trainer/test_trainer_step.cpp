@@ -211,7 +211,7 @@ TEST_CASE("trainer: MPT removes the mastered tokens of positive responses from t
   }
 }
 
-TEST_CASE("trainer: five training steps through the scheduler and the engine, deterministic for a seed", "[trainer][train][smoke]") {
+TEST_CASE("trainer: five training steps through the scheduler and the engine (training_loop), deterministic for a seed", "[trainer][train][smoke]") {
   torch::set_num_threads(1);
   const auto run = [] {
     const countdown_task task({.max_target = 99, .max_response_tokens = 48, .seed = 3});
@@ -225,21 +225,15 @@ TEST_CASE("trainer: five training steps through the scheduler and the engine, de
                                   {.group_size = 4, .max_response_tokens = 48, .num_segments = 2,
                                    .max_active_responses = 16, .release_batch_groups = 2},
                                   [&](std::int64_t g) { return task.training_target(static_cast<std::uint64_t>(g)); });
+    rlvr::training_loop loop(trainer, rollout, {.prompts_per_step = 2});
     std::vector<double> trace;
-    std::int64_t version = 0;
-    for (int step = 1; step <= 5; ++step) {
-      const rlvr::rollout_batch* b = nullptr;
-      while (b == nullptr) {
-        if (rollout.scheduler().queued_groups() < 2) rollout.offer_prompts(2);
-        (void)rollout.step();
-        const auto& got = rollout.take_experience();
-        if (!got.responses.empty()) b = &got;
-      }
-      const auto st = trainer.train(*b, step);
+    for (std::int64_t version = 1; version <= 5; ++version) {
+      const auto r = loop.step();
+      const auto& st = r.train;
+      CHECK(r.step == version);
       REQUIRE(st.updated);
       REQUIRE(std::isfinite(st.loss));
       REQUIRE(std::isfinite(st.kl_mean));
-      rollout.update_policy(++version);
       CHECK(engine.policy_version() == version);
       CHECK(rollout.scheduler().policy_version() == version);
       trace.insert(trace.end(), {st.loss, st.kl_mean, st.entropy_mean, st.reward_mean, st.kl_coef});
