@@ -7,7 +7,9 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -15,6 +17,7 @@
 #include <ulorl/advantage/presets.hpp>
 #include <ulorl/core/error.hpp>
 #include <ulorl/loss/policy_loss.hpp>
+#include <ulorl/loss/presets.hpp>
 
 namespace ulorl_py {
 
@@ -38,6 +41,20 @@ E parse_name(std::string_view fn, std::string_view arg, std::string_view name,
 inline ulorl::presets::trl::scale_rewards trl_scale_rewards_of(std::string_view fn, std::string_view name) {
   using S = ulorl::presets::trl::scale_rewards;
   return parse_name<S>(fn, "scale_rewards", name, {{"group", S::group}, {"batch", S::batch}, {"none", S::none}});
+}
+
+//! verl's normaliser options from its option names (`loss_agg_mode` by name).
+inline ulorl::presets::verl::normalizer_options verl_normalizer_options(const std::string& loss_agg_mode, double dp_size,
+                                                                        std::optional<double> batch_num_tokens,
+                                                                        std::optional<double> global_batch_size,
+                                                                        std::optional<double> loss_scale_factor,
+                                                                        std::size_t padded_length) {
+  return {.loss_agg_mode = ulorl::presets::verl::loss_agg_mode_from_name(loss_agg_mode),
+          .dp_size = dp_size,
+          .batch_num_tokens = batch_num_tokens,
+          .global_batch_size = global_batch_size,
+          .loss_scale_factor = loss_scale_factor,
+          .padded_length = padded_length};
 }
 
 //! The metrics and loss parts of one call as a Python dict.

@@ -444,13 +444,9 @@ void bind_terms(py::module_& m) {
       "_verl_normalizer",
       [](const std::string& loss_agg_mode, const ulorl::batch_counts& counts, double dp_size, opt batch_num_tokens,
          opt global_batch_size, opt loss_scale_factor, std::size_t padded_length) {
-        return P::verl::normalizer({.loss_agg_mode = P::verl::loss_agg_mode_from_name(loss_agg_mode),
-                                    .dp_size = dp_size,
-                                    .batch_num_tokens = batch_num_tokens,
-                                    .global_batch_size = global_batch_size,
-                                    .loss_scale_factor = loss_scale_factor,
-                                    .padded_length = padded_length},
-                                   counts);
+        return P::verl::normalizer(
+            verl_normalizer_options(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor, padded_length),
+            counts);
       },
       "loss_agg_mode"_a, "counts"_a, "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a, "loss_scale_factor"_a,
       "padded_length"_a);

@@ -265,14 +265,9 @@ void bind_presets(py::module_& m) {
                                             .dro_beta = dro_beta, .kl_cov_ratio = kl_cov_ratio,
                                             .ppo_kl_coef = ppo_kl_coef, .clip_cov_ratio = clip_cov_ratio,
                                             .clip_cov_lb = clip_cov_lb, .clip_cov_ub = clip_cov_ub});
-        cfg.normalizer = P::verl::policy_normalizer(mode,
-                                                    {.loss_agg_mode = P::verl::loss_agg_mode_from_name(loss_agg_mode),
-                                                     .dp_size = dp_size,
-                                                     .batch_num_tokens = batch_num_tokens,
-                                                     .global_batch_size = global_batch_size,
-                                                     .loss_scale_factor = loss_scale_factor,
-                                                     .padded_length = padded_length},
-                                                    counts);
+        cfg.normalizer = P::verl::policy_normalizer(
+            mode, verl_normalizer_options(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor, padded_length),
+            counts);
         if (kl_penalty) cfg = with_kl(cfg, P::verl::kl(P::verl::kl_penalty_from_name(*kl_penalty)), kl_coef);
         cfg.entropy_coef = entropy_coeff;
         return cfg;

@@ -201,7 +201,6 @@ void validate_rollout_inputs(std::string_view fn, const policy_loss_inputs<T, M>
   require_same_shape(fn, "rollout_log_prob", in.rollout_log_prob, "log_prob", in.log_prob);
   if (!in.weights.empty())
     detail::fail(fn, "weights", "must be empty with cfg.rollout: the rollout correction's weights are the loss's weights");
-  double divisor = 1;
   if (rc.importance.batch_normalize != cfg.rollout_batch_norm_factor.has_value()) {
     if (rc.importance.batch_normalize)
       detail::fail(fn, "rollout_batch_norm_factor",
@@ -210,11 +209,9 @@ void validate_rollout_inputs(std::string_view fn, const policy_loss_inputs<T, M>
     detail::fail_value(fn, "rollout_batch_norm_factor", *cfg.rollout_batch_norm_factor,
                        "given without rollout.importance.batch_normalize");
   }
-  if (cfg.rollout_batch_norm_factor) {
-    divisor = *cfg.rollout_batch_norm_factor;
-    if (!(divisor > 0) || !std::isfinite(divisor))
-      detail::fail_value(fn, "rollout_batch_norm_factor", divisor, "must be finite and > 0");
-  }
+  const double divisor = cfg.rollout_batch_norm_factor.value_or(1.0);
+  if (!(divisor > 0) || !std::isfinite(divisor))
+    detail::fail_value(fn, "rollout_batch_norm_factor", divisor, "must be finite and > 0");
   const auto bound = rollout_correction::detail_rc::bound_of(rc.importance);
   if (bound.nan_possible || !rollout_correction::detail_rc::representable<T>(bound.max / divisor))
     detail::fail(fn, "rollout",
@@ -295,8 +292,8 @@ inline constexpr std::size_t rollout_block_tokens = std::size_t{1} << 16;
 
 //! The loss with cfg.rollout: rows in blocks of about rollout_block_tokens tokens; per block, each
 //! row's weights and keep-mask (rollout_correction's scan_row, on `exec`) into scratch memory, then
-//! `rows_into(block inputs with those weights and that mask, block gradients)`, which folds the
-//! block's rows into `res` after the previous blocks'. The rows' correction statistics are folded
+//! `rows_into(block inputs with those weights and that mask, block gradients, res)`, which folds
+//! the block's rows into `res` after the previous blocks'. The scratch is allocated once per call. The rows' correction statistics are folded
 //! into res.rollout in row order. So every sum is folded in row order, as without blocks: the
 //! result is the bits of rollout_correction::apply followed by the loss on its outputs.
 template <class T, class M, class RowsInto>
@@ -346,18 +343,19 @@ void rollout_corrected_rows(std::string_view fn, const policy_loss_inputs<T, M>&
     policy_loss_inputs<T, M> part{in.log_prob.slice(lo, hi), in.old_log_prob.slice(lo, hi), in.advantages.slice(lo, hi),
                                   token_view<const M>(m),     in.ref_log_prob.slice(lo, hi), token_view<const T>(w),
                                   in.entropy.slice(lo, hi),   {}};
-    rows_into(part, grad_log_prob.slice(lo, hi), grad_entropy.slice(lo, hi));
+    rows_into(part, grad_log_prob.slice(lo, hi), grad_entropy.slice(lo, hi), res);
   }
 }
 
-//! Runs `rows_into(inputs, grad_log_prob, grad_entropy)` on the whole batch, or through
+//! Runs `rows_into(inputs, grad_log_prob, grad_entropy, result)` on the whole batch, or through
 //! rollout_corrected_rows with cfg.rollout; then the loss's total.
 template <class T, class M, class RowsInto>
 [[nodiscard]] policy_loss_result loss_rows(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
                                            token_view<T> grad_log_prob, token_view<T> grad_entropy, executor_ref exec,
-                                           policy_loss_result& res, RowsInto&& rows_into) {
+                                           RowsInto&& rows_into) {
+  policy_loss_result res;
   if (cfg.rollout) rollout_corrected_rows(fn, in, cfg, grad_log_prob, grad_entropy, exec, res, rows_into);
-  else rows_into(in, grad_log_prob, grad_entropy);
+  else rows_into(in, grad_log_prob, grad_entropy, res);
   res.loss = res.pg_loss + res.kl_loss + res.entropy_loss;
   return res;
 }
@@ -391,9 +389,8 @@ template <class T, class M>
   constexpr std::string_view fn = "policy_loss";
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   validate_policy_loss(fn, in, cfg, grad_log_prob, grad_entropy, exec);
-  policy_loss_result res;
-  return loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, exec, res,
-                   [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge) {
+  return loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, exec,
+                   [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
                      detail::visit_token_loss(fn, cfg, [&](const auto& obj, const auto& est) {
                        using D = std::remove_cvref_t<decltype(obj)>;
                        using E = std::remove_cvref_t<decltype(est)>;
@@ -455,9 +452,8 @@ template <class Obj, class T, class M, class Exec = sequential_executor>
     obj.validate(fn);
     validate_kl(fn, cfg.kl);
   });
-  policy_loss_result res;
-  return detail::loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec), res,
-                           [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge) {
+  return detail::loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec),
+                           [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
                              if (cfg.kl_coef == 0.0) return detail::token_rows_into<Obj, no_kl>(obj, part, cfg, g, ge, exec, res);
                              visit_kl_estimator(fn, cfg.kl, [&](const auto& est) {
                                using E = std::remove_cvref_t<decltype(est)>;
@@ -479,9 +475,8 @@ template <class Obj, class Est, class T, class M, class Exec = sequential_execut
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   (void)est;
   detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] { obj.validate(fn); });
-  policy_loss_result res;
-  return detail::loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec), res,
-                           [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge) {
+  return detail::loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec),
+                           [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
                              if (cfg.kl_coef == 0.0) return detail::token_rows_into<Obj, no_kl>(obj, part, cfg, g, ge, exec, res);
                              if (cfg.kl.importance_weighted)
                                return detail::token_rows_into<Obj, importance_weighted<Est>>(obj, part, cfg, g, ge, exec, res);

@@ -59,7 +59,9 @@ struct policy_loss_config {
   //! the kept tokens (tokens - rejected_tokens), and importance.batch_normalize takes its divisor
   //! as rollout_batch_norm_factor (finalize()'s batch_norm_factor). The weights must be finite in
   //! T by construction (a finite importance.upper, or a log-ratio clamp whose exp is finite):
-  //! configurations that can overflow are rejected here and run through apply().
+  //! configurations that can overflow are rejected here and run through apply(). The call
+  //! allocates one scratch block (weights and keep-mask of about 65,536 tokens, or of its longest
+  //! row), also on the sequential executor.
   std::optional<rollout_correction::config> rollout{};
   //! The divisor of the weights: required with rollout->importance.batch_normalize, rejected otherwise.
   std::optional<double> rollout_batch_norm_factor{};
