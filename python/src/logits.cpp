@@ -39,7 +39,7 @@ void bind_logits(py::module_& m) {
   m.def(
       "_policy_loss_from_logits",
       [](const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& old_log_prob,
-         const at::Tensor& advantages, const at::Tensor& mask, const ulorl::policy_loss_config& cfg,
+         const at::Tensor& advantages, const opt_tensor& mask, const ulorl::policy_loss_config& cfg,
          const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets, double temperature,
          bool check_values, bool fast_backward, bool in_place) {
         th::logits_loss_options opt;
@@ -49,7 +49,7 @@ void bind_logits(py::module_& m) {
         th::policy_loss_output out;
         {
           const py::gil_scoped_release nogil;
-          out = th::policy_loss_from_logits(logits, labels, old_log_prob, advantages, mask, cfg, opt);
+          out = th::policy_loss_from_logits(logits, labels, old_log_prob, advantages, or_undefined(mask), cfg, opt);
         }
         return py::make_tuple(out.loss, out.result, out.log_prob, out.entropy);
       },
@@ -59,7 +59,7 @@ void bind_logits(py::module_& m) {
   m.def(
       "_linear_head_policy_loss",
       [](const at::Tensor& hidden, const at::Tensor& weight, const opt_tensor& bias, const at::Tensor& labels,
-         const at::Tensor& old_log_prob, const at::Tensor& advantages, const at::Tensor& mask,
+         const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
          const ulorl::policy_loss_config& cfg, const opt_tensor& ref_log_prob, const opt_tensor& weights,
          const opt_tensor& offsets, double temperature, std::size_t chunk_rows, std::size_t workspace_budget,
          bool check_values, bool fast_backward) {
@@ -73,8 +73,8 @@ void bind_logits(py::module_& m) {
         th::policy_loss_output out;
         {
           const py::gil_scoped_release nogil;
-          out = th::linear_head_policy_loss(hidden, weight, or_undefined(bias), labels, old_log_prob, advantages, mask,
-                                            cfg, opt);
+          out = th::linear_head_policy_loss(hidden, weight, or_undefined(bias), labels, old_log_prob, advantages,
+                                            or_undefined(mask), cfg, opt);
         }
         return py::make_tuple(out.loss, out.result, out.log_prob, out.entropy);
       },

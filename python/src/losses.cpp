@@ -25,17 +25,30 @@ using opt_tensor = std::optional<at::Tensor>;
 
 at::Tensor or_undefined(const opt_tensor& t) { return t ? *t : at::Tensor(); }
 
-ulorl::batch_counts count_mask(const at::Tensor& mask, const opt_tensor& offsets) {
+//! count_batch of the mask (checked to be 0/1), or with `tokens` (a token tensor of the batch,
+//! float32 / float64: its layout) count_batch(mask, tokens): an absent mask counts every token of
+//! that layout as valid, a given one must have its shape.
+ulorl::batch_counts count_mask(const opt_tensor& mask, const opt_tensor& offsets, const opt_tensor& tokens) {
   constexpr std::string_view fn = "count_batch";
   const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-  th::detail::require_cpu(fn, "mask", mask, -1);
-  switch (mask.scalar_type()) {
+  if (!mask && !tokens)
+    ulorl::detail::fail(fn, "mask", "required without tokens (an absent mask counts the tokens' layout as valid)");
+  const auto count = [&](auto mask_view) {
+    if (!tokens) return ulorl::count_batch(mask_view);
+    return th::detail::with_token_type(fn, "tokens", *tokens, [&](auto tag) {
+      using T = decltype(tag);
+      return ulorl::count_batch(mask_view, th::tokens_of<const T>(fn, "tokens", *tokens, off));
+    });
+  };
+  if (!mask) return count(ulorl::token_view<const std::uint8_t>{});
+  th::detail::require_cpu(fn, "mask", *mask, -1);
+  switch (mask->scalar_type()) {
     case c10::ScalarType::Bool:
-    case c10::ScalarType::Byte: return ulorl::count_batch(th::tokens_of<const std::uint8_t>(fn, "mask", mask, off));
-    case c10::ScalarType::Float: return ulorl::count_batch(th::tokens_of<const float>(fn, "mask", mask, off));
-    case c10::ScalarType::Double: return ulorl::count_batch(th::tokens_of<const double>(fn, "mask", mask, off));
+    case c10::ScalarType::Byte: return count(th::tokens_of<const std::uint8_t>(fn, "mask", *mask, off));
+    case c10::ScalarType::Float: return count(th::tokens_of<const float>(fn, "mask", *mask, off));
+    case c10::ScalarType::Double: return count(th::tokens_of<const double>(fn, "mask", *mask, off));
     default:
-      ulorl::detail::fail(fn, "mask", std::string("has dtype ") + c10::toString(mask.scalar_type()) +
+      ulorl::detail::fail(fn, "mask", std::string("has dtype ") + c10::toString(mask->scalar_type()) +
                                           " but must be bool, uint8, float32 or float64");
   }
 }
@@ -43,15 +56,17 @@ ulorl::batch_counts count_mask(const at::Tensor& mask, const opt_tensor& offsets
 }  // namespace
 
 void bind_losses(py::module_& m) {
-  m.def("count_batch", &count_mask, "mask"_a, "offsets"_a = py::none(),
+  m.def("count_batch", &count_mask, "mask"_a = py::none(), "offsets"_a = py::none(), py::kw_only(),
+        "tokens"_a = py::none(),
         "Valid tokens, non-empty rows and rows of a 0/1 mask ([B, T], or [total] with offsets[B+1]); checked to be "
-        "0/1. Sum the counts of every micro-batch and rank of a step (all-reduce) and build the step's normaliser "
-        "with global_normalizer.");
+        "0/1. With tokens= (a float32 / float64 token tensor of the batch, e.g. its log-probs) the mask may be None: "
+        "every token of that layout valid (a given mask must then have its shape). Sum the counts of every "
+        "micro-batch and rank of a step (all-reduce) and build the step's normaliser with global_normalizer.");
 
   m.def(
       "_policy_loss",
       [](const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages,
-         const at::Tensor& mask, const ulorl::policy_loss_config& cfg, const opt_tensor& ref_log_prob,
+         const opt_tensor& mask, const ulorl::policy_loss_config& cfg, const opt_tensor& ref_log_prob,
          const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
          const opt_tensor& rollout_log_prob) {
         const th::policy_loss_tensors extra{or_undefined(ref_log_prob), or_undefined(weights), or_undefined(entropy),
@@ -59,7 +74,7 @@ void bind_losses(py::module_& m) {
         th::policy_loss_output out;
         {
           const py::gil_scoped_release nogil;
-          out = th::policy_loss(log_prob, old_log_prob, advantages, mask, cfg, extra);
+          out = th::policy_loss(log_prob, old_log_prob, advantages, or_undefined(mask), cfg, extra);
         }
         return py::make_tuple(out.loss, out.result);
       },
@@ -79,9 +94,9 @@ void bind_losses(py::module_& m) {
       "rewards"_a, "group_ids"_a, "group_size"_a, "preset"_a);
   m.def(
       "_broadcast_to_tokens",
-      [](const at::Tensor& advantages, const at::Tensor& mask, const ulorl::advantage_preset& preset,
+      [](const at::Tensor& advantages, const opt_tensor& mask, const ulorl::advantage_preset& preset,
          const opt_tensor& offsets) {
-        return th::broadcast_to_tokens(advantages, mask, preset.broadcast, or_undefined(offsets));
+        return th::broadcast_to_tokens(advantages, or_undefined(mask), preset.broadcast, or_undefined(offsets));
       },
       "advantages"_a, "mask"_a, "preset"_a, "offsets"_a = py::none());
 

@@ -72,7 +72,8 @@ def policy_loss_config(
 
 
 def _config(fn: str, config: Optional[PolicyLossConfig], options: Dict[str, Any], normalizer: Optional[Normalizer],
-            agg_mode: str, agg_constant: float, mask: torch.Tensor, offsets: Optional[torch.Tensor]) -> PolicyLossConfig:
+            agg_mode: str, agg_constant: float, mask: Optional[torch.Tensor], offsets: Optional[torch.Tensor],
+            tokens: torch.Tensor) -> PolicyLossConfig:
     if config is not None:
         if options:
             raise _fail(fn, next(iter(options)), "give either config= or loss options, not both")
@@ -88,8 +89,10 @@ def _config(fn: str, config: Optional[PolicyLossConfig], options: Dict[str, Any]
     if normalizer is not None:
         cfg.normalizer = normalizer
     else:
-        # No step normaliser given: this call is the whole batch (its own counts).
-        cfg.normalizer = _ulorl.global_normalizer(agg_mode, _ulorl.count_batch(mask, offsets), agg_constant)
+        # No step normaliser given: this call is the whole batch (its own counts; without a mask,
+        # every token of the layout of `tokens`).
+        counts = _ulorl.count_batch(mask, offsets, tokens=tokens if mask is None else None)
+        cfg.normalizer = _ulorl.global_normalizer(agg_mode, counts, agg_constant)
     return cfg
 
 
@@ -97,7 +100,7 @@ def policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
     *,
     ref_log_prob: Optional[torch.Tensor] = None,
     entropy: Optional[torch.Tensor] = None,
@@ -115,10 +118,11 @@ def policy_loss(
     """The fused policy loss of one micro-batch as an autograd function.
 
     Token tensors are ``[B, T]`` (any strides) or, with ``offsets`` ``[B+1]``, packed ``[total]``;
-    float32 or float64. ``mask`` is bool, uint8 or the log-probs' dtype (checked to be 0/1).
-    Gradients flow to ``log_prob`` and (entropy_coef != 0) ``entropy``; ``old_log_prob``,
-    ``advantages``, ``ref_log_prob`` (needed when kl_coef != 0) and ``weights`` (rollout-correction
-    weights) are constants.
+    float32 or float64. ``mask`` is bool, uint8 or the log-probs' dtype (checked to be 0/1), or None:
+    every token valid (padded: all ``B x T``; packed: every token inside the offsets), the same
+    bits as an all-ones mask. Gradients flow to ``log_prob`` and (entropy_coef != 0) ``entropy``;
+    ``old_log_prob``, ``advantages``, ``ref_log_prob`` (needed when kl_coef != 0) and ``weights``
+    (rollout-correction weights) are constants.
 
     Aggregation: ``normalizer`` is the step's global normaliser (:func:`global_normalizer` of the
     all-reduced :func:`count_batch` counts): with it the micro-batch losses and gradients sum exactly
@@ -143,7 +147,7 @@ def policy_loss(
     :class:`RolloutCorrectionStatistics` (add them over micro-batches, then
     :func:`rollout_correction_finalize`).
     """
-    cfg = _config("policy_loss", config, options, normalizer, agg_mode, agg_constant, mask, offsets)
+    cfg = _config("policy_loss", config, options, normalizer, agg_mode, agg_constant, mask, offsets, log_prob)
     if rollout_correction is not None or rollout_batch_norm_factor is not None:
         if cfg is config:
             cfg = copy.copy(config)
@@ -189,7 +193,7 @@ def policy_loss_from_logits(
     labels: torch.Tensor,
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
     *,
     temperature: float = 1.0,
     in_place: bool = False,
@@ -207,11 +211,13 @@ def policy_loss_from_logits(
     """The policy loss straight from logits ``[N, V]`` (row i = token i of the token layout, padded:
     b * T + t). ``d loss / d logits`` is computed in the forward pass: into a new ``[N, V]`` tensor, or
     with ``in_place`` into the logits' own memory (their values are gone after the call).
-    Token-level objectives only (not gspo / gmpo). Arguments and the returned metrics as
-    :func:`policy_loss`, plus ``metrics['log_prob']`` and ``metrics['entropy']`` (detached tensors in
-    the token layout; entropy only with an entropy term).
+    Token-level objectives only (not gspo / gmpo). Arguments (``mask`` None: every token of
+    ``old_log_prob``'s layout valid) and the returned metrics as :func:`policy_loss`, plus
+    ``metrics['log_prob']`` and ``metrics['entropy']`` (detached tensors in the token layout;
+    entropy only with an entropy term).
     """
-    cfg = _config("policy_loss_from_logits", config, options, normalizer, agg_mode, agg_constant, mask, offsets)
+    cfg = _config("policy_loss_from_logits", config, options, normalizer, agg_mode, agg_constant, mask, offsets,
+                  old_log_prob)
     loss, result, lp, ent = _ulorl._policy_loss_from_logits(logits, labels, old_log_prob, advantages, mask, cfg,
                                                             ref_log_prob, weights, offsets, temperature, check_values,
                                                             fast_backward, in_place)
@@ -227,7 +233,7 @@ def linear_head_policy_loss(
     labels: torch.Tensor,
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
     *,
     temperature: float = 1.0,
     chunk_rows: int = 0,
@@ -246,10 +252,11 @@ def linear_head_policy_loss(
     """The policy loss straight from hidden states ``[N, H]``, the unembedding ``weight`` ``[V, H]``
     (nn.Linear's layout) and ``bias`` ``[V]`` or None, in chunks of ``chunk_rows`` rows (0: sized
     from ``workspace_budget`` bytes): never holds the ``[N, V]`` logits; the GEMMs run in torch's
-    BLAS. Gradients for whichever of hidden, weight, bias require grad. Other arguments and the
-    returned metrics as :func:`policy_loss_from_logits`.
+    BLAS. Gradients for whichever of hidden, weight, bias require grad. Other arguments (``mask``
+    None: every token valid) and the returned metrics as :func:`policy_loss_from_logits`.
     """
-    cfg = _config("linear_head_policy_loss", config, options, normalizer, agg_mode, agg_constant, mask, offsets)
+    cfg = _config("linear_head_policy_loss", config, options, normalizer, agg_mode, agg_constant, mask, offsets,
+                  old_log_prob)
     if chunk_rows < 0:
         raise _fail("linear_head_policy_loss", "chunk_rows", f"= {chunk_rows}: must be >= 0")
     if workspace_budget < 1:
@@ -339,17 +346,19 @@ def group_advantages(
 
 def broadcast_to_tokens(
     advantages: ArrayLike,
-    mask: ArrayLike,
+    mask: Optional[ArrayLike] = None,
     preset: Union[str, AdvantagePreset] = "verl",
     *,
     offsets: Optional[torch.Tensor] = None,
     **preset_options: Any,
 ) -> Union[torch.Tensor, np.ndarray]:
     """Per-token advantages in the mask's shape from per-response ``advantages`` ``[B]``, placed as the
-    preset's framework does (masked; OpenRLHF through the last valid token; NeMo-RL every position)."""
+    preset's framework does (masked; OpenRLHF through the last valid token; NeMo-RL every position).
+    ``mask`` None needs ``offsets`` (packed): every token inside them valid, the result ``[total]``;
+    the padded layout takes its ``[B, T]`` shape from the mask."""
     p = preset if isinstance(preset, AdvantagePreset) else advantage_preset(preset, **preset_options)
     a, was_numpy = _as_tensor(advantages, torch.float64)
-    m, _ = _as_tensor(mask, None)
+    m = None if mask is None else _as_tensor(mask, None)[0]
     out = _ulorl._broadcast_to_tokens(a, m, p, offsets)
     return out.numpy() if was_numpy else out
 

@@ -1,6 +1,6 @@
 """ulorl's losses through Python against the independent float64 oracles of oracles.py (values and
 autograd gradients), torch.autograd.gradcheck, and properties (masked tokens contribute nothing,
-float32 close to float64, packed layout equals padded)."""
+float32 close to float64, packed layout equals padded, mask=None gives the bits of an all-ones mask)."""
 
 import math
 
@@ -319,3 +319,112 @@ def test_config_object_equals_keyword_options(gen):
     cfg.normalizer = norm
     c, _ = ulorl.policy_loss(lp, old, adv, mask, ref_log_prob=ref, config=cfg)
     assert c.item() == a.item()
+
+
+def _layouts():
+    """(tok, offsets) for the padded [5, 9] layout and for a packed one with rows of 3, 9, 0, 5 and 7
+    tokens (an empty row included): tok maps a [5, 9] tensor to the layout's token tensor."""
+    lens = [3, 9, 0, 5, 7]
+    offsets = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
+    pack = lambda t: torch.cat([t[b, :n] for b, n in enumerate(lens)])  # noqa: E731
+    return [(lambda t: t, None), (pack, offsets)]
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_policy_loss_mask_none_is_all_ones(gen, agg):
+    lp, old, adv, _, ref, ent, w = batch(gen)
+    ro = old + torch.randn(old.shape, generator=gen, dtype=old.dtype) * 0.2
+    for tok, offsets in _layouts():
+        ones = torch.ones(tok(lp).shape, dtype=torch.bool)
+        for rc in (None, ulorl.rollout_correction_config()):
+            kw = dict(ref_log_prob=tok(ref), offsets=offsets, agg_mode=agg, kl_coef=0.05, entropy_coef=0.01,
+                      eps_high=0.28, rollout_log_prob=tok(ro) if rc else None, rollout_correction=rc,
+                      weights=None if rc else tok(w))
+            x1, h1 = tok(lp).clone().requires_grad_(), tok(ent).clone().requires_grad_()
+            x2, h2 = tok(lp).clone().requires_grad_(), tok(ent).clone().requires_grad_()
+            l1, m1 = ulorl.policy_loss(x1, tok(old), tok(adv), ones, entropy=h1, **kw)
+            l2, m2 = ulorl.policy_loss(x2, tok(old), tok(adv), entropy=h2, **kw)  # mask=None by default
+            l1.backward()
+            l2.backward()
+            assert m2["tokens"] == ones.sum().item()
+            assert torch.equal(l1, l2)
+            if rc:
+                s1, s2 = m1.pop("rollout"), m2.pop("rollout")
+                assert s2.tokens == ones.sum().item()
+                assert ulorl.rollout_correction_finalize(s1, rc) == ulorl.rollout_correction_finalize(s2, rc)
+            assert m1 == m2
+            assert torch.equal(x1.grad, x2.grad)
+            assert torch.equal(h1.grad, h2.grad)
+
+
+def test_fused_losses_mask_none_is_all_ones(gen):
+    B, T, H, V = 5, 9, 6, 17
+    _, old, adv, _, ref, _, w = batch(gen, B, T)
+    for tok, offsets in _layouts():
+        o, a = tok(old), tok(adv)
+        n = o.numel()
+        ones = torch.ones(o.shape, dtype=torch.bool)
+        kw = dict(ref_log_prob=tok(ref), weights=tok(w), offsets=offsets, kl_coef=0.05, entropy_coef=0.01,
+                  eps_high=0.28, agg_mode="seq_mean_token_mean")
+        logits = torch.randn(n, V, generator=gen, dtype=torch.float64) * 2
+        labels = torch.randint(0, V, (n,), generator=gen)
+        z1, z2 = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+        l1, m1 = ulorl.policy_loss_from_logits(z1, labels, o, a, ones, temperature=0.9, **kw)
+        l2, m2 = ulorl.policy_loss_from_logits(z2, labels, o, a, mask=None, temperature=0.9, **kw)
+        l1.backward()
+        l2.backward()
+        assert torch.equal(l1, l2)
+        for key in ("log_prob", "entropy"):
+            assert torch.equal(m1.pop(key), m2.pop(key))
+        assert m2["tokens"] == n and m1 == m2
+        assert torch.equal(z1.grad, z2.grad)
+
+        hidden = torch.randn(n, H, generator=gen, dtype=torch.float64)
+        weight = torch.randn(V, H, generator=gen, dtype=torch.float64) * 0.5
+        bias = torch.randn(V, generator=gen, dtype=torch.float64) * 0.1
+        ps = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+        qs = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+        l1, m1 = ulorl.linear_head_policy_loss(*ps, labels, o, a, ones, chunk_rows=4, **kw)
+        l2, m2 = ulorl.linear_head_policy_loss(*qs, labels, o, a, chunk_rows=4, **kw)  # mask=None by default
+        l1.backward()
+        l2.backward()
+        assert torch.equal(l1, l2)
+        for key in ("log_prob", "entropy"):
+            assert torch.equal(m1.pop(key), m2.pop(key))
+        assert m1 == m2
+        for p, q in zip(ps, qs):
+            assert torch.equal(p.grad, q.grad)
+
+
+def test_mask_none_counts_and_broadcast(gen):
+    lp, old, adv, *_ = batch(gen)
+    (_, _), (pack, offsets) = _layouts()
+    # count_batch: a None mask counts every token of `tokens`' layout; without tokens it is required.
+    assert ulorl.count_batch(tokens=lp).to_list() == ulorl.count_batch(torch.ones(5, 9, dtype=torch.bool)).to_list()
+    assert ulorl.count_batch(None, offsets, tokens=pack(lp)).to_list() == [24.0, 4.0, 5.0]
+    with pytest.raises(ulorl.Error) as e:
+        ulorl.count_batch(offsets=offsets)
+    assert e.value.function == "count_batch" and e.value.argument == "mask"
+    # broadcast_to_tokens: packed, a None mask is every token inside the offsets; padded it is required
+    # (the mask gives the [B, T] shape).
+    a = torch.randn(5, generator=gen, dtype=torch.float64)
+    got = ulorl.broadcast_to_tokens(a, offsets=offsets)
+    assert torch.equal(got, ulorl.broadcast_to_tokens(a, torch.ones(24, dtype=torch.bool), offsets=offsets))
+    assert torch.equal(got, torch.repeat_interleave(a, offsets.diff()))
+    with pytest.raises(ulorl.Error) as e:
+        ulorl.broadcast_to_tokens(a)
+    assert e.value.function == "broadcast_to_tokens" and e.value.argument == "mask"
+
+
+def test_openrlhf_policy_loss_action_mask_none_is_all_ones(gen):
+    lp, old, adv, _, ref, *_ = batch(gen)
+    ones = torch.ones(lp.shape, dtype=torch.bool)
+    for token_level_loss in (True, False):
+        x1, x2 = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+        kw = dict(token_level_loss=token_level_loss, base_action_log_probs=ref, kl_estimator="k3", kl_coef=0.01)
+        l1, m1 = ulorl.presets.openrlhf.policy_loss(x1, old, adv, ones, **kw)
+        l2, m2 = ulorl.presets.openrlhf.policy_loss(x2, old, adv, **kw)  # OpenRLHF's action_mask=None
+        l1.backward()
+        l2.backward()
+        assert torch.equal(l1, l2) and m1 == m2
+        assert torch.equal(x1.grad, x2.grad)

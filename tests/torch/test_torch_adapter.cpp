@@ -3,7 +3,8 @@
 // differences; a composed graph (linear layer -> logits -> ulorl loss -> weights); advantages, token
 // broadcast, MPT masks and the dynamic-sampling filter against plain-torch formulas; bad inputs
 // (dtype, device, rank, sizes, strides, labels out of range, NaN) raise ulorl::error naming the
-// argument and leave outputs untouched; peak memory of logits_stats forward + backward against
+// argument and leave outputs untouched; an undefined mask gives the bits of an all-ones mask (losses,
+// metrics, gradients, token broadcast; padded and packed); peak memory of logits_stats forward + backward against
 // torch's own formula. One translation unit: each one that includes the adapter compiles every
 // kernel instantiation again.
 #include <ulorl/adapters/torch.hpp>
@@ -13,8 +14,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "catch.hpp"
 #include "torch_support.hpp"
@@ -511,6 +514,130 @@ TEST_CASE("torch adapter: bad inputs raise ulorl::error naming the argument, out
   expect_error([&] { (void)th::group_advantages(r, std::int64_t{3}); }, "group_advantages", "group_size", "");
   expect_error([&] { (void)th::broadcast_to_tokens(r.view({2, 4}), mask); }, "broadcast_to_tokens", "advantages",
                "rank 2");
+}
+
+namespace {
+
+//! Every member of policy_loss_result (its loss parts, loss_metrics, rollout statistics) is a
+//! double: the results are equal bit for bit when their bytes are.
+bool same_bits(const ulorl::policy_loss_result& a, const ulorl::policy_loss_result& b) {
+  if (std::memcmp(&a, &b, sizeof a) == 0) return true;
+  std::printf("results differ: loss %.17g / %.17g, tokens %g / %g, sequences %g / %g, ratio_sum %.17g / %.17g\n", a.loss,
+              b.loss, a.metrics.tokens, b.metrics.tokens, a.metrics.sequences, b.metrics.sequences,
+              a.metrics.ratio_sum, b.metrics.ratio_sum);
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("torch losses: an undefined mask gives the bits of an all-ones mask (padded and packed)", "[torch][mask]") {
+  tsupport::seed(1015);
+  const std::int64_t b = 4, t = 7, h = 8, v = 29;
+  // Packed rows of 3, 7, 0 and 5 tokens (an empty row included), taken from the front of each row.
+  const std::vector<std::int64_t> lens{3, 7, 0, 5};
+  const at::Tensor off = at::tensor({0, 3, 10, 10, 15}, at::kLong);
+  const auto pack = [&](const at::Tensor& x) {
+    std::vector<at::Tensor> rows;
+    for (std::int64_t r = 0; r < b; ++r) rows.push_back(x[r].narrow(0, 0, lens[static_cast<std::size_t>(r)]));
+    return at::cat(rows);
+  };
+  for (auto dt : {at::kDouble, at::kFloat}) {
+    const auto o = at::TensorOptions().dtype(dt);
+    batch x = make_batch(b, t, dt);
+    const at::Tensor ro_padded = x.old + (at::rand({b, t}, o) - 0.5) * 0.6;
+    for (bool packed : {false, true}) {
+      INFO((dt == at::kDouble ? "float64" : "float32") << (packed ? ", packed" : ", padded"));
+      const auto tok = [&](const at::Tensor& y) { return packed ? pack(y) : y; };
+      const at::Tensor ones = tok(at::ones({b, t}, at::kBool));
+      const at::Tensor old = tok(x.old), adv = tok(x.adv), ro = tok(ro_padded);
+      const std::int64_t n = ones.numel();
+      const auto cfg = full_config(static_cast<double>(n));
+      th::policy_loss_tensors extra{.ref_log_prob = tok(x.ref), .weights = tok(x.w)};
+      if (packed) extra.offsets = off;
+
+      // policy_loss: gradients to log_prob and entropy.
+      {
+        at::Tensor lp1 = tok(x.lp).clone().requires_grad_(), lp2 = tok(x.lp).clone().requires_grad_();
+        at::Tensor e1 = tok(x.ent).clone().requires_grad_(), e2 = tok(x.ent).clone().requires_grad_();
+        th::policy_loss_tensors x1 = extra, x2 = extra;
+        x1.entropy = e1, x2.entropy = e2;
+        const auto with = th::policy_loss(lp1, old, adv, ones, cfg, x1);
+        const auto without = th::policy_loss(lp2, old, adv, at::Tensor(), cfg, x2);
+        with.loss.backward();
+        without.loss.backward();
+        CHECK(without.result.metrics.tokens == static_cast<double>(n));
+        CHECK(same_bits(with.result, without.result));
+        CHECK(at::equal(with.loss, without.loss));
+        CHECK(at::equal(lp1.grad(), lp2.grad()));
+        CHECK(at::equal(e1.grad(), e2.grad()));
+      }
+      // policy_loss with the rollout correction inside the pass (its keep-mask starts from the mask).
+      {
+        auto rcfg = cfg;
+        rcfg.rollout = ulorl::rollout_correction::config{};
+        at::Tensor lp1 = tok(x.lp).clone().requires_grad_(), lp2 = tok(x.lp).clone().requires_grad_();
+        th::policy_loss_tensors x1{.ref_log_prob = extra.ref_log_prob, .entropy = tok(x.ent), .offsets = extra.offsets,
+                                   .rollout_log_prob = ro};
+        const auto with = th::policy_loss(lp1, old, adv, ones, rcfg, x1);
+        const auto without = th::policy_loss(lp2, old, adv, at::Tensor(), rcfg, x1);
+        with.loss.backward();
+        without.loss.backward();
+        CHECK(without.result.rollout.tokens == static_cast<double>(n));
+        CHECK(same_bits(with.result, without.result));
+        CHECK(at::equal(lp1.grad(), lp2.grad()));
+      }
+      // policy_loss_from_logits: the logits' gradient, the computed log-probs and entropies.
+      {
+        const at::Tensor z = at::randn({n, v}, o) * 2;
+        const at::Tensor y = at::randint(0, v, {n}, at::TensorOptions().dtype(at::kLong));
+        at::Tensor z1 = z.clone().requires_grad_(), z2 = z.clone().requires_grad_();
+        const th::logits_loss_options opt{.extra = extra};
+        const auto with = th::policy_loss_from_logits(z1, y, old, adv, ones, cfg, opt);
+        const auto without = th::policy_loss_from_logits(z2, y, old, adv, at::Tensor(), cfg, opt);
+        with.loss.backward();
+        without.loss.backward();
+        CHECK(same_bits(with.result, without.result));
+        CHECK(at::equal(with.log_prob, without.log_prob));
+        CHECK(at::equal(with.entropy, without.entropy));
+        CHECK(at::equal(z1.grad(), z2.grad()));
+      }
+      // linear_head_policy_loss: gradients to hidden, weight and bias, in chunks of 5 rows.
+      {
+        const at::Tensor hid = at::randn({n, h}, o), w0 = at::randn({v, h}, o) * 0.3, b0 = at::randn({v}, o) * 0.1;
+        const at::Tensor y = at::randint(0, v, {n}, at::TensorOptions().dtype(at::kLong));
+        th::linear_head_loss_options opt{.extra = extra};
+        opt.head.chunk_rows = 5;
+        at::Tensor h1 = hid.clone().requires_grad_(), w1 = w0.clone().requires_grad_(), b1 = b0.clone().requires_grad_();
+        at::Tensor h2 = hid.clone().requires_grad_(), w2 = w0.clone().requires_grad_(), b2 = b0.clone().requires_grad_();
+        const auto with = th::linear_head_policy_loss(h1, w1, b1, y, old, adv, ones, cfg, opt);
+        const auto without = th::linear_head_policy_loss(h2, w2, b2, y, old, adv, at::Tensor(), cfg, opt);
+        with.loss.backward();
+        without.loss.backward();
+        CHECK(same_bits(with.result, without.result));
+        CHECK(at::equal(with.log_prob, without.log_prob));
+        CHECK(at::equal(h1.grad(), h2.grad()));
+        CHECK(at::equal(w1.grad(), w2.grad()));
+        CHECK(at::equal(b1.grad(), b2.grad()));
+      }
+    }
+  }
+
+  // broadcast_to_tokens: packed, an undefined mask is every token inside the offsets (the verl
+  // preset allows the empty row); padded, the mask gives the result's shape and is required.
+  const at::Tensor a = at::randn({b}, at::kDouble);
+  const auto verl = ulorl::presets::verl::grpo_advantage();
+  const at::Tensor pm = at::ones({15}, at::kBool);
+  for (const at::Tensor& offsets : {off, off.to(at::kInt)}) {
+    const at::Tensor with = th::broadcast_to_tokens(a, pm, verl, offsets);
+    const at::Tensor without = th::broadcast_to_tokens(a, at::Tensor(), verl, offsets);
+    REQUIRE(without.sizes() == with.sizes());
+    CHECK(at::equal(with, without));
+    CHECK(at::equal(without, at::repeat_interleave(a, at::tensor(lens, at::kLong))));
+  }
+  expect_error([&] { (void)th::broadcast_to_tokens(a, at::Tensor(), verl); }, "broadcast_to_tokens", "mask",
+               "without offsets");
+  expect_error([&] { (void)th::broadcast_to_tokens(a, at::Tensor(), verl, at::tensor({0, 3, 2, 4, 5}, at::kLong)); },
+               "broadcast_to_tokens", "offsets", "must not decrease");
 }
 
 TEST_CASE("torch logits_stats peak memory: at most 1/10 of torch's log_softmax / gather / entropy",

@@ -9,8 +9,10 @@ import torch
 from .. import _ulorl
 
 
-def counts(mask: torch.Tensor, offsets: Optional[torch.Tensor] = None) -> _ulorl.BatchCounts:
-    return _ulorl.count_batch(mask, offsets)
+def counts(mask: Optional[torch.Tensor], offsets: Optional[torch.Tensor] = None,
+           tokens: Optional[torch.Tensor] = None) -> _ulorl.BatchCounts:
+    """count_batch of the mask; a None mask counts every token of ``tokens``' layout."""
+    return _ulorl.count_batch(mask, offsets, tokens=tokens if mask is None else None)
 
 
 def padded_length(t: torch.Tensor) -> int:

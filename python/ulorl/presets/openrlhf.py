@@ -16,7 +16,7 @@ def policy_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
-    action_mask: torch.Tensor,
+    action_mask: Optional[torch.Tensor] = None,
     *,
     policy_loss_type: str = "ppo",
     clip_eps_low: float = 0.2,
@@ -35,7 +35,8 @@ def policy_loss(
     vllm_is_truncated_threshold: Sequence[float] = (0.5, 5.0),
     check_values: bool = True,
 ) -> Tuple[torch.Tensor, Dict[str, Any]]:
-    """OpenRLHF's policy loss of one micro-batch (argument order as ``PolicyLoss.forward``).
+    """OpenRLHF's policy loss of one micro-batch (argument order as ``PolicyLoss.forward``; an
+    ``action_mask`` of None, as there, means every token valid).
 
     policy_loss_type ``ppo`` (log-ratio clamped to +-20) or ``gspo`` (sequence-level loss always);
     dual_clip c > 1 for negative advantages. token_level_loss: sum / tokens (``batch_num_tokens`` *
@@ -51,8 +52,8 @@ def policy_loss(
     Returns ``(loss, metrics)`` with OpenRLHF's ``clip_ratio`` and ``ppo_kl`` besides ulorl's metrics.
     """
     cfg = _ulorl._openrlhf_config(policy_loss_type, clip_eps_low, clip_eps_high, dual_clip, token_level_loss,
-                                  _common.counts(action_mask), dp_size, batch_num_tokens, global_batch_size,
-                                  kl_estimator, kl_coef)
+                                  _common.counts(action_mask, tokens=log_probs), dp_size, batch_num_tokens,
+                                  global_batch_size, kl_estimator, kl_coef)
     cfg.check_values = check_values
     plan = _ulorl._openrlhf_vllm_is_plan(policy_loss_type, enable_vllm_is_correction)
     if (plan["weights"] or plan["ratio_against_rollout"]) and rollout_log_probs is None:

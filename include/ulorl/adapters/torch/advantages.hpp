@@ -3,6 +3,7 @@
 // (rewards, advantages and masks are constants of the loss); each returns new tensors:
 //   group_advantages(rewards [B], group_ids [B] | group_size, cfg | preset) -> advantages [B]
 //   broadcast_to_tokens(advantages [B], mask [B, T] | [total] + offsets, cfg | preset) -> [B, T] | [total]
+//       (packed: an undefined mask means every token inside the offsets valid)
 //   mpt_mask({log_prob, entropy, mask, response_score, ...}, cfg) -> keep mask + mpt_stats (UloRL MPT)
 //   dynamic_sampling_filter(metric [B], group_ids [B] | group_size, cfg) -> keep [B] (bool) + counts
 // Per-response tensors (rewards, ids, scores) must be contiguous 1-D; per-token tensors take any
@@ -95,15 +96,32 @@ inline at::Tensor advantages_impl(const at::Tensor& rewards, const group_layout&
 
 //! Per-token advantages from per-response advantages [B] and the 0/1 mask (bool, uint8 or the
 //! advantages' dtype; [B, T] padded, or [total] with offsets[B+1]); the result has the mask's shape
-//! and the advantages' dtype.
+//! and the advantages' dtype. An undefined mask with offsets: every token inside the offsets valid,
+//! the result [offsets[B]]; without offsets the mask is required (it gives the result's [B, T]).
 [[nodiscard]] inline at::Tensor broadcast_to_tokens(const at::Tensor& advantages, const at::Tensor& mask,
                                                     const broadcast_config& cfg = {},
                                                     const at::Tensor& offsets = {}) {
   constexpr std::string_view fn = "broadcast_to_tokens";
   const offsets_view off = offsets_of(fn, "offsets", offsets);
+  if (!mask.defined() && !off.packed)
+    ulorl::detail::fail(fn, "mask",
+                        "is undefined without offsets: the padded layout takes its [B, T] shape from the mask "
+                        "(an absent mask means every token valid only in the packed layout, with offsets)");
   return detail::with_value_type(fn, "advantages", advantages, [&](auto tag) {
     using T = decltype(tag);
     const auto adv = span_of<const T>(fn, "advantages", advantages);
+    if (!mask.defined()) {
+      // The token count is the last offset; the core checks the offsets on the result's view.
+      const std::int64_t last = static_cast<std::int64_t>(off.i64.size() + off.i32.size()) - 1;
+      const std::int64_t total = off.i64.empty() ? std::int64_t{off.i32.back()} : off.i64.back();
+      if (total < 0)
+        ulorl::detail::fail_at(fn, "offsets", last, total, "the last offset (the token count) must be >= 0");
+      at::Tensor out = at::empty({total}, advantages.options());
+      const token_view<T> out_v = tokens_of<T>(fn, "out", out, off);
+      validate_layout(fn, "offsets", out_v);
+      ulorl::broadcast_to_tokens(adv, token_view<const std::uint8_t>{}, out_v, cfg);
+      return out;
+    }
     detail::require_cpu(fn, "mask", mask, -1);
     at::Tensor out = at::empty(mask.sizes(), advantages.options());
     const auto run = [&](auto mtag) {

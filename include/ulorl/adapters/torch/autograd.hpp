@@ -3,6 +3,7 @@
 // forward calls the ulorl kernel on views of the tensors (tensor_views.hpp) and whose backward
 // returns the kernel's exact gradient scaled by the incoming one:
 //   policy_loss(log_prob, old_log_prob, advantages, mask, cfg, extra)  -> loss (0-dim) + metrics;
+//       an undefined mask: every token valid (the core's absent mask, the bits of an all-ones mask);
 //       backward: the fused pass's d loss / d log_prob (and d loss / d entropy), saved in forward;
 //   logits_stats(logits, labels, cfg)  -> (log_prob, entropy);
 //       backward: logits_backward from the saved log-sum-exp and entropy (O(N) saved, plus the
@@ -119,8 +120,10 @@ decltype(auto) with_logits_type(std::string_view fn, std::string_view arg, const
 //! The mask as a byte tensor: bool and uint8 masks as they are (bool is read as bytes); a float
 //! mask of the token dtype T is checked to be 0/1 (the error names the element) and converted to
 //! uint8, one byte per token. One mask type keeps the policy loss compiled once per token dtype.
+//! An undefined mask stays undefined (every token valid: optional_tokens makes it an empty view).
 template <class T>
 at::Tensor byte_mask(std::string_view fn, std::string_view arg, const at::Tensor& m, const offsets_view& off) {
+  if (!m.defined()) return m;
   require_cpu(fn, arg, m, -1);
   const auto st = m.scalar_type();
   if (st == c10::ScalarType::Bool || st == c10::ScalarType::Byte) return m;
@@ -204,7 +207,7 @@ struct policy_loss_function : public torch::autograd::Function<policy_loss_funct
         in.log_prob = tokens_of<const T>(fn, "log_prob", log_prob, off);
         in.old_log_prob = tokens_of<const T>(fn, "old_log_prob", *a->old_log_prob, off);
         in.advantages = tokens_of<const T>(fn, "advantages", *a->advantages, off);
-        in.mask = tokens_of<const M>(fn, "mask", mask, off);
+        in.mask = optional_tokens<M>(fn, "mask", mask, off);
         in.ref_log_prob = optional_tokens<T>(fn, "ref_log_prob", a->extra->ref_log_prob, off);
         in.weights = optional_tokens<T>(fn, "weights", a->extra->weights, off);
         in.rollout_log_prob = optional_tokens<T>(fn, "rollout_log_prob", a->extra->rollout_log_prob, off);
@@ -323,7 +326,7 @@ policy_loss_inputs<T, M> fused_inputs(std::string_view fn, const at::Tensor& old
   policy_loss_inputs<T, M> in;
   in.old_log_prob = tokens_of<const T>(fn, "old_log_prob", old_log_prob, off);
   in.advantages = tokens_of<const T>(fn, "advantages", advantages, off);
-  in.mask = tokens_of<const M>(fn, "mask", mask, off);
+  in.mask = optional_tokens<M>(fn, "mask", mask, off);
   in.ref_log_prob = optional_tokens<T>(fn, "ref_log_prob", extra.ref_log_prob, off);
   in.weights = optional_tokens<T>(fn, "weights", extra.weights, off);
   in.rollout_log_prob = optional_tokens<T>(fn, "rollout_log_prob", extra.rollout_log_prob, off);
@@ -429,7 +432,9 @@ struct head_loss_function : public torch::autograd::Function<head_loss_function>
 //! The fused policy loss of one micro-batch (ulorl::policy_loss) as an autograd function. Token
 //! tensors are [B, T] (padded; any strides) or, with extra.offsets, [total] (packed); log-probs
 //! float32 or float64, the mask bool, uint8 or the log-probs' dtype (converted to uint8 after a 0/1
-//! check: one byte per token). Gradients flow to `log_prob`
+//! check: one byte per token), or undefined: every token of log_prob's layout valid (padded: all
+//! B x T, packed: every token inside the offsets), the same bits as an all-ones mask. Gradients
+//! flow to `log_prob`
 //! and (entropy_coef != 0) `extra.entropy`; every other input is a constant. cfg.normalizer is the
 //! step's global normaliser (aggregation.hpp): sum the micro-batch losses, as in ulorl.
 [[nodiscard]] inline policy_loss_output policy_loss(const at::Tensor& log_prob, const at::Tensor& old_log_prob,
@@ -457,7 +462,8 @@ struct head_loss_function : public torch::autograd::Function<head_loss_function>
 }
 
 //! The policy loss straight from logits [N, V] (ulorl::policy_loss_from_logits): row i of the
-//! logits is token flat_index i of the token layout of old_log_prob (padded: b * T + t). The
+//! logits is token flat_index i of the token layout of old_log_prob (padded: b * T + t). The mask
+//! as policy_loss's (undefined: every token of old_log_prob's layout valid). The
 //! gradient d loss / d logits is computed in the forward pass and handed to autograd in backward
 //! (scaled by the incoming gradient in place): one [N, V] tensor, or none with opt.in_place.
 [[nodiscard]] inline policy_loss_output policy_loss_from_logits(const at::Tensor& logits, const at::Tensor& labels,
@@ -473,9 +479,10 @@ struct head_loss_function : public torch::autograd::Function<head_loss_function>
 
 //! The policy loss straight from hidden states [N, H], the unembedding weight [V, H] (torch's
 //! nn.Linear layout) and an optional bias [V] (ulorl::policy_loss_from_hidden): chunks of C rows,
-//! never the [N, V] logits; the GEMMs run in libtorch (torch_gemm). Gradients for whichever of
-//! hidden, weight, bias require grad, computed in forward ([N, H], [V, H], [V]) and handed to
-//! autograd in backward.
+//! never the [N, V] logits; the GEMMs run in libtorch (torch_gemm). The mask as
+//! policy_loss_from_logits's (undefined: every token valid). Gradients for whichever of hidden,
+//! weight, bias require grad, computed in forward ([N, H], [V, H], [V]) and handed to autograd in
+//! backward.
 [[nodiscard]] inline policy_loss_output linear_head_policy_loss(const at::Tensor& hidden, const at::Tensor& weight,
                                                                 const at::Tensor& bias, const at::Tensor& labels,
                                                                 const at::Tensor& old_log_prob,
