@@ -3,8 +3,8 @@
 // advantage estimators beyond group statistics (GPG, OPO, REINFORCE++, multi-reward / GDPO, optimal
 // token baseline), aggregation and the element-wise KL penalty (value and gradient, for the Python
 // autograd wrapper), the off-policy sequence mask, verl's batch passes of dppo_* / kl_cov / clip_cov,
-// OpenRLHF's vLLM IS plan and NeMo-RL's ClippedPGLossFn pieces. Every function calls the C++
-// function of the same name on views of the tensors; every check is the library's (ulorl::error,
+// OpenRLHF's vLLM IS plan, NeMo-RL's ClippedPGLossFn pieces and TRL's GRPO loss. Every function
+// calls the C++ function of the same name on views of the tensors; every check is the library's (ulorl::error,
 // raised before any output exists). No formula is restated here.
 #include <torch/csrc/utils/pybind.h>
 
@@ -23,8 +23,7 @@
 #include <ulorl/loss/kl.hpp>
 #include <ulorl/loss/presets.hpp>
 #include <ulorl/loss/rollout_correction.hpp>
-#include <ulorl/loss/vespo.hpp>
-#include <ulorl/masking/entropy_quantile.hpp>
+#include <ulorl/loss/trl_grpo_loss.hpp>
 #include <ulorl/masking/off_policy.hpp>
 
 #include "common.hpp"
@@ -42,15 +41,6 @@ using opt = std::optional<double>;
 using byte = std::uint8_t;
 
 at::Tensor or_undefined(const opt_tensor& t) { return t ? *t : at::Tensor(); }
-
-//! Every element of `v` >= 0 (TRL's entropies and importance ratios).
-template <class T>
-void require_non_negative_tokens(std::string_view fn, std::string_view arg, ulorl::token_view<const T> v) {
-  for (std::size_t b = 0; b < v.rows(); ++b)
-    for (std::size_t t = 0; t < v.row_size(b); ++t)
-      if (!(v(b, t) >= T(0)))
-        ulorl::detail::fail_at(fn, arg, static_cast<std::int64_t>(v.flat_index(b, t)), v(b, t), "must be >= 0");
-}
 
 //! A 0/1 mask read as bytes (bool / uint8 as they are; a float mask of the token dtype T checked to
 //! be 0/1 and converted), or an empty view (every token valid) when absent.
@@ -701,182 +691,92 @@ void bind_loss_passes(py::module_& m) {
       },
       "options"_a, "log_prob"_a, "prev_log_prob"_a, "mask"_a, "global_valid_toks"_a, "offsets"_a = py::none());
 
-  // TRL GRPOTrainer._compute_loss: the configuration of its loss type / level and the per-token
-  // multipliers of the policy term (off-policy mask, top-entropy mask, vLLM IS ratio or VESPO's phi),
-  // composed as docs/losses.md §13 describes; the loss itself is policy_loss (and entropy_loss for
-  // the entropy bonus) called by the Python preset.
+  // TRL GRPOTrainer._compute_loss: presets::trl::grpo_loss (ulorl/loss/trl_grpo_loss.hpp) on CPU
+  // tensors. Returns (loss, d loss / d per_token_logps, d loss / d entropies or None, metrics):
+  // policy_loss's metric names and TRL's (clip_ratio/low_mean, ..., cispo_clip_ratio,
+  // vespo_phi_seq_mean, entropy, kl) where TRL logs them.
   m.def(
-      "_trl_grpo_loss_setup",
+      "_trl_grpo_loss",
       [](const at::Tensor& per_token_logps, const at::Tensor& old_per_token_logps, const at::Tensor& advantages,
-         const at::Tensor& completion_mask, const opt_tensor& sampling_per_token_logps, const opt_tensor& entropies,
-         const opt_tensor& importance_sampling_ratio, const std::string& loss_type_name, double epsilon,
-         opt epsilon_high, opt delta, const std::string& level_name, double beta, bool use_bias_correction_kl,
-         double max_completion_length, double gradient_accumulation_steps, opt num_items_in_batch,
-         double num_processes, double sapo_temperature_pos, double sapo_temperature_neg, double vespo_k_pos,
-         double vespo_lambda_pos, double vespo_k_neg, double vespo_lambda_neg, opt off_policy_mask_threshold,
-         double top_entropy_quantile, double entropy_coef) {
+         const opt_tensor& completion_mask, const opt_tensor& ref_per_token_logps, const opt_tensor& sampling_per_token_logps,
+         const opt_tensor& entropies, const opt_tensor& importance_sampling_ratio, const std::string& loss_type,
+         double epsilon, opt epsilon_high, opt delta, double beta, const std::string& importance_sampling_level,
+         bool use_bias_correction_kl, double max_completion_length, double gradient_accumulation_steps,
+         opt num_items_in_batch, double num_processes, double sapo_temperature_pos, double sapo_temperature_neg,
+         double vespo_k_pos, double vespo_lambda_pos, double vespo_k_neg, double vespo_lambda_neg,
+         opt off_policy_mask_threshold, double top_entropy_quantile, double entropy_coef, bool check_values) {
         constexpr std::string_view fn = "presets::trl::grpo_loss";
-        using LT = P::trl::loss_type_kind;
-        using IS = P::trl::importance_sampling_kind;
-        const auto level = P::trl::importance_sampling_level_from_name(level_name);
-        const auto loss_type = P::trl::loss_type_from_name(loss_type_name);
-        const auto objective = P::trl::objective({.epsilon = epsilon,
-                                                  .epsilon_high = epsilon_high,
-                                                  .delta = delta,
-                                                  .importance_sampling_level = level,
-                                                  .loss_type = loss_type,
-                                                  .sapo_temperature_pos = sapo_temperature_pos,
-                                                  .sapo_temperature_neg = sapo_temperature_neg});
-        const double rho = top_entropy_quantile;
+        const P::trl::grpo_loss_options o{
+            .loss_type = P::trl::loss_type_from_name(loss_type),
+            .epsilon = epsilon,
+            .epsilon_high = epsilon_high,
+            .delta = delta,
+            .beta = beta,
+            .importance_sampling_level = P::trl::importance_sampling_level_from_name(importance_sampling_level),
+            .use_bias_correction_kl = use_bias_correction_kl,
+            .max_completion_length = max_completion_length,
+            .gradient_accumulation_steps = gradient_accumulation_steps,
+            .num_items_in_batch = num_items_in_batch,
+            .num_processes = num_processes,
+            .sapo_temperature_pos = sapo_temperature_pos,
+            .sapo_temperature_neg = sapo_temperature_neg,
+            .vespo_k_pos = vespo_k_pos,
+            .vespo_lambda_pos = vespo_lambda_pos,
+            .vespo_k_neg = vespo_k_neg,
+            .vespo_lambda_neg = vespo_lambda_neg,
+            .off_policy_mask_threshold = off_policy_mask_threshold,
+            .top_entropy_quantile = top_entropy_quantile,
+            .entropy_coef = entropy_coef,
+            .check_values = check_values};
         return th::detail::with_token_type(fn, "per_token_logps", per_token_logps, [&](auto tag) {
           using T = decltype(tag);
           const th::offsets_view padded{};
-          const auto lpv = th::tokens_of<const T>(fn, "per_token_logps", per_token_logps, padded);
-          const auto oldv = th::tokens_of<const T>(fn, "old_per_token_logps", old_per_token_logps, padded);
           const mask_bytes mv = mask_of<T>(fn, "completion_mask", completion_mask, padded);
-          const std::size_t B = lpv.rows(), Tn = per_token_logps.size(1);
-          ulorl::require_same_shape(fn, "old_per_token_logps", oldv, "per_token_logps", lpv);
-          ulorl::require_same_shape(fn, "completion_mask", mv.view, "per_token_logps", lpv);
-          const bool per_row = advantages.dim() == 1;
-          std::span<const T> adv_rows{};
-          if (per_row) {
-            adv_rows = th::span_of<const T>(fn, "advantages", advantages);
-            ulorl::require_same_size(fn, "advantages", adv_rows.size(), "per_token_logps rows", B);
-          }
-          // TRL's rejections of the options.
-          if (level == IS::sequence_token) {
-            if (use_bias_correction_kl) ulorl::detail::fail(fn, "use_bias_correction_kl", "sequence_token (GSPO-token) has no bias-corrected KL");
-            if (entropy_coef != 0.0) ulorl::detail::fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus");
-          }
-          if (!(rho >= 0.0 && rho <= 1.0)) ulorl::detail::fail_value(fn, "top_entropy_quantile", rho, "must be in [0, 1]");
-          if ((rho < 1.0 || entropy_coef != 0.0) && !entropies)
-            ulorl::detail::fail(fn, "entropies", "required when top_entropy_quantile < 1 or entropy_coef != 0");
-          const auto ev = optional_tokens<T>(fn, "entropies", entropies, padded);
-          if (entropies) {
-            ulorl::require_same_shape(fn, "entropies", ev, "per_token_logps", lpv);
-            ulorl::require_all_finite(fn, "entropies", ev);
-            require_non_negative_tokens(fn, "entropies", ev);
-          }
-          const auto sv = optional_tokens<T>(fn, "sampling_per_token_logps", sampling_per_token_logps, padded);
-          if (sampling_per_token_logps) ulorl::require_same_shape(fn, "sampling_per_token_logps", sv, "per_token_logps", lpv);
-          const auto qv = optional_tokens<T>(fn, "importance_sampling_ratio", importance_sampling_ratio, padded);
-          if (importance_sampling_ratio) {
-            ulorl::require_same_size(fn, "importance_sampling_ratio rows", qv.rows(), "per_token_logps rows", B);
-            const std::size_t qcols = static_cast<std::size_t>(importance_sampling_ratio->size(1));
-            if (qcols != Tn && qcols != 1)
-              ulorl::detail::fail_value(fn, "importance_sampling_ratio", qcols, "must have T columns or 1");
-            if (loss_type == LT::vespo && qcols != Tn)
-              ulorl::detail::fail(fn, "importance_sampling_ratio", "vespo needs a token-level ratio [B, T]");
-            ulorl::require_all_finite(fn, "importance_sampling_ratio", qv);
-            require_non_negative_tokens(fn, "importance_sampling_ratio", qv);
-          }
-          const bool seq = level == IS::sequence;
-          if (seq && (loss_type == LT::cispo || loss_type == LT::sapo))
-            ulorl::detail::fail(fn, "importance_sampling_level",
-                                "sequence-level cispo / sapo (each token's log-ratio is the row's) is not available "
-                                "in the Python preset");
-          if (loss_type == LT::luspo && beta != 0.0)
-            ulorl::detail::fail(fn, "beta", "luspo with a KL term (aggregated over every position with the row "
-                                            "weights) is not available in the Python preset");
-          if ((off_policy_mask_threshold || loss_type == LT::vespo) && !per_row)
-            ulorl::detail::fail(fn, "advantages", "must be one value per completion [B] with off_policy_mask_threshold or vespo");
-
-          // Multipliers of the policy term: keep (OPSM) * E (top entropy) * q (or VESPO's phi).
+          P::trl::grpo_loss_inputs<T, byte> in{th::tokens_of<const T>(fn, "per_token_logps", per_token_logps, padded),
+                                               th::tokens_of<const T>(fn, "old_per_token_logps", old_per_token_logps, padded),
+                                               mv.view, th::span_of<const T>(fn, "advantages", advantages)};
+          in.ref_per_token_logps = optional_tokens<T>(fn, "ref_per_token_logps", ref_per_token_logps, padded);
+          in.sampling_per_token_logps = optional_tokens<T>(fn, "sampling_per_token_logps", sampling_per_token_logps, padded);
+          in.entropies = optional_tokens<T>(fn, "entropies", entropies, padded);
+          in.importance_sampling_ratio = optional_tokens<T>(fn, "importance_sampling_ratio", importance_sampling_ratio, padded);
           const auto opts = at::TensorOptions().dtype(per_token_logps.scalar_type());
-          at::Tensor w = at::ones(per_token_logps.sizes(), opts);
-          if (off_policy_mask_threshold) {
-            at::Tensor keep = at::zeros(per_token_logps.sizes(), opts);
-            const ulorl::off_policy_mask_inputs<T, byte, T> oin{.log_prob = lpv,
-                                                                .old_log_prob = sampling_per_token_logps ? sv : oldv,
-                                                                .mask = mv.view,
-                                                                .sequence_advantages = adv_rows};
-            (void)ulorl::off_policy_mask(oin, th::tokens_of<T>(fn, "keep", keep, padded),
-                                         P::trl::off_policy_mask(*off_policy_mask_threshold));
-            w = w * keep;
+          at::Tensor grad = at::zeros(per_token_logps.sizes(), opts);
+          opt_tensor grad_entropies;
+          P::trl::grpo_loss_outputs<T> out{th::tokens_of<T>(fn, "grad_per_token_logps", grad, padded)};
+          if (entropy_coef != 0.0 && entropies) {
+            grad_entropies = at::zeros(entropies->sizes(), opts);
+            out.grad_entropies = th::tokens_of<T>(fn, "grad_entropies", *grad_entropies, padded);
           }
-          // m_e, the tokens the entropy bonus covers: m, or m E with the top-entropy mask (written below).
-          at::Tensor ent_mask = completion_mask.to(per_token_logps.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
-          if (rho < 1.0) {
-            std::vector<double> scratch(ulorl::entropy_quantile_workspace(mv.view, ev));
-            (void)ulorl::top_entropy_mask(ev, mv.view, ulorl::entropy_quantile_config{.quantile = rho},
-                                          th::tokens_of<T>(fn, "entropy_mask", ent_mask, padded), scratch);
-            w = w * ent_mask;
+          P::trl::grpo_loss_result r;
+          {
+            const py::gil_scoped_release nogil;
+            r = P::trl::grpo_loss(in, o, out, th::torch_executor{});
           }
-          py::object phi_mean = py::none();
-          if (loss_type == LT::vespo) {
-            std::vector<double> phi(B, 0.0);
-            ulorl::vespo_weights(ulorl::vespo_inputs<T, byte>{lpv, oldv, mv.view, adv_rows, qv},
-                                 {.k_pos = vespo_k_pos, .lambda_pos = vespo_lambda_pos, .k_neg = vespo_k_neg,
-                                  .lambda_neg = vespo_lambda_neg},
-                                 phi);
-            const at::Tensor phi_t = at::tensor(phi, at::TensorOptions().dtype(at::kDouble)).to(opts.dtype());
-            w = w * phi_t.unsqueeze(1);
-            phi_mean = py::float_(phi_t.to(at::kDouble).mean().item<double>());  // TRL's vespo_phi_seq_mean
-          } else if (importance_sampling_ratio) {
-            w = w * *importance_sampling_ratio;
-          }
-
-          const auto counts = ulorl::count_batch(mv.view);
-          const P::trl::normalizer_options nopt{.loss_type = loss_type,
-                                                .importance_sampling_level = level,
-                                                .padded_length = Tn,
-                                                .max_completion_length = max_completion_length,
-                                                .gradient_accumulation_steps = gradient_accumulation_steps,
-                                                .num_items_in_batch = num_items_in_batch,
-                                                .num_processes = num_processes};
-          ulorl::policy_loss_config cfg;
-          cfg.objective = objective;
-          cfg.kl = P::trl::kl({.use_bias_correction_kl = use_bias_correction_kl});
-          cfg.kl_coef = beta;
-          cfg.normalizer = P::trl::normalizer(nopt, counts);
-
-          py::dict out("config"_a = cfg, "weights"_a = w, "loss_mask"_a = py::none(), "metrics_weights"_a = py::none(),
-                       "vespo_phi_seq_mean"_a = phi_mean);
-          if (loss_type == LT::luspo) {
-            // Row b weighs n_b: at the token level over every position (an all-ones mask, weights
-            // n_b w), at the sequence level over the valid tokens with the row's mean multiplier.
-            std::vector<double> nrow(B);
-            for (std::size_t b = 0; b < B; ++b) nrow[b] = static_cast<double>(ulorl::row_tokens(mv.view, b));
-            const at::Tensor n_t = at::tensor(nrow, at::TensorOptions().dtype(at::kDouble)).to(opts.dtype()).unsqueeze(1);
-            if (seq) {
-              out["weights"] = w.mean(1, true).expand_as(w).contiguous();
-            } else {
-              out["weights"] = w * n_t;
-              out["loss_mask"] = at::ones(per_token_logps.sizes(), opts);
-              out["metrics_weights"] = w;
-            }
-          }
-          if (entropy_coef != 0.0) {
-            const auto mev = th::tokens_of<const T>(fn, "entropy_mask", ent_mask, padded);
-            out["entropy_mask"] = ent_mask;
-            out["entropy_normalizer"] = P::trl::entropy_normalizer(nopt, counts, ulorl::count_batch(mev).tokens);
-          }
-          return out;
+          ulorl::policy_loss_result parts;
+          parts.loss = r.loss, parts.pg_loss = r.pg_loss, parts.kl_loss = r.kl_loss, parts.entropy_loss = r.entropy_loss;
+          parts.metrics = r.metrics;
+          py::dict metrics = result_dict(parts);
+          const auto put = [&](const char* name, const std::optional<double>& v) {
+            if (v) metrics[name] = *v;
+          };
+          put("clip_ratio/low_mean", r.clip_ratio_low_mean);
+          put("clip_ratio/high_mean", r.clip_ratio_high_mean);
+          put("clip_ratio/region_mean", r.clip_ratio_region_mean);
+          put("cispo_clip_ratio", r.cispo_clip_ratio);
+          put("vespo_phi_seq_mean", r.vespo_phi_seq_mean);
+          put("entropy", r.entropy_mean);
+          put("kl", r.kl_mean);
+          return py::make_tuple(r.loss, grad, grad_entropies, metrics);
         });
       },
-      "per_token_logps"_a, "old_per_token_logps"_a, "advantages"_a, "completion_mask"_a, "sampling_per_token_logps"_a,
-      "entropies"_a, "importance_sampling_ratio"_a, "loss_type"_a, "epsilon"_a, "epsilon_high"_a, "delta"_a,
-      "importance_sampling_level"_a, "beta"_a, "use_bias_correction_kl"_a, "max_completion_length"_a,
-      "gradient_accumulation_steps"_a, "num_items_in_batch"_a, "num_processes"_a, "sapo_temperature_pos"_a,
-      "sapo_temperature_neg"_a, "vespo_k_pos"_a, "vespo_lambda_pos"_a, "vespo_k_neg"_a, "vespo_lambda_neg"_a,
-      "off_policy_mask_threshold"_a, "top_entropy_quantile"_a, "entropy_coef"_a);
+      "per_token_logps"_a, "old_per_token_logps"_a, "advantages"_a, "completion_mask"_a, "ref_per_token_logps"_a,
+      "sampling_per_token_logps"_a, "entropies"_a, "importance_sampling_ratio"_a, "loss_type"_a, "epsilon"_a,
+      "epsilon_high"_a, "delta"_a, "beta"_a, "importance_sampling_level"_a, "use_bias_correction_kl"_a,
+      "max_completion_length"_a, "gradient_accumulation_steps"_a, "num_items_in_batch"_a, "num_processes"_a,
+      "sapo_temperature_pos"_a, "sapo_temperature_neg"_a, "vespo_k_pos"_a, "vespo_lambda_pos"_a, "vespo_k_neg"_a,
+      "vespo_lambda_neg"_a, "off_policy_mask_threshold"_a, "top_entropy_quantile"_a, "entropy_coef"_a,
+      "check_values"_a = true);
 
-  m.def(
-      "_entropy_loss",
-      [](const at::Tensor& entropy, const opt_tensor& mask, double coef, const ulorl::agg_normalizer& norm,
-         const opt_tensor& offsets) {
-        constexpr std::string_view fn = "entropy_loss";
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "entropy", entropy, [&](auto tag) {
-          using T = decltype(tag);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
-          at::Tensor grad = empty_like_of(entropy);
-          const double v = ulorl::entropy_loss(th::tokens_of<const T>(fn, "entropy", entropy, off), mv.view, coef, norm,
-                                               th::tokens_of<T>(fn, "grad_entropy", grad, off));
-          return py::make_tuple(v, grad);
-        });
-      },
-      "entropy"_a, "mask"_a, "coef"_a, "normalizer"_a, "offsets"_a = py::none());
 }
 
 // ---- logits statistics ----------------------------------------------------------------------------------

@@ -309,13 +309,6 @@ void bind_presets(py::module_& m) {
       },
       "policy_loss_type"_a, "clip_eps_low"_a, "clip_eps_high"_a, "dual_clip"_a, "token_level_loss"_a, "counts"_a,
       "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a, "kl_estimator"_a, "kl_coef"_a);
-  m.def(
-      "_trl_clip_ratios",
-      [](const ulorl::policy_loss_result& r, const std::string& level) {
-        const auto x = P::trl::clip_ratios(r.metrics, P::trl::importance_sampling_level_from_name(level));
-        return py::dict("low_mean"_a = x.low_mean, "high_mean"_a = x.high_mean, "region_mean"_a = x.region_mean);
-      },
-      "result"_a, "importance_sampling_level"_a);
 
   // Advantage presets (ulorl/advantage/presets.hpp) as an opaque value for group_advantages.
   py::class_<ulorl::advantage_preset>(m, "AdvantagePreset",

@@ -5,8 +5,7 @@ rtol 1e-6, atol 1e-9), actual finite; a case expecting {"error": true} must rais
 
 Each op maps the case's params onto the Python API the way the C++ runner maps them onto the C++ API
 (tests/conformance/op_*.cpp); the few checks the runner makes itself (a missing required input, a
-length mismatch of its JSON lists) are made here too, as ulorl.Error. A case the Python API cannot
-run is skipped with the reason naming what is missing (not_in_python)."""
+length mismatch of its JSON lists) are made here too, as ulorl.Error. Every case runs."""
 
 import glob
 import json
@@ -20,20 +19,6 @@ import ulorl
 from conftest import golden_dir
 
 CASES = sorted(glob.glob(os.path.join(golden_dir(), "*.json")))
-
-
-def not_in_python(op, preset, params, inputs):
-    """Why the Python API cannot run this case (None when it can)."""
-    if op == "trl_grpo_loss":
-        loss_type, level = p(params, "loss_type", "dapo"), p(params, "importance_sampling_level", "token")
-        if loss_type in ("cispo", "sapo") and level == "sequence":
-            return (f"sequence-level TRL {loss_type}: each token's log-ratio is the row's mean log-ratio (and sapo's "
-                    "gradient reaches the row through that mean), a composition the library has no function for; "
-                    "presets.trl.grpo_loss rejects it")
-        if loss_type == "luspo" and p(params, "beta", 0.0) != 0.0:
-            return ("TRL luspo with beta != 0: its KL term is aggregated over every position with the row weights "
-                    "n_b / (B T GA), which policy_loss's KL term does not express; presets.trl.grpo_loss rejects it")
-    return None
 
 
 def num(v):
@@ -409,9 +394,6 @@ def test_golden_case(path):
     op = case["op"]
     run = RUNNERS[op]
     preset, params, inputs = case.get("preset") or "", case.get("params") or {}, case.get("inputs") or {}
-    why = not_in_python(op, preset, params, inputs)
-    if why:
-        pytest.skip(f"{why} (the C++ runner checks it)")
     expected = case["expected"]
     if expected.get("error") is True:
         with pytest.raises(ulorl.Error):

@@ -8,7 +8,6 @@ import torch
 
 from .. import _ulorl
 from .._api import _fail, _with_gradient
-from . import _common
 
 
 def grpo_loss(
@@ -43,87 +42,57 @@ def grpo_loss(
     importance_sampling_ratio: Optional[torch.Tensor] = None,
     check_values: bool = True,
 ) -> Tuple[torch.Tensor, Dict[str, Any]]:
-    """TRL's GRPO loss of one micro-batch.
+    """TRL's GRPO loss of one micro-batch: ``ulorl::presets::trl::grpo_loss`` (CPU tensors, float32 or
+    float64), with autograd to ``per_token_logps`` and ``entropies``.
 
-    ``advantages`` is one value per completion ``[B]`` (as TRL) or per token ``[B, T]`` (not with the
-    off-policy mask or vespo). ``old_per_token_logps`` None means on-policy (TRL uses
-    ``per_token_logps.detach()``). loss_type: ``grpo`` (mean of sequence means /
+    ``advantages`` is one value per completion ``[B]`` (as TRL). ``old_per_token_logps`` None means
+    on-policy (TRL uses ``per_token_logps.detach()``). loss_type: ``grpo`` (mean of sequence means /
     gradient_accumulation_steps), ``bnpo``, ``dr_grpo`` (needs ``max_completion_length``), ``dapo``
     (divides by ``num_items_in_batch`` / num_processes; default: this micro-batch's tokens),
     ``cispo`` (ratio capped at epsilon_high, detached), ``sapo`` (sapo_temperature_pos / _neg),
     ``luspo`` (rows weighted by their length), ``vespo`` (vespo_k_* / vespo_lambda_*).
-    importance_sampling_level ``token``, ``sequence`` (GSPO) or ``sequence_token`` (GSPO-token).
-    ``beta`` > 0 adds beta * k3 against ``ref_per_token_logps`` (times the ratio with
-    ``use_bias_correction_kl``); epsilon_high defaults to epsilon; ``delta`` caps the ratio.
+    importance_sampling_level ``token``, ``sequence`` (GSPO; cispo / sapo take the row's log-ratio)
+    or ``sequence_token`` (GSPO-token). ``beta`` > 0 adds beta * k3 against ``ref_per_token_logps``
+    (times the ratio with ``use_bias_correction_kl``); epsilon_high defaults to epsilon; ``delta``
+    caps the ratio.
 
     Multipliers of the policy term: ``off_policy_mask_threshold`` (OPSM against
     ``sampling_per_token_logps``, default old_per_token_logps), ``top_entropy_quantile`` < 1 (keeps
     the tokens of the highest ``entropies``), ``importance_sampling_ratio`` ``[B, T]`` or ``[B, 1]``
     (the vLLM IS ratio, :func:`rollout_correction`). ``entropy_coef`` != 0 subtracts the entropy
-    bonus of ``entropies`` (gradient to ``entropies`` when it requires grad). Not available here:
-    sequence-level cispo / sapo and luspo with beta != 0 (ulorl.Error).
+    bonus of ``entropies``.
 
     Returns ``(loss, metrics)`` with TRL's ``clip_ratio/low_mean``, ``clip_ratio/high_mean``,
     ``clip_ratio/region_mean`` (cispo: ``cispo_clip_ratio``; vespo: ``vespo_phi_seq_mean``; sapo:
     none), ``kl`` (beta != 0) and ``entropy`` (given entropies) besides ulorl's metrics.
     """
+    fn = "presets::trl::grpo_loss"
     if loss_type == "dr_grpo" and max_completion_length is None:
-        raise _fail("presets::trl::grpo_loss", "max_completion_length", "required for loss_type 'dr_grpo'")
-    old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
-    if advantages.dim() == 1:
-        if per_token_logps.dim() != 2 or advantages.shape[0] != per_token_logps.shape[0]:
-            raise _fail("presets::trl::grpo_loss", "advantages",
-                        f"has {advantages.shape[0]} elements but 'per_token_logps' has shape "
-                        f"{tuple(per_token_logps.shape)} (one advantage per completion row)")
-        adv = advantages.unsqueeze(-1).expand_as(per_token_logps)  # a stride-0 view, no copy
-    else:
-        adv = advantages
-    ent = entropies.detach() if entropies is not None else None
-    setup = _ulorl._trl_grpo_loss_setup(
-        per_token_logps.detach(), old, advantages, completion_mask, sampling_per_token_logps, ent,
-        importance_sampling_ratio, loss_type, epsilon, epsilon_high, delta, importance_sampling_level, beta,
-        use_bias_correction_kl, float(max_completion_length or 0), float(gradient_accumulation_steps),
-        num_items_in_batch, float(num_processes), sapo_temperature_pos, sapo_temperature_neg, vespo_k_pos,
-        vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg, off_policy_mask_threshold, top_entropy_quantile,
-        entropy_coef)
-    cfg = setup["config"]
-    cfg.check_values = check_values
-    loss_mask = setup["loss_mask"] if setup["loss_mask"] is not None else completion_mask
-    ref = ref_per_token_logps if beta != 0.0 else None
-    bonus = None
-    if entropy_coef != 0.0:
-        value, grad = _ulorl._entropy_loss(ent, setup["entropy_mask"], entropy_coef, setup["entropy_normalizer"])
-        bonus = _with_gradient(entropies, value, grad)
-    loss, result = _ulorl._policy_loss(per_token_logps, old, adv, loss_mask, cfg, ref, setup["weights"], None, None)
-    if setup["metrics_weights"] is not None:
-        # luspo at the token level runs over every position: its clip metrics are the valid tokens'.
-        cfg.kl_coef = 0.0
-        _, result = _ulorl._policy_loss(per_token_logps.detach(), old, adv, completion_mask, cfg, None,
-                                        setup["metrics_weights"], None, None)
-    if bonus is not None:
-        loss = loss + bonus
-    extra: Dict[str, Any] = {}
-    d = result.as_dict()
-    if loss_type == "cispo":
-        extra["cispo_clip_ratio"] = d["clip_high_fraction"]
-    elif loss_type == "vespo":
-        extra["vespo_phi_seq_mean"] = setup["vespo_phi_seq_mean"]
-    elif loss_type != "sapo":
-        clip = _ulorl._trl_clip_ratios(result, importance_sampling_level)
-        extra.update({"clip_ratio/low_mean": clip["low_mean"], "clip_ratio/high_mean": clip["high_mean"],
-                      "clip_ratio/region_mean": clip["region_mean"]})
-    if beta != 0.0:
-        extra["kl"] = d["kl_mean"]
-    if entropies is not None:
-        # TRL's masked mean; a single-column tensor's mean ignores the mask (every row counts).
-        single = per_token_logps.shape[-1] == 1
-        c = _common.counts(completion_mask)
-        n = c.rows if single else c.tokens
-        extra["entropy"] = (_ulorl._agg_loss(ent, None if single else completion_mask,
-                                             _ulorl.Normalizer("token_mean", n))[0] if n > 0 else 0.0)
-    m = _common.metrics_of(result, extra)
+        raise _fail(fn, "max_completion_length", "required for loss_type 'dr_grpo'")
+    if advantages.dim() != 1 or per_token_logps.dim() != 2 or advantages.shape[0] != per_token_logps.shape[0]:
+        raise _fail(fn, "advantages",
+                    f"has shape {tuple(advantages.shape)} but 'per_token_logps' has shape "
+                    f"{tuple(per_token_logps.shape)} (one advantage per completion row, [B])")
+    old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps.detach()
+
+    def detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        return None if t is None else t.detach()
+
+    value, grad, grad_entropies, m = _ulorl._trl_grpo_loss(
+        per_token_logps.detach(), old, advantages.detach(), completion_mask, detached(ref_per_token_logps),
+        detached(sampling_per_token_logps), detached(entropies), detached(importance_sampling_ratio), loss_type,
+        epsilon, epsilon_high, delta, beta, importance_sampling_level, use_bias_correction_kl,
+        float(max_completion_length if max_completion_length is not None else 256),
+        float(gradient_accumulation_steps), num_items_in_batch, float(num_processes), sapo_temperature_pos,
+        sapo_temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg,
+        off_policy_mask_threshold, top_entropy_quantile, entropy_coef, check_values)
+    loss = _with_gradient(per_token_logps, value, grad)
+    if grad_entropies is not None:
+        # The value is all in `loss`; this term carries d loss / d entropies.
+        loss = loss + _with_gradient(entropies, 0.0, grad_entropies)
     m["loss"] = loss.item()
     return loss, m
+
 
 def rollout_correction(
     old_per_token_logps: torch.Tensor,

@@ -1,0 +1,475 @@
+// ulorl/loss/trl_grpo_loss.hpp — TRL's GRPO loss of one micro-batch in one call:
+// `presets::trl::grpo_loss`, TRL f2cd57710ae3 `GRPOTrainer._compute_loss` (and
+// `trl.experimental.gspo_token`), over views of the caller's padded [B, T] arrays.
+//
+//   ω      = logp − old per token, or ω_b = Σ_t (logp − old) m / max(n_b, 1) (sequence levels)
+//   p      = the loss type's policy term of exp(ω) (presets::trl::objective)
+//   p     ← p · keep_b · E · q          (vespo: p · keep_b · E · φ_b; the factors are detached)
+//   ℓ      = p + β κ,  κ = k3 of ref (times exp(ω) with use_bias_correction_kl)
+//   loss   = the loss type's aggregation of ℓ (presets::trl::normalizer) − coef · TRL's entropy mean
+//
+// keep is the off-policy sequence mask (masking/off_policy.hpp), E the top-entropy mask
+// (masking/entropy_quantile.hpp), q the vLLM importance-sampling ratio, φ VESPO's weight
+// (loss/vespo.hpp). Sequence-level cispo and sapo run the token objective with old' = logp − ω_b
+// (each token's log-ratio is the row's); sapo's gradient is then averaged over the row's valid
+// tokens (the gradient through the mean) and its KL term added after that. luspo weighs row b by
+// n_b: at the token level over every position, padding included (an all-ones mask), its KL term
+// likewise; its clip metrics are those of the valid tokens. docs/losses.md §13 gives every formula.
+//
+// Scratch: the call allocates its intermediate arrays (std::vector): [B, T] arrays of T for the
+// broadcast advantages and, as the options need them, the product of the multipliers, the
+// off-policy and top-entropy masks, the derived old log-probs, the element-wise KL and its
+// gradient, and a gradient for luspo's metric pass; [B] doubles for row counts, ω_b and φ_b; the
+// valid entropies for the quantile.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/core/parallel.hpp"
+#include "ulorl/core/ragged.hpp"
+#include "ulorl/core/simd.hpp"
+#include "ulorl/core/views.hpp"
+#include "ulorl/loss/aggregation.hpp"
+#include "ulorl/loss/entropy.hpp"
+#include "ulorl/loss/kl.hpp"
+#include "ulorl/loss/metrics.hpp"
+#include "ulorl/loss/policy_loss.hpp"
+#include "ulorl/loss/presets.hpp"
+#include "ulorl/loss/vespo.hpp"
+#include "ulorl/masking/entropy_quantile.hpp"
+#include "ulorl/masking/off_policy.hpp"
+
+ULORL_NAMESPACE_BEGIN
+namespace presets::trl {
+
+//! One micro-batch, TRL's tensors by TRL's names. Every token view is padded [B, T] with
+//! per_token_logps' shape; optional views are empty when absent.
+template <class T, class M = T>
+struct grpo_loss_inputs {
+  token_view<const T> per_token_logps{};
+  token_view<const T> old_per_token_logps{};
+  token_view<const M> completion_mask{};            //!< 0/1; absent: every token valid
+  std::span<const T> advantages{};                  //!< one per completion [B]
+  token_view<const T> ref_per_token_logps{};        //!< required when beta != 0
+  token_view<const T> sampling_per_token_logps{};   //!< the off-policy mask's behaviour log-probs; absent: old
+  token_view<const T> entropies{};                  //!< >= 0; required when top_entropy_quantile < 1 or entropy_coef != 0
+  token_view<const T> importance_sampling_ratio{};  //!< the vLLM IS ratio, [B, T] or [B, 1], >= 0 (vespo: [B, T])
+};
+
+//! GRPOConfig's loss options by TRL's names, with TRL's defaults.
+struct grpo_loss_options {
+  loss_type_kind loss_type = loss_type_kind::dapo;
+  double epsilon = 0.2;
+  std::optional<double> epsilon_high{};  //!< absent: epsilon
+  std::optional<double> delta{};         //!< upper cap of the ratio; absent: none
+  double beta = 0.0;
+  importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
+  bool use_bias_correction_kl = false;
+  double max_completion_length = 256;    //!< dr_grpo's normaliser
+  double gradient_accumulation_steps = 1;
+  std::optional<double> num_items_in_batch{};  //!< dapo / cispo / vespo; absent: this batch's valid tokens
+  double num_processes = 1;
+  double sapo_temperature_pos = 1.0;
+  double sapo_temperature_neg = 1.05;
+  double vespo_k_pos = 2.0;
+  double vespo_lambda_pos = 3.0;
+  double vespo_k_neg = 3.0;
+  double vespo_lambda_neg = 2.0;
+  std::optional<double> off_policy_mask_threshold{};  //!< absent: no off-policy mask
+  double top_entropy_quantile = 1.0;
+  double entropy_coef = 0.0;  //!< the coefficient applied this step (control/entropy_controller.hpp)
+  //! ulorl's, not TRL's: false skips the scans of the mask (0/1) and of per_token_logps,
+  //! old_per_token_logps, advantages and ref_per_token_logps (finite), here and in policy_loss
+  //! (policy_loss_config::check_values). The entropies and the IS ratio are always checked, and the
+  //! masks' and VESPO's functions check what they read.
+  bool check_values = true;
+};
+
+//! The gradients, written in place (padded [B, T], per_token_logps' shape). They must not overlap
+//! each other or any input.
+template <class T>
+struct grpo_loss_outputs {
+  token_view<T> grad_per_token_logps{};  //!< required; 0 on masked tokens except for luspo at the token level
+  token_view<T> grad_entropies{};        //!< required when entropy_coef != 0; given otherwise: zeros
+};
+
+//! The loss, its parts, policy_loss's metrics and the metrics TRL logs for this configuration
+//! (each optional is present exactly when TRL logs it).
+struct grpo_loss_result {
+  double loss = 0;          //!< pg_loss + kl_loss + entropy_loss
+  double pg_loss = 0;       //!< the aggregated policy term
+  double kl_loss = 0;       //!< the aggregated beta * KL term
+  double entropy_loss = 0;  //!< the entropy bonus, -coef * TRL's entropy mean
+  //! policy_loss's metrics over the valid tokens (kl_sum: the KL estimate's sum over them).
+  loss_metrics metrics{};
+  std::optional<double> clip_ratio_low_mean{};     //!< clip_ratio/low_mean: grpo, bnpo, dr_grpo, dapo, luspo
+  std::optional<double> clip_ratio_high_mean{};    //!< clip_ratio/high_mean
+  std::optional<double> clip_ratio_region_mean{};  //!< clip_ratio/region_mean
+  std::optional<double> cispo_clip_ratio{};        //!< cispo
+  std::optional<double> vespo_phi_seq_mean{};      //!< vespo
+  std::optional<double> entropy_mean{};            //!< entropies given
+  std::optional<double> kl_mean{};                 //!< beta != 0
+};
+
+namespace detail_trl {
+template <class T>
+[[nodiscard]] token_view<T> padded_scratch(std::vector<std::remove_const_t<T>>& v, std::size_t rows, std::size_t cols) {
+  return token_view<T>::padded(matrix_view<T>(v.data(), rows, cols));
+}
+//! Every element finite and >= 0 (TRL's entropies and importance ratios).
+template <class T>
+void require_finite_non_negative(std::string_view fn, std::string_view arg, const token_view<const T>& v) {
+  require_all_finite(fn, arg, v);
+  for (std::size_t b = 0; b < v.rows(); ++b)
+    for (std::size_t t = 0; t < v.row_size(b); ++t)
+      if (v(b, t) < T(0)) detail::fail_at(fn, arg, static_cast<std::int64_t>(v.flat_index(b, t)), v(b, t), "must be >= 0");
+}
+}  // namespace detail_trl
+
+// The entry point instantiates policy_loss's ISA-dependent kernels: tagged like them (core/simd.hpp).
+inline namespace ULORL_ISA {
+
+//! TRL's loss of one micro-batch (the composition above): writes d loss / d per_token_logps and,
+//! when given, d loss / d entropies; returns the loss, its parts and the metrics. Everything is
+//! validated before anything is written (ulorl::error naming the function, the argument and the
+//! index): the options (TRL's rejections: sequence_token with use_bias_correction_kl or an entropy
+//! bonus, top_entropy_quantile outside [0, 1]; and use_bias_correction_kl with beta != 0 for
+//! sequence-level cispo / sapo / vespo or luspo, which this composition does not offer), the padded
+//! layout and the shapes, the required inputs and outputs, the values. `exec` runs policy_loss's rows (the results are the same bits for every
+//! executor).
+template <class T, class M, class Exec>
+[[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_options& o,
+                                         const grpo_loss_outputs<T>& out, const Exec& exec) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "presets::trl::grpo_loss: T must be float or double");
+  constexpr std::string_view fn = "presets::trl::grpo_loss";
+  using LT = loss_type_kind;
+  using IS = importance_sampling_kind;
+  detail_trl::require_loss_type(fn, o.loss_type);
+  detail_trl::require_level(fn, o.importance_sampling_level);
+  const LT loss_type = o.loss_type;
+  const IS level = o.importance_sampling_level;
+  const objective_config obj = trl::objective({.epsilon = o.epsilon,
+                                               .epsilon_high = o.epsilon_high,
+                                               .delta = o.delta,
+                                               .importance_sampling_level = level,
+                                               .loss_type = loss_type,
+                                               .sapo_temperature_pos = o.sapo_temperature_pos,
+                                               .sapo_temperature_neg = o.sapo_temperature_neg});
+  const bool seq = level == IS::sequence;
+  const bool derived_seq = seq && (loss_type == LT::cispo || loss_type == LT::sapo);
+  const bool sapo_seq = derived_seq && loss_type == LT::sapo;
+  const bool luspo = loss_type == LT::luspo;
+  const bool luspo_tokens = luspo && !seq;
+  const bool vespo = loss_type == LT::vespo;
+  // luspo's and sequence-level sapo's KL term is added after policy_loss: its weights differ from
+  // the objective's (luspo), or the objective's gradient is averaged over the row first (sapo).
+  const bool separate_kl = luspo || sapo_seq;
+  const double beta = o.beta, rho = o.top_entropy_quantile, coef = o.entropy_coef;
+
+  // ---- options ----
+  require_finite(fn, "beta", beta);
+  require_finite(fn, "entropy_coef", coef);
+  if (!(rho >= 0.0 && rho <= 1.0)) detail::fail_value(fn, "top_entropy_quantile", rho, "must be in [0, 1]");
+  if (level == IS::sequence_token) {
+    if (o.use_bias_correction_kl)
+      detail::fail(fn, "use_bias_correction_kl", "sequence_token (GSPO-token) has no bias-corrected KL");
+    if (coef != 0.0) detail::fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus");
+  }
+  // The bias-corrected KL is policy_loss's importance-weighted estimator: unavailable where the KL
+  // term runs outside policy_loss (luspo, sequence-level sapo), where each token's log-ratio is
+  // derived (sequence-level cispo), or where it would weigh by the token ratio instead of the
+  // sequence ratio (sequence-level vespo, whose objective has no ratio).
+  if (o.use_bias_correction_kl && beta != 0.0 && (derived_seq || (seq && vespo) || luspo))
+    detail::fail(fn, "use_bias_correction_kl", "not supported with sequence-level cispo / sapo / vespo or with luspo");
+  if (o.off_policy_mask_threshold) require_finite(fn, "off_policy_mask_threshold", *o.off_policy_mask_threshold);
+  if (!(o.gradient_accumulation_steps > 0.0 && std::isfinite(o.gradient_accumulation_steps)))
+    detail::fail_value(fn, "gradient_accumulation_steps", o.gradient_accumulation_steps, "must be finite and > 0");
+  if (!(o.num_processes > 0.0 && std::isfinite(o.num_processes)))
+    detail::fail_value(fn, "num_processes", o.num_processes, "must be finite and > 0");
+  if (loss_type == LT::dr_grpo && !(o.max_completion_length > 0.0 && std::isfinite(o.max_completion_length)))
+    detail::fail_value(fn, "max_completion_length", o.max_completion_length, "must be finite and > 0 (dr_grpo)");
+  if (o.num_items_in_batch) require_finite(fn, "num_items_in_batch", *o.num_items_in_batch);
+
+  // ---- layout, shapes, required inputs and outputs ----
+  const token_view<const T>& lp = in.per_token_logps;
+  if (lp.kind() != layout::padded) detail::fail(fn, "per_token_logps", "must be the padded layout [B, T]");
+  if (lp.rows() == 0) detail::fail(fn, "per_token_logps", "empty batch (B = 0): at least one completion is required");
+  const std::size_t B = lp.rows(), Tn = lp.cols();
+  const token_view<const M> mask = mask_or_all_valid(in.completion_mask, lp);
+  const token_view<const T>& old = in.old_per_token_logps;
+  require_same_shape(fn, "old_per_token_logps", old, "per_token_logps", lp);
+  require_same_shape(fn, "completion_mask", mask, "per_token_logps", lp);
+  require_same_size(fn, "advantages", in.advantages.size(), "per_token_logps rows", B);
+  if (beta != 0.0 && in.ref_per_token_logps.empty()) detail::fail(fn, "ref_per_token_logps", "required when beta != 0");
+  if (!in.ref_per_token_logps.empty())
+    require_same_shape(fn, "ref_per_token_logps", in.ref_per_token_logps, "per_token_logps", lp);
+  const bool has_sampling = !in.sampling_per_token_logps.empty();
+  if (has_sampling) require_same_shape(fn, "sampling_per_token_logps", in.sampling_per_token_logps, "per_token_logps", lp);
+  const bool has_entropies = !in.entropies.empty();
+  if ((rho < 1.0 || coef != 0.0) && !has_entropies)
+    detail::fail(fn, "entropies", "required when top_entropy_quantile < 1 or entropy_coef != 0");
+  if (has_entropies) require_same_shape(fn, "entropies", in.entropies, "per_token_logps", lp);
+  const token_view<const T>& q = in.importance_sampling_ratio;
+  const bool has_q = !q.empty();
+  if (has_q) {
+    if (q.kind() != layout::padded) detail::fail(fn, "importance_sampling_ratio", "must be the padded layout [B, T] or [B, 1]");
+    require_same_size(fn, "importance_sampling_ratio rows", q.rows(), "per_token_logps rows", B);
+    if (q.cols() != Tn && q.cols() != 1)
+      detail::fail_value(fn, "importance_sampling_ratio", static_cast<double>(q.cols()), "must have T columns or 1");
+    if (vespo && q.cols() != Tn) detail::fail(fn, "importance_sampling_ratio", "vespo needs a token-level ratio [B, T]");
+  }
+  const token_view<T>& grad = out.grad_per_token_logps;
+  if (grad.empty()) detail::fail(fn, "grad_per_token_logps", "required");
+  require_same_shape(fn, "grad_per_token_logps", grad, "per_token_logps", lp);
+  detail::require_distinct_tokens(fn, "grad_per_token_logps", grad);
+  const bool has_grad_entropies = !out.grad_entropies.empty();
+  if (coef != 0.0 && !has_grad_entropies) detail::fail(fn, "grad_entropies", "required when entropy_coef != 0");
+  if (has_grad_entropies) {
+    require_same_shape(fn, "grad_entropies", out.grad_entropies, "per_token_logps", lp);
+    detail::require_distinct_tokens(fn, "grad_entropies", out.grad_entropies);
+    detail::require_disjoint_tokens(fn, "grad_entropies", out.grad_entropies, "grad_per_token_logps", grad);
+  }
+
+  // ---- values ----
+  if (o.check_values) {
+    require_binary_mask(fn, "completion_mask", mask);
+    require_all_finite(fn, "per_token_logps", lp);
+    require_all_finite(fn, "old_per_token_logps", old);
+    for (std::size_t b = 0; b < B; ++b)
+      if (!std::isfinite(static_cast<double>(in.advantages[b])))
+        detail::fail_at(fn, "advantages", static_cast<std::int64_t>(b), in.advantages[b], "must be finite");
+    if (beta != 0.0) require_all_finite(fn, "ref_per_token_logps", in.ref_per_token_logps);
+    if (has_sampling && o.off_policy_mask_threshold)
+      require_all_finite(fn, "sampling_per_token_logps", in.sampling_per_token_logps);
+  }
+  if (has_entropies) detail_trl::require_finite_non_negative(fn, "entropies", in.entropies);
+  if (has_q) detail_trl::require_finite_non_negative(fn, "importance_sampling_ratio", q);
+
+  // ---- row counts and the sequence log-ratio ω_b ----
+  const batch_counts counts = count_batch(mask);
+  std::vector<double> nrow(B, 0.0), omega(B, 0.0);
+  for (std::size_t b = 0; b < B; ++b) {
+    double s = 0;
+    for (std::size_t t = 0; t < Tn; ++t)
+      if (mask(b, t) != M(0)) s += static_cast<double>(lp(b, t)) - static_cast<double>(old(b, t)), nrow[b] += 1;
+    omega[b] = s / (nrow[b] > 0 ? nrow[b] : 1.0);
+  }
+
+  // ---- multipliers of the policy term: keep (off-policy mask) * E (top entropy) * q, or * φ (vespo) ----
+  const std::size_t BT = B * Tn;
+  std::vector<T> keep, emask;
+  if (o.off_policy_mask_threshold) {
+    keep.assign(BT, T(0));
+    const off_policy_mask_inputs<T, M, T> oin{lp, has_sampling ? in.sampling_per_token_logps : old, mask, {}, in.advantages};
+    (void)::ulorl::off_policy_mask(oin, detail_trl::padded_scratch<T>(keep, B, Tn),
+                                   trl::off_policy_mask(*o.off_policy_mask_threshold));
+  }
+  if (rho < 1.0) {
+    emask.assign(BT, T(0));
+    std::vector<double> sorted(entropy_quantile_workspace(mask));
+    (void)::ulorl::top_entropy_mask(in.entropies, mask, entropy_quantile_config{.quantile = rho},
+                                    detail_trl::padded_scratch<T>(emask, B, Tn), std::span<double>(sorted));
+  }
+  std::vector<double> phi;
+  if (vespo) {
+    phi.assign(B, 0.0);
+    ::ulorl::vespo_weights(vespo_inputs<T, M>{lp, old, mask, in.advantages, q},
+                           {.k_pos = o.vespo_k_pos, .lambda_pos = o.vespo_lambda_pos, .k_neg = o.vespo_k_neg,
+                            .lambda_neg = o.vespo_lambda_neg},
+                           phi);
+  }
+  const bool has_multiplier = o.off_policy_mask_threshold || rho < 1.0 || vespo || has_q;
+  const auto multiplier = [&](std::size_t b, std::size_t t) {
+    double w = 1.0;
+    if (!keep.empty()) w *= static_cast<double>(keep[b * Tn + t]);
+    if (!emask.empty()) w *= static_cast<double>(emask[b * Tn + t]);
+    if (vespo) w *= phi[b];
+    else if (has_q) w *= static_cast<double>(q(b, q.cols() == 1 ? 0 : t));
+    return w;
+  };
+  // luspo: row weight n_b, at the token level over every position; at the sequence level over the
+  // valid tokens with the row's mean multiplier (the row's loss is one value).
+  std::vector<T> weights;
+  if (has_multiplier || luspo) {
+    weights.resize(BT);
+    for (std::size_t b = 0; b < B; ++b) {
+      double mean = 0;
+      if (luspo && seq) {
+        for (std::size_t t = 0; t < Tn; ++t) mean += multiplier(b, t);
+        mean /= static_cast<double>(Tn);
+      }
+      for (std::size_t t = 0; t < Tn; ++t)
+        weights[b * Tn + t] = static_cast<T>(!luspo ? multiplier(b, t) : seq ? mean : nrow[b] * multiplier(b, t));
+    }
+  }
+
+  // ---- policy_loss's inputs: advantages per token; sequence-level cispo / sapo: old' = logp - ω_b ----
+  std::vector<T> adv(BT), old_derived;
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < Tn; ++t) adv[b * Tn + t] = in.advantages[b];
+  if (derived_seq) {
+    old_derived.resize(BT);
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t t = 0; t < Tn; ++t) old_derived[b * Tn + t] = static_cast<T>(static_cast<double>(lp(b, t)) - omega[b]);
+  }
+  policy_loss_inputs<T, M> pin{lp, derived_seq ? detail_trl::padded_scratch<const T>(old_derived, B, Tn) : old,
+                               detail_trl::padded_scratch<const T>(adv, B, Tn),
+                               luspo_tokens ? token_view<const M>{} : mask};  // luspo tokens: every position
+  pin.ref_log_prob = in.ref_per_token_logps;
+  if (!weights.empty()) pin.weights = detail_trl::padded_scratch<const T>(weights, B, Tn);
+
+  const normalizer_options nopt{.loss_type = loss_type,
+                                .importance_sampling_level = level,
+                                .padded_length = Tn,
+                                .max_completion_length = o.max_completion_length,
+                                .gradient_accumulation_steps = o.gradient_accumulation_steps,
+                                .num_items_in_batch = o.num_items_in_batch,
+                                .num_processes = o.num_processes};
+  policy_loss_config cfg;
+  cfg.objective = obj;
+  cfg.kl = trl::kl({.use_bias_correction_kl = o.use_bias_correction_kl});
+  cfg.kl_coef = separate_kl ? 0.0 : beta;
+  cfg.normalizer = trl::normalizer(nopt, counts);
+  cfg.check_values = o.check_values;
+
+  // ---- what needs scratch only, before the first write to the outputs ----
+  // luspo at the token level runs over every position: its clip metrics are those of the valid tokens.
+  std::optional<loss_metrics> luspo_metrics;
+  if (luspo_tokens) {
+    std::vector<T> multipliers, scratch_grad(BT);
+    policy_loss_inputs<T, M> valid_only = pin;
+    valid_only.mask = mask;
+    valid_only.weights = {};
+    if (has_multiplier) {
+      multipliers.resize(BT);
+      for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t t = 0; t < Tn; ++t) multipliers[b * Tn + t] = static_cast<T>(multiplier(b, t));
+      valid_only.weights = detail_trl::padded_scratch<const T>(multipliers, B, Tn);
+    }
+    policy_loss_config mcfg = cfg;
+    mcfg.kl_coef = 0.0;
+    luspo_metrics =
+        ::ulorl::policy_loss(valid_only, mcfg, detail_trl::padded_scratch<T>(scratch_grad, B, Tn), token_view<T>{}, exec).metrics;
+  }
+  std::vector<T> kl_tok, dkl_tok;
+  if (separate_kl && beta != 0.0) {
+    kl_tok.resize(BT), dkl_tok.resize(BT);
+    ::ulorl::kl_penalty<T>(lp, in.ref_per_token_logps, cfg.kl, detail_trl::padded_scratch<T>(kl_tok, B, Tn),
+                           detail_trl::padded_scratch<T>(dkl_tok, B, Tn));
+  }
+  std::optional<agg_normalizer> entropy_norm;
+  if (coef != 0.0) {
+    const double bonus_tokens =
+        emask.empty() ? counts.tokens : count_batch(detail_trl::padded_scratch<const T>(emask, B, Tn)).tokens;
+    entropy_norm = trl::entropy_normalizer(nopt, counts, bonus_tokens);
+    validate_normalizer(fn, *entropy_norm);
+  }
+
+  // ---- the loss (policy_loss validates its configuration before writing) ----
+  const policy_loss_result res = ::ulorl::policy_loss(pin, cfg, grad, token_view<T>{}, exec);
+  grpo_loss_result r;
+  r.pg_loss = res.pg_loss;
+  r.kl_loss = res.kl_loss;
+  r.metrics = luspo_metrics ? *luspo_metrics : res.metrics;
+
+  if (sapo_seq) {
+    // The sequence ratio's gradient reaches every valid token through the mean.
+    for (std::size_t b = 0; b < B; ++b) {
+      if (nrow[b] == 0) continue;
+      double s = 0;
+      for (std::size_t t = 0; t < Tn; ++t) s += mask(b, t) != M(0) ? static_cast<double>(grad(b, t)) : 0.0;
+      for (std::size_t t = 0; t < Tn; ++t)
+        if (mask(b, t) != M(0)) grad(b, t) = static_cast<T>(s / nrow[b]);
+    }
+  }
+  double kl_valid_sum = 0;
+  if (!kl_tok.empty()) {
+    // k3 per token; luspo: over every position with weight n_b / (B T GA); sapo: as the objective.
+    double kl_part = 0;
+    for (std::size_t b = 0; b < B; ++b) {
+      const double row_w = luspo ? nrow[b] / (static_cast<double>(BT) * o.gradient_accumulation_steps)
+                                 : row_weight(cfg.normalizer, static_cast<std::size_t>(nrow[b]));
+      for (std::size_t t = 0; t < Tn; ++t) {
+        const bool valid = mask(b, t) != M(0);
+        if (!luspo && !valid) continue;
+        const double k = static_cast<double>(kl_tok[b * Tn + t]);
+        kl_part += row_w * beta * k;
+        grad(b, t) = static_cast<T>(static_cast<double>(grad(b, t)) + row_w * beta * static_cast<double>(dkl_tok[b * Tn + t]));
+        kl_valid_sum += valid ? k : 0.0;
+      }
+    }
+    r.kl_loss += kl_part;
+    r.metrics.kl_sum = kl_valid_sum;
+  }
+  if (coef != 0.0) {
+    r.entropy_loss = emask.empty()
+                         ? ::ulorl::entropy_loss(in.entropies, mask, coef, *entropy_norm, out.grad_entropies)
+                         : ::ulorl::entropy_loss(in.entropies, detail_trl::padded_scratch<const T>(emask, B, Tn), coef,
+                                                 *entropy_norm, out.grad_entropies);
+  } else if (has_grad_entropies) {
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t t = 0; t < Tn; ++t) out.grad_entropies(b, t) = T(0);
+  }
+  r.loss = r.pg_loss + r.kl_loss + r.entropy_loss;
+
+  // ---- TRL's metrics: a single-column quantity is averaged over all B rows, ignoring the mask ----
+  switch (loss_type) {
+    case LT::grpo:
+    case LT::bnpo:
+    case LT::dr_grpo:
+    case LT::dapo:
+    case LT::luspo: {
+      const clip_metrics clip = clip_ratios(r.metrics, level);
+      r.clip_ratio_low_mean = clip.low_mean;
+      r.clip_ratio_high_mean = clip.high_mean;
+      r.clip_ratio_region_mean = clip.region_mean;
+      break;
+    }
+    case LT::cispo:
+      if (seq) {
+        double n = 0;
+        const double cap = 1.0 + obj.eps_high;
+        for (std::size_t b = 0; b < B; ++b) n += (std::exp(omega[b]) > cap && in.advantages[b] > T(0)) ? 1.0 : 0.0;
+        r.cispo_clip_ratio = n / static_cast<double>(B);
+      } else {
+        r.cispo_clip_ratio = r.metrics.clip_high_fraction();
+      }
+      break;
+    case LT::vespo: {
+      double s = 0;
+      for (double v : phi) s += v;
+      r.vespo_phi_seq_mean = s / static_cast<double>(B);
+      break;
+    }
+    case LT::sapo: break;
+  }
+  if (has_entropies) {
+    const bool single = Tn == 1;
+    double s = 0;
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t t = 0; t < Tn; ++t) s += (single || mask(b, t) != M(0)) ? static_cast<double>(in.entropies(b, t)) : 0.0;
+    r.entropy_mean = single ? s / static_cast<double>(B) : (counts.tokens > 0 ? s / counts.tokens : 0.0);
+  }
+  if (beta != 0.0) r.kl_mean = kl_tok.empty() ? res.metrics.kl_mean() : (counts.tokens > 0 ? kl_valid_sum / counts.tokens : 0.0);
+  return r;
+}
+
+//! As above on the calling thread.
+template <class T, class M>
+[[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_options& o,
+                                         const grpo_loss_outputs<T>& out) {
+  return grpo_loss(in, o, out, sequential_executor{});
+}
+
+}  // namespace ULORL_ISA
+}  // namespace presets::trl
+ULORL_NAMESPACE_END
