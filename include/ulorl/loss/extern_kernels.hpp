@@ -12,7 +12,8 @@
 //         ULORL_INSTANTIATE_POLICY_LOSS(float, float)   // one line per declared (value, mask) pair
 //     (one pair per unit builds them in parallel; cmake/ulorl_kernels.cmake does that).
 // The declared pairs: value float or double, mask the value type, std::uint8_t or bool (or only
-// the mask type ULORL_EXTERN_KERNELS_MASK, where defined). Any other pair is instantiated where it
+// the mask type ULORL_EXTERN_KERNELS_MASK, where defined; or only float / float and double /
+// double, where ULORL_EXTERN_KERNELS_VALUE_MASKS is defined). Any other pair is instantiated where it
 // is used, as without this header. The instantiations belong to the
 // ISA tag of the units' compiler flags (core/simd.hpp): units built with other instruction-set flags
 // (-mavx2, ...) name other functions and instantiate their own. The executor does not matter: the
@@ -38,9 +39,15 @@
 //! Declares the kernels of one (value, mask) pair as instantiated elsewhere.
 #define ULORL_EXTERN_POLICY_LOSS(T, M) ULORL_POLICY_LOSS_INSTANCE_(extern, T, M)
 
-//! Every pair this header declares (cmake/ulorl_kernels.cmake lists the same pairs): with ULORL_EXTERN_KERNELS_MASK defined (a mask type), float and
-//! double with that mask only (e.g. std::uint8_t, the mask type of the torch adapter).
-#if defined(ULORL_EXTERN_KERNELS_MASK)
+//! Every pair this header declares (cmake/ulorl_kernels.cmake lists the same pairs): with
+//! ULORL_EXTERN_KERNELS_VALUE_MASKS defined, float and double with masks of their own type only;
+//! with ULORL_EXTERN_KERNELS_MASK defined (a mask type), float and double with that mask only (e.g.
+//! std::uint8_t, the mask type of the torch adapter).
+#if defined(ULORL_EXTERN_KERNELS_VALUE_MASKS)
+#define ULORL_POLICY_LOSS_COMMON_PAIRS_(X) \
+  X(float, float)                          \
+  X(double, double)
+#elif defined(ULORL_EXTERN_KERNELS_MASK)
 #define ULORL_POLICY_LOSS_COMMON_PAIRS_(X) \
   X(float, ULORL_EXTERN_KERNELS_MASK)      \
   X(double, ULORL_EXTERN_KERNELS_MASK)
