@@ -2,6 +2,7 @@
 // log-probs and entropies (the oracle's), and d loss / d logits agrees with central finite
 // differences of the whole fused loss (token-level PPO clip-higher + k3 KL + entropy bonus, and
 // sequence-level GSPO), in the padded and packed layouts; bad input is rejected.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -43,13 +44,15 @@ problem make(std::mt19937_64& rng) {
 
 // The fused loss in the padded layout; returns the loss and fills grad (if non-null).
 double fused_padded(const problem& p, const std::vector<double>& x, const policy_loss_config& cfg, double tau,
-                    std::vector<double>* grad, std::vector<double>* logp = nullptr, bool check_values = true) {
+                    std::vector<double>* grad, std::vector<double>* logp = nullptr, bool check_values = true,
+                    const std::vector<double>* rollout_log_prob = nullptr) {
   const std::size_t n = p.b * p.t;
   const auto tv = [&](const std::vector<double>& v) {
     return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
   };
   policy_loss_inputs<double> in{.log_prob = {}, .old_log_prob = tv(p.old), .advantages = tv(p.adv), .mask = tv(p.mask),
                                 .ref_log_prob = tv(p.ref)};
+  if (rollout_log_prob) in.rollout_log_prob = tv(*rollout_log_prob);
   std::vector<double> lp(n), ent(n), glp(n), gent(n), lse(n), g(n * p.v);
   const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
   const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)};
@@ -134,6 +137,69 @@ TEST_CASE("policy_loss_from_logits: gradient agrees with central finite differen
       worst = std::max(worst, std::fabs(g[k] - fd));
     }
     std::printf("  objective %d: max |grad - finite difference| %.2g\n", static_cast<int>(cfg.objective.kind), worst);
+  }
+}
+
+TEST_CASE("policy_loss_from_logits with the rollout correction in the loss pass: policy_loss on the oracle's log-probs, "
+          "and d loss / d logits agrees with finite differences") {
+  std::mt19937_64 rng(seed + 7);
+  const auto p = make(rng);
+  const std::size_t n = p.b * p.t;
+  // Rollout log-probs around the old ones: ratios exp(old - rollout) in about [0.3, 3], so that the
+  // bounds below both cut and keep.
+  std::normal_distribution<double> nd;
+  std::vector<double> ro(n);
+  for (std::size_t i = 0; i < n; ++i) ro[i] = p.old[i] + 0.6 * nd(rng);
+  rollout_correction::config tis;  // token TIS, upper 2
+  tis.importance.upper = 2.0;
+  rollout_correction::config icepop;  // token IcePop: ratios outside [0.5, 2] weigh 0
+  icepop.importance.weighting = rollout_correction::is_weighting::mask;
+  icepop.importance.lower = 0.5, icepop.importance.upper = 2.0;
+  rollout_correction::config seq;  // sequence-level TIS
+  seq.importance.level = rollout_correction::is_level::sequence, seq.importance.upper = 3.0;
+  const auto tv = [&](const std::vector<double>& v) {
+    return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
+  };
+  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
+  for (const auto& rc : {tis, icepop, seq}) {
+    auto cfg = ppo_config(p);
+    cfg.rollout = rc;
+    std::vector<double> g, lp;
+    const double loss = fused_padded(p, p.x, cfg, 0.8, &g, &lp, true, &ro);
+    // Reference: the oracle's log-probs and entropies through policy_loss with the same correction.
+    std::vector<double> olp(n), oent(n), glp(n), gent(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::vector<double> row(p.x.begin() + static_cast<std::ptrdiff_t>(i * p.v),
+                                    p.x.begin() + static_cast<std::ptrdiff_t>((i + 1) * p.v));
+      const auto o = oracle::logits_row(row, static_cast<std::size_t>(p.labels[i]), 0.8);
+      olp[i] = static_cast<double>(o.log_prob), oent[i] = static_cast<double>(o.entropy);
+    }
+    policy_loss_inputs<double> in{tv(olp), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref), {}, tv(oent)};
+    in.rollout_log_prob = tv(ro);
+    const auto res = policy_loss(in, cfg, out(glp), out(gent));
+    CHECK(std::fabs(loss - res.loss) < 1e-12);
+    // The correction changed the loss: without it the value differs.
+    auto plain = cfg;
+    plain.rollout.reset();
+    CHECK(std::fabs(fused_padded(p, p.x, plain, 0.8, nullptr) - loss) > 1e-6);
+    double worst = 0;
+    for (std::size_t k = 0; k < p.x.size(); k += 2) {
+      auto xp = p.x, xm = p.x;
+      const double h = 1e-5;
+      xp[k] += h;
+      xm[k] -= h;
+      const double fd = (fused_padded(p, xp, cfg, 0.8, nullptr, nullptr, true, &ro) -
+                         fused_padded(p, xm, cfg, 0.8, nullptr, nullptr, true, &ro)) /
+                        (2 * h);
+      INFO("logit " << k << " weighting " << static_cast<int>(rc.importance.weighting) << " level "
+                    << static_cast<int>(rc.importance.level));
+      CHECK(std::fabs(g[k] - fd) <= 1e-8 + 1e-5 * std::fabs(fd));
+      worst = std::max(worst, std::fabs(g[k] - fd));
+    }
+    double gmax = 0;
+    for (double v : g) gmax = std::max(gmax, std::fabs(v));
+    std::printf("  rollout correction (weighting %d, level %d): max |grad - finite difference| %.2g (max |grad| %.2g)\n",
+                static_cast<int>(rc.importance.weighting), static_cast<int>(rc.importance.level), worst, gmax);
   }
 }
 
