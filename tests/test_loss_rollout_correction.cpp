@@ -9,11 +9,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
@@ -332,6 +335,133 @@ void compare_with_oracle(const batch& x, const rc::config& c, const run_result<d
   const auto have = named(got.m);
   for (const auto& [k, v] : want.m) require_close(have.at(k), v, rtol, k);
 }
+
+// ---- the row scan's paths: vectors (the build's ISA) and one lane (the scalar build's code) --------
+
+//! The lane type of the scalar build (ULORL_NO_SIMD): detail_rc::apply_in with it runs the scalar
+//! path of this translation unit.
+using scalar_path = ulorl::simd::scalar_lanes<double>;
+
+//! How run_apply_as lays the arrays out.
+struct layout_options {
+  bool strided = false;       //!< every array's elements two apart, NaN (inputs) or -9 (outputs) between them
+  bool absent_mask = false;   //!< no mask view (the batch's mask must be all 1)
+};
+
+//! apply() with value type T and mask type M, through the public function (L = void) or
+//! detail_rc::apply_in<L>. Strided outputs: the elements between must stay -9.
+template <class T, class M = T, class L = void>
+run_result<T> run_apply_as(const batch& x, const rc::config& c, layout_options opt = {}) {
+  const std::size_t n = x.s.size(), step = opt.strided ? 2 : 1;
+  std::vector<T> o(n * step, std::numeric_limits<T>::quiet_NaN()), r(n * step, std::numeric_limits<T>::quiet_NaN());
+  std::unique_ptr<M[]> mk(new M[n * step + 1]), keep(new M[n * step + 1]);  // M may be bool: no std::vector
+  std::fill(mk.get(), mk.get() + n * step, M(1)), std::fill(keep.get(), keep.get() + n * step, M(-9));
+  std::vector<T> w(n * step, T(-9));
+  for (std::size_t i = 0; i < n; ++i) o[i * step] = T(x.o[i]), r[i * step] = T(x.r[i]), mk[i * step] = M(x.mask[i]), keep[i * step] = M(-7), w[i * step] = T(-7);
+  auto view = [&](auto* p) {
+    using E = std::remove_pointer_t<decltype(p)>;
+    if (!opt.strided) return view_of<E>(p, x.s);
+    if (x.s.offsets.empty())
+      return ulorl::token_view<E>::padded(ulorl::matrix_view<E>(p, x.s.B, x.s.T, static_cast<std::ptrdiff_t>(2 * x.s.T), 2));
+    return ulorl::token_view<E>::packed(ulorl::vector_view<E>(p, n, 2), std::span<const std::int64_t>(x.s.offsets));
+  };
+  rc::inputs<T, M> in{view(static_cast<const T*>(o.data())), view(static_cast<const T*>(r.data()))};
+  if (!opt.absent_mask) in.mask = view(static_cast<const M*>(mk.get()));
+  const rc::outputs<T, M> out{view(w.data()), view(keep.get())};
+  run_result<T> res;
+  if constexpr (std::is_same_v<L, void>) res.m = rc::apply(in, c, out);
+  else res.m = rc::detail_rc::apply_in<L>("rollout_correction::apply", in, c, out);
+  for (std::size_t i = 0; i < n; ++i) res.w.push_back(w[i * step]), res.keep.push_back(static_cast<T>(keep[i * step]));
+  for (std::size_t i = 0; opt.strided && i < n; ++i) {
+    REQUIRE(w[2 * i + 1] == T(-9));
+    REQUIRE(keep[2 * i + 1] == M(-9));
+  }
+  return res;
+}
+
+//! The same bits (NaN equal to NaN).
+template <class T>
+bool same_value(T a, T b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+//! Every field of two statistics: the counts and the token-wise extrema exactly; the sums, and what
+//! follows from them (row means, sequence-level weights), to `rtol` relative to max(|value|, scale):
+//! one path may fold its lanes in another order, and a sum can be much smaller than its terms (a sum
+//! of differences of row means, log-ratios of +-800 that cancel); `scale` bounds the terms.
+void require_statistics_agree(const rc::statistics& a, const rc::statistics& b, double rtol, bool token_extrema_exact,
+                              double scale = 1.0) {
+  auto close = [&](double x, double y, const char* what) {
+    INFO(what << ": " << x << " vs " << y);
+    REQUIRE((same_value(x, y) || std::fabs(x - y) <= rtol * std::max(std::fabs(y), scale)));
+  };
+  auto exact = [&](double x, double y, const char* what) {
+    INFO(what << ": " << x << " vs " << y);
+    REQUIRE(same_value(x, y));
+  };
+  exact(a.rows, b.rows, "rows"), exact(a.tokens, b.tokens, "tokens"), exact(a.nonempty_rows, b.nonempty_rows, "nonempty_rows");
+  exact(a.unit_count, b.unit_count, "unit_count");
+  exact(a.out_of_bounds_tokens, b.out_of_bounds_tokens, "out_of_bounds_tokens");
+  exact(a.out_of_bounds_rows, b.out_of_bounds_rows, "out_of_bounds_rows");
+  exact(a.rejected_tokens, b.rejected_tokens, "rejected_tokens"), exact(a.rejected_rows, b.rejected_rows, "rejected_rows");
+  exact(a.abs_log_ratio_max, b.abs_log_ratio_max, "abs_log_ratio_max");
+  if (token_extrema_exact) exact(a.unit_min, b.unit_min, "unit_min"), exact(a.unit_max, b.unit_max, "unit_max");
+  else close(a.unit_min, b.unit_min, "unit_min"), close(a.unit_max, b.unit_max, "unit_max");
+  close(a.weight_sum, b.weight_sum, "weight_sum"), close(a.capped_weight_sum, b.capped_weight_sum, "capped_weight_sum");
+  close(a.capped_weight_sq_sum, b.capped_weight_sq_sum, "capped_weight_sq_sum");
+  close(a.row_mean_weight_sum, b.row_mean_weight_sum, "row_mean_weight_sum"), close(a.unit_sum, b.unit_sum, "unit_sum");
+  close(a.log_ratio_sum, b.log_ratio_sum, "log_ratio_sum"), close(a.abs_log_ratio_sum, b.abs_log_ratio_sum, "abs_log_ratio_sum");
+  close(a.k3_sum, b.k3_sum, "k3_sum"), close(a.chi2_token_sum, b.chi2_token_sum, "chi2_token_sum");
+  close(a.chi2_seq_sum, b.chi2_seq_sum, "chi2_seq_sum");
+  close(a.training_ppl_sum, b.training_ppl_sum, "training_ppl_sum"), close(a.training_log_ppl_sum, b.training_log_ppl_sum, "training_log_ppl_sum");
+  close(a.rollout_ppl_sum, b.rollout_ppl_sum, "rollout_ppl_sum"), close(a.rollout_log_ppl_sum, b.rollout_log_ppl_sum, "rollout_log_ppl_sum");
+  close(a.log_ppl_diff_sum, b.log_ppl_diff_sum, "log_ppl_diff_sum"), close(a.log_ppl_abs_diff_sum, b.log_ppl_abs_diff_sum, "log_ppl_abs_diff_sum");
+  close(a.ppl_ratio_sum, b.ppl_ratio_sum, "ppl_ratio_sum");
+  close(a.log_ppl_diff_max, b.log_ppl_diff_max, "log_ppl_diff_max"), close(a.log_ppl_diff_min, b.log_ppl_diff_min, "log_ppl_diff_min");
+}
+
+//! The vector path against the scalar one: the same keep-mask and, where a weight is a function of
+//! its own token only (level none or token, batch normalisation off), the same weight bits; every
+//! statistic as require_statistics_agree. A sequence-level weight exp(sum) moves by the sum's
+//! rounding: rtol * scale relative.
+template <class T>
+void require_paths_agree(const run_result<T>& vec, const run_result<T>& one, const rc::config& c, double scale = 1.0) {
+  constexpr double rtol = 1e-13;
+  const bool token_wise = c.importance.level != rc::is_level::sequence && !c.importance.batch_normalize;
+  for (std::size_t i = 0; i < vec.w.size(); ++i) {
+    INFO("position " << i << ": " << vec.w[i] << " vs " << one.w[i]);
+    REQUIRE(vec.keep[i] == one.keep[i]);
+    if (token_wise) REQUIRE(same_value(vec.w[i], one.w[i]));
+    else REQUIRE((same_value(vec.w[i], one.w[i]) || std::fabs(vec.w[i] - one.w[i]) <= rtol * scale * std::fabs(one.w[i])));
+  }
+  require_statistics_agree(vec.m.totals, one.m.totals, rtol, token_wise, scale);
+}
+
+//! Rows of `lengths` tokens (packed), log-ratios from `draw(rng)`, masks with holes where the
+//! vectors of 2, 4 and 8 lanes begin and end, one valid token or none (row r: pattern r % 7), old
+//! log-probs in (-3, -0.01).
+template <class Draw>
+batch lane_boundary_batch(std::mt19937_64& rng, const std::vector<std::size_t>& lengths, Draw&& draw) {
+  batch x;
+  x.s.offsets = {0};
+  std::uniform_real_distribution<double> lp(-3.0, -0.01);
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    for (std::size_t t = 0; t < lengths[r]; ++t) {
+      const std::size_t p = r % 7;
+      const bool hole = p == 1   ? t % 2 == 1
+                        : p == 2 ? (t % 4 == 0 || t % 4 == 3)
+                        : p == 3 ? (t % 8 == 0 || t % 8 == 7)
+                        : p == 4 ? (t % 16 == 15 || t % 16 == 8)
+                        : p == 5 ? t + 1 != lengths[r]  // one valid token, the row's last
+                        : p == 6;                       // none
+
+      const double o = lp(rng);
+      x.o.push_back(o), x.r.push_back(o - draw(rng)), x.mask.push_back(hole ? 0.0 : 1.0);
+    }
+    x.s.offsets.push_back(static_cast<std::int64_t>(x.o.size()));
+  }
+  return x;
+}
 }  // namespace
 
 TEST_CASE("rollout_correction::apply: weights, keep-mask and metrics against a float64 oracle, both layouts") {
@@ -633,6 +763,275 @@ TEST_CASE("rollout_correction: bad input names the function and the argument; ou
   m.batch_norm_factor = 0;
   require_rejected(outcome_of([&] { rc::normalize_weights(view_of<double>(w.data(), s1), m); }), "rollout_correction::normalize_weights",
                    "batch_norm_factor", -1);
+}
+
+// ---- the vectorised row scan --------------------------------------------------------------------------
+
+TEST_CASE("rollout_correction: vector and scalar row scans match the oracle for every level, weighting, masked rule, overflow rule and criterion; odd rows, holes at lane boundaries") {
+  std::mt19937_64 rng(seed + 10);
+  const std::vector<std::size_t> lengths = {1, 3, 5, 7, 9, 17, 33, 2, 4, 8, 16, 0, 31, 64, 15};
+  // Log-ratios: mostly N(0, 0.3); some on the log-ratio clamp 20, one ulp inside or outside it, or past it.
+  std::normal_distribution<double> nd(0.0, 0.3);
+  std::uniform_int_distribution<int> pick(0, 19);
+  const double edges[] = {20.0, -20.0, std::nextafter(20.0, 0.0), std::nextafter(20.0, 99.0), -std::nextafter(20.0, 99.0), 20.5, -21.0};
+  const batch x = lane_boundary_batch(rng, lengths, [&](std::mt19937_64& g) {
+    const int k = pick(g);
+    return k < 13 ? nd(g) : edges[k - 13];
+  });
+  using S = rc::rs_statistic;
+  using E = rc::rs_estimator;
+  const std::vector<std::vector<rc::rejection_criterion>> chains = {
+      {},
+      {{S::token, E::k1, 0.8, 1.25}},
+      {{S::token, E::k2, 0.0, 0.02}},
+      {{S::token, E::k3, 0.0, 0.02}},
+      {{S::sequence_sum, E::k1, 0.05, 20.0}},
+      {{S::sequence_sum, E::k2, 0.0, 0.5}},
+      {{S::sequence_sum, E::k3, 0.0, 0.5}},
+      {{S::sequence_mean, E::k1, 0.9, 1.1}},
+      {{S::sequence_mean, E::k2, 0.0, 0.03}},
+      {{S::sequence_mean, E::k3, 0.0, 0.03}},
+      {{S::sequence_max, E::k2, 0.0, 0.2}},
+      {{S::sequence_max, E::k3, 0.0, 0.2}},
+      {{S::token, E::k2, 0.0, 0.1}, {S::sequence_mean, E::k3, 0.0, 0.05}, {S::sequence_max, E::k2, 0.0, 1.0}},
+  };
+  int checked = 0;
+  for (auto level : {rc::is_level::none, rc::is_level::token, rc::is_level::sequence})
+    for (auto weighting : {rc::is_weighting::truncate, rc::is_weighting::mask, rc::is_weighting::geometric_gate})
+      for (auto masked : {rc::masked_positions::zero, rc::masked_positions::neutral, rc::masked_positions::as_valid})
+        for (auto overflow : {rc::ratio_overflow::infinity, rc::ratio_overflow::zero, rc::ratio_overflow::nan_when_masked})
+          for (double clamp : {20.0, inf})
+            for (const auto& chain : chains) {
+              if (level == rc::is_level::sequence && weighting == rc::is_weighting::geometric_gate) continue;
+              rc::config c;
+              auto& is = c.importance;
+              is.level = level, is.weighting = weighting, is.masked = masked, is.overflow = overflow, is.log_ratio_clamp = clamp;
+              is.lower = weighting == rc::is_weighting::truncate ? 0.5 : weighting == rc::is_weighting::mask ? 0.8 : 0.9;
+              is.upper = weighting == rc::is_weighting::truncate ? 2.0 : weighting == rc::is_weighting::mask ? 1.25 : 1.1;
+              is.empty_rows = checked % 2 ? rc::empty_row_gate::drop : rc::empty_row_gate::ratio_one;
+              is.batch_normalize = checked % 5 == 0;
+              c.diagnostic_log_ratio_clamp = checked % 3 ? 20.0 : inf;
+              c.rejection.log_ratio_clamp = checked % 4 ? 20.0 : inf;
+              for (const auto& cr : chain) c.rejection.chain.push_back(cr);
+              INFO("level " << int(level) << " weighting " << int(weighting) << " masked " << int(masked) << " overflow " << int(overflow)
+                            << " clamp " << clamp << " chain " << c.rejection.chain.size << " first "
+                            << (chain.empty() ? -1 : int(chain[0].statistic)) << (chain.empty() ? -1 : int(chain[0].estimator)));
+              const auto vec = run_apply_as<double>(x, c);
+              compare_with_oracle(x, c, vec, 1e-12);
+              require_paths_agree(vec, run_apply_as<double, double, scalar_path>(x, c), c);
+              ++checked;
+            }
+  REQUIRE(checked == 8 * 3 * 3 * 2 * 13);
+}
+
+TEST_CASE("rollout_correction: strided views, float storage, uint8 / bool masks and an absent mask give the contiguous results") {
+  std::mt19937_64 rng(seed + 11);
+  for (int rep = 0; rep < 120; ++rep) {
+    const bool packed = rep % 2 == 1;
+    batch x = random_batch(rng, packed, 1 + rep % 7, 1 + (rep * 7) % 41, rep % 3 == 0 ? 0.05 : 0.6);
+    rc::config c = random_config(rng);
+    c.importance.overflow = static_cast<rc::ratio_overflow>(rep % 3);
+    INFO("rep " << rep << " packed " << packed << " level " << int(c.importance.level) << " weighting " << int(c.importance.weighting));
+    const auto a = run_apply_as<double>(x, c);
+    const auto same = [&](const auto& b) {
+      for (std::size_t i = 0; i < a.w.size(); ++i) {
+        REQUIRE(same_value(static_cast<double>(b.w[i]), a.w[i]));
+        REQUIRE(static_cast<double>(b.keep[i]) == a.keep[i]);
+      }
+      const auto na = named(a.m), nb = named(b.m);
+      for (const auto& [k, v] : na) {
+        INFO(k);
+        REQUIRE(same_value(nb.at(k), v));
+      }
+      require_statistics_agree(b.m.totals, a.m.totals, 0.0, true);
+    };
+    same(run_apply_as<double>(x, c, {.strided = true}));  // the element-wise loads and stores
+    same(run_apply_as<double, std::uint8_t>(x, c));
+    same(run_apply_as<double, bool>(x, c));
+    same(run_apply_as<double, float>(x, c, {.strided = true}));
+    // float storage: the double path on the float-rounded inputs, its weights rounded to float.
+    batch xf = x;
+    for (auto& v : xf.o) v = static_cast<float>(v);
+    for (auto& v : xf.r) v = static_cast<float>(v);
+    const auto d = run_apply_as<double>(xf, c);
+    for (const auto& f : {run_apply_as<float>(xf, c), run_apply_as<float, std::uint8_t>(xf, c), run_apply_as<float>(xf, c, {.strided = true})}) {
+      for (std::size_t i = 0; i < d.w.size(); ++i) {
+        REQUIRE(same_value(f.w[i], static_cast<float>(d.w[i])));
+        REQUIRE(f.keep[i] == static_cast<float>(d.keep[i]));
+      }
+      require_statistics_agree(f.m.totals, d.m.totals, 0.0, true);
+    }
+    // An absent mask: every token valid.
+    std::fill(x.mask.begin(), x.mask.end(), 1.0);
+    const auto all = run_apply_as<double>(x, c);
+    const auto absent = run_apply_as<double, std::uint8_t>(x, c, {.absent_mask = true});
+    for (std::size_t i = 0; i < all.w.size(); ++i) REQUIRE((same_value(absent.w[i], all.w[i]) && absent.keep[i] == all.keep[i]));
+    require_statistics_agree(absent.m.totals, all.m.totals, 0.0, true);
+    require_paths_agree(absent, run_apply_as<double, std::uint8_t, scalar_path>(x, c, {.absent_mask = true}), c);
+  }
+}
+
+TEST_CASE("rollout_correction: log-ratios at the exponential's edges (+inf, subnormals, 0) on both paths") {
+  // Log-ratios around libm's overflow (709.78) and underflow (-745.13) and the ends of the library
+  // exponential's range [-708, 709], where it hands over to libm; each row mixes them with ordinary ones.
+  const std::vector<double> xs = {-800.0, -745.2, -720.0, -708.5, -707.9, -30.0, -1e-300, 0.0, 0.3, 30.0, 354.5, 355.0,
+                                  707.9,  708.5,  709.0,  710.0,  745.0,  800.0, -380.0, -360.0};
+  std::mt19937_64 rng(seed + 12);
+  std::uniform_real_distribution<double> lp(-3.0, -0.01);
+  std::vector<batch> batches;
+  for (const std::size_t len : {std::size_t{1}, std::size_t{3}, std::size_t{9}, std::size_t{17}, std::size_t{33}}) {
+    batch x;
+    x.s.offsets = {0};
+    for (std::size_t r = 0; r < xs.size(); ++r) {
+      for (std::size_t t = 0; t < len; ++t) {
+        const double o = lp(rng);
+        // Token t of row r: the edge value xs[(r + t) % n] at every third position, else ordinary.
+        const double v = t % 3 == 0 || len == 1 ? xs[(r + t) % xs.size()] : 0.1 * static_cast<double>(t % 5) - 0.2;
+        x.o.push_back(o), x.r.push_back(o - v), x.mask.push_back((r + t) % 4 == 3 ? 0.0 : 1.0);
+      }
+      x.s.offsets.push_back(static_cast<std::int64_t>(x.o.size()));
+    }
+    batches.push_back(x);
+  }
+  int compared = 0, rejected = 0;
+  for (const auto& x : batches)
+    for (auto level : {rc::is_level::token, rc::is_level::sequence})
+      for (auto weighting : {rc::is_weighting::truncate, rc::is_weighting::mask, rc::is_weighting::geometric_gate})
+        for (auto overflow : {rc::ratio_overflow::infinity, rc::ratio_overflow::zero, rc::ratio_overflow::nan_when_masked})
+          for (auto masked : {rc::masked_positions::zero, rc::masked_positions::neutral, rc::masked_positions::as_valid})
+            for (double clamp : {inf, 709.5, 20.0})
+              for (double dc : {inf, 20.0}) {
+                if (level == rc::is_level::sequence && weighting == rc::is_weighting::geometric_gate) continue;
+                rc::config c{.importance = {.level = level, .weighting = weighting, .lower = 0.5, .upper = 2.0, .log_ratio_clamp = clamp,
+                                            .overflow = overflow, .masked = masked},
+                             .diagnostic_log_ratio_clamp = dc};
+                c.rejection.chain.push_back({rc::rs_statistic::token, rc::rs_estimator::k3, 0.0, 5.0});
+                INFO("tokens " << x.s.size() << " level " << int(level) << " weighting " << int(weighting) << " overflow " << int(overflow)
+                               << " masked " << int(masked) << " clamp " << clamp << " dc " << dc);
+                const outcome vo = outcome_of([&] { (void)run_apply_as<double>(x, c); });
+                const outcome so = outcome_of([&] { (void)run_apply_as<double, double, scalar_path>(x, c); });
+                REQUIRE(vo.threw == so.threw);
+                const auto want = oracle(x.s, x.o, x.r, x.mask, c);
+                bool finite = true;  // every weight the library checks is finite
+                for (std::size_t i = 0; i < x.s.size(); ++i)
+                  finite = finite && (std::isfinite(want.weights[i]) || (x.mask[i] != 1 && masked == rc::masked_positions::zero));
+                if (vo.threw) {
+                  // A NaN (an overflowed ratio dropped by nan_when_masked) or +inf weight: both paths name the same element.
+                  REQUIRE(!finite);
+                  REQUIRE(vo.argument == "rollout_log_prob");
+                  REQUIRE(vo.argument == so.argument);
+                  REQUIRE(vo.index == so.index);
+                  REQUIRE(vo.what == so.what);
+                  ++rejected;
+                  continue;
+                }
+                REQUIRE(finite);
+                const auto vec = run_apply_as<double>(x, c);
+                for (std::size_t i = 0; i < x.s.size(); ++i) {
+                  require_close(vec.w[i], want.weights[i], 1e-12, "weights[" + std::to_string(i) + "]");
+                  REQUIRE(vec.keep[i] == (x.mask[i] == 1 ? want.keep[i] : 0.0));
+                }
+                const auto have = named(vec.m);
+                for (const auto& [k, v] : want.m)
+                  if (k != "k3_kl") require_close(have.at(k), v, 1e-12, k);
+                // k3 takes exp of the log-ratio clamped to [-708, 709] (kl.hpp's k3 estimator saturates).
+                double k3 = 0, n = 0;
+                for (std::size_t i = 0; i < x.s.size(); ++i)
+                  if (x.mask[i] == 1) {
+                    const double u = std::min(std::max(x.o[i] - x.r[i], -708.0), 709.0);
+                    k3 += std::expm1(u) - u, n += 1;
+                  }
+                require_close(vec.m.k3_kl, k3 / n, 1e-12, "k3_kl (saturating)");
+                require_paths_agree(vec, run_apply_as<double, double, scalar_path>(x, c), c, 1e4);  // sums of +-800
+                ++compared;
+              }
+  REQUIRE(compared > 1000);
+  REQUIRE(rejected > 50);
+}
+
+TEST_CASE("rollout_correction: a weight not finite in the element type is named by its flat index at every position, on both paths") {
+  for (const bool packed : {false, true})
+    for (const std::size_t len : {std::size_t{17}, std::size_t{33}})
+      for (std::size_t p = 0; p < len; ++p)
+        for (auto masked : {rc::masked_positions::zero, rc::masked_positions::as_valid}) {
+          // Row 1 of three; position p is masked when p % 3 == 1. x = 800 overflows double, 100 float.
+          batch x;
+          if (packed) x.s.offsets = {0, 5, static_cast<std::int64_t>(5 + len), static_cast<std::int64_t>(5 + len + 2)};
+          else x.s.B = 3, x.s.T = len;
+          const std::size_t begin = x.s.row_begin(1);
+          x.o.assign(x.s.size(), -1.0), x.r.assign(x.s.size(), -1.1), x.mask.assign(x.s.size(), 1.0);
+          rc::config c{.importance = {.level = rc::is_level::token, .upper = rc::unbounded, .log_ratio_clamp = inf, .masked = masked}};
+          const bool masked_p = p % 3 == 1;
+          if (masked_p) x.mask[begin + p] = 0;
+          if (p + 2 < len) x.r[begin + p + 2] = -801.0;  // a later one (never masked): named only when p is not
+          INFO("packed " << packed << " len " << len << " p " << p << " masked " << int(masked));
+          const bool named_p = !masked_p || masked == rc::masked_positions::as_valid;
+          for (const bool f32 : {false, true}) {
+            x.r[begin + p] = f32 ? -101.0 : -801.0;
+            const auto expect = [&](const outcome& o) {
+              if (named_p) {
+                require_rejected(o, "rollout_correction::apply", "rollout_log_prob", static_cast<std::int64_t>(begin + p));
+              } else if (p + 2 < len) {
+                require_rejected(o, "rollout_correction::apply", "rollout_log_prob", static_cast<std::int64_t>(begin + p + 2));
+              } else {
+                REQUIRE(!o.threw);
+              }
+            };
+            if (f32) {
+              expect(outcome_of([&] { (void)run_apply_as<float, std::uint8_t>(x, c); }));
+              expect(outcome_of([&] { (void)run_apply_as<float, float, scalar_path>(x, c, {.strided = true}); }));
+            } else {
+              expect(outcome_of([&] { (void)run_apply_as<double>(x, c); }));
+              expect(outcome_of([&] { (void)run_apply_as<double, double, scalar_path>(x, c); }));
+              expect(outcome_of([&] { (void)run_apply_as<double, std::uint8_t>(x, c, {.strided = true}); }));
+            }
+          }
+          // Nothing written: the weights and keep-mask still hold their sentinel.
+          x.r[begin + p] = -801.0;
+          std::vector<double> w(x.s.size(), -7), k(x.s.size(), -7);
+          const rc::inputs<double, double> in{view_of<const double>(x.o.data(), x.s), view_of<const double>(x.r.data(), x.s),
+                                              view_of<const double>(x.mask.data(), x.s)};
+          if (outcome_of([&] { (void)rc::apply(in, c, rc::outputs<double, double>{view_of<double>(w.data(), x.s), view_of<double>(k.data(), x.s)}); }).threw) {
+            REQUIRE(all_equal(w, -7.0));
+            REQUIRE(all_equal(k, -7.0));
+          }
+        }
+}
+
+TEST_CASE("rollout_correction: a row whose log-ratios sum past the double range is rejected naming its first element, on both paths") {
+  for (const std::size_t len : {std::size_t{2}, std::size_t{9}, std::size_t{17}})
+    for (std::size_t p = 0; p + 1 < len; ++p) {
+      // Row 1 of two (packed): two valid log-ratios of 1.5e308 at p and the row's last token.
+      batch x;
+      x.s.offsets = {0, 3, static_cast<std::int64_t>(3 + len)};
+      x.o.assign(x.s.size(), -1.0), x.r.assign(x.s.size(), -1.25), x.mask.assign(x.s.size(), 1.0);
+      x.r[3 + p] = x.r[3 + len - 1] = -1.5e308;
+      INFO("len " << len << " p " << p);
+      for (const outcome& o : {outcome_of([&] { (void)run_apply_as<double>(x, rc::config{}); }),
+                               outcome_of([&] { (void)run_apply_as<double, double, scalar_path>(x, rc::config{}); }),
+                               outcome_of([&] { (void)run_apply_as<double, std::uint8_t>(x, rc::config{}, {.strided = true}); })}) {
+        require_rejected(o, "rollout_correction::apply", "rollout_log_prob", 3);
+        REQUIRE(o.what.find("row 1") != std::string::npos);
+      }
+      x.mask[3 + len - 1] = 0;  // one of them masked: the row's sum is finite
+      REQUIRE(!outcome_of([&] { (void)run_apply_as<double>(x, rc::config{.diagnostic_log_ratio_clamp = 20}); }).threw);
+    }
+}
+
+TEST_CASE("rollout_correction: the lane-wise checks of a finite weight in float and double match the scalar ones") {
+  using V = rc::detail_rc::scan_lanes;
+  const float fmax = std::numeric_limits<float>::max();
+  const double mid = 0x1.ffffffp127;  // halfway between FLT_MAX and 2^128
+  const std::vector<double> ws = {0.0, 1.0, static_cast<double>(fmax), std::nextafter(mid, 0.0), mid, std::nextafter(mid, inf), 0x1p128,
+                                  std::numeric_limits<double>::max(), inf, -static_cast<double>(fmax), -mid, -inf, std::nan("")};
+  for (const double w : ws) {
+    INFO("w = " << w);
+    const bool in_float = rc::detail_rc::lane<V>(rc::detail_rc::representable_lanes<V, float>(V::splat(w)), 0) != 0;
+    const bool in_double = rc::detail_rc::lane<V>(rc::detail_rc::representable_lanes<V, double>(V::splat(w)), 0) != 0;
+    REQUIRE(in_float == rc::detail_rc::representable<float>(w));
+    REQUIRE(in_double == rc::detail_rc::representable<double>(w));
+    REQUIRE(rc::detail_rc::representable_lanes<scalar_path, float>(w) == rc::detail_rc::representable<float>(w));
+  }
 }
 
 TEST_CASE("rollout_correction: *_from_name parsers accept their names and reject unknown ones") {
