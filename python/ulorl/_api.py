@@ -637,12 +637,12 @@ def agg_loss(loss_mat: torch.Tensor, mask: Optional[torch.Tensor] = None, *, nor
              agg_mode: str = "token_mean", agg_constant: float = 0.0,
              offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``scale * sum_b sum_t L m / D_b`` of a per-token loss (ulorl::agg_loss) as a 0-dim tensor with
-    autograd to ``loss_mat``. ``normalizer``: the step's (:func:`global_normalizer`); without it this
-    call's mask counts with ``agg_mode`` (the mask is then required)."""
+    autograd to ``loss_mat``. ``mask`` None: every token valid. ``normalizer``: the step's
+    (:func:`global_normalizer`); without it this call's counts (of the mask, or of every token of
+    ``loss_mat``'s layout) with ``agg_mode``."""
     if normalizer is None:
-        if mask is None:
-            raise _fail("agg_loss", "mask", "required without a normalizer (the counts come from it)")
-        normalizer = _ulorl.global_normalizer(agg_mode, _ulorl.count_batch(mask, offsets), agg_constant)
+        normalizer = _ulorl.global_normalizer(agg_mode, _ulorl.count_batch(mask, offsets, tokens=loss_mat.detach()),
+                                              agg_constant)
     value, grad = _ulorl._agg_loss(loss_mat.detach(), mask, normalizer, offsets)
     return _with_gradient(loss_mat, value, grad)
 

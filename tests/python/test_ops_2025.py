@@ -169,6 +169,11 @@ def test_agg_loss_gradcheck_and_value(gen):
     want = ((loss_mat * m).sum(-1) / m.sum(-1)).mean()
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(lambda x: ulorl.agg_loss(x, mask, agg_mode="token_mean"), (loss_mat,))
+    # No mask: every token valid, the bits of an all-ones mask (and its counts without a normaliser).
+    ones = torch.ones(4, 6, dtype=torch.bool)
+    for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"):
+        assert torch.equal(ulorl.agg_loss(loss_mat, agg_mode=mode), ulorl.agg_loss(loss_mat, ones, agg_mode=mode))
+    torch.testing.assert_close(ulorl.agg_loss(loss_mat), loss_mat.mean(), rtol=1e-12, atol=1e-12)
     with pytest.raises(ulorl.Error):
         ulorl.presets.verl.agg_loss(loss_mat, mask, "token-mean-2")
     with pytest.raises(ulorl.Error):
