@@ -1260,3 +1260,40 @@ TEST_CASE("policy_loss: an absent mask lifts the mask's shape requirement only",
   in.ref_log_prob = {};
   CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn)), Catch::Contains("'ref_log_prob'"));
 }
+
+TEST_CASE("policy_loss rejects a coefficient that the value type rounds to 0 or to inf, and writes nothing", "[errors]") {
+  // float: 1e-300 rounds to 0 (the term would vanish and grad_entropy stay unwritten), 1e300 to inf.
+  const std::size_t B = 2, T = 3;
+  std::vector<float> lp(B * T, -1.0f), old(B * T, -1.1f), adv(B * T, 0.5f), mask(B * T, 1.0f), ref(B * T, -1.2f),
+      ent(B * T, 0.7f);
+  const auto cv = [&](const std::vector<float>& v) { return ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(v.data(), B, T)); };
+  const ulorl::policy_loss_inputs<float, float> in{cv(lp), cv(old), cv(adv), cv(mask), cv(ref), {}, cv(ent)};
+  for (const char* arg : {"kl_coef", "entropy_coef"})
+    for (const double c : {1e-300, -1e-300, 1e300, -1e300}) {
+      ulorl::policy_loss_config cfg;
+      cfg.normalizer = {ulorl::agg_mode::token_mean, 6.0, 1.0};
+      (std::string_view(arg) == "kl_coef" ? cfg.kl_coef : cfg.entropy_coef) = c;
+      std::vector<float> g(B * T, 42.0f), ge(B * T, 43.0f);
+      INFO(arg << " = " << c);
+      try {
+        (void)ulorl::policy_loss(in, cfg, ulorl::token_view<float>::padded(ulorl::matrix_view<float>(g.data(), B, T)),
+                                 ulorl::token_view<float>::padded(ulorl::matrix_view<float>(ge.data(), B, T)));
+        FAIL("no error");
+      } catch (const ulorl::error& e) {
+        CHECK(e.argument() == arg);
+      }
+      CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 42.0f; }));
+      CHECK(std::all_of(ge.begin(), ge.end(), [](float x) { return x == 43.0f; }));
+    }
+  // The same coefficients in double are ordinary values.
+  std::vector<double> lpd(lp.begin(), lp.end()), oldd(old.begin(), old.end()), advd(adv.begin(), adv.end()),
+      maskd(mask.begin(), mask.end()), refd(ref.begin(), ref.end()), entd(ent.begin(), ent.end()), g(B * T), ge(B * T);
+  const auto dv = [&](const std::vector<double>& v) { return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), B, T)); };
+  ulorl::policy_loss_config cfg;
+  cfg.normalizer = {ulorl::agg_mode::token_mean, 6.0, 1.0};
+  cfg.kl_coef = 1e-300, cfg.entropy_coef = 1e-300;
+  (void)ulorl::policy_loss(ulorl::policy_loss_inputs<double, double>{dv(lpd), dv(oldd), dv(advd), dv(maskd), dv(refd), {}, dv(entd)}, cfg,
+                           ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), B, T)),
+                           ulorl::token_view<double>::padded(ulorl::matrix_view<double>(ge.data(), B, T)));
+  CHECK(ge[0] == -1e-300 / 6.0);
+}

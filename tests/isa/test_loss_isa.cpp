@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "catch.hpp"
 #include "loss_isa_probe.hpp"
@@ -108,4 +109,52 @@ TEST_CASE("loss isa: the AVX-512 build (mask registers) equals its strided loop 
     return;
   }
   check_isa("avx512", &loss_isa::avx512, &loss_isa::scan_avx512);
+}
+
+TEST_CASE("loss isa: install_policy_loss_kernel routes every unit's policy_loss to the installed kernel") {
+  if (!cpu_has_avx2_fma()) {
+    WARN("CPU without AVX2/FMA: the -mavx2 loss kernel cannot be installed here (not checked)");
+    return;
+  }
+  // The default probe's policy_loss of a pair the wider probe builds (double/uint8: AVX2; float/uint8:
+  // AVX-512), with the wider kernels installed, gives the wider probe's bits; uninstalled, its own.
+  using install_fn = void (*)(bool);
+  struct wider {
+    const char* name;
+    install_fn install;
+    probe_fn probe;
+    loss_isa::types ty;
+  };
+  std::vector<wider> cases{{"avx2 double/uint8", &loss_isa::install_avx2, &loss_isa::avx2, loss_isa::types::double_u8}};
+  if (cpu_has_avx512())
+    cases.push_back({"avx512 float/uint8", &loss_isa::install_avx512, &loss_isa::avx512, loss_isa::types::float_u8});
+  std::mt19937_64 rng(20261202);
+  for (const auto& c : cases) {
+    int differed = 0;
+    for (const char* obj : {"ppo", "gspo_own", "gmpo"}) {
+      const auto p = loss_paths::random_problem(rng, 5, 203);
+      const auto cfg = make_combo(obj, "k3", "seq_mean", 37.0).cfg;
+      REQUIRE(ulorl::installed_policy_loss_kernel<double, std::uint8_t>() == nullptr);
+      REQUIRE(ulorl::installed_policy_loss_kernel<float, std::uint8_t>() == nullptr);
+      const auto own = loss_isa::portable(p, cfg, c.ty, true, true);
+      const auto wide = c.probe(p, cfg, c.ty, true, true);
+      c.install(true);
+      const auto routed = loss_isa::portable(p, cfg, c.ty, true, true);
+      c.install(false);
+      const auto again = loss_isa::portable(p, cfg, c.ty, true, true);
+      INFO(c.name << " " << obj);
+      CHECK(routed.fast.res.loss == wide.fast.res.loss);
+      CHECK(routed.fast.grad == wide.fast.grad);
+      CHECK(routed.fast.grad_entropy == wide.fast.grad_entropy);
+      CHECK(routed.generic.res.loss == wide.generic.res.loss);
+      CHECK(routed.generic.grad == wide.generic.grad);
+      CHECK(again.fast.res.loss == own.fast.res.loss);
+      CHECK(again.fast.grad == own.fast.grad);
+      differed += (own.fast.res.loss != wide.fast.res.loss || own.fast.grad != wide.fast.grad) ? 1 : 0;
+    }
+    // The builds' bits differ somewhere (vector widths change partial sums): the routing is seen.
+    std::printf("install_policy_loss_kernel, %s: %d of 3 problems differ between the default and wider kernels\n", c.name,
+                differed);
+    CHECK(differed > 0);
+  }
 }

@@ -39,6 +39,17 @@
 //! Declares the kernels of one (value, mask) pair as instantiated elsewhere.
 #define ULORL_EXTERN_POLICY_LOSS(T, M) ULORL_POLICY_LOSS_INSTANCE_(extern, T, M)
 
+//! In a translation unit built with other instruction-set flags (e.g. -mavx2 -mfma): instantiates
+//! the kernels of (T, M) for those flags and defines `NAME()` (at global scope: the instantiation
+//! opens namespace ulorl), which returns them for
+//! ulorl::install_policy_loss_kernel. Call NAME only after the CPU check (its unit's code may use
+//! the wider instructions anywhere). Link this unit after the default-flags code (last in the link
+//! line): functions that both define outside the ISA-tagged namespaces (the standard library's,
+//! ulorl's validation) then keep the default build's copy, which the linker picks first.
+#define ULORL_POLICY_LOSS_KERNEL_GETTER(NAME, T, M)                                                 \
+  ULORL_INSTANTIATE_POLICY_LOSS(T, M)                                                               \
+  ::ulorl::policy_loss_kernel<T, M> NAME() noexcept { return &::ulorl::detail::policy_loss_dispatch<T, M>; }
+
 //! Every pair this header declares (cmake/ulorl_kernels.cmake lists the same pairs): with
 //! ULORL_EXTERN_KERNELS_VALUE_MASKS defined, float and double with masks of their own type only;
 //! with ULORL_EXTERN_KERNELS_MASK defined (a mask type), float and double with that mask only (e.g.

@@ -21,6 +21,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -29,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ulorl/core/config.hpp"
@@ -256,6 +259,12 @@ void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T
   detail::validate_kl_clamps(fn, cfg.kl);
   require_finite(fn, "kl_coef", cfg.kl_coef);
   require_finite(fn, "entropy_coef", cfg.entropy_coef);
+  // The kernels run the coefficients in T: one that T rounds to 0 or to inf would drop its term
+  // (and leave grad_entropy unwritten) or overflow it.
+  for (const auto& [arg, c] : {std::pair<std::string_view, double>{"kl_coef", cfg.kl_coef}, {"entropy_coef", cfg.entropy_coef}})
+    if (c != 0.0 && !(static_cast<T>(c) != T(0) && std::isfinite(static_cast<double>(static_cast<T>(c)))))
+      detail::fail_value(fn, arg, c, std::string("is not 0 but ") + (static_cast<T>(c) == T(0) ? "rounds to 0" : "overflows") +
+                                         " in the value type (float): the term would be dropped or infinite");
   validate_normalizer(fn, cfg.normalizer);
   if (!cfg.check_values) return;
   if (cfg.rollout) rollout_correction::detail_rc::validate_values(fn, rollout_inputs_of(in));
@@ -409,6 +418,33 @@ template <class T, class M>
 }  // namespace ULORL_ISA
 }  // namespace detail
 
+//! A compiled policy_loss body for (T, M): detail::policy_loss_dispatch of one instruction set.
+template <class T, class M>
+using policy_loss_kernel = policy_loss_result (*)(const policy_loss_inputs<T, M>&, const policy_loss_config&,
+                                                  token_view<T>, token_view<T>, executor_ref);
+
+namespace detail {
+template <class T, class M>
+inline std::atomic<policy_loss_kernel<T, M>> policy_loss_installed{nullptr};
+}  // namespace detail
+
+//! Run-time instruction-set dispatch: routes every policy_loss<T, M> call of the program (every
+//! translation unit, whatever its flags) to `kernel`, or with nullptr back to each unit's own
+//! kernels. `kernel` is the policy_loss body of a translation unit built with wider vectors
+//! (ULORL_POLICY_LOSS_KERNEL_GETTER in ulorl/loss/extern_kernels.hpp), installed at start-up after
+//! a CPU check (e.g. __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")). The
+//! results are the kernel's: bits may differ from another instruction set's in the last places
+//! (vector widths change the order of partial sums). Install before any thread calls the loss.
+template <class T, class M>
+void install_policy_loss_kernel(policy_loss_kernel<T, M> kernel) noexcept {
+  detail::policy_loss_installed<T, M>.store(kernel, std::memory_order_release);
+}
+//! The kernel installed for (T, M), or nullptr (each translation unit's own).
+template <class T, class M>
+[[nodiscard]] policy_loss_kernel<T, M> installed_policy_loss_kernel() noexcept {
+  return detail::policy_loss_installed<T, M>.load(std::memory_order_acquire);
+}
+
 inline namespace ULORL_ISA {
 
 //! The fused policy loss of one micro-batch. Writes d loss / d logp into `grad_log_prob` (0 on
@@ -428,6 +464,8 @@ template <class T, class M, class Exec>
 [[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
                                              token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "policy_loss: T must be float or double");
+  if (const policy_loss_kernel<T, M> k = installed_policy_loss_kernel<T, M>()) [[unlikely]]
+    return k(in, cfg, grad_log_prob, grad_entropy, executor_ref(exec));
   return detail::policy_loss_dispatch<T, M>(in, cfg, grad_log_prob, grad_entropy, executor_ref(exec));
 }
 
