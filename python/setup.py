@@ -9,6 +9,7 @@ the extension must match; pip's isolated build would try to download one.
 """
 
 import os
+import platform
 
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -17,6 +18,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 INCLUDE = os.path.normpath(os.path.join(HERE, "..", "include"))
 if not os.path.isfile(os.path.join(INCLUDE, "ulorl", "ulorl.hpp")):
     raise SystemExit(f"ulorl's headers are not at {INCLUDE}: build from the ulorl source tree (pip install ./python)")
+
+# Run-time ISA dispatch (x86-64): the policy-loss kernels again with -mavx2 -mfma in a static library
+# (build_clib) that build_ext links after the extension's objects, installed at import where the CPU
+# has AVX2 and FMA.
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+LIBRARIES = [("ulorl_kernels_avx2", {"sources": [os.path.join("src", "kernels_avx2.cpp")], "include_dirs": [INCLUDE],
+                                     "cflags": ["-std=c++20", "-O2", "-g0", "-fPIC", "-mavx2", "-mfma"]})] if X86 else []
 
 setup(
     name="ulorl",
@@ -31,8 +39,10 @@ setup(
             sources=[os.path.join("src", f) for f in ("module.cpp", "losses.cpp", "logits.cpp", "corrections.cpp")],
             include_dirs=[INCLUDE],
             extra_compile_args=["-std=c++20", "-O2", "-g0"],
+            define_macros=[("ULORL_PY_AVX2_KERNELS", None)] if X86 else [],
         )
     ],
+    libraries=LIBRARIES,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
     python_requires=">=3.9",
     install_requires=["torch", "numpy"],

@@ -7,8 +7,10 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <ulorl/adapters/torch.hpp>
 #include <ulorl/loss/aggregation.hpp>
@@ -55,7 +57,36 @@ ulorl::batch_counts count_mask(const opt_tensor& mask, const opt_tensor& offsets
 
 }  // namespace
 
+}  // namespace ulorl_py
+
+#if defined(ULORL_PY_AVX2_KERNELS)
+// kernels_avx2.cpp (built with -mavx2 -mfma, x86-64 only): the policy-loss kernels of the extension's pairs.
+ulorl::policy_loss_kernel<float, std::uint8_t> ulorl_py_avx2_policy_loss_f32() noexcept;
+ulorl::policy_loss_kernel<double, std::uint8_t> ulorl_py_avx2_policy_loss_f64() noexcept;
+#endif
+
+namespace ulorl_py {
+namespace {
+//! Run-time instruction-set dispatch of the policy loss: the AVX2 + FMA kernels where they were
+//! built and the CPU has them (ULORL_PYTHON_ISA=default in the environment keeps the default
+//! build's). Returns the instruction set used: "avx2" or "default".
+std::string install_policy_loss_kernels() {
+#if defined(ULORL_PY_AVX2_KERNELS)
+  const char* env = std::getenv("ULORL_PYTHON_ISA");
+  const bool forced_default = env != nullptr && std::string_view(env) == "default";
+  __builtin_cpu_init();
+  if (!forced_default && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    ulorl::install_policy_loss_kernel<float, std::uint8_t>(ulorl_py_avx2_policy_loss_f32());
+    ulorl::install_policy_loss_kernel<double, std::uint8_t>(ulorl_py_avx2_policy_loss_f64());
+    return "avx2";
+  }
+#endif
+  return "default";
+}
+}  // namespace
+
 void bind_losses(py::module_& m) {
+  m.attr("policy_loss_isa") = install_policy_loss_kernels();
   m.def("count_batch", &count_mask, "mask"_a = py::none(), "offsets"_a = py::none(), py::kw_only(),
         "tokens"_a = py::none(),
         "Valid tokens, non-empty rows and rows of a 0/1 mask ([B, T], or [total] with offsets[B+1]); checked to be "

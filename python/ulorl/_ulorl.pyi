@@ -13,6 +13,10 @@ class Error(ValueError):
     argument: str
     index: int
 
+#: The instruction set of the policy-loss kernels installed at import: "avx2" (x86-64 with AVX2 and
+#: FMA, unless ULORL_PYTHON_ISA=default is set) or "default" (the extension's baseline flags).
+policy_loss_isa: str
+
 class BatchCounts:
     tokens: float
     sequences: float

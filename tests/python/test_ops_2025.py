@@ -286,9 +286,19 @@ def test_rollout_correction_inside_the_loss_equals_the_two_calls(gen):
                                eps_high=0.28)
     l1.backward()
     l2.backward()
-    assert l1.item() == l2.item()
-    assert torch.equal(x1.grad, x2.grad)
-    assert ulorl.rollout_correction_finalize(m2["rollout"], rc) == m
+    if ulorl._ulorl.policy_loss_isa == "default":
+        assert l1.item() == l2.item()
+        assert torch.equal(x1.grad, x2.grad)
+        assert ulorl.rollout_correction_finalize(m2["rollout"], rc) == m
+    else:
+        # The loss runs the installed AVX2 + FMA kernels, rollout_correction() the default build:
+        # the weights' exponentials differ in the last bits (FMA), nothing more.
+        torch.testing.assert_close(l1, l2, rtol=1e-14, atol=0)
+        torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-13, atol=1e-16)
+        got = ulorl.rollout_correction_finalize(m2["rollout"], rc)
+        assert got.keys() == m.keys()
+        for k in m:
+            assert got[k] == pytest.approx(m[k], rel=1e-12, abs=1e-15), k
     # rollout_log_prob without a correction, and weights with one, are errors naming the argument.
     with pytest.raises(ulorl.Error, match="rollout_log_prob"):
         ulorl.policy_loss(lp, old, adv, mask, rollout_log_prob=ro, normalizer=norm)
