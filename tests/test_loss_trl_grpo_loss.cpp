@@ -178,12 +178,13 @@ oracle_out oracle(const batch& x, const options& o, const std::vector<double>& l
         l += o.beta * kappa;
       }
       ell[i] = l;
-      // Metrics at the point: a sequence-level quantity is counted once per row over all rows.
-      const double mm = seq ? (t == 0 ? 1.0 : 0.0) : x.mask[i];
+      // Metrics at the point: a single-column quantity (sequence level, or T = 1) is counted once per
+      // row over all rows, masked or not.
+      const double mm = (seq || T == 1) ? (t == 0 ? 1.0 : 0.0) : x.mask[i];
       const double lo_f = (c1p < 1.0 - el && A < 0) ? 1.0 : 0.0, hi_f = (c1p > 1.0 + eh && A > 0) ? 1.0 : 0.0;
       low += lo_f * mm, high += hi_f * mm, reg += std::max(lo_f, hi_f) * mm;
       cis += ((c1 > eh && A > 0) ? 1.0 : 0.0) * mm;
-      kl_sum += kappa * x.mask[i];
+      kl_sum += kappa * (T == 1 ? 1.0 : x.mask[i]);
     }
 
   oracle_out r;
@@ -226,7 +227,8 @@ oracle_out oracle(const batch& x, const options& o, const std::vector<double>& l
     loss -= o.entropy_coef * s / (by_items ? std::max(items, 1.0) / o.num_processes : std::max(me, 1.0) * ga);
   }
   r.loss = loss;
-  const double den = seq ? static_cast<double>(B) : std::max(N, 1.0);
+  const double den = (seq || T == 1) ? static_cast<double>(B) : std::max(N, 1.0);
+  const double den_tok = T == 1 ? static_cast<double>(B) : std::max(N, 1.0);  // [B, T] tensors: KL, entropy
   if (clip_family) r.low = low / den, r.high = high / den, r.region = reg / den;
   if (lt == LT::cispo) r.cispo = cis / den;
   if (lt == LT::vespo) {
@@ -235,9 +237,9 @@ oracle_out oracle(const batch& x, const options& o, const std::vector<double>& l
     r.phi_mean = s / static_cast<double>(B);
   }
   double es = 0;
-  for (std::size_t i = 0; i < B * T; ++i) es += H[i] * x.mask[i];
-  r.entropy_mean = es / std::max(N, 1.0);
-  if (o.beta != 0.0) r.kl_mean = kl_sum / std::max(N, 1.0);
+  for (std::size_t i = 0; i < B * T; ++i) es += H[i] * (T == 1 ? 1.0 : x.mask[i]);
+  r.entropy_mean = es / den_tok;
+  if (o.beta != 0.0) r.kl_mean = kl_sum / den_tok;
   return r;
 }
 
@@ -349,10 +351,19 @@ TEST_CASE("trl grpo_loss: loss, metrics and gradients against TRL's formulas (fl
   const std::uint64_t seed = testing_support::default_seed + 71;
   CAPTURE(seed);
   testing_support::rng rng(seed);
-  const std::size_t B = 5, T = 7;
-  for (const mode& md : modes(T)) {
-    CAPTURE(md.name);
-    const batch x = random_batch(rng, B, T, md.qcols);
+  // [5, 7] with an empty row; [12, 1] with a third of the rows masked, where TRL's single-column
+  // rule counts the masked rows' flags and KL in its logged means.
+  struct shape {
+    std::size_t B, T;
+  };
+  int single_column_differs = 0;
+  for (const shape sh : {shape{5, 7}, shape{12, 1}})
+  for (const mode& md : modes(sh.T)) {
+    const std::size_t B = sh.B, T = sh.T;
+    CAPTURE(B, T, md.name);
+    batch x = random_batch(rng, B, T, md.qcols);
+    if (T == 1)
+      for (std::size_t b = 0; b < B; b += 3) x.mask[b] = 0.0;
     const features f{.ref = true, .sampling = md.sampling, .entropies = true};
     library_case<double> c(x, f);
     const auto r = P::trl::grpo_loss(c.in, md.o, c.out);
@@ -366,7 +377,13 @@ TEST_CASE("trl grpo_loss: loss, metrics and gradients against TRL's formulas (fl
     require_metric(r.vespo_phi_seq_mean, want.phi_mean, "vespo_phi_seq_mean");
     require_metric(r.entropy_mean, want.entropy_mean, "entropy_mean");
     require_metric(r.kl_mean, want.kl_mean, "kl_mean");
-    if (md.o.beta != 0.0) require_close(r.metrics.kl_mean(), *want.kl_mean, 1e-12, 1e-14);
+    if (md.o.beta != 0.0 && T > 1) require_close(r.metrics.kl_mean(), *want.kl_mean, 1e-12, 1e-14);
+    if (T == 1 && md.o.importance_sampling_level != IS::sequence) {
+      // The rule changes what is logged: the valid tokens' means differ for some mode.
+      const bool differs = (r.clip_ratio_region_mean && *r.clip_ratio_region_mean != r.metrics.clip_region_fraction()) ||
+                           (r.kl_mean && *r.kl_mean != r.metrics.kl_mean());
+      single_column_differs += differs ? 1 : 0;
+    }
 
     // Central differences of the oracle in every per_token_logps and entropies element.
     const double h = 1e-6;
@@ -388,6 +405,7 @@ TEST_CASE("trl grpo_loss: loss, metrics and gradients against TRL's formulas (fl
       if (md.o.loss_type != LT::luspo && x.mask[i] == 0.0) REQUIRE(c.grad[i] == 0.0);
     }
   }
+  REQUIRE(single_column_differs >= 3);
 }
 
 TEST_CASE("trl grpo_loss: float agrees with double; a uint8 mask and threads give the same result") {

@@ -23,6 +23,7 @@
 // valid entropies for the quantile.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -421,29 +422,54 @@ template <class T, class M, class Exec>
   }
   r.loss = r.pg_loss + r.kl_loss + r.entropy_loss;
 
-  // ---- TRL's metrics: a single-column quantity is averaged over all B rows, ignoring the mask ----
+  // ---- TRL's metrics: a single-column quantity (sequence level, or T = 1) is averaged over all B
+  // rows, ignoring the mask. At T = 1 below the sequence level, the masked rows' own flags and KL
+  // join the valid tokens' (policy_loss counts valid tokens only); a masked row's ratio is
+  // exp(logp − old) at the token level and exp(ω_b) = 1 for GSPO-token (no valid token: ω_b = 0).
+  const bool single_token_column = Tn == 1 && !seq;
+  const double rows_d = static_cast<double>(B);
+  const auto masked_row_ratio = [&](std::size_t b) {
+    return level == IS::token ? std::exp(static_cast<double>(lp(b, 0)) - static_cast<double>(old(b, 0))) : std::exp(omega[b]);
+  };
   switch (loss_type) {
     case LT::grpo:
     case LT::bnpo:
     case LT::dr_grpo:
     case LT::dapo:
     case LT::luspo: {
-      const clip_metrics clip = clip_ratios(r.metrics, level);
+      clip_metrics clip = clip_ratios(r.metrics, level);
+      if (single_token_column) {
+        double low = r.metrics.clipped_low, high = r.metrics.clipped_high;
+        for (std::size_t b = 0; b < B; ++b) {
+          if (mask(b, 0) != M(0)) continue;
+          double c1 = masked_row_ratio(b);
+          if (obj.delta > 0.0) c1 = std::min(c1, obj.delta);
+          low += (c1 < 1.0 - obj.eps_low && in.advantages[b] < T(0)) ? 1.0 : 0.0;
+          high += (c1 > 1.0 + obj.eps_high && in.advantages[b] > T(0)) ? 1.0 : 0.0;
+        }
+        clip = {low / rows_d, high / rows_d, (low + high) / rows_d};
+      }
       r.clip_ratio_low_mean = clip.low_mean;
       r.clip_ratio_high_mean = clip.high_mean;
       r.clip_ratio_region_mean = clip.region_mean;
       break;
     }
-    case LT::cispo:
+    case LT::cispo: {
+      const double cap = 1.0 + obj.eps_high;
       if (seq) {
         double n = 0;
-        const double cap = 1.0 + obj.eps_high;
         for (std::size_t b = 0; b < B; ++b) n += (std::exp(omega[b]) > cap && in.advantages[b] > T(0)) ? 1.0 : 0.0;
-        r.cispo_clip_ratio = n / static_cast<double>(B);
+        r.cispo_clip_ratio = n / rows_d;
+      } else if (single_token_column) {
+        double n = r.metrics.clipped_high;
+        for (std::size_t b = 0; b < B; ++b)
+          if (mask(b, 0) == M(0)) n += (masked_row_ratio(b) > cap && in.advantages[b] > T(0)) ? 1.0 : 0.0;
+        r.cispo_clip_ratio = n / rows_d;
       } else {
         r.cispo_clip_ratio = r.metrics.clip_high_fraction();
       }
       break;
+    }
     case LT::vespo: {
       double s = 0;
       for (double v : phi) s += v;
@@ -459,7 +485,22 @@ template <class T, class M, class Exec>
       for (std::size_t t = 0; t < Tn; ++t) s += (single || mask(b, t) != M(0)) ? static_cast<double>(in.entropies(b, t)) : 0.0;
     r.entropy_mean = single ? s / static_cast<double>(B) : (counts.tokens > 0 ? s / counts.tokens : 0.0);
   }
-  if (beta != 0.0) r.kl_mean = kl_tok.empty() ? res.metrics.kl_mean() : (counts.tokens > 0 ? kl_valid_sum / counts.tokens : 0.0);
+  if (beta != 0.0) {
+    if (Tn == 1) {
+      // κ [B, 1]: every row's k3, times the unclamped ratio with use_bias_correction_kl (a masked
+      // row's sequence ratio is exp(0) = 1).
+      double s = kl_tok.empty() ? res.metrics.kl_sum : kl_valid_sum;
+      for (std::size_t b = 0; b < B; ++b) {
+        if (mask(b, 0) != M(0)) continue;
+        const double d = static_cast<double>(in.ref_per_token_logps(b, 0)) - static_cast<double>(lp(b, 0));
+        const double k = std::expm1(d) - d;
+        s += o.use_bias_correction_kl ? k * (seq ? 1.0 : masked_row_ratio(b)) : k;
+      }
+      r.kl_mean = s / rows_d;
+    } else {
+      r.kl_mean = kl_tok.empty() ? res.metrics.kl_mean() : (counts.tokens > 0 ? kl_valid_sum / counts.tokens : 0.0);
+    }
+  }
   return r;
 }
 
