@@ -1,7 +1,10 @@
 // ulorl/core/simd.hpp — the SIMD layer of the library: which vector width the including translation
 // unit gets, the ISA-tag inline namespace that keeps differently compiled kernels apart, the one
-// off switch, the lane types the per-token formulas are written against, and the exponential of
-// the loss kernels.
+// off switch, the lane types the per-token formulas and the linear head's GEMM micro-kernels are
+// written against, and the exponential of every CPU kernel: `exp_in_range` (e^x and e^x - 1 - x,
+// float and double: the loss, rollout correction, the logits' vec_exp) with its base-2 core
+// `exp2_poly` (2^f for |f| <= 1/2, float: the logits sums and gradients, whose arguments arrive
+// already in base 2).
 //
 // Lane types. Every per-token formula of ulorl (objectives, KL estimators, ratios) is one function
 // template over a lane type `L`: `typename L::V` is the value (one float or double, or a GCC/Clang
@@ -114,6 +117,21 @@ ULORL_HD ULORL_ALWAYS_INLINE constexpr void exp_poly(V x, V& t, V& r, V& s) noex
   s = q * r2;
 }
 
+//! 2^f for |f| <= 1/2 in float (`V`: float or a GCC/Clang vector of float): the degree-7 Taylor
+//! polynomial of 2^f in Horner form (truncation 5e-9 relative). Callers that hold x log2(e) already
+//! (the logits kernels scale by log2(e) / tau once per row) split it as n + f with n = round and f
+//! exact, and build 2^n in the exponent field themselves.
+template <class V>
+ULORL_HD ULORL_ALWAYS_INLINE constexpr V exp2_poly(V f) noexcept {
+  V q = f * 1.525273380405984e-05f + 1.5403530393381608e-04f;
+  q = q * f + 1.3333558146428443e-03f;
+  q = q * f + 9.6181291076284772e-03f;
+  q = q * f + 5.5504108664821580e-02f;
+  q = q * f + 2.4022650695910071e-01f;
+  q = q * f + 6.9314718055994531e-01f;
+  return q * f + 1.0f;
+}
+
 //! exp(x) and exp(x) - 1 - x (`em1`) for x already clamped to exp's range (`IV`: the integer type or
 //! vector of T's width). exp(x) = 2^n (r + s) + 2^n, 2^n built in the exponent field directly.
 template <class V, class T = V, class IV = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>
@@ -145,6 +163,10 @@ struct scalar_lanes {
   static constexpr std::size_t N = 1;
 
   ULORL_HD static ULORL_ALWAYS_INLINE constexpr V splat(T x) noexcept { return x; }
+  ULORL_HD static ULORL_ALWAYS_INLINE constexpr V load(const T* p) noexcept { return *p; }
+  ULORL_HD static ULORL_ALWAYS_INLINE constexpr void store(T* p, V v) noexcept { *p = v; }
+  //! The sum of the lanes: the element itself.
+  ULORL_HD static ULORL_ALWAYS_INLINE constexpr T sum(V v) noexcept { return v; }
   //! A loop-invariant condition as a mask.
   ULORL_HD static ULORL_ALWAYS_INLINE constexpr M mask_of(bool b) noexcept { return b; }
   ULORL_HD static ULORL_ALWAYS_INLINE constexpr V select(M m, V a, V b) noexcept { return m ? a : b; }
@@ -186,6 +208,15 @@ struct vec_lanes {
     return v;
   }
   static ULORL_ALWAYS_INLINE void store(T* p, V v) noexcept { std::memcpy(p, &v, sizeof v); }
+  //! The sum of the lanes by a pairwise tree (lane l + lane l + N/2, halving), the same order for
+  //! every vector: results do not depend on which lanes a tiling put the terms in.
+  static ULORL_ALWAYS_INLINE T sum(V v) noexcept {
+    alignas(64) T t[N];
+    std::memcpy(t, &v, sizeof v);
+    for (std::size_t w = N / 2; w >= 1; w /= 2)
+      for (std::size_t l = 0; l < w; ++l) t[l] += t[l + w];
+    return t[0];
+  }
   //! -1 where mask != 0, else 0.
   template <class Mask>
   static ULORL_ALWAYS_INLINE IV valid_lanes(const Mask* p) noexcept {

@@ -110,51 +110,24 @@ inline namespace ULORL_ISA {
 
 // ---- GEMM micro-kernels -------------------------------------------------------------------------
 
-//! Lanes of the micro-kernels: a native vector of float, else one scalar.
-template <class T>
-struct lanes {
-  using type = T;
-  static constexpr std::size_t width = 1;
-  static ULORL_ALWAYS_INLINE type load(const T* p) noexcept { return *p; }
-  static ULORL_ALWAYS_INLINE void store(T* p, type v) noexcept { *p = v; }
-  static ULORL_ALWAYS_INLINE type splat(T x) noexcept { return x; }
-  static ULORL_ALWAYS_INLINE T sum(type v) noexcept { return v; }
-};
+//! Lanes of the micro-kernels (core/simd.hpp): the native vector of float, else one element.
 #ifdef ULORL_SIMD
-// simd.hpp's native float vector.
-using simd::vfloat;
-inline constexpr std::size_t vwidth = static_cast<std::size_t>(simd::width);
-template <>
-struct lanes<float> {
-  using type = vfloat;
-  static constexpr std::size_t width = vwidth;
-  static ULORL_ALWAYS_INLINE type load(const float* p) noexcept {
-    type v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-  }
-  static ULORL_ALWAYS_INLINE void store(float* p, type v) noexcept { std::memcpy(p, &v, sizeof v); }
-  static ULORL_ALWAYS_INLINE type splat(float x) noexcept { return type{} + x; }
-  //! Pairwise tree, the same for every element (the kernels' results must not depend on tiling).
-  static ULORL_ALWAYS_INLINE float sum(type v) noexcept {
-    alignas(64) float t[width];
-    std::memcpy(t, &v, sizeof v);
-    for (std::size_t w = width / 2; w >= 1; w /= 2)
-      for (std::size_t l = 0; l < w; ++l) t[l] += t[l + w];
-    return t[0];
-  }
-};
+template <class T>
+using lanes = std::conditional_t<std::is_same_v<T, float>, simd::vec_lanes<float>, simd::scalar_lanes<T>>;
+#else
+template <class T>
+using lanes = simd::scalar_lanes<T>;
 #endif
 
 //! Register tile sizes: 32 vector registers with AVX-512, 16 elsewhere.
 template <class T>
 inline constexpr int nt_mr = 4;
 template <class T>
-inline constexpr int nt_nr = lanes<T>::width >= 16 ? 4 : 2;
+inline constexpr int nt_nr = lanes<T>::N >= 16 ? 4 : 2;
 template <class T>
 inline constexpr int nn_mr = 4;
 template <class T>
-inline constexpr int nn_nv = lanes<T>::width >= 16 ? 4 : 2;
+inline constexpr int nn_nv = lanes<T>::N >= 16 ? 4 : 2;
 
 using idx = std::ptrdiff_t;
 ULORL_ALWAYS_INLINE idx sx(std::size_t v) noexcept { return static_cast<idx>(v); }
@@ -163,15 +136,15 @@ ULORL_ALWAYS_INLINE idx sx(std::size_t v) noexcept { return static_cast<idx>(v);
 template <class T, int MR, int NR>
 ULORL_ALWAYS_INLINE void nt_tile(const T* a, idx lda, const T* b, idx ldb, std::size_t k, T* c, idx ldc) noexcept {
   using L = lanes<T>;
-  typename L::type acc[MR][NR];
+  typename L::V acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = L::splat(T(0));
   std::size_t p = 0;
-  for (; p + L::width <= k; p += L::width) {
-    typename L::type bv[NR];
+  for (; p + L::N <= k; p += L::N) {
+    typename L::V bv[NR];
     for (int j = 0; j < NR; ++j) bv[j] = L::load(b + j * ldb + sx(p));
     for (int i = 0; i < MR; ++i) {
-      const typename L::type av = L::load(a + i * lda + sx(p));
+      const typename L::V av = L::load(a + i * lda + sx(p));
       for (int j = 0; j < NR; ++j) acc[i][j] += av * bv[j];
     }
   }
@@ -213,16 +186,16 @@ template <class T, int MR, int NV>
 ULORL_ALWAYS_INLINE void nn_tile(const T* a, idx ams, idx aks, const T* b, idx ldb, std::size_t k, T* c,
                                  idx ldc) noexcept {
   using L = lanes<T>;
-  constexpr idx w = static_cast<idx>(L::width);
-  typename L::type acc[MR][NV];
+  constexpr idx w = static_cast<idx>(L::N);
+  typename L::V acc[MR][NV];
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v] = L::load(c + i * ldc + v * w);
   for (std::size_t p = 0; p < k; ++p) {
     const T* bp = b + sx(p) * ldb;
-    typename L::type bv[NV];
+    typename L::V bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = L::load(bp + v * w);
     for (int i = 0; i < MR; ++i) {
-      const typename L::type av = L::splat(a[i * ams + sx(p) * aks]);
+      const typename L::V av = L::splat(a[i * ams + sx(p) * aks]);
       for (int v = 0; v < NV; ++v) acc[i][v] += av * bv[v];
     }
   }
@@ -233,7 +206,7 @@ ULORL_ALWAYS_INLINE void nn_tile(const T* a, idx ams, idx aks, const T* b, idx l
 template <class T, int MR>
 void nn_row_block(const T* a, idx ams, idx aks, const T* b, idx ldb, std::size_t h0, std::size_t h1, std::size_t k,
                   T* c, idx ldc) noexcept {
-  constexpr std::size_t w = lanes<T>::width;
+  constexpr std::size_t w = lanes<T>::N;
   constexpr int NV = nn_nv<T>;
   std::size_t h = h0;
   for (; h + NV * w <= h1; h += NV * w) nn_tile<T, MR, NV>(a, ams, aks, b + sx(h), ldb, k, c + sx(h), ldc);
@@ -493,7 +466,7 @@ void chunk_grad_hidden(const linear_head_inputs<T>& in, std::size_t r0, std::siz
     return;
   }
   const bool fast = (w.col_stride() == 1 || h == 1) && (gh.col_stride() == 1 || h == 1);
-  const std::size_t hb = lanes<T>::width * static_cast<std::size_t>(nn_nv<T>);  // columns per task
+  const std::size_t hb = lanes<T>::N * static_cast<std::size_t>(nn_nv<T>);  // columns per task
   exec((h + hb - 1) / hb, [&](std::size_t b0, std::size_t b1) {
     const std::size_t h0 = b0 * hb, h1 = std::min(h, b1 * hb);
     if (fast) {
@@ -748,9 +721,8 @@ void linear_head_backward(const linear_head_inputs<T>& in, std::span<const I> la
 template <class T, class I, class P, class M, class Exec = sequential_executor, class Gemm = builtin_gemm,
           class Hook = no_statistics_hook>
 [[nodiscard]] policy_loss_result policy_loss_from_hidden(const linear_head_inputs<T>& head, std::span<const I> labels,
-                                                         const policy_loss_inputs<P, M>& in,
-                                                         const policy_loss_config& cfg, const logits_loss_buffers<P>& buf,
-                                                         const linear_head_grads<T>& grads,
+                                                         const policy_loss_inputs<P, M>& in, const logits_loss_buffers<P>& buf,
+                                                         const linear_head_grads<T>& grads, const policy_loss_config& cfg,
                                                          const linear_head_config& hcfg = {},
                                                          std::span<std::byte> workspace = {}, Exec&& exec = {},
                                                          Gemm&& gemm = {}, Hook&& hook = {}) {

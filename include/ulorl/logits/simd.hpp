@@ -1,8 +1,8 @@
-// ulorl/logits/simd.hpp — the vectorised inner loops of the CPU logits kernels: an accurate float
-// exp (Cody-Waite range reduction e^x = 2^n e^r, |r| <= ln2/2, and Cephes' degree-7 expf polynomial:
-// max relative error ~1.2e-7 on [-87, 88], i.e. about 1 ulp), the chunk maximum, the chunk's
-// online-softmax sums (sum e^d, sum e^d d) and the chunk's gradient p (a + b log p); the last two
-// evaluate 2^x = 2^n 2^f with f = x - round(x) exact and a degree-7 Taylor polynomial for 2^f.
+// ulorl/logits/simd.hpp — the vectorised inner loops of the CPU logits kernels: the chunk maximum,
+// the chunk's online-softmax sums (sum e^d, sum e^d d) and the chunk's gradient p (a + b log p),
+// and vec_exp. The exponentials are core/simd.hpp's: the sums and gradients evaluate
+// 2^x = 2^n 2^f with n = round(x) and f = x - n exact (`detail::exp2_poly`, the arguments scaled
+// to base 2 once per row); vec_exp is `exp_in_range` (max relative error ~1e-7 on [-87, 88.3]).
 //
 // The loops use core/simd.hpp's float vector at the native width (16 floats with AVX-512, 8 with
 // AVX, 4 with SSE2/NEON) and its ISA tag, so one source serves every ISA the compiler targets; with
@@ -38,18 +38,6 @@ ULORL_ALWAYS_INLINE vfloat load(const float* p) noexcept {
 }
 ULORL_ALWAYS_INLINE void store(float* p, vfloat v) noexcept { std::memcpy(p, &v, sizeof v); }
 ULORL_ALWAYS_INLINE vfloat splat(float x) noexcept { return vfloat{} + x; }
-//! 2^f for |f| <= 1/2, lane-wise: degree-7 Taylor polynomial (truncation 5e-9), shared by the
-//! forward sums and the backward pass.
-ULORL_ALWAYS_INLINE vfloat exp2_poly(vfloat f) noexcept {
-  vfloat q = splat(1.525273380405984e-05f);
-  q = q * f + 1.5403530393381608e-04f;
-  q = q * f + 1.3333558146428443e-03f;
-  q = q * f + 9.6181291076284772e-03f;
-  q = q * f + 5.5504108664821580e-02f;
-  q = q * f + 2.4022650695910071e-01f;
-  q = q * f + 6.9314718055994531e-01f;
-  return q * f + 1.0f;
-}
 #ifdef ULORL_SIMD_FMA
 //! a * b + c with one rounding (the hardware FMA, whatever the -ffp-contract setting).
 ULORL_ALWAYS_INLINE vfloat fma(vfloat a, vfloat b, vfloat c) noexcept {
@@ -81,34 +69,14 @@ ULORL_ALWAYS_INLINE hfloat select(hint m, hfloat a, hfloat b) noexcept {
   return (hfloat)((m & (hint)a) | (~m & (hint)b));
 }
 
-//! 2^n e^r for |r| <= ln2/2 and integer-valued n in [-126, 127]. Cephes expf: e^r = 1 + r + r^2 P(r).
-template <class VF, class VI>
-ULORL_ALWAYS_INLINE VF exp_reduced(VF r, VI n) noexcept {
-  const VF r2 = r * r;
-  VF p = VF{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r2 + r + 1.0f;
-  const VI bits = (n + 127) << 23;
-  return p * (VF)bits;
-}
-
-//! e^x for x in [-87.3, 88.3] or NaN (NaN propagates): Cody-Waite reduction x = n ln2 + r.
-ULORL_ALWAYS_INLINE vfloat exp_core(vfloat x) noexcept {
-  const float magic = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to nearest
-  const vfloat n = (x * 1.44269504088896341f + magic) - magic;
-  vfloat r = x - n * 0.693359375f;  // ln2 split so that n * ln2_hi is exact for |n| < 2^15
-  r = r - n * -2.12194440e-4f;
-  return exp_reduced(r, __builtin_convertvector(n, vint));
-}
-//! e^x on the whole float line: clamps into exp_core's range, flushes x < exp_floor to +0.
+//! e^x on the whole float line (core/simd.hpp's exp_in_range): clamps into [exp_floor, 88.3],
+//! flushes x < exp_floor to +0; NaN propagates.
 ULORL_ALWAYS_INLINE vfloat exp(vfloat x) noexcept {
-  vfloat c = select(x < exp_floor, splat(exp_floor), x);
-  c = select(c > 88.3f, splat(88.3f), c);
-  return select(x < exp_floor, splat(0.0f), exp_core(c));
+  const vint dead = x < exp_floor;
+  vfloat c = select(dead, splat(exp_floor), x);
+  c = select(c > ::ulorl::detail::exp_constants<float>::hi, splat(::ulorl::detail::exp_constants<float>::hi), c);
+  vfloat em1;
+  return select(dead, splat(0.0f), vec_lanes<float>::exp_in_range(c, em1));
 }
 #endif
 
@@ -200,8 +168,8 @@ inline void chunk_sums(const float* ULORL_RESTRICT p, std::size_t n, float m, fl
       const vfloat n0 = (d0 + magic) - magic, n1 = (d1 + magic) - magic;
       const vint b0 = (__builtin_convertvector(n0, vint) + 127) << 23;
       const vint b1 = (__builtin_convertvector(n1, vint) + 127) << 23;
-      const vfloat e0 = select(dead0, splat(0.0f), exp2_poly(d0 - n0) * (vfloat)b0);
-      const vfloat e1 = select(dead1, splat(0.0f), exp2_poly(d1 - n1) * (vfloat)b1);
+      const vfloat e0 = select(dead0, splat(0.0f), ::ulorl::detail::exp2_poly(d0 - n0) * (vfloat)b0);
+      const vfloat e1 = select(dead1, splat(0.0f), ::ulorl::detail::exp2_poly(d1 - n1) * (vfloat)b1);
       s0 += e0;
       s1 += e1;
       t0 += e0 * d0;
@@ -284,7 +252,7 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
       const vfloat nf = (lc + magic) - magic;
       vfloat f = (prod - nf) + (e2 + fma(e1, vk, fma(u, vklo, nrr)));
       f = select(f > 1.0f, splat(1.0f), f);  // only for inconsistent statistics (log p > 127)
-      const vfloat q = exp2_poly(f);
+      const vfloat q = ::ulorl::detail::exp2_poly(f);
       const vint bits = (__builtin_convertvector(nf, vint) + 127) << 23;
       const vfloat g = select(dead, splat(0.0f), q * (vfloat)bits * (a + b2 * lc));
       if (stream_full)
@@ -304,10 +272,13 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
       const hlong dead = lpd < double(exp_floor);
       hdouble lpc = select(dead, splat_d(double(exp_floor)), lpd);  // NaN kept
       lpc = select(lpc > 88.3, splat_d(88.3), lpc);
-      const hdouble nd = (lpc * 1.4426950408889634 + magic) - magic;
-      const hfloat rf = __builtin_convertvector(lpc - nd * 0.6931471805599453, hfloat);
+      // Base 2 in double: lpc log2(e) = n + f, f exact to float's precision; 2^f in float.
+      const hdouble l2 = lpc * 1.4426950408889634;
+      const hdouble nd = (l2 + magic) - magic;
+      const hfloat f = __builtin_convertvector(l2 - nd, hfloat);
       const hfloat lp = __builtin_convertvector(lpc, hfloat);
-      const hfloat g = exp_reduced(rf, __builtin_convertvector(nd, hint)) * (a + b * lp);
+      const hint bits = (__builtin_convertvector(nd, hint) + 127) << 23;
+      const hfloat g = ::ulorl::detail::exp2_poly(f) * (hfloat)bits * (a + b * lp);
       put(out + i, select(__builtin_convertvector(dead, hint), hfloat{}, g));
     }
   } else {
@@ -330,7 +301,7 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
       lc = select(lc > 127.0f, splat(127.0f), lc);
       const vfloat nf = (lc + magic) - magic;
       const vfloat f = lc - nf;
-      const vfloat q = exp2_poly(f);
+      const vfloat q = ::ulorl::detail::exp2_poly(f);
       const vint bits = (__builtin_convertvector(nf, vint) + 127) << 23;
       store_full(out + i, select(dead, splat(0.0f), q * (vfloat)bits * (a + b2 * lc)));
     }
@@ -356,7 +327,7 @@ inline void stream_fence() noexcept {
 
 inline namespace ULORL_ISA {
 
-//! out[i] = e^{in[i]} with the kernels' vectorised exp (max relative error ~1.2e-7 for
+//! out[i] = e^{in[i]} with the kernels' vectorised exp (max relative error ~1e-7 for
 //! x in [-87, 88.3]; +0 below -87, clamps above 88.3; NaN propagates). For testing and reuse.
 inline void vec_exp(const float* in, float* out, std::size_t n) noexcept {
   std::size_t i = 0;
