@@ -106,8 +106,8 @@ void BM_policy_loss(benchmark::State& st) {
   const ulorl::thread_executor exec{bench_threads()};
   for (auto _ : st) {
     ulorl::policy_loss_result r;
-    if constexpr (Threaded) r = ulorl::policy_loss(in, cfg, grad, {}, exec);
-    else r = ulorl::policy_loss(in, cfg, grad);
+    if constexpr (Threaded) r = ulorl::policy_loss(in, grad, {}, cfg, exec);
+    else r = ulorl::policy_loss(in, grad, cfg);
     benchmark::DoNotOptimize(r.loss);
     benchmark::ClobberMemory();
   }

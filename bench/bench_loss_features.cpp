@@ -118,7 +118,7 @@ void BM_feature(benchmark::State& st) {
       {ulorl::rollout_correction::rs_statistic::sequence_mean, ulorl::rollout_correction::rs_estimator::k3, 0.0, 0.002});
   for (auto _ : st) {
     double v = 0;
-    if (f == feature::rc_apply || f == feature::rc_then_loss) v += ulorl::rollout_correction::apply(rin, rc, rout).kl;
+    if (f == feature::rc_apply || f == feature::rc_then_loss) v += ulorl::rollout_correction::apply(rin, rout, rc).kl;
     if (f != feature::rc_apply) {
       auto run = in;
       auto c = cfg;
@@ -128,10 +128,10 @@ void BM_feature(benchmark::State& st) {
         c.rollout = f == feature::rc_in_loss ? rc : rc_rs;
       }
       if (f == feature::rc_rs_in_loss) {
-        const auto s = ulorl::rollout_correction::accumulate(rin, rc_rs, ulorl::rollout_correction::outputs<float, std::uint8_t>{});
+        const auto s = ulorl::rollout_correction::accumulate(rin, ulorl::rollout_correction::outputs<float, std::uint8_t>{}, rc_rs);
         c.normalizer.denominator = s.tokens - s.rejected_tokens;
       }
-      v += ulorl::policy_loss(run, c, d.out(d.grad)).loss;
+      v += ulorl::policy_loss(run, d.out(d.grad), c).loss;
     }
     benchmark::DoNotOptimize(v);
     benchmark::ClobberMemory();

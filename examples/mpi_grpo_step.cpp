@@ -158,7 +158,7 @@ step_result data_parallel_step(std::vector<micro_batch>& mbs, ulorl::policy_loss
   r.grad.assign(g.rows * g.cols, 0.0);
   for (auto& m : mbs) {
     cfg.normalizer = normalizer_of(m);
-    r.loss += ulorl::policy_loss(m.inputs(), cfg, m.view(m.grad)).loss;
+    r.loss += ulorl::policy_loss(m.inputs(), m.view(m.grad), cfg).loss;
     for (std::size_t row = 0; row < m.index.size(); ++row)
       for (std::size_t t = 0; t < g.length[m.index[row]]; ++t)
         r.grad[m.index[row] * g.cols + t] = m.grad[row * m.cols + t];
@@ -175,7 +175,7 @@ step_result data_parallel_step(std::vector<micro_batch>& mbs, ulorl::policy_loss
 step_result single_process_step(micro_batch& full, ulorl::policy_loss_config cfg, ulorl::agg_mode mode,
                                 const global_batch& g) {
   cfg.normalizer = step_normalizer(mode, ulorl::count_batch(full.view(std::as_const(full.mask))));
-  step_result r{ulorl::policy_loss(full.inputs(), cfg, full.view(full.grad)).loss,
+  step_result r{ulorl::policy_loss(full.inputs(), full.view(full.grad), cfg).loss,
                 std::vector<double>(g.rows * g.cols)};
   for (std::size_t b = 0; b < g.rows; ++b)
     for (std::size_t t = 0; t < g.length[b]; ++t) r.grad[b * g.cols + t] = full.grad[b * full.cols + t];

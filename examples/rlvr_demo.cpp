@@ -289,13 +289,13 @@ class trainer {
                                                   .advantages = cpacked(tok_adv),
                                                   .mask = cpacked(keep),
                                                   .ref_log_prob = cpacked(ref_logp)},
-          cfg,
           ulorl::logits_loss_buffers<float>{.log_prob = packed(logp),
                                             .entropy = packed(ent),
                                             .grad_log_prob = packed(glogp),
                                             .grad_entropy = {},
                                             .lse = ulorl::vector_view<float>(lse.data(), N)},
-          ulorl::matrix_view<float>(dlogits.data(), N, V), ulorl::logits_config{}, ulorl::sequential_executor{}, mpt_hook);
+          ulorl::matrix_view<float>(dlogits.data(), N, V),
+          cfg, ulorl::logits_config{}, ulorl::sequential_executor{}, mpt_hook);
       demo::policy grad;
       policy_.backward(c, dlogits, grad);
       opt_.step(policy_, grad);

@@ -19,9 +19,9 @@ INCLUDE = os.path.normpath(os.path.join(HERE, "..", "include"))
 if not os.path.isfile(os.path.join(INCLUDE, "ulorl", "ulorl.hpp")):
     raise SystemExit(f"ulorl's headers are not at {INCLUDE}: build from the ulorl source tree (pip install ./python)")
 
-# Run-time ISA dispatch (x86-64): the policy-loss kernels again with -mavx2 -mfma in a static library
-# (build_clib) that build_ext links after the extension's objects, installed at import where the CPU
-# has AVX2 and FMA.
+# Run-time ISA dispatch (x86-64): the policy-loss and logits kernels again with -mavx2 -mfma in a
+# static library (build_clib) that build_ext links after the extension's objects, installed at
+# import where the CPU has AVX2 and FMA.
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 LIBRARIES = [("ulorl_kernels_avx2", {"sources": [os.path.join("src", "kernels_avx2.cpp")], "include_dirs": [INCLUDE],
                                      "cflags": ["-std=c++20", "-O2", "-g0", "-fPIC", "-mavx2", "-mfma"]})] if X86 else []

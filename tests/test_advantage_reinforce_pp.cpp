@@ -37,9 +37,9 @@ TEST_CASE("REINFORCE++ returns and advantages match the oracle", "[reinforce_pp]
       oracle::reinforce_pp(rew, m, gamma, ret_o, adv_o);
       std::vector<double> ret(B * T), adv(B * T);
       ulorl::reinforce_pp_advantages(ulorl::padded(ulorl::matrix_view<const double>(flat_r.data(), B, T)),
-                                     ulorl::padded(ulorl::matrix_view<const double>(flat_m.data(), B, T)), gamma,
+                                     ulorl::padded(ulorl::matrix_view<const double>(flat_m.data(), B, T)),
                                      ulorl::padded(ulorl::matrix_view<double>(ret.data(), B, T)),
-                                     ulorl::padded(ulorl::matrix_view<double>(adv.data(), B, T)));
+                                     ulorl::padded(ulorl::matrix_view<double>(adv.data(), B, T)), gamma);
       for (std::size_t b = 0; b < B; ++b)
         for (std::size_t t = 0; t < T; ++t) {
           REQUIRE(ret[b * T + t] == Approx(ret_o[b][t]).epsilon(1e-12).margin(1e-12));
@@ -56,13 +56,13 @@ TEST_CASE("packed REINFORCE++ equals padded on the same responses", "[reinforce_
   const std::vector<std::int64_t> off{0, 3, 5};
   std::vector<double> pret(8), padv(8), kret(5), kadv(5);
   ulorl::reinforce_pp_advantages(ulorl::padded(ulorl::matrix_view<const double>(pr.data(), 2, 4)),
-                                 ulorl::padded(ulorl::matrix_view<const double>(pm.data(), 2, 4)), 0.9,
+                                 ulorl::padded(ulorl::matrix_view<const double>(pm.data(), 2, 4)),
                                  ulorl::padded(ulorl::matrix_view<double>(pret.data(), 2, 4)),
-                                 ulorl::padded(ulorl::matrix_view<double>(padv.data(), 2, 4)));
+                                 ulorl::padded(ulorl::matrix_view<double>(padv.data(), 2, 4)), 0.9);
   ulorl::reinforce_pp_advantages(ulorl::packed(std::span<const double>(kr), std::span<const std::int64_t>(off)),
-                                 ulorl::packed(std::span<const double>(km), std::span<const std::int64_t>(off)), 0.9,
+                                 ulorl::packed(std::span<const double>(km), std::span<const std::int64_t>(off)),
                                  ulorl::packed(std::span<double>(kret), std::span<const std::int64_t>(off)),
-                                 ulorl::packed(std::span<double>(kadv), std::span<const std::int64_t>(off)));
+                                 ulorl::packed(std::span<double>(kadv), std::span<const std::int64_t>(off)), 0.9);
   const std::size_t map[5] = {0, 1, 2, 4, 5};
   for (std::size_t k = 0; k < 5; ++k) REQUIRE(kadv[k] == Approx(padv[map[k]]).epsilon(1e-14));
   // whitened valid tokens have mean 0
@@ -94,17 +94,17 @@ TEST_CASE("REINFORCE++ rejects a single valid token, bad gamma, bad eps", "[rein
   std::vector<double> ret(2, 9), adv(2, 9);
   const auto call = [&](double gamma, ulorl::whiten_config cfg = {}) {
     ulorl::reinforce_pp_advantages(ulorl::padded(ulorl::matrix_view<const double>(r.data(), 1, 2)),
-                                   ulorl::padded(ulorl::matrix_view<const double>(m.data(), 1, 2)), gamma,
+                                   ulorl::padded(ulorl::matrix_view<const double>(m.data(), 1, 2)),
                                    ulorl::padded(ulorl::matrix_view<double>(ret.data(), 1, 2)),
-                                   ulorl::padded(ulorl::matrix_view<double>(adv.data(), 1, 2)), cfg);
+                                   ulorl::padded(ulorl::matrix_view<double>(adv.data(), 1, 2)), gamma, cfg);
   };
   REQUIRE_THROWS_WITH(call(1.0), Catch::Contains("at least 2 valid tokens"));
   const std::vector<double> m2{1, 1};
   const auto call2 = [&](double gamma, ulorl::whiten_config cfg = {}) {
     ulorl::reinforce_pp_advantages(ulorl::padded(ulorl::matrix_view<const double>(r.data(), 1, 2)),
-                                   ulorl::padded(ulorl::matrix_view<const double>(m2.data(), 1, 2)), gamma,
+                                   ulorl::padded(ulorl::matrix_view<const double>(m2.data(), 1, 2)),
                                    ulorl::padded(ulorl::matrix_view<double>(ret.data(), 1, 2)),
-                                   ulorl::padded(ulorl::matrix_view<double>(adv.data(), 1, 2)), cfg);
+                                   ulorl::padded(ulorl::matrix_view<double>(adv.data(), 1, 2)), gamma, cfg);
   };
   REQUIRE_THROWS_WITH(call2(1.5), Catch::Contains("'gamma' = 1.5"));
   REQUIRE_THROWS_WITH(call2(1.0, {.eps = 0.0}), Catch::Contains("config.eps"));
@@ -195,7 +195,7 @@ TEST_CASE("REINFORCE++: unknown whitening rules and an empty batch are rejected,
   const auto ov = [](std::vector<double>& v) { return ulorl::padded(ulorl::matrix_view<double>(v.data(), 2, 2)); };
   const auto bad = static_cast<ulorl::whiten_eps>(3);
   require_unknown_enum([&] { ulorl::masked_whiten(tv(r), tv(m), ov(adv), {.eps_at = bad}); }, "masked_whiten", "config.eps_at", 3);
-  require_unknown_enum([&] { ulorl::reinforce_pp_advantages(tv(r), tv(m), 1.0, ov(ret), ov(adv), {.eps_at = bad}); },
+  require_unknown_enum([&] { ulorl::reinforce_pp_advantages(tv(r), tv(m), ov(ret), ov(adv), 1.0, {.eps_at = bad}); },
                        "reinforce_pp_advantages", "config.eps_at", 3);
   const std::vector<double> s{1, 0};
   const std::vector<std::int64_t> ids{0, 0};
@@ -239,11 +239,11 @@ TEST_CASE("REINFORCE++: an absent mask is an all-ones mask, bit for bit, in both
     ulorl::masked_whiten(lay.cview(r), absent, lay.mview(wa));
     REQUIRE(absent_mask::same_bits(wa, w));
     std::vector<double> ret(lay.size()), reta(lay.size()), adv(lay.size()), adva(lay.size());
-    ulorl::discounted_returns(lay.cview(r), lay.cview(ones), 0.9, lay.mview(ret));
-    ulorl::discounted_returns(lay.cview(r), absent, 0.9, lay.mview(reta));
+    ulorl::discounted_returns(lay.cview(r), lay.cview(ones), lay.mview(ret), 0.9);
+    ulorl::discounted_returns(lay.cview(r), absent, lay.mview(reta), 0.9);
     REQUIRE(absent_mask::same_bits(reta, ret));
-    ulorl::reinforce_pp_advantages(lay.cview(r), lay.cview(ones), 0.95, lay.mview(ret), lay.mview(adv));
-    ulorl::reinforce_pp_advantages(lay.cview(r), absent, 0.95, lay.mview(reta), lay.mview(adva));
+    ulorl::reinforce_pp_advantages(lay.cview(r), lay.cview(ones), lay.mview(ret), lay.mview(adv), 0.95);
+    ulorl::reinforce_pp_advantages(lay.cview(r), absent, lay.mview(reta), lay.mview(adva), 0.95);
     REQUIRE(absent_mask::same_bits(reta, ret));
     REQUIRE(absent_mask::same_bits(adva, adv));
     const auto scores = absent_mask::uniform(rng, lay.B, 0, 1);

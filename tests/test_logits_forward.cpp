@@ -425,8 +425,8 @@ TEST_CASE("every entry point that takes a temperature applies the same rule") {
   cfg.normalizer = {.mode = agg_mode::token_mean, .denominator = 1.0};
   const logits_loss_buffers<double> buf{tv(lp), tv(ent), tv(glp), tv(gent), vector_view<double>(lse.data(), 1)};
   try {
-    (void)policy_loss_from_logits(matrix_view<const double>(x.data(), 1, 2), std::span<const std::int64_t>(y), in, cfg,
-                                  buf, matrix_view<double>(g.data(), 1, 2), {.temperature = 1e-320});
+    (void)policy_loss_from_logits(matrix_view<const double>(x.data(), 1, 2), std::span<const std::int64_t>(y), in, buf,
+                                  matrix_view<double>(g.data(), 1, 2), cfg, {.temperature = 1e-320});
     FAIL("no error");
   } catch (const ulorl::error& e) {
     CHECK(e.function() == "policy_loss_from_logits");

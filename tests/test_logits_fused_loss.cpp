@@ -57,8 +57,8 @@ double fused_padded(const problem& p, const std::vector<double>& x, const policy
   const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
   const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)};
   const auto res = policy_loss_from_logits(matrix_view<const double>(x.data(), n, p.v),
-                                           std::span<const std::int64_t>(p.labels), in, cfg, buf,
-                                           matrix_view<double>(g.data(), n, p.v), {.temperature = tau, .check_values = check_values});
+                                           std::span<const std::int64_t>(p.labels), in, buf, matrix_view<double>(g.data(), n, p.v),
+                                           cfg, {.temperature = tau, .check_values = check_values});
   if (grad) *grad = g;
   if (logp) *logp = lp;
   return res.loss;
@@ -102,7 +102,7 @@ TEST_CASE("policy_loss_from_logits: value equals policy_loss on the oracle's log
   };
   const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
   const auto res = policy_loss(policy_loss_inputs<double>{tv(olp), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref), {}, tv(oent)},
-                               cfg, out(glp), out(gent));
+                               out(glp), out(gent), cfg);
   CHECK(std::fabs(loss - res.loss) < 1e-12);
   // Masked tokens' logits get no gradient.
   for (std::size_t i = 0; i < n; ++i)
@@ -176,7 +176,7 @@ TEST_CASE("policy_loss_from_logits with the rollout correction in the loss pass:
     }
     policy_loss_inputs<double> in{tv(olp), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref), {}, tv(oent)};
     in.rollout_log_prob = tv(ro);
-    const auto res = policy_loss(in, cfg, out(glp), out(gent));
+    const auto res = policy_loss(in, out(glp), out(gent), cfg);
     CHECK(std::fabs(loss - res.loss) < 1e-12);
     // The correction changed the loss: without it the value differs.
     auto plain = cfg;
@@ -236,9 +236,9 @@ TEST_CASE("policy_loss_from_logits: packed layout with float logits matches the 
   std::vector<float> g(n * p.v);
   const auto res = policy_loss_from_logits(
       matrix_view<const float>(xf.data(), n, p.v), std::span<const std::int64_t>(labels),
-      policy_loss_inputs<double>{{}, tv(old), tv(adv), tv(mask), tv(ref)}, cfg,
+      policy_loss_inputs<double>{{}, tv(old), tv(adv), tv(mask), tv(ref)},
       logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)},
-      matrix_view<float>(g.data(), n, p.v));
+      matrix_view<float>(g.data(), n, p.v), cfg);
   CHECK(std::fabs(res.loss - lpad) < 1e-6 * std::max(1.0, std::fabs(lpad)));
   for (std::size_t k = 0; k < n; ++k)
     for (std::size_t j = 0; j < p.v; ++j)
@@ -269,19 +269,17 @@ TEST_CASE("policy_loss_from_logits rejects bad input before writing the gradient
     return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
   };
   const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
-  CHECK_THROWS_WITH(policy_loss_from_logits(matrix_view<const double>(p.x.data(), n, p.v),
-                                            std::span<const std::int64_t>(p.labels),
-                                            policy_loss_inputs<double>{tv(p.old), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref)},
-                                            cfg, logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent),
-                                                                             vector_view<double>(lse.data(), n)},
-                                            matrix_view<double>(gl.data(), n, p.v)),
+  CHECK_THROWS_WITH(policy_loss_from_logits(
+      matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
+      policy_loss_inputs<double>{tv(p.old), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref)},
+      logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)},
+      matrix_view<double>(gl.data(), n, p.v), cfg),
                     Catch::Matchers::Contains("computed from the logits"));
-  CHECK_THROWS_WITH(policy_loss_from_logits(matrix_view<const double>(p.x.data(), n - 1, p.v),
-                                            std::span<const std::int64_t>(p.labels.data(), n - 1),
-                                            policy_loss_inputs<double>{{}, tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref)},
-                                            cfg, logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent),
-                                                                             vector_view<double>(lse.data(), n)},
-                                            matrix_view<double>(gl.data(), n - 1, p.v)),
+  CHECK_THROWS_WITH(policy_loss_from_logits(
+      matrix_view<const double>(p.x.data(), n - 1, p.v), std::span<const std::int64_t>(p.labels.data(), n - 1),
+      policy_loss_inputs<double>{{}, tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref)},
+      logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)},
+      matrix_view<double>(gl.data(), n - 1, p.v), cfg),
                     Catch::Matchers::Contains("rows"));
   CHECK(gl == std::vector<double>(n * p.v, 7.0));
 }
@@ -321,7 +319,7 @@ TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's stati
                                       .ref_log_prob = tv(p.ref)};
   const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), {}, vector_view<double>(lse.data(), n), out(sq)};
   const auto res = policy_loss_from_logits(matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
-                                           in, cfg, buf, matrix_view<double>(g.data(), n, p.v), {.temperature = 0.8},
+                                           in, buf, matrix_view<double>(g.data(), n, p.v), cfg, {.temperature = 0.8},
                                            sequential_executor{}, hook);
   REQUIRE(calls == 1);
   double kept = 0, valid = 0;
@@ -344,7 +342,7 @@ TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's stati
                                        .ref_log_prob = tv(p.ref)};
   const logits_loss_buffers<double> buf2{out(lp2), {}, out(glp2), {}, vector_view<double>(lse2.data(), n)};
   const auto res2 = policy_loss_from_logits(matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
-                                            in2, cfg, buf2, matrix_view<double>(g2.data(), n, p.v), {.temperature = 0.8});
+                                            in2, buf2, matrix_view<double>(g2.data(), n, p.v), cfg, {.temperature = 0.8});
   REQUIRE(res.loss == res2.loss);
   REQUIRE(g == g2);
 }

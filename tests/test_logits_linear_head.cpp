@@ -565,8 +565,8 @@ double policy_from_hidden(const problem<double>& p, const pl_problem& pl, const 
   const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), pl.b, pl.t)); };
   const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)};
   const auto res = policy_loss_from_hidden(
-      p.inputs(), std::span<const std::int64_t>(p.q.labels), in, cfg, buf,
-      linear_head_grads<double>{matrix_view<double>(ghv.data(), n, p.q.h), matrix_view<double>(gwv.data(), p.q.v, p.q.h)},
+      p.inputs(), std::span<const std::int64_t>(p.q.labels), in, buf,
+      linear_head_grads<double>{matrix_view<double>(ghv.data(), n, p.q.h), matrix_view<double>(gwv.data(), p.q.v, p.q.h)}, cfg,
       {.temperature = tau, .chunk_rows = 4});
   if (gh) *gh = ghv;
   if (gw) *gw = gwv;
@@ -695,4 +695,172 @@ TEST_CASE("linear head: a caller-provided GEMM functor gives the built-in GEMM's
                       sequential_executor{}, loop_gemm{&calls});
   CHECK(calls == 3);
   CHECK(near(lp, builtin.lp));
+}
+
+TEST_CASE("policy_loss_from_hidden: one pass (3 GEMMs per chunk) gives the two-pass results (4 GEMMs)") {
+  // A token-level objective without a hook takes each token's gradient from its own chunk; the same
+  // call with a (no-op) hook runs the two passes. Same statistics, loss, metrics and token gradients
+  // bit for bit; the head's gradients to rounding (the loss's row kernels may contract to FMA).
+  std::mt19937_64 rng(seed + 9);
+  const std::size_t n = 15, h = 6, v = 17;
+  const auto p = make<double>(rng, n, h, v, 0.8, true, 2.0);
+  std::normal_distribution<double> nd;
+  const auto r0 = oracle::linear_head(p.q);
+  std::vector<double> old(n), ref(n), adv(n), mask(n), wts(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    old[i] = static_cast<double>(r0.log_prob[i]) + 0.3 * nd(rng);  // some ratios clipped
+    ref[i] = static_cast<double>(r0.log_prob[i]) + 0.3 * nd(rng);
+    adv[i] = nd(rng);
+    mask[i] = (i % 4 == 3 || i >= 12) ? 0.0 : 1.0;  // holes; padded row 2's last 3 tokens masked
+    wts[i] = 0.5 + std::fabs(nd(rng));
+  }
+  const std::vector<std::int64_t> offsets{0, 6, 6, 15};  // packed: rows of 6, 0 and 9 tokens
+  const auto labels = std::span<const std::int64_t>(p.q.labels);
+  struct outputs {
+    std::vector<double> lp, ent, glp, gent, lse, gh, gw, gb;
+    policy_loss_result res;
+  };
+  const auto tokens = [&](bool packed, auto* data) {
+    using E = std::remove_pointer_t<decltype(data)>;
+    return packed ? token_view<E>::packed(vector_view<E>(data, n), std::span<const std::int64_t>(offsets))
+                  : token_view<E>::padded(matrix_view<E>(data, 3, 5));
+  };
+  bool absent_mask = false;
+  const auto run = [&](bool packed, const policy_loss_config& cfg, const linear_head_config& hcfg, bool hook, bool weights,
+                       int* calls) {
+    outputs o{std::vector<double>(n, 7.0), std::vector<double>(n, 7.0), std::vector<double>(n, 7.0),
+              std::vector<double>(n, 7.0), std::vector<double>(n, 7.0), std::vector<double>(n * h, 7.0),
+              std::vector<double>(v * h, 7.0), std::vector<double>(v, 7.0), {}};
+    policy_loss_inputs<double> in{.log_prob = {}, .old_log_prob = tokens(packed, old.data()),
+                                  .advantages = tokens(packed, adv.data()), .mask = tokens(packed, mask.data())};
+    if (cfg.kl_coef != 0.0) in.ref_log_prob = tokens(packed, ref.data());
+    if (weights) in.weights = tokens(packed, wts.data());
+    if (absent_mask) in.mask = {};
+    const logits_loss_buffers<double> buf{tokens(packed, o.lp.data()), tokens(packed, o.ent.data()),
+                                          tokens(packed, o.glp.data()), tokens(packed, o.gent.data()),
+                                          vector_view<double>(o.lse.data(), n)};
+    const linear_head_grads<double> g{{o.gh.data(), n, h}, {o.gw.data(), v, h}, {o.gb.data(), v}};
+    if (hook)
+      o.res = policy_loss_from_hidden(p.inputs(), labels, in, buf, g, cfg, hcfg, {}, sequential_executor{}, loop_gemm{calls},
+                                      [](const token_statistics<double>&) {});
+    else
+      o.res = policy_loss_from_hidden(p.inputs(), labels, in, buf, g, cfg, hcfg, {}, sequential_executor{}, loop_gemm{calls});
+    return o;
+  };
+  const auto close = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / (1e-300 + std::fabs(b[i]) + 1e-3));
+    return worst;
+  };
+  linear_head_config hcfg;
+  hcfg.chunk_rows = 4;  // 4 chunks
+  hcfg.temperature = 0.8;
+  int cases = 0;
+  double worst = 0;
+  for (bool no_mask : {false, true})
+  for (bool packed : {false, true})
+    for (objective_kind kind : {objective_kind::ppo_clip, objective_kind::cispo, objective_kind::sapo,
+                                objective_kind::policy_gradient})
+      for (int kl : {-1, 0, 1, 2, 3, 4})  // none, k1, abs, k2, k3, importance-weighted k3
+        for (agg_mode mode : {agg_mode::token_mean, agg_mode::seq_mean_token_mean, agg_mode::seq_mean_token_sum})
+          for (bool weights : {false, true})
+            for (double ent_coef : {0.0, 0.01}) {
+              CAPTURE(no_mask, packed, static_cast<int>(kind), kl, static_cast<int>(mode), weights, ent_coef);
+              absent_mask = no_mask;
+              policy_loss_config cfg;
+              cfg.objective.kind = kind;
+              cfg.objective.eps_low = 0.2;
+              cfg.objective.eps_high = kind == objective_kind::cispo ? 4.0 : 0.28;
+              if (kind == objective_kind::ppo_clip && weights) cfg.objective.dual_clip = 3.0;  // the non-plain form too
+              if (kl >= 0) {
+                cfg.kl_coef = 0.05;
+                cfg.kl.estimator = kl == 4 ? kl_estimator::k3 : static_cast<kl_estimator>(kl);
+                cfg.kl.importance_weighted = kl == 4;
+              }
+              cfg.entropy_coef = ent_coef;
+              cfg.normalizer = agg_normalizer{mode, mode == agg_mode::token_mean ? 10.0 : 3.0, 1.0};
+              int one = 0, two = 0;
+              const outputs a = run(packed, cfg, hcfg, false, weights, &one);
+              const outputs b = run(packed, cfg, hcfg, true, weights, &two);
+              CHECK(one == 3 * 4);
+              CHECK(two == 4 * 4);
+              CHECK(a.res.loss == b.res.loss);
+              CHECK(a.res.pg_loss == b.res.pg_loss);
+              CHECK(a.res.kl_loss == b.res.kl_loss);
+              CHECK(a.res.entropy_loss == b.res.entropy_loss);
+              CHECK(a.res.metrics.clipped == b.res.metrics.clipped);
+              CHECK(a.res.metrics.kl_sum == b.res.metrics.kl_sum);
+              CHECK(a.lp == b.lp);
+              CHECK(a.lse == b.lse);
+              CHECK(a.glp == b.glp);
+              CHECK(a.gent == b.gent);
+              const double e = std::max({close(a.gh, b.gh), close(a.gw, b.gw), close(a.gb, b.gb)});
+              CHECK(e < 1e-13);
+              worst = std::max(worst, e);
+              ++cases;
+            }
+  std::printf("  policy_loss_from_hidden one pass vs two: %d configurations, head gradients within %.3g\n", cases, worst);
+  absent_mask = false;
+  {  // An absent mask is an all-ones mask in the one pass (the head's gradients are not zero).
+    policy_loss_config c1;
+    c1.normalizer = agg_normalizer{agg_mode::token_mean, 15.0, 1.0};
+    const std::vector<double> keep = mask;
+    std::fill(mask.begin(), mask.end(), 1.0);
+    int calls = 0;
+    const outputs ones = run(false, c1, hcfg, false, false, &calls);
+    absent_mask = true;
+    const outputs none = run(false, c1, hcfg, false, false, &calls);
+    absent_mask = false;
+    mask = keep;
+    CHECK(none.res.loss == ones.res.loss);
+    CHECK(none.gh == ones.gh);
+    CHECK(none.gw == ones.gw);
+    CHECK(std::any_of(none.gh.begin(), none.gh.end(), [](double x) { return x != 0.0; }));
+  }
+
+  policy_loss_config cfg;
+  cfg.objective.eps_low = 0.2;
+  cfg.objective.eps_high = 0.28;
+  cfg.normalizer = agg_normalizer{agg_mode::token_mean, 10.0, 1.0};
+  {  // Sequence-level objectives need every row first: two passes.
+    policy_loss_config seq = cfg;
+    for (objective_kind kind : {objective_kind::gspo, objective_kind::gmpo}) {
+      seq.objective.kind = kind;
+      int calls = 0;
+      (void)run(false, seq, hcfg, false, false, &calls);
+      CHECK(calls == 4 * 4);
+    }
+  }
+  {  // The loss's value scan must see the log-probs before the head writes: two passes when the head's is off.
+    linear_head_config unchecked = hcfg;
+    unchecked.check_values = false;
+    int calls = 0;
+    (void)run(false, cfg, unchecked, false, false, &calls);
+    CHECK(calls == 4 * 4);
+    policy_loss_config loose = cfg;
+    loose.check_values = false;
+    calls = 0;
+    (void)run(false, loose, unchecked, false, false, &calls);
+    CHECK(calls == 3 * 4);
+  }
+  {  // Bad token inputs are rejected before the one pass writes anything.
+    for (int what = 0; what < 3; ++what) {
+      const std::vector<double> keep_adv = adv, keep_mask = mask, keep_old = old;
+      if (what == 0) adv[5] = std::numeric_limits<double>::quiet_NaN();
+      if (what == 1) mask[7] = 2.0;
+      if (what == 2) old[9] = std::numeric_limits<double>::infinity();
+      int calls = 0;
+      outputs o;
+      bool threw = false;
+      try {
+        o = run(false, cfg, hcfg, false, false, &calls);
+      } catch (const ulorl::error& err) {
+        threw = true;
+        CHECK(err.argument() == std::string(what == 0 ? "advantages" : what == 1 ? "mask" : "old_log_prob"));
+      }
+      CHECK(threw);
+      CHECK(calls == 0);  // no GEMM ran: nothing was written
+      adv = keep_adv, mask = keep_mask, old = keep_old;
+    }
+  }
 }

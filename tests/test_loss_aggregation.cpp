@@ -35,7 +35,7 @@ TEST_CASE("agg_loss: every mode equals its formula; gradient equals finite diffe
                       ulorl::agg_mode::seq_mean_token_sum_norm, ulorl::agg_mode::constant}) {
       const auto norm = ulorl::global_normalizer(mode, c, 17.0, 2.0);
       std::vector<double> g(B * T);
-      const double loss = ulorl::agg_loss(cv(L, B, T), cv(m, B, T), norm, mv(g, B, T));
+      const double loss = ulorl::agg_loss(cv(L, B, T), cv(m, B, T), mv(g, B, T), norm);
       double expect = 0;
       for (std::size_t b = 0; b < B; ++b) {
         double s = 0, n = 0;
@@ -69,7 +69,7 @@ TEST_CASE("agg_loss: partition-exact with the global normaliser (random splits, 
     const auto mode = static_cast<ulorl::agg_mode>(trial % 5);
     const auto norm = ulorl::global_normalizer(mode, ulorl::count_batch(cv(m, B, T)), 1234.0, 1.0);
     std::vector<double> g_full(B * T);
-    const double full = ulorl::agg_loss(cv(L, B, T), cv(m, B, T), norm, mv(g_full, B, T));
+    const double full = ulorl::agg_loss(cv(L, B, T), cv(m, B, T), mv(g_full, B, T), norm);
     // Split rows at random cut points; each part is a micro-batch on some rank.
     std::vector<std::size_t> cuts{0, B};
     for (std::size_t k = 0; k < rng() % 6; ++k) cuts.push_back(rng() % B);
@@ -80,8 +80,8 @@ TEST_CASE("agg_loss: partition-exact with the global normaliser (random splits, 
     for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
       const std::size_t r0 = cuts[k], nb = cuts[k + 1] - cuts[k];
       sum += ulorl::agg_loss(cv(std::vector<double>(L.begin() + r0 * T, L.begin() + (r0 + nb) * T), nb, T),
-                             ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(m.data() + r0 * T, nb, T)), norm,
-                             ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data() + r0 * T, nb, T)));
+                             ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(m.data() + r0 * T, nb, T)),
+                             ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data() + r0 * T, nb, T)), norm);
     }
     REQUIRE(sum == Approx(full).epsilon(1e-12).margin(1e-14));
     REQUIRE(g == g_full);
@@ -99,20 +99,20 @@ TEST_CASE("count_batch, global_normalizer and rejected normalisers") {
   REQUIRE(ulorl::global_normalizer(ulorl::agg_mode::seq_mean_token_mean, c).denominator == 2);
   std::vector<double> zero(B * T, 0.0);
   const auto z = ulorl::global_normalizer(ulorl::agg_mode::token_mean, ulorl::count_batch(cv(zero, B, T)));
-  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(zero, B, T), z, mv(g, B, T)), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(zero, B, T), mv(g, B, T), z), ulorl::error);
   m[1] = 2;
   REQUIRE_THROWS_AS(ulorl::count_batch(cv(m, B, T)), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {ulorl::agg_mode::token_mean, 3, 1}, mv(g, B, T)), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), mv(g, B, T), {ulorl::agg_mode::token_mean, 3, 1}), ulorl::error);
   m[1] = 1;
-  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {ulorl::agg_mode::token_mean, -1, 1}, mv(g, B, T)), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), mv(g, B, T), {ulorl::agg_mode::token_mean, -1, 1}), ulorl::error);
   try {  // a value outside the enum
-    (void)ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {static_cast<ulorl::agg_mode>(17), 3, 1}, mv(g, B, T));
+    (void)ulorl::agg_loss(cv(L, B, T), cv(m, B, T), mv(g, B, T), {static_cast<ulorl::agg_mode>(17), 3, 1});
     FAIL("no error");
   } catch (const ulorl::error& e) {
     REQUIRE(e.argument() == "normalizer.mode");
   }
   L[2] = std::nan("");
-  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), {ulorl::agg_mode::token_mean, 3, 1}, mv(g, B, T)), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::agg_loss(cv(L, B, T), cv(m, B, T), mv(g, B, T), {ulorl::agg_mode::token_mean, 3, 1}), ulorl::error);
   for (double v : g) REQUIRE(v == 8.0);
 }
 
@@ -133,8 +133,8 @@ TEST_CASE("agg_loss and count_batch: an absent mask is an all-ones mask, bit for
                       ulorl::agg_mode::seq_mean_token_sum_norm, ulorl::agg_mode::constant}) {
       const auto norm = ulorl::global_normalizer(mode, c, 17.0, 2.0);
       std::vector<double> g(lay.size(), 9.0), ga(lay.size(), 9.0);
-      const double loss = ulorl::agg_loss(lay.cview(L), lay.cview(ones), norm, lay.mview(g));
-      const double la = ulorl::agg_loss(lay.cview(L), absent, norm, lay.mview(ga));
+      const double loss = ulorl::agg_loss(lay.cview(L), lay.cview(ones), lay.mview(g), norm);
+      const double la = ulorl::agg_loss(lay.cview(L), absent, lay.mview(ga), norm);
       REQUIRE(absent_mask::same_bits(la, loss));
       REQUIRE(absent_mask::same_bits(ga, g));
     }

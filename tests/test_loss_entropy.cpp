@@ -23,7 +23,7 @@ TEST_CASE("entropy_term and entropy_loss") {
   auto cv = [&](const std::vector<double>& v) { return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), B, T)); };
   auto gv = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), B, T));
   // seq-mean-token-mean over S = 2 sequences: ((1 + 2) / 2 + 4 / 1) / 2 times -coef.
-  const double l = ulorl::entropy_loss<double, double>(cv(h), cv(mask), 0.1, {ulorl::agg_mode::seq_mean_token_mean, 2.0, 1.0}, gv);
+  const double l = ulorl::entropy_loss<double, double>(cv(h), cv(mask), gv, 0.1, {ulorl::agg_mode::seq_mean_token_mean, 2.0, 1.0});
   REQUIRE(l == Approx(-0.1 * (1.5 + 4.0) / 2));
   const std::vector<double> expect{-0.1 / 4, -0.1 / 4, 0, -0.1 / 2, 0, 0};
   for (std::size_t i = 0; i < B * T; ++i) REQUIRE(g[i] == Approx(expect[i]).margin(1e-17));
@@ -32,19 +32,21 @@ TEST_CASE("entropy_term and entropy_loss") {
     std::vector<double> hp = h, hm = h, tmp(B * T);
     hp[i] += 1e-6, hm[i] -= 1e-6;
     auto tv = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(tmp.data(), B, T));
-    const double fd = (ulorl::entropy_loss<double, double>(cv(hp), cv(mask), 0.1, {ulorl::agg_mode::seq_mean_token_mean, 2.0, 1.0}, tv) -
-                       ulorl::entropy_loss<double, double>(cv(hm), cv(mask), 0.1, {ulorl::agg_mode::seq_mean_token_mean, 2.0, 1.0}, tv)) /
+    const double fd = (ulorl::entropy_loss<double, double>(cv(hp), cv(mask), tv, 0.1, {ulorl::agg_mode::seq_mean_token_mean, 2.0, 1.0}) -
+                       ulorl::entropy_loss<double, double>(cv(hm), cv(mask), tv, 0.1, {ulorl::agg_mode::seq_mean_token_mean, 2.0, 1.0})) /
                       2e-6;
     REQUIRE(g[i] == Approx(fd).margin(1e-9));
   }
   std::vector<double> sentinel(B * T, 9.0);
   h[1] = INFINITY;
-  REQUIRE_THROWS_AS((ulorl::entropy_loss<double, double>(cv(h), cv(mask), 0.1, {ulorl::agg_mode::token_mean, 3.0, 1.0},
-                                                        ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sentinel.data(), B, T)))),
+  REQUIRE_THROWS_AS((ulorl::entropy_loss<double, double>(
+      cv(h), cv(mask), ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sentinel.data(), B, T)), 0.1,
+      {ulorl::agg_mode::token_mean, 3.0, 1.0})),
                     ulorl::error);
   h[1] = 2;
-  REQUIRE_THROWS_AS((ulorl::entropy_loss<double, double>(cv(h), cv(mask), 0.1, {ulorl::agg_mode::token_mean, 0.0, 1.0},
-                                                        ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sentinel.data(), B, T)))),
+  REQUIRE_THROWS_AS((ulorl::entropy_loss<double, double>(
+      cv(h), cv(mask), ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sentinel.data(), B, T)), 0.1,
+      {ulorl::agg_mode::token_mean, 0.0, 1.0})),
                     ulorl::error);
   for (double v : sentinel) REQUIRE(v == 9.0);
 }
@@ -98,8 +100,8 @@ struct entropy_case {
   }
   double run() {
     return ulorl::entropy_loss<double, M>(view_of<const double>(h.data(), s_h),
-                                          with_mask ? view_of<const M>(mask.data(), s_mask) : ulorl::token_view<const M>{}, coef, norm,
-                                          with_grad ? view_of<double>(g.data(), s_g) : ulorl::token_view<double>{});
+                                          with_mask ? view_of<const M>(mask.data(), s_mask) : ulorl::token_view<const M>{},
+                                          with_grad ? view_of<double>(g.data(), s_g) : ulorl::token_view<double>{}, coef, norm);
   }
 };
 }  // namespace
@@ -130,10 +132,12 @@ TEST_CASE("entropy_loss: every aggregation mode on ragged padded and packed batc
               std::vector<double> eg;
               const double el = entropy_reference(s, h, m, coef, mode, D, scale, eg);
               std::vector<double> g(n, 9.0), g8(n, 9.0);
-              const double l = ulorl::entropy_loss<double, double>(view_of<const double>(h.data(), s), view_of<const double>(m.data(), s), coef, norm,
-                                                                   view_of<double>(g.data(), s));
-              const double l8 = ulorl::entropy_loss<double, std::uint8_t>(view_of<const double>(h.data(), s), view_of<const std::uint8_t>(m8.data(), s),
-                                                                          coef, norm, view_of<double>(g8.data(), s));
+              const double l = ulorl::entropy_loss<double, double>(view_of<const double>(h.data(), s),
+                                                                   view_of<const double>(m.data(), s),
+                                                                   view_of<double>(g.data(), s), coef, norm);
+              const double l8 = ulorl::entropy_loss<double, std::uint8_t>(
+                  view_of<const double>(h.data(), s), view_of<const std::uint8_t>(m8.data(), s), view_of<double>(g8.data(), s),
+                  coef, norm);
               REQUIRE(l == Approx(el).epsilon(1e-13).margin(1e-16));
               REQUIRE(l8 == l);
               for (std::size_t i = 0; i < n; ++i) {
@@ -147,16 +151,18 @@ TEST_CASE("entropy_loss: every aggregation mode on ragged padded and packed batc
                 std::vector<double> hp = h, hm = h, tmp(n);
                 hp[i] += 1e-3, hm[i] -= 1e-3;
                 auto f = [&](const std::vector<double>& x) {
-                  return ulorl::entropy_loss<double, double>(view_of<const double>(x.data(), s), view_of<const double>(m.data(), s), coef, norm,
-                                                             view_of<double>(tmp.data(), s));
+                  return ulorl::entropy_loss<double, double>(view_of<const double>(x.data(), s),
+                                                             view_of<const double>(m.data(), s), view_of<double>(tmp.data(), s),
+                                                             coef, norm);
                 };
                 REQUIRE(g[i] == Approx((f(hp) - f(hm)) / 2e-3).epsilon(1e-9).margin(1e-12));
               }
               std::vector<float> gf(n, 9.0f);
               const std::vector<float> mf(m.begin(), m.end());
               std::vector<double> egf;
-              const double lf = ulorl::entropy_loss<float, float>(view_of<const float>(hf.data(), s), view_of<const float>(mf.data(), s), coef, norm,
-                                                                  view_of<float>(gf.data(), s));
+              const double lf = ulorl::entropy_loss<float, float>(view_of<const float>(hf.data(), s),
+                                                                  view_of<const float>(mf.data(), s),
+                                                                  view_of<float>(gf.data(), s), coef, norm);
               REQUIRE(lf == Approx(entropy_reference(s, hf_d, m, coef, mode, D, scale, egf)).epsilon(1e-13).margin(1e-16));
               for (std::size_t i = 0; i < n; ++i) REQUIRE(static_cast<double>(gf[i]) == Approx(egf[i]).epsilon(1e-7).margin(1e-300));
               ++configs;
@@ -243,8 +249,8 @@ TEST_CASE("entropy_loss: an absent mask is an all-ones mask, bit for bit, in bot
     for (auto mode : {ulorl::agg_mode::token_mean, ulorl::agg_mode::seq_mean_token_mean}) {
       const ulorl::agg_normalizer norm{mode, 13.0, 1.5};
       std::vector<double> g(lay.size(), 5.0), ga(lay.size(), 5.0);
-      const double loss = ulorl::entropy_loss(lay.cview(H), lay.cview(ones), 0.01, norm, lay.mview(g));
-      const double la = ulorl::entropy_loss(lay.cview(H), ulorl::token_view<const float>{}, 0.01, norm, lay.mview(ga));
+      const double loss = ulorl::entropy_loss(lay.cview(H), lay.cview(ones), lay.mview(g), 0.01, norm);
+      const double la = ulorl::entropy_loss(lay.cview(H), ulorl::token_view<const float>{}, lay.mview(ga), 0.01, norm);
       REQUIRE(absent_mask::same_bits(la, loss));
       REQUIRE(absent_mask::same_bits(ga, g));
     }

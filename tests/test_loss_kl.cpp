@@ -80,14 +80,14 @@ TEST_CASE("kl_penalty (batch) and kl_penalized_rewards; bad input leaves outputs
   std::vector<double> lp{-1, -2, -3, -0.5, -0.1, -4}, ref{-1.5, -2, -2, -0.4, -3, -4.2}, kl(B * T, 7.0), g(B * T, 7.0);
   auto cv = [&](const std::vector<double>& v) { return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), B, T)); };
   auto mv = [&](std::vector<double>& v) { return ulorl::token_view<double>::padded(ulorl::matrix_view<double>(v.data(), B, T)); };
-  ulorl::kl_penalty(cv(lp), cv(ref), {.estimator = ulorl::kl_estimator::k2}, mv(kl), mv(g));
+  ulorl::kl_penalty(cv(lp), cv(ref), mv(kl), mv(g), {.estimator = ulorl::kl_estimator::k2});
   for (std::size_t i = 0; i < B * T; ++i) {
     REQUIRE(kl[i] == Approx(0.5 * (lp[i] - ref[i]) * (lp[i] - ref[i])));
     REQUIRE(g[i] == Approx(lp[i] - ref[i]));
   }
   std::vector<double> rewards{0, 0, 1, 0, 0, 2}, mask{1, 1, 1, 1, 1, 0}, out(B * T, 7.0);
-  const double mean = ulorl::kl_penalized_rewards<double, double>(cv(rewards), cv(lp), cv(ref), cv(mask), 0.1,
-                                                                  {.estimator = ulorl::kl_estimator::k1}, mv(out));
+  const double mean = ulorl::kl_penalized_rewards<double, double>(cv(rewards), cv(lp), cv(ref), cv(mask), mv(out),
+                                                                  0.1, {.estimator = ulorl::kl_estimator::k1});
   double s = 0;
   for (std::size_t i = 0; i < 5; ++i) {
     REQUIRE(out[i] == Approx(rewards[i] - 0.1 * (lp[i] - ref[i])));
@@ -99,7 +99,7 @@ TEST_CASE("kl_penalty (batch) and kl_penalized_rewards; bad input leaves outputs
   std::vector<double> sentinel(B * T, 3.0), sentinel2(B * T, 3.0);
   lp[4] = std::nan("");
   try {
-    ulorl::kl_penalty(cv(lp), cv(ref), {}, mv(sentinel), mv(sentinel2));
+    ulorl::kl_penalty(cv(lp), cv(ref), mv(sentinel), mv(sentinel2), {});
     FAIL("no error");
   } catch (const ulorl::error& e) {
     REQUIRE(e.argument() == "log_prob");
@@ -108,9 +108,9 @@ TEST_CASE("kl_penalty (batch) and kl_penalized_rewards; bad input leaves outputs
   lp[4] = -0.1;
   std::vector<double> short_ref(B * 2, 0.0);
   REQUIRE_THROWS_AS((ulorl::kl_penalty(cv(lp), ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(short_ref.data(), B, 2)),
-                                      {}, mv(sentinel), mv(sentinel2))),
+                                      mv(sentinel), mv(sentinel2), {})),
                     ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::kl_penalty(cv(lp), cv(ref), {.output_clamp = 0.0}, mv(sentinel), mv(sentinel2)), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::kl_penalty(cv(lp), cv(ref), mv(sentinel), mv(sentinel2), {.output_clamp = 0.0}), ulorl::error);
   for (double v : sentinel) REQUIRE(v == 3.0);
   for (double v : sentinel2) REQUIRE(v == 3.0);
 }
@@ -150,7 +150,7 @@ struct penalty_case {
     return ulorl::kl_penalized_rewards<double, M>(view_of<const double>(rewards.data(), s_rewards), view_of<const double>(lp.data(), s_lp),
                                                   view_of<const double>(ref.data(), s_ref),
                                                   with_mask ? view_of<const M>(mask.data(), s_mask) : ulorl::token_view<const M>{},
-                                                  beta, cfg, view_of<double>(out.data(), s_out));
+                                                  view_of<double>(out.data(), s_out), beta, cfg);
   }
 };
 }  // namespace
@@ -201,11 +201,12 @@ TEST_CASE("kl_penalized_rewards: every estimator, clamp and straight-through on 
                 std::vector<double> out(n, 7.0), out8(n, 7.0);
                 const double got = ulorl::kl_penalized_rewards<double, double>(
                     view_of<const double>(rewards.data(), s), view_of<const double>(lp.data(), s), view_of<const double>(ref.data(), s),
-                    with_mask ? view_of<const double>(m.data(), s) : ulorl::token_view<const double>{}, beta, cfg, view_of<double>(out.data(), s));
+                    with_mask ? view_of<const double>(m.data(), s) : ulorl::token_view<const double>{}, view_of<double>(out.data(), s), beta, cfg);
                 const double got8 = ulorl::kl_penalized_rewards<double, std::uint8_t>(
-                    view_of<const double>(rewards.data(), s), view_of<const double>(lp.data(), s), view_of<const double>(ref.data(), s),
-                    with_mask ? view_of<const std::uint8_t>(m8.data(), s) : ulorl::token_view<const std::uint8_t>{}, beta, cfg,
-                    view_of<double>(out8.data(), s));
+                    view_of<const double>(rewards.data(), s), view_of<const double>(lp.data(), s),
+                    view_of<const double>(ref.data(), s),
+                    with_mask ? view_of<const std::uint8_t>(m8.data(), s) : ulorl::token_view<const std::uint8_t>{},
+                    view_of<double>(out8.data(), s), beta, cfg);
                 calls += 2;
                 REQUIRE(got == Approx(mean).epsilon(1e-12).margin(1e-14));
                 REQUIRE(got8 == got);
@@ -220,7 +221,7 @@ TEST_CASE("kl_penalized_rewards: every estimator, clamp and straight-through on 
                 std::vector<float> rf(rewards.begin(), rewards.end()), lf(lp.begin(), lp.end()), ff(ref.begin(), ref.end()), of(n, 7.0f);
                 const double gotf = ulorl::kl_penalized_rewards<float, float>(
                     view_of<const float>(rf.data(), s), view_of<const float>(lf.data(), s), view_of<const float>(ff.data(), s),
-                    with_mask ? view_of<const float>(mf.data(), s) : ulorl::token_view<const float>{}, beta, cfg, view_of<float>(of.data(), s));
+                    with_mask ? view_of<const float>(mf.data(), s) : ulorl::token_view<const float>{}, view_of<float>(of.data(), s), beta, cfg);
                 ++calls;
                 double sumf = 0;
                 for (std::size_t i = 0; i < n; ++i) {
@@ -249,10 +250,10 @@ TEST_CASE("kl_penalty (batch): every estimator and clamp on padded and packed ba
             INFO("estimator " << static_cast<int>(e) << " in " << in << " out " << outc << " st " << st);
             const ulorl::kl_config cfg{.estimator = e, .straight_through = st, .input_clamp = in, .output_clamp = outc};
             std::vector<double> kl(n, 7.0), g(n, 7.0), kl2(n, 7.0);
-            ulorl::kl_penalty(view_of<const double>(lp.data(), s), view_of<const double>(ref.data(), s), cfg, view_of<double>(kl.data(), s),
-                              view_of<double>(g.data(), s));
-            ulorl::kl_penalty(view_of<const double>(lp.data(), s), view_of<const double>(ref.data(), s), cfg, view_of<double>(kl2.data(), s),
-                              ulorl::token_view<double>{});  // grad is optional
+            ulorl::kl_penalty(view_of<const double>(lp.data(), s), view_of<const double>(ref.data(), s),
+                              view_of<double>(kl.data(), s), view_of<double>(g.data(), s), cfg);
+            ulorl::kl_penalty(view_of<const double>(lp.data(), s), view_of<const double>(ref.data(), s),
+                              view_of<double>(kl2.data(), s), ulorl::token_view<double>{}, cfg);  // grad is optional
             for (std::size_t i = 0; i < n; ++i) {
               REQUIRE(kl[i] == Approx(ref_value(e, lp[i], ref[i], in, outc)).epsilon(1e-13).margin(1e-15));
               REQUIRE(kl2[i] == kl[i]);
@@ -331,7 +332,7 @@ TEST_CASE("kl_penalized_rewards: bad input names the argument and the flat index
     };
     const outcome o = outcome_of([&] {
       (void)ulorl::kl_penalized_rewards<double, double>(pv(std::as_const(r).data()), pv(std::as_const(lp).data()),
-                                                        pv(std::as_const(rf).data()), pv(std::as_const(m).data()), 0.1, {}, pv(out.data()));
+                                                        pv(std::as_const(rf).data()), pv(std::as_const(m).data()), pv(out.data()), 0.1, {});
     });
     require_rejected(o, fn, "rewards", at);
     REQUIRE(all_equal(out, 7.0));
@@ -351,8 +352,8 @@ TEST_CASE("kl_penalty (batch): bad input names the argument and the flat index; 
       bool with_grad = true;
       ulorl::kl_config cfg{};
       void run() {
-        ulorl::kl_penalty(view_of<const double>(lp.data(), s_lp), view_of<const double>(ref.data(), s_ref), cfg,
-                          view_of<double>(kl.data(), s_kl), with_grad ? view_of<double>(g.data(), s_g) : ulorl::token_view<double>{});
+        ulorl::kl_penalty(view_of<const double>(lp.data(), s_lp), view_of<const double>(ref.data(), s_ref), view_of<double>(kl.data(), s_kl),
+                          with_grad ? view_of<double>(g.data(), s_g) : ulorl::token_view<double>{}, cfg);
       }
       [[nodiscard]] bool untouched() const { return all_equal(kl, 7.0) && all_equal(g, 8.0); }
     };
@@ -427,7 +428,7 @@ TEST_CASE("kl_penalized_rewards: a penalised reward beyond the element type's ra
   const auto run = [&](const ulorl::kl_config& cfg) {
     return ulorl::kl_penalized_rewards<float, std::uint8_t>(view_of<const float>(rewards.data(), s), view_of<const float>(lp.data(), s),
                                                             view_of<const float>(ref.data(), s), view_of<const std::uint8_t>(mask.data(), s),
-                                                            2.0, cfg, view_of<float>(out.data(), s));
+                                                            view_of<float>(out.data(), s), 2.0, cfg);
   };
   ulorl::kl_config k3{};
   k3.estimator = ulorl::kl_estimator::k3;

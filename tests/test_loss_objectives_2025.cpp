@@ -138,7 +138,7 @@ lib_out run_lib(const problem& p, const std::vector<double>& lp, const ulorl::po
   ulorl::policy_loss_inputs<double, double> in{cview(lp, p.B, p.T), cview(p.old, p.B, p.T), cview(p.adv, p.B, p.T),
                                                cview(p.mask, p.B, p.T), cview(p.ref, p.B, p.T)};
   if (weighted) in.weights = cview(weights ? *weights : p.w, p.B, p.T);
-  o.res = ulorl::policy_loss(in, cfg, view(o.grad, p.B, p.T));
+  o.res = ulorl::policy_loss(in, view(o.grad, p.B, p.T), cfg);
   return o;
 }
 
@@ -216,7 +216,7 @@ TEST_CASE("verl dro: two micro-batches with the global normaliser give the whole
         ulorl::policy_loss_inputs<double, double> in{cview(p.lp, rows, p.T, r0), cview(p.old, rows, p.T, r0),
                                                      cview(p.adv, rows, p.T, r0), cview(p.mask, rows, p.T, r0)};
         if (weighted) in.weights = cview(p.w, rows, p.T, r0);
-        parts += ulorl::policy_loss(in, cfg, view(g, rows, p.T, r0)).pg_loss;
+        parts += ulorl::policy_loss(in, view(g, rows, p.T, r0), cfg).pg_loss;
       }
       REQUIRE(parts == Approx(whole.res.pg_loss).epsilon(1e-12).margin(1e-15));
       for (std::size_t i = 0; i < g.size(); ++i) REQUIRE(g[i] == Approx(whole.grad[i]).epsilon(1e-13).margin(1e-16));
@@ -298,7 +298,7 @@ TEST_CASE("penalized_pg: bad parameters are rejected before anything is written"
     std::vector<double> g(p.B * p.T, -42.0);
     ulorl::policy_loss_inputs<double, double> in{cview(p.lp, p.B, p.T), cview(p.old, p.B, p.T), cview(p.adv, p.B, p.T),
                                                  cview(p.mask, p.B, p.T)};
-    REQUIRE_THROWS_AS(ulorl::policy_loss(in, cfg, view(g, p.B, p.T)), ulorl::error);
+    REQUIRE_THROWS_AS(ulorl::policy_loss(in, view(g, p.B, p.T), cfg), ulorl::error);
     REQUIRE(std::all_of(g.begin(), g.end(), [](double v) { return v == -42.0; }));
   }
 }
@@ -330,8 +330,8 @@ TEST_CASE("verl kl_cov: the selection, the two-part loss and its partition prope
     const double ratio = 0.05 + 0.1 * trial;
     const P::verl::objective_options oo{.loss_mode = K::kl_cov, .kl_cov_ratio = ratio, .ppo_kl_coef = 0.2};
     std::vector<double> sel(p.lp.size(), -1.0);
-    const auto st = P::verl::kl_cov_selection(oo, cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
-                                              cview(p.mask, p.B, p.T), view(sel, p.B, p.T));
+    const auto st = P::verl::kl_cov_selection(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
+                                              view(sel, p.B, p.T), oo);
     REQUIRE(sel == oracle_kl_cov_selection(p, ratio));
     double sx = 0;
     for (std::size_t i = 0; i < p.lp.size(); ++i) sx += p.mask[i] * std::fabs(p.lp[i] - p.old[i]);
@@ -365,7 +365,7 @@ TEST_CASE("verl kl_cov: the selection, the two-part loss and its partition prope
           ulorl::policy_loss_inputs<double, double> in{cview(p.lp, 2, p.T, r0), cview(p.old, 2, p.T, r0), cview(p.adv, 2, p.T, r0),
                                                        cview(p.mask, 2, p.T, r0)};
           in.weights = cview(wv, 2, p.T, r0);
-          parts += ulorl::policy_loss(in, *cw, view(g, 2, p.T)).pg_loss;
+          parts += ulorl::policy_loss(in, view(g, 2, p.T), *cw).pg_loss;
         }
       }
       REQUIRE(parts == Approx(want).epsilon(1e-12));
@@ -386,10 +386,10 @@ TEST_CASE("verl dppo_tv / dppo_kl: weights, loss, metrics against the oracle; pa
       const P::verl::objective_options oo{.loss_mode = mode, .clip_ratio_low = dl, .clip_ratio_high = dh, .clip_ratio_c = cap};
       std::vector<double> w(p.lp.size(), -5.0);
       const bool with_rollout_w = trial % 2 == 1;
-      const auto st = P::verl::dppo_weights(oo, cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
-                                            cview(p.mask, p.B, p.T),
+      const auto st = P::verl::dppo_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
                                             with_rollout_w ? cview(p.w, p.B, p.T) : ulorl::token_view<const double>{},
-                                            view(w, p.B, p.T));
+                                            view(w, p.B, p.T),
+                                            oo);
       double outside = 0, capped = 0, want = 0;
       std::vector<double> want_grad(p.lp.size(), 0.0);
       for (std::size_t b = 0; b < p.B; ++b)
@@ -431,7 +431,7 @@ TEST_CASE("verl dppo_tv / dppo_kl: weights, loss, metrics against the oracle; pa
         ulorl::policy_loss_inputs<double, double> in{cview(p.lp, rows, p.T, r0), cview(p.old, rows, p.T, r0),
                                                      cview(p.adv, rows, p.T, r0), cview(p.mask, rows, p.T, r0)};
         in.weights = cview(w, rows, p.T, r0);
-        parts += ulorl::policy_loss(in, cfg, view(g, rows, p.T)).pg_loss;
+        parts += ulorl::policy_loss(in, view(g, rows, p.T), cfg).pg_loss;
       }
       REQUIRE(parts == Approx(out.res.pg_loss).epsilon(1e-12).margin(1e-15));
     }
@@ -440,8 +440,8 @@ TEST_CASE("verl dppo_tv / dppo_kl: weights, loss, metrics against the oracle; pa
   problem p = random_problem(r2, 2, 4);
   std::vector<double> w(p.lp.size(), -7.0);
   auto call = [&](const P::verl::objective_options& oo) {
-    return P::verl::dppo_weights(oo, cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                                 ulorl::token_view<const double>{}, view(w, p.B, p.T));
+    return P::verl::dppo_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
+                                 ulorl::token_view<const double>{}, view(w, p.B, p.T), oo);
   };
   REQUIRE_THROWS_AS(call({.loss_mode = K::dppo_tv, .clip_ratio_low = -0.1}), ulorl::error);
   REQUIRE_THROWS_AS(call({.loss_mode = K::dppo_kl, .clip_ratio_high = std::nan("")}), ulorl::error);
@@ -482,8 +482,8 @@ TEST_CASE("verl clip_cov: candidate check, weights, loss against the oracle; par
     std::vector<double> sel(p.lp.size(), 0.0);
     for (std::size_t j = 0; j < want_n; ++j) sel[cand[j]] = 1.0;
     std::vector<double> w(p.lp.size(), -3.0);
-    const auto st = P::verl::clip_cov_weights(oo, cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
-                                              cview(p.mask, p.B, p.T), cview(sel, p.B, p.T), cview(p.w, p.B, p.T), view(w, p.B, p.T));
+    const auto st = P::verl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
+                                              cview(sel, p.B, p.T), cview(p.w, p.B, p.T), view(w, p.B, p.T), oo);
     REQUIRE(st.pg_clipfrac == Approx(static_cast<double>(want_n) / c.N));
     for (const agg_mode mode : modes) {
       ulorl::policy_loss_config cfg;
@@ -509,15 +509,16 @@ TEST_CASE("verl clip_cov: candidate check, weights, loss against the oracle; par
         ulorl::policy_loss_inputs<double, double> in{cview(p.lp, rows, p.T, r0), cview(p.old, rows, p.T, r0),
                                                      cview(p.adv, rows, p.T, r0), cview(p.mask, rows, p.T, r0)};
         in.weights = cview(w, rows, p.T, r0);
-        parts += ulorl::policy_loss(in, cfg, view(g, rows, p.T)).pg_loss;
+        parts += ulorl::policy_loss(in, view(g, rows, p.T), cfg).pg_loss;
       }
       REQUIRE(parts == Approx(want).epsilon(1e-12));
     }
     // Rejections: one too few, a non-candidate, a value 2, a wrong shape; weights untouched.
     std::vector<double> w2(p.lp.size(), -3.0);
     auto call = [&](const std::vector<double>& s, std::size_t rows) {
-      return P::verl::clip_cov_weights(oo, cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                                       cview(s, rows, p.T), ulorl::token_view<const double>{}, view(w2, p.B, p.T));
+      return P::verl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
+                                       cview(p.mask, p.B, p.T), cview(s, rows, p.T), ulorl::token_view<const double>{},
+                                       view(w2, p.B, p.T), oo);
     };
     std::vector<double> bad = sel;
     bad[cand[0]] = 0.0;
@@ -594,8 +595,8 @@ TEST_CASE("nemo_rl kl_penalty_term: value and gradient (incl. the weight's deriv
             return 0.3 * s;
           };
           std::vector<double> g(p.lp.size(), 0.5);
-          const double kl = P::nemo_rl::kl_penalty_term(o, cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T),
-                                                        cview(p.mask, p.B, p.T), norm, view(g, p.B, p.T));
+          const double kl = P::nemo_rl::kl_penalty_term(cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T),
+                                                        cview(p.mask, p.B, p.T), view(g, p.B, p.T), o, norm);
           REQUIRE(kl == Approx(value(p.lp)).epsilon(1e-12).margin(1e-15));
           for (std::size_t i = 0; i < p.lp.size(); ++i) {
             if (p.mask[i] == 0) {
@@ -690,8 +691,8 @@ TEST_CASE("nemo_rl kl_penalty_term: rejections leave the gradient untouched") {
   const auto norm = ulorl::agg_normalizer{agg_mode::token_mean, 4.0, 1.0};
   std::vector<double> g(p.lp.size(), 1.25);
   auto call = [&](const P::nemo_rl::clipped_pg_loss_options& o) {
-    return P::nemo_rl::kl_penalty_term(o, cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T),
-                                       cview(p.mask, p.B, p.T), norm, view(g, p.B, p.T));
+    return P::nemo_rl::kl_penalty_term(cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T), cview(p.mask, p.B, p.T),
+                                       view(g, p.B, p.T), o, norm);
   };
   P::nemo_rl::clipped_pg_loss_options on{.reference_policy_kl_penalty = 0.1};
   on.use_on_policy_kl_approximation = true;
@@ -723,16 +724,16 @@ TEST_CASE("verl batch passes and NeMo-RL terms: an absent mask is an all-ones ma
     for (const K mode : {K::dppo_tv, K::dppo_kl}) {
       const P::verl::objective_options o{.loss_mode = mode, .clip_ratio_low = 0.2, .clip_ratio_high = 0.3};
       std::vector<double> w(lay.size(), 9.0), wa(lay.size(), 9.0);
-      const auto st = P::verl::dppo_weights(o, lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.cview(isw), lay.mview(w));
-      const auto sa = P::verl::dppo_weights(o, lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.cview(isw), lay.mview(wa));
+      const auto st = P::verl::dppo_weights(lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.cview(isw), lay.mview(w), o);
+      const auto sa = P::verl::dppo_weights(lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.cview(isw), lay.mview(wa), o);
       REQUIRE(absent_mask::same_bits(wa, w));
       REQUIRE((absent_mask::same_bits(sa.pg_clipfrac, st.pg_clipfrac) && absent_mask::same_bits(sa.pg_clipfrac_lower, st.pg_clipfrac_lower)));
     }
     {
       const P::verl::objective_options o{.loss_mode = K::kl_cov};
       std::vector<double> sel(lay.size(), 9.0), sela(lay.size(), 9.0);
-      const auto st = P::verl::kl_cov_selection(o, lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.mview(sel));
-      const auto sa = P::verl::kl_cov_selection(o, lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.mview(sela));
+      const auto st = P::verl::kl_cov_selection(lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.mview(sel), o);
+      const auto sa = P::verl::kl_cov_selection(lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.mview(sela), o);
       REQUIRE(absent_mask::same_bits(sela, sel));
       REQUIRE(absent_mask::same_bits(sa.ppo_kl, st.ppo_kl));
     }
@@ -741,12 +742,12 @@ TEST_CASE("verl batch passes and NeMo-RL terms: an absent mask is an all-ones ma
       o.use_on_policy_kl_approximation = !token_level;
       const auto norm = P::nemo_rl::normalizer(o, {}, ulorl::count_batch(absent, lay.cview(lp)));
       std::vector<double> g(lay.size(), 0.5), ga(lay.size(), 0.5);
-      const double kl = P::nemo_rl::kl_penalty_term(o, lay.cview(lp), lay.cview(ref), lay.cview(rollout), lay.cview(ones), norm, lay.mview(g));
-      const double ka = P::nemo_rl::kl_penalty_term(o, lay.cview(lp), lay.cview(ref), lay.cview(rollout), absent, norm, lay.mview(ga));
+      const double kl = P::nemo_rl::kl_penalty_term(lay.cview(lp), lay.cview(ref), lay.cview(rollout), lay.cview(ones), lay.mview(g), o, norm);
+      const double ka = P::nemo_rl::kl_penalty_term(lay.cview(lp), lay.cview(ref), lay.cview(rollout), absent, lay.mview(ga), o, norm);
       REQUIRE(absent_mask::same_bits(ka, kl));
       REQUIRE(absent_mask::same_bits(ga, g));
-      const auto r1 = P::nemo_rl::logged_ratios(o, lay.cview(lp), lay.cview(old), lay.cview(ones), {.global_valid_toks = 40.0});
-      const auto ra = P::nemo_rl::logged_ratios(o, lay.cview(lp), lay.cview(old), absent, {.global_valid_toks = 40.0});
+      const auto r1 = P::nemo_rl::logged_ratios(lay.cview(lp), lay.cview(old), lay.cview(ones), o, {.global_valid_toks = 40.0});
+      const auto ra = P::nemo_rl::logged_ratios(lay.cview(lp), lay.cview(old), absent, o, {.global_valid_toks = 40.0});
       REQUIRE((absent_mask::same_bits(ra.probs_ratio, r1.probs_ratio) && absent_mask::same_bits(ra.probs_ratio_clamped, r1.probs_ratio_clamped)));
     }
   }

@@ -102,7 +102,7 @@ run_out run(const problem& p, const ulorl::policy_loss_config& cfg) {
   in.ref_log_prob = cview(p.ref, p.B, p.T);
   in.weights = cview(p.w, p.B, p.T);
   in.entropy = cview(p.ent, p.B, p.T);
-  o.res = ulorl::policy_loss(in, cfg, mview(o.grad, p.B, p.T), mview(o.gent, p.B, p.T));
+  o.res = ulorl::policy_loss(in, mview(o.grad, p.B, p.T), mview(o.gent, p.B, p.T), cfg);
   return o;
 }
 
@@ -286,7 +286,7 @@ TEST_CASE("policy_loss: TRL presets (grpo, bnpo, dr_grpo, dapo x token, sequence
               ulorl::policy_loss_inputs<double, double> in{cview(q.lp, B, T), cview(q.old, B, T), cview(q.adv, B, T),
                                                            cview(q.mask, B, T)};
               in.ref_log_prob = cview(q.ref, B, T);  // beta 0: all NaN, never read
-              out.res = ulorl::policy_loss(in, cfg, mview(out.grad, B, T));
+              out.res = ulorl::policy_loss(in, mview(out.grad, B, T), cfg);
             }
             const auto ob = to_oracle(p, true);
             const double expect = oracle::trl_loss(ts, ob, p.lp);
@@ -392,8 +392,9 @@ TEST_CASE("policy_loss: packed layout, strided views and float agree with padded
     std::vector<double> g(B * T, -7), ge(B * T, -7);
     ulorl::policy_loss_inputs<double, double> in{pk(p.lp), pk(p.old), pk(p.adv), pk(p.mask), pk(p.ref), pk(p.w), pk(p.ent)};
     const auto r = ulorl::policy_loss(
-        in, c.cfg, ulorl::token_view<double>::packed(ulorl::vector_view<double>(g.data(), g.size()), std::span<const std::int64_t>(off)),
-        ulorl::token_view<double>::packed(ulorl::vector_view<double>(ge.data(), ge.size()), std::span<const std::int64_t>(off)));
+        in, ulorl::token_view<double>::packed(ulorl::vector_view<double>(g.data(), g.size()), std::span<const std::int64_t>(off)),
+        ulorl::token_view<double>::packed(ulorl::vector_view<double>(ge.data(), ge.size()), std::span<const std::int64_t>(off)),
+        c.cfg);
     REQUIRE(r.loss == Approx(ref.res.loss).epsilon(1e-14));
     for (std::size_t i = 0; i < g.size(); ++i) REQUIRE(g[i] == Approx(ref.grad[i]).epsilon(1e-14).margin(1e-300));
 
@@ -410,8 +411,10 @@ TEST_CASE("policy_loss: packed layout, strided views and float agree with padded
     };
     std::vector<double> sg(2 * B * T, 5.0), sge(2 * B * T, 5.0);
     ulorl::policy_loss_inputs<double, double> sin{sv(slp), sv(sold), sv(sadv), sv(smask), sv(sref), sv(sw), sv(sent)};
-    const auto sr = ulorl::policy_loss(sin, c.cfg, ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sg.data(), B, T, 2 * T, 2)),
-                                       ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sge.data(), B, T, 2 * T, 2)));
+    const auto sr = ulorl::policy_loss(sin,
+                                       ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sg.data(), B, T, 2 * T, 2)),
+                                       ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sge.data(), B, T, 2 * T, 2)),
+                                       c.cfg);
     REQUIRE(sr.loss == Approx(ref.res.loss).epsilon(1e-14));
     for (std::size_t i = 0; i < B * T; ++i) {
       REQUIRE(sg[2 * i] == Approx(ref.grad[i]).epsilon(1e-14).margin(1e-300));
@@ -425,7 +428,7 @@ TEST_CASE("policy_loss: packed layout, strided views and float agree with padded
     std::vector<float> fg(B * T), fge(B * T);
     ulorl::policy_loss_inputs<float, std::uint8_t> fin{cview(flp, B, T), cview(fold, B, T), cview(fadv, B, T),
                                                        cview(fm, B, T), cview(fref, B, T), cview(fw, B, T), cview(fent, B, T)};
-    const auto fr = ulorl::policy_loss(fin, c.cfg, mview(fg, B, T), mview(fge, B, T));
+    const auto fr = ulorl::policy_loss(fin, mview(fg, B, T), mview(fge, B, T), c.cfg);
     // Inputs were rounded to float: compare against double on the rounded inputs.
     problem pf = p;
     for (auto* v : {&pf.lp, &pf.old, &pf.adv, &pf.ref, &pf.w, &pf.ent})
@@ -469,7 +472,7 @@ shape_outcome call_with_shapes(const std::string& which, const shape& good, cons
   ulorl::policy_loss_inputs<double, double> in{c(LP), c(OLD), c(ADV), c(MASK), c(REF), c(W), c(ENT)};
   shape_outcome o;
   try {
-    (void)ulorl::policy_loss(in, cfg, m(G), m(GE));
+    (void)ulorl::policy_loss(in, m(G), m(GE), cfg);
   } catch (const ulorl::error& e) {
     o.threw = true, o.argument = e.argument(), o.function = e.function();
   }
@@ -495,7 +498,7 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
                                                  cview(p.mask, B, T), cview(p.ref, B, T), cview(p.w, B, T), cview(p.ent, B, T)};
     INFO("argument " << argument);
     try {
-      (void)ulorl::policy_loss(in, cfg, mview(g, B, T), mview(ge, B, T));
+      (void)ulorl::policy_loss(in, mview(g, B, T), mview(ge, B, T), cfg);
       FAIL("no error");
     } catch (const ulorl::error& e) {
       REQUIRE(e.argument() == argument);
@@ -590,7 +593,7 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
                                                    cview(p.mask, B, T), cview(p.ref, B, T), cview(p.w, B, T), cview(p.ent, B, T)};
       INFO(which << "[6] = " << bad);
       try {
-        (void)ulorl::policy_loss(in, c0.cfg, mview(g, B, T), mview(ge, B, T));
+        (void)ulorl::policy_loss(in, mview(g, B, T), mview(ge, B, T), c0.cfg);
         FAIL("no error");
       } catch (const ulorl::error& e) {
         REQUIRE(e.argument() == which);
@@ -666,7 +669,7 @@ TEST_CASE("policy_loss: extreme valid inputs give finite loss and gradient") {
             std::vector<float> fg(B * T), fge(B * T);
             ulorl::policy_loss_inputs<float, float> in{cview(flp, B, T), cview(fold, B, T), cview(fadv, B, T), cview(fm, B, T),
                                                        cview(fref, B, T), cview(fw, B, T), cview(fent, B, T)};
-            const auto r = ulorl::policy_loss(in, c.cfg, mview(fg, B, T), mview(fge, B, T));
+            const auto r = ulorl::policy_loss(in, mview(fg, B, T), mview(fge, B, T), c.cfg);
             REQUIRE(std::isfinite(r.loss));
             for (float g : fg) REQUIRE(std::isfinite(g));
             for (float g : fge) REQUIRE(std::isfinite(g));
@@ -852,7 +855,7 @@ TEST_CASE("policy_loss: check_values = false skips the value scans, nothing else
     auto cfg = c.cfg;
     cfg.check_values = check;
     grad.assign(B * Tn, -7.0f);
-    return ulorl::policy_loss(in, cfg, mview(grad, B, Tn));
+    return ulorl::policy_loss(in, mview(grad, B, Tn), cfg);
   };
   std::vector<float> g1, g2;
   // Valid input: the same computation, bit for bit.
@@ -867,7 +870,7 @@ TEST_CASE("policy_loss: check_values = false skips the value scans, nothing else
     auto cfg = c.cfg;
     cfg.check_values = false;
     std::vector<float> g(B * Tn);
-    CHECK_THROWS_AS(ulorl::policy_loss(in, cfg, mview(g, B, Tn)), ulorl::error);
+    CHECK_THROWS_AS(ulorl::policy_loss(in, mview(g, B, Tn), cfg), ulorl::error);
   }
   // A NaN in a valid token: thrown with the check, propagated into the loss without it (the
   // gradient follows torch's clamp rule: a NaN argument is outside every clamp, so the clamped
@@ -910,7 +913,7 @@ run_out run_with(const problem& p, const ulorl::policy_loss_config& cfg, const E
   in.weights = cview(w, p.B, p.T);
   in.entropy = cview(ent, p.B, p.T);
   run_out o;
-  o.res = ulorl::policy_loss(in, cfg, mview(grad, p.B, p.T), mview(gent, p.B, p.T), exec);
+  o.res = ulorl::policy_loss(in, mview(grad, p.B, p.T), mview(gent, p.B, p.T), cfg, exec);
   o.grad.assign(grad.begin(), grad.end());
   o.gent.assign(gent.begin(), gent.end());
   return o;
@@ -980,7 +983,7 @@ TEST_CASE("policy_loss: on an executor, the value scan still finds every bad val
                                                       cview(ref, B, Tn), cview(w, B, Tn), cview(ent, B, Tn)};
     INFO(argument << "[" << index << "]");
     try {
-      (void)ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn), exec);
+      (void)ulorl::policy_loss(in, mview(g, B, Tn), mview(ge, B, Tn), c.cfg, exec);
       FAIL("no error");
     } catch (const ulorl::error& e) {
       REQUIRE(e.argument() == argument);
@@ -1014,7 +1017,7 @@ TEST_CASE("policy_loss rejects an empty batch (B = 0), padded and packed") {
   ulorl::policy_loss_inputs<double, double> in{empty_padded, empty_padded, empty_padded, empty_padded,
                                                empty_padded, {},           empty_padded};
   try {
-    (void)ulorl::policy_loss(in, c.cfg, out_padded, out_padded);
+    (void)ulorl::policy_loss(in, out_padded, out_padded, c.cfg);
     FAIL("no error");
   } catch (const ulorl::error& e) {
     CHECK(e.function() == "policy_loss");
@@ -1026,13 +1029,13 @@ TEST_CASE("policy_loss rejects an empty batch (B = 0), padded and packed") {
   const auto out_packed = ulorl::packed(ulorl::vector_view<double>(none.data(), 0), std::span<const std::int64_t>(offsets));
   ulorl::policy_loss_inputs<double, double> pk{empty_packed, empty_packed, empty_packed, empty_packed,
                                                empty_packed, {},           empty_packed};
-  CHECK_THROWS_WITH(ulorl::policy_loss(pk, c.cfg, out_packed, out_packed), Catch::Contains("empty batch"));
+  CHECK_THROWS_WITH(ulorl::policy_loss(pk, out_packed, out_packed, c.cfg), Catch::Contains("empty batch"));
   // Rows without valid tokens are not an empty batch: B = 2, T = 0 is valid.
   const auto rows_no_tokens = ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(none.data(), 2, 0));
   const auto out_no_tokens = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(none.data(), 2, 0));
   ulorl::policy_loss_inputs<double, double> nt{rows_no_tokens, rows_no_tokens, rows_no_tokens, rows_no_tokens,
                                                rows_no_tokens, {},             rows_no_tokens};
-  CHECK(ulorl::policy_loss(nt, c.cfg, out_no_tokens, out_no_tokens).loss == 0.0);
+  CHECK(ulorl::policy_loss(nt, out_no_tokens, out_no_tokens, c.cfg).loss == 0.0);
 }
 
 TEST_CASE("policy_loss rejects gradient outputs whose strides alias distinct tokens") {
@@ -1053,7 +1056,7 @@ TEST_CASE("policy_loss rejects gradient outputs whose strides alias distinct tok
   };
   // Column stride 0: every token of a row is one element.
   try {
-    (void)ulorl::policy_loss(in, c.cfg, padded(g, 4, 0), mview(ge, B, Tn));
+    (void)ulorl::policy_loss(in, padded(g, 4, 0), mview(ge, B, Tn), c.cfg);
     FAIL("no error");
   } catch (const ulorl::error& e) {
     CHECK(e.function() == "policy_loss");
@@ -1061,13 +1064,13 @@ TEST_CASE("policy_loss rejects gradient outputs whose strides alias distinct tok
     CHECK(std::string(e.what()).find("overlap") != std::string::npos);
   }
   untouched();
-  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, padded(g, 0, 1), mview(ge, B, Tn)),
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, padded(g, 0, 1), mview(ge, B, Tn), c.cfg),
                     Catch::Contains("'grad_log_prob'"));  // every row is row 0
-  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, padded(g, 2, 1), mview(ge, B, Tn)),
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, padded(g, 2, 1), mview(ge, B, Tn), c.cfg),
                     Catch::Contains("'grad_log_prob'"));  // rows overlap
-  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), padded(ge, 4, 0)), Catch::Contains("'grad_entropy'"));
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, mview(g, B, Tn), padded(ge, 4, 0), c.cfg), Catch::Contains("'grad_entropy'"));
   // Both outputs on the same buffer.
-  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(g, B, Tn)),
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, mview(g, B, Tn), mview(g, B, Tn), c.cfg),
                     Catch::Contains("'grad_entropy'") && Catch::Contains("'grad_log_prob'"));
   // Packed with stride 0.
   const std::vector<std::int64_t> off{0, 4, 8, 12};
@@ -1076,13 +1079,13 @@ TEST_CASE("policy_loss rejects gradient outputs whose strides alias distinct tok
   };
   ulorl::policy_loss_inputs<double, double> inp{pk(p.lp), pk(p.old), pk(p.adv), pk(p.mask), pk(p.ref), {}, pk(p.ent)};
   const auto gp = ulorl::packed(ulorl::vector_view<double>(ge.data(), 12), std::span<const std::int64_t>(off));
-  CHECK_THROWS_WITH(ulorl::policy_loss(inp, c.cfg, ulorl::packed(ulorl::vector_view<double>(g.data(), 12, 0),
-                                                                 std::span<const std::int64_t>(off)),
-                                       gp),
+  CHECK_THROWS_WITH(ulorl::policy_loss(inp, ulorl::packed(ulorl::vector_view<double>(g.data(), 12, 0),
+                                                                 std::span<const std::int64_t>(off)), gp,
+                                       c.cfg),
                     Catch::Contains("'grad_log_prob'"));
   untouched();
   // Column-major (transposed) outputs address distinct tokens and are fine.
-  (void)ulorl::policy_loss(in, c.cfg, padded(g, 1, 3), padded(ge, 1, 3));
+  (void)ulorl::policy_loss(in, padded(g, 1, 3), padded(ge, 1, 3), c.cfg);
   CHECK(std::any_of(g.begin(), g.end(), [](double x) { return x != 42.0; }));
 }
 
@@ -1166,16 +1169,16 @@ template <class T, class M>
 void require_absent_is_all_ones(const laid_out<T, M>& d, const ulorl::policy_loss_config& cfg) {
   const auto grad_ent = [&](ulorl::token_view<T> ge) { return cfg.entropy_coef != 0.0 ? ge : ulorl::token_view<T>{}; };
   const auto ones = run_layout(d, [&](ulorl::token_view<T> g, ulorl::token_view<T> ge) {
-    return ulorl::policy_loss(d.inputs(d.all_ones()), cfg, g, grad_ent(ge));
+    return ulorl::policy_loss(d.inputs(d.all_ones()), g, grad_ent(ge), cfg);
   });
   const auto absent = run_layout(d, [&](ulorl::token_view<T> g, ulorl::token_view<T> ge) {
-    return ulorl::policy_loss(d.inputs({}), cfg, g, grad_ent(ge));
+    return ulorl::policy_loss(d.inputs({}), g, grad_ent(ge), cfg);
   });
   require_same_bits(absent, ones);
   REQUIRE(absent.res.metrics.tokens == static_cast<double>(d.n));
   // The executor folds rows in the same order: the same bits too.
   const auto threaded = run_layout(d, [&](ulorl::token_view<T> g, ulorl::token_view<T> ge) {
-    return ulorl::policy_loss(d.inputs({}), cfg, g, grad_ent(ge), ulorl::thread_executor{3});
+    return ulorl::policy_loss(d.inputs({}), g, grad_ent(ge), cfg, ulorl::thread_executor{3});
   });
   require_same_bits(threaded, ones);
 }
@@ -1229,7 +1232,7 @@ TEST_CASE("policy_loss: a broadcast mask (stride 0) is read as its values in the
     const laid_out<float, float> d(p, len, false, false);
     const auto run_with = [&](ulorl::token_view<const float> m) {
       return run_layout(d, [&](ulorl::token_view<float> g, ulorl::token_view<float> ge) {
-        return ulorl::policy_loss(d.inputs(m), c.cfg, g, ge);
+        return ulorl::policy_loss(d.inputs(m), g, ge, c.cfg);
       });
     };
     // Row b's mask is row_valid[b] at every token: column stride 0.
@@ -1248,17 +1251,17 @@ TEST_CASE("policy_loss: an absent mask lifts the mask's shape requirement only",
   std::vector<double> g(B * Tn, 42.0), ge(B * Tn, 43.0);
   ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, Tn), cview(p.old, B, Tn), cview(p.adv, B, Tn),
                                                {},                  cview(p.ref, B, Tn), {}, cview(p.ent, B, Tn)};
-  (void)ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn));
+  (void)ulorl::policy_loss(in, mview(g, B, Tn), mview(ge, B, Tn), c.cfg);
   // A given mask must still have log_prob's shape and 0/1 values.
   const std::vector<double> short_mask(B * (Tn - 1), 1.0), bad(B * Tn, 0.5);
   in.mask = cview(short_mask, B, Tn - 1);
-  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn)), Catch::Contains("'mask'"));
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, mview(g, B, Tn), mview(ge, B, Tn), c.cfg), Catch::Contains("'mask'"));
   in.mask = cview(bad, B, Tn);
-  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn)), Catch::Contains("'mask'"));
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, mview(g, B, Tn), mview(ge, B, Tn), c.cfg), Catch::Contains("'mask'"));
   // The other required inputs stay required.
   in.mask = {};
   in.ref_log_prob = {};
-  CHECK_THROWS_WITH(ulorl::policy_loss(in, c.cfg, mview(g, B, Tn), mview(ge, B, Tn)), Catch::Contains("'ref_log_prob'"));
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, mview(g, B, Tn), mview(ge, B, Tn), c.cfg), Catch::Contains("'ref_log_prob'"));
 }
 
 TEST_CASE("policy_loss rejects a coefficient that the value type rounds to 0 or to inf, and writes nothing", "[errors]") {
@@ -1276,8 +1279,8 @@ TEST_CASE("policy_loss rejects a coefficient that the value type rounds to 0 or 
       std::vector<float> g(B * T, 42.0f), ge(B * T, 43.0f);
       INFO(arg << " = " << c);
       try {
-        (void)ulorl::policy_loss(in, cfg, ulorl::token_view<float>::padded(ulorl::matrix_view<float>(g.data(), B, T)),
-                                 ulorl::token_view<float>::padded(ulorl::matrix_view<float>(ge.data(), B, T)));
+        (void)ulorl::policy_loss(in, ulorl::token_view<float>::padded(ulorl::matrix_view<float>(g.data(), B, T)),
+                                 ulorl::token_view<float>::padded(ulorl::matrix_view<float>(ge.data(), B, T)), cfg);
         FAIL("no error");
       } catch (const ulorl::error& e) {
         CHECK(e.argument() == arg);
@@ -1292,8 +1295,8 @@ TEST_CASE("policy_loss rejects a coefficient that the value type rounds to 0 or 
   ulorl::policy_loss_config cfg;
   cfg.normalizer = {ulorl::agg_mode::token_mean, 6.0, 1.0};
   cfg.kl_coef = 1e-300, cfg.entropy_coef = 1e-300;
-  (void)ulorl::policy_loss(ulorl::policy_loss_inputs<double, double>{dv(lpd), dv(oldd), dv(advd), dv(maskd), dv(refd), {}, dv(entd)}, cfg,
+  (void)ulorl::policy_loss(ulorl::policy_loss_inputs<double, double>{dv(lpd), dv(oldd), dv(advd), dv(maskd), dv(refd), {}, dv(entd)},
                            ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), B, T)),
-                           ulorl::token_view<double>::padded(ulorl::matrix_view<double>(ge.data(), B, T)));
+                           ulorl::token_view<double>::padded(ulorl::matrix_view<double>(ge.data(), B, T)), cfg);
   CHECK(ge[0] == -1e-300 / 6.0);
 }

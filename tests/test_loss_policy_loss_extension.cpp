@@ -139,7 +139,25 @@ run_out<T> run(const problem& p, const ulorl::policy_loss_config& cfg, bool stri
   if (weights) in.weights = in_view(w);
   const auto gv = ulorl::token_view<T>::padded(ulorl::matrix_view<T>(g.data(), p.B, p.T, p.T * s, s));
   run_out<T> out;
-  out.res = ulorl::policy_loss_with(power_ratio_objective{}, cosh_estimator{}, in, cfg, gv);
+  out.res = ulorl::policy_loss_with(power_ratio_objective{}, cosh_estimator{}, in, gv, cfg);
+  // Every overload (an empty grad_entropy given, an executor given) computes the same bits.
+  std::vector<T> g2(N * s, T(-99)), g3(N * s, T(-99)), g4(N * s, T(-99));
+  const auto view_of = [&](std::vector<T>& v) {
+    return ulorl::token_view<T>::padded(ulorl::matrix_view<T>(v.data(), p.B, p.T, p.T * s, s));
+  };
+  const ulorl::token_view<T> no_entropy{};
+  const power_ratio_objective obj{};
+  REQUIRE(ulorl::policy_loss_with(obj, cosh_estimator{}, in, view_of(g2), no_entropy, cfg).loss == out.res.loss);
+  REQUIRE(g2 == g);
+  REQUIRE(ulorl::policy_loss_with(obj, cosh_estimator{}, in, view_of(g2), no_entropy, cfg, ulorl::thread_executor{2}).loss ==
+          out.res.loss);
+  REQUIRE(g2 == g);
+  // The built-in estimator of cfg.kl: the three forms agree.
+  const double builtin = ulorl::policy_loss_with(obj, in, view_of(g3), cfg).loss;
+  REQUIRE(ulorl::policy_loss_with(obj, in, view_of(g4), no_entropy, cfg).loss == builtin);
+  REQUIRE(g4 == g3);
+  REQUIRE(ulorl::policy_loss_with(obj, in, view_of(g4), no_entropy, cfg, ulorl::thread_executor{2}).loss == builtin);
+  REQUIRE(g4 == g3);
   for (std::size_t i = 0; i < N; ++i) out.grad.push_back(g[i * s]);
   if (strided)
     for (std::size_t i = 0; i < N; ++i) REQUIRE(g[i * s + 1] == T(-99));  // the gaps are not written
@@ -213,7 +231,7 @@ TEST_CASE("extension: the descriptor's own validation runs, and nothing is writt
   power_ratio_objective bad;
   bad.alpha = 9.0;
   const auto gv = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), 2, 5));
-  REQUIRE_THROWS_WITH(ulorl::policy_loss_with(bad, in, config(0.0, 10.0), gv), Catch::Contains("policy_loss_with") && Catch::Contains("'alpha'"));
+  REQUIRE_THROWS_WITH(ulorl::policy_loss_with(bad, in, gv, config(0.0, 10.0)), Catch::Contains("policy_loss_with") && Catch::Contains("'alpha'"));
   REQUIRE(std::all_of(g.begin(), g.end(), [](double x) { return x == -99.0; }));
 }
 
@@ -231,15 +249,15 @@ TEST_CASE("policy_loss: an unknown objective kind or KL estimator is rejected na
   const auto gv = ulorl::token_view<float>::padded(ulorl::matrix_view<float>(g.data(), 2, 9));
   auto cfg = config(0.1, 18.0);
   cfg.objective.kind = static_cast<ulorl::objective_kind>(42);
-  REQUIRE_THROWS_WITH(ulorl::policy_loss(in, cfg, gv),
+  REQUIRE_THROWS_WITH(ulorl::policy_loss(in, gv, cfg),
                       Catch::StartsWith("ulorl::policy_loss: argument 'kind' = 42: unknown enum value"));
   cfg.objective.kind = ulorl::objective_kind::sapo;
   cfg.kl.estimator = static_cast<ulorl::kl_estimator>(9);
-  REQUIRE_THROWS_WITH(ulorl::policy_loss(in, cfg, gv),
+  REQUIRE_THROWS_WITH(ulorl::policy_loss(in, gv, cfg),
                       Catch::StartsWith("ulorl::policy_loss: argument 'estimator' = 9: unknown enum value"));
   // With kl_coef = 0 the estimator is unused, but still validated.
   cfg.kl_coef = 0.0;
-  REQUIRE_THROWS_WITH(ulorl::policy_loss(in, cfg, gv), Catch::Contains("'estimator'"));
+  REQUIRE_THROWS_WITH(ulorl::policy_loss(in, gv, cfg), Catch::Contains("'estimator'"));
   REQUIRE(std::all_of(g.begin(), g.end(), [](float x) { return x == -99.0f; }));
   // The per-token API of a configuration validation rejects gives NaN, never a plausible value.
   cfg.kl.estimator = ulorl::kl_estimator::k3;

@@ -104,12 +104,12 @@ loss_out<T> composed(const batch<T>& d, const rc::config& c, ulorl::policy_loss_
   const layout& l = d.lay;
   std::vector<T> w(l.size());
   std::vector<std::uint8_t> keep(l.size());
-  const rc::metrics m = rc::apply(d.rc_inputs(), c, rc::outputs<T, std::uint8_t>{l.mview(w), l.mview(keep)});
+  const rc::metrics m = rc::apply(d.rc_inputs(), rc::outputs<T, std::uint8_t>{l.mview(w), l.mview(keep)}, c);
   st = m.totals;
   loss_out<T> o{{}, std::vector<T>(l.size(), T(7)), std::vector<T>(l.size(), T(7))};
   const ulorl::policy_loss_inputs<T, std::uint8_t> in{l.cview(d.lp), l.cview(d.old), l.cview(d.adv), l.cview(keep),
                                                       l.cview(d.ref), l.cview(w),     l.cview(d.ent)};
-  o.res = ulorl::policy_loss(in, cfg, l.mview(o.g), l.mview(o.ge), exec);
+  o.res = ulorl::policy_loss(in, l.mview(o.g), l.mview(o.ge), cfg, exec);
   return o;
 }
 
@@ -124,7 +124,7 @@ loss_out<T> fused(const batch<T>& d, const rc::config& c, ulorl::policy_loss_con
   ulorl::policy_loss_inputs<T, std::uint8_t> in{l.cview(d.lp), l.cview(d.old), l.cview(d.adv), l.cview(d.mask),
                                                 l.cview(d.ref), {},            l.cview(d.ent)};
   in.rollout_log_prob = l.cview(d.ro);
-  o.res = ulorl::policy_loss(in, cfg, l.mview(o.g), l.mview(o.ge), exec);
+  o.res = ulorl::policy_loss(in, l.mview(o.g), l.mview(o.ge), cfg, exec);
   return o;
 }
 
@@ -155,7 +155,7 @@ void check_equals_composition(const char* what, const std::vector<layout>& lays,
       for (const auto kind : kinds) {
         rc::statistics st;
         // The normaliser counts the kept tokens: from the statistics pass (accumulate, no outputs).
-        const rc::statistics pre = rc::accumulate(d.rc_inputs(), c, rc::outputs<T, std::uint8_t>{});
+        const rc::statistics pre = rc::accumulate(d.rc_inputs(), rc::outputs<T, std::uint8_t>{}, c);
         const double kept = pre.tokens - pre.rejected_tokens;
         // Every configuration changes something, and keeps something.
         INFO(what << ", " << (lay.packed ? "packed" : "padded") << ", " << name);
@@ -203,7 +203,7 @@ TEST_CASE("batch normalisation in the loss takes the divisor of the whole batch'
       c.importance.level = level;
       INFO((lay.packed ? "packed" : "padded") << (level == rc::is_level::token ? ", token" : ", sequence"));
       // The statistics pass (no outputs), finalised: the factor.
-      const rc::statistics total = rc::accumulate(d.rc_inputs(), c, rc::outputs<double, std::uint8_t>{});
+      const rc::statistics total = rc::accumulate(d.rc_inputs(), rc::outputs<double, std::uint8_t>{}, c);
       const rc::metrics m = rc::finalize(total, c);
       REQUIRE(m.batch_norm_factor != 1.0);
       const auto cfg = loss_config(ulorl::objective_kind::ppo_clip, total.tokens);
@@ -223,7 +223,7 @@ TEST_CASE("the loss with cfg.rollout rejects bad input and writes nothing", "[ro
   std::vector<float> w(lay.size(), 1.0f), g(lay.size(), 7.0f), ge(lay.size(), 7.0f);
   const std::vector<float> g0 = g;
   auto run = [&](ulorl::policy_loss_config cfg, ulorl::policy_loss_inputs<float, std::uint8_t> in) {
-    return arg_of([&] { (void)ulorl::policy_loss(in, cfg, lay.mview(g), lay.mview(ge)); });
+    return arg_of([&] { (void)ulorl::policy_loss(in, lay.mview(g), lay.mview(ge), cfg); });
   };
   const auto cfg0 = loss_config(ulorl::objective_kind::ppo_clip, 100);
   auto with_rc = [&](rc::config c) {

@@ -322,7 +322,7 @@ run_result<T> run_apply(const batch& x, const rc::config& c) {
   out.w.assign(x.s.size(), T(-7)), out.keep.assign(x.s.size(), T(-7));
   std::vector<T> o(x.o.begin(), x.o.end()), r(x.r.begin(), x.r.end()), mk(x.mask.begin(), x.mask.end());
   const rc::inputs<T, T> in{view_of<const T>(o.data(), x.s), view_of<const T>(r.data(), x.s), view_of<const T>(mk.data(), x.s)};
-  out.m = rc::apply(in, c, rc::outputs<T, T>{view_of<T>(out.w.data(), x.s), view_of<T>(out.keep.data(), x.s)});
+  out.m = rc::apply(in, rc::outputs<T, T>{view_of<T>(out.w.data(), x.s), view_of<T>(out.keep.data(), x.s)}, c);
   return out;
 }
 
@@ -369,7 +369,7 @@ run_result<T> run_apply_as(const batch& x, const rc::config& c, layout_options o
   if (!opt.absent_mask) in.mask = view(static_cast<const M*>(mk.get()));
   const rc::outputs<T, M> out{view(w.data()), view(keep.get())};
   run_result<T> res;
-  if constexpr (std::is_same_v<L, void>) res.m = rc::apply(in, c, out);
+  if constexpr (std::is_same_v<L, void>) res.m = rc::apply(in, out, c);
   else res.m = rc::detail_rc::apply_in<L>("rollout_correction::apply", in, c, out);
   for (std::size_t i = 0; i < n; ++i) res.w.push_back(w[i * step]), res.keep.push_back(static_cast<T>(keep[i * step]));
   for (std::size_t i = 0; opt.strided && i < n; ++i) {
@@ -561,7 +561,7 @@ TEST_CASE("rollout_correction: accumulate on two parts + finalize + normalize_we
       const std::size_t begin = x.s.row_begin(lo);
       const rc::inputs<double, double> in{view_of<const double>(x.o.data() + begin, s), view_of<const double>(x.r.data() + begin, s),
                                           view_of<const double>(x.mask.data() + begin, s)};
-      total += rc::accumulate(in, c, rc::outputs<double, double>{view_of<double>(w.data() + begin, s), view_of<double>(keep.data() + begin, s)});
+      total += rc::accumulate(in, rc::outputs<double, double>{view_of<double>(w.data() + begin, s), view_of<double>(keep.data() + begin, s)}, c);
       parts.emplace_back(s, begin);
     }
     const rc::metrics m = rc::finalize(total, c);
@@ -639,7 +639,7 @@ TEST_CASE("rollout_correction: every weight 0 gives an infinite ESS, or an error
   auto call = [&] {
     const rc::inputs<double, double> in{view_of<const double>(x.o.data(), x.s), view_of<const double>(x.r.data(), x.s),
                                         view_of<const double>(x.mask.data(), x.s)};
-    (void)rc::apply(in, c, rc::outputs<double, double>{view_of<double>(w.data(), x.s), view_of<double>(k.data(), x.s)});
+    (void)rc::apply(in, rc::outputs<double, double>{view_of<double>(w.data(), x.s), view_of<double>(k.data(), x.s)}, c);
   };
   require_rejected(outcome_of(call), "rollout_correction::apply", "weights", -1);
   REQUIRE(w == std::vector<double>(4, -7));
@@ -657,8 +657,8 @@ TEST_CASE("rollout_correction: every weight 0 gives an infinite ESS, or an error
   // An empty mask view: every token valid.
   std::vector<double> w2(4), k2(4);
   const rc::inputs<double, double> in{view_of<const double>(x.o.data(), x.s), view_of<const double>(x.r.data(), x.s)};
-  const auto m = rc::apply(in, rc::config{.importance = {.level = rc::is_level::none}},
-                           rc::outputs<double, double>{view_of<double>(w2.data(), x.s), view_of<double>(k2.data(), x.s)});
+  const auto m = rc::apply(in, rc::outputs<double, double>{view_of<double>(w2.data(), x.s), view_of<double>(k2.data(), x.s)},
+                           rc::config{.importance = {.level = rc::is_level::none}});
   REQUIRE(m.tokens == 4);
   REQUIRE(w2 == std::vector<double>(4, 1.0));
   REQUIRE(k2 == std::vector<double>(4, 1.0));
@@ -678,7 +678,7 @@ TEST_CASE("rollout_correction: bad input names the function and the argument; ou
       return outcome_of([&] {
         (void)rc::apply(rc::inputs<double, double>{view_of<const double>(oo.data(), so), view_of<const double>(rr.data(), sr),
                                                    view_of<const double>(mm.data(), sm)},
-                        c, rc::outputs<double, double>{view_of<double>(w.data(), sw), view_of<double>(k.data(), sk)});
+                        rc::outputs<double, double>{view_of<double>(w.data(), sw), view_of<double>(k.data(), sk)}, c);
       });
     };
     auto untouched = [&] {
@@ -991,7 +991,7 @@ TEST_CASE("rollout_correction: a weight not finite in the element type is named 
           std::vector<double> w(x.s.size(), -7), k(x.s.size(), -7);
           const rc::inputs<double, double> in{view_of<const double>(x.o.data(), x.s), view_of<const double>(x.r.data(), x.s),
                                               view_of<const double>(x.mask.data(), x.s)};
-          if (outcome_of([&] { (void)rc::apply(in, c, rc::outputs<double, double>{view_of<double>(w.data(), x.s), view_of<double>(k.data(), x.s)}); }).threw) {
+          if (outcome_of([&] { (void)rc::apply(in, rc::outputs<double, double>{view_of<double>(w.data(), x.s), view_of<double>(k.data(), x.s)}, c); }).threw) {
             REQUIRE(all_equal(w, -7.0));
             REQUIRE(all_equal(k, -7.0));
           }

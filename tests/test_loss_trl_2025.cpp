@@ -190,15 +190,15 @@ run_result library_loss(const problem& p, const mode& md) {
   std::vector<double> w(B * T, 1.0), me = p.mask;
   if (md.rho < 1.0) {
     std::vector<double> scratch(ulorl::entropy_quantile_workspace(view(p.mask, B, T)));
-    (void)ulorl::top_entropy_mask(view(p.ent, B, T), view(p.mask, B, T), ulorl::entropy_quantile_config{.quantile = md.rho},
-                                  mview(me, B, T), scratch);
+    (void)ulorl::top_entropy_mask(view(p.ent, B, T), view(p.mask, B, T), mview(me, B, T),
+                                  ulorl::entropy_quantile_config{.quantile = md.rho}, scratch);
     for (std::size_t i = 0; i < w.size(); ++i) w[i] *= me[i];
   }
   if (md.loss_type == LT::vespo) {
     std::vector<double> phi(B);
     ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(p.lp, B, T), view(p.old, B, T), view(p.mask, B, T), p.adv,
                                                      md.use_q ? view(p.q, B, T) : ulorl::token_view<const double>{}},
-                         {}, phi);
+                         phi, {});
     for (std::size_t i = 0; i < w.size(); ++i) w[i] *= phi[i / T];
   } else if (md.use_q) {
     for (std::size_t i = 0; i < w.size(); ++i) w[i] *= p.q[i];
@@ -226,11 +226,11 @@ run_result library_loss(const problem& p, const mode& md) {
   cfg.kl_coef = md.loss_type == LT::luspo ? 0.0 : md.beta;
   cfg.normalizer = P::trl::normalizer(no, counts);
   run_result r{0.0, std::vector<double>(B * T, 0.0), std::vector<double>(B * T, 0.0)};
-  r.loss = ulorl::policy_loss(in, cfg, mview(r.grad, B, T)).loss;
+  r.loss = ulorl::policy_loss(in, mview(r.grad, B, T), cfg).loss;
   if (md.loss_type == LT::luspo && md.beta != 0.0) {
     // luspo's KL term: every position, weight n_b / (B T GA) (kl_penalty gives it per element).
     std::vector<double> kl(B * T), dkl(B * T);
-    ulorl::kl_penalty<double>(view(p.lp, B, T), view(p.ref, B, T), cfg.kl, mview(kl, B, T), mview(dkl, B, T));
+    ulorl::kl_penalty<double>(view(p.lp, B, T), view(p.ref, B, T), mview(kl, B, T), mview(dkl, B, T), cfg.kl);
     for (std::size_t b = 0; b < B; ++b) {
       double nb = 0;
       for (std::size_t t = 0; t < T; ++t) nb += p.mask[b * T + t];
@@ -240,8 +240,8 @@ run_result library_loss(const problem& p, const mode& md) {
   }
   if (md.entropy_coef != 0.0) {
     const double me_tokens = ulorl::count_batch(view(me, B, T)).tokens;
-    r.loss += ulorl::entropy_loss(view(p.ent, B, T), view(me, B, T), md.entropy_coef,
-                                  P::trl::entropy_normalizer(no, counts, me_tokens), mview(r.grad_ent, B, T));
+    r.loss += ulorl::entropy_loss(view(p.ent, B, T), view(me, B, T), mview(r.grad_ent, B, T),
+                                  md.entropy_coef, P::trl::entropy_normalizer(no, counts, me_tokens));
   }
   return r;
 }
@@ -312,7 +312,7 @@ TEST_CASE("top_entropy_mask: the linear quantile of the valid entropies, both la
     const std::size_t B = p.B, T = p.T;
     for (double rho : {0.0, 0.2, 0.5, 1.0}) {
       std::vector<double> keep(B * T, -1.0), scratch(B * T);
-      const double theta = ulorl::top_entropy_mask(view(p.ent, B, T), view(p.mask, B, T), {.quantile = rho}, mview(keep, B, T), scratch);
+      const double theta = ulorl::top_entropy_mask(view(p.ent, B, T), view(p.mask, B, T), mview(keep, B, T), {.quantile = rho}, scratch);
       const double ref = oracle_theta(p, rho);
       REQUIRE(theta == Approx(ref).epsilon(1e-15));
       for (std::size_t i = 0; i < keep.size(); ++i) REQUIRE(keep[i] == ((p.mask[i] != 0.0 && p.ent[i] >= ref) ? 1.0 : 0.0));
@@ -330,14 +330,14 @@ TEST_CASE("top_entropy_mask: the linear quantile of the valid entropies, both la
       const auto pmv = ulorl::token_view<const double>::packed(ulorl::vector_view<const double>(pm.data(), pm.size()), off);
       const auto pkv = ulorl::token_view<double>::packed(ulorl::vector_view<double>(pk.data(), pk.size()), off);
       REQUIRE(ulorl::entropy_quantile_threshold(pev, pmv, {.quantile = rho}, scratch) == theta);
-      (void)ulorl::top_entropy_mask(pev, pmv, {.quantile = rho}, pkv, scratch);
+      (void)ulorl::top_entropy_mask(pev, pmv, pkv, {.quantile = rho}, scratch);
       REQUIRE(pk == keep);
     }
   }
   // No valid token: nothing kept.
   const std::vector<double> e{1.0, 2.0}, m0{0.0, 0.0};
   std::vector<double> k{5.0, 5.0}, scratch;
-  (void)ulorl::top_entropy_mask(view(e, 1, 2), view(m0, 1, 2), {.quantile = 0.5}, mview(k, 1, 2), scratch);
+  (void)ulorl::top_entropy_mask(view(e, 1, 2), view(m0, 1, 2), mview(k, 1, 2), {.quantile = 0.5}, scratch);
   REQUIRE(k == std::vector<double>{0.0, 0.0});
 }
 
@@ -346,33 +346,33 @@ TEST_CASE("top_entropy_mask and vespo_weights reject bad input and write nothing
   const std::vector<double> nan_e{0.5, std::numeric_limits<double>::quiet_NaN(), 1.0};
   std::vector<double> keep{7.0, 7.0, 7.0}, scratch(3), small(1);
   const auto untouched = [&] { REQUIRE(keep == std::vector<double>{7.0, 7.0, 7.0}); };
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), {.quantile = 1.5}, mview(keep, 1, 3), scratch), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 1.5}, scratch), ulorl::error);
   untouched();
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), {.quantile = -0.1}, mview(keep, 1, 3), scratch), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(neg, 1, 3), view(m, 1, 3), {.quantile = 0.5}, mview(keep, 1, 3), scratch), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = -0.1}, scratch), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(neg, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, scratch), ulorl::error);
   untouched();
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(nan_e, 1, 3), view(m, 1, 3), {.quantile = 0.5}, mview(keep, 1, 3), scratch), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(bad_m, 1, 3), {.quantile = 0.5}, mview(keep, 1, 3), scratch), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), {.quantile = 0.5}, mview(keep, 1, 3), small), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 3, 1), {.quantile = 0.5}, mview(keep, 1, 3), scratch), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), {.quantile = 0.5}, mview(keep, 3, 1), scratch), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(nan_e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, scratch), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(bad_m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, scratch), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, small), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 3, 1), mview(keep, 1, 3), {.quantile = 0.5}, scratch), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 3, 1), {.quantile = 0.5}, scratch), ulorl::error);
   untouched();
 
   const std::vector<double> lp{-1.0, -0.5, -2.0}, old{-1.1, -0.4, -2.0}, q_neg{1.0, -0.5, 1.0};
   const std::vector<double> adv{1.0}, adv2{1.0, 2.0};
   std::vector<double> phi{9.0};
-  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv, view(q_neg, 1, 3)}, {}, phi),
+  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv, view(q_neg, 1, 3)}, phi, {}),
                     ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv2}, {}, phi), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(nan_e, 1, 3), view(old, 1, 3), view(m, 1, 3), adv}, {}, phi), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(bad_m, 1, 3), adv}, {}, phi), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv2}, phi, {}), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(nan_e, 1, 3), view(old, 1, 3), view(m, 1, 3), adv}, phi, {}), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(bad_m, 1, 3), adv}, phi, {}), ulorl::error);
   REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv},
-                                         {.k_pos = std::numeric_limits<double>::infinity()}, phi),
+                                         phi, {.k_pos = std::numeric_limits<double>::infinity()}),
                     ulorl::error);
   REQUIRE(phi == std::vector<double>{9.0});
   // A zero ratio gives log(1e-8) (no -inf), and phi is 0 rather than non-finite for huge weights.
   const std::vector<double> q0{0.0, 1.0, 1.0};
-  ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv, view(q0, 1, 3)}, {}, phi);
+  ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv, view(q0, 1, 3)}, phi, {});
   REQUIRE(std::isfinite(phi[0]));
   REQUIRE(ulorl::vespo_phi(1e300, 1.0, {}) == 0.0);
 }
@@ -390,17 +390,17 @@ TEST_CASE("trl 2025: cispo / sapo configurations are validated; policy_loss writ
   cfg.objective = P::trl::objective({.epsilon_high = 5.0, .loss_type = LT::cispo});
   cfg.normalizer = P::trl::normalizer({.loss_type = LT::cispo}, ulorl::count_batch(view(p.mask, 3, 4)));
   std::vector<double> g(12, 4.0);
-  REQUIRE_THROWS_AS(ulorl::policy_loss(in, cfg, mview(g, 3, 4)), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::policy_loss(in, mview(g, 3, 4), cfg), ulorl::error);
   cfg.objective.eps_low = 1.01;
   in.log_prob = view(p.lp, 3, 4);
-  REQUIRE_THROWS_AS(ulorl::policy_loss(in, cfg, mview(g, 3, 4)), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::policy_loss(in, mview(g, 3, 4), cfg), ulorl::error);
   cfg.objective = P::trl::objective({.loss_type = LT::sapo});
   cfg.objective.tau_neg = -1.0;
-  REQUIRE_THROWS_AS(ulorl::policy_loss(in, cfg, mview(g, 3, 4)), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::policy_loss(in, mview(g, 3, 4), cfg), ulorl::error);
   std::vector<double> short_w(11, 1.0);
   cfg.objective = P::trl::objective({.loss_type = LT::vespo});
   in.weights = view(short_w, 1, 11);
-  REQUIRE_THROWS_AS(ulorl::policy_loss(in, cfg, mview(g, 3, 4)), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::policy_loss(in, mview(g, 3, 4), cfg), ulorl::error);
   REQUIRE(std::all_of(g.begin(), g.end(), [](double v) { return v == 4.0; }));
 }
 
@@ -417,8 +417,8 @@ TEST_CASE("trl 2025 token-level modes are partition-exact with the global normal
     cfg.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean, counts);
     // Weights of the whole batch (phi per row; a top-entropy mask of the batch), then split rows.
     std::vector<double> w(p.B * T, 1.0), phi(p.B), keep(p.B * T), scratch(p.B * T);
-    ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(p.lp, p.B, T), view(p.old, p.B, T), view(p.mask, p.B, T), p.adv}, {}, phi);
-    (void)ulorl::top_entropy_mask(view(p.ent, p.B, T), view(p.mask, p.B, T), {.quantile = 0.6}, mview(keep, p.B, T), scratch);
+    ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(p.lp, p.B, T), view(p.old, p.B, T), view(p.mask, p.B, T), p.adv}, phi, {});
+    (void)ulorl::top_entropy_mask(view(p.ent, p.B, T), view(p.mask, p.B, T), mview(keep, p.B, T), {.quantile = 0.6}, scratch);
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = keep[i] * (lt == LT::vespo ? phi[i / T] : p.q[i]);
     const auto run = [&](std::size_t b0, std::size_t b1, std::vector<double>& g) {
       const std::size_t n = b1 - b0, o = b0 * T;
@@ -426,7 +426,7 @@ TEST_CASE("trl 2025 token-level modes are partition-exact with the global normal
       ulorl::policy_loss_inputs<double, double> in{v(p.lp), v(p.old), v(p.adv_tok), v(p.mask)};
       in.ref_log_prob = v(p.ref);
       in.weights = v(w);
-      return ulorl::policy_loss(in, cfg, ulorl::padded(ulorl::matrix_view<double>(g.data() + o, n, T))).loss;
+      return ulorl::policy_loss(in, ulorl::padded(ulorl::matrix_view<double>(g.data() + o, n, T)), cfg).loss;
     };
     std::vector<double> g_full(p.B * T), g_split(p.B * T);
     const double full = run(0, p.B, g_full);
@@ -450,16 +450,16 @@ TEST_CASE("top_entropy_mask and vespo_weights: an absent mask is an all-ones mas
     REQUIRE(ulorl::entropy_quantile_workspace(lay.cview(ones), lay.cview(H)) == lay.size());
     std::vector<double> scratch(lay.size()), keep(lay.size()), keepa(lay.size());
     const ulorl::entropy_quantile_config cfg{.quantile = 0.4};
-    const double theta = ulorl::top_entropy_mask(lay.cview(H), lay.cview(ones), cfg, lay.mview(keep), scratch);
-    const double ta = ulorl::top_entropy_mask(lay.cview(H), absent, cfg, lay.mview(keepa), scratch);
+    const double theta = ulorl::top_entropy_mask(lay.cview(H), lay.cview(ones), lay.mview(keep), cfg, scratch);
+    const double ta = ulorl::top_entropy_mask(lay.cview(H), absent, lay.mview(keepa), cfg, scratch);
     REQUIRE(absent_mask::same_bits(ta, theta));
     REQUIRE(absent_mask::same_bits(keepa, keep));
     REQUIRE(absent_mask::same_bits(ulorl::entropy_quantile_threshold(lay.cview(H), absent, cfg, scratch), theta));
     for (const bool with_q : {false, true}) {
       std::vector<double> phi(lay.B), phia(lay.B);
       const auto qv = with_q ? lay.cview(q) : absent;
-      ulorl::vespo_weights(ulorl::vespo_inputs<double>{lay.cview(lp), lay.cview(old), lay.cview(ones), adv, qv}, {}, phi);
-      ulorl::vespo_weights(ulorl::vespo_inputs<double>{lay.cview(lp), lay.cview(old), absent, adv, qv}, {}, phia);
+      ulorl::vespo_weights(ulorl::vespo_inputs<double>{lay.cview(lp), lay.cview(old), lay.cview(ones), adv, qv}, phi, {});
+      ulorl::vespo_weights(ulorl::vespo_inputs<double>{lay.cview(lp), lay.cview(old), absent, adv, qv}, phia, {});
       REQUIRE(absent_mask::same_bits(phia, phi));
     }
   }

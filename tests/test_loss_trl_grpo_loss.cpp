@@ -366,7 +366,7 @@ TEST_CASE("trl grpo_loss: loss, metrics and gradients against TRL's formulas (fl
       for (std::size_t b = 0; b < B; b += 3) x.mask[b] = 0.0;
     const features f{.ref = true, .sampling = md.sampling, .entropies = true};
     library_case<double> c(x, f);
-    const auto r = P::trl::grpo_loss(c.in, md.o, c.out);
+    const auto r = P::trl::grpo_loss(c.in, c.out, md.o);
     const oracle_out want = oracle(x, md.o, x.lp, x.ent, md.sampling);
     require_close(r.loss, want.loss, 1e-12, 1e-14);
     require_close(r.pg_loss + r.kl_loss + r.entropy_loss, r.loss, 1e-15, 1e-15);
@@ -420,9 +420,9 @@ TEST_CASE("trl grpo_loss: float agrees with double; a uint8 mask and threads giv
     library_case<double> d(x, f);
     library_case<float> s(x, f);
     library_case<float, std::uint8_t> s8(x, f);
-    const auto rd = P::trl::grpo_loss(d.in, md.o, d.out);
-    const auto rs = P::trl::grpo_loss(s.in, md.o, s.out);
-    const auto r8 = P::trl::grpo_loss(s8.in, md.o, s8.out, ulorl::thread_executor{3});
+    const auto rd = P::trl::grpo_loss(d.in, d.out, md.o);
+    const auto rs = P::trl::grpo_loss(s.in, s.out, md.o);
+    const auto r8 = P::trl::grpo_loss(s8.in, s8.out, md.o, ulorl::thread_executor{3});
     require_close(rs.loss, rd.loss, 1e-5, 1e-6);
     REQUIRE(r8.loss == rs.loss);
     for (std::size_t i = 0; i < B * T; ++i) {
@@ -441,7 +441,7 @@ TEST_CASE("trl grpo_loss: without multipliers, luspo puts gradient on padding; a
   testing_support::rng rng(testing_support::default_seed + 73);
   const batch x = random_batch(rng, 4, 6, 0);
   library_case<double> c(x, {}, 7.0);
-  (void)P::trl::grpo_loss(c.in, {.loss_type = LT::luspo, .beta = 0.1}, c.out);
+  (void)P::trl::grpo_loss(c.in, c.out, {.loss_type = LT::luspo, .beta = 0.1});
   bool padding_gradient = false;
   for (std::size_t i = 0; i < x.mask.size(); ++i) padding_gradient = padding_gradient || (x.mask[i] == 0.0 && c.grad[i] != 0.0);
   REQUIRE(padding_gradient);
@@ -458,7 +458,7 @@ TEST_CASE("trl grpo_loss: hostile inputs raise ulorl::error naming the argument 
     INFO(what);
     library_case<double> c(x, {.ref = true, .sampling = true, .entropies = true}, sentinel);
     mutate(c);
-    require_rejected(outcome_of([&] { (void)P::trl::grpo_loss(c.in, o, c.out); }), fn, arg, index);
+    require_rejected(outcome_of([&] { (void)P::trl::grpo_loss(c.in, c.out, o); }), fn, arg, index);
     REQUIRE(all_equal(c.grad, sentinel));
     REQUIRE(all_equal(c.grad_ent, sentinel));
   };
@@ -541,5 +541,5 @@ TEST_CASE("trl grpo_loss: hostile inputs raise ulorl::error naming the argument 
   // An empty batch.
   library_case<double> c(x, {}, sentinel);
   c.in.per_token_logps = cview(c.lp, 0, T);
-  require_rejected(outcome_of([&] { (void)P::trl::grpo_loss(c.in, options{}, c.out); }), fn, "per_token_logps", -1);
+  require_rejected(outcome_of([&] { (void)P::trl::grpo_loss(c.in, c.out, options{}); }), fn, "per_token_logps", -1);
 }

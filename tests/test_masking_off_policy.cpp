@@ -145,7 +145,7 @@ ulorl::off_policy_mask_stats run_and_check(const oracle_rows& full, const ulorl:
     in.sequence_advantages = seq_adv;
   std::vector<O> keep(f.s.size(), O(7));
   std::vector<double> kl(full.lp.size(), 42.0);
-  const auto st = ulorl::off_policy_mask(in, view_of<O>(keep.data(), f.s), cfg, std::span<double>(kl));
+  const auto st = ulorl::off_policy_mask(in, view_of<O>(keep.data(), f.s), std::span<double>(kl), cfg);
 
   CHECK(st.rows == full.lp.size());
   CHECK(static_cast<long>(st.tokens) == want.tokens);
@@ -218,8 +218,8 @@ TEST_CASE("off-policy mask: hand-worked rows, ties at delta, empty rows", "[mask
   SECTION("sequence level (TRL): KL exactly delta is kept, KL above it with A < 0 drops the row") {
     const std::vector<double> adv{-1.0, -1.0, -2.0};
     in.sequence_advantages = adv;
-    auto st = ulorl::off_policy_mask(in, view_of<double>(keep.data(), s), ulorl::presets::trl::off_policy_mask(0.5),
-                                     std::span<double>(kl));
+    auto st = ulorl::off_policy_mask(in, view_of<double>(keep.data(), s), std::span<double>(kl),
+                                     ulorl::presets::trl::off_policy_mask(0.5));
     CHECK(kl == std::vector<double>{0.5, -0.25, 0.0});
     CHECK(all_equal(keep, 1.0));
     CHECK(st.dropped_rows == 0);
@@ -254,8 +254,8 @@ TEST_CASE("off-policy mask: hand-worked rows, ties at delta, empty rows", "[mask
     const std::vector<double> adv{-1.0, -1.0, -1.0};
     in.mask = {};
     in.sequence_advantages = adv;
-    (void)ulorl::off_policy_mask(in, view_of<double>(keep.data(), s), ulorl::presets::trl::off_policy_mask(0.0),
-                                 std::span<double>(kl));
+    (void)ulorl::off_policy_mask(in, view_of<double>(keep.data(), s), std::span<double>(kl),
+                                 ulorl::presets::trl::off_policy_mask(0.0));
     CHECK(kl[0] == Approx(2.0 / 3.0));
     CHECK(kl[2] == 0.0);
     CHECK(keep == std::vector<double>{0, 0, 0, 0, 0, 0, 1, 1, 1});  // row 1: (0 - 0.5 + 2) / 3 = 0.5 > 0
@@ -338,7 +338,7 @@ struct opsm_case {
                                                         .mask = view_of<const M>(mask.data(), mask_s)};
     if (give_adv) in.advantages = view_of<const double>(adv.data(), adv_s);
     if (give_seq) in.sequence_advantages = seq_adv;
-    return ulorl::off_policy_mask(in, view_of<double>(keep.data(), keep_s), cfg, std::span<double>(kl));
+    return ulorl::off_policy_mask(in, view_of<double>(keep.data(), keep_s), std::span<double>(kl), cfg);
   }
 };
 template <class M>

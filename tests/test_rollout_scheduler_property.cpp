@@ -262,18 +262,18 @@ class episode {
     const auto want = oracle::old_versions(toks, m, current, q.max_staleness);
     std::vector<std::int64_t> got(toks.size());
     if (!want) {
-      CHECK_THROWS_AS(ulorl::fill_old_log_prob_versions(spans, q, got), ulorl::error);
+      CHECK_THROWS_AS(ulorl::fill_old_log_prob_versions(spans, got, q), ulorl::error);
       return;
     }
-    ulorl::fill_old_log_prob_versions(spans, q, got);
+    ulorl::fill_old_log_prob_versions(spans, got, q);
     PROP_CHECK(got == *want);
     const auto flags = oracle::recompute_flags(toks, *want, q.trust_rollout_log_probs);
     std::vector<std::uint8_t> mask(toks.size());
-    ulorl::fill_recompute_mask(spans, q, mask);
+    ulorl::fill_recompute_mask(spans, mask, q);
     PROP_CHECK(mask == flags);
     PROP_CHECK(ulorl::recompute_token_count(spans, q) == std::count(flags.begin(), flags.end(), 1));
     std::vector<ulorl::old_log_prob_span> runs(spans.size());
-    const auto n = ulorl::old_log_prob_plan(spans, q, runs);
+    const auto n = ulorl::old_log_prob_plan(spans, runs, q);
     std::vector<std::int64_t> from_runs;
     std::vector<std::uint8_t> mask_runs;
     for (std::size_t j = 0; j < n; ++j)

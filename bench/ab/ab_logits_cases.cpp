@@ -84,8 +84,8 @@ double from_logits(const ab::logits_arrays& d, const ulorl::policy_loss_config& 
   if (cfg.entropy_coef != 0.0) buf.entropy = tv(d.buf_entropy), buf.grad_entropy = tv(d.buf_grad_entropy);
   buf.lse = ulorl::vector_view<float>(d.buf_lse, d.rows);
   const auto r = ulorl::policy_loss_from_logits(ulorl::matrix_view<const L>(logits_of<L>(d), d.rows, d.vocab),
-                                                std::span<const std::int64_t>(d.labels, d.rows), in, cfg, buf,
-                                                ulorl::matrix_view<L>(grad_of<L>(d), d.rows, d.vocab));
+                                                std::span<const std::int64_t>(d.labels, d.rows), in, buf,
+                                                ulorl::matrix_view<L>(grad_of<L>(d), d.rows, d.vocab), cfg);
   return r.loss;
 }
 

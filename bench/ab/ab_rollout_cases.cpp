@@ -84,7 +84,7 @@ ab::prepared_case prepare(const std::string& name) {
   p.items = static_cast<double>(d.tokens);
   p.bytes = p.items * (5 * sizeof(float) + 1.0);
   if (name == "plain") {
-    p.call = [in, cfg, grad] { return ulorl::policy_loss(in, cfg, grad).loss; };
+    p.call = [in, cfg, grad] { return ulorl::policy_loss(in, grad, cfg).loss; };
   } else if (name == "apply") {
     auto w = std::make_shared<std::vector<float>>(d.tokens);
     auto k = std::make_shared<std::vector<std::uint8_t>>(d.tokens);
@@ -92,7 +92,7 @@ ab::prepared_case prepare(const std::string& name) {
       const auto out = ulorl::rollout_correction::outputs<float, std::uint8_t>{
           ulorl::token_view<float>::padded(ulorl::matrix_view<float>(w->data(), d.rows, ab::loss_row_len)),
           ulorl::token_view<std::uint8_t>::padded(ulorl::matrix_view<std::uint8_t>(k->data(), d.rows, ab::loss_row_len))};
-      return ulorl::rollout_correction::apply(rin, rc, out).kl;
+      return ulorl::rollout_correction::apply(rin, out, rc).kl;
     };
     p.bytes = p.items * (2 * sizeof(float) + 1.0 + sizeof(float) + 1.0);
   } else {
@@ -104,10 +104,10 @@ ab::prepared_case prepare(const std::string& name) {
     p.call = [run, c, grad, rin, accumulate] {
       auto cc = c;
       if (accumulate) {
-        const auto s = ulorl::rollout_correction::accumulate(rin, *cc.rollout, ulorl::rollout_correction::outputs<float, std::uint8_t>{});
+        const auto s = ulorl::rollout_correction::accumulate(rin, ulorl::rollout_correction::outputs<float, std::uint8_t>{}, *cc.rollout);
         cc.normalizer.denominator = s.tokens - s.rejected_tokens;
       }
-      return ulorl::policy_loss(run, cc, grad).loss;
+      return ulorl::policy_loss(run, grad, cc).loss;
     };
     p.bytes = p.items * (6 * sizeof(float) + 1.0);
   }

@@ -109,8 +109,8 @@ py::tuple rollout_correction_op(const at::Tensor& old_log_prob, const at::Tensor
     rc::metrics m;
     {
       const py::gil_scoped_release nogil;
-      m = rc::apply(in, cfg,
-                    rc::outputs<T, byte>{th::tokens_of<T>(fn, "weights", weights, off), th::tokens_of<byte>(fn, "keep", keep, off)});
+      m = rc::apply(in, rc::outputs<T, byte>{th::tokens_of<T>(fn, "weights", weights, off), th::tokens_of<byte>(fn, "keep", keep, off)},
+                    cfg);
     }
     if (mask && !bytes_in) keep = keep.to(mask->scalar_type());
     return py::make_tuple(weights, keep, m);
@@ -314,8 +314,9 @@ void bind_advantages(py::module_& m) {
           using T = decltype(tag);
           const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
           at::Tensor adv = empty_like_of(token_rewards), ret = empty_like_of(token_rewards);
-          ulorl::reinforce_pp_advantages(th::tokens_of<const T>(fn, "token_level_rewards", token_rewards, off), mv.view, gamma,
-                                         th::tokens_of<T>(fn, "returns", ret, off), th::tokens_of<T>(fn, "advantages", adv, off));
+          ulorl::reinforce_pp_advantages(th::tokens_of<const T>(fn, "token_level_rewards", token_rewards, off), mv.view,
+                                         th::tokens_of<T>(fn, "returns", ret, off), th::tokens_of<T>(fn, "advantages", adv, off),
+                                         gamma);
           return py::make_tuple(adv, ret);
         });
       },
@@ -424,8 +425,8 @@ void bind_terms(py::module_& m) {
           using T = decltype(tag);
           const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
           at::Tensor grad = empty_like_of(loss_mat);
-          const double loss = ulorl::agg_loss(th::tokens_of<const T>(fn, "loss_mat", loss_mat, off), mv.view, norm,
-                                              th::tokens_of<T>(fn, "grad", grad, off));
+          const double loss = ulorl::agg_loss(th::tokens_of<const T>(fn, "loss_mat", loss_mat, off), mv.view, th::tokens_of<T>(fn, "grad", grad, off),
+                                              norm);
           return py::make_tuple(loss, grad);
         });
       },
@@ -473,8 +474,8 @@ void bind_terms(py::module_& m) {
           using T = decltype(tag);
           at::Tensor kl = empty_like_of(log_prob), grad = empty_like_of(log_prob);
           ulorl::kl_penalty<T>(th::tokens_of<const T>(fn, "log_prob", log_prob, off),
-                               th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off), cfg,
-                               th::tokens_of<T>(fn, "kl", kl, off), th::tokens_of<T>(fn, "grad", grad, off));
+                               th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off), th::tokens_of<T>(fn, "kl", kl, off),
+                               th::tokens_of<T>(fn, "grad", grad, off), cfg);
           return py::make_tuple(kl, grad);
         });
       },
@@ -504,8 +505,8 @@ void bind_terms(py::module_& m) {
           at::Tensor keep = empty_like_of(log_prob);
           const std::size_t rows = in.log_prob.rows();
           at::Tensor seq_kl = at::empty({static_cast<std::int64_t>(rows)}, at::TensorOptions().dtype(at::kDouble));
-          const auto st = ulorl::off_policy_mask(in, th::tokens_of<T>(fn, "keep", keep, off), cfg,
-                                                 th::span_of<double>(fn, "seq_kl", seq_kl));
+          const auto st = ulorl::off_policy_mask(in, th::tokens_of<T>(fn, "keep", keep, off), th::span_of<double>(fn, "seq_kl", seq_kl),
+                                                 cfg);
           return py::make_tuple(keep, seq_kl,
                                 py::dict("rows"_a = st.rows, "tokens"_a = st.tokens, "off_policy_rows"_a = st.off_policy_rows,
                                          "dropped_rows"_a = st.dropped_rows, "dropped_tokens"_a = st.dropped_tokens,
@@ -535,11 +536,11 @@ void bind_loss_passes(py::module_& m) {
           using T = decltype(tag);
           const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
           at::Tensor w = empty_like_of(log_prob);
-          const auto st = P::verl::dppo_weights(o, th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
+          const auto st = P::verl::dppo_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
                                                 th::tokens_of<const T>(fn, "log_prob", log_prob, off),
                                                 th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
                                                 optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off),
-                                                th::tokens_of<T>(fn, "weights", w, off));
+                                                th::tokens_of<T>(fn, "weights", w, off), o);
           return py::make_tuple(w, stats_dict(st));
         });
       },
@@ -562,9 +563,9 @@ void bind_loss_passes(py::module_& m) {
           const auto rw = optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off);
           if (!rw.empty()) ulorl::require_same_shape(fn, "rollout_is_weights", rw, "log_prob", lp);
           at::Tensor sel = empty_like_of(log_prob);
-          const auto st = P::verl::kl_cov_selection(o, th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
+          const auto st = P::verl::kl_cov_selection(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
                                                     th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
-                                                    th::tokens_of<T>(fn, "selected", sel, off));
+                                                    th::tokens_of<T>(fn, "selected", sel, off), o);
           // The selected tokens take the objective with the |x| penalty (weights w sel), the others
           // the objective without it (weights w (1 - sel)), under one normaliser.
           at::Tensor w_sel = sel, w_rest = at::ones_like(sel) - sel;
@@ -590,11 +591,11 @@ void bind_loss_passes(py::module_& m) {
           const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
           const mask_bytes sv = mask_of<T>(fn, "clip_cov_selection", selection, off);
           at::Tensor w = empty_like_of(log_prob);
-          const auto st = P::verl::clip_cov_weights(o, th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
+          const auto st = P::verl::clip_cov_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
                                                     th::tokens_of<const T>(fn, "log_prob", log_prob, off),
                                                     th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view, sv.view,
                                                     optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off),
-                                                    th::tokens_of<T>(fn, "weights", w, off));
+                                                    th::tokens_of<T>(fn, "weights", w, off), o);
           return py::make_tuple(w, stats_dict(st));
         });
       },
@@ -663,10 +664,10 @@ void bind_loss_passes(py::module_& m) {
           using T = decltype(tag);
           const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
           at::Tensor grad = at::zeros(log_prob.sizes(), at::TensorOptions().dtype(log_prob.scalar_type()));
-          const double kl = P::nemo_rl::kl_penalty_term(o, th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+          const double kl = P::nemo_rl::kl_penalty_term(th::tokens_of<const T>(fn, "log_prob", log_prob, off),
                                                         th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off),
-                                                        optional_tokens<T>(fn, "rollout_log_prob", rollout_log_prob, off), mv.view,
-                                                        norm, th::tokens_of<T>(fn, "grad", grad, off));
+                                                        optional_tokens<T>(fn, "rollout_log_prob", rollout_log_prob, off),
+                                                        mv.view, th::tokens_of<T>(fn, "grad", grad, off), o, norm);
           // NeMo-RL logs the penalty without its coefficient (kl_penalty).
           const double unscaled = kl == 0.0 ? 0.0 : kl / o.reference_policy_kl_penalty;
           return py::make_tuple(kl, unscaled, grad);
@@ -683,8 +684,8 @@ void bind_loss_passes(py::module_& m) {
         return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
           using T = decltype(tag);
           const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
-          const auto r = P::nemo_rl::logged_ratios(o, th::tokens_of<const T>(fn, "log_prob", log_prob, off),
-                                                   th::tokens_of<const T>(fn, "old_log_prob", prev_log_prob, off), mv.view,
+          const auto r = P::nemo_rl::logged_ratios(th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+                                                   th::tokens_of<const T>(fn, "old_log_prob", prev_log_prob, off), mv.view, o,
                                                    {.global_valid_toks = global_valid_toks});
           return py::dict("probs_ratio"_a = r.probs_ratio, "probs_ratio_clamped"_a = r.probs_ratio_clamped);
         });
@@ -750,7 +751,7 @@ void bind_loss_passes(py::module_& m) {
           P::trl::grpo_loss_result r;
           {
             const py::gil_scoped_release nogil;
-            r = P::trl::grpo_loss(in, o, out, th::torch_executor{});
+            r = P::trl::grpo_loss(in, out, o, th::torch_executor{});
           }
           ulorl::policy_loss_result parts;
           parts.loss = r.loss, parts.pg_loss = r.pg_loss, parts.kl_loss = r.kl_loss, parts.entropy_loss = r.entropy_loss;

@@ -60,33 +60,63 @@ ulorl::batch_counts count_mask(const opt_tensor& mask, const opt_tensor& offsets
 }  // namespace ulorl_py
 
 #if defined(ULORL_PY_AVX2_KERNELS)
-// kernels_avx2.cpp (built with -mavx2 -mfma, x86-64 only): the policy-loss kernels of the extension's pairs.
-ulorl::policy_loss_kernel<float, std::uint8_t> ulorl_py_avx2_policy_loss_f32() noexcept;
-ulorl::policy_loss_kernel<double, std::uint8_t> ulorl_py_avx2_policy_loss_f64() noexcept;
+// kernels_avx2.cpp (built with -mavx2 -mfma, x86-64 only): the policy-loss kernels of the extension's
+// pairs and the logits kernels of the adapter's element types.
+#include "kernels_avx2.hpp"
 #endif
 
 namespace ulorl_py {
 namespace {
-//! Run-time instruction-set dispatch of the policy loss: the AVX2 + FMA kernels where they were
-//! built and the CPU has them (ULORL_PYTHON_ISA=default in the environment keeps the default
-//! build's). Returns the instruction set used: "avx2" or "default".
-std::string install_policy_loss_kernels() {
+//! Whether to install the AVX2 + FMA kernels: they were built, the CPU has both, and
+//! ULORL_PYTHON_ISA=default is not in the environment (which keeps the default build's kernels).
+bool use_avx2_kernels() {
 #if defined(ULORL_PY_AVX2_KERNELS)
   const char* env = std::getenv("ULORL_PYTHON_ISA");
   const bool forced_default = env != nullptr && std::string_view(env) == "default";
   __builtin_cpu_init();
-  if (!forced_default && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  return !forced_default && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+//! Run-time instruction-set dispatch of the policy loss: the AVX2 + FMA kernels where
+//! use_avx2_kernels(). Returns the instruction set used: "avx2" or "default".
+std::string install_policy_loss_kernels(bool avx2) {
+#if defined(ULORL_PY_AVX2_KERNELS)
+  if (avx2) {
     ulorl::install_policy_loss_kernel<float, std::uint8_t>(ulorl_py_avx2_policy_loss_f32());
     ulorl::install_policy_loss_kernel<double, std::uint8_t>(ulorl_py_avx2_policy_loss_f64());
     return "avx2";
   }
 #endif
+  (void)avx2;
+  return "default";
+}
+
+//! The same for logits_forward and logits_backward of every element-type combination the adapter
+//! instantiates (kernels_avx2.hpp): logits_stats, policy_loss_from_logits, the linear head.
+std::string install_logits_kernels(bool avx2) {
+#if defined(ULORL_PY_AVX2_KERNELS)
+  if (avx2) {
+#define ULORL_PY_INSTALL_FORWARD_(NAME, L, I, S) ulorl::install_logits_forward_kernel<L, I, S>(NAME());
+#define ULORL_PY_INSTALL_BACKWARD_(NAME, L, I, S, D) ulorl::install_logits_backward_kernel<L, I, S, D, L>(NAME());
+    ULORL_PY_LOGITS_FORWARD_KERNELS(ULORL_PY_INSTALL_FORWARD_)
+    ULORL_PY_LOGITS_BACKWARD_KERNELS(ULORL_PY_INSTALL_BACKWARD_)
+#undef ULORL_PY_INSTALL_FORWARD_
+#undef ULORL_PY_INSTALL_BACKWARD_
+    return "avx2";
+  }
+#endif
+  (void)avx2;
   return "default";
 }
 }  // namespace
 
 void bind_losses(py::module_& m) {
-  m.attr("policy_loss_isa") = install_policy_loss_kernels();
+  const bool avx2 = use_avx2_kernels();
+  m.attr("policy_loss_isa") = install_policy_loss_kernels(avx2);
+  m.attr("logits_isa") = install_logits_kernels(avx2);
   m.def("count_batch", &count_mask, "mask"_a = py::none(), "offsets"_a = py::none(), py::kw_only(),
         "tokens"_a = py::none(),
         "Valid tokens, non-empty rows and rows of a 0/1 mask ([B, T], or [total] with offsets[B+1]); checked to be "

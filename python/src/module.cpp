@@ -699,7 +699,7 @@ void bind_scheduler(py::module_& m) {
          bool trust_rollout_log_probs) {
         const auto v = spans_from(spans);
         std::vector<ulorl::old_log_prob_span> out(v.size());
-        const auto n = ulorl::old_log_prob_plan(v, is_config(mode, current_version, max_staleness, trust_rollout_log_probs), out);
+        const auto n = ulorl::old_log_prob_plan(v, out, is_config(mode, current_version, max_staleness, trust_rollout_log_probs));
         py::list l;
         for (std::size_t i = 0; i < n; ++i) l.append(py::make_tuple(out[i].begin, out[i].end, out[i].old_version, out[i].recompute));
         return l;
@@ -723,7 +723,7 @@ void bind_scheduler(py::module_& m) {
          bool trust_rollout_log_probs) {
         const auto v = spans_from(spans);
         std::vector<std::int64_t> out(static_cast<std::size_t>(ulorl::span_tokens(v)));
-        ulorl::fill_old_log_prob_versions(v, is_config(mode, current_version, max_staleness, trust_rollout_log_probs), out);
+        ulorl::fill_old_log_prob_versions(v, out, is_config(mode, current_version, max_staleness, trust_rollout_log_probs));
         return out;
       },
       "spans"_a, py::kw_only(), "current_version"_a, "mode"_a = "pois", "max_staleness"_a = -1,

@@ -16,6 +16,9 @@ class Error(ValueError):
 #: The instruction set of the policy-loss kernels installed at import: "avx2" (x86-64 with AVX2 and
 #: FMA, unless ULORL_PYTHON_ISA=default is set) or "default" (the extension's baseline flags).
 policy_loss_isa: str
+#: The same for the logits kernels (logits_forward / logits_backward: logits statistics, the fused
+#: losses from logits and from hidden states): "avx2" or "default", chosen as policy_loss_isa.
+logits_isa: str
 
 class BatchCounts:
     tokens: float

@@ -118,7 +118,7 @@ json advantage(const std::string& preset, const json& params, const json& in) {
     if (est == "reinforce_plus_plus") {
       matrix ret = out;
       const auto ret_view = padded_view(ret);
-      ulorl::reinforce_pp_advantages(rewards, mask, param_double(params, "gamma", 1.0), ret_view, out_view);
+      ulorl::reinforce_pp_advantages(rewards, mask, ret_view, out_view, param_double(params, "gamma", 1.0));
       return json{{"advantages", from_matrix(out)}, {"returns", from_matrix(ret)}};
     }
     if (est == "reinforce_plus_plus_baseline") {

@@ -39,7 +39,7 @@ const conformance::registrar reg("agg_loss", [](const std::string& preset, const
   }
   conformance::matrix grad = loss_mat;
   const auto gv = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(grad.data.data(), grad.rows, grad.cols));
-  const double loss = ulorl::agg_loss(lv, mv, norm, gv);
+  const double loss = ulorl::agg_loss(lv, mv, gv, norm);
   return json{{"loss", loss}, {"grad_loss_mat", conformance::from_matrix(grad)}};
 });
 }  // namespace

@@ -31,7 +31,7 @@ const conformance::registrar reg("kl_penalty", [](const std::string& preset, con
   auto mv = [](conformance::matrix& m) {
     return ulorl::token_view<double>::padded(ulorl::matrix_view<double>(m.data.data(), m.rows, m.cols));
   };
-  ulorl::kl_penalty(cv(lp), cv(ref), cfg, mv(kl), mv(grad));
+  ulorl::kl_penalty(cv(lp), cv(ref), mv(kl), mv(grad), cfg);
   return json{{"kl", conformance::from_matrix(kl)}, {"grad_logprob", conformance::from_matrix(grad)}};
 });
 }  // namespace

@@ -34,7 +34,7 @@ json run_off_policy_mask(const std::string& preset, const json& params, const js
   }
   conformance::matrix keep = lp;
   std::vector<double> seq_kl(lp.rows);
-  const auto st = ulorl::off_policy_mask(in, conformance::padded_view(keep), cfg, std::span<double>(seq_kl));
+  const auto st = ulorl::off_policy_mask(in, conformance::padded_view(keep), std::span<double>(seq_kl), cfg);
   json out{{"mask", conformance::from_matrix(keep)}, {"seq_kl", conformance::from_vector(seq_kl)}};
   if (preset == "slime") out["opsm_clipfrac"] = st.clipfrac;
   return out;

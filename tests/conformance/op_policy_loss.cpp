@@ -66,20 +66,20 @@ json run_verl(const json& params, const inputs_t& base, const std::optional<conf
   ulorl::policy_loss_result res;
   conformance::matrix w = lp;  // the weights the batch passes write
   if (mode == K::dppo_tv || mode == K::dppo_kl) {
-    stats = P::verl::dppo_weights(oo, in.old_log_prob, in.log_prob, in.advantages, in.mask, in.weights, conformance::padded_view(w));
+    stats = P::verl::dppo_weights(in.old_log_prob, in.log_prob, in.advantages, in.mask, in.weights, conformance::padded_view(w), oo);
     in.weights = conformance::padded_view(std::as_const(w));
-    res = ulorl::policy_loss(in, cfg, grad.v());
+    res = ulorl::policy_loss(in, grad.v(), cfg);
   } else if (mode == K::clip_cov) {
     if (!selection) throw conformance::reject("policy_loss: clip_cov needs the input clip_cov_selection");
-    stats = P::verl::clip_cov_weights(oo, in.old_log_prob, in.log_prob, in.advantages, in.mask, view_of(selection), in.weights,
-                                      conformance::padded_view(w));
+    stats = P::verl::clip_cov_weights(in.old_log_prob, in.log_prob, in.advantages, in.mask, view_of(selection), in.weights,
+                                      conformance::padded_view(w), oo);
     in.weights = conformance::padded_view(std::as_const(w));
-    res = ulorl::policy_loss(in, cfg, grad.v());
+    res = ulorl::policy_loss(in, grad.v(), cfg);
   } else if (mode == K::kl_cov) {
     // Selected tokens: objective with the |x| penalty, weights w sel; the others: without it,
     // weights w (1 - sel); one normaliser, the sums add.
     conformance::matrix sel = lp;
-    stats = P::verl::kl_cov_selection(oo, in.old_log_prob, in.log_prob, in.advantages, in.mask, conformance::padded_view(sel));
+    stats = P::verl::kl_cov_selection(in.old_log_prob, in.log_prob, in.advantages, in.mask, conformance::padded_view(sel), oo);
     conformance::matrix w_sel = lp, w_rest = lp;
     for (std::size_t i = 0; i < sel.data.size(); ++i) {
       const double wi = weights ? weights->data[i] : 1.0;
@@ -91,12 +91,12 @@ json run_verl(const json& params, const inputs_t& base, const std::optional<conf
     ulorl::policy_loss_config cfg_rest = cfg;
     cfg_rest.objective.abs_penalty = 0.0;
     gradient grad_rest(lp);
-    res = ulorl::policy_loss(a, cfg, grad.v());
-    const auto rest = ulorl::policy_loss(b, cfg_rest, grad_rest.v());
+    res = ulorl::policy_loss(a, grad.v(), cfg);
+    const auto rest = ulorl::policy_loss(b, grad_rest.v(), cfg_rest);
     res.pg_loss += rest.pg_loss;
     for (std::size_t i = 0; i < grad.m.data.size(); ++i) grad.m.data[i] += grad_rest.m.data[i];
   } else {
-    res = ulorl::policy_loss(in, cfg, grad.v());
+    res = ulorl::policy_loss(in, grad.v(), cfg);
   }
   json out{{"pg_loss", res.pg_loss}, {"grad_log_prob", conformance::from_matrix(grad.m)}};
   const auto m = P::verl::metrics(mode, res.metrics, stats);
@@ -141,13 +141,13 @@ json run_openrlhf(const json& params, const inputs_t& base, const std::optional<
       ro.vllm_is_truncated_threshold = {th[0], th[1]};
     }
     const auto rm = RC::apply(RC::inputs<double, double>{in.old_log_prob, view_of(rollout), in.mask},
-                              P::openrlhf::rollout_correction(ro), RC::outputs<double, double>{.weights = conformance::padded_view(w)});
+                              RC::outputs<double, double>{.weights = conformance::padded_view(w)}, P::openrlhf::rollout_correction(ro));
     in.weights = conformance::padded_view(std::as_const(w));
     vllm_kl = rm.kl;
   }
   if (plan.ratio_against_rollout) in.old_log_prob = view_of(rollout);
   gradient grad(lp);
-  const auto res = ulorl::policy_loss(in, cfg, grad.v());
+  const auto res = ulorl::policy_loss(in, grad.v(), cfg);
   // ppo_kl is against the old policy whatever the ratio's baseline.
   double nlr = 0;
   for (std::size_t b = 0; b < base.log_prob.rows(); ++b)
@@ -198,8 +198,8 @@ json run_nemo_rl(const json& params, const inputs_t& base, const std::optional<c
   inputs_t in = base;
   if (o.force_on_policy_ratio) in.old_log_prob = base.log_prob;
   conformance::matrix w = lp;
-  const auto rm = RC::apply(RC::inputs<double, double>{in.old_log_prob, view_of(rollout), in.mask}, rc_cfg,
-                            RC::outputs<double, double>{.weights = conformance::padded_view(w)});
+  const auto rm = RC::apply(RC::inputs<double, double>{in.old_log_prob, view_of(rollout), in.mask},
+                            RC::outputs<double, double>{.weights = conformance::padded_view(w)}, rc_cfg);
   if (o.use_importance_sampling_correction) in.weights = conformance::padded_view(std::as_const(w));
   gradient grad(lp);
   // Validate the KL's inputs before anything is written (kl_penalty_term validates again).
@@ -209,16 +209,16 @@ json run_nemo_rl(const json& params, const inputs_t& base, const std::optional<c
   }
   if (o.use_on_policy_kl_approximation && with_kl) {
     conformance::matrix probe = lp;  // kl_penalty_term's checks on a scratch gradient
-    (void)P::nemo_rl::kl_penalty_term(o, base.log_prob, view_of(ref), view_of(rollout), base.mask, cfg.normalizer,
-                                      conformance::padded_view(probe));
+    (void)P::nemo_rl::kl_penalty_term(base.log_prob, view_of(ref), view_of(rollout), base.mask, conformance::padded_view(probe), o,
+                                      cfg.normalizer);
   }
-  const auto res = ulorl::policy_loss(in, cfg, grad.v());
+  const auto res = ulorl::policy_loss(in, grad.v(), cfg);
   double kl = 0;
   if (with_kl)
-    kl = P::nemo_rl::kl_penalty_term(o, base.log_prob, view_of(ref), view_of(rollout), base.mask, cfg.normalizer, grad.v());
+    kl = P::nemo_rl::kl_penalty_term(base.log_prob, view_of(ref), view_of(rollout), base.mask, grad.v(), o, cfg.normalizer);
   const auto logged = P::nemo_rl::rollout_correction_logged(rm, {.truncated_importance_sampling_type = o.truncated_importance_sampling_type},
                                                             global);
-  const auto ratios = P::nemo_rl::logged_ratios(o, base.log_prob, base.old_log_prob, base.mask, global);
+  const auto ratios = P::nemo_rl::logged_ratios(base.log_prob, base.old_log_prob, base.mask, o, global);
   json out{{"pg_loss", res.pg_loss + kl},
            {"grad_log_prob", conformance::from_matrix(grad.m)},
            {"probs_ratio", ratios.probs_ratio},

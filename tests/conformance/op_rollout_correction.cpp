@@ -29,7 +29,7 @@ struct result {
 result run(const batch& b, const rc::config& cfg) {
   result r{b.old_lp, b.mask, {}};
   const rc::inputs<double, double> in{padded_view(b.old_lp), padded_view(b.rollout_lp), padded_view(b.mask)};
-  r.m = rc::apply(in, cfg, rc::outputs<double, double>{padded_view(r.weights), padded_view(r.mask)});
+  r.m = rc::apply(in, rc::outputs<double, double>{padded_view(r.weights), padded_view(r.mask)}, cfg);
   return r;
 }
 

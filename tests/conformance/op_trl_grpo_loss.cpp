@@ -67,7 +67,7 @@ const conformance::registrar reg("trl_grpo_loss", [](const std::string& preset, 
   matrix grad = zeros_like(lp), grad_entropies = zeros_like(lp);
   P::trl::grpo_loss_outputs<double> out{conformance::padded_view(grad)};
   if (o.entropy_coef != 0.0) out.grad_entropies = conformance::padded_view(grad_entropies);
-  const auto r = P::trl::grpo_loss(in, o, out);
+  const auto r = P::trl::grpo_loss(in, out, o);
 
   json res{{"loss", r.loss}, {"grad_per_token_logps", conformance::from_matrix(grad)}};
   if (o.entropy_coef != 0.0) res["grad_entropies"] = conformance::from_matrix(grad_entropies);

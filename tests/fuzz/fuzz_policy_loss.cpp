@@ -156,7 +156,7 @@ void run(FuzzedDataProvider& p) {
   ulorl::policy_loss_result res;
   bool threw = false;
   try {
-    res = ulorl::policy_loss(in, cfg, glp.view, gent.view);
+    res = ulorl::policy_loss(in, glp.view, gent.view, cfg);
   } catch (const ulorl::error&) {
     threw = true;
   }

@@ -3,6 +3,7 @@ autograd gradients), torch.autograd.gradcheck, and properties (masked tokens con
 float32 close to float64, packed layout equals padded, mask=None gives the bits of an all-ones mask)."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -428,3 +429,28 @@ def test_openrlhf_policy_loss_action_mask_none_is_all_ones(gen):
         l2.backward()
         assert torch.equal(l1, l2) and m1 == m2
         assert torch.equal(x1.grad, x2.grad)
+
+
+def test_installed_kernels_instruction_sets(gen):
+    # The policy loss's and the logits kernels' instruction sets are chosen together at import.
+    isa = ulorl._ulorl.logits_isa
+    assert isa in ("avx2", "default") and isa == ulorl._ulorl.policy_loss_isa
+    if os.environ.get("ULORL_PYTHON_ISA") == "default":
+        assert isa == "default"
+    # float32 and bfloat16 logits (the installed kernels where isa == "avx2"): float32 statistics and
+    # gradients close to the float64 oracle's of the same (rounded) logits.
+    logits = torch.randn(5, 3001, generator=gen, dtype=torch.float64) * 3
+    labels = torch.randint(0, 3001, (5,), generator=gen, dtype=torch.int32)
+    g1, g2 = torch.randn(5, generator=gen, dtype=torch.float64), torch.randn(5, generator=gen, dtype=torch.float64)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = logits.to(dtype)
+        z = x.clone().requires_grad_()
+        lp, ent = ulorl.logprobs_from_logits(z, labels, temperature=0.7)
+        (lp * g1.float() + ent * g2.float()).sum().backward()
+        zz = x.double().requires_grad_()
+        wlp, went = oracles.logits_stats(zz, labels.long(), 0.7)
+        (wlp * g1 + went * g2).sum().backward()
+        torch.testing.assert_close(lp.double(), wlp.detach(), rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(ent.double(), went.detach(), rtol=2e-5, atol=2e-5)
+        tol = 1e-2 if dtype == torch.bfloat16 else 2e-5  # bfloat16 gradients are rounded to 8 bits
+        torch.testing.assert_close(z.grad.double(), zz.grad, rtol=tol, atol=tol * 1e-2)

@@ -136,8 +136,8 @@ paths run_both(const problem& p, const ulorl::policy_loss_config& cfg, bool weig
     return ulorl::token_view<T>::padded(ulorl::matrix_view<T>(v.data(), B, Tn, 2 * static_cast<std::ptrdiff_t>(Tn), 2));
   };
   paths out;
-  out.fast.res = ulorl::policy_loss(fin, cfg, mat(fg), entropy ? mat(fge) : ulorl::token_view<T>{});
-  out.generic.res = ulorl::policy_loss(gin, cfg, smat(gg), entropy ? smat(gge) : ulorl::token_view<T>{});
+  out.fast.res = ulorl::policy_loss(fin, mat(fg), entropy ? mat(fge) : ulorl::token_view<T>{}, cfg);
+  out.generic.res = ulorl::policy_loss(gin, smat(gg), entropy ? smat(gge) : ulorl::token_view<T>{}, cfg);
   out.fast.grad.resize(n), out.generic.grad.resize(n);
   if (entropy) out.fast.grad_entropy.resize(n), out.generic.grad_entropy.resize(n);
   for (std::size_t i = 0; i < o + n + guards; ++i)

@@ -139,7 +139,7 @@ TEST_CASE("torch policy_loss with cfg.rollout: the correction inside the loss eq
     const auto run_apply = [&](auto tag) {
       using T = decltype(tag);
       const rc::inputs<T, std::uint8_t> rin{tv(x.old, x.old.data_ptr<T>()), tv(ro, ro.data_ptr<T>()), tv(m8, m8.data_ptr<std::uint8_t>())};
-      st = rc::apply(rin, c, rc::outputs<T, std::uint8_t>{tv(w, w.data_ptr<T>()), tv(keep, keep.data_ptr<std::uint8_t>())}).totals;
+      st = rc::apply(rin, rc::outputs<T, std::uint8_t>{tv(w, w.data_ptr<T>()), tv(keep, keep.data_ptr<std::uint8_t>())}, c).totals;
     };
     if (dt == at::kDouble) run_apply(double{});
     else run_apply(float{});

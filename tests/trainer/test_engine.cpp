@@ -345,7 +345,7 @@ TEST_CASE("rollout: the engine driven by the segment scheduler with 2 segments",
       // SAIS's per-token old-log-prob version is the version that sampled the token: nothing to
       // recompute when the engine's log-probs are trusted.
       std::vector<std::int64_t> sais(r.tokens.size());
-      ulorl::fill_old_log_prob_versions(r.spans, {.mode = ulorl::is_mode::sais, .current_version = batch.policy_version}, sais);
+      ulorl::fill_old_log_prob_versions(r.spans, sais, {.mode = ulorl::is_mode::sais, .current_version = batch.policy_version});
       CHECK(sais == r.versions);
       CHECK(ulorl::recompute_token_count(r.spans, {.mode = ulorl::is_mode::sais, .current_version = batch.policy_version}) == 0);
       // Each span's log-probs equal a recompute under that version's weights.

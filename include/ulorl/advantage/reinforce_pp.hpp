@@ -91,8 +91,8 @@ void masked_whiten(token_view<const T> x, token_view<const M> mask, token_view<U
 //! Discounted returns with reset after EOS (see the header comment). `returns` is not masked. An
 //! absent mask (empty view): every token of token_rewards valid.
 template <class T, class M, class U>
-void discounted_returns(token_view<const T> token_rewards, token_view<const M> mask, double gamma,
-                        token_view<U> returns) {
+void discounted_returns(token_view<const T> token_rewards, token_view<const M> mask, token_view<U> returns,
+                        double gamma) {
   constexpr std::string_view fn = "discounted_returns";
   mask = detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
   require_same_shape(fn, "returns", returns, "mask", mask);
@@ -110,8 +110,8 @@ void discounted_returns(token_view<const T> token_rewards, token_view<const M> m
 //! REINFORCE++: returns and whitened advantages (advantages may alias returns' storage only if
 //! the caller does not need the returns). An absent mask (empty view): every token of token_rewards valid.
 template <class T, class M, class U>
-void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const M> mask, double gamma,
-                             token_view<U> returns, token_view<U> advantages, const whiten_config& cfg = {}) {
+void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const M> mask, token_view<U> returns,
+                             token_view<U> advantages, double gamma, const whiten_config& cfg = {}) {
   constexpr std::string_view fn = "reinforce_pp_advantages";
   mask = detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
   require_same_shape(fn, "advantages", advantages, "mask", mask);
@@ -122,7 +122,7 @@ void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const
   if (!(gamma >= 0.0 && gamma <= 1.0)) detail::fail_value(fn, "gamma", gamma, "must be in [0, 1]");
   if (!(cfg.eps > 0) || !std::isfinite(cfg.eps)) detail::fail_value(fn, "config.eps", cfg.eps, "must be finite and > 0");
   require_known(fn, "config.eps_at", cfg.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
-  discounted_returns(token_rewards, mask, gamma, returns);
+  discounted_returns(token_rewards, mask, returns, gamma);
   masked_whiten(token_view<const U>(returns), mask, advantages, cfg);
 }
 

@@ -8,6 +8,7 @@
 // p -> 1. Masked (-inf) logits get exactly 0 (and g_lp / tau if they are the label).
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -104,19 +105,16 @@ void check_stat(const char* fn, const char* arg, vector_view<const S> v, std::si
 }  // namespace ULORL_ISA
 }  // namespace detail::logits
 
+namespace detail {
 inline namespace ULORL_ISA {
-
-//! Writes dL/dlogits for L = sum_i grad_log_prob_i log_prob_i + grad_entropy_i entropy_i.
-//! `lse`, `entropy` [N]: saved by logits_forward with the same logits and temperature.
-//! `grad_log_prob` [N]; `grad_entropy` [N] or empty (no entropy term; `entropy` may then be empty).
-//! `grad_logits` [N, V] (float, double or bf16; any non-overlapping strides) may be the logits
-//! buffer itself (same type and strides): the backward then runs in place.
-//! Throws ulorl::error before writing anything (non-finite statistics or gradients name their row).
-template <class L, class I, class S, class D, class G, class Exec = sequential_executor>
-void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vector_view<const S> lse,
-                     vector_view<const S> entropy, vector_view<const D> grad_log_prob,
-                     vector_view<const D> grad_entropy, matrix_view<G> grad_logits, const logits_config& cfg = {},
-                     Exec&& exec = {}) {
+//! logits_backward's body: validation and the rows. It depends on the element types only (the
+//! executor is referenced), so a translation unit built with other instruction-set flags can
+//! compile it for install_logits_backward_kernel.
+template <class L, class I, class S, class D, class G>
+void logits_backward_dispatch(matrix_view<const L> logits, std::span<const I> labels, vector_view<const S> lse,
+                              vector_view<const S> entropy, vector_view<const D> grad_log_prob,
+                              vector_view<const D> grad_entropy, matrix_view<G> grad_logits, const logits_config& cfg,
+                              executor_ref exec) {
   static_assert(std::is_floating_point_v<S> && std::is_floating_point_v<D>, "statistics are float or double");
   static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double or ulorl::bf16");
   constexpr const char* fn = "logits_backward";
@@ -145,6 +143,64 @@ void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vec
                                          tau, cfg.fast_backward);
     }
   });
+}
+}  // namespace ULORL_ISA
+}  // namespace detail
+
+//! A compiled logits_backward body for logits L, labels I, statistics S, row gradients D and
+//! logits gradient G: detail::logits_backward_dispatch of one instruction set.
+template <class L, class I, class S, class D, class G>
+using logits_backward_kernel = void (*)(matrix_view<const L>, std::span<const I>, vector_view<const S>,
+                                        vector_view<const S>, vector_view<const D>, vector_view<const D>,
+                                        matrix_view<G>, const logits_config&, executor_ref);
+
+namespace detail {
+template <class L, class I, class S, class D, class G>
+inline std::atomic<logits_backward_kernel<L, I, S, D, G>> logits_backward_installed{nullptr};
+}  // namespace detail
+
+//! Run-time instruction-set dispatch of logits_backward<L, I, S, D, G>, as
+//! install_logits_forward_kernel (ulorl/logits/forward.hpp) is of the forward: every call of the
+//! program, policy_loss_from_logits's and the torch adapter's included, runs `kernel`; nullptr
+//! restores each unit's own. The gradients are the kernel's (FMA changes the last bits of p).
+template <class L, class I, class S, class D, class G>
+void install_logits_backward_kernel(logits_backward_kernel<L, I, S, D, G> kernel) noexcept {
+  detail::logits_backward_installed<L, I, S, D, G>.store(kernel, std::memory_order_release);
+}
+//! The kernel installed for (L, I, S, D, G), or nullptr (each translation unit's own).
+template <class L, class I, class S, class D, class G>
+[[nodiscard]] logits_backward_kernel<L, I, S, D, G> installed_logits_backward_kernel() noexcept {
+  return detail::logits_backward_installed<L, I, S, D, G>.load(std::memory_order_acquire);
+}
+
+//! As ULORL_LOGITS_FORWARD_KERNEL_GETTER (same rules: call after the CPU check, link the unit
+//! last): defines `NAME()`, this unit's logits_backward body for (L, I, S, D, G).
+#define ULORL_LOGITS_BACKWARD_KERNEL_GETTER(NAME, L, I, S, D, G)                 \
+  ::ulorl::logits_backward_kernel<L, I, S, D, G> NAME() noexcept {               \
+    return &::ulorl::detail::logits_backward_dispatch<L, I, S, D, G>;            \
+  }
+
+inline namespace ULORL_ISA {
+
+//! Writes dL/dlogits for L = sum_i grad_log_prob_i log_prob_i + grad_entropy_i entropy_i.
+//! `lse`, `entropy` [N]: saved by logits_forward with the same logits and temperature.
+//! `grad_log_prob` [N]; `grad_entropy` [N] or empty (no entropy term; `entropy` may then be empty).
+//! `grad_logits` [N, V] (float, double or bf16; any non-overlapping strides) may be the logits
+//! buffer itself (same type and strides): the backward then runs in place.
+//! Throws ulorl::error before writing anything (non-finite statistics or gradients name their row).
+//! Runs the kernel installed for (L, I, S, D, G), if any (install_logits_backward_kernel), else this
+//! translation unit's.
+template <class L, class I, class S, class D, class G, class Exec = sequential_executor>
+void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vector_view<const S> lse,
+                     vector_view<const S> entropy, vector_view<const D> grad_log_prob,
+                     vector_view<const D> grad_entropy, matrix_view<G> grad_logits, const logits_config& cfg = {},
+                     Exec&& exec = {}) {
+  static_assert(std::is_floating_point_v<S> && std::is_floating_point_v<D>, "statistics are float or double");
+  static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double or ulorl::bf16");
+  if (const logits_backward_kernel<L, I, S, D, G> k = installed_logits_backward_kernel<L, I, S, D, G>()) [[unlikely]]
+    return k(logits, labels, lse, entropy, grad_log_prob, grad_entropy, grad_logits, cfg, executor_ref(exec));
+  detail::logits_backward_dispatch<L, I, S, D, G>(logits, labels, lse, entropy, grad_log_prob, grad_entropy, grad_logits,
+                                                  cfg, executor_ref(exec));
 }
 
 //! Convenience overload for mutable logits views (e.g. in place: grad_logits == logits).

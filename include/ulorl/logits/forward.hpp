@@ -14,6 +14,7 @@
 // makes its row's outputs NaN (other rows are unaffected), as torch does.
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -284,8 +285,6 @@ void check_output(const char* fn, const char* arg, vector_view<S> out, std::size
 }  // namespace ULORL_ISA
 }  // namespace detail::logits
 
-inline namespace ULORL_ISA {
-
 //! The per-row outputs of logits_forward, each [N] (float or double) or an empty view when not
 //! wanted. `log_prob` is required. `entropy` and `lse` cost nothing extra; keep them for
 //! logits_backward (store lse in double when |logits| is large: float lse is exact only to
@@ -300,13 +299,14 @@ struct logits_outputs {
   vector_view<S> sum_pi_squared{};
 };
 
-//! Per-row chosen-token log-prob, entropy, log-sum-exp and (optionally) sum of squared
-//! probabilities of logits / temperature. `logits` [N, V] (float, double or bf16; any strides),
-//! `labels` [N] in [0, V). `exec` runs rows in parallel (see parallel.hpp). Throws ulorl::error
-//! before writing anything.
-template <class L, class I, class S, class Exec = sequential_executor>
-void logits_forward(matrix_view<const L> logits, std::span<const I> labels, const logits_outputs<S>& out,
-                    const logits_config& cfg = {}, Exec&& exec = {}) {
+namespace detail {
+inline namespace ULORL_ISA {
+//! logits_forward's body: validation and the rows. It depends on the element types only (the
+//! executor is referenced, not a template parameter), so a translation unit built with other
+//! instruction-set flags can compile it for install_logits_forward_kernel.
+template <class L, class I, class S>
+void logits_forward_dispatch(matrix_view<const L> logits, std::span<const I> labels, const logits_outputs<S>& out,
+                             const logits_config& cfg, executor_ref exec) {
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
   constexpr const char* fn = "logits_forward";
   detail::logits::check_common<S>(fn, logits, labels, cfg);
@@ -339,6 +339,63 @@ void logits_forward(matrix_view<const L> logits, std::span<const I> labels, cons
     exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<true>(begin, end); });
   else
     exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<false>(begin, end); });
+}
+}  // namespace ULORL_ISA
+}  // namespace detail
+
+//! A compiled logits_forward body for logits L, labels I and statistics S:
+//! detail::logits_forward_dispatch of one instruction set.
+template <class L, class I, class S>
+using logits_forward_kernel = void (*)(matrix_view<const L>, std::span<const I>, const logits_outputs<S>&,
+                                       const logits_config&, executor_ref);
+
+namespace detail {
+template <class L, class I, class S>
+inline std::atomic<logits_forward_kernel<L, I, S>> logits_forward_installed{nullptr};
+}  // namespace detail
+
+//! Run-time instruction-set dispatch, as install_policy_loss_kernel (ulorl/loss/policy_loss.hpp):
+//! routes every logits_forward<L, I, S> call of the program (every translation unit, whatever its
+//! flags; policy_loss_from_logits and the torch adapter's included) to `kernel`, or with nullptr
+//! back to each unit's own kernels. `kernel` is the logits_forward body of a translation unit built
+//! with wider vectors (ULORL_LOGITS_FORWARD_KERNEL_GETTER below), installed at start-up after a CPU
+//! check (e.g. __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")). The statistics are
+//! the kernel's: bits may differ from another instruction set's in the last places (vector widths
+//! change the order of partial sums). Install before any thread calls logits_forward.
+template <class L, class I, class S>
+void install_logits_forward_kernel(logits_forward_kernel<L, I, S> kernel) noexcept {
+  detail::logits_forward_installed<L, I, S>.store(kernel, std::memory_order_release);
+}
+//! The kernel installed for (L, I, S), or nullptr (each translation unit's own).
+template <class L, class I, class S>
+[[nodiscard]] logits_forward_kernel<L, I, S> installed_logits_forward_kernel() noexcept {
+  return detail::logits_forward_installed<L, I, S>.load(std::memory_order_acquire);
+}
+
+//! In a translation unit built with other instruction-set flags (e.g. -mavx2 -mfma): defines
+//! `NAME()` (at global scope), which returns that unit's logits_forward body for (L, I, S), for
+//! ulorl::install_logits_forward_kernel. Call NAME only after the CPU check (its unit's code may
+//! use the wider instructions anywhere). Link this unit after the default-flags code (last in the
+//! link line): functions that both define outside the ISA-tagged namespaces (the standard
+//! library's, ulorl's validation and bf16 conversions) then keep the default build's copy, which the
+//! linker picks first. ULORL_LOGITS_BACKWARD_KERNEL_GETTER (ulorl/logits/backward.hpp) is its twin.
+#define ULORL_LOGITS_FORWARD_KERNEL_GETTER(NAME, L, I, S) \
+  ::ulorl::logits_forward_kernel<L, I, S> NAME() noexcept { return &::ulorl::detail::logits_forward_dispatch<L, I, S>; }
+
+inline namespace ULORL_ISA {
+
+//! Per-row chosen-token log-prob, entropy, log-sum-exp and (optionally) sum of squared
+//! probabilities of logits / temperature. `logits` [N, V] (float, double or bf16; any strides),
+//! `labels` [N] in [0, V). `exec` runs rows in parallel (see parallel.hpp). Throws ulorl::error
+//! before writing anything. Runs the kernel installed for (L, I, S), if any
+//! (install_logits_forward_kernel), else this translation unit's.
+template <class L, class I, class S, class Exec = sequential_executor>
+void logits_forward(matrix_view<const L> logits, std::span<const I> labels, const logits_outputs<S>& out,
+                    const logits_config& cfg = {}, Exec&& exec = {}) {
+  static_assert(std::is_floating_point_v<S>, "statistics are float or double");
+  if (const logits_forward_kernel<L, I, S> k = installed_logits_forward_kernel<L, I, S>()) [[unlikely]]
+    return k(logits, labels, out, cfg, executor_ref(exec));
+  detail::logits_forward_dispatch<L, I, S>(logits, labels, out, cfg, executor_ref(exec));
 }
 
 //! Positional form: log_prob, entropy and lse (entropy and lse may be empty).

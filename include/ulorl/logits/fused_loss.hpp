@@ -122,7 +122,7 @@ policy_loss_result loss_on_buffers(const policy_loss_inputs<T, M>& in, const pol
   policy_loss_inputs<T, M> full = in;
   full.log_prob = buf.log_prob;
   if (with_entropy) full.entropy = buf.entropy;
-  return policy_loss(full, cfg, buf.grad_log_prob, with_entropy ? buf.grad_entropy : token_view<T>(), exec);
+  return policy_loss(full, buf.grad_log_prob, with_entropy ? buf.grad_entropy : token_view<T>(), cfg, exec);
 }
 
 }  // namespace ULORL_ISA
@@ -144,10 +144,9 @@ inline namespace ULORL_ISA {
 //! `exec` like the forward and backward passes.
 template <class L, class I, class T, class M, class G, class Exec = sequential_executor, class Hook = no_statistics_hook>
 [[nodiscard]] policy_loss_result policy_loss_from_logits(matrix_view<const L> logits, std::span<const I> labels,
-                                                         const policy_loss_inputs<T, M>& in,
-                                                         const policy_loss_config& cfg, const logits_loss_buffers<T>& buf,
-                                                         matrix_view<G> grad_logits, const logits_config& lcfg = {},
-                                                         Exec&& exec = {}, Hook&& hook = {}) {
+                                                         const policy_loss_inputs<T, M>& in, const logits_loss_buffers<T>& buf,
+                                                         matrix_view<G> grad_logits, const policy_loss_config& cfg,
+                                                         const logits_config& lcfg = {}, Exec&& exec = {}, Hook&& hook = {}) {
   constexpr const char* fn = "policy_loss_from_logits";
   const std::size_t n = detail::logits::check_loss_buffers(fn, "logits", in, cfg, buf);
   const token_view<const T>& ref = in.old_log_prob;

@@ -10,9 +10,11 @@
 //   grad_weight     (+)= dZ^T . hidden[c]             (GEMM, "A^T B"),   grad_bias (+)= colsum(dZ)
 // Memory O(C x V) (plus 5 C doubles); W is read three times per chunk. This is what Liger's
 // FusedLinearCrossEntropy and verl's fused linear-for-ppo compute, for any loss of the row's log-prob
-// and entropy. policy_loss_from_hidden runs the whole policy loss of ulorl/loss/policy_loss.hpp on top
-// (the global normaliser and sequence-level objectives need every row's log-prob first: the forward
-// GEMM runs twice, four GEMMs in all).
+// and entropy. policy_loss_from_hidden runs the whole policy loss of ulorl/loss/policy_loss.hpp on top:
+// in one pass (three GEMMs per chunk) where a token's gradient follows from its own statistics (a
+// token-level objective: the normaliser's row weights come from the mask), in two passes otherwise
+// (a sequence-level objective, the rollout correction inside the loss or a statistics hook need every
+// row's log-prob first: the forward GEMM runs twice, four GEMMs in all).
 //
 // Every gradient element is summed in a fixed order that does not depend on the chunk size or the
 // executor's split (grad_weight and grad_bias accumulate in place, row after row), so the results are
@@ -35,6 +37,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
@@ -622,6 +625,64 @@ struct token_cursor {
   }
 };
 
+//! Whether policy_loss_from_hidden takes each token's gradient from its own chunk (one pass): a
+//! token-level objective (a sequence-level one needs its whole row), no rollout correction inside
+//! the loss (its weights need the row), and log-probs whose check does not wait for the loss's value
+//! scan (the head's scan on, which makes them finite, or the loss's scan off).
+inline bool one_pass_applies(const char* fn, const policy_loss_config& cfg, const linear_head_config& hcfg) {
+  if (cfg.rollout || (cfg.check_values && !hcfg.check_values)) return false;
+  return visit_objective(fn, cfg.objective,
+                         [](const auto& d) { return std::remove_cvref_t<decltype(d)>::level == objective_level::token; });
+}
+
+//! Validates every token input and output of the loss before the one pass writes the first gradient:
+//! the statistics do not exist yet, so a broadcast 0 in old_log_prob's layout stands in for the
+//! log-probs and the entropies (the loss checks the real ones after the pass).
+template <class P, class M>
+void validate_one_pass_loss(const char* fn, const policy_loss_inputs<P, M>& in, const policy_loss_config& cfg,
+                            const logits_loss_buffers<P>& buf) {
+  static constexpr P zero = 0;
+  policy_loss_inputs<P, M> stand_in = in;
+  stand_in.log_prob = token_view<const P>::broadcast(&zero, in.old_log_prob);
+  if (cfg.entropy_coef != 0.0) stand_in.entropy = stand_in.log_prob;
+  validate_policy_loss(fn, stand_in, buf.grad_log_prob, cfg.entropy_coef != 0.0 ? buf.grad_entropy : token_view<P>(),
+                       cfg, sequential_executor{});
+}
+
+//! The per-token gradients of the loss for the head, chunk by chunk (a token-level objective): for
+//! token (b, t), policy_token_loss on the chunk's statistics (as written into `buf`) times row b's
+//! aggregation weight, as the loss's row kernels compute it (up to FMA contraction).
+template <class P, class M>
+struct one_pass_gradients {
+  const policy_loss_inputs<P, M>& in;  // mask: the caller's or the all-valid broadcast
+  const logits_loss_buffers<P>& buf;
+  const policy_loss_config& cfg;
+  token_loss_params<P> params;
+  std::vector<double> row_w;  // d loss / d L[b, t] of each row's valid tokens
+  std::size_t b = 0;
+
+  one_pass_gradients(const policy_loss_inputs<P, M>& in_, const logits_loss_buffers<P>& buf_, const policy_loss_config& cfg_)
+      : in(in_), buf(buf_), cfg(cfg_), params(make_token_loss_params<P>(cfg_)), row_w(in_.old_log_prob.rows()) {
+    for (std::size_t r = 0; r < row_w.size(); ++r) row_w[r] = row_weight(cfg.normalizer, row_tokens(in.mask, r));
+  }
+  void operator()(std::size_t r0, std::span<const double>, std::span<const double>, std::span<double> glp,
+                  std::span<double> gent) {
+    const token_view<const P>& old = in.old_log_prob;
+    const bool has_kl = cfg.kl_coef != 0.0, has_w = !in.weights.empty(), with_entropy = cfg.entropy_coef != 0.0;
+    for (std::size_t i = 0; i < glp.size(); ++i) {
+      const std::size_t f = r0 + i;
+      while (f >= old.row_begin(b) + old.row_size(b)) ++b;
+      const std::size_t t = f - old.row_begin(b);
+      if (in.mask(b, t) == M(0)) continue;  // glp and gent arrive zeroed
+      const token_loss<P> tl =
+          policy_token_loss<P>(buf.log_prob(b, t), old(b, t), has_kl ? in.ref_log_prob(b, t) : P(0), in.advantages(b, t),
+                               has_w ? in.weights(b, t) : P(1), with_entropy ? buf.entropy(b, t) : P(0), params);
+      glp[i] = static_cast<double>(static_cast<P>(row_w[b]) * tl.dlogp);
+      if (with_entropy) gent[i] = static_cast<double>(static_cast<P>(-row_w[b] * cfg.entropy_coef));
+    }
+  }
+};
+
 }  // namespace ULORL_ISA
 }  // namespace detail::head
 
@@ -713,11 +774,18 @@ void linear_head_backward(const linear_head_inputs<T>& in, std::span<const I> la
 }
 
 //! The policy loss of ulorl/loss/policy_loss.hpp straight from the hidden states: row i of `hidden`
-//! is the token of flat index i of the token layout (as policy_loss_from_logits). Two passes over
-//! the chunks: statistics into `buf` (log_prob, entropy, lse), policy_loss (the loss area's own math,
-//! any objective, KL, entropy term and normaliser), then the backward (recomputing each chunk's
-//! logits) into `grads`. `in.log_prob` and `in.entropy` must be empty. Throws before writing `grads`.
-//! `hook` as policy_loss_from_logits's: it sees the statistics in `buf` before the loss.
+//! is the token of flat index i of the token layout (as policy_loss_from_logits). Statistics go into
+//! `buf` (log_prob, entropy, lse), the loss (the loss area's own math, any objective, KL, entropy
+//! term and normaliser) into the result and `buf`'s gradients, the backward into `grads`.
+//!   - One pass over the chunks (three GEMMs per chunk) for a token-level objective without `hook`,
+//!     without cfg.rollout, and with hcfg.check_values on (or cfg.check_values off): each token's
+//!     gradient comes from policy_token_loss on its chunk's statistics, times its row's aggregation
+//!     weight; policy_loss then runs on `buf` for the loss and the metrics. The gradients behind
+//!     `grads` equal `buf.grad_log_prob` up to FMA contraction in the loss's row kernels.
+//!   - Otherwise two passes (four GEMMs per chunk): statistics, the hook, policy_loss, then the
+//!     backward recomputing each chunk's logits.
+//! `in.log_prob` and `in.entropy` must be empty. Throws before writing `grads`. `hook` as
+//! policy_loss_from_logits's: it sees the statistics in `buf` before the loss.
 template <class T, class I, class P, class M, class Exec = sequential_executor, class Gemm = builtin_gemm,
           class Hook = no_statistics_hook>
 [[nodiscard]] policy_loss_result policy_loss_from_hidden(const linear_head_inputs<T>& head, std::span<const I> labels,
@@ -739,7 +807,6 @@ template <class T, class I, class P, class M, class Exec = sequential_executor, 
   detail::head::check_grads(fn, head, grads);
   if (hcfg.check_values) detail::head::check_values(fn, head, hcfg.temperature);
 
-  // 1. Statistics of every token.
   detail::head::token_cursor<P> lp_at{&buf.log_prob}, ent_at{&buf.entropy};
   const vector_view<P> lse_out = buf.lse;
   auto sink = [&](std::size_t r0, std::size_t c, const double* lp, const double* ent, const double* lse) {
@@ -749,6 +816,17 @@ template <class T, class I, class P, class M, class Exec = sequential_executor, 
       lse_out[r0 + i] = static_cast<P>(lse[i]);
     }
   };
+  if constexpr (std::is_same_v<std::remove_cvref_t<Hook>, no_statistics_hook>) {
+    if (detail::head::one_pass_applies(fn, cfg, hcfg)) {
+      detail::head::validate_one_pass_loss(fn, in, cfg, buf);
+      policy_loss_inputs<P, M> valid = in;  // an absent mask: every token of old_log_prob's layout valid
+      valid.mask = mask_or_all_valid(in.mask, in.old_log_prob);
+      detail::head::one_pass_gradients<P, M> grad_fn(valid, buf, cfg);
+      detail::head::run(fn, head, labels, sink, grad_fn, grads, hcfg, workspace, exec, gemm);
+      return detail::logits::loss_on_buffers(in, cfg, buf, exec);
+    }
+  }
+  // 1. Statistics of every token.
   detail::head::no_grad none;
   detail::head::run(fn, head, labels, sink, none, linear_head_grads<T>{}, hcfg, workspace, exec, gemm);
   // 2. The caller's hook, then the policy loss on those log-probs (validates every token input,

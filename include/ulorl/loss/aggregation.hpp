@@ -117,8 +117,8 @@ inline void validate_normalizer(std::string_view fn, const agg_normalizer& n) {
 //! empty). An absent mask (empty view): every token of loss_mat valid. Validates every input before
 //! writing.
 template <class T, class M>
-[[nodiscard]] double agg_loss(token_view<const T> loss_mat, token_view<const M> mask, const agg_normalizer& norm,
-                              token_view<T> grad = {}) {
+[[nodiscard]] double agg_loss(token_view<const T> loss_mat, token_view<const M> mask, token_view<T> grad,
+                              const agg_normalizer& norm) {
   constexpr std::string_view fn = "agg_loss";
   validate_layout(fn, "loss_mat", loss_mat);
   mask = mask_or_all_valid(mask, loss_mat);
@@ -139,6 +139,12 @@ template <class T, class M>
     loss += w * s;
   }
   return loss;
+}
+
+//! The loss alone (no gradient).
+template <class T, class M>
+[[nodiscard]] double agg_loss(token_view<const T> loss_mat, token_view<const M> mask, const agg_normalizer& norm) {
+  return agg_loss(loss_mat, mask, token_view<T>{}, norm);
 }
 
 ULORL_NAMESPACE_END

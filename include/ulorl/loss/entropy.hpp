@@ -31,8 +31,8 @@ template <class T>
 //! writes d loss / d H into `grad_entropy` (0 on masked tokens). An absent mask (empty view): every
 //! token of `entropy` valid. Validates before writing.
 template <class T, class M>
-[[nodiscard]] double entropy_loss(token_view<const T> entropy, token_view<const M> mask, double coef,
-                                  const agg_normalizer& norm, token_view<T> grad_entropy) {
+[[nodiscard]] double entropy_loss(token_view<const T> entropy, token_view<const M> mask, token_view<T> grad_entropy,
+                                  double coef, const agg_normalizer& norm) {
   constexpr std::string_view fn = "entropy_loss";
   validate_layout(fn, "entropy", entropy);
   mask = mask_or_all_valid(mask, entropy);

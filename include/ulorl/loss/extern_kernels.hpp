@@ -28,8 +28,9 @@
 #define ULORL_POLICY_LOSS_INSTANCE_(EXTERN, T, M)                                                                  \
   ULORL_NAMESPACE_BEGIN namespace detail {                                                                         \
   inline namespace ULORL_ISA {                                                                                     \
-  EXTERN template policy_loss_result policy_loss_dispatch<T, M>(const policy_loss_inputs<T, M>&, const policy_loss_config&, \
-                                                                token_view<T>, token_view<T>, executor_ref);       \
+  EXTERN template policy_loss_result policy_loss_dispatch<T, M>(const policy_loss_inputs<T, M>&, token_view<T>,    \
+                                                                token_view<T>, const policy_loss_config&,          \
+                                                                executor_ref);                                     \
   }                                                                                                                \
   }                                                                                                                \
   ULORL_NAMESPACE_END

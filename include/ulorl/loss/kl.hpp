@@ -202,8 +202,8 @@ inline namespace ULORL_ISA {
 //! Element-wise KL estimate and gradient: kl[b,t], grad[b,t] = d kl[b,t] / d logp[b,t] (= gradient of
 //! sum kl). Every element is computed (no mask), as the frameworks do. Validates before writing.
 template <class T>
-void kl_penalty(token_view<const T> log_prob, token_view<const T> ref_log_prob, const kl_config& cfg, token_view<T> kl,
-                token_view<T> grad) {
+void kl_penalty(token_view<const T> log_prob, token_view<const T> ref_log_prob, token_view<T> kl, token_view<T> grad,
+                const kl_config& cfg) {
   constexpr std::string_view fn = "kl_penalty";
   validate_layout(fn, "log_prob", log_prob);
   require_same_shape(fn, "ref_log_prob", ref_log_prob, "log_prob", log_prob);
@@ -230,7 +230,7 @@ void kl_penalty(token_view<const T> log_prob, token_view<const T> ref_log_prob, 
 //! An absent mask (empty view): every token valid. Returns the masked mean KL (0 without valid tokens).
 template <class T, class M>
 double kl_penalized_rewards(token_view<const T> rewards, token_view<const T> log_prob, token_view<const T> ref_log_prob,
-                            token_view<const M> mask, double beta, const kl_config& cfg, token_view<T> out) {
+                            token_view<const M> mask, token_view<T> out, double beta, const kl_config& cfg) {
   constexpr std::string_view fn = "kl_penalized_rewards";
   validate_layout(fn, "rewards", rewards);
   require_same_shape(fn, "log_prob", log_prob, "rewards", rewards);

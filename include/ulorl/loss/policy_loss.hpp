@@ -378,8 +378,8 @@ inline namespace ULORL_ISA {
 //! The value scan of unit-stride rows runs on `exec`; the exact checks that name the index run on
 //! the calling thread, only when the scan finds a problem or a view is strided.
 template <class T, class M, class Exec = sequential_executor>
-void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
-                          token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec = Exec{}) {
+void validate_policy_loss(std::string_view fn, const policy_loss_inputs<T, M>& in, token_view<T> grad_log_prob,
+                          token_view<T> grad_entropy, const policy_loss_config& cfg, const Exec& exec = Exec{}) {
   detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] {
     validate_objective(fn, cfg.objective);
     validate_kl(fn, cfg.kl);
@@ -393,12 +393,12 @@ inline namespace ULORL_ISA {
 //! depends on the value and mask types only (the executor is referenced, not a template parameter),
 //! so ulorl/loss/extern_kernels.hpp can compile it once per program for the common types.
 template <class T, class M>
-[[nodiscard]] policy_loss_result policy_loss_dispatch(const policy_loss_inputs<T, M>& given, const policy_loss_config& cfg,
-                                                      token_view<T> grad_log_prob, token_view<T> grad_entropy,
+[[nodiscard]] policy_loss_result policy_loss_dispatch(const policy_loss_inputs<T, M>& given, token_view<T> grad_log_prob,
+                                                      token_view<T> grad_entropy, const policy_loss_config& cfg,
                                                       executor_ref exec) {
   constexpr std::string_view fn = "policy_loss";
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
-  validate_policy_loss(fn, in, cfg, grad_log_prob, grad_entropy, exec);
+  validate_policy_loss(fn, in, grad_log_prob, grad_entropy, cfg, exec);
   return loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, exec,
                    [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
                      detail::visit_token_loss(fn, cfg, [&](const auto& obj, const auto& est) {
@@ -421,8 +421,8 @@ template <class T, class M>
 
 //! A compiled policy_loss body for (T, M): detail::policy_loss_dispatch of one instruction set.
 template <class T, class M>
-using policy_loss_kernel = policy_loss_result (*)(const policy_loss_inputs<T, M>&, const policy_loss_config&,
-                                                  token_view<T>, token_view<T>, executor_ref);
+using policy_loss_kernel = policy_loss_result (*)(const policy_loss_inputs<T, M>&, token_view<T>, token_view<T>,
+                                                  const policy_loss_config&, executor_ref);
 
 namespace detail {
 template <class T, class M>
@@ -462,28 +462,34 @@ inline namespace ULORL_ISA {
 //! batch of few long rows splits into few pieces. The value scan (check_values) runs on `exec`
 //! too; the exact checks that name a bad value's index run on the calling thread.
 template <class T, class M, class Exec>
-[[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
-                                             token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec) {
+[[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, token_view<T> grad_log_prob,
+                                             token_view<T> grad_entropy, const policy_loss_config& cfg, const Exec& exec) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "policy_loss: T must be float or double");
   if (const policy_loss_kernel<T, M> k = installed_policy_loss_kernel<T, M>()) [[unlikely]]
-    return k(in, cfg, grad_log_prob, grad_entropy, executor_ref(exec));
-  return detail::policy_loss_dispatch<T, M>(in, cfg, grad_log_prob, grad_entropy, executor_ref(exec));
+    return k(in, grad_log_prob, grad_entropy, cfg, executor_ref(exec));
+  return detail::policy_loss_dispatch<T, M>(in, grad_log_prob, grad_entropy, cfg, executor_ref(exec));
 }
 
 //! The loss on the calling thread (sequential_executor: allocates nothing).
 template <class T, class M>
-[[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
-                                             token_view<T> grad_log_prob, token_view<T> grad_entropy = {}) {
-  return policy_loss(in, cfg, grad_log_prob, grad_entropy, sequential_executor{});
+[[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, token_view<T> grad_log_prob,
+                                             token_view<T> grad_entropy, const policy_loss_config& cfg) {
+  return policy_loss(in, grad_log_prob, grad_entropy, cfg, sequential_executor{});
+}
+
+//! The loss without an entropy term's gradient (cfg.entropy_coef == 0), on the calling thread.
+template <class T, class M>
+[[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, token_view<T> grad_log_prob,
+                                             const policy_loss_config& cfg) {
+  return policy_loss(in, grad_log_prob, token_view<T>{}, cfg, sequential_executor{});
 }
 
 //! The policy loss of a token-level objective descriptor `obj` defined outside the library (see
 //! objectives.hpp for the interface; its parameters must have `bound`, the token log-ratio clamp),
 //! with the built-in estimator of cfg.kl; cfg.objective is not read. Same contract as policy_loss.
-template <class Obj, class T, class M, class Exec = sequential_executor>
-[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& given, const policy_loss_config& cfg,
-                                                  token_view<T> grad_log_prob, token_view<T> grad_entropy = {},
-                                                  const Exec& exec = Exec{}) {
+template <class Obj, class T, class M, class Exec>
+[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& given, token_view<T> grad_log_prob,
+                                                  token_view<T> grad_entropy, const policy_loss_config& cfg, const Exec& exec) {
   static_assert(Obj::level == objective_level::token, "policy_loss_with: a token-level objective descriptor");
   constexpr std::string_view fn = "policy_loss_with";
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
@@ -505,10 +511,10 @@ template <class Obj, class T, class M, class Exec = sequential_executor>
 
 //! As above with a KL estimator descriptor `est` defined outside the library (see kl.hpp); of
 //! cfg.kl only the clamps, straight_through and importance_weighted are read.
-template <class Obj, class Est, class T, class M, class Exec = sequential_executor>
+template <class Obj, class Est, class T, class M, class Exec>
 [[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const Est& est, const policy_loss_inputs<T, M>& given,
-                                                  const policy_loss_config& cfg, token_view<T> grad_log_prob,
-                                                  token_view<T> grad_entropy = {}, const Exec& exec = Exec{}) {
+                                                  token_view<T> grad_log_prob, token_view<T> grad_entropy,
+                                                  const policy_loss_config& cfg, const Exec& exec) {
   static_assert(Obj::level == objective_level::token, "policy_loss_with: a token-level objective descriptor");
   constexpr std::string_view fn = "policy_loss_with";
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
@@ -521,6 +527,29 @@ template <class Obj, class Est, class T, class M, class Exec = sequential_execut
                                return detail::token_rows_into<Obj, importance_weighted<Est>>(obj, part, cfg, g, ge, exec, res);
                              detail::token_rows_into<Obj, Est>(obj, part, cfg, g, ge, exec, res);
                            });
+}
+
+//! policy_loss_with on the calling thread, with or without `grad_entropy` (as policy_loss's overloads).
+template <class Obj, class T, class M>
+[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& in, token_view<T> grad_log_prob,
+                                                  token_view<T> grad_entropy, const policy_loss_config& cfg) {
+  return policy_loss_with(obj, in, grad_log_prob, grad_entropy, cfg, sequential_executor{});
+}
+template <class Obj, class T, class M>
+[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& in, token_view<T> grad_log_prob,
+                                                  const policy_loss_config& cfg) {
+  return policy_loss_with(obj, in, grad_log_prob, token_view<T>{}, cfg, sequential_executor{});
+}
+template <class Obj, class Est, class T, class M>
+[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const Est& est, const policy_loss_inputs<T, M>& in,
+                                                  token_view<T> grad_log_prob, token_view<T> grad_entropy,
+                                                  const policy_loss_config& cfg) {
+  return policy_loss_with(obj, est, in, grad_log_prob, grad_entropy, cfg, sequential_executor{});
+}
+template <class Obj, class Est, class T, class M>
+[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const Est& est, const policy_loss_inputs<T, M>& in,
+                                                  token_view<T> grad_log_prob, const policy_loss_config& cfg) {
+  return policy_loss_with(obj, est, in, grad_log_prob, token_view<T>{}, cfg, sequential_executor{});
 }
 }  // namespace ULORL_ISA
 

@@ -296,9 +296,9 @@ template <class T>
 //! v+ = [D <= δh or p <= p0], v- = [D <= δl or p >= p0]; δl, δh = clip_ratio_low / high (>= 0).
 //! Returns pg_clipfrac = mean (1 - v) and pg_clipfrac_lower = mean [r > c] v over the valid tokens.
 template <class T, class M>
-mode_stats dppo_weights(const objective_options& o, token_view<const T> old_log_prob, token_view<const T> log_prob,
-                        token_view<const T> advantages, token_view<const M> mask, token_view<const T> rollout_is_weights,
-                        token_view<T> weights) {
+mode_stats dppo_weights(token_view<const T> old_log_prob, token_view<const T> log_prob, token_view<const T> advantages,
+                        token_view<const M> mask, token_view<const T> rollout_is_weights, token_view<T> weights,
+                        const objective_options& o) {
   constexpr std::string_view fn = "presets::verl::dppo_weights";
   detail_verl::require_loss_mode(fn, o.loss_mode);
   if (o.loss_mode != loss_mode_kind::dppo_tv && o.loss_mode != loss_mode_kind::dppo_kl)
@@ -340,8 +340,8 @@ mode_stats dppo_weights(const objective_options& o, token_view<const T> old_log_
 //! one normaliser). The selection depends on the whole batch passed in (verl: the micro-batch).
 //! Returns ppo_kl = mean |x| over the valid tokens.
 template <class T, class M>
-mode_stats kl_cov_selection(const objective_options& o, token_view<const T> old_log_prob, token_view<const T> log_prob,
-                            token_view<const T> advantages, token_view<const M> mask, token_view<T> selected) {
+mode_stats kl_cov_selection(token_view<const T> old_log_prob, token_view<const T> log_prob, token_view<const T> advantages,
+                            token_view<const M> mask, token_view<T> selected, const objective_options& o) {
   constexpr std::string_view fn = "presets::verl::kl_cov_selection";
   detail_verl::require_loss_mode(fn, o.loss_mode);
   if (o.loss_mode != loss_mode_kind::kl_cov) detail::fail_value(fn, "loss_mode", static_cast<int>(o.loss_mode), "must be kl_cov");
@@ -385,9 +385,9 @@ mode_stats kl_cov_selection(const objective_options& o, token_view<const T> old_
 //! candidates, and exactly min(max(floor(clip_cov_ratio N), 1), #candidates) of them.
 //! Returns pg_clipfrac = mean selection over the valid tokens.
 template <class T, class M, class S>
-mode_stats clip_cov_weights(const objective_options& o, token_view<const T> old_log_prob, token_view<const T> log_prob,
-                            token_view<const T> advantages, token_view<const M> mask, token_view<const S> clip_cov_selection,
-                            token_view<const T> rollout_is_weights, token_view<T> weights) {
+mode_stats clip_cov_weights(token_view<const T> old_log_prob, token_view<const T> log_prob, token_view<const T> advantages,
+                            token_view<const M> mask, token_view<const S> clip_cov_selection,
+                            token_view<const T> rollout_is_weights, token_view<T> weights, const objective_options& o) {
   constexpr std::string_view fn = "presets::verl::clip_cov_weights";
   detail_verl::require_loss_mode(fn, o.loss_mode);
   if (o.loss_mode != loss_mode_kind::clip_cov) detail::fail_value(fn, "loss_mode", static_cast<int>(o.loss_mode), "must be clip_cov");
@@ -566,7 +566,7 @@ struct kl_options {
 //!    log_prob under force_on_policy_ratio, else old_log_prob; policy_loss weights u = w when
 //!    use_importance_sampling_correction;
 //!  * actor = policy_loss(objective(o), old_log_prob := prev, normalizer(o, ...)), kl_coef = 0;
-//!  * kl = kl_penalty_term(o, ...) added to the loss and the gradient (same normaliser).
+//!  * kl = kl_penalty_term(..., o, normalizer(o, ...)) added to the loss and the gradient (same normaliser).
 struct clipped_pg_loss_options {
   double ratio_clip_min = 0.2;
   double ratio_clip_max = 0.2;
@@ -642,9 +642,9 @@ inline void validate(const clipped_pg_loss_options& o) {
 //! gradient there is 0 · inf = NaN). An absent mask (empty view): every token valid. Validates
 //! before writing.
 template <class T, class M>
-double kl_penalty_term(const clipped_pg_loss_options& o, token_view<const T> log_prob, token_view<const T> ref_log_prob,
-                       token_view<const T> rollout_log_prob, token_view<const M> mask, const agg_normalizer& norm,
-                       token_view<T> grad_log_prob) {
+double kl_penalty_term(token_view<const T> log_prob, token_view<const T> ref_log_prob, token_view<const T> rollout_log_prob,
+                       token_view<const M> mask, token_view<T> grad_log_prob, const clipped_pg_loss_options& o,
+                       const agg_normalizer& norm) {
   constexpr std::string_view fn = "presets::nemo_rl::kl_penalty_term";
   validate(o);
   validate_layout(fn, "log_prob", log_prob);
@@ -701,8 +701,8 @@ struct ratio_metrics {
   double probs_ratio = 0, probs_ratio_clamped = 0;
 };
 template <class T, class M>
-[[nodiscard]] ratio_metrics logged_ratios(const clipped_pg_loss_options& o, token_view<const T> log_prob, token_view<const T> prev,
-                                          token_view<const M> mask, const global_counts& g = {}) {
+[[nodiscard]] ratio_metrics logged_ratios(token_view<const T> log_prob, token_view<const T> prev, token_view<const M> mask,
+                                          const clipped_pg_loss_options& o, const global_counts& g = {}) {
   constexpr std::string_view fn = "presets::nemo_rl::logged_ratios";
   validate(o);
   validate_layout(fn, "log_prob", log_prob);
@@ -925,7 +925,7 @@ struct clip_metrics {
 
 //! The entropy bonus's normaliser (`entropy_coef`): dapo / cispo / vespo divide by
 //! max(num_items_in_batch, 1) / P (absent: this batch's N), the others by max(sum m_e, 1) * GA, with
-//! m_e = m E the tokens the bonus covers (`entropy_tokens`). Use with entropy_loss(H, m_e, coef, ...).
+//! m_e = m E the tokens the bonus covers (`entropy_tokens`). Use with entropy_loss(H, m_e, grad, coef, ...).
 [[nodiscard]] inline agg_normalizer entropy_normalizer(const normalizer_options& o, const batch_counts& local,
                                                        double entropy_tokens) {
   constexpr const char* fn = "presets::trl::entropy_normalizer";

@@ -148,8 +148,8 @@ inline namespace ULORL_ISA {
 //! layout and the shapes, the required inputs and outputs, the values. `exec` runs policy_loss's rows (the results are the same bits for every
 //! executor).
 template <class T, class M, class Exec>
-[[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_options& o,
-                                         const grpo_loss_outputs<T>& out, const Exec& exec) {
+[[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out,
+                                         const grpo_loss_options& o, const Exec& exec) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "presets::trl::grpo_loss: T must be float or double");
   constexpr std::string_view fn = "presets::trl::grpo_loss";
   using LT = loss_type_kind;
@@ -277,16 +277,15 @@ template <class T, class M, class Exec>
   if (rho < 1.0) {
     emask.assign(BT, T(0));
     std::vector<double> sorted(entropy_quantile_workspace(mask));
-    (void)::ulorl::top_entropy_mask(in.entropies, mask, entropy_quantile_config{.quantile = rho},
-                                    detail_trl::padded_scratch<T>(emask, B, Tn), std::span<double>(sorted));
+    (void)::ulorl::top_entropy_mask(in.entropies, mask, detail_trl::padded_scratch<T>(emask, B, Tn),
+                                    entropy_quantile_config{.quantile = rho}, std::span<double>(sorted));
   }
   std::vector<double> phi;
   if (vespo) {
     phi.assign(B, 0.0);
-    ::ulorl::vespo_weights(vespo_inputs<T, M>{lp, old, mask, in.advantages, q},
+    ::ulorl::vespo_weights(vespo_inputs<T, M>{lp, old, mask, in.advantages, q}, phi,
                            {.k_pos = o.vespo_k_pos, .lambda_pos = o.vespo_lambda_pos, .k_neg = o.vespo_k_neg,
-                            .lambda_neg = o.vespo_lambda_neg},
-                           phi);
+                            .lambda_neg = o.vespo_lambda_neg});
   }
   const bool has_multiplier = o.off_policy_mask_threshold || rho < 1.0 || vespo || has_q;
   const auto multiplier = [&](std::size_t b, std::size_t t) {
@@ -359,13 +358,13 @@ template <class T, class M, class Exec>
     policy_loss_config mcfg = cfg;
     mcfg.kl_coef = 0.0;
     luspo_metrics =
-        ::ulorl::policy_loss(valid_only, mcfg, detail_trl::padded_scratch<T>(scratch_grad, B, Tn), token_view<T>{}, exec).metrics;
+        ::ulorl::policy_loss(valid_only, detail_trl::padded_scratch<T>(scratch_grad, B, Tn), token_view<T>{}, mcfg, exec).metrics;
   }
   std::vector<T> kl_tok, dkl_tok;
   if (separate_kl && beta != 0.0) {
     kl_tok.resize(BT), dkl_tok.resize(BT);
-    ::ulorl::kl_penalty<T>(lp, in.ref_per_token_logps, cfg.kl, detail_trl::padded_scratch<T>(kl_tok, B, Tn),
-                           detail_trl::padded_scratch<T>(dkl_tok, B, Tn));
+    ::ulorl::kl_penalty<T>(lp, in.ref_per_token_logps, detail_trl::padded_scratch<T>(kl_tok, B, Tn),
+                           detail_trl::padded_scratch<T>(dkl_tok, B, Tn), cfg.kl);
   }
   std::optional<agg_normalizer> entropy_norm;
   if (coef != 0.0) {
@@ -376,7 +375,7 @@ template <class T, class M, class Exec>
   }
 
   // ---- the loss (policy_loss validates its configuration before writing) ----
-  const policy_loss_result res = ::ulorl::policy_loss(pin, cfg, grad, token_view<T>{}, exec);
+  const policy_loss_result res = ::ulorl::policy_loss(pin, grad, token_view<T>{}, cfg, exec);
   grpo_loss_result r;
   r.pg_loss = res.pg_loss;
   r.kl_loss = res.kl_loss;
@@ -413,9 +412,9 @@ template <class T, class M, class Exec>
   }
   if (coef != 0.0) {
     r.entropy_loss = emask.empty()
-                         ? ::ulorl::entropy_loss(in.entropies, mask, coef, *entropy_norm, out.grad_entropies)
-                         : ::ulorl::entropy_loss(in.entropies, detail_trl::padded_scratch<const T>(emask, B, Tn), coef,
-                                                 *entropy_norm, out.grad_entropies);
+                         ? ::ulorl::entropy_loss(in.entropies, mask, out.grad_entropies, coef, *entropy_norm)
+                         : ::ulorl::entropy_loss(in.entropies, detail_trl::padded_scratch<const T>(emask, B, Tn),
+                                                 out.grad_entropies, coef, *entropy_norm);
   } else if (has_grad_entropies) {
     for (std::size_t b = 0; b < B; ++b)
       for (std::size_t t = 0; t < Tn; ++t) out.grad_entropies(b, t) = T(0);
@@ -506,9 +505,9 @@ template <class T, class M, class Exec>
 
 //! As above on the calling thread.
 template <class T, class M>
-[[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_options& o,
-                                         const grpo_loss_outputs<T>& out) {
-  return grpo_loss(in, o, out, sequential_executor{});
+[[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out,
+                                         const grpo_loss_options& o) {
+  return grpo_loss(in, out, o, sequential_executor{});
 }
 
 }  // namespace ULORL_ISA

@@ -57,7 +57,7 @@ struct vespo_inputs {
 //! Writes phi_b into `phi` [B]. Validates first: finite parameters, equal shapes and layouts, a 0/1
 //! mask, B advantages, finite log-probs and advantages, q finite and >= 0.
 template <class T, class M>
-void vespo_weights(const vespo_inputs<T, M>& in, const vespo_config& cfg, std::span<double> phi) {
+void vespo_weights(const vespo_inputs<T, M>& in, std::span<double> phi, const vespo_config& cfg) {
   static_assert(std::is_floating_point_v<T>, "log-probabilities must be float or double");
   constexpr std::string_view fn = "vespo_weights";
   require_finite(fn, "k_pos", cfg.k_pos);

@@ -103,8 +103,8 @@ template <class T, class M>
 //! Writes E[b,t] = [m = 1 and H >= theta] into `keep` (entropy's shape, either layout) and returns
 //! theta. Nothing is written when validation fails (see entropy_quantile_threshold).
 template <class T, class M, class O>
-double top_entropy_mask(token_view<const T> entropy, token_view<const M> mask, const entropy_quantile_config& cfg,
-                        token_view<O> keep, std::span<double> scratch) {
+double top_entropy_mask(token_view<const T> entropy, token_view<const M> mask, token_view<O> keep,
+                        const entropy_quantile_config& cfg, std::span<double> scratch) {
   static_assert(std::is_floating_point_v<T>, "entropies must be float or double");
   static_assert(!std::is_const_v<O>, "keep must be writable");
   constexpr std::string_view fn = "top_entropy_mask";

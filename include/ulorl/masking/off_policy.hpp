@@ -101,7 +101,7 @@ inline void validate_off_policy_mask_config(std::string_view fn, const off_polic
 //! turn a non-finite value at a masked position into NaN). An empty row has kl_b = 0.
 template <class T, class M, class A, class O>
 off_policy_mask_stats off_policy_mask(const off_policy_mask_inputs<T, M, A>& in, token_view<O> keep,
-                                      const off_policy_mask_config& cfg, std::span<double> seq_kl = {}) {
+                                      std::span<double> seq_kl, const off_policy_mask_config& cfg) {
   static_assert(std::is_floating_point_v<T>, "log-probabilities must be float or double");
   static_assert(!std::is_const_v<O>, "keep must be writable");
   constexpr std::string_view fn = "off_policy_mask";
@@ -170,6 +170,13 @@ off_policy_mask_stats off_policy_mask(const off_policy_mask_inputs<T, M, A>& in,
     st.clipfrac += static_cast<double>(dropped) / static_cast<double>(valid > 0 ? valid : 1);
   }
   return st;
+}
+
+//! The keep mask and the counts, without the rows' kl_b.
+template <class T, class M, class A, class O>
+off_policy_mask_stats off_policy_mask(const off_policy_mask_inputs<T, M, A>& in, token_view<O> keep,
+                                      const off_policy_mask_config& cfg) {
+  return off_policy_mask(in, keep, std::span<double>{}, cfg);
 }
 
 namespace presets::trl {

@@ -134,8 +134,8 @@ inline void check_tois(std::string_view fn, std::span<const version_span> spans)
 
 //! Old-log-prob answers, one per maximal run of equal answers, written to `out`
 //! (needs at most `spans.size()` entries). Returns the number written.
-inline std::size_t old_log_prob_plan(std::span<const version_span> spans, const old_log_prob_config& cfg,
-                                    std::span<old_log_prob_span> out) {
+inline std::size_t old_log_prob_plan(std::span<const version_span> spans, std::span<old_log_prob_span> out,
+                                    const old_log_prob_config& cfg) {
   constexpr std::string_view fn = "old_log_prob_plan";
   detail::validate_old_log_prob_config(fn, cfg);
   detail::validate_version_spans(fn, spans, cfg.current_version);
@@ -154,8 +154,8 @@ inline std::size_t old_log_prob_plan(std::span<const version_span> spans, const 
 }
 
 //! Per-token old-log-prob version: `out[t]` for t in [0, span_tokens(spans)).
-inline void fill_old_log_prob_versions(std::span<const version_span> spans, const old_log_prob_config& cfg,
-                                      std::span<std::int64_t> out) {
+inline void fill_old_log_prob_versions(std::span<const version_span> spans, std::span<std::int64_t> out,
+                                      const old_log_prob_config& cfg) {
   constexpr std::string_view fn = "fill_old_log_prob_versions";
   detail::validate_old_log_prob_config(fn, cfg);
   detail::validate_version_spans(fn, spans, cfg.current_version);
@@ -168,8 +168,8 @@ inline void fill_old_log_prob_versions(std::span<const version_span> spans, cons
 }
 
 //! Per-token recompute mask (1 = the trainer must compute this token's old log-prob).
-inline void fill_recompute_mask(std::span<const version_span> spans, const old_log_prob_config& cfg,
-                                std::span<std::uint8_t> out) {
+inline void fill_recompute_mask(std::span<const version_span> spans, std::span<std::uint8_t> out,
+                                const old_log_prob_config& cfg) {
   constexpr std::string_view fn = "fill_recompute_mask";
   detail::validate_old_log_prob_config(fn, cfg);
   detail::validate_version_spans(fn, spans, cfg.current_version);

@@ -366,8 +366,8 @@ cudaError_t check_common(const T* logits, int64_t rows, int64_t cols, int64_t ro
 }  // namespace detail
 
 //! Workspace of logits_forward for this shape (0 when one block per row suffices).
-inline cudaError_t logits_forward_workspace_bytes(int64_t rows, int64_t cols, const logits_config& cfg,
-                                                  std::size_t& bytes) {
+inline cudaError_t logits_forward_workspace_bytes(int64_t rows, int64_t cols, std::size_t& bytes,
+                                                  const logits_config& cfg) {
   int splits = 1;
   const cudaError_t e = detail::choose_splits(rows, cols, cfg, splits);
   if (e != cudaSuccess) return e;
@@ -386,7 +386,7 @@ cudaError_t logits_forward(void* d_temp_storage, std::size_t& temp_storage_bytes
   static_assert(detail::is_logit_v<T>, "logits must be float, __half or __nv_bfloat16");
   if (cudaError_t e = detail::check_common(logits, rows, cols, row_stride, labels, cfg); e != cudaSuccess) return e;
   std::size_t need = 0;
-  if (cudaError_t e = logits_forward_workspace_bytes(rows, cols, cfg, need); e != cudaSuccess) return e;
+  if (cudaError_t e = logits_forward_workspace_bytes(rows, cols, need, cfg); e != cudaSuccess) return e;
   if (d_temp_storage == nullptr) {
     temp_storage_bytes = need;
     return cudaSuccess;

@@ -217,7 +217,7 @@ struct policy_loss_function : public torch::autograd::Function<policy_loss_funct
         at::Tensor gent = with_entropy && a->has_entropy ? new_tokens(entropy, scalar_type_of<T>()) : at::Tensor();
         const token_view<T> glp_v = tokens_of<T>(fn, "grad_log_prob", glp, off);
         const token_view<T> gent_v = gent.defined() ? tokens_of<T>(fn, "grad_entropy", gent, off) : token_view<T>();
-        *a->result = ulorl::policy_loss(in, cfg, glp_v, gent_v, torch_executor{});
+        *a->result = ulorl::policy_loss(in, glp_v, gent_v, cfg, torch_executor{});
         ctx->saved_data["grad_log_prob"] = glp;
         if (gent.defined()) ctx->saved_data["grad_entropy"] = gent;
         return at::scalar_tensor(a->result->loss, at::TensorOptions().dtype(scalar_type_of<T>()));
@@ -372,7 +372,7 @@ struct logits_loss_function : public torch::autograd::Function<logits_loss_funct
         using L = decltype(ltag);
         const matrix_view<const L> z = matrix_of<const L>(fn, "logits", logits);
         at::Tensor grad = opt->in_place ? logits : at::empty(logits.sizes(), logits.options());
-        a->out->result = ulorl::policy_loss_from_logits(z, y, in, *a->cfg, buf.views, matrix_of<L>(fn, "grad_logits", grad),
+        a->out->result = ulorl::policy_loss_from_logits(z, y, in, buf.views, matrix_of<L>(fn, "grad_logits", grad), *a->cfg,
                                                         opt->logits, torch_executor{});
         if (opt->in_place) torch::autograd::impl::bump_version(logits);
         ctx->saved_data["grad_logits"] = grad;
@@ -410,7 +410,7 @@ struct head_loss_function : public torch::autograd::Function<head_loss_function>
         const std::size_t ws = linear_head_workspace_bytes<H>(head.hidden.rows(), head.weight.rows(), hcfg);
         at::Tensor workspace = at::empty({static_cast<std::int64_t>(ws)}, at::TensorOptions().dtype(at::kByte));
         a->out->result = ulorl::policy_loss_from_hidden(
-            head, y, in, *a->cfg, buf.views, g, hcfg,
+            head, y, in, buf.views, g, *a->cfg, hcfg,
             std::span<std::byte>(reinterpret_cast<std::byte*>(workspace.data_ptr()), ws), torch_executor{},
             torch_gemm{});
         ctx->saved_data["grad_hidden"] = gh;

@@ -980,7 +980,7 @@ inline namespace ULORL_ISA {
 //! Phase 1 of the two-phase use: validates everything, then writes this part's weights (not
 //! batch-normalised) and keep-mask and returns its statistics. Nothing is written on error.
 template <class T, class M>
-[[nodiscard]] statistics accumulate(const inputs<T, M>& in, const config& c, const outputs<T, M>& out) {
+[[nodiscard]] statistics accumulate(const inputs<T, M>& in, const outputs<T, M>& out, const config& c) {
   return detail_rc::accumulate_in("rollout_correction::accumulate", in, c, out);
 }
 
@@ -1018,7 +1018,7 @@ inline namespace ULORL_ISA {
 //! The whole batch in one call: weights (batch-normalised when configured), keep-mask and metrics.
 //! Validates everything and computes the metrics before writing: nothing is written on error.
 template <class T, class M>
-metrics apply(const inputs<T, M>& in, const config& c, const outputs<T, M>& out) {
+metrics apply(const inputs<T, M>& in, const outputs<T, M>& out, const config& c) {
   return detail_rc::apply_in("rollout_correction::apply", in, c, out);
 }
 
