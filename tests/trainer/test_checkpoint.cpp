@@ -56,8 +56,8 @@ const std::vector<torch::Tensor>& warm_weights() {
   static const std::vector<torch::Tensor> w = [] {
     const auto task = test_task();
     rlvr::transformer_policy p(test_policy(9, 32));
-    rlvr::supervised_warmup warm(p, task, {.steps = 100, .batch = 32, .lr = 3e-3, .max_answer_tokens = 44, .seed = 5});
-    for (int s = 0; s < 100; ++s) (void)warm.step();
+    rlvr::supervised_warmup warm(p, task, {.steps = 150, .batch = 32, .lr = 3e-3, .max_answer_tokens = 44, .seed = 5});
+    for (int s = 0; s < 150; ++s) (void)warm.step();
     return rlvr::snapshot_parameters(p);
   }();
   return w;
