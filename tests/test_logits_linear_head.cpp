@@ -864,3 +864,43 @@ TEST_CASE("policy_loss_from_hidden: one pass (3 GEMMs per chunk) gives the two-p
     }
   }
 }
+
+TEST_CASE("linear head value scan over rows as wide as several vectors: every non-finite position named, the overflow bound from the true maxima") {
+  std::mt19937_64 rng(seed + 13);
+  const std::size_t n = 3, h = 77, v = 5;  // 77: pair-of-vector bodies and a scalar tail at every width
+  auto p = make<float>(rng, n, h, v, 1.0, false);
+  const auto labels = std::span<const std::int64_t>(p.q.labels);
+  std::vector<double> lp(n);
+  const auto fwd = [&](const problem<float>& pp) {
+    linear_head_forward(pp.inputs(), labels, vector_view<double>(lp.data(), n), vector_view<double>(),
+                        vector_view<double>(), linear_head_config{});
+  };
+  REQUIRE_NOTHROW(fwd(p));
+  for (const bool in_weight : {false, true})
+    for (std::size_t r : {std::size_t{0}, n - 1})
+      for (std::size_t c : {std::size_t{0}, std::size_t{15}, std::size_t{16}, std::size_t{40}, std::size_t{63},
+                            std::size_t{64}, h - 1})
+        for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+          auto q = p;
+          (in_weight ? q.weight : q.hidden)[r * h + c] = bad;
+          INFO((in_weight ? "weight" : "hidden") << " row " << r << " column " << c);
+          try {
+            fwd(q);
+            FAIL("no error");
+          } catch (const ulorl::error& e) {
+            CHECK(e.argument() == (in_weight ? "weight" : "hidden"));
+            CHECK(e.index() == static_cast<std::int64_t>(r * h + c));
+          }
+        }
+  // The overflow rule reads the largest magnitudes wherever they sit in a row (H max|h| max|w| must
+  // stay below max/4 of float): a large pair in vector lanes is rejected, a pair just below passes.
+  const float big = std::sqrt(std::numeric_limits<float>::max() / 4 / static_cast<float>(h));
+  auto over = p;
+  over.hidden[1 * h + 40] = -big * 1.01f;
+  over.weight[2 * h + 33] = big * 1.01f;
+  CHECK_THROWS_AS(fwd(over), ulorl::error);
+  auto under = p;
+  under.hidden[1 * h + 40] = -big * 0.5f;
+  under.weight[2 * h + 33] = big * 0.5f;
+  CHECK_NOTHROW(fwd(under));
+}

@@ -1,5 +1,6 @@
 // Tests of ulorl/logits/simd.hpp: the vectorised exp's relative error on a dense sweep of its range
 // against long-double exp, its edge behaviour, and the chunk kernels against plain loops.
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -106,4 +107,47 @@ TEST_CASE("chunk kernels equal plain loops") {
   simd::chunk_grad<true>(x.data(), g.data(), 40, 1.0, 1.0, 3.0, 1.0f, 1.0f);
   CHECK(std::isnan(g[17]));
   CHECK(std::isfinite(g[16]));
+}
+
+// simd::max_abs_bits against a plain loop: every length 0..300 (vector body, pair body, tail), the
+// extreme at every position class, the sign of the extreme, NaN / inf (either sign, any position)
+// at or beyond the exponent mask, subnormals and zeros.
+template <class T>
+void check_max_abs_bits() {
+  using U = decltype(simd::max_abs_bits(static_cast<const T*>(nullptr), 0));
+  const U inf_bits = std::bit_cast<U>(std::numeric_limits<T>::infinity());
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(-3, 3);
+  for (std::size_t n = 0; n <= 300; ++n) {
+    std::vector<T> x(n + 1);  // x[0] unused: an odd start off any vector boundary
+    for (std::size_t i = 1; i <= n; ++i) x[i] = static_cast<T>(u(rng));
+    const T* p = x.data() + 1;
+    double ref = 0;
+    for (std::size_t i = 0; i < n; ++i) ref = std::max(ref, std::fabs(static_cast<double>(p[i])));
+    INFO("n " << n);
+    CHECK(static_cast<double>(std::bit_cast<T>(simd::max_abs_bits(p, n))) == ref);
+    if (n == 0) continue;
+    for (std::size_t at : {std::size_t{0}, n / 3, n / 2, n - 1}) {
+      auto y = x;
+      y[1 + at] = static_cast<T>(-1e6);  // the extreme is negative: |x| counts
+      CHECK(std::bit_cast<T>(simd::max_abs_bits(y.data() + 1, n)) == static_cast<T>(1e6));
+      for (T bad : {std::numeric_limits<T>::quiet_NaN(), -std::numeric_limits<T>::quiet_NaN(),
+                    std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity()}) {
+        y[1 + at] = bad;
+        CHECK(simd::max_abs_bits(y.data() + 1, n) >= inf_bits);
+      }
+    }
+  }
+  const std::vector<T> tiny{T(0), -T(0), std::numeric_limits<T>::denorm_min(), -std::numeric_limits<T>::denorm_min() * 3};
+  CHECK(std::bit_cast<T>(simd::max_abs_bits(tiny.data(), tiny.size())) == std::numeric_limits<T>::denorm_min() * 3);
+  const std::size_t m = 40 + rng() % 3;  // a run-time length (a constant one draws GCC's loop-bound warning)
+  const std::vector<T> zeros(m, -T(0));
+  CHECK(simd::max_abs_bits(zeros.data(), zeros.size()) == 0);
+  const std::vector<T> big(m, -std::numeric_limits<T>::max());
+  CHECK(std::bit_cast<T>(simd::max_abs_bits(big.data(), big.size())) == std::numeric_limits<T>::max());
+}
+
+TEST_CASE("simd::max_abs_bits: the largest magnitude, and >= inf's bits exactly when a value is inf or NaN") {
+  check_max_abs_bits<float>();
+  check_max_abs_bits<double>();
 }

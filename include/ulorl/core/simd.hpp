@@ -294,6 +294,44 @@ template <class T, std::size_t Bytes>
 }
 #endif  // ULORL_SIMD
 
+//! The largest |x| of p[0, n) as the bits of |x| (sign cleared) in the unsigned integer of T's
+//! width. For non-negative IEEE values the integer order is the value order, so one integer
+//! maximum answers both questions of a value scan: the result is at least the exponent mask
+//! (std::numeric_limits<T>::infinity()'s bits) exactly when some element is inf or NaN, and
+//! otherwise std::bit_cast<T>(result) is the largest magnitude. An integer reduction vectorises
+//! without fast-math, which a floating-point maximum (NaN semantics) does not.
+template <class T>
+[[nodiscard]] inline std::make_unsigned_t<std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>
+max_abs_bits(const T* p, std::size_t n) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "max_abs_bits: float or double");
+  using U = std::make_unsigned_t<std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>;
+  constexpr U abs_mask = ~U{0} >> 1;
+  U hi = 0;
+  std::size_t i = 0;
+#if defined(ULORL_SIMD)
+  constexpr std::size_t N = ULORL_SIMD_BYTES / sizeof(T);
+  typedef U UV __attribute__((vector_size(ULORL_SIMD_BYTES)));
+  UV acc0{}, acc1{};
+  const auto load = [](const T* q) {
+    UV v;
+    std::memcpy(&v, q, sizeof v);
+    return v & abs_mask;
+  };
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const UV a = load(p + i), b = load(p + i + N);
+    acc0 = acc0 > a ? acc0 : a;
+    acc1 = acc1 > b ? acc1 : b;
+  }
+  acc0 = acc0 > acc1 ? acc0 : acc1;
+  for (std::size_t l = 0; l < N; ++l) hi = hi > acc0[l] ? hi : acc0[l];
+#endif
+  for (; i < n; ++i) {
+    const U b = std::bit_cast<U>(p[i]) & abs_mask;
+    hi = hi > b ? hi : b;
+  }
+  return hi;
+}
+
 }  // namespace ULORL_ISA
 }  // namespace simd
 

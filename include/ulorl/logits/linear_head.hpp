@@ -27,6 +27,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -250,20 +251,31 @@ void check_matrix(const char* fn, const char* arg, matrix_view<T> m) {
   logits::check_pointer(fn, arg, m.data(), m.size());
 }
 
+//! The largest |m(r, c)| of a matrix whose every element is finite; a non-finite element raises
+//! ulorl::error naming `arg`, its flat index, row and column. One vectorised pass over unit-stride
+//! rows (simd::max_abs_bits); only when that pass finds a non-finite value, or a row is strided,
+//! does the element-wise loop run.
 template <class T>
-void require_finite_matrix(const char* fn, const char* arg, matrix_view<const T> m) {
-  for (std::size_t r = 0; r < m.rows(); ++r)
-    for (std::size_t c = 0; c < m.cols(); ++c)
-      if (!std::isfinite(static_cast<double>(m(r, c))))
-        detail::fail_at(fn, arg, static_cast<std::int64_t>(r * m.cols() + c), static_cast<double>(m(r, c)),
-                        "must be finite (row " + std::to_string(r) + ", column " + std::to_string(c) + ")");
-}
-
-template <class T>
-double max_abs(matrix_view<const T> m) noexcept {
+double finite_max_abs(const char* fn, const char* arg, matrix_view<const T> m) {
+  using U = decltype(simd::max_abs_bits(static_cast<const T*>(nullptr), 0));
+  constexpr U inf_bits = std::bit_cast<U>(std::numeric_limits<T>::infinity());
+  U hi = 0;
+  bool exact = m.col_stride() != 1 && m.cols() > 1;
+  for (std::size_t r = 0; r < m.rows() && !exact; ++r) {
+    const U b = simd::max_abs_bits(&m(r, 0), m.cols());
+    hi = hi > b ? hi : b;
+    exact = hi >= inf_bits;
+  }
+  if (!exact) return static_cast<double>(std::bit_cast<T>(hi));
   double a = 0;
   for (std::size_t r = 0; r < m.rows(); ++r)
-    for (std::size_t c = 0; c < m.cols(); ++c) a = std::max(a, std::fabs(static_cast<double>(m(r, c))));
+    for (std::size_t c = 0; c < m.cols(); ++c) {
+      const double x = static_cast<double>(m(r, c));
+      if (!std::isfinite(x))
+        detail::fail_at(fn, arg, static_cast<std::int64_t>(r * m.cols() + c), x,
+                        "must be finite (row " + std::to_string(r) + ", column " + std::to_string(c) + ")");
+      a = std::max(a, std::fabs(x));
+    }
   return a;
 }
 
@@ -299,15 +311,13 @@ void check_inputs(const char* fn, const linear_head_inputs<T>& in, std::span<con
 //! after this no logit, no scaled logit, and so no statistic can be non-finite.
 template <class T>
 void check_values(const char* fn, const linear_head_inputs<T>& in, double temperature) {
-  require_finite_matrix(fn, "hidden", in.hidden);
-  require_finite_matrix(fn, "weight", in.weight);
+  const double mh = finite_max_abs(fn, "hidden", in.hidden), mw = finite_max_abs(fn, "weight", in.weight);
   double mb = 0;
   for (std::size_t j = 0; j < in.bias.size(); ++j) {
     const double b = static_cast<double>(in.bias[j]);
     if (!std::isfinite(b)) detail::fail_at(fn, "bias", static_cast<std::int64_t>(j), b, "must be finite");
     mb = std::max(mb, std::fabs(b));
   }
-  const double mh = max_abs(in.hidden), mw = max_abs(in.weight);
   const double lim = static_cast<double>(std::numeric_limits<T>::max()) / 4;
   const bool over = mb > lim || (mh > 0 && mw > 0 &&
                                  std::log(mh) + std::log(mw) + std::log(static_cast<double>(in.hidden.cols())) >
@@ -458,16 +468,18 @@ void chunk_logits(const linear_head_inputs<T>& in, std::size_t r0, std::size_t c
   });
 }
 
-//! grad_hidden[r0 + i, :] += dz[i, :] . weight (every element summed over j = 0..V-1 in order).
+//! grad_hidden[r0 + i, :] += dz[i, :] . weight (every element summed over j = 0..V-1 in order); with
+//! a caller's GEMM and `overwrite`, = instead of += (the builtin GEMM always adds: the caller zeroes).
 template <class T, class Exec, class Gemm = builtin_gemm>
 void chunk_grad_hidden(const linear_head_inputs<T>& in, std::size_t r0, std::size_t c, const T* dz,
-                       matrix_view<T> gh, Exec& exec, Gemm&& gemm = {}) {
+                       matrix_view<T> gh, bool overwrite, Exec& exec, Gemm&& gemm = {}) {
   const std::size_t v = in.weight.rows(), h = in.hidden.cols();
   const matrix_view<const T> w = in.weight;
   if constexpr (!is_builtin_gemm_v<Gemm>) {
-    gemm(matrix_view<const T>(dz, c, v), w, rows_of(gh, r0, c), true);
+    gemm(matrix_view<const T>(dz, c, v), w, rows_of(gh, r0, c), !overwrite);
     return;
   }
+  (void)overwrite;
   const bool fast = (w.col_stride() == 1 || h == 1) && (gh.col_stride() == 1 || h == 1);
   const std::size_t hb = lanes<T>::N * static_cast<std::size_t>(nn_nv<T>);  // columns per task
   exec((h + hb - 1) / hb, [&](std::size_t b0, std::size_t b1) {
@@ -485,14 +497,15 @@ void chunk_grad_hidden(const linear_head_inputs<T>& in, std::size_t r0, std::siz
   });
 }
 
-//! grad_weight[j, :] += sum_i dz[i, j] hidden[r0 + i, :] (i in order), grad_bias[j] += sum_i dz[i, j].
+//! grad_weight[j, :] += sum_i dz[i, j] hidden[r0 + i, :] (i in order), grad_bias[j] += sum_i dz[i, j];
+//! with a caller's GEMM and `overwrite`, grad_weight = instead of += (the bias always adds).
 template <class T, class Exec, class Gemm = builtin_gemm>
 void chunk_grad_weight(const linear_head_inputs<T>& in, std::size_t r0, std::size_t c, const T* dz,
-                       matrix_view<T> gw, vector_view<T> gb, Exec& exec, Gemm&& gemm = {}) {
+                       matrix_view<T> gw, vector_view<T> gb, bool overwrite, Exec& exec, Gemm&& gemm = {}) {
   const std::size_t v = in.weight.rows(), h = in.hidden.cols();
   const matrix_view<const T> hid = in.hidden;
   if constexpr (!is_builtin_gemm_v<Gemm>) {
-    if (gw.data() != nullptr) gemm(transposed(matrix_view<const T>(dz, c, v)), rows_of(hid, r0, c), gw, true);
+    if (gw.data() != nullptr) gemm(transposed(matrix_view<const T>(dz, c, v)), rows_of(hid, r0, c), gw, !overwrite);
     if (gb.size() != 0)
       exec(v, [&](std::size_t j0, std::size_t j1) {
         for (std::size_t i = 0; i < c; ++i)
@@ -500,6 +513,7 @@ void chunk_grad_weight(const linear_head_inputs<T>& in, std::size_t r0, std::siz
       });
     return;
   }
+  (void)overwrite;
   const bool fast = (hid.col_stride() == 1 || h == 1) && (gw.col_stride() == 1 || h == 1);
   const std::size_t nb = 64;  // vocabulary rows per task
   exec((v + nb - 1) / nb, [&](std::size_t b0, std::size_t b1) {
@@ -546,10 +560,15 @@ void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> lab
   constexpr bool backward = !std::is_same_v<std::remove_cvref_t<GradFn>, no_grad>;
   const std::size_t n = in.hidden.rows(), v = in.weight.rows();
   scratch<T> s = make_scratch<T>(fn, n, v, cfg, workspace);
+  // A caller's GEMM overwrites instead of adding to zeros: each chunk's own rows of grad_hidden,
+  // and grad_weight in the first chunk (a pass over [V, H] less; a sum that starts at the GEMM's
+  // product instead of 0 + product differs only in the sign of a zero). The builtin GEMM adds.
+  constexpr bool gemm_overwrites = !is_builtin_gemm_v<Gemm>;
+  const bool over_h = cfg.grad_hidden == grad_mode::overwrite, over_w = cfg.grad_weight == grad_mode::overwrite;
   if constexpr (backward) {
-    if (g.hidden.data() != nullptr && cfg.grad_hidden == grad_mode::overwrite) zero(g.hidden);
-    if (cfg.grad_weight == grad_mode::overwrite) {
-      if (g.weight.data() != nullptr) zero(g.weight);
+    if (g.hidden.data() != nullptr && over_h && !gemm_overwrites) zero(g.hidden);
+    if (over_w) {
+      if (g.weight.data() != nullptr && !gemm_overwrites) zero(g.weight);
       for (std::size_t j = 0; j < g.bias.size(); ++j) g.bias[j] = T(0);
     }
   }
@@ -583,9 +602,9 @@ void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> lab
       }
       logits_backward(matrix_view<const T>(z), y, vector_view<const double>(lse, c), vector_view<const double>(ent, c),
                       vector_view<const double>(glp, c), vector_view<const double>(gent, c), z, lcfg, exec);
-      if (g.hidden.data() != nullptr) chunk_grad_hidden(in, r0, c, s.logits, g.hidden, exec, gemm);
+      if (g.hidden.data() != nullptr) chunk_grad_hidden(in, r0, c, s.logits, g.hidden, over_h, exec, gemm);
       if (g.weight.data() != nullptr || g.bias.size() != 0)
-        chunk_grad_weight(in, r0, c, s.logits, g.weight, g.bias, exec, gemm);
+        chunk_grad_weight(in, r0, c, s.logits, g.weight, g.bias, over_w && r0 == 0, exec, gemm);
     }
   }
 }
