@@ -520,3 +520,55 @@ TEST_CASE("logits_forward sum_pi_squared matches the oracle's sum of squared pro
                                                         .sum_pi_squared = vector_view<double>(lp.data(), 1)}),
                   ulorl::error);  // aliases log_prob
 }
+
+// The value scan's vectorised pass over unit-stride rows, in every storage type: a NaN / +inf at
+// any position class of a wide row (first, vector lanes, pair boundaries, tail) is named by row and
+// column, -inf entries (masked vocabulary) with finite others pass, and a row whose largest
+// magnitude sits in a vector lane and overflows the scaled range is rejected with its column.
+template <class L>
+void check_scan_positions(L (*make)(double)) {
+  const std::size_t v = 301;
+  const auto scan = [&](const std::vector<L>& x, std::size_t rows, double tau) {
+    std::vector<std::int64_t> y(rows, 0);
+    std::vector<float> lp(rows, 9.0f);
+    logits_forward(matrix_view<const L>(x.data(), rows, v), std::span<const std::int64_t>(y),
+                   vector_view<float>(lp.data(), rows), vector_view<float>(), vector_view<float>(),
+                   {.temperature = tau, .check_values = true});
+  };
+  std::vector<L> base(2 * v, make(0.5));
+  for (std::size_t c = 0; c < v; c += 7) base[v + c] = make(-1.0 * static_cast<double>(c));
+  REQUIRE_NOTHROW(scan(base, 2, 1.0));
+  for (std::size_t c : {std::size_t{0}, std::size_t{7}, std::size_t{8}, std::size_t{31}, std::size_t{32},
+                        std::size_t{64}, std::size_t{255}, std::size_t{256}, v - 1})
+    for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+      auto x = base;
+      x[v + c] = make(bad);
+      INFO("column " << c << " value " << bad);
+      try {
+        scan(x, 2, 1.0);
+        FAIL("no error");
+      } catch (const ulorl::error& e) {
+        CHECK(e.argument() == "logits");
+        CHECK(e.index() == static_cast<std::int64_t>(v + c));
+        CHECK(std::string(e.what()).find("row 1, column " + std::to_string(c)) != std::string::npos);
+      }
+      x[v + c] = make(-std::numeric_limits<double>::infinity());  // masked entry: legal
+      CHECK_NOTHROW(scan(x, 2, 1.0));
+    }
+  // Float statistics hold |x| / tau <= FLT_MAX / 2: a logit of 1e30 at tau 1e-9 overflows, at 1 not.
+  auto x = base;
+  x[v + 100] = make(-1e30);
+  CHECK_NOTHROW(scan(x, 2, 1.0));
+  try {
+    scan(x, 2, 1e-9);
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.index() == static_cast<std::int64_t>(v + 100));
+  }
+}
+
+TEST_CASE("logits_forward value scan over wide rows: float, double and bf16 storage, every position class") {
+  check_scan_positions<float>([](double d) { return static_cast<float>(d); });
+  check_scan_positions<double>([](double d) { return d; });
+  check_scan_positions<bf16>([](double d) { return bf16::from_float(static_cast<float>(d)); });
+}

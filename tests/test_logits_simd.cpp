@@ -114,7 +114,7 @@ TEST_CASE("chunk kernels equal plain loops") {
 // at or beyond the exponent mask, subnormals and zeros.
 template <class T>
 void check_max_abs_bits() {
-  using U = decltype(simd::max_abs_bits(static_cast<const T*>(nullptr), 0));
+  using U = simd::uint_of_t<T>;
   const U inf_bits = std::bit_cast<U>(std::numeric_limits<T>::infinity());
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(-3, 3);

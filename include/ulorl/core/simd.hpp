@@ -294,18 +294,31 @@ template <class T, std::size_t Bytes>
 }
 #endif  // ULORL_SIMD
 
-//! The largest |x| of p[0, n) as the bits of |x| (sign cleared) in the unsigned integer of T's
-//! width. For non-negative IEEE values the integer order is the value order, so one integer
-//! maximum answers both questions of a value scan: the result is at least the exponent mask
-//! (std::numeric_limits<T>::infinity()'s bits) exactly when some element is inf or NaN, and
-//! otherwise std::bit_cast<T>(result) is the largest magnitude. An integer reduction vectorises
-//! without fast-math, which a floating-point maximum (NaN semantics) does not.
+//! The unsigned integer as wide as T.
 template <class T>
-[[nodiscard]] inline std::make_unsigned_t<std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>
-max_abs_bits(const T* p, std::size_t n) noexcept {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "max_abs_bits: float or double");
-  using U = std::make_unsigned_t<std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>;
-  constexpr U abs_mask = ~U{0} >> 1;
+using uint_of_t = std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                     std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+
+//! The bits of +inf in T's format (bfloat16 storage for 2 bytes): a magnitude's bits at least this
+//! are inf or NaN.
+template <class T>
+inline constexpr uint_of_t<T> inf_bits = sizeof(T) == 2   ? uint_of_t<T>(0x7f80u)
+                                         : sizeof(T) == 4 ? uint_of_t<T>(0x7f800000u)
+                                                          : uint_of_t<T>(0x7ff0000000000000ull);
+
+//! The largest |x| of p[0, n) as the bits of |x| (sign cleared) in the unsigned integer of T's
+//! width; T is an IEEE binary format with its sign in the top bit (float, double, or 2-byte
+//! bfloat16 storage). For non-negative IEEE values the integer order is the value order, so one
+//! integer maximum answers both questions of a value scan: the result is at least the bits of
+//! +inf exactly when some element is inf or NaN, and otherwise it is the bits of the largest
+//! magnitude. An integer reduction vectorises without fast-math, which a floating-point maximum
+//! (NaN semantics) does not.
+template <class T>
+[[nodiscard]] inline uint_of_t<T> max_abs_bits(const T* p, std::size_t n) noexcept {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "max_abs_bits: a 2-, 4- or 8-byte IEEE format");
+  static_assert(std::is_trivially_copyable_v<T>, "max_abs_bits: a trivially copyable value type");
+  using U = uint_of_t<T>;
+  constexpr U abs_mask = static_cast<U>(static_cast<U>(~U{0}) >> 1);
   U hi = 0;
   std::size_t i = 0;
 #if defined(ULORL_SIMD)
@@ -326,7 +339,7 @@ max_abs_bits(const T* p, std::size_t n) noexcept {
   for (std::size_t l = 0; l < N; ++l) hi = hi > acc0[l] ? hi : acc0[l];
 #endif
   for (; i < n; ++i) {
-    const U b = std::bit_cast<U>(p[i]) & abs_mask;
+    const U b = static_cast<U>(std::bit_cast<U>(p[i]) & abs_mask);
     hi = hi > b ? hi : b;
   }
   return hi;

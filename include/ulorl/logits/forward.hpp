@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -204,10 +205,14 @@ void check_temperature(const char* fn, double temperature) {
 //! the exponents of the softmax) and lse = max z + log sum e^(z - max z) <= max z + log V are
 //! finite, so no statistic can be a silent inf or NaN.
 template <class R>
+[[nodiscard]] bool scaled_in_range(double x, double inv_tau) noexcept {
+  return std::fabs(x) * inv_tau <= static_cast<double>(std::numeric_limits<R>::max()) / 2;
+}
+template <class R>
 void check_scaled_row(const char* fn, std::size_t row, std::size_t cols, std::size_t col, double x, double inv_tau,
                       double temperature) {
   const double limit = static_cast<double>(std::numeric_limits<R>::max()) / 2;
-  if (std::fabs(x) * inv_tau <= limit) return;
+  if (scaled_in_range<R>(x, inv_tau)) return;
   std::ostringstream os;
   os.precision(17);
   os << "row " << row << ": |logit| / temperature (temperature = " << temperature << ") exceeds half the range of "
@@ -215,11 +220,20 @@ void check_scaled_row(const char* fn, std::size_t row, std::size_t cols, std::si
   detail::fail_at(fn, "logits", static_cast<std::int64_t>(row * cols + col), x, os.str());
 }
 
-//! NaN / +inf logits and all -inf rows; the scaled row range of check_scaled_row.
+//! NaN / +inf logits and all -inf rows; the scaled row range of check_scaled_row. A unit-stride
+//! row takes one vectorised pass first (simd::max_abs_bits); only a row with a non-finite entry
+//! (-inf marks a masked vocabulary entry, so such rows are legal) or out of range, or a strided
+//! row, takes the element-wise loop, which names the first offending column.
 template <class R, class L>
 void check_logits(const char* fn, matrix_view<const L> logits, double temperature) {
   const double inv_tau = 1.0 / temperature;
+  const bool unit = logits.col_stride() == 1 || logits.cols() == 1;
   for (std::size_t r = 0; r < logits.rows(); ++r) {
+    if (unit && logits.cols() > 0) {
+      const auto hi = simd::max_abs_bits(&logits(r, 0), logits.cols());
+      if (hi < simd::inf_bits<L> && scaled_in_range<R>(static_cast<double>(widen(std::bit_cast<L>(hi))), inv_tau))
+        continue;
+    }
     bool any_finite = false;
     double biggest = 0;
     std::size_t at = 0;

@@ -257,8 +257,8 @@ void check_matrix(const char* fn, const char* arg, matrix_view<T> m) {
 //! does the element-wise loop run.
 template <class T>
 double finite_max_abs(const char* fn, const char* arg, matrix_view<const T> m) {
-  using U = decltype(simd::max_abs_bits(static_cast<const T*>(nullptr), 0));
-  constexpr U inf_bits = std::bit_cast<U>(std::numeric_limits<T>::infinity());
+  using U = simd::uint_of_t<T>;
+  constexpr U inf_bits = simd::inf_bits<T>;
   U hi = 0;
   bool exact = m.col_stride() != 1 && m.cols() > 1;
   for (std::size_t r = 0; r < m.rows() && !exact; ++r) {
