@@ -688,6 +688,31 @@ TEST_CASE("linear head: a caller-provided GEMM functor gives the built-in GEMM's
   CHECK(near(custom.gh, builtin.gh));
   CHECK(near(custom.gw, builtin.gw));
   CHECK(near(custom.gb, builtin.gb));
+  // Overwrite mode with stale values (NaN) in every gradient: the caller's GEMM overwrites (each
+  // chunk's grad_hidden rows, grad_weight in the first chunk, no zeroing pass) and gives the
+  // builtin GEMM's results; with no rows at all it zeroes grad_weight and grad_bias as the builtin does.
+  linear_head_config over = cfg;
+  over.grad_weight = grad_mode::overwrite;
+  const auto run_over = [&](auto&& gemm, std::size_t rows) {
+    const double stale = std::numeric_limits<double>::quiet_NaN();
+    out_t o{std::vector<double>(rows), std::vector<double>(rows * h, stale), std::vector<double>(v * h, stale),
+            std::vector<double>(v, stale)};
+    const linear_head_inputs<double> part{{hid.data(), rows, h}, {w.data(), v, h}, {bias.data(), v}};
+    linear_head_forward_backward(part, std::span<const std::int64_t>(labels.data(), rows), grad_fn,
+                                 linear_head_grads<double>{{o.gh.data(), rows, h}, {o.gw.data(), v, h}, {o.gb.data(), v}},
+                                 vector_view<double>(o.lp.data(), rows), {}, {}, over, {}, sequential_executor{}, gemm);
+    return o;
+  };
+  const out_t over_builtin = run_over(builtin_gemm{}, n);
+  const out_t over_custom = run_over(loop_gemm{&calls}, n);
+  CHECK(near(over_custom.gh, over_builtin.gh));
+  CHECK(near(over_custom.gw, over_builtin.gw));
+  CHECK(near(over_custom.gb, over_builtin.gb));
+  CHECK(near(over_builtin.gw, builtin.gw));
+  for (const out_t& o : {run_over(builtin_gemm{}, 0), run_over(loop_gemm{&calls}, 0)}) {
+    for (double x : o.gw) CHECK(x == 0.0);
+    for (double x : o.gb) CHECK(x == 0.0);
+  }
   // Forward only: one call per chunk.
   calls = 0;
   std::vector<double> lp(n);

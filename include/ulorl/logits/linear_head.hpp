@@ -562,8 +562,9 @@ void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> lab
   scratch<T> s = make_scratch<T>(fn, n, v, cfg, workspace);
   // A caller's GEMM overwrites instead of adding to zeros: each chunk's own rows of grad_hidden,
   // and grad_weight in the first chunk (a pass over [V, H] less; a sum that starts at the GEMM's
-  // product instead of 0 + product differs only in the sign of a zero). The builtin GEMM adds.
-  constexpr bool gemm_overwrites = !is_builtin_gemm_v<Gemm>;
+  // product instead of 0 + product differs only in the sign of a zero). The builtin GEMM adds,
+  // and with no rows there is no first chunk: zeroes first in both cases.
+  const bool gemm_overwrites = !is_builtin_gemm_v<Gemm> && n > 0;
   const bool over_h = cfg.grad_hidden == grad_mode::overwrite, over_w = cfg.grad_weight == grad_mode::overwrite;
   if constexpr (backward) {
     if (g.hidden.data() != nullptr && over_h && !gemm_overwrites) zero(g.hidden);
