@@ -469,7 +469,7 @@ void chunk_logits(const linear_head_inputs<T>& in, std::size_t r0, std::size_t c
 }
 
 //! grad_hidden[r0 + i, :] += dz[i, :] . weight (every element summed over j = 0..V-1 in order); with
-//! a caller's GEMM and `overwrite`, = instead of += (the builtin GEMM always adds: the caller zeroes).
+//! a caller's GEMM and `overwrite`, = instead of += (the builtin GEMM always adds: run() zeroes first).
 template <class T, class Exec, class Gemm = builtin_gemm>
 void chunk_grad_hidden(const linear_head_inputs<T>& in, std::size_t r0, std::size_t c, const T* dz,
                        matrix_view<T> gh, bool overwrite, Exec& exec, Gemm&& gemm = {}) {
@@ -479,6 +479,7 @@ void chunk_grad_hidden(const linear_head_inputs<T>& in, std::size_t r0, std::siz
     gemm(matrix_view<const T>(dz, c, v), w, rows_of(gh, r0, c), !overwrite);
     return;
   }
+  ULORL_ASSERT(!overwrite && "the builtin GEMM adds: run() zeroes first");
   (void)overwrite;
   const bool fast = (w.col_stride() == 1 || h == 1) && (gh.col_stride() == 1 || h == 1);
   const std::size_t hb = lanes<T>::N * static_cast<std::size_t>(nn_nv<T>);  // columns per task
@@ -513,6 +514,7 @@ void chunk_grad_weight(const linear_head_inputs<T>& in, std::size_t r0, std::siz
       });
     return;
   }
+  ULORL_ASSERT(!overwrite && "the builtin GEMM adds: run() zeroes first");
   (void)overwrite;
   const bool fast = (hid.col_stride() == 1 || h == 1) && (gw.col_stride() == 1 || h == 1);
   const std::size_t nb = 64;  // vocabulary rows per task
@@ -565,11 +567,13 @@ void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> lab
   // product instead of 0 + product differs only in the sign of a zero). The builtin GEMM adds,
   // and with no rows there is no first chunk: zeroes first in both cases.
   const bool gemm_overwrites = !is_builtin_gemm_v<Gemm> && n > 0;
-  const bool over_h = cfg.grad_hidden == grad_mode::overwrite, over_w = cfg.grad_weight == grad_mode::overwrite;
+  const bool over_w = cfg.grad_weight == grad_mode::overwrite;
+  // Whether the GEMM writes (=) instead of adding: exactly the gradients not zeroed here.
+  const bool write_h = gemm_overwrites && cfg.grad_hidden == grad_mode::overwrite, write_w = gemm_overwrites && over_w;
   if constexpr (backward) {
-    if (g.hidden.data() != nullptr && over_h && !gemm_overwrites) zero(g.hidden);
+    if (g.hidden.data() != nullptr && cfg.grad_hidden == grad_mode::overwrite && !write_h) zero(g.hidden);
     if (over_w) {
-      if (g.weight.data() != nullptr && !gemm_overwrites) zero(g.weight);
+      if (g.weight.data() != nullptr && !write_w) zero(g.weight);
       for (std::size_t j = 0; j < g.bias.size(); ++j) g.bias[j] = T(0);
     }
   }
@@ -603,9 +607,9 @@ void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> lab
       }
       logits_backward(matrix_view<const T>(z), y, vector_view<const double>(lse, c), vector_view<const double>(ent, c),
                       vector_view<const double>(glp, c), vector_view<const double>(gent, c), z, lcfg, exec);
-      if (g.hidden.data() != nullptr) chunk_grad_hidden(in, r0, c, s.logits, g.hidden, over_h, exec, gemm);
+      if (g.hidden.data() != nullptr) chunk_grad_hidden(in, r0, c, s.logits, g.hidden, write_h, exec, gemm);
       if (g.weight.data() != nullptr || g.bias.size() != 0)
-        chunk_grad_weight(in, r0, c, s.logits, g.weight, g.bias, over_w && r0 == 0, exec, gemm);
+        chunk_grad_weight(in, r0, c, s.logits, g.weight, g.bias, write_w && r0 == 0, exec, gemm);
     }
   }
 }
