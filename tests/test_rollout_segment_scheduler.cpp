@@ -156,6 +156,42 @@ TEST_CASE("life cycle: queued -> decoding -> paused -> finished | truncated -> r
   CHECK(p.items[0].policy_version == 4);
 }
 
+TEST_CASE("set_num_segments: the next quotas follow the new L_seg, committed tokens stay", "[rollout][scheduler]") {
+  segment_scheduler s({.group_size = 1, .max_response_tokens = 12, .num_segments = 3, .max_active_responses = 1});
+  s.offer_prompts(2);
+  auto p = s.plan();  // L_seg 4
+  REQUIRE(p.items.size() == 1);
+  CHECK(p.items[0].max_new_tokens == 4);
+  rejects(s, [&] { s.set_num_segments(2); }, "n");  // a plan is open
+  s.report(0, 4, decode_outcome::segment_end);
+  (void)s.end_step();
+  rejects(s, [&] { s.set_num_segments(0); }, "n");
+  rejects(s, [&] { s.set_num_segments(13); }, "n");
+  s.set_num_segments(2);  // L_seg 6: the paused response runs to token 6
+  CHECK(s.config().num_segments == 2);
+  CHECK(s.config().segment_tokens() == 6);
+  p = s.plan();
+  REQUIRE(p.items.size() == 1);
+  CHECK(p.items[0] == ulorl::plan_item{0, 0, 0, 4, 2, 0});
+  s.report(0, 2, decode_outcome::segment_end);
+  (void)s.end_step();
+  s.set_num_segments(1);  // one segment: the rest of L_max
+  p = s.plan();
+  REQUIRE(p.items.size() == 1);
+  CHECK(p.items[0] == ulorl::plan_item{0, 0, 0, 6, 6, 0});
+  s.report(0, 3, decode_outcome::eos);
+  (void)s.end_step();
+  REQUIRE(s.take_experience().responses.size() == 1);
+  s.set_num_segments(12);  // L_seg 1 for the next response
+  p = s.plan();
+  REQUIRE(p.items.size() == 1);
+  CHECK(p.items[0] == ulorl::plan_item{1, 1, 0, 0, 1, 0});
+  // A token budget that holds one segment of the old L_seg but not of the new one refuses the change.
+  segment_scheduler t({.group_size = 2, .max_response_tokens = 10, .num_segments = 2, .max_decode_tokens = 10});
+  rejects(t, [&] { t.set_num_segments(1); }, "config.max_decode_tokens");
+  CHECK(t.config().num_segments == 2);
+}
+
 TEST_CASE("failures and aborts keep committed tokens and re-queue the item", "[rollout][scheduler]") {
   segment_scheduler s({.group_size = 3, .max_response_tokens = 12, .num_segments = 3});
   s.offer_prompts(1);

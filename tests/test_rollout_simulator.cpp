@@ -1,6 +1,7 @@
 // Tests of the segment-rollout simulator (ulorl/rollout/simulator.hpp): the ulorl-64k preset
 // reproduces the paper's speedups (UloRL, Qwen3-30B-A3B, 64k: 1240 s / 774 s / 601 s per step,
 // i.e. 1.6x and 2.06x) within +-15%; the cost model matches closed forms worked out by hand.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -37,7 +38,10 @@ TEST_CASE("ulorl-64k preset reproduces the paper's segment-rollout speedups with
   CHECK(std::abs(runs[2].mean_response_tokens / runs[0].mean_response_tokens - 1.0) < 0.05);
 }
 
-TEST_CASE("simulator: synchronous rollout of equal lengths matches the closed form", "[rollout][simulator]") {
+namespace {
+
+// 5 prompts x 3 responses of 611 tokens after 37 prompt tokens, L_max 1000, small exact costs.
+ulorl::rollout_sim_config closed_form_config() {
   ulorl::rollout_sim_config c;
   c.max_response_tokens = 1000;
   c.prompt_tokens = 37;
@@ -48,6 +52,13 @@ TEST_CASE("simulator: synchronous rollout of equal lengths matches the closed fo
   c.lengths.empirical = {611};
   c.engine = {.iteration_s = 1e-3, .per_sequence_s = 2e-5, .per_context_token_s = 3e-8, .prefill_token_s = 1e-5};
   c.trainer = {.per_token_s = 7e-5, .per_step_s = 0.5};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("simulator: synchronous rollout of equal lengths matches the closed form", "[rollout][simulator]") {
+  auto c = closed_form_config();
   const double B = 15, P = 37, l = 611;
   const double decode = l * (1e-3 + 2e-5 * B + 3e-8 * B * P) + 3e-8 * B * l * (l - 1) / 2;
   const double prefill = 1e-5 * B * P;
@@ -78,6 +89,93 @@ TEST_CASE("simulator: synchronous rollout of equal lengths matches the closed fo
   CHECK(s4.step_time > s1.step_time);
   // Resumes at 250, 500, 750 tokens rebuild (P + t) tokens each: B * (3P + 1500) extra prefill.
   CHECK(s4.rollout_time - s1.rollout_time == Approx(1e-5 * B * (3 * P + 1500)).epsilon(1e-9));
+}
+
+TEST_CASE("simulator: grouped empirical lengths keep each recorded group whole", "[rollout][simulator]") {
+  ulorl::rollout_sim_config c;
+  c.max_response_tokens = 1000;
+  c.group_size = 3;
+  // Three recorded groups with distinct lengths: a simulated group must be one of them, in order.
+  c.lengths.empirical = {10, 11, 12, 500, 501, 502, 2000, 2001, 2002};
+  c.lengths.empirical_grouped = true;
+  std::array<int, 3> seen{};
+  for (std::int64_t g = 0; g < 300; ++g) {
+    const auto first = ulorl::simulated_length(c, g, 0);
+    const auto row = first == 10 ? 0 : first == 500 ? 1 : first == 2000 ? 2 : -1;
+    REQUIRE(row >= 0);
+    ++seen[static_cast<std::size_t>(row)];
+    CHECK(ulorl::simulated_length(c, g, 1) == first + 1);
+    CHECK(ulorl::simulated_length(c, g, 2) == first + 2);
+  }
+  for (const int n : seen) CHECK(n > 50);  // every recorded group is drawn (expected 100 each)
+  // Per-response bootstrap of the same list mixes groups: some group gets lengths of two rows.
+  c.lengths.empirical_grouped = false;
+  bool mixed = false;
+  for (std::int64_t g = 0; g < 50 && !mixed; ++g)
+    mixed = ulorl::simulated_length(c, g, 0) / 100 != ulorl::simulated_length(c, g, 1) / 100;
+  CHECK(mixed);
+  // A run with grouped lengths: the mean response length is the recorded groups' (truncated at L_max).
+  c.lengths.empirical_grouped = true;
+  c.prompts_per_step = 4;
+  c.warmup_steps = 0;
+  c.measured_steps = 30;
+  const auto r = ulorl::simulate_segment_rollout(c, 1);
+  CHECK(r.truncated_fraction > 0.2);
+  CHECK(r.truncated_fraction < 0.47);
+  // Not whole groups, or no lengths at all: refused by name.
+  auto bad = c;
+  bad.lengths.empirical = {10, 11, 12, 500};
+  CHECK_THROWS_WITH(ulorl::simulate_segment_rollout(bad, 1), Catch::Contains("lengths.empirical"));
+  CHECK_THROWS_WITH(ulorl::simulated_length(bad, 0, 0), Catch::Contains("lengths.empirical"));
+  bad.lengths.empirical.clear();
+  CHECK_THROWS_WITH(ulorl::simulate_segment_rollout(bad, 1), Catch::Contains("lengths.empirical"));
+  CHECK_THROWS_AS(ulorl::simulated_length(bad, 0, 0), ulorl::error);
+  CHECK_THROWS_AS(ulorl::simulated_length(c, 0, 3), ulorl::error);
+}
+
+TEST_CASE("simulator: padded attention reads b x the longest context", "[rollout][simulator]") {
+  auto c = closed_form_config();
+  // One segment, equal lengths: every row has the same context, so padding reads nothing more.
+  const auto plain = ulorl::simulate_segment_rollout(c, 1);
+  c.engine.padded_kv = true;
+  const auto padded = ulorl::simulate_segment_rollout(c, 1);
+  CHECK(padded.step_time == Approx(plain.step_time).epsilon(1e-12));
+  // Two lengths, 2 segments: resumed rows (context 37 + 500) share iterations with new ones
+  // (context 37), whose reads padding raises to the longest row's.
+  c.lengths.empirical = {900, 900, 900, 100, 100, 100};
+  c.lengths.empirical_grouped = true;
+  c.engine.padded_kv = false;
+  const auto plain2 = ulorl::simulate_segment_rollout(c, 2);
+  c.engine.padded_kv = true;
+  const auto padded2 = ulorl::simulate_segment_rollout(c, 2);
+  CHECK(padded2.rollout_time > plain2.rollout_time * 1.01);
+  CHECK(padded2.train_time == Approx(plain2.train_time).epsilon(1e-12));
+  // Without a context cost, padding changes nothing.
+  c.engine.per_context_token_s = 0;
+  const auto free_kv = ulorl::simulate_segment_rollout(c, 2);
+  c.engine.padded_kv = false;
+  CHECK(ulorl::simulate_segment_rollout(c, 2).step_time == Approx(free_kv.step_time).epsilon(1e-12));
+}
+
+TEST_CASE("simulator: the engine's capacity", "[rollout][simulator]") {
+  auto c = ulorl::rollout_sim_preset("ulorl-64k");
+  c.prompts_per_step = 8;
+  c.measured_steps = 6;
+  // 0 means prompts_per_step * G: the same run as that capacity given explicitly.
+  const auto implicit = ulorl::simulate_segment_rollout(c, 2);
+  c.engine_capacity = c.prompts_per_step * c.group_size;
+  const auto explicit_ = ulorl::simulate_segment_rollout(c, 2);
+  CHECK(explicit_.step_time == implicit.step_time);
+  CHECK(explicit_.mean_lag == implicit.mean_lag);
+  // Twice the capacity keeps more responses in flight: a different (here longer-lagged) run.
+  c.engine_capacity = 2 * c.prompts_per_step * c.group_size;
+  const auto twice = ulorl::simulate_segment_rollout(c, 2);
+  CHECK(twice.step_time != implicit.step_time);
+  CHECK(twice.mean_lag > implicit.mean_lag);
+  for (const std::int64_t bad : {std::int64_t{-1}, std::int64_t{7}, std::int64_t{1} << 31}) {
+    c.engine_capacity = bad;
+    CHECK_THROWS_WITH(ulorl::simulate_segment_rollout(c, 1), Catch::Contains("engine_capacity"));
+  }
 }
 
 TEST_CASE("simulator: deterministic, and rejects bad parameters", "[rollout][simulator]") {

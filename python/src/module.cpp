@@ -648,6 +648,8 @@ void bind_scheduler(py::module_& m) {
                              "new_tokens"_a = x.new_tokens, "completed_groups"_a = x.completed_groups);
            })
       .def("update_policy", [](S& s, std::int64_t v) { s.s.update_policy(v); }, "version"_a)
+      .def("set_num_segments", [](S& s, std::int32_t n) { s.s.set_num_segments(n); }, "n"_a,
+           "Changes the segment count for the plans that follow (between steps only).")
       .def("take_experience",
            [](S& s, bool allow_partial) {
              const auto& b = s.s.take_experience(allow_partial);

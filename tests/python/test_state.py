@@ -80,6 +80,7 @@ def test_scheduler_protocol_provenance_and_mid_step_restore():
     lambda s: s.report(1, 2, "done"),            # unknown outcome
     lambda s: s.plan(),                          # a step is already open
     lambda s: s.update_policy(0),                # versions strictly increase
+    lambda s: s.set_num_segments(1),             # a step is open
     lambda s: s.offer_prompts(-1),
     lambda s: s.restore(b"not a checkpoint"),
     lambda s: s.restore(s.save()[:-1]),
@@ -94,6 +95,20 @@ def test_rejected_calls_change_nothing(bad):
     with pytest.raises(ulorl.Error):
         bad(s)
     assert s.save() == before
+
+
+def test_set_num_segments_between_steps():
+    s = make()  # L_max 8, 2 segments of 4
+    s.offer_prompts(1)
+    p = s.plan()
+    for it in p["items"]:
+        s.report(it.response_id, 4, "segment_end")
+    s.end_step()
+    s.set_num_segments(8)  # segments of 1 token: each paused response gets one more
+    assert s.segment_tokens == 1
+    assert all(it.start_token == 4 and it.max_new_tokens == 1 for it in s.plan()["items"])
+    with pytest.raises(ulorl.Error, match="'n'"):
+        s.set_num_segments(2)  # a plan is open
 
 
 def test_bad_configuration():

@@ -553,6 +553,21 @@ class segment_scheduler {
     s_.policy_version = version;
   }
 
+  //! Changes the segment count (an adaptive policy, segment_autotune.hpp) for the plans that follow:
+  //! L_seg becomes ceil(L_max / n). Between steps only (not while a plan is open). Committed tokens
+  //! stay; a paused response's next quota runs to the next multiple of the new L_seg (or L_max). The
+  //! configuration, with the new count, is part of the saved state. On error nothing changes.
+  void set_num_segments(std::int32_t n) {
+    constexpr std::string_view fn = "segment_scheduler::set_num_segments";
+    if (s_.phase != scheduler_phase::idle) detail::fail_value(fn, "n", n, "a plan is open; call end_step() first");
+    if (n < 1 || n > s_.config.max_response_tokens)
+      detail::fail_value(fn, "n", n, "must be in [1, max_response_tokens = " + std::to_string(s_.config.max_response_tokens) + "]");
+    auto c = s_.config;
+    c.num_segments = n;
+    detail::validate_scheduler_config(fn, c);
+    s_.config.num_segments = n;
+  }
+
   //! Releases whole completed groups: a batch of exactly `release_batch_groups` when that many are
   //! ready (nothing otherwise), or every ready group when it is 0. `allow_partial` releases a short
   //! final batch. The returned storage is reused by the next call. The groups to release are

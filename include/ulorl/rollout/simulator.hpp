@@ -5,7 +5,8 @@
 //  * decode engine, continuous batching, one iteration emits one token for each of the b running
 //    sequences with total context C:          tau(b, C) = t_iter + t_seq * b + t_kv * C
 //    (t_iter: weights/expert reads, launch and collective latency, paid per iteration whatever b;
-//     t_seq: per-sequence compute and sampling; t_kv: attention reading one cached token);
+//     t_seq: per-sequence compute and sampling; t_kv: attention reading one cached token); with
+//    padded_kv, attention reads b * C_max (every row padded to the longest) instead of C;
 //  * a resumed response rebuilds its KV cache under the new weights: t_prefill * (prompt + tokens);
 //    a new response prefills its prompt;
 //  * trainer (colocated, synchronous): t_step + t_token * (prompt + response tokens) per batch of
@@ -39,6 +40,10 @@ struct length_model {
   double prompt_sigma = 0.65;     //!< log-std of the per-prompt difficulty (shared by a group)
   double response_sigma = 0.45;   //!< log-std of a response around its prompt's difficulty
   std::vector<std::int64_t> empirical;  //!< non-empty: bootstrap lengths from this list instead
+  //! empirical holds whole groups (group_size consecutive lengths each, e.g. one recorded rollout's
+  //! released groups): a simulated group draws one recorded group and response k takes its k-th
+  //! length, so the per-prompt correlation of lengths is kept. false: each response draws one length.
+  bool empirical_grouped = false;
 };
 
 //! Decode engine: tau(b, C) = iteration_s + per_sequence_s * b + per_context_token_s * C.
@@ -48,6 +53,9 @@ struct decode_engine_model {
   double per_context_token_s = 3.0e-10;  //!< per cached context token read per iteration
   double prefill_token_s = 0.5e-6;       //!< per token prefilled (prompt, or KV rebuilt on resume)
   bool rebuild_kv_on_resume = true;      //!< a paused response's KV cache is recomputed after a policy update
+  //! Attention reads every row up to the longest context in the batch (an engine without paged or
+  //! ragged attention): the context term is per_context_token_s * b * C_max instead of * sum C.
+  bool padded_kv = false;
 };
 
 //! Trainer (colocated with the engine, synchronous): per_step_s + per_token_s * trained tokens.
@@ -60,7 +68,10 @@ struct rollout_sim_config {
   std::int64_t max_response_tokens = 65536;  //!< L_max
   std::int64_t prompt_tokens = 1024;
   std::int32_t group_size = 8;               //!< G
-  std::int64_t prompts_per_step = 128;       //!< groups per training batch; the engine holds prompts_per_step * G
+  std::int64_t prompts_per_step = 128;       //!< groups per training batch
+  //! Responses the engine holds at once (the scheduler's max_active_responses): 0 = prompts_per_step * G,
+  //! else >= G.
+  std::int64_t engine_capacity = 0;
   std::int64_t warmup_steps = 4;             //!< training steps before measuring (pipeline fill)
   std::int64_t measured_steps = 12;
   std::uint64_t seed = 1;
@@ -85,6 +96,7 @@ struct rollout_sim_result {
   std::int64_t max_lag = 0;
   std::int64_t lag_histogram[4] = {0, 0, 0, 0};  //!< responses with lag 0, 1, 2, >= 3
   double mean_versions_spanned = 0;
+  std::int32_t final_segments = 0;  //!< the segment count at the end (the fixed count, or an adaptive policy's last choice)
 };
 
 namespace detail {
@@ -108,6 +120,8 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
   if (c.prompt_tokens < 0) fail_value(fn, "prompt_tokens", c.prompt_tokens, "must be >= 0");
   if (c.group_size < 1) fail_value(fn, "group_size", c.group_size, "must be >= 1");
   if (c.prompts_per_step < 1) fail_value(fn, "prompts_per_step", c.prompts_per_step, "must be >= 1");
+  if (c.engine_capacity != 0 && (c.engine_capacity < c.group_size || c.engine_capacity > segment_scheduler_limits::max_response_count))
+    fail_value(fn, "engine_capacity", c.engine_capacity, "must be 0 (prompts_per_step * group_size) or in [group_size, 2^31 - 1]");
   if (c.warmup_steps < 0) fail_value(fn, "warmup_steps", c.warmup_steps, "must be >= 0");
   if (c.measured_steps < 1) fail_value(fn, "measured_steps", c.measured_steps, "must be >= 1");
   require_positive(fn, "lengths.median_fraction", c.lengths.median_fraction);
@@ -115,6 +129,12 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
   require_non_negative(fn, "lengths.response_sigma", c.lengths.response_sigma);
   for (std::size_t i = 0; i < c.lengths.empirical.size(); ++i)
     if (c.lengths.empirical[i] < 1) fail_at(fn, "lengths.empirical", static_cast<std::int64_t>(i), c.lengths.empirical[i], "lengths must be >= 1");
+  if (c.lengths.empirical_grouped) {
+    if (c.lengths.empirical.empty()) fail(fn, "lengths.empirical", "empirical_grouped needs recorded lengths");
+    if (c.lengths.empirical.size() % static_cast<std::size_t>(c.group_size) != 0)
+      fail_value(fn, "lengths.empirical", static_cast<std::int64_t>(c.lengths.empirical.size()),
+                 "empirical_grouped needs a multiple of group_size lengths");
+  }
   require_non_negative(fn, "engine.iteration_s", c.engine.iteration_s);
   require_non_negative(fn, "engine.per_sequence_s", c.engine.per_sequence_s);
   require_non_negative(fn, "engine.per_context_token_s", c.engine.per_context_token_s);
@@ -131,6 +151,13 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
 [[nodiscard]] inline std::int64_t simulated_length(const rollout_sim_config& c, std::int64_t group_id, std::int32_t k) {
   const auto G = static_cast<std::uint64_t>(c.group_size);
   const auto rid = static_cast<std::uint64_t>(group_id) * G + static_cast<std::uint64_t>(k);
+  if (c.lengths.empirical_grouped) {
+    const auto groups = c.lengths.empirical.size() / G;
+    if (groups == 0 || c.lengths.empirical.size() % G != 0 || k < 0 || static_cast<std::uint64_t>(k) >= G)
+      detail::fail("simulated_length", "lengths.empirical", "empirical_grouped needs whole groups of group_size lengths and 0 <= k < group_size");
+    const auto h = detail::splitmix64(c.seed ^ detail::splitmix64(0x6E11ull + static_cast<std::uint64_t>(group_id)));
+    return c.lengths.empirical[(h % groups) * G + static_cast<std::uint64_t>(k)];
+  }
   if (!c.lengths.empirical.empty()) {
     const auto h = detail::splitmix64(c.seed ^ detail::splitmix64(0xE11ull + rid));
     return c.lengths.empirical[h % c.lengths.empirical.size()];
@@ -141,12 +168,17 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::min(len, 1e15)));
 }
 
-//! Runs the model with `segments` segments (the real segment_scheduler decides everything).
-[[nodiscard]] inline rollout_sim_result simulate_segment_rollout(const rollout_sim_config& c, std::int32_t segments) {
-  constexpr std::string_view fn = "simulate_segment_rollout";
-  detail::validate_sim_config(fn, c);
-  if (segments < 1 || segments > c.max_response_tokens) detail::fail_value(fn, "segments", segments, "must be in [1, max_response_tokens]");
-  const std::int64_t capacity = c.prompts_per_step * c.group_size;
+namespace detail {
+
+//! The discrete-event run behind simulate_segment_rollout. After each training step (the batch
+//! trained, the policy version incremented) `after_train(sched, batch)` runs; it may change the
+//! scheduler's segment count (an adaptive policy). `max_segments` bounds the counts it may set.
+template <class AfterTrain>
+[[nodiscard]] rollout_sim_result simulate_rollout_with(std::string_view fn, const rollout_sim_config& c, std::int32_t segments,
+                                                       std::int32_t max_segments, AfterTrain&& after_train) {
+  validate_sim_config(fn, c);
+  if (segments < 1 || segments > c.max_response_tokens) fail_value(fn, "segments", segments, "must be in [1, max_response_tokens]");
+  const std::int64_t capacity = c.engine_capacity > 0 ? c.engine_capacity : c.prompts_per_step * c.group_size;
   segment_scheduler sched({.group_size = c.group_size,
                            .max_response_tokens = c.max_response_tokens,
                            .num_segments = segments,
@@ -160,7 +192,8 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
     double ctx;       // context before the step
   };
   std::vector<run_item> run;
-  run.reserve(static_cast<std::size_t>(capacity));
+  run.reserve(static_cast<std::size_t>(std::min<std::int64_t>(capacity, 1 << 16)));
+  std::vector<double> suffix_max;
 
   double now = 0, t_start = 0;
   double slot_busy = 0, slot_busy_start = 0;   // sum over iterations of b * tau
@@ -173,11 +206,12 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
   out.segments = segments;
   const std::int64_t total_steps = c.warmup_steps + c.measured_steps;
   // Enough prompts for the whole run; a generous bound so the engine never starves.
-  sched.offer_prompts((total_steps + 2 * static_cast<std::int64_t>(segments) + 4) * c.prompts_per_step * 2);
+  const auto most = static_cast<std::int64_t>(std::max(segments, max_segments));
+  sched.offer_prompts((total_steps + 2 * most + 4) * c.prompts_per_step * 2);
 
-  const std::int64_t guard_limit = total_steps * (4 * static_cast<std::int64_t>(segments) + 8) + 64;
+  const std::int64_t guard_limit = total_steps * (4 * most + 8) + 64;
   for (std::int64_t guard = 0; train_steps < total_steps; ++guard) {
-    if (guard > guard_limit) detail::fail(fn, "config", "the simulated pipeline does not produce training batches");
+    if (guard > guard_limit) fail(fn, "config", "the simulated pipeline does not produce training batches");
     // ---- one rollout step ------------------------------------------------------------------
     const auto plan = sched.plan();
     run.clear();
@@ -200,6 +234,9 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
     std::sort(run.begin(), run.end(), [](const run_item& a, const run_item& b) { return a.n < b.n; });
     double S = 0;
     for (const auto& r : run) S += r.ctx;
+    // padded_kv: the longest starting context among the items still running (a suffix, as they leave in order).
+    suffix_max.assign(run.size() + 1, 0.0);
+    for (std::size_t i = run.size(); i-- > 0;) suffix_max[i] = std::max(suffix_max[i + 1], run[i].ctx);
     double b = static_cast<double>(run.size());
     double step_decode = 0, step_busy = 0;
     std::int64_t prev = 0;
@@ -208,8 +245,9 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
       if (nk > prev) {
         const double m = static_cast<double>(nk - prev);
         const double sum_jm1 = (static_cast<double>(prev) + static_cast<double>(nk - 1)) * m / 2.0;  // sum of (j-1), j=prev+1..nk
-        const double t = m * (e.iteration_s + e.per_sequence_s * b + e.per_context_token_s * S) +
-                         e.per_context_token_s * b * sum_jm1;
+        // Context read over the m iterations: sum C_j = m S + b sum(j - 1), or padded b * (m C_max + sum(j - 1)).
+        const double read = e.padded_kv ? b * (m * suffix_max[i] + sum_jm1) : m * S + b * sum_jm1;
+        const double t = m * (e.iteration_s + e.per_sequence_s * b) + e.per_context_token_s * read;
         step_decode += t;
         step_busy += b * t;
         prev = nk;
@@ -251,6 +289,7 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
       now += t_train;
       sched.update_policy(sched.policy_version() + 1);
       ++train_steps;
+      after_train(sched, batch);
       if (train_steps == c.warmup_steps) {
         t_start = now;
         slot_busy_start = slot_busy;
@@ -277,7 +316,16 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
   out.truncated_fraction = static_cast<double>(truncated_measured) / R;
   out.mean_lag = lag_sum / R;
   out.mean_versions_spanned = spanned_sum / R;
+  out.final_segments = sched.config().num_segments;
   return out;
+}
+
+}  // namespace detail
+
+//! Runs the model with `segments` segments (the real segment_scheduler decides everything).
+[[nodiscard]] inline rollout_sim_result simulate_segment_rollout(const rollout_sim_config& c, std::int32_t segments) {
+  return detail::simulate_rollout_with("simulate_segment_rollout", c, segments, segments,
+                                       [](segment_scheduler&, const experience_batch&) {});
 }
 
 //! Runs every segment count of `segments` and fills `speedup` relative to the 1-segment run
