@@ -17,7 +17,8 @@
 // set_greedy(true) takes the most likely token instead (greedy validation); nothing else changes.
 //
 // Costs are measured per call in the terms of ulorl/rollout/simulator.hpp's decode_engine_model:
-//   decode iteration  tau(b, C) = t_iter + t_seq * b + t_kv * C   (b rows, C cached tokens read)
+//   decode iteration  tau(b, C) = t_iter + t_seq * b + t_kv * C   (b rows, C cached tokens read: the
+//                     attention is padded to the longest row, so C = b * C_max, the simulator's padded_kv)
 //   prefill           t_prefill per context token
 // engine_costs accumulates the least-squares normal equations of tau over every iteration, so
 // fitted_model() returns the matching decode_engine_model without storing samples.
@@ -71,7 +72,7 @@ struct decode_result {
 struct engine_costs {
   std::int64_t decode_iterations = 0;
   std::int64_t decoded_tokens = 0;      //!< tokens sampled by decode iterations
-  std::int64_t context_tokens = 0;      //!< sum over iterations of C (cached tokens read)
+  std::int64_t context_tokens = 0;      //!< sum over iterations of C (cached tokens read: b x the longest cache)
   double decode_s = 0;                  //!< forward + sampling of decode iterations
   std::int64_t prefill_calls = 0;
   std::int64_t prefill_tokens = 0;      //!< real context tokens prefilled
@@ -104,6 +105,7 @@ struct engine_costs {
 [[nodiscard]] inline ulorl::decode_engine_model fit_engine_model(const engine_costs& c) {
   ulorl::decode_engine_model m;
   m.rebuild_kv_on_resume = true;  // the engine always re-prefills a resumed response
+  m.padded_kv = true;             // and attends over every row up to the longest cache
   m.prefill_token_s = c.prefill_tokens > 0 ? c.prefill_s / static_cast<double>(c.prefill_tokens) : 0.0;
   std::array<bool, 3> use{true, true, true};
   std::array<double, 3> coef{};
@@ -155,9 +157,46 @@ struct engine_costs {
 
 //! The fitted model as segment_rollout_sim's cost flags (its --engine model).
 [[nodiscard]] inline std::string simulator_flags(const ulorl::decode_engine_model& m) {
-  char b[160];
-  std::snprintf(b, sizeof b, "--iteration-ms %.4f --per-seq-us %.3f --kv-ns %.3f --prefill-us %.3f", m.iteration_s * 1e3,
-                m.per_sequence_s * 1e6, m.per_context_token_s * 1e9, m.prefill_token_s * 1e6);
+  char b[192];
+  std::snprintf(b, sizeof b, "--iteration-ms %.4f --per-seq-us %.3f --kv-ns %.3f --prefill-us %.3f%s%s", m.iteration_s * 1e3,
+                m.per_sequence_s * 1e6, m.per_context_token_s * 1e9, m.prefill_token_s * 1e6,
+                m.padded_kv ? " --padded-kv" : "", m.rebuild_kv_on_resume ? "" : " --no-kv-rebuild");
+  return b;
+}
+
+//! Measured update costs: one (trained tokens, seconds) point per training step, as the normal
+//! equations of seconds = t_step + t_token * tokens (the simulator's trainer_model).
+struct trainer_costs {
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  void add_step(double tokens, double seconds) noexcept {
+    n += 1;
+    sx += tokens;
+    sy += seconds;
+    sxx += tokens * tokens;
+    sxy += tokens * seconds;
+  }
+};
+
+//! Least-squares fit of the update time per step, t_step + t_token * tokens. When the steps' token
+//! counts barely vary (the two terms cannot be separated) or a term comes out negative, the fit keeps
+//! one term: all of it per token (through the origin) or, failing that, all of it per step.
+[[nodiscard]] inline ulorl::trainer_model fit_trainer_model(const trainer_costs& c) {
+  ulorl::trainer_model m{.per_token_s = 0, .per_step_s = 0};
+  if (c.n <= 0) return m;
+  const double var = c.sxx - c.sx * c.sx / c.n;  // n * variance of the token counts
+  if (c.n >= 2 && var > 1e-6 * c.sxx) {
+    const double slope = (c.sxy - c.sx * c.sy / c.n) / var;
+    const double intercept = (c.sy - slope * c.sx) / c.n;
+    if (slope >= 0 && intercept >= 0) return {.per_token_s = slope, .per_step_s = intercept};
+  }
+  if (c.sxx > 0 && c.sxy >= 0) return {.per_token_s = c.sxy / c.sxx, .per_step_s = 0};
+  return {.per_token_s = 0, .per_step_s = std::max(0.0, c.sy / c.n)};
+}
+
+//! The fitted trainer as segment_rollout_sim's flags.
+[[nodiscard]] inline std::string simulator_flags(const ulorl::trainer_model& m) {
+  char b[96];
+  std::snprintf(b, sizeof b, "--train-token-us %.4f --train-step-s %.4f", m.per_token_s * 1e6, m.per_step_s);
   return b;
 }
 
@@ -275,14 +314,15 @@ class decode_engine {
     auto positions = torch::empty({b}, torch::kInt64);
     auto tok = tokens.accessor<std::int64_t, 1>();
     auto pos = positions.accessor<std::int64_t, 1>();
-    std::int64_t context = 0, read = 0;
+    std::int64_t context = 0;
     for (std::int64_t i = 0; i < b; ++i) {
       const auto& r = rows_[static_cast<std::size_t>(i)];
       tok[i] = r.last;
       pos[i] = r.cached;
       context = std::max(context, r.cached + 1);
-      read += r.cached;
     }
+    // Attention runs over every row up to the longest cache (padded): b * C_max cached tokens read.
+    const std::int64_t read = b * (context - 1);
     const auto logits = policy_->decode(tokens, positions, cache_, context);
     for (auto& r : rows_) ++r.cached;
     sample_rows(reqs, out, logits, 0);

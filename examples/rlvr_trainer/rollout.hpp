@@ -87,6 +87,10 @@ class segment_rollout {
   }
 
   [[nodiscard]] const ulorl::segment_scheduler& scheduler() const noexcept { return sched_; }
+  //! An adaptive segment count (segment_autotune.hpp): set_num_segments() between steps, and a
+  //! checkpoint whose count differs from this rollout's configured one still fits.
+  void set_adaptive_segments(bool on) noexcept { adaptive_segments_ = on; }
+  void set_num_segments(std::int32_t n) { sched_.set_num_segments(n); }
   [[nodiscard]] decode_engine& engine() noexcept { return engine_; }
   std::int64_t offer_prompts(std::int64_t n) { return sched_.offer_prompts(n); }
 
@@ -251,7 +255,9 @@ class segment_rollout {
         throw checkpoint_error(std::string("checkpoint: entry 'rollout/scheduler': ") + e.what());
       }
     }();
-    if (!(sched.config() == sched_.config()))
+    auto saved_config = sched.config();
+    if (adaptive_segments_) saved_config.num_segments = sched_.config().num_segments;
+    if (!(saved_config == sched_.config()))
       throw checkpoint_error("checkpoint does not fit: the scheduler configuration differs (checkpoint " +
                              describe(sched.config()) + "; here " + describe(sched_.config()) + ")");
     if (sched.phase() != ulorl::scheduler_phase::idle)
@@ -385,6 +391,7 @@ class segment_rollout {
   ulorl::segment_scheduler sched_;
   target_source targets_;
   std::uint64_t stream_;
+  bool adaptive_segments_ = false;
   std::unordered_map<std::int64_t, group_data> groups_;        // admitted, unreleased groups
   std::unordered_map<std::int64_t, response_buffer> live_;     // admitted, unreleased responses
   std::vector<ulorl::plan_item> items_;                       // the open step's plan

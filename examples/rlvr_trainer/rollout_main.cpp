@@ -4,7 +4,7 @@
 //
 //   rlvr_rollout [--segments 1|2|4] [--steps N] [--warmup N] [--prompts P] [--group G]
 //                [--max-batch B] [--max-response L] [--temperature T] [--seed S] [--threads N]
-//                [--layers N] [--d-model D] [--validate N] [--lengths-out FILE] [--measure]
+//                [--layers N] [--d-model D] [--validate N] [--lengths-out FILE] [--measure] [--fit]
 //                [--checkpoint FILE]
 //
 // Per rollout step (one plan / decode / report / end_step) it prints the plan items (resumed ones
@@ -12,12 +12,14 @@
 // released responses; at the end the engine's measured costs in the terms of
 // ulorl/rollout/simulator.hpp (t_iter, t_seq, t_kv, t_prefill). The weights do not change between
 // steps: the trainer's loss and optimizer step are the other half. --measure times decoding at
-// batch 32 and prefill instead. --lengths-out writes the released response lengths, one per line,
-// for `segment_rollout_sim --lengths FILE`. --checkpoint FILE loads the warmed-up weights from FILE
-// when it exists (skipping the warm-up) and saves them there otherwise.
+// batch 32 and prefill instead; --fit calibrates the engine's cost model on a grid instead (below). --lengths-out writes the released response lengths, one group per
+// line (a truncated response as L_max + 1), for `segment_rollout_sim --length-groups FILE`.
+// --checkpoint FILE loads the warmed-up weights from FILE when it exists (skipping the warm-up) and
+// saves them there otherwise.
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +50,7 @@ struct options {
   double temperature = 1.0;
   std::uint64_t seed = 1;
   bool measure = false;
+  bool fit = false;
   std::string lengths_out;
   std::string checkpoint;
 };
@@ -56,7 +59,7 @@ struct options {
   std::fprintf(stderr,
                "%s\nusage: rlvr_rollout [--segments 1|2|4] [--steps N] [--warmup N] [--prompts P] [--group G]\n"
                "       [--max-batch B] [--max-response L] [--temperature T] [--seed S] [--threads N]\n"
-               "       [--layers N] [--d-model D] [--validate N] [--lengths-out FILE] [--measure]\n"
+               "       [--layers N] [--d-model D] [--validate N] [--lengths-out FILE] [--measure] [--fit]\n"
                "       [--checkpoint FILE]\n",
                why);
   std::exit(2);
@@ -66,8 +69,8 @@ options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--measure") {
-      o.measure = true;
+    if (a == "--measure" || a == "--fit") {
+      (a == "--fit" ? o.fit : o.measure) = true;
       continue;
     }
     if (a == "--help" || a == "-h") usage("rlvr_rollout: rollout steps of a transformer policy through the segment scheduler");
@@ -133,6 +136,53 @@ void measure(rlvr::transformer_policy& policy, const options& o) {
   std::printf("prefill 32 x 256 tokens:           %.0f tokens/s\n", best_prefill);
 }
 
+// The engine's cost model in segment_rollout_sim's terms, from a calibration grid rather than from
+// a run (where the batch size and the context grow and shrink together and a least-squares fit
+// cannot tell their costs apart): decode 32 iterations at every batch size 1, 2, 4, ..., max_batch
+// from every starting context 4, L_max / 8, L_max / 4, L_max / 2 (EOS disabled), fitted as
+// tau(b, C) = t_iter + t_seq b + t_kv C; prefill of max_batch contexts of L_max / 2 tokens (the mean
+// context a resumed response re-prefills), seconds per token, the best of three.
+void fit(rlvr::transformer_policy& policy, const options& o) {
+  const auto V = policy->config().vocab_size;
+  const std::int64_t L = o.max_response, new_tokens = 32;
+  std::vector<std::vector<std::int64_t>> ctx(static_cast<std::size_t>(o.max_batch));
+  for (std::size_t i = 0; i < ctx.size(); ++i)
+    for (std::int64_t t = 0; t < L / 2 + 4; ++t)
+      ctx[i].push_back(static_cast<std::int64_t>(rlvr::counter_hash(11, i, static_cast<std::uint64_t>(t)) % static_cast<std::uint64_t>(V)));
+  rlvr::decode_engine engine(policy, {.max_batch = o.max_batch, .temperature = o.temperature, .eos_token = -1, .seed = o.seed});
+  std::vector<rlvr::decode_request> reqs;
+  std::vector<rlvr::decode_result> out;
+  engine.reset_costs();
+  for (std::int64_t b = 1;; b = std::min<std::int64_t>(2 * b, o.max_batch)) {
+    for (const std::int64_t c0 : {std::int64_t{4}, L / 8, L / 4, L / 2}) {
+      if (c0 < 1 || c0 + new_tokens > policy->config().max_seq) continue;
+      reqs.clear();
+      for (std::int64_t i = 0; i < b; ++i)
+        reqs.push_back({.sequence_id = i, .context = std::span(ctx[static_cast<std::size_t>(i)]).first(static_cast<std::size_t>(c0)),
+                        .max_new_tokens = new_tokens});
+      engine.generate(reqs, out);
+    }
+    if (b == o.max_batch) break;
+  }
+  auto m = rlvr::fit_engine_model(engine.costs());
+  const auto decode_iterations = engine.costs().decode_iterations;
+  double prefill = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < 3; ++rep) {
+    reqs.clear();
+    for (std::int64_t i = 0; i < o.max_batch; ++i)
+      reqs.push_back({.sequence_id = i, .context = std::span(ctx[static_cast<std::size_t>(i)]).first(static_cast<std::size_t>(L / 2)),
+                      .max_new_tokens = 1});
+    engine.reset_costs();
+    engine.generate(reqs, out);
+    prefill = std::min(prefill, engine.costs().prefill_s / static_cast<double>(engine.costs().prefill_tokens));
+  }
+  m.prefill_token_s = prefill;
+  std::printf("calibration: %lld decode iterations (batch 1..%d, contexts 4..%lld), prefill %d x %lld tokens\n",
+              static_cast<long long>(decode_iterations), o.max_batch, static_cast<long long>(L / 2 + new_tokens), o.max_batch,
+              static_cast<long long>(L / 2));
+  std::printf("cost model (segment_rollout_sim): %s\n", rlvr::simulator_flags(m).c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,8 +199,8 @@ int main(int argc, char** argv) {
   policy->eval();
   std::printf("policy: %d layers, d_model %d, 4 heads, %lld parameters; task: countdown, S log-uniform on [1, 999], L_max %d\n",
               o.layers, o.d_model, static_cast<long long>(policy->parameter_count()), o.max_response);
-  if (o.measure) {
-    measure(policy, o);
+  if (o.measure || o.fit) {
+    o.fit ? fit(policy, o) : measure(policy, o);
     return 0;
   }
   {
@@ -242,7 +292,8 @@ int main(int argc, char** argv) {
   std::printf("cost model (segment_rollout_sim): %s\n", rlvr::simulator_flags(m).c_str());
   if (!o.lengths_out.empty()) {
     std::ofstream f(o.lengths_out);
-    for (const auto L : sim_lengths) f << L << '\n';
+    for (std::size_t i = 0; i < sim_lengths.size(); ++i)
+      f << sim_lengths[i] << ((i + 1) % static_cast<std::size_t>(o.group) == 0 ? '\n' : ' ');
   }
   std::printf("total %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
   return 0;

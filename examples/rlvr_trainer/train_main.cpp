@@ -4,13 +4,14 @@
 // dynamic sampling, POIS/SAIS, MPT, clip-higher + adaptive k3 KL, token-mean, AdamW, reference
 // resets on validation plateaus), and the engine and scheduler move to the new weights.
 //
-//   rlvr_train [--steps N] [--segments K] [--mpt off|static|dynamic] [--resets on|off] [--is pois|sais]
+//   rlvr_train [--steps N] [--segments K|auto] [--mpt off|static|dynamic] [--resets on|off] [--is pois|sais]
 //              [--prompts P] [--group G] [--max-response L] [--warmup N] [--checkpoint FILE]
 //              [--lr X] [--lr-warmup N] [--mini-batches M] [--temperature T] [--validate N] [--validate-every K]
 //              [--seed S] [--threads N] [--csv FILE] [--json FILE] [--svg FILE] [--min-target S] [--max-target S]
 //              [--validation greedy|sampled]
 //              [--agg token-mean|seq-mean-token-mean] [--mpt-tau P] [--mpt-sigma H] [--lengths-out FILE]
 //              [--save FILE] [--save-every N] [--resume FILE]
+//              [--reset-patience N] [--reset-drop X] [--kl-target X] [--kl-horizon H]
 //
 // One line per training step: rollout and update seconds, responses released / kept by dynamic
 // sampling, mean reward, entropy, KL to the reference and beta, clip fraction, MPT-masked share,
@@ -26,6 +27,14 @@
 // is replaced atomically. --resume FILE continues such a run from its step with the same numbers as
 // a run that never stopped (--steps is the total; every other option that shapes the run must be as
 // saved, else it is refused naming the option); the CSV, JSON and SVG then cover the whole run.
+// --segments auto lets ulorl::segment_autotuner choose the count (1, 2, 4 or 8) after every step: it
+// simulates each on the released groups' lengths and the fitted costs below and switches when one is
+// predicted faster (the choices depend on measured times, so two such runs need not be identical).
+// The run ends with its cost model as segment_rollout_sim flags: the engine's decode and prefill
+// costs (engine.hpp) and the update's per-step and per-token seconds, least-squares fits over this
+// process's steps; --lengths-out FILE writes the released response lengths, one group per line (a
+// truncated response as L_max + 1), for segment_rollout_sim --length-groups FILE. Together they are
+// the simulator's model of this run (docs/trainer.md, experiment b).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -35,11 +44,15 @@
 #include <cmath>
 #include <fstream>
 #include <initializer_list>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <unistd.h>
+
+#include <ulorl/rollout/segment_autotune.hpp>
 
 #include "checkpoint.hpp"
 #include "engine.hpp"
@@ -53,22 +66,23 @@
 namespace {
 
 // The defaults are the measured default run (examples/rlvr_trainer/README.md, docs/trainer.md): RL on
-// targets 90..270 with a 128-token budget, where the warmed-up policy's uniform digit choices often
-// run out of tokens and larger steps fit.
+// targets 60..135 with a 64-token budget (15 steps), where the warmed-up policy's uniform digit
+// choices (mean 5) mostly run out of tokens and larger steps fit.
 struct options {
-  int steps = 30;
+  int steps = 120;
   int segments = 1;
+  bool auto_segments = false;  // --segments auto: ulorl::segment_autotuner picks the count between steps
   int prompts = 8;
   int group = 8;
-  int max_response = 128;
+  int max_response = 64;
   int warmup = 800;
   int mini_batches = 2;
   int validate = 128;
   int validate_every = 5;
   int threads = 1;
-  int max_target = 270;
-  int min_target = 90;
-  double lr = 3e-4;
+  int max_target = 135;
+  int min_target = 60;
+  double lr = 2e-4;
   int lr_warmup = 10;
   double mpt_tau = ulorl::mpt_config{}.tau;
   double mpt_sigma = 0.45;  // below the warmed-up policy's entropy (0.53 nats per token), which RL lowers
@@ -82,6 +96,10 @@ struct options {
   std::string checkpoint, csv, json, svg, lengths_out;
   std::string save, resume;
   int save_every = 0;
+  int reset_patience = 3;     // validations without a new best before a plateau reset
+  double reset_drop = 0.0;    // > 0: also reset when validation falls this far below its best (ProRL: degrades)
+  double kl_target = 0.02;    // the adaptive KL controller's target (nats per token)
+  double kl_horizon = 2000;   // and its horizon
 };
 
 //! The options that shape a run (all but its length, threads, warm-up and output paths), as a
@@ -93,7 +111,7 @@ std::vector<std::pair<std::string, std::string>> run_options(const options& o) {
     return std::string(b);
   };
   const auto i = [](auto v) { return std::to_string(v); };
-  return {{"segments", i(o.segments)},         {"prompts", i(o.prompts)},
+  return {{"segments", o.auto_segments ? std::string("auto") : i(o.segments)}, {"prompts", i(o.prompts)},
           {"group", i(o.group)},               {"max-response", i(o.max_response)},
           {"min-target", i(o.min_target)},     {"max-target", i(o.max_target)},
           {"lr", f(o.lr)},                     {"lr-warmup", i(o.lr_warmup)},
@@ -102,7 +120,9 @@ std::vector<std::pair<std::string, std::string>> run_options(const options& o) {
           {"validation", o.validation},        {"seed", i(o.seed)},
           {"mpt", o.mpt},                      {"mpt-tau", f(o.mpt_tau)},
           {"mpt-sigma", f(o.mpt_sigma)},       {"resets", o.resets},
-          {"is", o.is},                        {"agg", o.agg}};
+          {"is", o.is},                        {"agg", o.agg},
+          {"reset-patience", i(o.reset_patience)}, {"reset-drop", f(o.reset_drop)},
+          {"kl-target", f(o.kl_target)},       {"kl-horizon", f(o.kl_horizon)}};
 }
 
 //! What the driver reports over a whole run; saved with each training checkpoint ("driver/...").
@@ -168,16 +188,22 @@ struct run_record {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "%s\nusage: rlvr_train [--steps N] [--segments K] [--mpt off|static|dynamic] [--resets on|off]\n"
+               "%s\nusage: rlvr_train [--steps N] [--segments K|auto] [--mpt off|static|dynamic] [--resets on|off]\n"
                "       [--is pois|sais] [--prompts P] [--group G] [--max-response L] [--warmup N]\n"
                "       [--checkpoint FILE] [--lr X] [--lr-warmup N] [--mini-batches M] [--temperature T] [--validate N]\n"
                "       [--validate-every K] [--seed S] [--threads N] [--csv FILE] [--json FILE] [--svg FILE]\n"
                "       [--min-target S] [--max-target S] [--validation greedy|sampled]\n"
                "       [--agg token-mean|seq-mean-token-mean] [--mpt-tau P] [--mpt-sigma H] [--lengths-out FILE]\n"
                "       [--save FILE] [--save-every N] [--resume FILE]\n"
+               "       [--reset-patience N] [--reset-drop X] [--kl-target X] [--kl-horizon H]\n"
                "  --checkpoint FILE   warm-up weights: loaded when FILE exists, else the warm-up runs and saves them\n"
                "  --save FILE         training checkpoint after the last step (and every N steps with --save-every N)\n"
-               "  --resume FILE       continue a saved run from its step; --steps is the total, other options as saved\n",
+               "  --resume FILE       continue a saved run from its step; --steps is the total, other options as saved\n"
+               "  --segments auto     the count (1, 2, 4 or 8) is chosen between steps by simulating each on the\n"
+               "                      released lengths and the fitted engine and update costs (ulorl::segment_autotuner)\n"
+               "  --reset-patience N  plateau reset after N validations without a new best (default 3)\n"
+               "  --reset-drop X      also reset when validation falls X below its best (default 0: off)\n"
+               "  --kl-target X, --kl-horizon H   the adaptive KL controller (defaults 0.02, 2000)\n",
                why.c_str());
   std::exit(2);
 }
@@ -191,6 +217,7 @@ options parse(int argc, char** argv) {
     const std::string v = argv[++i];
     try {
       if (a == "--steps") o.steps = std::stoi(v);
+      else if (a == "--segments" && v == "auto") o.auto_segments = true, o.segments = 1;
       else if (a == "--segments") o.segments = std::stoi(v);
       else if (a == "--prompts") o.prompts = std::stoi(v);
       else if (a == "--group") o.group = std::stoi(v);
@@ -221,6 +248,10 @@ options parse(int argc, char** argv) {
       else if (a == "--save") o.save = v;
       else if (a == "--save-every") o.save_every = std::stoi(v);
       else if (a == "--resume") o.resume = v;
+      else if (a == "--reset-patience") o.reset_patience = std::stoi(v);
+      else if (a == "--reset-drop") o.reset_drop = std::stod(v);
+      else if (a == "--kl-target") o.kl_target = std::stod(v);
+      else if (a == "--kl-horizon") o.kl_horizon = std::stod(v);
       else usage("unknown option " + a);
     } catch (const std::logic_error&) {
       usage("invalid value '" + v + "' for " + a);
@@ -237,8 +268,43 @@ options parse(int argc, char** argv) {
   if (o.validation != "greedy" && o.validation != "sampled") usage("--validation must be greedy or sampled");
   if (o.agg != "token-mean" && o.agg != "seq-mean-token-mean") usage("--agg must be token-mean or seq-mean-token-mean");
   if (o.save_every < 0) usage("--save-every must be >= 0");
+  if (o.reset_patience < 1) usage("--reset-patience must be >= 1");
+  if (!(o.reset_drop >= 0 && o.reset_drop <= 1)) usage("--reset-drop must be in [0, 1]");
+  if (!(o.kl_target > 0 && o.kl_target < 1e6)) usage("--kl-target must be > 0");
+  if (!(o.kl_horizon >= 1 && o.kl_horizon < 1e12)) usage("--kl-horizon must be >= 1");
   if (o.save_every > 0 && o.save.empty()) usage("--save-every needs --save FILE");
   return o;
+}
+
+//! The segment tuner's state as checkpoint entries "driver/autotune/..." and back.
+void save_tuner_state(torch::serialize::OutputArchive& a, const ulorl::segment_autotune_state& s) {
+  namespace ck = rlvr::ckpt;
+  ck::put_int(a, "driver/autotune/current", s.current);
+  ck::put_tensor(a, "driver/autotune/lengths", torch::tensor(s.lengths, torch::kInt64));
+  const std::vector<double> costs{s.engine.iteration_s, s.engine.per_sequence_s, s.engine.per_context_token_s,
+                                  s.engine.prefill_token_s, s.trainer.per_token_s, s.trainer.per_step_s};
+  ck::put_tensor(a, "driver/autotune/costs", torch::tensor(costs, torch::kFloat64));
+  ck::put_int(a, "driver/autotune/costs_known", s.costs_known ? 1 : 0);
+  ck::put_int(a, "driver/autotune/decisions", s.decisions);
+}
+
+ulorl::segment_autotune_state load_tuner_state(torch::serialize::InputArchive& a) {
+  namespace ck = rlvr::ckpt;
+  ulorl::segment_autotune_state s;
+  const auto current = ck::get_int(a, "driver/autotune/current");
+  if (current < 1 || current > 1 << 30) throw rlvr::checkpoint_error("checkpoint: driver/autotune/current is out of range");
+  s.current = static_cast<std::int32_t>(current);
+  const auto lengths = ck::get_tensor(a, "driver/autotune/lengths", torch::kInt64, 1);
+  s.lengths.assign(lengths.data_ptr<std::int64_t>(), lengths.data_ptr<std::int64_t>() + lengths.numel());
+  const auto costs = ck::get_tensor(a, "driver/autotune/costs", torch::kFloat64, 1);
+  if (costs.numel() != 6) throw rlvr::checkpoint_error("checkpoint: driver/autotune/costs must hold 6 values");
+  const auto c = costs.accessor<double, 1>();
+  s.engine = {.iteration_s = c[0], .per_sequence_s = c[1], .per_context_token_s = c[2], .prefill_token_s = c[3],
+              .rebuild_kv_on_resume = true};
+  s.trainer = {.per_token_s = c[4], .per_step_s = c[5]};
+  s.costs_known = ck::get_int(a, "driver/autotune/costs_known") != 0;
+  s.decisions = ck::get_int(a, "driver/autotune/decisions");
+  return s;  // segment_autotuner's constructor checks every field
 }
 
 //! The q-quantile (nearest rank below) of v; 0 for none.
@@ -284,8 +350,9 @@ int train(const options& o) {
                                                               rlvr::warmup_config{}.max_answer_tokens),
                                                       .seed = o.seed});
   policy->eval();
-  std::printf("policy: %lld parameters; countdown task, L_max %d; %d segments, MPT %s, resets %s, %s\n",
-              static_cast<long long>(policy->parameter_count()), o.max_response, o.segments, o.mpt.c_str(),
+  std::printf("policy: %lld parameters; countdown task, L_max %d; %s segments, MPT %s, resets %s, %s\n",
+              static_cast<long long>(policy->parameter_count()), o.max_response,
+              o.auto_segments ? "auto" : std::to_string(o.segments).c_str(), o.mpt.c_str(),
               o.resets.c_str(), o.is == "pois" ? "POIS" : "SAIS");
 
   // Supervised warm-up (or its saved result); a resumed run takes every weight from its checkpoint.
@@ -314,7 +381,7 @@ int train(const options& o) {
   }
   run_record h{.table = {.names = {"step", "rollout_s", "train_s", "released", "kept", "reward", "entropy", "kl",
                                    "kl_coef", "clip_fraction", "mpt_masked", "median_length", "p90_length",
-                                   "decode_tokens_per_s", "validation_accuracy", "reset", "elapsed_s"}}};
+                                   "decode_tokens_per_s", "validation_accuracy", "reset", "elapsed_s", "segments"}}};
   h.warmup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
   rlvr::decode_engine engine(policy, {.max_batch = 2 * o.prompts * o.group, .temperature = o.temperature,
@@ -337,6 +404,11 @@ int train(const options& o) {
   tc.mpt.sigma = o.mpt_sigma;
   tc.resets_enabled = o.resets == "on";
   tc.agg = o.agg == "token-mean" ? ulorl::agg_mode::token_mean : ulorl::agg_mode::seq_mean_token_mean;
+  tc.resets.patience = o.reset_patience;
+  tc.resets.on_drop = o.reset_drop > 0;
+  if (tc.resets.on_drop) tc.resets.max_drop = o.reset_drop;
+  tc.kl.target_kl = o.kl_target;
+  tc.kl.horizon = o.kl_horizon;
   rlvr::grpo_trainer trainer(policy, tc);
   rlvr::segment_rollout rollout(task, engine,
                                 {.group_size = o.group,
@@ -345,11 +417,31 @@ int train(const options& o) {
                                  .max_active_responses = 2 * o.prompts * o.group,
                                  .release_batch_groups = o.prompts},
                                 [&](std::int64_t g) { return task.training_target(static_cast<std::uint64_t>(g)); });
+  // --segments auto: the tuner simulates each candidate count on the released groups' lengths and
+  // the fitted engine and update costs, between training steps.
+  const ulorl::rollout_sim_config tuner_base{.max_response_tokens = o.max_response,
+                                             .prompt_tokens = rlvr::countdown_task::prompt_tokens,
+                                             .group_size = o.group,
+                                             .prompts_per_step = o.prompts,
+                                             .engine_capacity = 2 * o.prompts * o.group,
+                                             .seed = o.seed};
+  const ulorl::segment_autotune_config tuner_config{.candidates = {1, 2, 4, 8},
+                                                    .initial = 1,
+                                                    .min_groups = 2 * o.prompts,
+                                                    .window_groups = 256};
+  std::optional<ulorl::segment_autotuner> tuner;
+  if (o.auto_segments) {
+    tuner.emplace(tuner_base, tuner_config);
+    rollout.set_adaptive_segments(true);
+  }
   rlvr::training_loop loop(trainer, rollout, {.prompts_per_step = o.prompts, .validate_every = o.validate > 0 ? o.validate_every : 0},
                            validate);
 
   if (resuming) {
-    loop.load_checkpoint(o.resume, [&](torch::serialize::InputArchive& a) { h.load(a, o); });
+    loop.load_checkpoint(o.resume, [&](torch::serialize::InputArchive& a) {
+      h.load(a, o);
+      if (tuner) tuner.emplace(tuner_base, tuner_config, load_tuner_state(a));
+    });
     std::printf("resumed from %s after step %lld (validation after warm-up %.3f, last %.3f)\n", o.resume.c_str(),
                 static_cast<long long>(loop.steps_done()), h.val0, h.last_val);
     if (loop.steps_done() >= o.steps)
@@ -360,7 +452,8 @@ int train(const options& o) {
     h.best_val = h.last_val = h.val0;
     std::printf("validation accuracy after warm-up (%d held-out targets, %s): %.3f\n", o.validate,
                 o.validation == "greedy" ? "greedy" : "sampled", h.val0);
-    h.table.append({0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, o.validate > 0 ? h.val0 : NAN, 0, 0});
+    h.table.append({0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, o.validate > 0 ? h.val0 : NAN, 0, 0,
+                    static_cast<double>(rollout.scheduler().config().num_segments)});
   }
   const auto t_rl = std::chrono::steady_clock::now();
   const double rl_before = h.rl_s;  // RL seconds of the runs this one continues
@@ -369,17 +462,40 @@ int train(const options& o) {
   };
   const auto save = [&] {
     h.rl_s = rl_elapsed();
-    loop.save_checkpoint(o.save, [&](torch::serialize::OutputArchive& a) { h.save(a, o); });
+    loop.save_checkpoint(o.save, [&](torch::serialize::OutputArchive& a) {
+      h.save(a, o);
+      if (tuner) save_tuner_state(a, tuner->state());
+    });
   };
 
+  rlvr::trainer_costs update_costs;  // this process's steps, like the engine's costs
   progress_bar bar(o.steps);
   std::printf("%4s %7s %6s %5s %4s %6s %7s %8s %8s %6s %5s %5s %6s %6s\n", "step", "roll_s", "upd_s", "resp", "kept",
               "reward", "entropy", "kl", "beta", "clip", "mpt%", "len50", "tok/s", "val");
   while (loop.steps_done() < o.steps) {
+    const std::int32_t segments_used = rollout.scheduler().config().num_segments;
     const auto r = loop.step();
     const auto& st = r.train;
     const auto step = static_cast<int>(r.step);
-    h.released_lengths.insert(h.released_lengths.end(), r.lengths.begin(), r.lengths.end());
+    // The simulator's form: a truncated response counts as L_max + 1.
+    for (std::size_t i = 0; i < r.lengths.size(); ++i) h.released_lengths.push_back(r.lengths[i] + (r.truncated[i] ? 1 : 0));
+    double trained = 0;  // prompt + response tokens of the released responses
+    for (const auto L : r.lengths) trained += static_cast<double>(L + rlvr::countdown_task::prompt_tokens);
+    update_costs.add_step(trained, st.seconds);
+    if (tuner) {
+      const auto G = static_cast<std::size_t>(o.group);
+      const auto first = h.released_lengths.size() - r.lengths.size();
+      for (std::size_t g = 0; g < r.lengths.size() / G; ++g)
+        tuner->observe_group(std::span<const std::int64_t>(h.released_lengths).subspan(first + g * G, G));
+      tuner->observe_costs(rlvr::fit_engine_model(engine.costs()), rlvr::fit_trainer_model(update_costs));
+      const auto n = tuner->choose();
+      if (n != rollout.scheduler().config().num_segments) {
+        rollout.set_num_segments(n);
+        std::printf("segments: %d from step %d (predicted seconds per step:", n, step + 1);
+        for (const auto& p : tuner->predictions()) std::printf(" %d: %.2f", p.segments, p.step_time);
+        std::printf(")\n");
+      }
+    }
     h.rollout_s += r.rollout_seconds;
     h.train_s += st.seconds;
     h.tokens += r.new_tokens;
@@ -407,7 +523,7 @@ int train(const options& o) {
                     static_cast<double>(st.kept_responses), st.reward_mean, updated(st.entropy_mean),
                     updated(st.kl_mean), st.kl_coef, updated(st.clip_fraction), mpt_share,
                     static_cast<double>(quantile(r.lengths, 0.5)), static_cast<double>(quantile(r.lengths, 0.9)),
-                    tok_s, val_now, r.reset ? 1.0 : 0.0, elapsed});
+                    tok_s, val_now, r.reset ? 1.0 : 0.0, elapsed, static_cast<double>(segments_used)});
     if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) {
       save();
       std::printf("checkpoint after step %d saved to %s\n", step, o.save.c_str());
@@ -432,15 +548,17 @@ int train(const options& o) {
   std::printf("time: warm-up %.1f s, rollout %.1f s (%lld tokens, %.0f tokens/s), updates %.1f s, total %.1f s\n",
               h.warmup_s, h.rollout_s, static_cast<long long>(h.tokens),
               h.rollout_s > 0 ? static_cast<double>(h.tokens) / h.rollout_s : 0.0, h.train_s, total);
-  std::printf("engine cost model (segment_rollout_sim%s): %s\n", resuming ? ", steps of this process" : "",
-              rlvr::simulator_flags(rlvr::fit_engine_model(engine.costs())).c_str());
+  std::printf("cost model (segment_rollout_sim%s): %s %s\n", resuming ? ", steps of this process" : "",
+              rlvr::simulator_flags(rlvr::fit_engine_model(engine.costs())).c_str(),
+              rlvr::simulator_flags(rlvr::fit_trainer_model(update_costs)).c_str());
   if (!o.lengths_out.empty()) {
     std::ofstream f(o.lengths_out);
-    for (const auto L : h.released_lengths) f << L << '\n';
+    for (std::size_t i = 0; i < h.released_lengths.size(); ++i)
+      f << h.released_lengths[i] << ((i + 1) % static_cast<std::size_t>(o.group) == 0 ? '\n' : ' ');
   }
   if (!o.json.empty()) {
     std::ofstream j(o.json);
-    j << "{\"steps\": " << o.steps << ", \"segments\": " << o.segments << ", \"mpt\": \"" << o.mpt << "\", \"resets\": \""
+    j << "{\"steps\": " << o.steps << ", \"segments\": " << (o.auto_segments ? std::string("\"auto\"") : std::to_string(o.segments)) << ", \"mpt\": \"" << o.mpt << "\", \"resets\": \""
       << o.resets << "\", \"is\": \"" << o.is << "\", \"seed\": " << o.seed << ", \"validation_after_warmup\": " << h.val0
       << ", \"validation_last\": " << h.last_val << ", \"validation_best\": " << h.best_val
       << ", \"resets_done\": " << h.resets << ", \"rollout_seconds\": " << h.rollout_s

@@ -560,7 +560,8 @@ struct step_report {
   std::int64_t rollout_steps = 0;      //!< scheduler steps until a batch was released
   double rollout_seconds = 0;
   std::int64_t new_tokens = 0;         //!< decoded by those scheduler steps
-  std::vector<std::int64_t> lengths;   //!< of the released responses
+  std::vector<std::int64_t> lengths;   //!< of the released responses (group-major, G per group)
+  std::vector<bool> truncated;         //!< of the released responses: no EOS within L_max
   train_stats train;
   bool validated = false;
   double validation = 0;               //!< when validated
@@ -599,7 +600,10 @@ class training_loop {
       const auto& b = rollout_.take_experience();
       if (!b.responses.empty()) batch = &b;
     }
-    for (const auto& x : batch->responses) r.lengths.push_back(static_cast<std::int64_t>(x.tokens.size()));
+    for (const auto& x : batch->responses) {
+      r.lengths.push_back(static_cast<std::int64_t>(x.tokens.size()));
+      r.truncated.push_back(x.result == verdict::truncated);
+    }
     r.train = trainer_.train(*batch, r.step);
     if (r.train.updated) rollout_.update_policy(rollout_.engine().policy_version() + 1);
     step_ = r.step;

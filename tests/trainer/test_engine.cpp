@@ -176,6 +176,50 @@ TEST_CASE("engine: KV-cache log-probs equal a full-sequence recompute", "[traine
   }
 }
 
+TEST_CASE("cost fits: exact on noiseless data, one term when the data cannot separate two", "[trainer][engine]") {
+  // The decode model from synthetic iterations whose batch size and context vary independently.
+  rlvr::engine_costs c;
+  for (std::int64_t b = 1; b <= 64; b *= 2)
+    for (const std::int64_t ctx : {10, 300, 5000}) c.add_iteration(b, ctx, 2e-3 + 5e-5 * static_cast<double>(b) + 3e-8 * static_cast<double>(ctx));
+  c.prefill_tokens = 1000;
+  c.prefill_s = 0.25;
+  auto m = rlvr::fit_engine_model(c);
+  CHECK(m.iteration_s == Approx(2e-3).epsilon(1e-9));
+  CHECK(m.per_sequence_s == Approx(5e-5).epsilon(1e-9));
+  CHECK(m.per_context_token_s == Approx(3e-8).epsilon(1e-7));
+  CHECK(m.prefill_token_s == Approx(2.5e-4));
+  // Every iteration at one batch size and context: only the fixed cost is identifiable.
+  rlvr::engine_costs flat;
+  for (int i = 0; i < 5; ++i) flat.add_iteration(8, 100, 1e-3);
+  m = rlvr::fit_engine_model(flat);
+  CHECK(m.iteration_s == Approx(1e-3));
+  CHECK(m.per_sequence_s == 0);
+  CHECK(m.per_context_token_s == 0);
+
+  // The update model: seconds = t_step + t_token * tokens.
+  rlvr::trainer_costs t;
+  for (const double tokens : {100.0, 900.0, 2500.0, 4000.0}) t.add_step(tokens, 0.3 + 2e-4 * tokens);
+  auto u = rlvr::fit_trainer_model(t);
+  CHECK(u.per_step_s == Approx(0.3).epsilon(1e-9));
+  CHECK(u.per_token_s == Approx(2e-4).epsilon(1e-9));
+  // A negative intercept would predict negative time for small batches: all of it per token instead.
+  rlvr::trainer_costs neg;
+  for (const double tokens : {1000.0, 2000.0, 3000.0}) neg.add_step(tokens, -0.5 + 1e-3 * tokens);
+  u = rlvr::fit_trainer_model(neg);
+  CHECK(u.per_step_s == 0);
+  CHECK(u.per_token_s == Approx((0.5 * 1000 + 1.5 * 2000 + 2.5 * 3000) / (1e6 + 4e6 + 9e6)));
+  // The same token count every step: no slope to fit, all of it per token through the origin.
+  rlvr::trainer_costs same;
+  for (int i = 0; i < 3; ++i) same.add_step(500.0, 1.0);
+  u = rlvr::fit_trainer_model(same);
+  CHECK(u.per_step_s == 0);
+  CHECK(u.per_token_s == Approx(1.0 / 500.0));
+  // Nothing measured: a zero model.
+  u = rlvr::fit_trainer_model(rlvr::trainer_costs{});
+  CHECK(u.per_step_s == 0);
+  CHECK(u.per_token_s == 0);
+}
+
 TEST_CASE("engine: greedy decoding takes each position's most likely token under a full recompute", "[trainer][engine]") {
   torch::set_num_threads(1);
   auto policy = make_policy(torch::kFloat64, 4);
