@@ -14,9 +14,9 @@
 //             global normaliser, two PPO epochs
 //   control   adaptive KL coefficient, ProRL reference reset (reference <- policy, optimizer reset)
 //             on a validation plateau
-// Output: a progress table per step (or a progress bar with --quiet), a CSV, an SVG plot of accuracy
-// and entropy, and with --json a summary object. --compare-mpt runs the same seed with and without
-// MPT masking. Everything is seeded; the same command prints the same numbers.
+// It is the minimal example of ulorl in a C++ trainer without libtorch (the main example is the
+// libtorch trainer, examples/rlvr_trainer). Output: one line per step and a summary; --no-mpt turns
+// the masking off. Everything is seeded; the same command prints the same numbers.
 #include <ulorl/ulorl.hpp>
 #include <ulorl/logits.hpp>
 #include <ulorl/loss.hpp>
@@ -24,12 +24,9 @@
 
 #include <Eigen/Core>
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -53,17 +50,12 @@ struct options {
   double kl_target = 0.5;  // per-token k3 KL the adaptive controller steers to (the toy moves far)
   double tau = 0.99, sigma = 0.2;
   bool mpt = true;
-  bool compare_mpt = false;
-  bool json = false;
-  bool quiet = false;
   std::uint64_t seed = 1;
-  std::string csv = "rlvr_demo.csv";
-  std::string svg = "rlvr_demo.svg";
 };
 
 struct step_row {
   int step = 0;
-  double reward = 0, accuracy = 0, val_accuracy = -1, entropy = 0, masked = 0, mpt = 0, kl = 0, kl_coef = 0;
+  double reward = 0, accuracy = 0, val_accuracy = -1, entropy = 0, masked = 0, kl = 0, kl_coef = 0;
   double clip_low = 0, clip_high = 0, tokens_per_s = 0, zero_var_groups = 0, reset = 0, staleness = 0;
   double pg_loss = 0;
 };
@@ -71,7 +63,6 @@ struct step_row {
 struct summary {
   double initial_accuracy = 0, final_accuracy = 0, final_entropy = 0, min_entropy = 1e9, seconds = 0;
   int resets = 0, steps = 0;
-  std::vector<step_row> rows;
 };
 
 // A response being decoded: its prompt, tokens so far and the behaviour log-prob of each token.
@@ -135,16 +126,11 @@ class trainer {
         ++s.resets;
       }
       s.min_entropy = std::min(s.min_entropy, row.entropy);
-      s.rows.push_back(row);
-      if (!o_.json) {
-        if (bar_ && !o_.quiet) std::fprintf(stderr, "\r\033[K");  // erase the bar, print the row, redraw
-        if (!o_.quiet) print_row(row, step == 1);
-        if (bar_ || o_.quiet) progress(step);
-      }
+      s.final_entropy = row.entropy;
+      print_row(row, step == 1);
     }
     s.steps = o_.steps;
     s.final_accuracy = last_val_;
-    s.final_entropy = s.rows.back().entropy;
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return s;
   }
@@ -305,7 +291,6 @@ class trainer {
         for (float h : ent) hsum += h;
         row.entropy = hsum / static_cast<double>(N);
         row.masked = ms.masked_fraction();
-        row.mpt = ms.mpt_fraction();
         row.kl = res.metrics.kl_sum / n;
         row.pg_loss = res.pg_loss;
       }
@@ -383,21 +368,13 @@ class trainer {
 
   void print_row(const step_row& r, bool header) const {
     if (header)
-      std::printf("%5s %7s %7s %7s %8s %7s %7s %9s %8s %8s %9s %6s %5s\n", "step", "reward", "acc", "val", "entropy",
-                  "masked", "KL", "kl_coef", "clip_lo", "clip_hi", "tok/s", "stale", "reset");
+      std::printf("%5s %7s %7s %7s %8s %7s %7s %9s %8s %8s %9s %6s %6s %5s\n", "step", "reward", "acc", "val", "entropy",
+                  "masked", "KL", "kl_coef", "clip_lo", "clip_hi", "tok/s", "stale", "0-var", "reset");
     char val[16] = "      -";
     if (r.val_accuracy >= 0) std::snprintf(val, sizeof val, "%7.3f", r.val_accuracy);
-    std::printf("%5d %7.3f %7.3f %7s %8.4f %7.3f %7.4f %9.2e %8.4f %8.4f %9.0f %6.2f %5s\n", r.step, r.reward, r.accuracy,
-                val, r.entropy, r.masked, r.kl, r.kl_coef, r.clip_low, r.clip_high, r.tokens_per_s, r.staleness,
-                r.reset ? "yes" : "");
-  }
-  void progress(int step) const {
-    const int width = 40, done = step * width / o_.steps;
-    std::fflush(stdout);
-    std::fprintf(stderr, "\r[%.*s%*s] step %d/%d  val acc %.3f", done, "########################################", width - done, "",
-                 step, o_.steps, last_val_);
-    if (step == o_.steps) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
+    std::printf("%5d %7.3f %7.3f %7s %8.4f %7.3f %7.4f %9.2e %8.4f %8.4f %9.0f %6.2f %6.2f %5s\n", r.step, r.reward,
+                r.accuracy, val, r.entropy, r.masked, r.kl, r.kl_coef, r.clip_low, r.clip_high, r.tokens_per_s, r.staleness,
+                r.zero_var_groups, r.reset ? "yes" : "");
   }
 
   options o_;
@@ -413,91 +390,16 @@ class trainer {
   std::int64_t step_tokens_ = 0;
   std::int64_t trained_tokens_ = 0;
   double last_val_ = 0;
-  bool bar_ = isatty(2) != 0;  // a progress bar on an interactive terminal
 };
 
 }  // namespace
 
 namespace {
 
-void write_csv(const std::string& path, const std::vector<std::pair<std::string, summary>>& runs) {
-  std::ofstream f(path);
-  f << "run,step,reward,accuracy,val_accuracy,entropy,masked_fraction,mpt_fraction,kl,kl_coef,clip_low,clip_high,"
-       "tokens_per_s,zero_variance_groups,staleness,reset\n";
-  for (const auto& [name, s] : runs)
-    for (const auto& r : s.rows)
-      f << name << ',' << r.step << ',' << r.reward << ',' << r.accuracy << ',' << (r.val_accuracy >= 0 ? std::to_string(r.val_accuracy) : "")
-        << ',' << r.entropy << ',' << r.masked << ',' << r.mpt << ',' << r.kl << ',' << r.kl_coef << ',' << r.clip_low << ','
-        << r.clip_high << ',' << r.tokens_per_s << ',' << r.zero_var_groups << ',' << r.staleness << ',' << r.reset << "\n";
-}
-
-// An SVG line chart: batch accuracy and mean entropy per step for every run, reset steps marked.
-void write_svg(const std::string& path, const std::vector<std::pair<std::string, summary>>& runs) {
-  const double W = 760, H = 380, L = 60, R = 20, T = 40, Bm = 50;
-  int steps = 1;
-  double hmax = 0.1;
-  for (const auto& [n, s] : runs) {
-    steps = std::max(steps, s.steps);
-    for (const auto& r : s.rows) hmax = std::max(hmax, r.entropy);
-  }
-  hmax = std::ceil(hmax * 10) / 10;
-  const auto X = [&](double step) { return L + (W - L - R) * (step - 1) / std::max(1, steps - 1); };
-  const auto Y = [&](double v, double vmax) { return T + (H - T - Bm) * (1 - v / vmax); };
-  std::ofstream f(path);
-  f << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='12'>\n";
-  f << "<rect width='100%' height='100%' fill='white'/>\n";
-  f << "<text x='" << L << "' y='20' font-size='14'>rlvr_demo: batch accuracy (solid, left axis) and mean token entropy (dashed, right axis)</text>\n";
-  f << "<line x1='" << L << "' y1='" << H - Bm << "' x2='" << W - R << "' y2='" << H - Bm << "' stroke='black'/>\n";
-  f << "<line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - Bm << "' stroke='black'/>\n";
-  for (int i = 0; i <= 4; ++i) {
-    const double v = i / 4.0;
-    f << "<text x='" << L - 8 << "' y='" << Y(v, 1) + 4 << "' text-anchor='end'>" << v << "</text>\n";
-    f << "<text x='" << W - R + 4 << "' y='" << Y(v * hmax, hmax) + 4 << "'>" << v * hmax << "</text>\n";
-    f << "<line x1='" << L << "' y1='" << Y(v, 1) << "' x2='" << W - R << "' y2='" << Y(v, 1) << "' stroke='#ddd'/>\n";
-  }
-  f << "<text x='" << (L + W - R) / 2 << "' y='" << H - 15 << "' text-anchor='middle'>training step</text>\n";
-  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
-  int k = 0;
-  for (const auto& [name, s] : runs) {
-    const char* c = colors[k % 4];
-    f << "<polyline fill='none' stroke='" << c << "' stroke-width='2' points='";
-    for (const auto& r : s.rows) f << X(r.step) << ',' << Y(r.accuracy, 1) << ' ';
-    f << "'/>\n<polyline fill='none' stroke='" << c << "' stroke-width='2' stroke-dasharray='6,4' points='";
-    for (const auto& r : s.rows) f << X(r.step) << ',' << Y(r.entropy, hmax) << ' ';
-    f << "'/>\n";
-    for (const auto& r : s.rows)
-      if (r.reset) f << "<circle cx='" << X(r.step) << "' cy='" << Y(r.accuracy, 1) << "' r='4' fill='" << c << "'/>\n";
-    f << "<text x='" << L + 10 << "' y='" << T + 16 + 16 * k << "' fill='" << c << "'>" << name << "</text>\n";
-    ++k;
-  }
-  f << "</svg>\n";
-}
-
-void print_json(const std::vector<std::pair<std::string, summary>>& runs) {
-  const auto obj = [](const summary& s) {
-    char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "{\"initial_accuracy\": %.4f, \"final_accuracy\": %.4f, \"final_entropy\": %.5f, \"min_entropy\": %.5f, "
-                  "\"resets\": %d, \"steps\": %d, \"seconds\": %.2f}",
-                  s.initial_accuracy, s.final_accuracy, s.final_entropy, s.min_entropy, s.resets, s.steps, s.seconds);
-    return std::string(buf);
-  };
-  if (runs.size() == 1) {
-    std::printf("%s\n", obj(runs[0].second).c_str());
-    return;
-  }
-  std::printf("{");
-  for (std::size_t i = 0; i < runs.size(); ++i)
-    std::printf("%s\"%s\": %s", i ? ", " : "", runs[i].first.c_str(), obj(runs[i].second).c_str());
-  std::printf("}\n");
-}
-
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--steps N] [--prompts N] [--group G] [--segments S] [--seed S] [--warmup N]\n"
-               "          [--tau T] [--sigma S] [--kl-coef B] [--kl-target K] [--epochs E] [--lr LR]\n"
-               "          [--no-mpt] [--compare-mpt] [--json] [--quiet]\n"
-               "          [--csv FILE] [--svg FILE]\n",
+               "          [--tau T] [--sigma S] [--kl-coef B] [--kl-target K] [--epochs E] [--lr LR] [--no-mpt]\n",
                argv0);
   return 2;
 }
@@ -526,11 +428,6 @@ int main(int argc, char** argv) {
       else if (a == "--lr") o.lr = std::stod(next());
       else if (a == "--sigma") o.sigma = std::stod(next());
       else if (a == "--no-mpt") o.mpt = false;
-      else if (a == "--compare-mpt") o.compare_mpt = true;
-      else if (a == "--json") o.json = true;
-      else if (a == "--quiet") o.quiet = true;
-      else if (a == "--csv") o.csv = next();
-      else if (a == "--svg") o.svg = next();
       else return usage(argv[0]);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "rlvr_demo: %s\n", e.what());
@@ -539,25 +436,10 @@ int main(int argc, char** argv) {
   }
   if (o.steps < 1 || o.prompts < 1 || o.group < 2 || o.segments < 1) return usage(argv[0]);
   try {
-    std::vector<std::pair<std::string, summary>> runs;
-    if (o.compare_mpt) {
-      for (bool m : {true, false}) {
-        if (!o.json) std::printf("\n== %s ==\n", m ? "with dynamic MPT masking" : "without MPT masking");
-        runs.emplace_back(m ? "with_mpt" : "without_mpt", trainer(o, m).run());
-      }
-    } else {
-      runs.emplace_back(o.mpt ? "with_mpt" : "without_mpt", trainer(o, o.mpt).run());
-    }
-    write_csv(o.csv, runs);
-    write_svg(o.svg, runs);
-    if (o.json) {
-      print_json(runs);
-    } else {
-      for (const auto& [name, s] : runs)
-        std::printf("\n%s: validation accuracy %.3f -> %.3f, entropy final %.4f (min %.4f), %d reference reset(s), %d steps in %.1f s\n",
-                    name.c_str(), s.initial_accuracy, s.final_accuracy, s.final_entropy, s.min_entropy, s.resets, s.steps, s.seconds);
-      std::printf("wrote %s and %s\n", o.csv.c_str(), o.svg.c_str());
-    }
+    const auto s = trainer(o, o.mpt).run();
+    std::printf("\n%s: validation accuracy %.3f -> %.3f, entropy final %.4f (min %.4f), %d reference reset(s), %d steps in %.1f s\n",
+                o.mpt ? "with MPT" : "without MPT", s.initial_accuracy, s.final_accuracy, s.final_entropy, s.min_entropy,
+                s.resets, s.steps, s.seconds);
   } catch (const ulorl::error& e) {
     std::fprintf(stderr, "rlvr_demo: %s\n", e.what());
     return 1;
