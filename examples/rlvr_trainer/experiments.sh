@@ -2,7 +2,8 @@
 # The trainer's experiments (docs/trainer.md): each writes its CSV, JSON and SVG into OUT.
 #   examples/rlvr_trainer/experiments.sh BUILD_DIR OUT [a|b|c|d ...]     (default: all four)
 # BUILD_DIR holds examples/rlvr_trainer/{rlvr_train,rlvr_plot}; the warm-up checkpoint is OUT/warm.pt
-# (made by the first run: 800 supervised steps). Each run uses one intra-op thread.
+# (made by the first run: 800 supervised steps). Each run uses one intra-op thread. c and d compare
+# their runs with the default run of a (OUT/default.csv), so a runs first.
 set -euo pipefail
 build=${1:?build dir}; out=${2:?output dir}; shift 2
 train="$build/examples/rlvr_trainer/rlvr_train"; plot="$build/examples/rlvr_trainer/rlvr_plot"
@@ -34,10 +35,14 @@ for e in ${@:-a b c d}; do
        "$plot" --out "$out/mpt.svg" --panel entropy=Entropy --panel validation_accuracy=Validation\ accuracy \
          --panel median_length=Median\ length --panel mpt_masked=MPT-masked\ share\ \(%\) \
          "$out/mpt_off.csv=off" "$out/mpt_static.csv=static" "$out/default.csv=dynamic" ;;
-    d) # The default run has resets on; the same run with them off.
+    d) # The default run has resets on; the same run with them off; then both to 300 steps.
        run resets_off --resets off
        "$plot" --out "$out/resets.svg" --markers reset --panel validation_accuracy=Validation\ accuracy --panel kl=KL\ to\ the\ reference --panel entropy=Entropy \
-         "$out/resets_off.csv=resets off" "$out/default.csv=resets on (default)" ;;
+         "$out/resets_off.csv=resets off" "$out/default.csv=resets on (default)"
+       run resets_long_off --resets off --steps 300
+       run resets_long_on --steps 300
+       "$plot" --out "$out/resets_long.svg" --markers reset --panel validation_accuracy=Validation\ accuracy --panel kl=KL\ to\ the\ reference --panel entropy=Entropy \
+         "$out/resets_long_off.csv=resets off" "$out/resets_long_on.csv=resets on" ;;
     *) echo "experiments.sh: unknown experiment '$e' (a, b, c, d)" >&2; exit 2 ;;
   esac
 done

@@ -27,6 +27,8 @@
 // is replaced atomically. --resume FILE continues such a run from its step with the same numbers as
 // a run that never stopped (--steps is the total; every other option that shapes the run must be as
 // saved, else it is refused naming the option); the CSV, JSON and SVG then cover the whole run.
+// --reset-patience N and --reset-drop X set ProRL's reset triggers (a plateau of N validations; a
+// fall of X below the best), --kl-target and --kl-horizon the adaptive KL controller.
 // --segments auto lets ulorl::segment_autotuner choose the count (1, 2, 4 or 8) after every step: it
 // simulates each on the released groups' lengths and the fitted costs below and switches when one is
 // predicted faster (the choices depend on measured times, so two such runs need not be identical).
