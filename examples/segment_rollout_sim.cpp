@@ -43,13 +43,15 @@ void usage() {
                "       [--median-fraction X] [--prompt-sigma X] [--response-sigma X]\n");
 }
 
+constexpr std::int32_t auto_segments = -1;  // "auto" in --segments: the adaptive count
+
 std::vector<std::int32_t> parse_list(const char* s) {
   std::vector<std::int32_t> out;
   std::string cur;
   for (const char* p = s;; ++p) {
     if (*p == ',' || *p == '\0') {
       if (cur.empty()) throw std::runtime_error("empty entry in --segments");
-      out.push_back(cur == "auto" ? 0 : static_cast<std::int32_t>(std::stol(cur)));  // 0: the adaptive count
+      out.push_back(cur == "auto" ? auto_segments : static_cast<std::int32_t>(std::stol(cur)));
       cur.clear();
       if (*p == '\0') break;
     } else {
@@ -135,11 +137,11 @@ int main(int argc, char** argv) {
       }
     }
     if (segments.empty()) segments = preset_given ? std::vector<std::int32_t>{1, 2, 4} : std::vector<std::int32_t>{1, 2, 4, 8};
-    // "auto" (0 in the list): ulorl::segment_autotuner chooses among the listed fixed counts (1, 2, 4,
-    // 8, 16, 32 when none is listed), starting from 1.
+    // "auto": ulorl::segment_autotuner chooses among the listed fixed counts (1, 2, 4, 8, 16, 32 when
+    // none is listed), starting from 1.
     std::vector<std::int32_t> fixed;
     for (const auto n : segments)
-      if (n != 0) fixed.push_back(n);
+      if (n != auto_segments) fixed.push_back(n);
     const bool with_auto = fixed.size() != segments.size();
     auto runs = ulorl::simulate_segment_rollouts(cfg, fixed);
     if (with_auto) {
