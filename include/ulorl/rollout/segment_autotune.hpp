@@ -86,7 +86,7 @@ class segment_autotuner {
     for (std::size_t i = 0; i < s_.lengths.size(); ++i)
       if (s_.lengths[i] < 1) detail::fail_at(fn, "state.lengths", static_cast<std::int64_t>(i), s_.lengths[i], "lengths must be >= 1");
     if (s_.decisions < 0) detail::fail_value(fn, "state.decisions", s_.decisions, "must be >= 0");
-    if (s_.costs_known) check_costs(fn, s_.engine, s_.trainer);
+    if (s_.costs_known) detail::validate_costs(fn, s_.engine, s_.trainer);
   }
 
   [[nodiscard]] const segment_autotune_state& state() const noexcept { return s_; }
@@ -113,7 +113,7 @@ class segment_autotuner {
 
   //! The engine's and the trainer's current costs (replacing earlier ones).
   void observe_costs(const decode_engine_model& engine, const trainer_model& trainer) {
-    check_costs("segment_autotuner::observe_costs", engine, trainer);
+    detail::validate_costs("segment_autotuner::observe_costs", engine, trainer);
     s_.engine = engine;
     s_.trainer = trainer;
     s_.costs_known = true;
@@ -168,12 +168,6 @@ class segment_autotuner {
     if (c_.simulated_warmup < 0 || c_.simulated_warmup > 4096)
       detail::fail_value(fn, "config.simulated_warmup", c_.simulated_warmup, "must be in [0, 4096]");
     if (!(c_.min_gain >= 0 && c_.min_gain < 1)) detail::fail_value(fn, "config.min_gain", c_.min_gain, "must be in [0, 1)");
-  }
-  static void check_costs(std::string_view fn, const decode_engine_model& e, const trainer_model& t) {
-    auto probe = rollout_sim_config{};
-    probe.engine = e;
-    probe.trainer = t;
-    detail::validate_sim_config(fn, probe);
   }
 
   rollout_sim_config base_;

@@ -115,6 +115,17 @@ inline double hashed_normal(std::uint64_t seed, std::uint64_t key) noexcept {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
+//! The cost models' checks (also the segment tuner's, for the costs it is given).
+inline void validate_costs(std::string_view fn, const decode_engine_model& e, const trainer_model& t) {
+  require_non_negative(fn, "engine.iteration_s", e.iteration_s);
+  require_non_negative(fn, "engine.per_sequence_s", e.per_sequence_s);
+  require_non_negative(fn, "engine.per_context_token_s", e.per_context_token_s);
+  require_non_negative(fn, "engine.prefill_token_s", e.prefill_token_s);
+  require_non_negative(fn, "trainer.per_token_s", t.per_token_s);
+  require_non_negative(fn, "trainer.per_step_s", t.per_step_s);
+  if (e.iteration_s + e.per_sequence_s + e.per_context_token_s <= 0) fail(fn, "engine", "a decode iteration must take some time");
+}
+
 inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c) {
   if (c.max_response_tokens < 1) fail_value(fn, "max_response_tokens", c.max_response_tokens, "must be >= 1");
   if (c.prompt_tokens < 0) fail_value(fn, "prompt_tokens", c.prompt_tokens, "must be >= 0");
@@ -135,14 +146,7 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
       fail_value(fn, "lengths.empirical", static_cast<std::int64_t>(c.lengths.empirical.size()),
                  "empirical_grouped needs a multiple of group_size lengths");
   }
-  require_non_negative(fn, "engine.iteration_s", c.engine.iteration_s);
-  require_non_negative(fn, "engine.per_sequence_s", c.engine.per_sequence_s);
-  require_non_negative(fn, "engine.per_context_token_s", c.engine.per_context_token_s);
-  require_non_negative(fn, "engine.prefill_token_s", c.engine.prefill_token_s);
-  require_non_negative(fn, "trainer.per_token_s", c.trainer.per_token_s);
-  require_non_negative(fn, "trainer.per_step_s", c.trainer.per_step_s);
-  if (c.engine.iteration_s + c.engine.per_sequence_s + c.engine.per_context_token_s <= 0)
-    fail(fn, "engine", "a decode iteration must take some time");
+  validate_costs(fn, c.engine, c.trainer);
 }
 
 }  // namespace detail
@@ -235,8 +239,10 @@ template <class AfterTrain>
     double S = 0;
     for (const auto& r : run) S += r.ctx;
     // padded_kv: the longest starting context among the items still running (a suffix, as they leave in order).
-    suffix_max.assign(run.size() + 1, 0.0);
-    for (std::size_t i = run.size(); i-- > 0;) suffix_max[i] = std::max(suffix_max[i + 1], run[i].ctx);
+    if (e.padded_kv) {
+      suffix_max.assign(run.size() + 1, 0.0);
+      for (std::size_t i = run.size(); i-- > 0;) suffix_max[i] = std::max(suffix_max[i + 1], run[i].ctx);
+    }
     double b = static_cast<double>(run.size());
     double step_decode = 0, step_busy = 0;
     std::int64_t prev = 0;
