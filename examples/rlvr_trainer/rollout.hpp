@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -438,6 +439,15 @@ class segment_rollout {
   } r{engine, engine.greedy()};
   engine.set_greedy(true);
   return sampled_accuracy(task, engine, targets);
+}
+
+//! Writes released response lengths (group-major, `group` per group) one group per line: the format of
+//! segment_rollout_sim --length-groups. `lengths` are natural lengths: a truncated response as L_max + 1.
+inline void write_length_groups(const std::string& path, const std::vector<std::int64_t>& lengths, std::int64_t group) {
+  std::ofstream f(path);
+  for (std::size_t i = 0; i < lengths.size(); ++i)
+    f << lengths[i] << ((i + 1) % static_cast<std::size_t>(group) == 0 ? '\n' : ' ');
+  if (!f) throw std::runtime_error("cannot write " + path);
 }
 
 }  // namespace rlvr

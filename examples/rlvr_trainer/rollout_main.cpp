@@ -290,11 +290,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(c.prefill_tokens),
               c.prefill_padded_tokens > 0 ? 100.0 * static_cast<double>(c.prefill_padded_tokens - c.prefill_tokens) / static_cast<double>(c.prefill_padded_tokens) : 0.0);
   std::printf("cost model (segment_rollout_sim): %s\n", rlvr::simulator_flags(m).c_str());
-  if (!o.lengths_out.empty()) {
-    std::ofstream f(o.lengths_out);
-    for (std::size_t i = 0; i < sim_lengths.size(); ++i)
-      f << sim_lengths[i] << ((i + 1) % static_cast<std::size_t>(o.group) == 0 ? '\n' : ' ');
-  }
+  if (!o.lengths_out.empty()) rlvr::write_length_groups(o.lengths_out, sim_lengths, o.group);
   std::printf("total %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
   return 0;
 }

@@ -286,6 +286,8 @@ void save_tuner_state(torch::serialize::OutputArchive& a, const ulorl::segment_a
   const std::vector<double> costs{s.engine.iteration_s, s.engine.per_sequence_s, s.engine.per_context_token_s,
                                   s.engine.prefill_token_s, s.trainer.per_token_s, s.trainer.per_step_s};
   ck::put_tensor(a, "driver/autotune/costs", torch::tensor(costs, torch::kFloat64));
+  ck::put_int(a, "driver/autotune/rebuild_kv_on_resume", s.engine.rebuild_kv_on_resume ? 1 : 0);
+  ck::put_int(a, "driver/autotune/padded_kv", s.engine.padded_kv ? 1 : 0);
   ck::put_int(a, "driver/autotune/costs_known", s.costs_known ? 1 : 0);
   ck::put_int(a, "driver/autotune/decisions", s.decisions);
 }
@@ -302,7 +304,8 @@ ulorl::segment_autotune_state load_tuner_state(torch::serialize::InputArchive& a
   if (costs.numel() != 6) throw rlvr::checkpoint_error("checkpoint: driver/autotune/costs must hold 6 values");
   const auto c = costs.accessor<double, 1>();
   s.engine = {.iteration_s = c[0], .per_sequence_s = c[1], .per_context_token_s = c[2], .prefill_token_s = c[3],
-              .rebuild_kv_on_resume = true};
+              .rebuild_kv_on_resume = ck::get_int(a, "driver/autotune/rebuild_kv_on_resume") != 0,
+              .padded_kv = ck::get_int(a, "driver/autotune/padded_kv") != 0};
   s.trainer = {.per_token_s = c[4], .per_step_s = c[5]};
   s.costs_known = ck::get_int(a, "driver/autotune/costs_known") != 0;
   s.decisions = ck::get_int(a, "driver/autotune/decisions");
@@ -429,7 +432,7 @@ int train(const options& o) {
                                              .seed = o.seed};
   const ulorl::segment_autotune_config tuner_config{.candidates = {1, 2, 4, 8},
                                                     .initial = 1,
-                                                    .min_groups = 2 * o.prompts,
+                                                    .min_groups = std::min(2 * o.prompts, 256),
                                                     .window_groups = 256};
   std::optional<ulorl::segment_autotuner> tuner;
   if (o.auto_segments) {
@@ -553,11 +556,7 @@ int train(const options& o) {
   std::printf("cost model (segment_rollout_sim%s): %s %s\n", resuming ? ", steps of this process" : "",
               rlvr::simulator_flags(rlvr::fit_engine_model(engine.costs())).c_str(),
               rlvr::simulator_flags(rlvr::fit_trainer_model(update_costs)).c_str());
-  if (!o.lengths_out.empty()) {
-    std::ofstream f(o.lengths_out);
-    for (std::size_t i = 0; i < h.released_lengths.size(); ++i)
-      f << h.released_lengths[i] << ((i + 1) % static_cast<std::size_t>(o.group) == 0 ? '\n' : ' ');
-  }
+  if (!o.lengths_out.empty()) rlvr::write_length_groups(o.lengths_out, h.released_lengths, o.group);
   if (!o.json.empty()) {
     std::ofstream j(o.json);
     j << "{\"steps\": " << o.steps << ", \"segments\": " << (o.auto_segments ? std::string("\"auto\"") : std::to_string(o.segments)) << ", \"mpt\": \"" << o.mpt << "\", \"resets\": \""
