@@ -62,8 +62,46 @@
 #define ULORL_NO_EXCEPTIONS
 #endif
 
+//! The C++ standard of this translation unit. The library is C++20; the headers the CUDA kernels
+//! include (the formula headers: core/config, core/simd's scalar lanes, core/numerics, core/views,
+//! core/ragged, core/error, core/dispatch, loss/ratio, loss/objectives, loss/kl, loss/aggregation,
+//! loss/metrics, loss/entropy, loss/policy_loss_types, loss/detail/token_loss and
+//! logits/online_softmax) also compile as C++17, for nvcc 11.8; what needs C++20 there (the
+//! std::span constructors of the views) is left out of a C++17 translation unit.
+#if __cplusplus >= 202002L
+#define ULORL_CXX20 1
+#else
+#define ULORL_CXX20 0
+#endif
+
 //! Internal invariants (not user preconditions): checked in debug builds only.
 #ifndef ULORL_ASSERT
 #include <cassert>
 #define ULORL_ASSERT(cond) assert(cond)
 #endif
+
+#include <cstring>
+#include <type_traits>
+#if ULORL_CXX20
+#include <bit>
+#endif
+
+ULORL_NAMESPACE_BEGIN
+namespace detail {
+//! std::bit_cast where the standard library has it; a memcpy (not constexpr) in C++17.
+template <class To, class From>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr To bit_cast(From from) noexcept {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast: sizes differ");
+#if defined(__cpp_lib_bit_cast)
+  return std::bit_cast<To>(from);
+#else
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
+#endif
+}
+//! std::remove_cvref_t, which C++17 lacks.
+template <class T>
+using remove_cvref_t = std::remove_cv_t<std::remove_reference_t<T>>;
+}  // namespace detail
+ULORL_NAMESPACE_END

@@ -50,6 +50,7 @@ class token_view {
     return v;
   }
   //! Packed layout: tokens of row b are values[offsets[b] .. offsets[b+1]).
+#if ULORL_CXX20
   constexpr static token_view packed(vector_view<T> values, std::span<const std::int64_t> offsets) noexcept {
     token_view v = packed_common(values, offsets.empty() ? 0 : offsets.size() - 1);
     v.off64_ = offsets.data();
@@ -60,6 +61,7 @@ class token_view {
     v.off32_ = offsets.data();
     return v;
   }
+#endif
 
   //! The tokens of `shape` (its layout, B, T or offsets), every one reading `*value` (strides 0):
   //! a broadcast, e.g. the all-valid mask of mask_or_all_valid.
@@ -178,6 +180,7 @@ template <class T>
 [[nodiscard]] constexpr token_view<T> padded(matrix_view<T> m) noexcept {
   return token_view<T>::padded(m);
 }
+#if ULORL_CXX20
 template <class T, class O>
 [[nodiscard]] constexpr token_view<T> packed(vector_view<T> values, std::span<const O> offsets) noexcept {
   return token_view<T>::packed(values, offsets);
@@ -186,6 +189,7 @@ template <class T, class O>
 [[nodiscard]] constexpr token_view<T> packed(std::span<T> values, std::span<O> offsets) noexcept {
   return token_view<T>::packed(vector_view<T>(values), std::span<const O>(offsets));
 }
+#endif
 
 // ---- absent masks ----------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ class byte_writer {
   void u64(std::uint64_t v) { put(v, 8); }
   void i32(std::int32_t v) { put(static_cast<std::uint32_t>(v), 4); }
   void i64(std::int64_t v) { put(static_cast<std::uint64_t>(v), 8); }
-  void f64(double v) { put(std::bit_cast<std::uint64_t>(v), 8); }
+  void f64(double v) { put(ulorl::detail::bit_cast<std::uint64_t>(v), 8); }
   void boolean(bool v) { u8(v ? 1u : 0u); }
 
  private:
@@ -50,7 +50,7 @@ class byte_reader {
   std::uint64_t u64(std::string_view what = "field") { return get(8, what); }
   std::int32_t i32(std::string_view what = "field") { return static_cast<std::int32_t>(get(4, what)); }
   std::int64_t i64(std::string_view what = "field") { return static_cast<std::int64_t>(get(8, what)); }
-  double f64(std::string_view what = "field") { return std::bit_cast<double>(get(8, what)); }
+  double f64(std::string_view what = "field") { return ulorl::detail::bit_cast<double>(get(8, what)); }
   bool boolean(std::string_view what = "field") {
     const auto at = pos_;
     const auto v = u8(what);

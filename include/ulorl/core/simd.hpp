@@ -142,8 +142,8 @@ ULORL_HD ULORL_ALWAYS_INLINE constexpr V exp_in_range(V x, V& em1) noexcept {
   constexpr I bias = sizeof(T) == 4 ? 127 : 1023;
   V t, r, s;
   exp_poly<V, T>(x, t, r, s);
-  const IV ni = std::bit_cast<IV>(t) - std::bit_cast<I>(C::round_magic);
-  const V scale = std::bit_cast<V>(static_cast<IV>((ni + bias) << mant));
+  const IV ni = ulorl::detail::bit_cast<IV>(t) - ulorl::detail::bit_cast<I>(C::round_magic);
+  const V scale = ulorl::detail::bit_cast<V>(static_cast<IV>((ni + bias) << mant));
   const V e = (r + s) * scale + scale;
   em1 = t == C::round_magic ? s : (e - T(1)) - x;
   return e;
@@ -339,7 +339,7 @@ template <class T>
   for (std::size_t l = 0; l < N; ++l) hi = hi > acc0[l] ? hi : acc0[l];
 #endif
   for (; i < n; ++i) {
-    const U b = static_cast<U>(std::bit_cast<U>(p[i]) & abs_mask);
+    const U b = static_cast<U>(ulorl::detail::bit_cast<U>(p[i]) & abs_mask);
     hi = hi > b ? hi : b;
   }
   return hi;

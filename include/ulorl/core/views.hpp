@@ -27,7 +27,9 @@ class vector_view {
   constexpr vector_view() noexcept = default;
   constexpr vector_view(T* data, std::size_t size, std::ptrdiff_t stride = 1) noexcept
       : data_(data), size_(size), stride_(stride) {}
+#if ULORL_CXX20
   constexpr vector_view(std::span<T> s) noexcept : data_(s.data()), size_(s.size()), stride_(1) {}  // NOLINT
+#endif
   //! A view of mutable data converts to a view of const data.
   template <class U, class = std::enable_if_t<std::is_same_v<const U, T> && !std::is_same_v<U, T>>>
   constexpr vector_view(const vector_view<U>& o) noexcept  // NOLINT
@@ -48,8 +50,10 @@ class vector_view {
   std::ptrdiff_t stride_ = 1;
 };
 
+#if ULORL_CXX20
 template <class T>
 vector_view(std::span<T>) -> vector_view<T>;
+#endif
 
 //! Strided 2-D view: element (r, c) lives at data[r * row_stride + c * col_stride].
 template <class T>

@@ -18,11 +18,11 @@ struct bf16 {
 
   //! The exact float value.
   [[nodiscard]] constexpr float to_float() const noexcept {
-    return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+    return ulorl::detail::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
   }
   //! Round to nearest even; NaN -> quiet NaN with the sign kept; +-inf and overflow -> +-inf.
   [[nodiscard]] static constexpr bf16 from_float(float f) noexcept {
-    const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+    const std::uint32_t u = ulorl::detail::bit_cast<std::uint32_t>(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<std::uint16_t>((u >> 16) | 0x0040u)};
     const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
     return bf16{static_cast<std::uint16_t>(rounded >> 16)};
@@ -35,13 +35,13 @@ static_assert(sizeof(bf16) == 2 && alignof(bf16) == 2);
 
 //! Widen n contiguous bf16 values to float (exact). Written so that GCC/Clang vectorise it.
 inline void bf16_to_float(const bf16* ULORL_RESTRICT in, float* ULORL_RESTRICT out, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(in[i].bits) << 16);
+  for (std::size_t i = 0; i < n; ++i) out[i] = ulorl::detail::bit_cast<float>(static_cast<std::uint32_t>(in[i].bits) << 16);
 }
 
 //! Round n contiguous floats to bf16 (nearest even), vectorisable.
 inline void float_to_bf16(const float* ULORL_RESTRICT in, bf16* ULORL_RESTRICT out, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t u = std::bit_cast<std::uint32_t>(in[i]);
+    const std::uint32_t u = ulorl::detail::bit_cast<std::uint32_t>(in[i]);
     const std::uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     const std::uint32_t nan = (u >> 16) | 0x0040u;
     out[i].bits = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);

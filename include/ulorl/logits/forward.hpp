@@ -231,7 +231,7 @@ void check_logits(const char* fn, matrix_view<const L> logits, double temperatur
   for (std::size_t r = 0; r < logits.rows(); ++r) {
     if (unit && logits.cols() > 0) {
       const auto hi = simd::max_abs_bits(&logits(r, 0), logits.cols());
-      if (hi < simd::inf_bits<L> && scaled_in_range<R>(static_cast<double>(widen(std::bit_cast<L>(hi))), inv_tau))
+      if (hi < simd::inf_bits<L> && scaled_in_range<R>(static_cast<double>(widen(ulorl::detail::bit_cast<L>(hi))), inv_tau))
         continue;
     }
     bool any_finite = false;

@@ -266,7 +266,7 @@ double finite_max_abs(const char* fn, const char* arg, matrix_view<const T> m) {
     hi = hi > b ? hi : b;
     exact = hi >= inf_bits;
   }
-  if (!exact) return static_cast<double>(std::bit_cast<T>(hi));
+  if (!exact) return static_cast<double>(ulorl::detail::bit_cast<T>(hi));
   double a = 0;
   for (std::size_t r = 0; r < m.rows(); ++r)
     for (std::size_t c = 0; c < m.cols(); ++c) {

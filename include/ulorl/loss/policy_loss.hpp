@@ -107,7 +107,7 @@ template <class T, class D0, class... D>
   if (p.objective.kind == D0::kind) {
     if constexpr (D0::level == objective_level::sequence) {
       return invalid_token_loss<T>();
-    } else if constexpr (requires { typename D0::plain_form; }) {
+    } else if constexpr (has_plain_form<D0>) {
       if (D0::plain_applies(p.objective))
         return token_loss_with_kl<typename D0::plain_form>(logp, old_logp, ref, adv, weight, entropy, p);
       return token_loss_with_kl<D0>(logp, old_logp, ref, adv, weight, entropy, p);

@@ -10,8 +10,8 @@
 #include "ulorl/loss/kl.hpp"
 #include "ulorl/loss/metrics.hpp"
 #include "ulorl/loss/objectives.hpp"
-#include "ulorl/loss/rollout_correction/compute.hpp"
 #include "ulorl/loss/rollout_correction/config.hpp"
+#include "ulorl/loss/rollout_correction/statistics.hpp"
 
 ULORL_NAMESPACE_BEGIN
 

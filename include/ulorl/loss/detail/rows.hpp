@@ -13,6 +13,7 @@
 #include "ulorl/core/ragged.hpp"
 #include "ulorl/core/simd.hpp"
 #include "ulorl/loss/aggregation.hpp"
+#include "ulorl/loss/detail/row_sums.hpp"
 #include "ulorl/loss/detail/token_loss.hpp"
 #include "ulorl/loss/kl.hpp"
 #include "ulorl/loss/policy_loss_types.hpp"
@@ -20,50 +21,6 @@
 ULORL_NAMESPACE_BEGIN
 namespace detail {
 inline namespace ULORL_ISA {
-
-//! Per-row accumulators (double), folded into the result once per row.
-struct row_sums {
-  double pg = 0, kl = 0, ent = 0;
-  double clipped = 0, low = 0, high = 0, dual = 0;
-  double nlr = 0, nlrc = 0, k3 = 0, ratio = 0;
-  double rmin = std::numeric_limits<double>::infinity(), rmax = -std::numeric_limits<double>::infinity();
-};
-
-//! One scalar token into the row's sums (`pg`, `kl`: the token's terms; `flags`: its clip flags).
-template <class T>
-ULORL_ALWAYS_INLINE void fold_token(row_sums& s, bool valid, T pg, T kl, const ratio_lanes<simd::scalar_lanes<T>>& r,
-                                    const clip_flags<simd::scalar_lanes<T>>& f, T logp, T old_logp, T entropy) {
-  const double v = valid ? 1.0 : 0.0;
-  s.pg += valid ? static_cast<double>(pg) : 0.0;
-  s.kl += valid ? static_cast<double>(kl) : 0.0;
-  s.ent += valid ? static_cast<double>(entropy) : 0.0;
-  s.clipped += v * static_cast<double>(f.clipped), s.low += v * static_cast<double>(f.low);
-  s.high += v * static_cast<double>(f.high), s.dual += v * static_cast<double>(f.dual);
-  s.nlr += valid ? static_cast<double>(old_logp) - static_cast<double>(logp) : 0.0;
-  s.nlrc += valid ? -static_cast<double>(r.log_ratio) : 0.0;
-  s.k3 += valid ? static_cast<double>(r.k3) : 0.0;
-  s.ratio += valid ? static_cast<double>(r.ratio) : 0.0;
-  const double rr = static_cast<double>(r.ratio);
-  s.rmin = valid && rr < s.rmin ? rr : s.rmin;
-  s.rmax = valid && rr > s.rmax ? rr : s.rmax;
-}
-
-inline void fold_row(policy_loss_result& res, const row_sums& s, double w, double kl_coef, double ent_coef, double n) {
-  res.pg_loss += w * s.pg;
-  // A row without valid tokens adds exactly 0, also when w * coef overflows (inf * 0 would be NaN).
-  res.kl_loss += s.kl == 0.0 ? 0.0 : w * kl_coef * s.kl;
-  res.entropy_loss += s.ent == 0.0 ? 0.0 : -w * ent_coef * s.ent;
-  auto& m = res.metrics;
-  m.rows += 1;
-  m.tokens += n;
-  m.sequences += n > 0 ? 1.0 : 0.0;
-  m.clipped += s.clipped, m.clipped_low += s.low, m.clipped_high += s.high, m.dual_clipped += s.dual;
-  m.neg_log_ratio += s.nlr, m.neg_log_ratio_clamped += s.nlrc, m.approx_kl_k3 += s.k3;
-  m.ratio_sum += s.ratio;
-  m.ratio_min = s.rmin < m.ratio_min ? s.rmin : m.ratio_min;
-  m.ratio_max = s.rmax > m.ratio_max ? s.rmax : m.ratio_max;
-  m.kl_sum += s.kl, m.entropy_sum += s.ent;
-}
 
 //! A mask row as the vectorised passes read it (N: their lanes): a unit-stride row as it is (step
 //! 1); a broadcast row (stride 0: the all-valid mask of an absent one, or a caller's expanded mask)
@@ -93,27 +50,6 @@ struct vector_mask_row {
 template <class M>
 [[nodiscard]] constexpr bool unit_or_broadcast(const token_view<M>& v) noexcept {
   return v.rows() == 0 || v.row(0).stride() == 1 || v.row(0).stride() == 0;
-}
-
-//! One row's sums, aggregation weight and valid-token count, before the fold into the result.
-struct row_out {
-  row_sums s;
-  double w = 0;
-  std::size_t tokens = 0;
-  // Sequence-level objectives only: gmpo's row loss (added to pg_loss before the row's fold) and
-  // gspo's row flags.
-  bool has_direct = false, gspo = false, seq_low = false, seq_high = false;
-  double pg_direct = 0;
-};
-
-inline void fold_out(policy_loss_result& res, const row_out& o, double kl_coef, double ent_coef) {
-  if (o.has_direct) res.pg_loss += o.pg_direct;
-  if (o.gspo) {
-    res.metrics.seq_clipped_low += o.seq_low;
-    res.metrics.seq_clipped_high += o.seq_high;
-    res.metrics.seq_clipped_region += o.seq_low || o.seq_high;
-  }
-  fold_row(res, o.s, o.w, kl_coef, ent_coef, static_cast<double>(o.tokens));
 }
 
 //! Runs `one_row(b, out)` for every row and folds the rows into `res` in row order, so that the
@@ -148,22 +84,6 @@ struct sequence_row {
       : lp(in.log_prob.row(b)), old(in.old_log_prob.row(b)), adv(in.advantages.row(b)), mk(in.mask.row(b)), g(grad.row(b)),
         n(lp.size()), nb(row_tokens(in.mask, b)), nd(static_cast<double>(nb)), wd(row_weight(norm, nb)) {}
 };
-
-//! The KL term of one token of a sequence-level row: the estimate, d kl / d logp through the
-//! estimate, and, importance-weighted by `iw` (derivative `diw`), the part through the weight, which
-//! the caller routes (to the token itself or spread over the row).
-template <class T>
-struct sequence_kl {
-  T value;  //!< kl (times iw when importance-weighted)
-  T grad;   //!< d kl / d logp through the estimate
-  T via_w;  //!< kl * d iw / d logp (0 without importance weighting)
-};
-template <class T, class P>
-[[nodiscard]] ULORL_ALWAYS_INLINE sequence_kl<T> sequence_token_kl(T lp, T ref, T iw, T diw, const token_loss_params<T, P>& p) noexcept {
-  const auto k = kl_term(lp, ref, p.kl);
-  if (!p.kl.importance_weighted) return {k.value, k.grad, T(0)};
-  return {k.value * iw, k.grad * iw, k.value * diw};
-}
 
 //! d loss / d H = -coef * weight on valid tokens, 0 elsewhere (independent of the other inputs).
 template <class T, class M>

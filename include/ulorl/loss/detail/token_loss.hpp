@@ -29,6 +29,12 @@ template <class E>
 inline constexpr bool is_importance_weighted<importance_weighted<E>> = true;
 
 namespace detail {
+//! The descriptor has a plain form (a cheaper descriptor for a subset of its configurations).
+template <class D, class = void>
+inline constexpr bool has_plain_form = false;
+template <class D>
+inline constexpr bool has_plain_form<D, std::void_t<typename D::plain_form>> = true;
+
 inline namespace ULORL_ISA {
 
 //! One token's loss before the aggregation weight, lane-wise.
@@ -84,17 +90,17 @@ template <class Obj, class Est, bool Weighted, class L, class P>
 template <class F>
 decltype(auto) visit_token_loss(std::string_view fn, const policy_loss_config& cfg, F&& f) {
   return visit_objective(fn, cfg.objective, [&](const auto& obj) -> decltype(auto) {
-    using D = std::remove_cvref_t<decltype(obj)>;
+    using D = detail::remove_cvref_t<decltype(obj)>;
     auto with_kl = [&](const auto& o) -> decltype(auto) {
       if (cfg.kl_coef == 0.0) return f(o, no_kl{});
       return visit_kl_estimator(fn, cfg.kl, [&](const auto& e) -> decltype(auto) {
-        if (cfg.kl.importance_weighted) return f(o, importance_weighted<std::remove_cvref_t<decltype(e)>>{});
+        if (cfg.kl.importance_weighted) return f(o, importance_weighted<detail::remove_cvref_t<decltype(e)>>{});
         return f(o, e);
       });
     };
     if constexpr (D::level == objective_level::sequence) {
       return f(obj, no_kl{});  // sequence-level objectives have their own rows (the caller branches on level)
-    } else if constexpr (requires { typename D::plain_form; }) {
+    } else if constexpr (has_plain_form<D>) {
       if (obj.has_plain_form()) {
         typename D::plain_form plain;
         plain.config = obj.config;

@@ -52,9 +52,9 @@ template <class T, class M, std::size_t Bytes, bool KL, bool W, bool E>
   constexpr bool bool_mask = std::is_same_v<std::remove_cv_t<M>, bool>;  // a bool is 0 or 1
   constexpr I em = std::is_same_v<T, float> ? I(0x7f800000) : I(0x7ff0000000000000LL);
   typedef ME MV __attribute__((vector_size(L::N * sizeof(ME))));
-  const auto ex = [](const T* p) { return std::bit_cast<IV>(L::load(p)) & em; };
+  const auto ex = [](const T* p) { return ulorl::detail::bit_cast<IV>(L::load(p)) & em; };
   const auto vmax = [](IV a, IV b) { return a > b ? a : b; };
-  const auto finite = [](T v) { return (std::bit_cast<I>(v) & em) != em; };
+  const auto finite = [](T v) { return (ulorl::detail::bit_cast<I>(v) & em) != em; };
   const auto scalar_ok = [&](std::size_t b, std::size_t e) {
     bool ok = true;
     for (std::size_t t = b; t < e; ++t)

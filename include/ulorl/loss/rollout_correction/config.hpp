@@ -150,7 +150,10 @@ struct rejection_criterion {
   rs_estimator estimator = rs_estimator::k2;
   double lower = 0.0;
   double upper = unbounded;
-  friend constexpr bool operator==(const rejection_criterion&, const rejection_criterion&) = default;
+  friend constexpr bool operator==(const rejection_criterion& a, const rejection_criterion& b) noexcept {
+    return a.statistic == b.statistic && a.estimator == b.estimator && a.lower == b.lower && a.upper == b.upper;
+  }
+  friend constexpr bool operator!=(const rejection_criterion& a, const rejection_criterion& b) noexcept { return !(a == b); }
 };
 
 //! The criteria of a rejection chain (at most one per statistic and estimator): a token is kept
