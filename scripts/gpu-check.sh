@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh — on a machine with an NVIDIA GPU, in one call: build the CUDA logits test
-# and benchmark with nvcc for this GPU's architecture, run the test (GPU vs CPU kernels), then the
-# benchmark (achieved bandwidth vs a device-to-device copy measured in the same run).
-# Usage: scripts/gpu-check.sh [--json] [rows...]   env: NVCC, ULORL_CUDA_ARCH (e.g. 90), OUT (log dir)
-# Exit status: non-zero if the build or the test fails. Logs go to $OUT (default build/gpu-check).
+# scripts/gpu-check.sh — on a machine with an NVIDIA GPU, in one call: build every CUDA test, benchmark
+# and example with nvcc for this GPU's architecture (in parallel), run the tests (GPU against the CPU
+# kernels) and the example, then the benchmarks: achieved bandwidth against a device-to-device copy
+# measured in the same run (logits forward/backward, the policy loss from log-probs, the fused loss
+# from logits), the linear head against cuBLAS GEMM alone on the same shapes, and, when a CUDA build
+# of torch is importable, torch eager on the same policy-loss cases (time and peak memory).
+# Usage: scripts/gpu-check.sh   env: NVCC, ULORL_CUDA_ARCH (e.g. 90), OUT (log dir), CXX, JOBS
+# Exit status: non-zero if a build, a test or the example fails. Logs go to $OUT (default build/gpu-check).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -15,21 +18,68 @@ trap 'rm -rf "$bin"' EXIT
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv,noheader | tee "$out/device.txt"
 arch=${ULORL_CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.[:space:]')}
 echo "nvcc: $("$nvcc" --version | tail -1); arch sm_$arch"
+cudalib=$(dirname "$(dirname "$nvcc")")/lib64
 
 flags=(-std=c++17 --expt-relaxed-constexpr -O3 -gencode "arch=compute_$arch,code=sm_$arch"
-       -I "$root/include" -I "$root/kernels")
+       -I "$root/include" -I "$root/kernels" -I "$root/tests/cuda")
 t0=$(date +%s)
-# The CPU reference the test compares with is C++20 (host compiler); the .cu files are C++17.
-"${CXX:-g++}" -std=c++20 -O2 -I "$root/include" -c "$root/tests/cuda/cpu_reference.cpp" -o "$bin/cpu_reference.o"
-"$nvcc" "${flags[@]}" "$root/tests/cuda/test_logits_cuda.cu" "$bin/cpu_reference.o" -o "$bin/test_logits_cuda" &
-p1=$!
-"$nvcc" "${flags[@]}" "$root/tests/cuda/bench_logits_cuda.cu" -o "$bin/bench_logits_cuda" &
-p2=$!
-wait $p1
-wait $p2
+# The CPU references the tests compare with are C++20 (host compiler); the .cu files are C++17.
+refs=()
+for src in "$root"/tests/cuda/cpu_reference*.cpp; do
+  obj="$bin/$(basename "$src" .cpp).o"
+  "${CXX:-g++}" -std=c++20 -O2 -I "$root/include" -c "$src" -o "$obj" &
+  refs+=("$obj")
+done
+wait
+pids=()
+build() {  # build NAME SOURCE [extra args...]
+  local name=$1 src=$2
+  shift 2
+  "$nvcc" "${flags[@]}" "$src" "$@" -o "$bin/$name" > "$out/build-$name.txt" 2>&1 &
+  pids+=($!)
+}
+for t in test_logits_cuda test_loss_token_cuda test_policy_loss_cuda bench_logits_cuda bench_policy_loss_cuda; do
+  build "$t" "$root/tests/cuda/$t.cu" "${refs[@]}"
+done
+build cuda_policy_loss "$root/examples/cuda_policy_loss.cu"
+if [ -f "$root/tests/cuda/test_linear_head_cuda.cu" ]; then
+  build test_linear_head_cuda "$root/tests/cuda/test_linear_head_cuda.cu" "${refs[@]}" -L"$cudalib" -lcublas
+  build bench_linear_head_cuda "$root/tests/cuda/bench_linear_head_cuda.cu" -L"$cudalib" -lcublas
+fi
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
 echo "built in $(( $(date +%s) - t0 )) s"
+if [ "$status" != 0 ]; then
+  tail -n 30 "$out"/build-*.txt
+  exit 1
+fi
 
-echo "== test_logits_cuda"
-"$bin/test_logits_cuda" | tee "$out/test.txt"
+fail=0
+for t in test_logits_cuda test_loss_token_cuda test_policy_loss_cuda test_linear_head_cuda cuda_policy_loss; do
+  [ -x "$bin/$t" ] || continue
+  echo "== $t"
+  rc=0
+  "$bin/$t" > "$out/$t.txt" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then
+    fail=1
+    echo "FAILED (rc $rc): $out/$t.txt"
+  fi
+  tail -n 4 "$out/$t.txt"
+done
+
 echo "== bench_logits_cuda (bandwidth vs device-to-device copy, same run)"
-"$bin/bench_logits_cuda" "$@" | tee "$out/bench.txt"
+"$bin/bench_logits_cuda" | tee "$out/bench_logits.txt"
+echo "== bench_policy_loss_cuda (bandwidth vs device-to-device copy, same run)"
+"$bin/bench_policy_loss_cuda" | tee "$out/bench_policy_loss.txt"
+"$bin/bench_policy_loss_cuda" --json > "$out/bench_policy_loss.json"
+if [ -x "$bin/bench_linear_head_cuda" ]; then
+  echo "== bench_linear_head_cuda (against cuBLAS GEMM alone, same shapes)"
+  "$bin/bench_linear_head_cuda" | tee "$out/bench_linear_head.txt"
+fi
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+  echo "== torch eager on the same cases (time and peak memory above the inputs)"
+  python3 "$root/bench/torch_cuda_policy_loss.py" --ulorl "$out/bench_policy_loss.json" | tee "$out/torch.txt"
+else
+  echo "== torch eager: no CUDA build of torch importable, skipped"
+fi
+exit $fail

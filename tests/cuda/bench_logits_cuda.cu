@@ -13,6 +13,7 @@
 #include <ulorl/kernels/logits.cuh>
 
 #include "cuda_check.hpp"
+#include "cuda_timing.hpp"
 
 namespace {
 
@@ -35,22 +36,7 @@ __global__ void fill(T* x, std::int64_t n, std::uint64_t seed) {
   }
 }
 
-template <class F>
-float time_ms(F&& f, int reps) {
-  cudaEvent_t a, b;
-  CUDA_OK(cudaEventCreate(&a));
-  CUDA_OK(cudaEventCreate(&b));
-  f();  // warm-up
-  CUDA_OK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) f();
-  CUDA_OK(cudaEventRecord(b));
-  CUDA_OK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_OK(cudaEventElapsedTime(&ms, a, b));
-  CUDA_OK(cudaEventDestroy(a));
-  CUDA_OK(cudaEventDestroy(b));
-  return ms / static_cast<float>(reps);
-}
+using ulorl_cuda_test::time_ms;
 
 template <class T>
 void run(std::int64_t rows, bool json, const char* tname) {

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 
 #include "cpu_reference.hpp"
 #include "cuda_check.hpp"
+#include "test_rng.hpp"
 
 namespace {
 
@@ -102,25 +102,25 @@ struct case_t {
 };
 
 template <class T>
-void compare(const case_t& c, std::mt19937_64& rng) {
+void compare(const case_t& c, ulorl_cuda_test::rng& rng) {
   const std::int64_t stride = c.cols + c.pad;
   std::vector<T> h(static_cast<std::size_t>(c.rows * stride), from_float<T>(0.f));
   std::vector<float> hf(static_cast<std::size_t>(c.rows * c.cols));
-  std::normal_distribution<float> nd(0.f, 3.f);
-  std::uniform_real_distribution<float> u;
+  auto nd = [&rng] { return static_cast<float>(rng.normal(0.0, 3.0)); };
+  auto u = [&rng] { return static_cast<float>(rng.uniform()); };
   std::vector<std::int64_t> labels(static_cast<std::size_t>(c.rows));
   for (std::int64_t r = 0; r < c.rows; ++r) {
     labels[r] = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(c.cols));
     for (std::int64_t j = 0; j < c.cols; ++j) {
-      float v = (u(rng) < 0.1f && j != labels[r]) ? -INFINITY : nd(rng) + 20.f;
+      float v = (u() < 0.1f && j != labels[r]) ? -INFINITY : nd() + 20.f;
       const T t = from_float<T>(v);
       h[r * stride + j] = t;
       hf[r * c.cols + j] = to_float(t);  // the CPU reference sees exactly the stored values
     }
   }
   std::vector<double> glp(c.rows), gent(c.rows);
-  for (auto& v : glp) v = nd(rng);
-  for (auto& v : gent) v = nd(rng) / 3;
+  for (auto& v : glp) v = nd();
+  for (auto& v : gent) v = nd() / 3;
   // CPU reference (ulorl/logits.hpp, double statistics), built by the host compiler in C++20.
   const auto n = static_cast<std::size_t>(c.rows), v = static_cast<std::size_t>(c.cols);
   std::vector<double> lp(n), ent(n), lse(n);
@@ -222,7 +222,7 @@ int main() {
                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices", failures ? "FAILED" : "ok");
     return failures ? 1 : 77;
   }
-  std::mt19937_64 rng(31337);
+  ulorl_cuda_test::rng rng(31337);
   std::printf("test_logits_cuda seed 31337\n");
   const case_t cases[] = {{1, 1, 0, 1, 1.f},      {3, 7, 0, 0, 1.f},        {5, 1000, 0, 1, 0.7f},
                           {5, 1000, 3, 0, 0.7f},  {4, 1000, 0, 7, 1.3f},    {2, 151936, 0, 0, 1.f},

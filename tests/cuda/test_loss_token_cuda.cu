@@ -1,21 +1,25 @@
 // test_loss_token_cuda — the per-token loss formulas of ulorl/loss/ (objectives.hpp, kl.hpp, through
 // detail/token_loss.hpp) evaluated on the device with the scalar lane type, against the same
-// functions on the host (policy_token_loss_with): every built-in token-level objective (plain
+// function evaluated on the host by the host compiler: every built-in token-level objective (plain
 // ppo_clip included) x every built-in KL estimator and no KL, with rollout weights and importance
 // weighting, on float inputs that put ratios inside and outside the clip range and KL arguments
-// inside and outside the clamps. The device and the host may differ by FMA contraction only. Needs
-// nvcc with C++20 (CUDA 12+); without a GPU it exits 77 (CTest: skipped).
+// inside and outside the clamps. The device and the host may differ by FMA contraction only. C++17
+// (nvcc 11.8 and newer); without a GPU it exits 77 (CTest: skipped).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
 
-#include <ulorl/loss/policy_loss.hpp>
+#include <ulorl/loss/detail/token_loss.hpp>
+#include <ulorl/loss/policy_loss_types.hpp>
 
 #include "cuda_check.hpp"
+#include "test_rng.hpp"
 
 namespace {
 
@@ -39,17 +43,11 @@ __global__ void token_kernel(const token_in* in, token_out* out, ulorl::token_lo
   out[i] = {r.pg, r.kl, r.dlogp, ulorl::flag_bits(r.flags)};
 }
 
-//! The estimator descriptor of a kernel's estimator argument (the host call wraps it itself).
-template <class E>
-struct base_of {
-  using type = E;
-};
-template <class E>
-struct base_of<ulorl::importance_weighted<E>> {
-  using type = E;
-};
-template <class E>
-using base_estimator = typename base_of<E>::type;
+//! The descriptor has a run-time configuration (`config`).
+template <class D, class = void>
+inline constexpr bool has_config = false;
+template <class D>
+inline constexpr bool has_config<D, std::void_t<decltype(std::declval<D&>().config)>> = true;
 
 bool close(float a, float b) { return std::fabs(a - b) <= 2e-6f * (1.0f + std::fabs(b)); }
 
@@ -62,7 +60,7 @@ void check(const char* name, const std::vector<token_in>& host, const ulorl::pol
   CUDA_OK(cudaMalloc(&dout, n * sizeof(token_out)));
   CUDA_OK(cudaMemcpy(din, host.data(), n * sizeof(token_in), cudaMemcpyHostToDevice));
   Obj obj;
-  if constexpr (requires { obj.config; }) obj.config = cfg.objective;
+  if constexpr (has_config<Obj>) obj.config = cfg.objective;
   const ulorl::token_loss_params<float> p{obj.template params<float>(), ulorl::make_kl_params<float>(cfg.kl),
                                           static_cast<float>(cfg.kl_coef), 0.0f};
   token_kernel<Obj, Est><<<(n + 127) / 128, 128>>>(din, dout, p, n);
@@ -72,7 +70,8 @@ void check(const char* name, const std::vector<token_in>& host, const ulorl::pol
   int bad = 0;
   for (int i = 0; i < n; ++i) {
     const auto& t = host[i];
-    const auto h = ulorl::policy_token_loss_with(obj, base_estimator<Est>{}, t.lp, t.old, t.ref, t.adv, t.w, 0.0f, cfg);
+    const auto r = ulorl::detail::token_loss_lanes<Obj, Est, true, ulorl::simd::scalar_lanes<float>>(t.lp, t.old, t.ref, t.adv, t.w, p);
+    const token_out h{r.pg, r.kl, r.dlogp, ulorl::flag_bits(r.flags)};
     if (!close(dev[i].pg, h.pg) || !close(dev[i].kl, h.kl) || !close(dev[i].dlogp, h.dlogp) || dev[i].flags != h.flags) {
       if (bad++ < 3)
         std::printf("FAIL %s token %d: device (%g, %g, %g, %u) host (%g, %g, %g, %u)\n", name, i, dev[i].pg, dev[i].kl,
@@ -109,8 +108,8 @@ int main() {
     std::printf("test_loss_token_cuda: no CUDA device, skipped\n");
     return 77;
   }
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> u(0, 1);
+  ulorl_cuda_test::rng rng(11);
+  auto u = [&rng](ulorl_cuda_test::rng&) { return static_cast<float>(rng.uniform()); };
   std::vector<token_in> host(4099);
   for (auto& t : host) {
     t.old = -4 * u(rng);
