@@ -14,7 +14,6 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include <ulorl/kernels/policy_loss.cuh>
@@ -336,13 +335,18 @@ struct kl_case {
 std::vector<kl_case> estimators() {
   std::vector<kl_case> v;
   v.push_back({"no KL", 0.0, {}});
-  for (auto [name, e] : {std::pair<const char*, ulorl::kl_estimator>{"k1", ulorl::kl_estimator::k1},
+  struct named {
+    const char* name;
+    ulorl::kl_estimator estimator;
+  };
+  const named plain[] = {{"k1", ulorl::kl_estimator::k1},
                          {"abs", ulorl::kl_estimator::abs},
                          {"k2", ulorl::kl_estimator::k2},
-                         {"k3", ulorl::kl_estimator::k3}}) {
+                         {"k3", ulorl::kl_estimator::k3}};
+  for (const named& e : plain) {
     ulorl::kl_config k;
-    k.estimator = e, k.input_clamp = 20.0, k.output_clamp = 10.0;
-    v.push_back({name, 0.04, k});
+    k.estimator = e.estimator, k.input_clamp = 20.0, k.output_clamp = 10.0;
+    v.push_back({e.name, 0.04, k});
   }
   ulorl::kl_config k;
   k.estimator = ulorl::kl_estimator::k3, k.importance_weighted = true;
