@@ -99,6 +99,15 @@ void validation() {
     c.kl_coef = NAN;
     invalid("kl_coef NaN", call(lay, in, out, c));
     c = cfg;
+    c.entropy_coef = 1e-50;  // rounds to 0 in float: the term would vanish
+    {
+      auto i = in;
+      i.entropy = fake;
+      auto o = out;
+      o.grad_entropy = fake;
+      invalid("entropy_coef that float rounds to 0", call(lay, i, o, c));
+    }
+    c = cfg;
     c.rollout = ulorl::rollout_correction::config{};
     invalid("in-pass rollout correction", call(lay, in, out, c), cudaErrorNotSupported);
   }

@@ -256,17 +256,7 @@ void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T
     detail::require_disjoint_tokens(fn, "grad_entropy", grad_entropy, "grad_log_prob", grad_log_prob);
   }
   validate_descriptors();
-  detail::validate_kl_clamps(fn, cfg.kl);
-  require_finite(fn, "kl_coef", cfg.kl_coef);
-  require_finite(fn, "entropy_coef", cfg.entropy_coef);
-  // The kernels run the coefficients in T: one that T rounds to 0 or to inf would drop its term
-  // (and leave grad_entropy unwritten) or overflow it.
-  for (const auto& [arg, c] : {std::pair<std::string_view, double>{"kl_coef", cfg.kl_coef}, {"entropy_coef", cfg.entropy_coef}}) {
-    const T in_t = static_cast<T>(c);
-    if (c != 0.0 && in_t == T(0)) detail::fail_value(fn, arg, c, "is not 0 but rounds to 0 in the value type (the term would vanish)");
-    if (!std::isfinite(in_t)) detail::fail_value(fn, arg, c, "overflows the value type");
-  }
-  validate_normalizer(fn, cfg.normalizer);
+  validate_loss_scalars<T>(fn, cfg);
   if (!cfg.check_values) return;
   if (cfg.rollout) rollout_correction::detail_rc::validate_values(fn, rollout_inputs_of(in));
 #if defined(ULORL_SIMD)

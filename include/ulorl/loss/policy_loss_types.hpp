@@ -2,7 +2,9 @@
 // its inputs, configuration and result, and the parameters of one token's loss in the element type.
 #pragma once
 
+#include <cmath>
 #include <optional>
+#include <string_view>
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/ragged.hpp"
@@ -100,6 +102,25 @@ template <class T>
   return {make_objective_params<T>(c.objective), make_kl_params<T>(c.kl), static_cast<T>(c.kl_coef),
           static_cast<T>(c.entropy_coef)};
 }
+
+namespace detail {
+//! The configuration's scalars as kernels in value type T run them (the CPU's policy_loss and the
+//! CUDA loss): the KL clamps, finite coefficients that T neither rounds to 0 (the term would vanish)
+//! nor overflows, and the normaliser. Throws ulorl::error naming the argument.
+template <class T>
+void validate_loss_scalars(std::string_view fn, const policy_loss_config& cfg) {
+  validate_kl_clamps(fn, cfg.kl);
+  const auto coefficient = [fn](std::string_view arg, double c) {
+    require_finite(fn, arg, c);
+    const T in_t = static_cast<T>(c);
+    if (c != 0.0 && in_t == T(0)) fail_value(fn, arg, c, "is not 0 but rounds to 0 in the value type (the term would vanish)");
+    if (!std::isfinite(in_t)) fail_value(fn, arg, c, "overflows the value type");
+  };
+  coefficient("kl_coef", cfg.kl_coef);
+  coefficient("entropy_coef", cfg.entropy_coef);
+  validate_normalizer(fn, cfg.normalizer);
+}
+}  // namespace detail
 
 //! One token's contribution before the aggregation weight (policy_token_loss).
 template <class T>

@@ -201,10 +201,7 @@ cudaError_t check_head(const T* hidden, int64_t tokens, int64_t hidden_size, con
       vocab > max_elements / hidden_size)
     return cudaErrorInvalidValue;
   // The layout: row i of hidden is the token of flat index i (a padded layout must be dense).
-  if (lay.rows < 0 || lay.cols < 0) return cudaErrorInvalidValue;
-  if (!lay.is_packed() && lay.rows > 1 && lay.row_stride != lay.cols) return cudaErrorInvalidValue;
-  if (!lay.is_packed() && lay.cols > 0 && lay.rows > INT64_MAX / lay.cols) return cudaErrorInvalidValue;
-  if (tokens != (lay.is_packed() ? lay.cols : lay.rows * lay.cols)) return cudaErrorInvalidValue;
+  if (fused_tokens(lay) != tokens) return cudaErrorInvalidValue;  // tokens >= 0 checked above
   // The temperature and the split count (check_common with no rows reads no pointer).
   if (cudaError_t e = check_common(static_cast<const float*>(nullptr), 0, vocab, vocab, nullptr, lcfg); e != cudaSuccess)
     return e;

@@ -171,6 +171,17 @@ __device__ __forceinline__ S block_merge(S v) {
   __syncthreads();
   return v;
 }
+//! block_merge with the result in every thread.
+template <class S>
+__device__ __forceinline__ S block_merge_all(S v) {
+  __shared__ double result[sizeof(S) / sizeof(double)];
+  v = block_merge(v);
+  if (threadIdx.x == 0) memcpy(result, &v, sizeof(S));
+  __syncthreads();
+  memcpy(&v, result, sizeof(S));
+  __syncthreads();
+  return v;
+}
 
 //! Row b's first element and length.
 __device__ __forceinline__ void row_extent(const token_layout& lay, int64_t b, int64_t& begin, int64_t& n) {
@@ -227,7 +238,6 @@ __global__ void __launch_bounds__(loss_threads)
                 agg_normalizer norm, const unsigned long long* status, row_record* records) {
   using L = ulorl::simd::scalar_lanes<float>;
   constexpr bool has_kl = !std::is_same_v<Est, ulorl::no_kl>;
-  __shared__ double sh_count;
   if (*status != ~0ull) return;  // the scan found a bad value: nothing is written
   const bool per_row_weight = norm.mode == agg_mode::seq_mean_token_mean;
   const bool has_ent = p.entropy_coef != 0.0f;
@@ -240,11 +250,7 @@ __global__ void __launch_bounds__(loss_threads)
     if (per_row_weight) {
       for (int64_t t = threadIdx.x; t < n; t += loss_threads)
         count += in.mask == nullptr || in.mask[begin + t] != M(0) ? 1.0 : 0.0;
-      count = block_merge(count);
-      if (threadIdx.x == 0) sh_count = count;
-      __syncthreads();
-      count = sh_count;
-      __syncthreads();
+      count = block_merge_all(count);
     }
     const double wd = row_weight(norm, per_row_weight ? static_cast<std::size_t>(count) : 0);
     const float w = static_cast<float>(wd);
@@ -287,8 +293,6 @@ template <bool Gspo, class T, class M, class TL, class P>
 __global__ void __launch_bounds__(loss_threads)
     sequence_rows_kernel(token_layout lay, policy_loss_inputs<T, M, TL> in, policy_loss_outputs out, token_loss_params<float, P> p,
                          agg_normalizer norm, const unsigned long long* status, row_record* records) {
-  __shared__ row_stats sh_stats;
-  __shared__ double sh_spread;
   if (*status != ~0ull) return;
   const auto& op = p.objective;
   const bool has_ref = p.kl_coef != 0.0f, has_w = in.weights != nullptr, has_ent = p.entropy_coef != 0.0f;
@@ -312,11 +316,7 @@ __global__ void __launch_bounds__(loss_threads)
         if (has_w) st.c += ulorl::detail::gmpo_log_weight(static_cast<double>(ld(in.weights, i)));
       }
     }
-    st = block_merge(st);
-    if (threadIdx.x == 0) sh_stats = st;
-    __syncthreads();
-    st = sh_stats;
-    __syncthreads();
+    st = block_merge_all(st);
     const double wd = row_weight(norm, static_cast<std::size_t>(st.n));
     const float gent = static_cast<float>(-wd * static_cast<double>(p.entropy_coef));
     const ulorl::detail::gspo_row<float> ratio = ulorl::detail::gspo_row_ratio<float>(st.a, st.n, op);
@@ -346,18 +346,15 @@ __global__ void __launch_bounds__(loss_threads)
       ulorl::detail::fold_token(s, valid, k.pg, k.kl, k.ratio, k.flags, lp, old, e);
     }
     s = block_merge(s);
-    flags = block_merge(flags);
+    flags = block_merge_all(flags);
     if (through_mean) {
-      if (threadIdx.x == 0) sh_spread = st.n > 0 ? flags.n / st.n : 0.0;
-      __syncthreads();
-      const double spread = sh_spread;
+      const double spread = st.n > 0 ? flags.n / st.n : 0.0;
       if (st.n > 0)  // each thread adds to the tokens it wrote
         for (int64_t t = threadIdx.x; t < n; t += loss_threads) {
           const int64_t i = begin + t;
           if (in.mask == nullptr || in.mask[i] != M(0))
             out.grad_log_prob[i] = static_cast<float>(static_cast<double>(out.grad_log_prob[i]) + spread);
         }
-      __syncthreads();
     }
     if (threadIdx.x == 0) {
       row_record rec;
@@ -374,7 +371,6 @@ __global__ void __launch_bounds__(loss_threads)
     fold_kernel(int64_t rows, const row_record* records, double kl_coef, double ent_coef,
                 const unsigned long long* status, policy_loss_result* result, int64_t* status_out) {
   loss_partial acc{};
-  acc.metrics = loss_metrics{};
   const bool bad = *status != ~0ull;
   if (!bad)
     for (int64_t b = threadIdx.x; b < rows; b += loss_threads)
@@ -407,17 +403,7 @@ inline void check_config(const policy_loss_config& cfg) {
   constexpr std::string_view fn = "cuda::policy_loss";
   validate_objective(fn, cfg.objective);
   validate_kl(fn, cfg.kl);
-  require_finite(fn, "kl_coef", cfg.kl_coef);
-  require_finite(fn, "entropy_coef", cfg.entropy_coef);
-  validate_normalizer(fn, cfg.normalizer);
-}
-
-//! Calls f(objective descriptor, estimator or no_kl) for a validated configuration (sequence-level
-//! objectives: with no_kl; their rows evaluate the KL term's estimator at run time, as on the CPU).
-template <class F>
-cudaError_t visit(const policy_loss_config& cfg, F&& f) {
-  return ulorl::detail::visit_token_loss("cuda::policy_loss", cfg,
-                                         [&](const auto& obj, const auto& est) -> cudaError_t { return f(obj, est); });
+  ulorl::detail::validate_loss_scalars<float>(fn, cfg);  // the kernels run the coefficients in float
 }
 
 inline std::size_t align_up(std::size_t x) { return (x + 255) / 256 * 256; }
@@ -510,7 +496,8 @@ cudaError_t launch_loss(void* d_temp_storage, std::size_t& temp_storage_bytes, c
     detail::scan_kernel<T, M, TL><<<static_cast<unsigned>(scan_blocks), detail::loss_threads, 0, stream>>>(
         lay, in, has_kl, has_ent, cfg.check_values, cover, status);
   }
-  const cudaError_t launched = detail::visit(cfg, [&](const auto& obj, const auto& est) -> cudaError_t {
+  // Sequence-level objectives come with no_kl: their rows evaluate the estimator at run time, as on the CPU.
+  const cudaError_t launched = ulorl::detail::visit_token_loss("cuda::policy_loss", cfg, [&](const auto& obj, const auto& est) -> cudaError_t {
     using Obj = ulorl::detail::remove_cvref_t<decltype(obj)>;
     using Est = ulorl::detail::remove_cvref_t<decltype(est)>;
     using P = decltype(obj.template params<float>());
@@ -589,6 +576,16 @@ inline cudaError_t plan_logits_loss(int64_t tokens, int64_t vocab, int64_t rows,
   return cudaSuccess;
 }
 
+//! The tokens of a fused path's layout (row i of its logits or hidden states is flat token i): a
+//! padded layout must be dense (row_stride == cols) and its rows x cols within int64; -1 for a
+//! layout that is not.
+inline int64_t fused_tokens(const token_layout& lay) noexcept {
+  if (lay.rows < 0 || lay.cols < 0) return -1;
+  if (lay.is_packed()) return lay.cols;
+  if ((lay.rows > 1 && lay.row_stride != lay.cols) || (lay.cols > 0 && lay.rows > INT64_MAX / lay.cols)) return -1;
+  return lay.rows * lay.cols;
+}
+
 //! The fused paths' statistics arrays in the workspace: five floats per token.
 struct token_arrays {
   float *log_prob, *entropy, *lse, *grad_log_prob, *grad_entropy;
@@ -636,10 +633,8 @@ cudaError_t policy_loss_from_logits(void* d_temp_storage, std::size_t& temp_stor
                                     const policy_loss_inputs<T, M, float>& in, const logits_loss_outputs<G>& out,
                                     const policy_loss_config& cfg, const logits_config& lcfg = {},
                                     const policy_loss_options& opt = {}, cudaStream_t stream = nullptr, Hook&& hook = {}) {
-  if (lay.rows < 0 || lay.cols < 0 || vocab < 0) return cudaErrorInvalidValue;
-  if (!lay.is_packed() && lay.rows > 1 && lay.row_stride != lay.cols) return cudaErrorInvalidValue;
-  if (!lay.is_packed() && lay.cols > 0 && lay.rows > INT64_MAX / lay.cols) return cudaErrorInvalidValue;
-  const int64_t tokens = lay.is_packed() ? lay.cols : lay.rows * lay.cols;
+  const int64_t tokens = detail::fused_tokens(lay);
+  if (tokens < 0 || vocab < 0) return cudaErrorInvalidValue;
   if (out.grad_logits == nullptr) return cudaErrorInvalidValue;
   if (tokens > 0 && (logits == nullptr || labels == nullptr)) return cudaErrorInvalidValue;
   if (reinterpret_cast<const void*>(out.grad_logits) == reinterpret_cast<const void*>(logits) && out.grad_row_stride != row_stride)
