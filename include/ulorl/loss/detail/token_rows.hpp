@@ -2,13 +2,15 @@
 // unit-stride rows and a scalar loop for any strides, both evaluating token_loss_lanes (the one
 // formula) with their lane type.
 //
-// The kernel is instantiated per (objective, KL estimator, importance weighting) and in three
-// forms: lean (no rollout weights, no entropy term: the common configuration), weighted (rollout
-// weights) and general (weights and entropy as loop-invariant lane masks). Every lane computes exactly
-// the scalar formula (same operations in the same order; only FMA contraction may differ); the
-// metrics go to per-lane accumulators (sums in T for at most `block` vectors, then in double;
-// integer counts; min/max in T) reduced once per row; a row's peel and tail run through the same
-// vector step on a padded local copy, so a token's result does not depend on its position.
+// The kernel is instantiated per (objective, KL estimator, importance weighting) and in two forms:
+// without rollout weights (the common configuration) and with them. The entropy term is not part
+// of it: the term reads the entropy only for the loss's value, and its gradient does not depend on
+// the other inputs, so a pass of its own (entropy_row) sums a row's entropy in the kernel's tiling
+// (the same bits) and writes the term's gradient. Every lane computes exactly the scalar formula (same operations
+// in the same order; only FMA contraction may differ); the metrics go to per-lane accumulators
+// (sums in T for at most `block` vectors, then in double; integer counts; min/max in T) reduced
+// once per row; a row's peel and tail run through the same vector step on a padded local copy, so a
+// token's result does not depend on its position.
 #pragma once
 
 #include <cstddef>
@@ -51,29 +53,81 @@ void token_row_strided(std::size_t n, vector_view<const T> lp, vector_view<const
   }
 }
 
-//! The forms of the row kernel: what it reads beside the token arrays.
-enum class row_form {
-  lean,      //!< no rollout weights, no entropy term
-  weighted,  //!< rollout weights, no entropy term
-  general,   //!< weights and entropy as loop-invariant lane masks (either may be absent)
+#if defined(ULORL_SIMD)
+//! The tiling of a unit-stride row that every row pass shares, and on which a row's sums depend:
+//! the peel (tokens before the first vector-aligned logp, simd::peel), then blocks of at most
+//! `block` vectors whose sums are kept per lane in T and then added to per-lane doubles (a
+//! float->double conversion of every term would double the loop's work and its registers), then
+//! the tail; the lanes' doubles are added in lane order at the end of the row.
+template <class T, std::size_t Bytes = ULORL_SIMD_BYTES>
+struct row_tiling {
+  using L = simd::vec_lanes<T, Bytes>;
+  static constexpr std::size_t N = L::N;
+  static constexpr std::size_t block = sizeof(T) == 4 ? 32 : 1u << 30;
+  //! The end of the block that starts at token t of n (t + N <= n).
+  [[nodiscard]] static constexpr std::size_t block_end(std::size_t t, std::size_t n) noexcept {
+    return n - t >= block * N ? t + block * N : n - (n - t) % N;
+  }
 };
 
-#if defined(ULORL_SIMD)
-//! The vectorised row kernel of one (objective, estimator, form): unit-stride rows only.
-template <class Obj, class Est, row_form Form, class T, class P, std::size_t Bytes = ULORL_SIMD_BYTES>
+//! The entropy term of one unit-stride row: adds the entropy of the valid tokens (mask[t * ms] != 0)
+//! to `sum` lane by lane in row_tiling's order (the bits the row kernel would give it) and, where
+//! `ge` is not null, writes d loss / d H (`gv` on valid tokens, 0 elsewhere; entropy_grad_row's
+//! values) in the same pass.
+template <class T, class M, std::size_t Bytes = ULORL_SIMD_BYTES>
+ULORL_NOINLINE void entropy_row(std::size_t n, const T* lp, const T* ent, const M* mask, std::ptrdiff_t ms, T* ge, T gv,
+                                double& sum) noexcept {
+  using R = row_tiling<T, Bytes>;
+  using L = typename R::L;
+  using V = typename L::V;
+  constexpr std::size_t N = R::N;
+  const V g = L::splat(gv), zero{};
+  typename L::DV acc{};
+  V s{};
+  auto partial = [&](std::size_t t, std::size_t m) {  // m < N tokens on padded local copies
+    alignas(Bytes) T b_e[N] = {}, b_g[N] = {};
+    simd::mask_elem_t<M> b_m[N] = {};
+    for (std::size_t l = 0; l < m; ++l) {
+      b_e[l] = ent[t + l];
+      b_m[l] = static_cast<simd::mask_elem_t<M>>(mask[static_cast<std::ptrdiff_t>(t + l) * ms]);
+    }
+    const typename L::IV valid = L::valid_lanes(b_m);
+    s = L::add_where(s, valid, L::load(b_e));
+    L::flush(acc, s);
+    if (ge == nullptr) return;
+    L::store(b_g, valid ? g : zero);
+    for (std::size_t l = 0; l < m; ++l) ge[t + l] = b_g[l];
+  };
+  std::size_t t = simd::peel<T, Bytes>(lp, n);
+  if (t != 0) partial(0, t);
+  while (t + N <= n) {
+    const std::size_t stop = R::block_end(t, n);
+    if (ge != nullptr) {
+      for (; t < stop; t += N) {
+        const typename L::IV valid = L::valid_lanes(mask + static_cast<std::ptrdiff_t>(t) * ms);
+        s = L::add_where(s, valid, L::load(ent + t));
+        L::store(ge + t, valid ? g : zero);
+      }
+    } else {
+      for (; t < stop; t += N) s = L::add_where(s, L::valid_lanes(mask + static_cast<std::ptrdiff_t>(t) * ms), L::load(ent + t));
+    }
+    L::flush(acc, s);
+  }
+  if (t < n) partial(t, n - t);
+  for (std::size_t l = 0; l < N; ++l) sum += acc[l];
+}
+
+//! The vectorised row kernel of one (objective, estimator), with or without rollout weights:
+//! unit-stride rows only.
+template <class Obj, class Est, bool HasW, class T, class P, std::size_t Bytes = ULORL_SIMD_BYTES>
 struct row_kernel {
-  static constexpr bool General = Form == row_form::general;
-  static constexpr bool HasW = Form != row_form::lean;
-  using L = simd::vec_lanes<T, Bytes>;
+  using R = row_tiling<T, Bytes>;
+  using L = typename R::L;
   using V = typename L::V;
   using IV = typename L::IV;
   using DV = typename L::DV;
   static constexpr std::size_t N = L::N;
   static constexpr bool has_kl = !std::is_same_v<Est, no_kl>;
-
-  //! Sums are kept per lane in T for at most `block` vectors, then added to per-lane doubles (a
-  //! float->double conversion of every term would double the loop's work and its registers).
-  static constexpr std::size_t block = sizeof(T) == 4 ? 32 : 1u << 30;
   //! Vectors per loop iteration (the same steps in the same order: bit-identical results). double:
   //! 4 (four independent exp chains in one block for the scheduler); float: 1 (its step already
   //! holds 16 lanes, and the spills grow). The unrolled loop is a plain inner loop that GCC fully
@@ -81,32 +135,24 @@ struct row_kernel {
   static constexpr std::size_t unroll = sizeof(T) == 8 ? 4 : 1;
 
   struct accumulators {
-    DV pg{}, kl{}, en{}, nlr{}, nlrc{}, k3{}, ratio{};
-    V s_pg{}, s_kl{}, s_en{}, s_nlr{}, s_nlrc{}, s_k3{}, s_ratio{};
+    DV pg{}, kl{}, nlr{}, nlrc{}, k3{}, ratio{};
+    V s_pg{}, s_kl{}, s_nlr{}, s_nlrc{}, s_k3{}, s_ratio{};
     IV clip{}, low{}, high{}, dual{}, cnt{};
     V rmin = L::splat(std::numeric_limits<T>::infinity()), rmax = L::splat(-std::numeric_limits<T>::infinity());
   };
-  //! The general form's loop-invariant switches as lane masks.
-  struct switches {
-    IV weights{}, entropy{};
-  };
 
-  //! N tokens: token_loss_lanes, the gradient store and the metric folds. Absent optional arrays:
-  //! `wp` and `ep` point at valid data (the caller passes logp) and the switches mask them out.
+  //! N tokens: token_loss_lanes, the gradient store and the metric folds.
   static ULORL_ALWAYS_INLINE void step(const T* lpp, const T* oldp, const T* advp, IV valid, const T* refp, const T* wp,
-                                       const T* ep, T* gp, T w, const token_loss_params<T, P>& p, const switches& sw,
-                                       accumulators& a) noexcept {
+                                       T* gp, T w, const token_loss_params<T, P>& p, accumulators& a) noexcept {
     const V lp = L::load(lpp), old = L::load(oldp), adv = L::load(advp);
     const V zero{};
-    V ref{}, wt = L::splat(T(1));
+    V ref{}, wt{};
     if constexpr (has_kl) ref = L::load(refp);
-    if constexpr (General) wt = L::select(sw.weights, L::load(wp), wt);
-    else if constexpr (HasW) wt = L::load(wp);
+    if constexpr (HasW) wt = L::load(wp);
     const token_lanes<L> t = token_loss_lanes<Obj, Est, HasW, L>(lp, old, ref, adv, wt, p);
     L::store(gp, valid ? w * t.dlogp : zero);
     a.s_pg = L::add_where(a.s_pg, valid, t.pg);
     if constexpr (has_kl) a.s_kl = L::add_where(a.s_kl, valid, t.kl);
-    if constexpr (General) a.s_en = L::add_where(a.s_en, valid & sw.entropy, L::load(ep));
     a.s_nlr = L::sub_where(a.s_nlr, valid, t.ratio.x);  // old - lp == -(lp - old) exactly
     a.s_nlrc = L::sub_where(a.s_nlrc, valid, t.ratio.log_ratio);
     a.s_k3 = L::add_where(a.s_k3, valid, t.ratio.k3);
@@ -121,69 +167,64 @@ struct row_kernel {
   //! m < N tokens on padded local copies (mask 0), so that no lane reads past the row.
   template <class M>
   static void partial(std::size_t m, const T* lp, const T* old, const T* adv, const M* mask, std::ptrdiff_t ms, const T* ref,
-                      const T* wts, const T* ent, T* grad, T w, const token_loss_params<T, P>& p, const switches& sw,
-                      accumulators& a) noexcept {
-    alignas(Bytes) T b_lp[N] = {}, b_old[N] = {}, b_adv[N] = {}, b_ref[N] = {}, b_w[N] = {}, b_e[N] = {}, b_g[N] = {};
+                      const T* wts, T* grad, T w, const token_loss_params<T, P>& p, accumulators& a) noexcept {
+    alignas(Bytes) T b_lp[N] = {}, b_old[N] = {}, b_adv[N] = {}, b_ref[N] = {}, b_w[N] = {}, b_g[N] = {};
     simd::mask_elem_t<M> b_m[N] = {};
     for (std::size_t l = 0; l < m; ++l) {
       b_lp[l] = lp[l], b_old[l] = old[l], b_adv[l] = adv[l];
       b_m[l] = static_cast<simd::mask_elem_t<M>>(mask[static_cast<std::ptrdiff_t>(l) * ms]);
       if constexpr (has_kl) b_ref[l] = ref[l];
       if constexpr (HasW) b_w[l] = wts[l];
-      if constexpr (General) b_e[l] = ent[l];
     }
-    step(b_lp, b_old, b_adv, L::valid_lanes(b_m), b_ref, b_w, b_e, b_g, w, p, sw, a);
+    step(b_lp, b_old, b_adv, L::valid_lanes(b_m), b_ref, b_w, b_g, w, p, a);
     for (std::size_t l = 0; l < m; ++l) grad[l] = b_g[l];
   }
 
-  //! One row of n tokens; returns its valid-token count. The peel (tokens before the first
-  //! vector-aligned logp) and the tail run through partial(). Token t's mask value is
+  //! One row of n tokens in row_tiling's order; returns its valid-token count. The peel and the
+  //! tail run through partial(). Token t's mask value is
   //! mask[t * ms]: ms 1 for a unit-stride mask row, 0 for a broadcast one (vector_mask_row).
   template <class M>
   static ULORL_NOINLINE ULORL_SCHED_PRESSURE std::size_t row(std::size_t n, const T* ULORL_RESTRICT lp, const T* ULORL_RESTRICT old,
                                                              const T* ULORL_RESTRICT adv, const M* ULORL_RESTRICT mask,
                                                              std::ptrdiff_t ms, const T* ULORL_RESTRICT ref, const T* wts,
-                                                             const T* ent,
                                                              T* ULORL_RESTRICT grad, T w, const token_loss_params<T, P>& params,
-                                                             const switches& switches_in, row_sums& s) noexcept {
-    const token_loss_params<T, P> p = params;  // local copies: cannot alias the stores
-    const switches sw = switches_in;
+                                                             row_sums& s) noexcept {
+    const token_loss_params<T, P> p = params;  // a local copy: cannot alias the stores
     accumulators a;
     auto flush = [&a] {
       L::flush(a.pg, a.s_pg), L::flush(a.nlr, a.s_nlr), L::flush(a.nlrc, a.s_nlrc), L::flush(a.k3, a.s_k3);
       L::flush(a.ratio, a.s_ratio);
       if constexpr (has_kl) L::flush(a.kl, a.s_kl);
-      if constexpr (General) L::flush(a.en, a.s_en);
     };
     std::size_t t = simd::peel<T, Bytes>(lp, n);
     if (t != 0) {
-      partial(t, lp, old, adv, mask, ms, ref, wts, ent, grad, w, p, sw, a);
+      partial(t, lp, old, adv, mask, ms, ref, wts, grad, w, p, a);
       flush();
     }
     while (t + N <= n) {
-      const std::size_t stop = n - t >= block * N ? t + block * N : n - (n - t) % N;
+      const std::size_t stop = R::block_end(t, n);
       if constexpr (unroll > 1) {
         for (; t + unroll * N <= stop; t += unroll * N) {
 #pragma GCC unroll 16
           for (std::size_t u = t; u < t + unroll * N; u += N)
             step(lp + u, old + u, adv + u, L::valid_lanes(mask + static_cast<std::ptrdiff_t>(u) * ms),
-                 has_kl ? ref + u : nullptr, HasW ? wts + u : nullptr, General ? ent + u : nullptr, grad + u, w, p, sw, a);
+                 has_kl ? ref + u : nullptr, HasW ? wts + u : nullptr, grad + u, w, p, a);
         }
       }
       for (; t < stop; t += N)
         step(lp + t, old + t, adv + t, L::valid_lanes(mask + static_cast<std::ptrdiff_t>(t) * ms),
-             has_kl ? ref + t : nullptr, HasW ? wts + t : nullptr, General ? ent + t : nullptr, grad + t, w, p, sw, a);
+             has_kl ? ref + t : nullptr, HasW ? wts + t : nullptr, grad + t, w, p, a);
       flush();
     }
     if (t < n) {
       // Absent arrays are null: no arithmetic on them (UB), as in the vector loop.
       partial(n - t, lp + t, old + t, adv + t, mask + static_cast<std::ptrdiff_t>(t) * ms, ms, has_kl ? ref + t : nullptr,
-              HasW ? wts + t : nullptr, General ? ent + t : nullptr, grad + t, w, p, sw, a);
+              HasW ? wts + t : nullptr, grad + t, w, p, a);
       flush();
     }
     std::size_t count = 0;
     for (std::size_t l = 0; l < N; ++l) {
-      s.pg += a.pg[l], s.kl += a.kl[l], s.ent += a.en[l];
+      s.pg += a.pg[l], s.kl += a.kl[l];
       s.clipped += static_cast<double>(a.clip[l]), s.low += static_cast<double>(a.low[l]);
       s.high += static_cast<double>(a.high[l]), s.dual += static_cast<double>(a.dual[l]);
       s.nlr += a.nlr[l], s.nlrc += a.nlrc[l], s.k3 += a.k3[l], s.ratio += a.ratio[l];
@@ -210,7 +251,6 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
   const bool contiguous = unit(in.log_prob) && unit(in.old_log_prob) && unit(in.advantages) && unit_or_broadcast(in.mask) &&
                           (!has_kl || unit(in.ref_log_prob)) && (!has_w || unit(in.weights)) &&
                           (!has_ent || unit(in.entropy)) && unit(grad);
-  const row_form form = has_ent ? row_form::general : has_w ? row_form::weighted : row_form::lean;
   // Only seq_mean_token_mean's row weight depends on the row's token count.
   const bool per_row_weight = norm.mode == agg_mode::seq_mean_token_mean;
   auto one_row = [&](std::size_t b, row_out& o) {
@@ -229,33 +269,27 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
       const T* adv = in.advantages.row(b).data();
       const T* ref = has_kl ? in.ref_log_prob.row(b).data() : nullptr;
       T* g = grad.row(b).data();
-      if (form == row_form::general) {
-        using kernel = row_kernel<Obj, Est, row_form::general, T, P>;
-        using L = typename kernel::L;
-        const T* wts = has_w ? in.weights.row(b).data() : lp;  // absent: read logp, masked out
-        const T* ent = in.entropy.row(b).data();
-        const typename kernel::switches sw{L::mask_of(has_w), L::mask_of(has_ent)};
-        nb = kernel::row(n, lp, old, adv, mk, mr.step, ref, wts, ent, g, w, p, sw, s);
-      } else if (form == row_form::weighted) {
-        using kernel = row_kernel<Obj, Est, row_form::weighted, T, P>;
-        nb = kernel::row(n, lp, old, adv, mk, mr.step, ref, in.weights.row(b).data(), nullptr, g, w, p, typename kernel::switches{},
-                         s);
-      } else {
-        using kernel = row_kernel<Obj, Est, row_form::lean, T, P>;
-        nb = kernel::row(n, lp, old, adv, mk, mr.step, ref, nullptr, nullptr, g, w, p, typename kernel::switches{}, s);
+      if (has_w)
+        nb = row_kernel<Obj, Est, true, T, P>::row(n, lp, old, adv, mk, mr.step, ref, in.weights.row(b).data(), g, w, p, s);
+      else
+        nb = row_kernel<Obj, Est, false, T, P>::row(n, lp, old, adv, mk, mr.step, ref, nullptr, g, w, p, s);
+      if (has_ent) {
+        const vector_view<T> ge = gent.row(b);
+        const T gv = static_cast<T>(-wd * static_cast<double>(p.entropy_coef));
+        entropy_row(n, lp, in.entropy.row(b).data(), mk, mr.step, ge.stride() == 1 ? ge.data() : nullptr, gv, s.ent);
+        if (ge.stride() != 1) entropy_grad_row(ge, in.mask.row(b), wd, static_cast<double>(p.entropy_coef));
       }
-    } else
-#endif
-    {
-      (void)contiguous, (void)form, (void)per_row_weight;
-      nb = row_tokens(in.mask, b);
-      wd = row_weight(norm, nb);
-      token_row_strided<Obj, Est, T, M, P>(n, in.log_prob.row(b), in.old_log_prob.row(b), in.advantages.row(b), in.mask.row(b),
-                                           has_kl ? in.ref_log_prob.row(b) : vector_view<const T>(),
-                                           has_w ? in.weights.row(b) : vector_view<const T>(),
-                                           has_ent ? in.entropy.row(b) : vector_view<const T>(), grad.row(b),
-                                           static_cast<T>(wd), p, s);
+      return;
     }
+#endif
+    (void)contiguous, (void)per_row_weight;
+    nb = row_tokens(in.mask, b);
+    wd = row_weight(norm, nb);
+    token_row_strided<Obj, Est, T, M, P>(n, in.log_prob.row(b), in.old_log_prob.row(b), in.advantages.row(b), in.mask.row(b),
+                                         has_kl ? in.ref_log_prob.row(b) : vector_view<const T>(),
+                                         has_w ? in.weights.row(b) : vector_view<const T>(),
+                                         has_ent ? in.entropy.row(b) : vector_view<const T>(), grad.row(b), static_cast<T>(wd),
+                                         p, s);
     if (has_ent) entropy_grad_row(gent.row(b), in.mask.row(b), wd, static_cast<double>(p.entropy_coef));
   };
   run_rows(in.log_prob.rows(), static_cast<double>(p.kl_coef), static_cast<double>(p.entropy_coef), exec, one_row, res);
