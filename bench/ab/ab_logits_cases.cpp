@@ -35,6 +35,7 @@ struct logits_case {
   op what;
   bool bf16;
   std::size_t rows, vocab;
+  bool scan = false;  //!< the logits' NaN/Inf scan (every other case: off, the work both sides share)
 };
 
 template <class L>
@@ -48,15 +49,24 @@ L* grad_of(const ab::logits_arrays& d) {
   else return reinterpret_cast<ulorl::bf16*>(d.grad_bf16);
 }
 
+//! The logits configuration with the logits' NaN/Inf scan on or off, whichever the side names it
+//! (`check_values`, on by default; before the single vocabulary `check_logits`, off by default).
+template <class C>
+C logits_scan(bool scan) {
+  C c;
+  if constexpr (requires(C& x) { x.check_values; }) c.check_values = scan;
+  else c.check_logits = scan;
+  return c;
+}
+
 template <class L>
-void forward(const ab::logits_arrays& d) {
+void forward(const ab::logits_arrays& d, const ulorl::logits_config& lcfg) {
   ulorl::logits_forward(ulorl::matrix_view<const L>(logits_of<L>(d), d.rows, d.vocab),
                         std::span<const std::int64_t>(d.labels, d.rows), ulorl::vector_view<double>(d.out_log_prob, d.rows),
-                        ulorl::vector_view<double>(d.out_entropy, d.rows), ulorl::vector_view<double>(d.out_lse, d.rows));
+                        ulorl::vector_view<double>(d.out_entropy, d.rows), ulorl::vector_view<double>(d.out_lse, d.rows), lcfg);
 }
 template <class L>
-void backward(const ab::logits_arrays& d, bool fast) {
-  ulorl::logits_config lcfg;
+void backward(const ab::logits_arrays& d, bool fast, ulorl::logits_config lcfg) {
   lcfg.fast_backward = fast;
   ulorl::logits_backward(ulorl::matrix_view<const L>(logits_of<L>(d), d.rows, d.vocab),
                          std::span<const std::int64_t>(d.labels, d.rows), ulorl::vector_view<const double>(d.lse, d.rows),
@@ -68,7 +78,7 @@ void backward(const ab::logits_arrays& d, bool fast) {
 
 //! The fused loss on d's tokens (padded responses of d.response_len); returns the loss.
 template <class L>
-double from_logits(const ab::logits_arrays& d, const ulorl::policy_loss_config& cfg) {
+double from_logits(const ab::logits_arrays& d, const ulorl::policy_loss_config& cfg, const ulorl::logits_config& lcfg) {
   const auto tv = [&](auto* p) {
     using E = std::remove_pointer_t<decltype(p)>;
     return ulorl::token_view<E>::padded(ulorl::matrix_view<E>(p, d.responses, d.response_len));
@@ -83,10 +93,14 @@ double from_logits(const ab::logits_arrays& d, const ulorl::policy_loss_config& 
   buf.grad_log_prob = tv(d.buf_grad_log_prob);
   if (cfg.entropy_coef != 0.0) buf.entropy = tv(d.buf_entropy), buf.grad_entropy = tv(d.buf_grad_entropy);
   buf.lse = ulorl::vector_view<float>(d.buf_lse, d.rows);
-  const auto r = ulorl::policy_loss_from_logits(ulorl::matrix_view<const L>(logits_of<L>(d), d.rows, d.vocab),
-                                                std::span<const std::int64_t>(d.labels, d.rows), in, buf,
-                                                ulorl::matrix_view<L>(grad_of<L>(d), d.rows, d.vocab), cfg);
-  return r.loss;
+  const ulorl::matrix_view<const L> logits(logits_of<L>(d), d.rows, d.vocab);
+  const std::span<const std::int64_t> labels(d.labels, d.rows);
+  const ulorl::matrix_view<L> grad(grad_of<L>(d), d.rows, d.vocab);
+  // The configuration last; a baseline from before the single argument order takes it after `in`.
+  if constexpr (requires { ulorl::policy_loss_from_logits(logits, labels, in, buf, grad, cfg); })
+    return ulorl::policy_loss_from_logits(logits, labels, in, buf, grad, cfg, lcfg).loss;
+  else
+    return ulorl::policy_loss_from_logits(logits, labels, in, cfg, buf, grad, lcfg).loss;
 }
 
 ulorl::policy_loss_config loss_config(const ab::logits_arrays& d, bool entropy) {
@@ -107,13 +121,14 @@ ulorl::policy_loss_config loss_config(const ab::logits_arrays& d, bool entropy) 
 //! One call of the case; returns a value to compare across the sides (loss or a statistic).
 template <class L>
 double call(const logits_case& c, const ab::logits_arrays& d, const ulorl::policy_loss_config& cfg) {
+  const auto lcfg = logits_scan<ulorl::logits_config>(c.scan);
   switch (c.what) {
-    case op::forward: forward<L>(d); return d.out_lse[d.rows - 1];
-    case op::backward: backward<L>(d, false); return 0;
-    case op::backward_fast: backward<L>(d, true); return 0;
-    case op::fwd_bwd: forward<L>(d), backward<L>(d, false); return d.out_lse[d.rows - 1];
+    case op::forward: forward<L>(d, lcfg); return d.out_lse[d.rows - 1];
+    case op::backward: backward<L>(d, false, lcfg); return 0;
+    case op::backward_fast: backward<L>(d, true, lcfg); return 0;
+    case op::fwd_bwd: forward<L>(d, lcfg), backward<L>(d, false, lcfg); return d.out_lse[d.rows - 1];
     case op::from_logits:
-    case op::from_logits_entropy: return from_logits<L>(d, cfg);
+    case op::from_logits_entropy: return from_logits<L>(d, cfg, lcfg);
   }
   return 0;
 }
@@ -145,6 +160,8 @@ std::vector<logits_case> cases() {
       {"from_logits/bf16", op::from_logits, true, n, v},
       {"forward/f32", op::forward, false, qn, qv},
       {"from_logits/f32", op::from_logits, false, qn, qv},
+      {"forward_scan/f32", op::forward, false, n, v, true},
+      {"from_logits_scan/f32", op::from_logits, false, n, v, true},
   };
 }
 

@@ -149,7 +149,13 @@ ab::prepared_case prepare(const loss_case& c) {
   cfg.normalizer.scale = 1.0;
 
   ab::prepared_case p;
-  p.call = [in, cfg, grad, grad_entropy]() { return ulorl::policy_loss(in, grad, grad_entropy, cfg).loss; };
+  p.call = [in, cfg, grad, grad_entropy]() {
+    // The configuration last; a baseline from before the single argument order takes it second.
+    if constexpr (requires { ulorl::policy_loss(in, grad, grad_entropy, cfg); })
+      return ulorl::policy_loss(in, grad, grad_entropy, cfg).loss;
+    else
+      return ulorl::policy_loss(in, cfg, grad, grad_entropy).loss;
+  };
   p.items = static_cast<double>(d.tokens);
   // Bytes per token: the inputs read (a one-byte mask) and the gradients written.
   const double arrays = 3.0 + (cfg.kl_coef != 0.0) + c.weights + 2.0 * with_entropy + 1.0;
