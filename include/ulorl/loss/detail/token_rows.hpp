@@ -6,11 +6,11 @@
 // without rollout weights (the common configuration) and with them. The entropy term is not part
 // of it: the term reads the entropy only for the loss's value, and its gradient does not depend on
 // the other inputs, so a pass of its own (entropy_row) sums a row's entropy in the kernel's tiling
-// (the same bits) and writes the term's gradient. Every lane computes exactly the scalar formula (same operations
-// in the same order; only FMA contraction may differ); the metrics go to per-lane accumulators
-// (sums in T for at most `block` vectors, then in double; integer counts; min/max in T) reduced
-// once per row; a row's peel and tail run through the same vector step on a padded local copy, so a
-// token's result does not depend on its position.
+// (the same bits) and writes the term's gradient. Every lane computes exactly the scalar formula
+// (same operations in the same order; only FMA contraction may differ); the metrics go to per-lane
+// accumulators (sums in T for at most `block` vectors, then in double; integer counts; min/max in
+// T) reduced once per row; a row's peel and tail run through the same vector step on a padded local
+// copy, so a token's result does not depend on its position.
 #pragma once
 
 #include <cstddef>
@@ -102,14 +102,10 @@ ULORL_NOINLINE void entropy_row(std::size_t n, const T* lp, const T* ent, const 
   if (t != 0) partial(0, t);
   while (t + N <= n) {
     const std::size_t stop = R::block_end(t, n);
-    if (ge != nullptr) {
-      for (; t < stop; t += N) {
-        const typename L::IV valid = L::valid_lanes(mask + static_cast<std::ptrdiff_t>(t) * ms);
-        s = L::add_where(s, valid, L::load(ent + t));
-        L::store(ge + t, valid ? g : zero);
-      }
-    } else {
-      for (; t < stop; t += N) s = L::add_where(s, L::valid_lanes(mask + static_cast<std::ptrdiff_t>(t) * ms), L::load(ent + t));
+    for (; t < stop; t += N) {
+      const typename L::IV valid = L::valid_lanes(mask + static_cast<std::ptrdiff_t>(t) * ms);
+      s = L::add_where(s, valid, L::load(ent + t));
+      if (ge != nullptr) L::store(ge + t, valid ? g : zero);
     }
     L::flush(acc, s);
   }
