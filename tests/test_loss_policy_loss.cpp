@@ -1240,6 +1240,18 @@ TEST_CASE("policy_loss: a broadcast mask (stride 0) is read as its values in the
         ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(row_valid.data(), B, Tn, 1, 0));
     require_same_bits(run_with(expanded), run_with(ulorl::token_view<const float>::padded(
                                                   ulorl::matrix_view<const float>(full.data(), B, Tn))));
+    // A broadcast value other than 0 / 1 is rejected by the value scan, naming the mask, as the same
+    // value written out in full is; without the scan it reads as valid (mask != 0) in both forms.
+    std::vector<float> row2 = row_valid, full2 = full;
+    row2[3] = 2;
+    std::fill_n(full2.begin() + static_cast<std::ptrdiff_t>(3 * Tn), Tn, 2.0f);
+    const auto expanded2 = ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(row2.data(), B, Tn, 1, 0));
+    const auto full2_view = ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(full2.data(), B, Tn));
+    CHECK_THROWS_WITH(run_with(expanded2), Catch::Contains("'mask'"));
+    CHECK_THROWS_WITH(run_with(full2_view), Catch::Contains("'mask'"));
+    c.cfg.check_values = false;
+    require_same_bits(run_with(expanded2), run_with(full2_view));
+    require_same_bits(run_with(expanded2), run_with(expanded));
   }
 }
 

@@ -181,7 +181,46 @@ struct scalar_lanes {
   ULORL_HD static ULORL_ALWAYS_INLINE constexpr V exp_in_range(V x, V& em1) noexcept { return detail::exp_in_range<T>(x, em1); }
 };
 
+//! Orders the non-temporal stores made so far (store_stream) before later stores: once after a
+//! streamed output. Nothing where there are none.
+ULORL_ALWAYS_INLINE void fence_streams() noexcept {
+#if defined(ULORL_SIMD) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
+  _mm_sfence();
+#endif
+}
+
 #if defined(ULORL_SIMD)
+//! A non-temporal store (it bypasses the caches and needs no read of the line first) of one
+//! vector V (16, 32 or 64 bytes of float or double, a GCC/Clang vector) to an address aligned to
+//! sizeof(V): for a large output nothing reads soon. An ordinary store where the instruction set
+//! has none. fence_streams() orders such stores before later ones.
+template <class T, class V>
+ULORL_ALWAYS_INLINE void store_stream(T* p, V v) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "store_stream: float or double");
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    if constexpr (sizeof(T) == 4) _mm512_stream_ps(p, reinterpret_cast<__m512>(v));
+    else _mm512_stream_pd(p, reinterpret_cast<__m512d>(v));
+    return;
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32) {
+    if constexpr (sizeof(T) == 4) _mm256_stream_ps(p, reinterpret_cast<__m256>(v));
+    else _mm256_stream_pd(p, reinterpret_cast<__m256d>(v));
+    return;
+  }
+#endif
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__SSE2__)
+  if constexpr (sizeof(V) == 16) {
+    if constexpr (sizeof(T) == 4) _mm_stream_ps(p, reinterpret_cast<__m128>(v));
+    else _mm_stream_pd(p, reinterpret_cast<__m128d>(v));
+    return;
+  }
+#endif
+  std::memcpy(p, &v, sizeof v);
+}
+
 //! bool masks are read as bytes (a vector of bool does not exist).
 template <class M>
 using mask_elem_t = std::conditional_t<std::is_same_v<std::remove_cv_t<M>, bool>, std::uint8_t, std::remove_cv_t<M>>;
@@ -208,6 +247,8 @@ struct vec_lanes {
     return v;
   }
   static ULORL_ALWAYS_INLINE void store(T* p, V v) noexcept { std::memcpy(p, &v, sizeof v); }
+  //! A non-temporal store of one vector to a Bytes-aligned address (simd::store_stream).
+  static ULORL_ALWAYS_INLINE void store_stream(T* p, V v) noexcept { simd::store_stream(p, v); }
   //! The sum of the lanes by a pairwise tree (lane l + lane l + N/2, halving), the same order for
   //! every vector: results do not depend on which lanes a tiling put the terms in.
   static ULORL_ALWAYS_INLINE T sum(V v) noexcept {

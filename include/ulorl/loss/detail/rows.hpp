@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -22,31 +23,49 @@ ULORL_NAMESPACE_BEGIN
 namespace detail {
 inline namespace ULORL_ISA {
 
-//! A mask row as the vectorised passes read it (N: their lanes): a unit-stride row as it is (step
-//! 1); a broadcast row (stride 0: the all-valid mask of an absent one, or a caller's expanded mask)
-//! as N copies of its one value, read with step 0, so that a vector load at `data + t * step` reads
-//! the row's values for every t.
-template <class M, std::size_t N>
-struct vector_mask_row {
-  M rep[N];
-  const M* data;
-  std::ptrdiff_t step = 1;
-  explicit vector_mask_row(vector_view<const M> r) noexcept : data(r.data()) {
-    if (r.stride() != 0) return;
-    for (auto& x : rep) x = r.size() != 0 ? r[0] : M(0);
-    data = rep, step = 0;
+//! The mask rows as the vectorised passes read them: always unit-stride, so that their loops index
+//! the mask as they index every other array (a run-time mask stride in the row kernel costs 1-3%:
+//! bench/RESULTS.md). A unit-stride row is read in place. A broadcast row (stride 0: the all-valid
+//! mask of an absent one, or a caller's expanded mask) is read from a row of zeros or of ones as
+//! long as the longest row, made once per call: the passes test `mask != 0` only, and a broadcast
+//! value other than 0 or 1 is reported by `binary` (the value scan's question).
+template <class M>
+class unit_mask_rows {
+ public:
+  explicit unit_mask_rows(const token_view<const M>& mask) : mask_(mask) {
+    if (mask.rows() == 0 || mask.row(0).stride() != 0) return;
+    std::size_t longest = 0;
+    for (std::size_t b = 0; b < mask.rows(); ++b) longest = mask.row_size(b) > longest ? mask.row_size(b) : longest;
+    zeros_ = std::make_unique<M[]>(longest);  // value-initialised: M(0)
+    ones_ = std::make_unique<M[]>(longest);
+    for (std::size_t t = 0; t < longest; ++t) zeros_[t] = M(0), ones_[t] = M(1);
   }
-  vector_mask_row(const vector_mask_row&) = delete;
-  vector_mask_row& operator=(const vector_mask_row&) = delete;
-  //! Valid tokens of the row's n tokens.
-  [[nodiscard]] std::size_t count(std::size_t n) const noexcept {
-    if (step == 0) return data[0] != M(0) ? n : 0;
+  //! Row b's mask values, unit-stride.
+  [[nodiscard]] const M* row(std::size_t b) const noexcept {
+    const vector_view<const M> r = mask_.row(b);
+    if (r.stride() != 0) return r.data();
+    return r.size() != 0 && r[0] != M(0) ? ones_.get() : zeros_.get();
+  }
+  //! Valid tokens of row b's n tokens.
+  [[nodiscard]] std::size_t count(std::size_t b, std::size_t n) const noexcept {
+    const vector_view<const M> r = mask_.row(b);
+    if (r.stride() == 0) return n != 0 && r[0] != M(0) ? n : 0;
     std::size_t c = 0;
-    for (std::size_t t = 0; t < n; ++t) c += data[t] != M(0);
+    for (std::size_t t = 0; t < n; ++t) c += r[t] != M(0);
     return c;
   }
+  //! False for a broadcast row whose value is neither 0 nor 1 (row() reads it as ones); a
+  //! unit-stride row's values are the scan's to check.
+  [[nodiscard]] bool binary(std::size_t b) const noexcept {
+    const vector_view<const M> r = mask_.row(b);
+    return r.stride() != 0 || r.size() == 0 || r[0] == M(0) || r[0] == M(1);
+  }
+
+ private:
+  token_view<const M> mask_;
+  std::unique_ptr<M[]> zeros_, ones_;
 };
-//! The rows of `v` are unit-stride or broadcasts (stride 0): what vector_mask_row reads.
+//! The rows of `v` are unit-stride or broadcasts (stride 0): what unit_mask_rows reads.
 template <class M>
 [[nodiscard]] constexpr bool unit_or_broadcast(const token_view<M>& v) noexcept {
   return v.rows() == 0 || v.row(0).stride() == 1 || v.row(0).stride() == 0;

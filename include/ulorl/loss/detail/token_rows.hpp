@@ -70,13 +70,12 @@ struct row_tiling {
   }
 };
 
-//! The entropy term of one unit-stride row: adds the entropy of the valid tokens (mask[t * ms] != 0)
-//! to `sum` lane by lane in row_tiling's order (the bits the row kernel would give it) and, where
-//! `ge` is not null, writes d loss / d H (`gv` on valid tokens, 0 elsewhere; entropy_grad_row's
+//! The entropy term of one unit-stride row: adds the entropy of the valid tokens (mask[t] != 0) to
+//! `sum` lane by lane in row_tiling's order (the bits the row kernel would give it) and, with
+//! Store, writes d loss / d H to `ge` (`gv` on valid tokens, 0 elsewhere; entropy_grad_row's
 //! values) in the same pass.
-template <class T, class M, std::size_t Bytes = ULORL_SIMD_BYTES>
-ULORL_NOINLINE void entropy_row(std::size_t n, const T* lp, const T* ent, const M* mask, std::ptrdiff_t ms, T* ge, T gv,
-                                double& sum) noexcept {
+template <bool Store, class T, class M, std::size_t Bytes = ULORL_SIMD_BYTES>
+ULORL_NOINLINE void entropy_row(std::size_t n, const T* lp, const T* ent, const M* mask, T* ge, T gv, double& sum) noexcept {
   using R = row_tiling<T, Bytes>;
   using L = typename R::L;
   using V = typename L::V;
@@ -89,25 +88,38 @@ ULORL_NOINLINE void entropy_row(std::size_t n, const T* lp, const T* ent, const 
     simd::mask_elem_t<M> b_m[N] = {};
     for (std::size_t l = 0; l < m; ++l) {
       b_e[l] = ent[t + l];
-      b_m[l] = static_cast<simd::mask_elem_t<M>>(mask[static_cast<std::ptrdiff_t>(t + l) * ms]);
+      b_m[l] = static_cast<simd::mask_elem_t<M>>(mask[t + l]);
     }
     const typename L::IV valid = L::valid_lanes(b_m);
     s = L::add_where(s, valid, L::load(b_e));
     L::flush(acc, s);
-    if (ge == nullptr) return;
+    if constexpr (!Store) return;
     L::store(b_g, valid ? g : zero);
     for (std::size_t l = 0; l < m; ++l) ge[t + l] = b_g[l];
   };
   std::size_t t = simd::peel<T, Bytes>(lp, n);
   if (t != 0) partial(0, t);
-  while (t + N <= n) {
-    const std::size_t stop = R::block_end(t, n);
-    for (; t < stop; t += N) {
-      const typename L::IV valid = L::valid_lanes(mask + static_cast<std::ptrdiff_t>(t) * ms);
-      s = L::add_where(s, valid, L::load(ent + t));
-      if (ge != nullptr) L::store(ge + t, valid ? g : zero);
+  // The gradient row, written and not read here, bypasses the caches where its vectors are aligned
+  // (as they are when ge and lp are aligned alike): no read of each line before its write.
+  const auto rows = [&](auto stream) {
+    while (t + N <= n) {
+      const std::size_t stop = R::block_end(t, n);
+      for (; t < stop; t += N) {
+        const typename L::IV valid = L::valid_lanes(mask + t);
+        s = L::add_where(s, valid, L::load(ent + t));
+        if constexpr (Store) {
+          if constexpr (decltype(stream)::value) L::store_stream(ge + t, valid ? g : zero);
+          else L::store(ge + t, valid ? g : zero);
+        }
+      }
+      L::flush(acc, s);
     }
-    L::flush(acc, s);
+  };
+  if (Store && reinterpret_cast<std::uintptr_t>(ge + t) % Bytes == 0) {
+    rows(std::true_type{});
+    simd::fence_streams();
+  } else {
+    rows(std::false_type{});
   }
   if (t < n) partial(t, n - t);
   for (std::size_t l = 0; l < N; ++l) sum += acc[l];
@@ -162,13 +174,13 @@ struct row_kernel {
 
   //! m < N tokens on padded local copies (mask 0), so that no lane reads past the row.
   template <class M>
-  static void partial(std::size_t m, const T* lp, const T* old, const T* adv, const M* mask, std::ptrdiff_t ms, const T* ref,
-                      const T* wts, T* grad, T w, const token_loss_params<T, P>& p, accumulators& a) noexcept {
+  static void partial(std::size_t m, const T* lp, const T* old, const T* adv, const M* mask, const T* ref, const T* wts,
+                      T* grad, T w, const token_loss_params<T, P>& p, accumulators& a) noexcept {
     alignas(Bytes) T b_lp[N] = {}, b_old[N] = {}, b_adv[N] = {}, b_ref[N] = {}, b_w[N] = {}, b_g[N] = {};
     simd::mask_elem_t<M> b_m[N] = {};
     for (std::size_t l = 0; l < m; ++l) {
       b_lp[l] = lp[l], b_old[l] = old[l], b_adv[l] = adv[l];
-      b_m[l] = static_cast<simd::mask_elem_t<M>>(mask[static_cast<std::ptrdiff_t>(l) * ms]);
+      b_m[l] = static_cast<simd::mask_elem_t<M>>(mask[l]);
       if constexpr (has_kl) b_ref[l] = ref[l];
       if constexpr (HasW) b_w[l] = wts[l];
     }
@@ -177,12 +189,11 @@ struct row_kernel {
   }
 
   //! One row of n tokens in row_tiling's order; returns its valid-token count. The peel and the
-  //! tail run through partial(). Token t's mask value is
-  //! mask[t * ms]: ms 1 for a unit-stride mask row, 0 for a broadcast one (vector_mask_row).
+  //! tail run through partial(). The mask row is unit-stride (unit_mask_rows).
   template <class M>
   static ULORL_NOINLINE ULORL_SCHED_PRESSURE std::size_t row(std::size_t n, const T* ULORL_RESTRICT lp, const T* ULORL_RESTRICT old,
                                                              const T* ULORL_RESTRICT adv, const M* ULORL_RESTRICT mask,
-                                                             std::ptrdiff_t ms, const T* ULORL_RESTRICT ref, const T* wts,
+                                                             const T* ULORL_RESTRICT ref, const T* wts,
                                                              T* ULORL_RESTRICT grad, T w, const token_loss_params<T, P>& params,
                                                              row_sums& s) noexcept {
     const token_loss_params<T, P> p = params;  // a local copy: cannot alias the stores
@@ -194,7 +205,7 @@ struct row_kernel {
     };
     std::size_t t = simd::peel<T, Bytes>(lp, n);
     if (t != 0) {
-      partial(t, lp, old, adv, mask, ms, ref, wts, grad, w, p, a);
+      partial(t, lp, old, adv, mask, ref, wts, grad, w, p, a);
       flush();
     }
     while (t + N <= n) {
@@ -203,18 +214,18 @@ struct row_kernel {
         for (; t + unroll * N <= stop; t += unroll * N) {
 #pragma GCC unroll 16
           for (std::size_t u = t; u < t + unroll * N; u += N)
-            step(lp + u, old + u, adv + u, L::valid_lanes(mask + static_cast<std::ptrdiff_t>(u) * ms),
+            step(lp + u, old + u, adv + u, L::valid_lanes(mask + u),
                  has_kl ? ref + u : nullptr, HasW ? wts + u : nullptr, grad + u, w, p, a);
         }
       }
       for (; t < stop; t += N)
-        step(lp + t, old + t, adv + t, L::valid_lanes(mask + static_cast<std::ptrdiff_t>(t) * ms),
+        step(lp + t, old + t, adv + t, L::valid_lanes(mask + t),
              has_kl ? ref + t : nullptr, HasW ? wts + t : nullptr, grad + t, w, p, a);
       flush();
     }
     if (t < n) {
       // Absent arrays are null: no arithmetic on them (UB), as in the vector loop.
-      partial(n - t, lp + t, old + t, adv + t, mask + static_cast<std::ptrdiff_t>(t) * ms, ms, has_kl ? ref + t : nullptr,
+      partial(n - t, lp + t, old + t, adv + t, mask + t, has_kl ? ref + t : nullptr,
               HasW ? wts + t : nullptr, grad + t, w, p, a);
       flush();
     }
@@ -249,6 +260,9 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
                           (!has_ent || unit(in.entropy)) && unit(grad);
   // Only seq_mean_token_mean's row weight depends on the row's token count.
   const bool per_row_weight = norm.mode == agg_mode::seq_mean_token_mean;
+#if defined(ULORL_SIMD)
+  const unit_mask_rows<M> masks(contiguous ? in.mask : token_view<const M>());
+#endif
   auto one_row = [&](std::size_t b, row_out& o) {
     const std::size_t n = in.log_prob.row_size(b);
     row_sums& s = o.s;
@@ -256,9 +270,8 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
     double& wd = o.w;
 #if defined(ULORL_SIMD)
     if (contiguous) {
-      const vector_mask_row<M, simd::vec_lanes<T>::N> mr(in.mask.row(b));
-      const M* mk = mr.data;
-      wd = row_weight(norm, per_row_weight ? mr.count(n) : 0);
+      const M* mk = masks.row(b);
+      wd = row_weight(norm, per_row_weight ? masks.count(b, n) : 0);
       const T w = static_cast<T>(wd);
       const T* lp = in.log_prob.row(b).data();
       const T* old = in.old_log_prob.row(b).data();
@@ -266,14 +279,18 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
       const T* ref = has_kl ? in.ref_log_prob.row(b).data() : nullptr;
       T* g = grad.row(b).data();
       if (has_w)
-        nb = row_kernel<Obj, Est, true, T, P>::row(n, lp, old, adv, mk, mr.step, ref, in.weights.row(b).data(), g, w, p, s);
+        nb = row_kernel<Obj, Est, true, T, P>::row(n, lp, old, adv, mk, ref, in.weights.row(b).data(), g, w, p, s);
       else
-        nb = row_kernel<Obj, Est, false, T, P>::row(n, lp, old, adv, mk, mr.step, ref, nullptr, g, w, p, s);
+        nb = row_kernel<Obj, Est, false, T, P>::row(n, lp, old, adv, mk, ref, nullptr, g, w, p, s);
       if (has_ent) {
         const vector_view<T> ge = gent.row(b);
         const T gv = static_cast<T>(-wd * static_cast<double>(p.entropy_coef));
-        entropy_row(n, lp, in.entropy.row(b).data(), mk, mr.step, ge.stride() == 1 ? ge.data() : nullptr, gv, s.ent);
-        if (ge.stride() != 1) entropy_grad_row(ge, in.mask.row(b), wd, static_cast<double>(p.entropy_coef));
+        if (ge.stride() == 1) {
+          entropy_row<true>(n, lp, in.entropy.row(b).data(), mk, ge.data(), gv, s.ent);
+        } else {
+          entropy_row<false>(n, lp, in.entropy.row(b).data(), mk, static_cast<T*>(nullptr), gv, s.ent);
+          entropy_grad_row(ge, in.mask.row(b), wd, static_cast<double>(p.entropy_coef));
+        }
       }
       return;
     }
