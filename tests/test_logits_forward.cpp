@@ -572,3 +572,75 @@ TEST_CASE("logits_forward value scan over wide rows: float, double and bf16 stor
   check_scan_positions<double>([](double d) { return d; });
   check_scan_positions<bf16>([](double d) { return bf16::from_float(static_cast<float>(d)); });
 }
+
+// The forward's value scan runs inside its read of the logits: rows are computed before every row
+// is known to pass, so this checks what that must not change. The first offending row in row order
+// is named (whichever rows the executor's threads reach first), nothing is written (log_prob,
+// entropy, lse, sum_pi_squared keep their sentinels), strided rows are scanned too, and with the
+// scan on, a legal input gives the bits of the scan off (rows with masked -inf entries in a late
+// chunk included: they take the element-wise check and pass).
+TEST_CASE("logits_forward value scan inside the read: first bad row, nothing written, strides, threads, same bits") {
+  const std::size_t n = 6, v = 3000;  // three chunks per row
+  for (std::size_t cs : {std::size_t{1}, std::size_t{2}})
+    for (unsigned threads : {0u, 1u, 3u}) {
+      INFO("col_stride " << cs << " threads " << threads);
+      std::mt19937_64 rng(seed + cs + threads);
+      std::normal_distribution<float> nd(0.0f, 3.0f);
+      std::vector<float> x(n * v * cs, 1e30f);  // between the strided columns: never read
+      const auto at = [&](std::size_t r, std::size_t c) -> float& { return x[(r * v + c) * cs]; };
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t c = 0; c < v; ++c) at(r, c) = nd(rng);
+      for (std::size_t c = 2100; c < 2900; c += 3) at(1, c) = -std::numeric_limits<float>::infinity();
+      const matrix_view<const float> m(x.data(), n, v, static_cast<std::ptrdiff_t>(v * cs), static_cast<std::ptrdiff_t>(cs));
+      const std::vector<std::int64_t> y{3, 2999, 1024, 0, 7, 2047};
+      const auto call = [&](std::vector<double>& lp, std::vector<double>& h, std::vector<double>& lse,
+                            std::vector<double>& q, bool check) {
+        const logits_outputs<double> out{.log_prob = vector_view<double>(lp.data(), n),
+                                         .entropy = vector_view<double>(h.data(), n),
+                                         .lse = vector_view<double>(lse.data(), n),
+                                         .sum_pi_squared = vector_view<double>(q.data(), n)};
+        if (threads == 0)
+          logits_forward(m, std::span<const std::int64_t>(y), out, {.check_values = check});
+        else
+          logits_forward(m, std::span<const std::int64_t>(y), out, {.check_values = check}, thread_executor{threads});
+      };
+      std::vector<double> lp0(n), h0(n), l0(n), q0(n), lp1(n), h1(n), l1(n), q1(n);
+      call(lp0, h0, l0, q0, false);
+      call(lp1, h1, l1, q1, true);
+      CHECK(lp0 == lp1);
+      CHECK(h0 == h1);
+      CHECK(l0 == l1);
+      CHECK(q0 == q1);
+      CHECK(std::isfinite(lp1[1]));
+      // Two offending rows, the second one's value in the first chunk, the first one's in the last.
+      at(4, 2500) = std::numeric_limits<float>::quiet_NaN();
+      at(5, 10) = std::numeric_limits<float>::infinity();
+      std::vector<double> lp(n, 9.0), h(n, 9.0), lse(n, 9.0), q(n, 9.0);
+      try {
+        call(lp, h, lse, q, true);
+        FAIL("no error");
+      } catch (const ulorl::error& e) {
+        CHECK(e.argument() == "logits");
+        CHECK(e.index() == static_cast<std::int64_t>(4 * v + 2500));
+        CHECK(std::string(e.what()).find("row 4, column 2500") != std::string::npos);
+      }
+      const std::vector<double> sentinel(n, 9.0);
+      CHECK(lp == sentinel);
+      CHECK(h == sentinel);
+      CHECK(lse == sentinel);
+      CHECK(q == sentinel);
+      // Out of the scaled range in a late chunk of the last row only.
+      at(4, 2500) = 0.0f;
+      at(5, 10) = 0.0f;
+      at(5, 2990) = -1e30f;
+      try {
+        lp.assign(n, 9.0);
+        const logits_outputs<double> out{.log_prob = vector_view<double>(lp.data(), n)};
+        logits_forward(m, std::span<const std::int64_t>(y), out, {.temperature = 1e-9, .check_values = true});
+        FAIL("no error");
+      } catch (const ulorl::error& e) {
+        CHECK(e.index() == static_cast<std::int64_t>(5 * v + 2990));
+      }
+      CHECK(lp == sentinel);
+    }
+}

@@ -79,7 +79,7 @@ TEST_CASE("chunk kernels equal plain loops") {
     float* aligned = gs.data() + (64 - reinterpret_cast<std::uintptr_t>(gs.data()) % 64) % 64 / sizeof(float);
     simd::chunk_grad<true>(x.data(), aligned, n, static_cast<double>(m), 0.8, 1.25, 0.5f, -0.25f, true,
                                    reinterpret_cast<const char*>(x.data()), n * sizeof(float));
-    simd::stream_fence();
+    simd::fence_streams();
     simd::chunk_grad<false>(x.data(), gf.data(), n, static_cast<double>(m), 0.8, 1.25, 0.5f, -0.25f);
     for (std::size_t i = 0; i < n; ++i) {
       CHECK(aligned[i] == g[i]);

@@ -35,7 +35,9 @@ struct logits_case {
   op what;
   bool bf16;
   std::size_t rows, vocab;
-  bool scan = false;  //!< the logits' NaN/Inf scan (every other case: off, the work both sides share)
+  //! The logits' NaN/Inf scan: off on both sides (the work both share), on on both sides, or each
+  //! side's default configuration (what a caller who sets nothing gets).
+  enum scan_mode { off, on, side_default } scan = off;
 };
 
 template <class L>
@@ -49,13 +51,15 @@ L* grad_of(const ab::logits_arrays& d) {
   else return reinterpret_cast<ulorl::bf16*>(d.grad_bf16);
 }
 
-//! The logits configuration with the logits' NaN/Inf scan on or off, whichever the side names it
-//! (`check_values`, on by default; before the single vocabulary `check_logits`, off by default).
+//! The logits configuration with the logits' NaN/Inf scan on, off or left at the side's default,
+//! whichever the side names it (`check_values`, on by default; before the single vocabulary
+//! `check_logits`, off by default).
 template <class C>
-C logits_scan(bool scan) {
+C logits_scan(logits_case::scan_mode scan) {
   C c;
-  if constexpr (requires(C& x) { x.check_values; }) c.check_values = scan;
-  else c.check_logits = scan;
+  if (scan == logits_case::side_default) return c;
+  if constexpr (requires(C& x) { x.check_values; }) c.check_values = scan == logits_case::on;
+  else c.check_logits = scan == logits_case::on;
   return c;
 }
 
@@ -160,8 +164,14 @@ std::vector<logits_case> cases() {
       {"from_logits/bf16", op::from_logits, true, n, v},
       {"forward/f32", op::forward, false, qn, qv},
       {"from_logits/f32", op::from_logits, false, qn, qv},
-      {"forward_scan/f32", op::forward, false, n, v, true},
-      {"from_logits_scan/f32", op::from_logits, false, n, v, true},
+      {"forward_scan/f32", op::forward, false, n, v, logits_case::on},
+      {"from_logits_scan/f32", op::from_logits, false, n, v, logits_case::on},
+      {"forward_default/f32", op::forward, false, n, v, logits_case::side_default},
+      {"forward_default/bf16", op::forward, true, n, v, logits_case::side_default},
+      {"backward_default/f32", op::backward, false, n, v, logits_case::side_default},
+      {"fwd_bwd_default/f32", op::fwd_bwd, false, n, v, logits_case::side_default},
+      {"from_logits_default/f32", op::from_logits, false, n, v, logits_case::side_default},
+      {"from_logits_default/f32", op::from_logits, false, qn, qv, logits_case::side_default},
   };
 }
 

@@ -89,7 +89,7 @@ void row_backward(vector_view<const L> row, vector_view<G> out, std::size_t labe
       for (std::size_t i = 0; i < n; ++i) dst[static_cast<std::ptrdiff_t>(i) * out.stride()] = narrow<G>(gbuf[i]);
     }
   }
-  if (v >= stream_min_cols) simd::stream_fence();
+  if (v >= stream_min_cols) simd::fence_streams();
 }
 
 template <class S>
@@ -119,6 +119,7 @@ void logits_backward_dispatch(matrix_view<const L> logits, std::span<const I> la
   static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double or ulorl::bf16");
   constexpr const char* fn = "logits_backward";
   detail::logits::check_common<S>(fn, logits, labels, cfg);
+  if (cfg.check_values) detail::logits::check_logits<detail::logits::range_t<L, S>>(fn, logits, cfg.temperature);
   const std::size_t n = logits.rows();
   const bool with_entropy = grad_entropy.size() != 0;
   detail::logits::check_stat(fn, "lse", lse, n);

@@ -10,8 +10,11 @@
 // Non-finite logits: -inf marks masked vocabulary (probability exactly 0, no contribution to the
 // entropy). The value scan (`check_values`, on by default as in every area of ulorl) rejects NaN or
 // +inf logits, all -inf rows and rows whose scaled logits would overflow before anything is
-// written, at the cost of one extra read of the logits; with `check_values = false` a NaN or +inf
-// makes its row's outputs NaN (other rows are unaffected), as torch does.
+// written. The forward scans inside its own read (one integer maximum per logit in the loop that
+// takes each chunk's maximum; the statistics wait in an [N] scratch array until every row has
+// passed); logits_backward, which writes [N, V], scans in a read of its own first. With
+// `check_values = false` a NaN or +inf makes its row's outputs NaN (other rows are unaffected), as
+// torch does.
 #pragma once
 
 #include <atomic>
@@ -25,6 +28,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
@@ -43,7 +47,8 @@ struct logits_config {
   double temperature = 1.0;
   //! The value scan: reject NaN / +inf logits, all -inf rows and rows whose scaled logits
   //! max |x| / temperature exceed half the range of the statistics' type, before writing anything
-  //! (one extra read of the logits). false: such rows give NaN / inf statistics instead.
+  //! (logits_forward and policy_loss_from_logits: inside the forward's read of the logits;
+  //! logits_backward: one extra read). false: such rows give NaN / inf statistics instead.
   bool check_values = true;
   //! Backward only: form log p in float as torch does (p off by |log p| * 6e-8 relative, e.g. 1e-6
   //! at p = 1e-7) instead of double; about half the arithmetic, for when that bounds the speed.
@@ -95,12 +100,26 @@ ULORL_ALWAYS_INLINE const C* load_chunk(vector_view<const L> row, std::size_t j0
   return buf;
 }
 
-inline double chunk_max(const double* p, std::size_t n) noexcept {
+//! The chunk maximum (NaN ignored); with Scan, *hi also rises to the largest |x| bits of the chunk
+//! (simd::max_abs_bits) in the same loop.
+template <bool Scan>
+inline double chunk_max(const double* p, std::size_t n, std::uint64_t* hi) noexcept {
   double m = -std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < n; ++i) m = p[i] > m ? p[i] : m;
+  std::uint64_t h = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    m = p[i] > m ? p[i] : m;
+    if constexpr (Scan) {
+      const std::uint64_t b = ulorl::detail::bit_cast<std::uint64_t>(p[i]) & 0x7fffffffffffffffull;
+      h = b > h ? b : h;
+    }
+  }
+  if constexpr (Scan) *hi = h > *hi ? h : *hi;
   return m;
 }
-inline float chunk_max(const float* p, std::size_t n) noexcept { return simd::chunk_max(p, n); }
+template <bool Scan>
+inline float chunk_max(const float* p, std::size_t n, std::uint32_t* hi) noexcept {
+  return simd::chunk_max<Scan>(p, n, hi);
+}
 
 //! s += sum_j e^{d_j}, t += sum_j e^{d_j} d_j and, with Sq, q += sum_j e^{2 d_j}, d_j = (x_j - m) / tau.
 template <bool Sq>
@@ -139,11 +158,15 @@ bool has_nan(const C* p, std::size_t n) noexcept {
 
 //! One row: one pass over memory (each chunk is read from memory once, then from L1). With Sq,
 //! `*sum_pi_squared` receives sum_j p_j^2 = (sum_j e^{2 d_j}) / s^2, accumulated relative to the same
-//! running maximum as s (rescaled by e^{2 delta}).
-template <class L, bool Sq = false>
+//! running maximum as s (rescaled by e^{2 delta}). With Scan, `*max_abs` receives the largest |x|
+//! bits of the row's values in the arithmetic type (simd::max_abs_bits), found in the loop that
+//! takes each chunk's maximum: the value scan without a read of its own.
+template <class L, bool Sq = false, bool Scan = false>
 token_stats<double> row_forward(vector_view<const L> row, std::size_t label, double inv_tau,
-                                double* sum_pi_squared = nullptr) noexcept {
+                                double* sum_pi_squared = nullptr,
+                                simd::uint_of_t<compute_t<L>>* max_abs = nullptr) noexcept {
   using C = compute_t<L>;
+  simd::uint_of_t<C> hi = 0;
   alignas(64) C buf[chunk];
   softmax_partial<double> st;
   double sq = 0;  // sum_j e^{2 d_j} relative to st.max (Sq only)
@@ -152,7 +175,7 @@ token_stats<double> row_forward(vector_view<const L> row, std::size_t label, dou
   for (std::size_t j0 = 0; j0 < v; j0 += chunk) {
     const std::size_t n = v - j0 < chunk ? v - j0 : chunk;
     const C* x = load_chunk<L>(row, j0, n, buf);
-    const C cm = chunk_max(x, n);
+    const C cm = chunk_max<Scan>(x, n, &hi);
     if (!(cm > -std::numeric_limits<C>::infinity())) {  // only -inf (masked) and NaN in this chunk
       nan = nan || has_nan(x, n);
       continue;
@@ -169,6 +192,7 @@ token_stats<double> row_forward(vector_view<const L> row, std::size_t label, dou
     st.tsum += t;
     if constexpr (Sq) sq += q;
   }
+  if constexpr (Scan) *max_abs = hi;
   if (nan) {
     const double q = std::numeric_limits<double>::quiet_NaN();
     if constexpr (Sq) *sum_pi_squared = q;
@@ -220,38 +244,50 @@ void check_scaled_row(const char* fn, std::size_t row, std::size_t cols, std::si
   detail::fail_at(fn, "logits", static_cast<std::int64_t>(row * cols + col), x, os.str());
 }
 
-//! NaN / +inf logits and all -inf rows; the scaled row range of check_scaled_row. A unit-stride
-//! row takes one vectorised pass first (simd::max_abs_bits); only a row with a non-finite entry
-//! (-inf marks a masked vocabulary entry, so such rows are legal) or out of range, or a strided
-//! row, takes the element-wise loop, which names the first offending column.
+//! Whether a row whose largest |x| has the bits `hi` (simd::max_abs_bits over values of type V)
+//! passes the value scan without a look at its elements: no inf or NaN, and in range.
+template <class R, class V>
+[[nodiscard]] bool row_passes(simd::uint_of_t<V> hi, double inv_tau) noexcept {
+  return hi < simd::inf_bits<V> && scaled_in_range<R>(static_cast<double>(widen(ulorl::detail::bit_cast<V>(hi))), inv_tau);
+}
+
+//! The value scan of row r, element by element: NaN / +inf logits and an all -inf row are errors
+//! (-inf marks a masked vocabulary entry), then the scaled row range of check_scaled_row; the
+//! message names the first offending column.
+template <class R, class L>
+void check_logits_row(const char* fn, matrix_view<const L> logits, std::size_t r, double temperature) {
+  const double inv_tau = 1.0 / temperature;
+  bool any_finite = false;
+  double biggest = 0;
+  std::size_t at = 0;
+  for (std::size_t c = 0; c < logits.cols(); ++c) {
+    const double x = static_cast<double>(widen(logits(r, c)));
+    if (std::isnan(x) || x == std::numeric_limits<double>::infinity())
+      detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols() + c), x,
+                      "must not be NaN or +inf (row " + std::to_string(r) + ", column " + std::to_string(c) +
+                          "; -inf marks a masked vocabulary entry)");
+    if (std::isfinite(x)) {
+      any_finite = true;
+      if (std::fabs(x) > biggest) biggest = std::fabs(x), at = c;
+    }
+  }
+  if (!any_finite)
+    detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols()), -std::numeric_limits<double>::infinity(),
+                    "row " + std::to_string(r) + " has no finite logit (every entry is -inf)");
+  check_scaled_row<R>(fn, r, logits.cols(), at, static_cast<double>(widen(logits(r, at))), inv_tau, temperature);
+}
+
+//! The value scan of every row, before anything is written (check_logits_row's rules). A
+//! unit-stride row takes one vectorised pass first (simd::max_abs_bits); only a row with a
+//! non-finite entry or out of range, or a strided row, takes the element-wise loop.
 template <class R, class L>
 void check_logits(const char* fn, matrix_view<const L> logits, double temperature) {
   const double inv_tau = 1.0 / temperature;
   const bool unit = logits.col_stride() == 1 || logits.cols() == 1;
   for (std::size_t r = 0; r < logits.rows(); ++r) {
-    if (unit && logits.cols() > 0) {
-      const auto hi = simd::max_abs_bits(&logits(r, 0), logits.cols());
-      if (hi < simd::inf_bits<L> && scaled_in_range<R>(static_cast<double>(widen(ulorl::detail::bit_cast<L>(hi))), inv_tau))
-        continue;
-    }
-    bool any_finite = false;
-    double biggest = 0;
-    std::size_t at = 0;
-    for (std::size_t c = 0; c < logits.cols(); ++c) {
-      const double x = static_cast<double>(widen(logits(r, c)));
-      if (std::isnan(x) || x == std::numeric_limits<double>::infinity())
-        detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols() + c), x,
-                        "must not be NaN or +inf (row " + std::to_string(r) + ", column " + std::to_string(c) +
-                            "; -inf marks a masked vocabulary entry)");
-      if (std::isfinite(x)) {
-        any_finite = true;
-        if (std::fabs(x) > biggest) biggest = std::fabs(x), at = c;
-      }
-    }
-    if (!any_finite)
-      detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols()), -std::numeric_limits<double>::infinity(),
-                      "row " + std::to_string(r) + " has no finite logit (every entry is -inf)");
-    check_scaled_row<R>(fn, r, logits.cols(), at, static_cast<double>(widen(logits(r, at))), inv_tau, temperature);
+    if (unit && logits.cols() > 0 && row_passes<R, L>(simd::max_abs_bits(&logits(r, 0), logits.cols()), inv_tau))
+      continue;
+    check_logits_row<R>(fn, logits, r, temperature);
   }
 }
 
@@ -268,7 +304,8 @@ template <class L, class S>
 using range_t = std::conditional_t<(sizeof(compute_t<L>) < sizeof(S)), compute_t<L>, S>;
 
 //! Shape, pointers, labels and temperature: everything O(N) is checked before any output is written.
-//! S is the statistics type (outputs of the forward, saved inputs of the backward).
+//! S is the statistics type (outputs of the forward, saved inputs of the backward). The value scan
+//! (cfg.check_values) is the caller's: a separate pass (check_logits) or inside the forward's read.
 template <class S, class L, class I>
 void check_common(const char* fn, matrix_view<const L> logits, std::span<const I> labels, const logits_config& cfg) {
   static_assert(is_storage_v<L>, "logits must be float, double or ulorl::bf16");
@@ -285,7 +322,6 @@ void check_common(const char* fn, matrix_view<const L> logits, std::span<const I
       detail::fail_at(fn, "labels", static_cast<std::int64_t>(r), static_cast<std::int64_t>(y),
                       "must be in [0, V) with V = " + std::to_string(v) + " (row " + std::to_string(r) + ")");
   }
-  if (cfg.check_values) check_logits<range_t<L, S>>(fn, logits, cfg.temperature);
 }
 
 template <class S>
@@ -338,21 +374,55 @@ void logits_forward_dispatch(matrix_view<const L> logits, std::span<const I> lab
   require_disjoint(fn, "sum_pi_squared", sum_sq, "entropy", entropy);
   require_disjoint(fn, "sum_pi_squared", sum_sq, "lse", lse);
   const double inv_tau = 1.0 / cfg.temperature;
+  using C = detail::logits::compute_t<L>;
+  using R = detail::logits::range_t<L, S>;
+  // The statistics of one row into the outputs.
+  const auto put = [&](std::size_t r, const token_stats<double>& st, double q) {
+    log_prob[r] = static_cast<S>(st.log_prob);
+    if (entropy.size() != 0) entropy[r] = static_cast<S>(st.entropy);
+    if (lse.size() != 0) lse[r] = static_cast<S>(st.lse);
+    if (sum_sq.size() != 0) sum_sq[r] = static_cast<S>(q);
+  };
+  if (!cfg.check_values) {
+    const auto rows = [&]<bool Sq>(std::size_t begin, std::size_t end) {
+      for (std::size_t r = begin; r < end; ++r) {
+        double q = 0;
+        const auto st = detail::logits::row_forward<L, Sq>(logits.row(r), static_cast<std::size_t>(labels[r]), inv_tau, &q);
+        put(r, st, q);
+      }
+    };
+    if (sum_sq.size() != 0)
+      exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<true>(begin, end); });
+    else
+      exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<false>(begin, end); });
+    return;
+  }
+  // The value scan inside the forward's own read: each row's statistics and largest |x| go to a
+  // scratch array ([N], not [N, V]); rows whose maximum is not plainly in range (non-finite entries,
+  // including the legal -inf of masked vocabulary, or too large) then take the element-wise check
+  // in row order, which throws at the first offending one; only then are the outputs written.
+  struct row_result {
+    token_stats<double> st;
+    double q;
+    bool passes;
+  };
+  std::vector<row_result> tmp(n);
   const auto rows = [&]<bool Sq>(std::size_t begin, std::size_t end) {
     for (std::size_t r = begin; r < end; ++r) {
       double q = 0;
+      simd::uint_of_t<C> hi = 0;
       const auto st =
-          detail::logits::row_forward<L, Sq>(logits.row(r), static_cast<std::size_t>(labels[r]), inv_tau, &q);
-      log_prob[r] = static_cast<S>(st.log_prob);
-      if (entropy.size() != 0) entropy[r] = static_cast<S>(st.entropy);
-      if (lse.size() != 0) lse[r] = static_cast<S>(st.lse);
-      if constexpr (Sq) sum_sq[r] = static_cast<S>(q);
+          detail::logits::row_forward<L, Sq, true>(logits.row(r), static_cast<std::size_t>(labels[r]), inv_tau, &q, &hi);
+      tmp[r] = {st, q, detail::logits::row_passes<R, C>(hi, inv_tau)};
     }
   };
   if (sum_sq.size() != 0)
     exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<true>(begin, end); });
   else
     exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<false>(begin, end); });
+  for (std::size_t r = 0; r < n; ++r)
+    if (!tmp[r].passes) detail::logits::check_logits_row<R>(fn, logits, r, cfg.temperature);
+  for (std::size_t r = 0; r < n; ++r) put(r, tmp[r].st, tmp[r].q);
 }
 }  // namespace ULORL_ISA
 }  // namespace detail

@@ -134,8 +134,9 @@ inline namespace ULORL_ISA {
 //! empty: they are computed from `logits` / `lcfg.temperature` into `buf` (entropies whenever
 //! `buf.entropy` is given). Labels are the sampled token ids of every row (padded positions too: any
 //! id in [0, V)). Throws ulorl::error before writing `grad_logits`: a NaN / +inf logit is rejected by
-//! the value scan of `lcfg.check_values` (or, with that scan off, its row's non-finite log-prob by
-//! the policy loss's own `cfg.check_values` scan, naming the token).
+//! the value scan of `lcfg.check_values`, which runs inside the forward's read of the logits (or,
+//! with that scan off, its row's non-finite log-prob by the policy loss's own `cfg.check_values`
+//! scan, naming the token).
 //!
 //! `hook(const token_statistics<T>&)` runs between the statistics and the loss: it sees every
 //! token's log-prob, entropy and log-sum-exp and may write the memory behind `in.mask` and
@@ -159,6 +160,10 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
     detail::fail(fn, "grad_logits", "must have the shape of 'logits'");
   require_distinct_elements(fn, "grad_logits", grad_logits);
   detail::logits::check_common<T>(fn, logits, labels, lcfg);
+  // The value scan of lcfg.check_values runs inside the forward's read of the logits (step 1), which
+  // throws before the loss and the backward run; the backward reads logits it has seen.
+  logits_config bcfg = lcfg;
+  bcfg.check_values = false;
 
   // 1. Per-token statistics, response by response (rows of the token layout may be strided).
   for (std::size_t b = 0; b < ref.rows(); ++b) {
@@ -188,7 +193,7 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
                     with_entropy ? vector_view<const T>(buf.entropy.row(b)) : vector_view<const T>(),
                     vector_view<const T>(gl),
                     with_entropy ? vector_view<const T>(buf.grad_entropy.row(b)) : vector_view<const T>(),
-                    detail::logits::token_rows(grad_logits, first, count), lcfg, exec);
+                    detail::logits::token_rows(grad_logits, first, count), bcfg, exec);
   }
   return res;
 }

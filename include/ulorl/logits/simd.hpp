@@ -94,49 +94,46 @@ ULORL_ALWAYS_INLINE void prefetch_lines(const char* next, std::size_t next_bytes
 #endif
 }
 
-#ifdef ULORL_SIMD
-//! Non-temporal (cache-bypassing) store of one vector to a sizeof(V)-aligned address.
-template <class V>
-ULORL_ALWAYS_INLINE void store_nt(float* dst, V v) noexcept {
-#if defined(__AVX512F__)
-  if constexpr (sizeof(V) == 64) {
-    _mm512_stream_ps(dst, v);
-    return;
-  }
-#endif
-#if defined(__AVX__)
-  if constexpr (sizeof(V) == 32) {
-    _mm256_stream_ps(dst, v);
-    return;
-  }
-#endif
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
-  if constexpr (sizeof(V) == 16) {
-    _mm_stream_ps(dst, v);
-    return;
-  }
-#endif
-  std::memcpy(dst, &v, sizeof v);
-}
-#endif
 
-//! Largest element of p[0, n) ignoring NaN; -inf for n = 0.
-inline float chunk_max(const float* ULORL_RESTRICT p, std::size_t n) noexcept {
+//! Largest element of p[0, n) ignoring NaN; -inf for n = 0. With Scan, also raises *hi to the
+//! largest |x| bits of p[0, n) (max_abs_bits, core/simd.hpp) in the same loop: the value scan of a
+//! chunk that is being read anyway.
+template <bool Scan = false>
+inline float chunk_max(const float* ULORL_RESTRICT p, std::size_t n, std::uint32_t* hi = nullptr) noexcept {
+  constexpr std::uint32_t abs_mask = 0x7fffffffu;
   float m = -std::numeric_limits<float>::infinity();
+  std::uint32_t h = 0;
   std::size_t i = 0;
 #ifdef ULORL_SIMD
   if (n >= 2 * width) {
     vfloat m0 = splat(m), m1 = m0;
+    vint h0{}, h1{};  // |x| bits are below 2^31: the signed maximum orders them
     for (; i + 2 * width <= n; i += 2 * width) {
       const vfloat a = load(p + i), b = load(p + i + width);
       m0 = select(a > m0, a, m0);
       m1 = select(b > m1, b, m1);
+      if constexpr (Scan) {
+        const vint ab = (vint)a & static_cast<std::int32_t>(abs_mask), bb = (vint)b & static_cast<std::int32_t>(abs_mask);
+        h0 = ab > h0 ? ab : h0;
+        h1 = bb > h1 ? bb : h1;
+      }
     }
     m0 = select(m1 > m0, m1, m0);
     for (int l = 0; l < width; ++l) m = m0[l] > m ? m0[l] : m;
+    if constexpr (Scan) {
+      h0 = h1 > h0 ? h1 : h0;
+      for (int l = 0; l < width; ++l) h = static_cast<std::uint32_t>(h0[l]) > h ? static_cast<std::uint32_t>(h0[l]) : h;
+    }
   }
 #endif
-  for (; i < n; ++i) m = p[i] > m ? p[i] : m;
+  for (; i < n; ++i) {
+    m = p[i] > m ? p[i] : m;
+    if constexpr (Scan) {
+      const std::uint32_t b = ::ulorl::detail::bit_cast<std::uint32_t>(p[i]) & abs_mask;
+      h = b > h ? b : h;
+    }
+  }
+  if constexpr (Scan) *hi = h > *hi ? h : *hi;
   return m;
 }
 
@@ -220,7 +217,7 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
   stream = stream && reinterpret_cast<std::uintptr_t>(out) % sizeof(hfloat) == 0;
   const auto put = [&](float* dst, hfloat v) {
     if (stream)
-      store_nt(dst, v);
+      store_stream(dst, v);
     else
       std::memcpy(dst, &v, sizeof v);
   };
@@ -256,7 +253,7 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
       const vint bits = (__builtin_convertvector(nf, vint) + 127) << 23;
       const vfloat g = select(dead, splat(0.0f), q * (vfloat)bits * (a + b2 * lc));
       if (stream_full)
-        store_nt(out + i, g);
+        store_stream(out + i, g);
       else
         std::memcpy(out + i, &g, sizeof g);
     }
@@ -288,7 +285,7 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
     const float b2 = b * 0.6931471805599453f, floor2 = exp_floor * l2e, magic = 12582912.0f;
     const auto store_full = [&](float* dst, vfloat v) {
       if (stream_full) {
-        store_nt(dst, v);
+        store_stream(dst, v);
       } else {
         std::memcpy(dst, &v, sizeof v);
       }
@@ -315,12 +312,6 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
   }
 }
 
-//! Orders non-temporal stores before later stores (call once after a streamed output).
-inline void stream_fence() noexcept {
-#if defined(ULORL_SIMD) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
-  _mm_sfence();
-#endif
-}
 
 }  // namespace ULORL_ISA
 }  // namespace simd
