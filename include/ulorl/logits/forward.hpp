@@ -383,43 +383,40 @@ void logits_forward_dispatch(matrix_view<const L> logits, std::span<const I> lab
     if (lse.size() != 0) lse[r] = static_cast<S>(st.lse);
     if (sum_sq.size() != 0) sum_sq[r] = static_cast<S>(q);
   };
-  if (!cfg.check_values) {
-    const auto rows = [&]<bool Sq>(std::size_t begin, std::size_t end) {
-      for (std::size_t r = begin; r < end; ++r) {
-        double q = 0;
-        const auto st = detail::logits::row_forward<L, Sq>(logits.row(r), static_cast<std::size_t>(labels[r]), inv_tau, &q);
-        put(r, st, q);
-      }
-    };
-    if (sum_sq.size() != 0)
-      exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<true>(begin, end); });
-    else
-      exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<false>(begin, end); });
-    return;
-  }
-  // The value scan inside the forward's own read: each row's statistics and largest |x| go to a
-  // scratch array ([N], not [N, V]); rows whose maximum is not plainly in range (non-finite entries,
-  // including the legal -inf of masked vocabulary, or too large) then take the element-wise check
-  // in row order, which throws at the first offending one; only then are the outputs written.
+  // With the value scan, it runs inside the forward's own read: each row's statistics and largest
+  // |x| go to a scratch array ([N], not [N, V]); rows whose maximum is not plainly in range
+  // (non-finite entries, including the legal -inf of masked vocabulary, or too large) then take the
+  // element-wise check in row order, which throws at the first offending one; only then are the
+  // outputs written.
   struct row_result {
     token_stats<double> st;
     double q;
     bool passes;
   };
-  std::vector<row_result> tmp(n);
-  const auto rows = [&]<bool Sq>(std::size_t begin, std::size_t end) {
+  std::vector<row_result> tmp(cfg.check_values ? n : 0);
+  const auto rows = [&]<bool Sq, bool Scan>(std::size_t begin, std::size_t end) {
     for (std::size_t r = begin; r < end; ++r) {
       double q = 0;
       simd::uint_of_t<C> hi = 0;
-      const auto st =
-          detail::logits::row_forward<L, Sq, true>(logits.row(r), static_cast<std::size_t>(labels[r]), inv_tau, &q, &hi);
-      tmp[r] = {st, q, detail::logits::row_passes<R, C>(hi, inv_tau)};
+      const auto st = detail::logits::row_forward<L, Sq, Scan>(logits.row(r), static_cast<std::size_t>(labels[r]),
+                                                                inv_tau, &q, &hi);
+      if constexpr (Scan)
+        tmp[r] = {st, q, detail::logits::row_passes<R, C>(hi, inv_tau)};
+      else
+        put(r, st, q);
     }
   };
-  if (sum_sq.size() != 0)
-    exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<true>(begin, end); });
-  else
-    exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<false>(begin, end); });
+  const auto all_rows = [&]<bool Scan>() {
+    if (sum_sq.size() != 0)
+      exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<true, Scan>(begin, end); });
+    else
+      exec(n, [&](std::size_t begin, std::size_t end) { rows.template operator()<false, Scan>(begin, end); });
+  };
+  if (!cfg.check_values) {
+    all_rows.template operator()<false>();
+    return;
+  }
+  all_rows.template operator()<true>();
   for (std::size_t r = 0; r < n; ++r)
     if (!tmp[r].passes) detail::logits::check_logits_row<R>(fn, logits, r, cfg.temperature);
   for (std::size_t r = 0; r < n; ++r) put(r, tmp[r].st, tmp[r].q);
