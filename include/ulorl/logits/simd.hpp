@@ -94,7 +94,6 @@ ULORL_ALWAYS_INLINE void prefetch_lines(const char* next, std::size_t next_bytes
 #endif
 }
 
-
 //! Largest element of p[0, n) ignoring NaN; -inf for n = 0. With Scan, also raises *hi to the
 //! largest |x| bits of p[0, n) (max_abs_bits, core/simd.hpp) in the same loop: the value scan of a
 //! chunk that is being read anyway.
@@ -311,7 +310,6 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
     out[i] = lp < exp_floor ? 0.0f : static_cast<float>(std::exp(lp) * (a + b * lp));
   }
 }
-
 
 }  // namespace ULORL_ISA
 }  // namespace simd

@@ -3,6 +3,7 @@
 // order (the same bits for every executor and thread count).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -38,7 +39,7 @@ class unit_mask_rows {
     for (std::size_t b = 0; b < mask.rows(); ++b) longest = mask.row_size(b) > longest ? mask.row_size(b) : longest;
     zeros_ = std::make_unique<M[]>(longest);  // value-initialised: M(0)
     ones_ = std::make_unique<M[]>(longest);
-    for (std::size_t t = 0; t < longest; ++t) zeros_[t] = M(0), ones_[t] = M(1);
+    std::fill_n(ones_.get(), longest, M(1));
   }
   //! Row b's mask values, unit-stride.
   [[nodiscard]] const M* row(std::size_t b) const noexcept {

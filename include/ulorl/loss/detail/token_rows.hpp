@@ -101,7 +101,7 @@ ULORL_NOINLINE void entropy_row(std::size_t n, const T* lp, const T* ent, const 
   if (t != 0) partial(0, t);
   // The gradient row, written and not read here, bypasses the caches where its vectors are aligned
   // (as they are when ge and lp are aligned alike): no read of each line before its write.
-  const auto rows = [&](auto stream) {
+  const auto vectors = [&](auto stream) {
     while (t + N <= n) {
       const std::size_t stop = R::block_end(t, n);
       for (; t < stop; t += N) {
@@ -116,10 +116,10 @@ ULORL_NOINLINE void entropy_row(std::size_t n, const T* lp, const T* ent, const 
     }
   };
   if (Store && reinterpret_cast<std::uintptr_t>(ge + t) % Bytes == 0) {
-    rows(std::true_type{});
+    vectors(std::true_type{});
     simd::fence_streams();
   } else {
-    rows(std::false_type{});
+    vectors(std::false_type{});
   }
   if (t < n) partial(t, n - t);
   for (std::size_t l = 0; l < N; ++l) sum += acc[l];
