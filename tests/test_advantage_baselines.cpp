@@ -43,3 +43,36 @@ TEST_CASE("OPO subtracts the length-weighted group mean", "[opo]") {
                       Catch::Contains("'lengths'[1] = -1"));
   for (double x : out) REQUIRE(x == 9);
 }
+
+TEST_CASE("GPG and OPO: no overflow for finite scores near the double maximum; a value beyond T is an error",
+          "[gpg][opo][overflow]") {
+  // {max, -max}: s - mu = +-max overflows nothing with the scaled deviation: a = alpha (s - mu) / f_norm.
+  const double big = 1.7e308;
+  const std::vector<double> s{big, -big};
+  std::vector<double> a(2, 7.0);
+  const auto g = ulorl::group_layout::fixed(2, 2);
+  ulorl::gpg_advantages(std::span<const double>(s), g, std::span<double>(a), {.f_norm = 2.0});
+  CHECK(a[0] == big / 2);
+  CHECK(a[1] == -big / 2);
+  // f_norm 0.5 doubles it beyond the double range: an error, nothing written.
+  std::vector<double> keep(2, 7.0);
+  CHECK_THROWS_WITH(ulorl::gpg_advantages(std::span<const double>(s), g, std::span<double>(keep), {.f_norm = 0.5}),
+                    Catch::Contains("'out'[0]") && Catch::Contains("overflows float64"));
+  CHECK(keep == std::vector<double>{7.0, 7.0});
+  // A subnormal f_norm has no finite reciprocal.
+  CHECK_THROWS_WITH(ulorl::gpg_advantages(std::span<const double>(s), g, std::span<double>(keep), {.f_norm = -5e-324}),
+                    Catch::Contains("config.f_norm") && Catch::Contains("reciprocal"));
+  // float: 3e38 - (-3e38) / ... in float: GPG's (s - mu) = 3e38 fits, x 5/... does not.
+  const std::vector<float> sf{3e38f, -3e38f};
+  std::vector<float> af(2, 7.0f);
+  CHECK_THROWS_WITH(ulorl::gpg_advantages(std::span<const float>(sf), g, std::span<float>(af), {.f_norm = 0.5}),
+                    Catch::Contains("overflows float32"));
+  CHECK(af == std::vector<float>{7.0f, 7.0f});
+  // OPO: Σ l s = 2 x 1e308 overflows; the length-weighted mean 1e308 does not.
+  const std::vector<double> s2{1e308, 1e308, 0.5e308};
+  const std::vector<double> len{1, 1, 2};
+  std::vector<double> b(3);
+  ulorl::opo_advantages(std::span<const double>(s2), std::span<const double>(len), ulorl::group_layout::fixed(3, 3), std::span<double>(b));
+  CHECK(b[0] == Approx(0.25e308));
+  CHECK(b[2] == Approx(-0.25e308));
+}

@@ -40,3 +40,22 @@ TEST_CASE("dynamic sampling rejects bad input", "[dynamic_sampling][errors]") {
                       Catch::Contains("'keep'"));
   for (int k : keep) REQUIRE(k == 7);
 }
+
+TEST_CASE("dynamic sampling: a group mean of values near the double maximum does not overflow", "[dynamic_sampling][overflow]") {
+  // 1.7e308 + 1.7e308 overflows a plain sum; the mean 1.7e308 lies inside [0, 1.79e308].
+  const std::vector<double> big{1.7e308, 1.7e308, 1.7e308, 1.6e308};
+  std::vector<std::uint8_t> keep(4, 7);
+  const auto r = ulorl::dynamic_sampling_filter(std::span<const double>(big), ulorl::group_layout::fixed(4, 2),
+                                                std::span<std::uint8_t>(keep),
+                                                {.drop_zero_variance = false, .min_accuracy = 0.0, .max_accuracy = 1.79e308, .use_window = true});
+  CHECK(r.kept_groups == 2);
+  CHECK(r.outside_window_groups == 0);
+  CHECK(keep == std::vector<std::uint8_t>{1, 1, 1, 1});
+  // A window ending at 1.66e308 keeps the second group (mean 1.65e308), not the first (1.7e308).
+  const auto r2 = ulorl::dynamic_sampling_filter(std::span<const double>(big), ulorl::group_layout::fixed(4, 2),
+                                                 std::span<std::uint8_t>(keep),
+                                                 {.drop_zero_variance = false, .min_accuracy = 0.0, .max_accuracy = 1.66e308, .use_window = true});
+  CHECK(r2.kept_groups == 1);
+  CHECK(r2.outside_window_groups == 1);
+  CHECK(keep == std::vector<std::uint8_t>{0, 0, 1, 1});
+}

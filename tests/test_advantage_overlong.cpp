@@ -46,3 +46,21 @@ TEST_CASE("UloRL: truncated responses are incorrect", "[overlong]") {
   REQUIRE_THROWS_WITH(ulorl::truncated_as_incorrect(std::span<float>(s), std::span<const std::uint8_t>(trunc.data(), 3)),
                       Catch::Contains("'truncated'"));
 }
+
+TEST_CASE("DAPO overlong: a penalty beyond the output type's range is an error; a subnormal window is not a divisor",
+          "[overlong][overflow]") {
+  const std::vector<double> len{10, 120};
+  std::vector<float> p(2, 9.0f);
+  CHECK_THROWS_WITH(ulorl::dapo_overlong_penalties(std::span<const double>(len), std::span<float>(p),
+                                                   {.max_length = 100, .buffer_length = 20, .penalty_factor = 1e39}),
+                    Catch::Contains("'penalties'[1]") && Catch::Contains("overflows float32"));
+  CHECK(p == std::vector<float>{9.0f, 9.0f});
+  std::vector<double> pd(2, 9.0);
+  CHECK_THROWS_WITH(ulorl::dapo_overlong_penalties(std::span<const double>(len), std::span<double>(pd),
+                                                   {.max_length = 100, .buffer_length = 1e-310}),
+                    Catch::Contains("config.buffer_length") && Catch::Contains("reciprocal"));
+  CHECK_THROWS_WITH(ulorl::soft_overlong_penalties(std::span<const double>(len), std::span<double>(pd),
+                                                   {.max_length = 100, .cache_length = 5e-324}),
+                    Catch::Contains("config.cache_length"));
+  CHECK(pd == std::vector<double>{9.0, 9.0});
+}

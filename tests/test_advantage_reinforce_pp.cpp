@@ -253,3 +253,28 @@ TEST_CASE("REINFORCE++: an absent mask is an all-ones mask, bit for bit, in both
     REQUIRE(absent_mask::same_bits(adva, adv));
   }
 }
+
+TEST_CASE("masked_whiten and discounted_returns: values near the double maximum neither overflow nor vanish",
+          "[reinforce_pp][overflow]") {
+  const auto cv = [](const std::vector<double>& v) {
+    return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), 1, v.size()));
+  };
+  const auto mv = [](std::vector<double>& v) { return ulorl::token_view<double>::padded(ulorl::matrix_view<double>(v.data(), 1, v.size())); };
+  // {max, -max, max, -max}: the squares overflow a plain variance (which gave 0 / NaN); unbiased
+  // std = max sqrt(4/3), so the whitened values are +-sqrt(3)/2.
+  const std::vector<double> x{1.7e308, -1.7e308, 1.7e308, -1.7e308};
+  std::vector<double> out(4);
+  ulorl::masked_whiten(cv(x), ulorl::token_view<const double>{}, mv(out));
+  for (std::size_t i = 0; i < 4; ++i) CHECK(out[i] == Approx((i % 2 == 0 ? 1 : -1) * std::sqrt(3.0) / 2).epsilon(1e-12));
+  // {1.7e308, 1.7e308, 1e308}: the sum overflows a plain mean.
+  const std::vector<double> y{1.7e308, 1.7e308, 1e308};
+  ulorl::masked_whiten(cv(y), ulorl::token_view<const double>{}, mv(out = std::vector<double>(3)));
+  CHECK(out[0] == Approx(1 / std::sqrt(3.0)).epsilon(1e-12));
+  CHECK(out[2] == Approx(-2 / std::sqrt(3.0)).epsilon(1e-12));
+  // Returns 1e308 + 1e308 are beyond the double range: an error naming the return, nothing written.
+  const std::vector<double> r{1e308, 1e308};
+  std::vector<double> ret(2, 5.0);
+  CHECK_THROWS_WITH(ulorl::discounted_returns(cv(r), ulorl::token_view<const double>{}, mv(ret), 1.0),
+                    Catch::Contains("'returns'[0]") && Catch::Contains("overflows float64"));
+  CHECK(ret == std::vector<double>{5.0, 5.0});
+}

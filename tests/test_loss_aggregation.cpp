@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "catch.hpp"
@@ -147,4 +148,54 @@ TEST_CASE("agg_loss and count_batch: an absent mask is an all-ones mask, bit for
   }
   // Without the tokens, an empty view is an empty batch.
   REQUIRE(ulorl::count_batch(ulorl::token_view<const double>{}).rows == 0);
+}
+
+TEST_CASE("agg_loss and count_batch: a given zero-row mask is an error, not an absent mask", "[aggregation][absent]") {
+  std::vector<double> loss(6, 1.0), grad(6, 0.0);
+  const auto l = ulorl::padded(ulorl::matrix_view<const double>(loss.data(), 2, 3));
+  const auto g = ulorl::padded(ulorl::matrix_view<double>(grad.data(), 2, 3));
+  const auto zero_rows = ulorl::padded(ulorl::matrix_view<const std::uint8_t>(nullptr, 0, 3));
+  const ulorl::agg_normalizer norm{ulorl::agg_mode::token_mean, 6.0, 1.0};
+  try {
+    (void)ulorl::agg_loss(l, zero_rows, g, norm);
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.argument() == "mask");
+  }
+  REQUIRE_THROWS_AS(ulorl::count_batch(zero_rows, l), ulorl::error);
+  REQUIRE(ulorl::agg_loss(l, ulorl::token_view<const std::uint8_t>{}, g, norm) == 1.0);
+}
+
+TEST_CASE("agg_loss: a loss or a gradient beyond the value type's range is an error, a representable one is exact",
+          "[aggregation][overflow]") {
+  const std::vector<float> Lf(8, 3e38f), mf(8, 1.0f);
+  const auto fv = [](const std::vector<float>& v) { return ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(v.data(), 1, 8)); };
+  std::vector<float> gf(8, 42.0f);
+  const auto gv = ulorl::token_view<float>::padded(ulorl::matrix_view<float>(gf.data(), 1, 8));
+  // float: the sum 2.4e39 of one sequence overflows float32.
+  try {
+    (void)ulorl::agg_loss(fv(Lf), fv(mf), gv, {ulorl::agg_mode::seq_mean_token_sum, 1.0, 1.0});
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    INFO(e.what());
+    CHECK(e.argument() == "loss");
+    CHECK(std::string(e.what()).find("overflows float32") != std::string::npos);
+  }
+  CHECK(std::all_of(gf.begin(), gf.end(), [](float x) { return x == 42.0f; }));
+  // A row weight beyond float (scale 1e39) is an error naming the gradient; nothing written.
+  const std::vector<float> small(8, 1e-30f);
+  CHECK_THROWS_WITH(ulorl::agg_loss(fv(small), fv(mf), gv, {ulorl::agg_mode::token_mean, 1.0, 1e39}),
+                    Catch::Contains("'grad'"));
+  CHECK(std::all_of(gf.begin(), gf.end(), [](float x) { return x == 42.0f; }));
+  // The token mean 3e38 is representable.
+  CHECK(ulorl::agg_loss(fv(Lf), fv(mf), gv, {ulorl::agg_mode::token_mean, 8.0, 1.0}) == Approx(3e38).epsilon(1e-7));
+  // double: 8 x 1e308 overflows a plain sum; the mean 1e308 is exact.
+  const std::vector<double> Ld(8, 1e308), md(8, 1.0);
+  std::vector<double> gd(8);
+  CHECK(ulorl::agg_loss(cv(Ld, 1, 8), cv(md, 1, 8), mv(gd, 1, 8), {ulorl::agg_mode::token_mean, 8.0, 1.0}) == Approx(1e308).epsilon(1e-15));
+  CHECK_THROWS_AS(ulorl::agg_loss(cv(Ld, 1, 8), cv(md, 1, 8), mv(gd, 1, 8), {ulorl::agg_mode::seq_mean_token_sum, 1.0, 1.0}),
+                  ulorl::error);
+  // A subnormal denominator has no finite reciprocal.
+  CHECK_THROWS_WITH(ulorl::agg_loss(cv(Ld, 1, 8), cv(md, 1, 8), mv(gd, 1, 8), {ulorl::agg_mode::token_mean, 5e-324, 1e-300}),
+                    Catch::Contains("reciprocal"));
 }

@@ -444,3 +444,30 @@ TEST_CASE("kl_penalized_rewards: a penalised reward beyond the element type's ra
   REQUIRE(out[4] == Approx(0.0 - 2.0 * 10.0));
   for (float v : out) REQUIRE(std::isfinite(v));
 }
+
+TEST_CASE("kl_penalty and kl_penalized_rewards: a KL beyond the range is an error, an overflowing sum is not", "[kl][overflow]") {
+  const auto cv = [](const std::vector<double>& v) {
+    return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), 1, v.size()));
+  };
+  const auto mv = [](std::vector<double>& v) { return ulorl::token_view<double>::padded(ulorl::matrix_view<double>(v.data(), 1, v.size())); };
+  // k1 = logp - ref = 1e308 - (-1e308) overflows double.
+  const std::vector<double> lp{0.5, 1e308}, ref{0.25, -1e308};
+  std::vector<double> kl(2, 7.0), g(2, 8.0);
+  try {
+    ulorl::kl_penalty(cv(lp), cv(ref), mv(kl), mv(g), ulorl::kl_config{.estimator = ulorl::kl_estimator::k1});
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    INFO(e.what());
+    CHECK(e.argument() == "kl");
+    CHECK(e.index() == 1);
+  }
+  CHECK(kl == std::vector<double>{7.0, 7.0});
+  CHECK(g == std::vector<double>{8.0, 8.0});
+  // Two KLs of 1e308: their sum overflows, their mean does not.
+  const std::vector<double> rw{0.0, 0.0}, lp2{0.5e308, 0.5e308}, ref2{-0.5e308, -0.5e308};
+  std::vector<double> out(2);
+  const double mean = ulorl::kl_penalized_rewards(cv(rw), cv(lp2), cv(ref2), ulorl::token_view<const double>{}, mv(out), 1e-300,
+                                                  ulorl::kl_config{.estimator = ulorl::kl_estimator::k1});
+  CHECK(mean == 1e308);
+  CHECK(out[0] == Approx(-1e8));
+}

@@ -19,6 +19,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -562,6 +563,33 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
     REQUIRE(o.threw);
     REQUIRE(o.argument == which);
     REQUIRE(o.grads_untouched);
+  }
+  // A given input is checked even where its coefficient is 0, and a zero-row view of no memory
+  // ([0, T] over an empty buffer) is a given argument, not an absent one.
+  {
+    auto cfg = c0.cfg;
+    cfg.kl_coef = 0, cfg.entropy_coef = 0;
+    const shape zero_rows{0, T, {}};
+    for (const char* which : {"ref_log_prob", "entropy", "mask", "weights"})
+      for (const shape& bad : {zero_rows, shape{B, T + 1, {}}}) {
+        const auto o = call_with_shapes(which, padded, bad, cfg);
+        INFO("given " << which << " of " << bad.size() << " elements, its coefficient 0");
+        REQUIRE(o.threw);
+        REQUIRE(o.argument == which);
+        REQUIRE(o.grads_untouched);
+      }
+    // A NaN option the objective does not read (sapo's temperatures, the dual clip of ppo) is an error.
+    for (const char* which : {"tau_pos", "tau_neg", "square_penalty"}) {
+      auto bad_cfg = cfg;
+      (std::string(which) == "tau_pos"   ? bad_cfg.objective.tau_pos
+       : std::string(which) == "tau_neg" ? bad_cfg.objective.tau_neg
+                                         : bad_cfg.objective.square_penalty) = std::nan("");
+      const auto o = call_with_shapes("", padded, padded, bad_cfg);
+      INFO("NaN " << which);
+      REQUIRE(o.threw);
+      REQUIRE(o.argument == which);
+      REQUIRE(o.grads_untouched);
+    }
   }
   // ... and not needed without the term: kl_coef 0 without ref_log_prob, entropy_coef 0 without
   // entropy / grad_entropy (the gradient of log_prob is then written).
@@ -1311,4 +1339,155 @@ TEST_CASE("policy_loss rejects a coefficient that the value type rounds to 0 or 
                            ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), B, T)),
                            ulorl::token_view<double>::padded(ulorl::matrix_view<double>(ge.data(), B, T)), cfg);
   CHECK(ge[0] == -1e-300 / 6.0);
+}
+
+namespace {
+//! A float or double [B, T] problem with every token valid and the given advantages / log-ratios.
+template <class T>
+struct overflow_problem {
+  std::size_t B, Tn;
+  std::vector<T> lp, old, adv, mask, ref, ent, g, ge;
+  overflow_problem(std::size_t b, std::size_t t)
+      : B(b), Tn(t), lp(b * t, T(-1)), old(b * t, T(-1)), adv(b * t, T(0.5)), mask(b * t, T(1)), ref(b * t, T(-1)),
+        ent(b * t, T(0.5)), g(b * t, T(42)), ge(b * t, T(43)) {}
+  ulorl::token_view<const T> cv(const std::vector<T>& v) const {
+    return ulorl::token_view<const T>::padded(ulorl::matrix_view<const T>(v.data(), B, Tn));
+  }
+  ulorl::policy_loss_result run(const ulorl::policy_loss_config& cfg) {
+    const ulorl::policy_loss_inputs<T, T> in{cv(lp), cv(old), cv(adv), cv(mask), cv(ref), {}, cv(ent)};
+    return ulorl::policy_loss(in, ulorl::token_view<T>::padded(ulorl::matrix_view<T>(g.data(), B, Tn)),
+                              cfg.entropy_coef != 0.0 ? ulorl::token_view<T>::padded(ulorl::matrix_view<T>(ge.data(), B, Tn))
+                                                      : ulorl::token_view<T>{},
+                              cfg);
+  }
+};
+}  // namespace
+
+TEST_CASE("policy_loss: a result beyond the value type's range is an error naming it, never inf", "[errors][overflow]") {
+  SECTION("float: one advantage of 3e38 at ratio e^0.15 makes its objective and gradient overflow float") {
+    overflow_problem<float> p(2, 37);
+    p.adv[40] = 3e38f;
+    p.lp[40] = -0.85f;  // ratio 1.16 < 1 + eps_high: the unclipped branch, -3e38 * 1.16 = -3.5e38
+    ulorl::policy_loss_config cfg;
+    cfg.normalizer = {ulorl::agg_mode::token_mean, 74.0, 1.0};
+    cfg.objective.eps_high = 0.28;
+    try {
+      (void)p.run(cfg);
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      INFO(e.what());
+      CHECK(e.argument() == "grad_log_prob");
+      CHECK(e.index() == 40);
+      CHECK(std::string(e.what()).find("overflows float32") != std::string::npos);
+    }
+    CHECK(std::all_of(p.g.begin(), p.g.end(), [](float x) { return x == 0.0f; }));  // cleared, never inf
+  }
+  SECTION("float: a normaliser scale whose row weight overflows float in the gradient") {
+    overflow_problem<float> p(1, 5);
+    ulorl::policy_loss_config cfg;
+    cfg.normalizer = {ulorl::agg_mode::token_mean, 1.0, 1e39};
+    CHECK_THROWS_AS(p.run(cfg), ulorl::error);
+  }
+  SECTION("double: entropies of 1e308 overflow the entropy loss and its metric sum") {
+    overflow_problem<double> p(1, 3);
+    std::fill(p.ent.begin(), p.ent.end(), 1e308);
+    ulorl::policy_loss_config cfg;
+    cfg.normalizer = {ulorl::agg_mode::token_mean, 3.0, 1.0};
+    cfg.entropy_coef = 1.0;
+    try {
+      (void)p.run(cfg);
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      INFO(e.what());
+      CHECK(e.argument() == "entropy_loss");
+      CHECK(std::string(e.what()).find("overflows float64") != std::string::npos);
+    }
+    CHECK(std::all_of(p.ge.begin(), p.ge.end(), [](double x) { return x == 0.0; }));
+  }
+  SECTION("double: an entropy coefficient of 1e308 over a normaliser of 1e-10 overflows grad_entropy") {
+    overflow_problem<double> p(1, 3);
+    ulorl::policy_loss_config cfg;
+    cfg.normalizer = {ulorl::agg_mode::token_mean, 1e-10, 1.0};
+    cfg.entropy_coef = 1e308;
+    try {
+      (void)p.run(cfg);
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      CHECK(e.argument() == "grad_entropy");
+    }
+  }
+  SECTION("double: log-ratios of -inf in the metrics (old - logp overflows double)") {
+    overflow_problem<double> p(1, 2);
+    p.lp = {-1e308, -1e308};
+    p.old = {1e308, 1e308};
+    ulorl::policy_loss_config cfg;
+    cfg.normalizer = {ulorl::agg_mode::token_mean, 2.0, 1.0};
+    CHECK_THROWS_AS(p.run(cfg), ulorl::error);
+  }
+}
+
+TEST_CASE("policy_loss: float token terms whose per-lane float sums overflow give the exact double sum", "[overflow]") {
+  // Tokens 32 and 96 share a lane and a block of the vector rows for every vector width and peel:
+  // their objectives 2e38 + 2e38 overflow a float partial sum, not the row's double sum.
+  overflow_problem<float> p(1, 256);
+  p.lp = p.old;  // ratio 1
+  p.adv[32] = p.adv[96] = -2e38f;
+  ulorl::policy_loss_config cfg;
+  cfg.normalizer = {ulorl::agg_mode::token_mean, 256.0, 1.0};
+  const ulorl::policy_loss_result r = p.run(cfg);
+  const double expected = (4e38 + 254 * -0.5) / 256;  // pg = -A: float(2e38) twice, -0.5 elsewhere
+  CHECK(std::isfinite(r.loss));
+  CHECK(r.pg_loss == Approx((2.0 * static_cast<double>(2e38f) - 254 * 0.5) / 256).epsilon(1e-12));
+  CHECK(r.loss == Approx(expected).epsilon(1e-6));
+  CHECK(std::all_of(p.g.begin(), p.g.end(), [](float x) { return std::isfinite(x); }));
+}
+
+TEST_CASE("policy_loss: check_values = false lets a result overflow (no range check)", "[overflow]") {
+  overflow_problem<double> p(1, 2);
+  std::fill(p.ent.begin(), p.ent.end(), 1e308);
+  ulorl::policy_loss_config cfg;
+  cfg.normalizer = {ulorl::agg_mode::token_mean, 2.0, 1.0};
+  cfg.entropy_coef = 1.0;
+  cfg.check_values = false;
+  const ulorl::policy_loss_result r = p.run(cfg);
+  CHECK(std::isinf(r.entropy_loss));
+}
+
+TEST_CASE("policy_loss: a divisor without a finite reciprocal is rejected (SAPO tau, normaliser, NeMo-RL global counts)",
+          "[errors][divisor]") {
+  overflow_problem<double> p(1, 3);
+  for (const auto& [arg, tp, tn] : {std::tuple<const char*, double, double>{"tau_neg", 1.0, 5e-324},
+                                    std::tuple<const char*, double, double>{"tau_pos", 1e-310, 1.05}}) {
+    ulorl::policy_loss_config cfg;
+    cfg.objective.kind = ulorl::objective_kind::sapo;
+    cfg.objective.tau_pos = tp, cfg.objective.tau_neg = tn;
+    cfg.normalizer = {ulorl::agg_mode::token_mean, 3.0, 1.0};
+    try {
+      (void)p.run(cfg);
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      INFO(e.what());
+      CHECK(e.argument() == arg);
+      CHECK(std::string(e.what()).find("reciprocal") != std::string::npos);
+    }
+    CHECK(std::all_of(p.g.begin(), p.g.end(), [](double x) { return x == 42.0; }));
+  }
+  // float: tau 1e-39 is a double divisor but its reciprocal overflows float32.
+  overflow_problem<float> f(1, 3);
+  ulorl::policy_loss_config cfg;
+  cfg.objective.kind = ulorl::objective_kind::sapo;
+  cfg.objective.tau_pos = 1e-39;
+  cfg.normalizer = {ulorl::agg_mode::token_mean, 3.0, 1.0};
+  CHECK_THROWS_WITH(f.run(cfg), Catch::Contains("tau_pos") && Catch::Contains("float32"));
+  cfg.objective.tau_pos = 1.0;
+  cfg.normalizer = {ulorl::agg_mode::token_mean, 5e-324, 1e-300};  // scale / denominator is finite
+  CHECK_THROWS_WITH(f.run(cfg), Catch::Contains("normalizer.denominator"));
+  // NeMo-RL's global_valid_toks = 5e-324 as the normaliser and in the logged ratios.
+  namespace nemo = ulorl::presets::nemo_rl;
+  const nemo::global_counts g{.global_valid_toks = 5e-324};
+  CHECK_THROWS_WITH(nemo::normalizer(nemo::clipped_pg_loss_options{}, g, ulorl::batch_counts{3, 1, 1}),
+                    Catch::Contains("global_valid_toks"));
+  CHECK_THROWS_WITH(nemo::logged_ratios(p.cv(p.lp), p.cv(p.old), p.cv(p.mask), nemo::clipped_pg_loss_options{}, g),
+                    Catch::Contains("global_valid_toks"));
+  CHECK_NOTHROW(nemo::normalizer(nemo::clipped_pg_loss_options{}, nemo::global_counts{.global_valid_toks = 0.0}, {3, 1, 1}));
 }

@@ -3,6 +3,9 @@
 // golden conformance cases.)
 #include <ulorl/loss/presets.hpp>
 
+#include <cmath>
+#include <string>
+
 #include "catch.hpp"
 
 namespace P = ulorl::presets;
@@ -132,4 +135,31 @@ TEST_CASE("openrlhf, nemo_rl and trl presets") {
                          .importance_sampling_level = T::importance_sampling_kind::sequence}, c).denominator == c.rows);
   REQUIRE(T::entropy_normalizer({.loss_type = T::loss_type_kind::grpo, .gradient_accumulation_steps = 2}, c, 3.0).denominator == 3.0);
   REQUIRE(T::entropy_normalizer({.loss_type = T::loss_type_kind::dapo}, c, 3.0).denominator == c.tokens);
+}
+
+TEST_CASE("presets: a NaN option is rejected even where the preset does not use it", "[presets][nan]") {
+  const double nan = std::nan("");
+  const ulorl::batch_counts local{10.0, 2.0, 2.0};
+  const auto expect_nan = [](auto&& f, const char* arg) {
+    try {
+      (void)f();
+      FAIL("no error for " << arg);
+    } catch (const ulorl::error& e) {
+      CHECK(e.argument() == arg);
+      CHECK(std::string(e.what()).find("NaN") != std::string::npos);
+    }
+  };
+  // dp_size is unused without batch_num_tokens.
+  expect_nan([&] { return P::openrlhf::normalizer({.dp_size = nan}, local); }, "dp_size");
+  expect_nan([&] { return P::openrlhf::policy_normalizer(P::openrlhf::policy_loss_kind::ppo, {.global_batch_size = nan}, local); },
+             "global_batch_size");
+  expect_nan([&] { return P::openrlhf::objective({.clip_eps_high = nan}); }, "clip_eps_high");
+  // verl: tau_pos is sapo's; vanilla does not use it.
+  expect_nan([&] { return P::verl::objective({.tau_pos = nan}); }, "tau_pos");
+  expect_nan([&] { return P::verl::normalizer({.loss_scale_factor = nan}, local); }, "loss_scale_factor");
+  expect_nan([&] { return P::trl::normalizer({.max_completion_length = nan}, local); }, "max_completion_length");
+  expect_nan([&] { return P::trl::objective({.sapo_temperature_neg = nan}); }, "sapo_temperature_neg");
+  expect_nan([&] { return P::nemo_rl::objective({.truncated_importance_sampling_ratio_min = nan}); },
+             "truncated_importance_sampling_ratio_min");
+  REQUIRE(P::openrlhf::normalizer({}, local).denominator == 10.0);
 }

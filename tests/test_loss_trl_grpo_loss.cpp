@@ -543,3 +543,21 @@ TEST_CASE("trl grpo_loss: hostile inputs raise ulorl::error naming the argument 
   c.in.per_token_logps = cview(c.lp, 0, T);
   require_rejected(outcome_of([&] { (void)P::trl::grpo_loss(c.in, c.out, options{}); }), fn, "per_token_logps", -1);
 }
+
+TEST_CASE("trl grpo_loss: a gradient or loss beyond the range after policy_loss is an error; the gradients are set to 0",
+          "[overflow]") {
+  testing_support::rng rng(testing_support::default_seed + 75);
+  const std::size_t B = 3, T = 4;
+  const batch x = random_batch(rng, B, T, T);
+  library_case<double> c(x, {.ref = true, .sampling = true, .entropies = true}, -123.0);
+  for (std::size_t i = 0; i < B * T; ++i) c.ref[i] = c.lp[i] + 5.0;  // k3's gradient 1 - e^5
+  // luspo's separate KL term: beta 1.7e308 times a gradient of -147 overflows double.
+  try {
+    (void)P::trl::grpo_loss(c.in, c.out, options{.loss_type = LT::luspo, .beta = 1.7e308});
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("overflows float64") != std::string::npos);
+  }
+  CHECK(all_equal(c.grad, 0.0));
+}

@@ -433,3 +433,29 @@ TEST_CASE("off-policy mask rejects each bad input, naming the argument, outputs 
     REQUIRE(all_equal(c.keep, 7.0));
   }
 }
+
+TEST_CASE("off-policy mask: a row KL whose sum overflows is exact; one beyond the double range is an error",
+          "[masking][off_policy][overflow]") {
+  // Row 0: old - logp = 1e308 twice (the sum overflows; the mean is 1e308). Row 1: 2e308, beyond.
+  const std::vector<double> lp{-0.5e308, -0.5e308, -1e308, -1e308};
+  const std::vector<double> old{0.5e308, 0.5e308, 1e308, 1e308};
+  const shape s{2, 2, {}};
+  ulorl::off_policy_mask_inputs<double> in{.log_prob = view_of<const double>(lp.data(), s),
+                                           .old_log_prob = view_of<const double>(old.data(), s)};
+  const std::vector<double> adv{-1.0, -1.0};
+  in.sequence_advantages = adv;
+  std::vector<double> keep(4, 7.0), kl(2, 3.0);
+  CHECK_THROWS_WITH(ulorl::off_policy_mask(in, view_of<double>(keep.data(), s), std::span<double>(kl),
+                                           ulorl::presets::trl::off_policy_mask(0.5)),
+                    Catch::Contains("'seq_kl'[1]") && Catch::Contains("overflows float64"));
+  CHECK(all_equal(keep, 7.0));
+  CHECK(kl == std::vector<double>{3.0, 3.0});
+  const shape s1{1, 2, {}};
+  in.log_prob = view_of<const double>(lp.data(), s1);
+  in.old_log_prob = view_of<const double>(old.data(), s1);
+  in.sequence_advantages = std::span<const double>(adv.data(), 1);
+  (void)ulorl::off_policy_mask(in, view_of<double>(keep.data(), s1), std::span<double>(kl.data(), 1),
+                               ulorl::presets::trl::off_policy_mask(0.5));
+  CHECK(kl[0] == 1e308);
+  CHECK(keep[0] == 0.0);
+}

@@ -38,15 +38,23 @@ template <class T>
 void gpg_advantages(std::span<const T> scores, const group_layout& groups, std::span<T> out, const gpg_config& cfg = {}) {
   constexpr std::string_view fn = "gpg_advantages";
   detail::check_scores(fn, scores, groups, out.size());
-  if (!std::isfinite(cfg.f_norm) || cfg.f_norm == 0.0) detail::fail_value(fn, "config.f_norm", cfg.f_norm, "must be finite and non-zero");
+  require_divisor(fn, "config.f_norm", cfg.f_norm, /*signed_ok=*/true);
   std::size_t nonzero = 0;
   for (auto s : scores) nonzero += s != T(0);
   const double alpha = static_cast<double>(scores.size()) / static_cast<double>(nonzero > 0 ? nonzero : 1);
-  for (std::size_t g = 0; g < groups.count(); ++g) {
-    const auto mem = groups.members(g);
-    const double mu = mem.size() == 1 ? 0.0 : two_pass_moments(mem.size(), [&](std::size_t k) { return scores[mem[k]]; }).mean;
-    for (auto i : mem) out[i] = static_cast<T>(alpha * (static_cast<double>(scores[i]) - mu) / cfg.f_norm);
-  }
+  // alpha (s - mu) / f_norm from the scaled deviation (s - mu) / 2^e, which cannot overflow
+  // ({max, -max}); a value beyond T's range is an error, found before anything is written.
+  const auto each = [&](auto&& emit) {
+    for (std::size_t g = 0; g < groups.count(); ++g) {
+      const auto mem = groups.members(g);
+      const moments m = two_pass_moments(mem.size(), [&](std::size_t k) { return scores[mem[k]]; });
+      for (auto i : mem)
+        emit(i, mem.size() == 1 ? alpha * static_cast<double>(scores[i]) / cfg.f_norm
+                                : std::ldexp(alpha * m.scaled_deviation(static_cast<double>(scores[i])) / cfg.f_norm, m.exponent));
+    }
+  };
+  each([&](std::size_t i, double a) { require_result_in_range<T>(fn, "out", static_cast<std::int64_t>(i), a); });
+  each([&](std::size_t i, double a) { out[i] = static_cast<T>(a); });
 }
 
 //! `lengths[i]` is response i's valid-token count (any non-negative arithmetic type).
@@ -67,17 +75,31 @@ void opo_advantages(std::span<const T> scores, std::span<const L> lengths, const
       detail::fail_at(fn, "lengths", static_cast<std::int64_t>(mem[0]), lengths[mem[0]],
                       "every response of this group has length 0: the length-weighted baseline is undefined");
   }
+  // The length-weighted mean; where Σ l s overflows, as Σ (l / Σ l) s (weights summing to 1).
+  const auto baseline = [&](const auto& mem) {
+    if (mem.size() < 2) return 0.0;
+    double num = 0.0, den = 0.0;
+    for (auto i : mem) {
+      num += static_cast<double>(lengths[i]) * static_cast<double>(scores[i]);
+      den += static_cast<double>(lengths[i]);
+    }
+    double b = num / den;
+    if (!std::isfinite(b)) {
+      b = 0.0;
+      for (auto i : mem) b += static_cast<double>(lengths[i]) / den * static_cast<double>(scores[i]);
+    }
+    return b;
+  };
+  // A value s - b beyond T's range is an error, found before anything is written.
   for (std::size_t g = 0; g < groups.count(); ++g) {
     const auto mem = groups.members(g);
-    double b = 0.0;
-    if (mem.size() > 1) {
-      double num = 0.0, den = 0.0;
-      for (auto i : mem) {
-        num += static_cast<double>(lengths[i]) * static_cast<double>(scores[i]);
-        den += static_cast<double>(lengths[i]);
-      }
-      b = num / den;
-    }
+    const double b = baseline(mem);
+    for (auto i : mem)
+      require_result_in_range<T>(fn, "out", static_cast<std::int64_t>(i), static_cast<double>(scores[i]) - b);
+  }
+  for (std::size_t g = 0; g < groups.count(); ++g) {
+    const auto mem = groups.members(g);
+    const double b = baseline(mem);
     for (auto i : mem) out[i] = static_cast<T>(static_cast<double>(scores[i]) - b);
   }
 }

@@ -13,6 +13,7 @@
 #include "ulorl/advantage/groups.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/numerics.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -54,12 +55,9 @@ template <class T, class K>
   for (std::size_t g = 0; g < groups.count(); ++g) {
     const auto mem = groups.members(g);
     bool all_equal = true;
-    double sum = 0.0;
-    for (auto i : mem) {
-      all_equal = all_equal && metric[i] == metric[mem[0]];
-      sum += static_cast<double>(metric[i]);
-    }
-    const double mean = sum / static_cast<double>(mem.size());
+    for (auto i : mem) all_equal = all_equal && metric[i] == metric[mem[0]];
+    // Scaled (two_pass_moments): a sum of finite values such as 1.7e308 + 1.7e308 would overflow.
+    const double mean = two_pass_moments(mem.size(), [&](std::size_t k) { return metric[mem[k]]; }).mean;
     bool kept = true;
     if (cfg.drop_zero_variance && all_equal) {
       kept = false;

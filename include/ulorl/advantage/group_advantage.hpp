@@ -71,6 +71,7 @@ inline void validate_group_advantage_config(std::string_view fn, const group_adv
   } else if (cfg.eps <= 0) {
     fail_value(fn, "config.eps", cfg.eps, "must be > 0: it divides when a group's std is 0");
   }
+  if (cfg.eps != 0.0) require_divisor(fn, "config.eps", cfg.eps);
 }
 
 //! A double m · 2^e: the group statistics keep their power-of-two scale apart, so that a std or

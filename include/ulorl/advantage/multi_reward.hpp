@@ -65,8 +65,7 @@ inline void validate_multi_reward_config(std::string_view fn, const multi_reward
   if (cfg.final_norm == final_normalization::responses) validate_group_advantage_config(fn, cfg.batch);
   if (cfg.final_norm == final_normalization::tokens) {
     require_known(fn, "config.whiten.eps_at", cfg.whiten.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
-    if (!(cfg.whiten.eps > 0) || !std::isfinite(cfg.whiten.eps))
-      fail_value(fn, "config.whiten.eps", cfg.whiten.eps, "must be finite and > 0");
+    require_divisor(fn, "config.whiten.eps", cfg.whiten.eps);
   }
   require_known(fn, "config.broadcast.placement", cfg.broadcast.placement, token_placement::masked,
                 token_placement::through_last, token_placement::every_position);

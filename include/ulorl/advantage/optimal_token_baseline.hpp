@@ -89,6 +89,7 @@ void optimal_token_baseline_advantages(const optimal_token_baseline_inputs<T, M>
   constexpr std::string_view fn = "optimal_token_baseline_advantages";
   require_known(fn, "config.align", cfg.align, token_alignment::position, token_alignment::valid_token);
   if (!(cfg.eps >= 0.0) || !std::isfinite(cfg.eps)) detail::fail_value(fn, "config.eps", cfg.eps, "must be finite and >= 0");
+  if (cfg.eps != 0.0) require_divisor(fn, "config.eps", cfg.eps);
   const auto& rewards = in.token_rewards;
   validate_layout(fn, "token_rewards", rewards);
   const token_view<const M> mask = mask_or_all_valid(in.mask, rewards);

@@ -58,12 +58,14 @@ void dapo_overlong_penalties(std::span<const L> lengths, std::span<T> penalties,
   constexpr std::string_view fn = "dapo_overlong_penalties";
   detail::check_lengths(fn, lengths);
   require_same_size(fn, "penalties", penalties.size(), "lengths", lengths.size());
-  if (!(cfg.buffer_length > 0) || !std::isfinite(cfg.buffer_length))
-    detail::fail_value(fn, "config.buffer_length", cfg.buffer_length, "must be finite and > 0 (it divides)");
+  require_divisor(fn, "config.buffer_length", cfg.buffer_length);
   if (!std::isfinite(cfg.max_length) || cfg.max_length < cfg.buffer_length)
     detail::fail_value(fn, "config.max_length", cfg.max_length, "must be finite and >= buffer_length");
   if (!(cfg.penalty_factor >= 0) || !std::isfinite(cfg.penalty_factor))
     detail::fail_value(fn, "config.penalty_factor", cfg.penalty_factor, "must be finite and >= 0");
+  // A penalty beyond T's range (a large penalty_factor) is an error, found before anything is written.
+  for (std::size_t i = 0; i < lengths.size(); ++i)
+    require_result_in_range<T>(fn, "penalties", static_cast<std::int64_t>(i), dapo_overlong_penalty(static_cast<double>(lengths[i]), cfg));
   for (std::size_t i = 0; i < lengths.size(); ++i)
     penalties[i] = static_cast<T>(dapo_overlong_penalty(static_cast<double>(lengths[i]), cfg));
 }
@@ -75,6 +77,7 @@ void soft_overlong_penalties(std::span<const L> lengths, std::span<T> penalties,
   require_same_size(fn, "penalties", penalties.size(), "lengths", lengths.size());
   if (!(cfg.cache_length >= 0) || !std::isfinite(cfg.cache_length))
     detail::fail_value(fn, "config.cache_length", cfg.cache_length, "must be finite and >= 0");
+  if (cfg.cache_length != 0.0) require_divisor(fn, "config.cache_length", cfg.cache_length);
   if (!std::isfinite(cfg.max_length) || cfg.max_length < cfg.cache_length)
     detail::fail_value(fn, "config.max_length", cfg.max_length, "must be finite and >= cache_length");
   for (std::size_t i = 0; i < lengths.size(); ++i)

@@ -62,30 +62,37 @@ void masked_whiten(token_view<const T> x, token_view<const M> mask, token_view<U
   require_same_shape(fn, "out", out, "mask", mask);
   require_known(fn, "config.eps_at", cfg.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
   // eps > 0: a batch of constant values would otherwise divide by zero.
-  if (!(cfg.eps > 0) || !std::isfinite(cfg.eps)) detail::fail_value(fn, "config.eps", cfg.eps, "must be finite and > 0");
+  require_divisor(fn, "config.eps", cfg.eps);
   std::size_t n = 0;
   for (std::size_t b = 0; b < mask.rows(); ++b) n += row_tokens(mask, b);
   if (n < (cfg.unbiased ? 2u : 1u))
     detail::fail_value(fn, "mask", n, "whitening needs at least 2 valid tokens in the batch (count shown)");
-  double sum = 0.0;
+  // Mean and variance of the valid tokens (visited_moments: scaled, so no finite input overflows
+  // the sums or the squares). Values up to 2^500 take the plain formula; larger ones are whitened
+  // in the moments' scale 2^e, where neither x - mu ({1e308, -1e308}) nor the variance overflows.
+  const moments mo = visited_moments([&](auto&& f) {
+    for (std::size_t b = 0; b < x.rows(); ++b)
+      for (std::size_t t = 0; t < x.row_size(b); ++t)
+        if (mask(b, t) != M(0)) f(x(b, t));
+  });
+  const bool scaled = mo.exponent > 500;
+  const int e = scaled ? mo.exponent : 0;
+  const double var = scaled ? mo.scaled_variance(cfg.unbiased) : mo.variance(cfg.unbiased);
+  const double eps = std::ldexp(cfg.eps, -2 * e);
+  const double inv = 1.0 / std::sqrt(cfg.eps_at == whiten_eps::add_to_variance ? var + eps : std::max(var, eps));
+  const double shift = cfg.shift_mean ? (scaled ? mo.scaled_mean : mo.mean) : 0.0;
+  const auto value = [&](std::size_t b, std::size_t t) {
+    return (std::ldexp(static_cast<double>(x(b, t)), -e) - shift) * inv;
+  };
+  // Without the mean's shift, x / std of a tiny variance can exceed U's range: an error, before
+  // anything is written.
   for (std::size_t b = 0; b < x.rows(); ++b)
     for (std::size_t t = 0; t < x.row_size(b); ++t)
-      if (mask(b, t) != M(0)) sum += static_cast<double>(x(b, t));
-  const double mu = sum / static_cast<double>(n);
-  double m2 = 0.0;
+      if (mask(b, t) != M(0) || !cfg.mask_output)
+        require_result_in_range<U>(fn, "out", static_cast<std::int64_t>(out.flat_index(b, t)), value(b, t));
   for (std::size_t b = 0; b < x.rows(); ++b)
     for (std::size_t t = 0; t < x.row_size(b); ++t)
-      if (mask(b, t) != M(0)) {
-        const double d = static_cast<double>(x(b, t)) - mu;
-        m2 += d * d;
-      }
-  const double var = m2 / static_cast<double>(cfg.unbiased ? n - 1 : n);
-  const double inv = 1.0 / std::sqrt(cfg.eps_at == whiten_eps::add_to_variance ? var + cfg.eps : std::max(var, cfg.eps));
-  const double shift = cfg.shift_mean ? mu : 0.0;
-  for (std::size_t b = 0; b < x.rows(); ++b)
-    for (std::size_t t = 0; t < x.row_size(b); ++t)
-      out(b, t) = mask(b, t) != M(0) || !cfg.mask_output ? static_cast<U>((static_cast<double>(x(b, t)) - shift) * inv)
-                                                         : U(0);
+      out(b, t) = mask(b, t) != M(0) || !cfg.mask_output ? static_cast<U>(value(b, t)) : U(0);
 }
 
 //! Discounted returns with reset after EOS (see the header comment). `returns` is not masked. An
@@ -97,14 +104,22 @@ void discounted_returns(token_view<const T> token_rewards, token_view<const M> m
   mask = detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
   require_same_shape(fn, "returns", returns, "mask", mask);
   if (!(gamma >= 0.0 && gamma <= 1.0)) detail::fail_value(fn, "gamma", gamma, "must be in [0, 1]");
-  for (std::size_t b = 0; b < mask.rows(); ++b) {
-    double c = 0.0;
-    for (std::size_t t = mask.row_size(b); t-- > 0;) {
-      const double g = static_cast<double>(token_rewards(b, t)) + gamma * c;
-      returns(b, t) = static_cast<U>(g);
-      c = mask(b, t) != M(0) ? g : 0.0;
+  // A return beyond U's range (a discounted sum of large rewards) is an error, found before
+  // anything is written.
+  const auto each = [&](auto&& emit) {
+    for (std::size_t b = 0; b < mask.rows(); ++b) {
+      double c = 0.0;
+      for (std::size_t t = mask.row_size(b); t-- > 0;) {
+        const double g = static_cast<double>(token_rewards(b, t)) + gamma * c;
+        emit(b, t, g);
+        c = mask(b, t) != M(0) ? g : 0.0;
+      }
     }
-  }
+  };
+  each([&](std::size_t b, std::size_t t, double g) {
+    require_result_in_range<U>(fn, "returns", static_cast<std::int64_t>(returns.flat_index(b, t)), g);
+  });
+  each([&](std::size_t b, std::size_t t, double g) { returns(b, t) = static_cast<U>(g); });
 }
 
 //! REINFORCE++: returns and whitened advantages (advantages may alias returns' storage only if
@@ -120,7 +135,7 @@ void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const
   for (std::size_t b = 0; b < mask.rows(); ++b) n += row_tokens(mask, b);
   if (n < (cfg.unbiased ? 2u : 1u)) detail::fail_value(fn, "mask", n, "whitening needs at least 2 valid tokens");
   if (!(gamma >= 0.0 && gamma <= 1.0)) detail::fail_value(fn, "gamma", gamma, "must be in [0, 1]");
-  if (!(cfg.eps > 0) || !std::isfinite(cfg.eps)) detail::fail_value(fn, "config.eps", cfg.eps, "must be finite and > 0");
+  require_divisor(fn, "config.eps", cfg.eps);
   require_known(fn, "config.eps_at", cfg.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
   discounted_returns(token_rewards, mask, returns, gamma);
   masked_whiten(token_view<const U>(returns), mask, advantages, cfg);
@@ -155,8 +170,7 @@ void reinforce_pp_baseline_advantages(std::span<const T> scores, const group_lay
   if (n < (cfg.whiten.unbiased ? 2u : 1u))
     detail::fail_value(fn, "mask", n,
                        cfg.whiten.unbiased ? "whitening needs at least 2 valid tokens" : "whitening needs at least 1 valid token");
-  if (!(cfg.whiten.eps > 0) || !std::isfinite(cfg.whiten.eps))
-    detail::fail_value(fn, "config.whiten.eps", cfg.whiten.eps, "must be finite and > 0");
+  require_divisor(fn, "config.whiten.eps", cfg.whiten.eps);
   // group_advantages validates its configuration and may reject a score before anything is written.
   std::vector<double> in(scores.begin(), scores.end()), a(scores.size());
   group_advantages(std::span<const double>(in), groups, std::span<double>(a), cfg.group);

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -97,6 +99,14 @@ void require_finite(std::string_view function, std::string_view argument, V valu
   if (!std::isfinite(static_cast<double>(value)))
     detail::fail_value(function, argument, value, "must be finite");
 }
+//! A floating option is never NaN, whether or not the call uses it (an unused NaN option is a
+//! caller's bug all the same); an absent optional passes.
+inline void require_not_nan(std::string_view function, std::string_view argument, double value) {
+  if (std::isnan(value)) detail::fail_value(function, argument, value, "must not be NaN");
+}
+inline void require_not_nan(std::string_view function, std::string_view argument, const std::optional<double>& value) {
+  if (value) require_not_nan(function, argument, *value);
+}
 template <class V>
 void require_positive(std::string_view function, std::string_view argument, V value) {
   if (!(value > V(0)) || !std::isfinite(static_cast<double>(value)))
@@ -106,6 +116,43 @@ template <class V>
 void require_non_negative(std::string_view function, std::string_view argument, V value) {
   if (!(value >= V(0)) || !std::isfinite(static_cast<double>(value)))
     detail::fail_value(function, argument, value, "must be finite and >= 0");
+}
+namespace detail {
+template <class T>
+[[nodiscard]] constexpr const char* range_type_name() noexcept {
+  return sizeof(T) == 4 ? "float32" : "float64";
+}
+}  // namespace detail
+//! A divisor taken from a configuration or a caller (an eps, a temperature, tau, a normaliser, a
+//! global count, a size as a double): finite, > 0, and with a reciprocal that is finite in T (the
+//! arithmetic type that divides by it): a subnormal such as 5e-324 has 1 / x = inf and is rejected.
+//! `signed_ok`: a negative divisor is allowed too (only 0 is not).
+template <class T = double, class V>
+void require_divisor(std::string_view function, std::string_view argument, V value, bool signed_ok = false) {
+  if (!signed_ok) require_positive(function, argument, value);
+  else if (!std::isfinite(static_cast<double>(value)) || value == V(0))
+    detail::fail_value(function, argument, value, "must be finite and non-zero");
+  if (!(std::fabs(1.0 / static_cast<double>(value)) <= static_cast<double>(std::numeric_limits<T>::max())))
+    detail::fail_value(function, argument, value,
+                       std::string("its reciprocal overflows ") + detail::range_type_name<T>() + " (a divisor must have a finite reciprocal)");
+}
+//! A result of `function` (a loss, a gradient, a KL value, an advantage, a metric) must lie within
+//! the range of its output type T: one beyond it (or NaN from finite inputs) is an error, never
+//! inf. `what` names the result and `index` its flat element (-1 for a scalar). The message:
+//! "ulorl::<function>: result '<what>'[<index>] = inf: overflows float32".
+template <class T>
+void require_result_in_range(std::string_view function, std::string_view what, std::int64_t index, double value,
+                             std::string_view where = {}) {
+  if (std::fabs(value) <= static_cast<double>(std::numeric_limits<T>::max())) return;
+  std::ostringstream os;
+  os << "ulorl::" << function << ": result '" << what << "'";
+  if (index >= 0) os << "[" << index << "]";
+  os << " = ";
+  detail::append_value(os, value);
+  os << (value != value ? ": is NaN" : ": overflows ") << (value != value ? "" : detail::range_type_name<T>())
+     << (where.empty() ? "" : " (") << where << (where.empty() ? "" : ")")
+     << ": a result beyond the output type's range is an error";
+  detail::raise(function, what, index, os.str());
 }
 namespace detail {
 template <class E>

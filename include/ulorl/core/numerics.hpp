@@ -72,47 +72,59 @@ struct moments {
   [[nodiscard]] double stddev(bool unbiased) const noexcept { return std::ldexp(scaled_stddev(unbiased), exponent); }
 };
 
-//! Moments of value(i) for i in [0, n) (`value` is any callable i -> arithmetic, called three times
-//! per index): the largest magnitude (for the scale), the scaled mean, then the scaled deviations
-//! with the compensation term Σ (x - mean), which is ~0 but absorbs the rounding of the mean.
-//! Finite values give finite `mean`, `scaled_m2` and `scaled_stddev`; a non-finite value gives NaN.
-template <class F>
-[[nodiscard]] moments two_pass_moments(std::size_t n, F&& value) {
+//! The moments (see two_pass_moments below) of the values that `for_each(f)` passes to f, one by
+//! one, in the same order on each of its three calls (e.g. the valid tokens of a masked batch,
+//! without copying them).
+template <class ForEach>
+[[nodiscard]] moments visited_moments(ForEach&& for_each) {
   moments m;
+  std::size_t n = 0;
+  double biggest = 0.0;
+  for_each([&](auto x) {
+    const double a = std::fabs(static_cast<double>(x));
+    biggest = (a > biggest || a != a) ? a : biggest;  // NaN sticks
+    ++n;
+  });
   m.count = n;
   if (n == 0) return m;
-  double biggest = 0.0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double a = std::fabs(static_cast<double>(value(i)));
-    biggest = (a > biggest || a != a) ? a : biggest;  // NaN sticks
-  }
   if (!std::isfinite(biggest)) {
     m.mean = m.m2 = m.scaled_mean = m.scaled_m2 = std::numeric_limits<double>::quiet_NaN();
     return m;
   }
   // 2^exponent > biggest: the scaled values are below 1 in magnitude, their sum below n.
   m.exponent = biggest > 0.0 ? std::ilogb(biggest) + 1 : 0;
-  const auto scaled = [&](std::size_t i) { return std::ldexp(static_cast<double>(value(i)), -m.exponent); };
-  double s = 0.0, lo = scaled(0), hi = lo;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double y = scaled(i);
+  const auto scaled = [&](auto x) { return std::ldexp(static_cast<double>(x), -m.exponent); };
+  double s = 0.0, lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for_each([&](auto x) {
+    const double y = scaled(x);
     s += y;
     lo = y < lo ? y : lo;
     hi = y > hi ? y : hi;
-  }
+  });
   // The mean lies between the extremes; rounding of the sum must not push it outside (nor past max).
   m.scaled_mean = clamp(s / static_cast<double>(n), lo, hi);
   m.mean = std::ldexp(m.scaled_mean, m.exponent);
   double m2 = 0.0, c = 0.0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double d = scaled(i) - m.scaled_mean;
+  for_each([&](auto x) {
+    const double d = scaled(x) - m.scaled_mean;
     m2 += d * d;
     c += d;
-  }
+  });
   m.scaled_m2 = m2 - c * c / static_cast<double>(n);
   if (m.scaled_m2 < 0.0) m.scaled_m2 = 0.0;
   m.m2 = std::ldexp(m.scaled_m2, 2 * m.exponent);
   return m;
+}
+
+//! Moments of value(i) for i in [0, n) (`value` is any callable i -> arithmetic, called three times
+//! per index): the largest magnitude (for the scale), the scaled mean, then the scaled deviations
+//! with the compensation term Σ (x - mean), which is ~0 but absorbs the rounding of the mean.
+//! Finite values give finite `mean`, `scaled_m2` and `scaled_stddev`; a non-finite value gives NaN.
+template <class F>
+[[nodiscard]] moments two_pass_moments(std::size_t n, F&& value) {
+  return visited_moments([&](auto&& f) {
+    for (std::size_t i = 0; i < n; ++i) f(value(i));
+  });
 }
 
 ULORL_NAMESPACE_END

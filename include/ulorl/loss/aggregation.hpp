@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "ulorl/core/config.hpp"
@@ -101,6 +102,7 @@ inline void validate_normalizer(std::string_view fn, const agg_normalizer& n) {
   if (!(n.denominator > 0.0) || !std::isfinite(n.denominator))
     detail::fail_value(fn, "normalizer.denominator", n.denominator,
                        "must be finite and > 0 (a normaliser of zero tokens or sequences)");
+  require_divisor(fn, "normalizer.denominator", n.denominator);
   require_finite(fn, "normalizer.scale", n.scale);
   if (!std::isfinite(n.scale / n.denominator))
     detail::fail_value(fn, "normalizer.scale", n.scale, "scale / denominator overflows the double range");
@@ -115,7 +117,8 @@ inline void validate_normalizer(std::string_view fn, const agg_normalizer& n) {
 
 //! loss = scale * sum L m / D_b; writes d loss / d L into `grad` (0 on masked tokens; `grad` may be
 //! empty). An absent mask (empty view): every token of loss_mat valid. Validates every input before
-//! writing.
+//! writing; a loss or a row weight beyond T's range is an error (nothing written). A row's sum
+//! that overflows double is recomputed as the sum of the weighted terms.
 template <class T, class M>
 [[nodiscard]] double agg_loss(token_view<const T> loss_mat, token_view<const M> mask, token_view<T> grad,
                               const agg_normalizer& norm) {
@@ -129,15 +132,26 @@ template <class T, class M>
   require_all_finite(fn, "loss_mat", loss_mat);
   double loss = 0;
   for (std::size_t b = 0; b < loss_mat.rows(); ++b) {
-    const double w = row_weight(norm, row_tokens(mask, b));
+    const std::size_t n = row_tokens(mask, b);
+    if (n == 0) continue;
+    const double w = row_weight(norm, n);
+    if (!grad.empty()) require_result_in_range<T>(fn, "grad", -1, w, "the weight of row " + std::to_string(b));
     double s = 0;
-    for (std::size_t t = 0; t < loss_mat.row_size(b); ++t) {
-      const bool valid = mask(b, t) != M(0);
-      s += valid ? static_cast<double>(loss_mat(b, t)) : 0.0;
-      if (!grad.empty()) grad(b, t) = valid ? static_cast<T>(w) : T(0);
+    for (std::size_t t = 0; t < loss_mat.row_size(b); ++t) s += mask(b, t) != M(0) ? static_cast<double>(loss_mat(b, t)) : 0.0;
+    double ws = w * s;
+    if (!std::isfinite(ws)) {
+      ws = 0;
+      for (std::size_t t = 0; t < loss_mat.row_size(b); ++t)
+        ws += mask(b, t) != M(0) ? w * static_cast<double>(loss_mat(b, t)) : 0.0;
     }
-    loss += w * s;
+    loss += ws;
   }
+  require_result_in_range<T>(fn, "loss", -1, loss);
+  if (!grad.empty())
+    for (std::size_t b = 0; b < loss_mat.rows(); ++b) {
+      const T w = static_cast<T>(row_weight(norm, row_tokens(mask, b)));
+      for (std::size_t t = 0; t < loss_mat.row_size(b); ++t) grad(b, t) = mask(b, t) != M(0) ? w : T(0);
+    }
   return loss;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "ulorl/core/config.hpp"
@@ -29,7 +30,8 @@ template <class T>
 
 //! Aggregated entropy bonus: sum_bt w_bt (-coef H_bt) m_bt with the aggregation weights of `norm`;
 //! writes d loss / d H into `grad_entropy` (0 on masked tokens). An absent mask (empty view): every
-//! token of `entropy` valid. Validates before writing.
+//! token of `entropy` valid. Validates before writing: a loss or a gradient beyond T's range is an
+//! error (nothing written).
 template <class T, class M>
 [[nodiscard]] double entropy_loss(token_view<const T> entropy, token_view<const M> mask, token_view<T> grad_entropy,
                                   double coef, const agg_normalizer& norm) {
@@ -44,13 +46,21 @@ template <class T, class M>
   require_all_finite(fn, "entropy", entropy);
   double loss = 0;
   for (std::size_t b = 0; b < entropy.rows(); ++b) {
-    const double w = row_weight(norm, row_tokens(mask, b));
+    const std::size_t n = row_tokens(mask, b);
+    if (n == 0) continue;
+    const double w = row_weight(norm, n);
+    require_result_in_range<T>(fn, "grad_entropy", -1, w * -coef, "the gradient of row " + std::to_string(b));
     for (std::size_t t = 0; t < entropy.row_size(b); ++t) {
       const bool valid = mask(b, t) != M(0);
       const auto e = entropy_term(static_cast<double>(entropy(b, t)), coef);
       loss += valid ? w * e.value : 0.0;
-      grad_entropy(b, t) = valid ? static_cast<T>(w * e.grad) : T(0);
     }
+  }
+  require_result_in_range<T>(fn, "loss", -1, loss);
+  for (std::size_t b = 0; b < entropy.rows(); ++b) {
+    const double w = row_weight(norm, row_tokens(mask, b));
+    for (std::size_t t = 0; t < entropy.row_size(b); ++t)
+      grad_entropy(b, t) = mask(b, t) != M(0) ? static_cast<T>(w * entropy_term(static_cast<double>(entropy(b, t)), coef).grad) : T(0);
   }
   return loss;
 }

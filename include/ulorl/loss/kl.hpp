@@ -17,7 +17,9 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
+#include <string>
 #include <string_view>
 
 #include "ulorl/core/config.hpp"
@@ -200,7 +202,8 @@ template <class T>
 inline namespace ULORL_ISA {
 
 //! Element-wise KL estimate and gradient: kl[b,t], grad[b,t] = d kl[b,t] / d logp[b,t] (= gradient of
-//! sum kl). Every element is computed (no mask), as the frameworks do. Validates before writing.
+//! sum kl). Every element is computed (no mask), as the frameworks do. Validates before writing: a
+//! KL value or a gradient beyond T's range is an error naming it (kl_term runs twice per token).
 template <class T>
 void kl_penalty(token_view<const T> log_prob, token_view<const T> ref_log_prob, token_view<T> kl, token_view<T> grad,
                 const kl_config& cfg) {
@@ -214,6 +217,17 @@ void kl_penalty(token_view<const T> log_prob, token_view<const T> ref_log_prob, 
   require_all_finite(fn, "log_prob", log_prob);
   require_all_finite(fn, "ref_log_prob", ref_log_prob);
   const auto p = make_kl_params<T>(cfg);
+  for (std::size_t b = 0; b < log_prob.rows(); ++b) {
+    const auto lp = log_prob.row(b), rf = ref_log_prob.row(b);
+    for (std::size_t t = 0; t < lp.size(); ++t) {
+      const auto v = kl_term(lp[t], rf[t], p);
+      if (std::isfinite(v.value) && (grad.empty() || std::isfinite(v.grad))) continue;
+      const std::int64_t at = static_cast<std::int64_t>(log_prob.flat_index(b, t));
+      const std::string where = "row " + std::to_string(b) + ", token " + std::to_string(t);
+      require_result_in_range<T>(fn, "kl", at, static_cast<double>(v.value), where);
+      require_result_in_range<T>(fn, "grad", at, static_cast<double>(v.grad), where);
+    }
+  }
   for (std::size_t b = 0; b < log_prob.rows(); ++b) {
     const auto lp = log_prob.row(b), rf = ref_log_prob.row(b);
     const auto k = kl.row(b);
@@ -257,16 +271,24 @@ double kl_penalized_rewards(token_view<const T> rewards, token_view<const T> log
       if (mask(b, t) != M(0) && !std::isfinite(penalised(b, t, kl_at(b, t))))
         detail::fail_at(fn, "log_prob", static_cast<std::int64_t>(log_prob.flat_index(b, t)), log_prob(b, t),
                         "reward - beta * kl overflows the element type (clamp the KL: input_clamp / output_clamp)");
+  // The masked mean KL, before anything is written: a sum that overflows double is taken again as
+  // the sum of k / n; a mean beyond the range is an error.
   double sum = 0, n = 0;
-  for (std::size_t b = 0; b < rewards.rows(); ++b) {
-    for (std::size_t t = 0; t < rewards.row_size(b); ++t) {
-      const bool valid = mask(b, t) != M(0);
-      const auto k = kl_at(b, t);
-      out(b, t) = valid ? penalised(b, t, k) : T(0);
-      if (valid) sum += static_cast<double>(k), n += 1;
-    }
+  for (std::size_t b = 0; b < rewards.rows(); ++b)
+    for (std::size_t t = 0; t < rewards.row_size(b); ++t)
+      if (mask(b, t) != M(0)) sum += static_cast<double>(kl_at(b, t)), n += 1;
+  double mean = n > 0 ? sum / n : 0.0;
+  if (!std::isfinite(mean)) {
+    mean = 0;
+    for (std::size_t b = 0; b < rewards.rows(); ++b)
+      for (std::size_t t = 0; t < rewards.row_size(b); ++t)
+        if (mask(b, t) != M(0)) mean += static_cast<double>(kl_at(b, t)) / n;
+    require_result_in_range<double>(fn, "mean kl", -1, mean);
   }
-  return n > 0 ? sum / n : 0.0;
+  for (std::size_t b = 0; b < rewards.rows(); ++b)
+    for (std::size_t t = 0; t < rewards.row_size(b); ++t)
+      out(b, t) = mask(b, t) != M(0) ? penalised(b, t, kl_at(b, t)) : T(0);
+  return mean;
 }
 
 }  // namespace ULORL_ISA

@@ -356,8 +356,8 @@ struct sapo_objective : detail::builtin_objective<objective_kind::sapo> {
   static constexpr objective_level level = objective_level::token;
   void validate(std::string_view fn) const {
     detail::validate_objective_common(fn, config);
-    require_positive(fn, "tau_pos", config.tau_pos);
-    require_positive(fn, "tau_neg", config.tau_neg);
+    require_divisor(fn, "tau_pos", config.tau_pos);
+    require_divisor(fn, "tau_neg", config.tau_neg);
   }
   template <class L>
   [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr objective_lanes<L> token(

@@ -213,8 +213,7 @@ void validate_rollout_inputs(std::string_view fn, const policy_loss_inputs<T, M>
                        "given without rollout.importance.batch_normalize");
   }
   const double divisor = cfg.rollout_batch_norm_factor.value_or(1.0);
-  if (!(divisor > 0) || !std::isfinite(divisor))
-    detail::fail_value(fn, "rollout_batch_norm_factor", divisor, "must be finite and > 0");
+  require_divisor(fn, "rollout_batch_norm_factor", divisor);
   const auto bound = rollout_correction::detail_rc::bound_of(rc.importance);
   if (bound.nan_possible || !rollout_correction::detail_rc::representable<T>(bound.max / divisor))
     detail::fail(fn, "rollout",
@@ -238,11 +237,13 @@ void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T
   require_same_shape(fn, "advantages", in.advantages, "log_prob", in.log_prob);
   require_same_shape(fn, "mask", in.mask, "log_prob", in.log_prob);
   require_same_shape(fn, "grad_log_prob", grad_log_prob, "log_prob", in.log_prob);
-  if (cfg.kl_coef != 0.0) {
-    if (in.ref_log_prob.empty() && !in.log_prob.empty()) detail::fail(fn, "ref_log_prob", "required when kl_coef != 0");
+  // A given optional input has the shape of log_prob even where its coefficient is 0.
+  if (cfg.kl_coef != 0.0 && in.ref_log_prob.empty() && !in.log_prob.empty())
+    detail::fail(fn, "ref_log_prob", "required when kl_coef != 0");
+  if (cfg.kl_coef != 0.0 || !in.ref_log_prob.empty())
     require_same_shape(fn, "ref_log_prob", in.ref_log_prob, "log_prob", in.log_prob);
-  }
   if (!in.weights.empty()) require_same_shape(fn, "weights", in.weights, "log_prob", in.log_prob);
+  if (cfg.entropy_coef == 0.0 && !in.entropy.empty()) require_same_shape(fn, "entropy", in.entropy, "log_prob", in.log_prob);
   if (cfg.entropy_coef != 0.0) {
     if (in.entropy.empty() && !in.log_prob.empty()) detail::fail(fn, "entropy", "required when entropy_coef != 0");
     require_same_shape(fn, "entropy", in.entropy, "log_prob", in.log_prob);
@@ -347,8 +348,57 @@ void rollout_corrected_rows(std::string_view fn, const policy_loss_inputs<T, M>&
   }
 }
 
+//! The results' range check of a checked call (cfg.check_values): every written gradient value is
+//! finite (only the rows the pass flagged are read) and the losses and the metrics' sums lie in the
+//! range of T (losses) and double (metric sums). On a failure the gradient outputs (grad_entropy:
+//! given with an entropy term, otherwise empty) are set to 0 before the throw: they were written in
+//! the pass.
+template <class T>
+void check_loss_results(std::string_view fn, policy_loss_result& res, token_view<T> grad_log_prob, token_view<T> grad_entropy) {
+  const auto clear = [&] {
+    for (token_view<T>* v : {&grad_log_prob, &grad_entropy})
+      for (std::size_t b = 0; b < v->rows(); ++b) {
+        const vector_view<T> r = v->row(b);
+        for (std::size_t t = 0; t < r.size(); ++t) r[t] = T(0);
+      }
+  };
+  if (res.nonfinite_grad_rows != 0) {
+    for (const auto& [name, v] : {std::pair<std::string_view, token_view<T>>{"grad_log_prob", grad_log_prob},
+                                  std::pair<std::string_view, token_view<T>>{"grad_entropy", grad_entropy}})
+      for (std::size_t b = 0; b < v.rows(); ++b) {
+        const vector_view<T> r = v.row(b);
+        for (std::size_t t = 0; t < r.size(); ++t)
+          if (!std::isfinite(r[t])) {
+            const double value = static_cast<double>(r[t]);
+            clear();
+            require_result_in_range<T>(fn, name, static_cast<std::int64_t>(v.flat_index(b, t)), value,
+                                       "row " + std::to_string(b) + ", token " + std::to_string(t) +
+                                           "; the gradient outputs are set to 0");
+          }
+      }
+    res.nonfinite_grad_rows = 0;  // a float sum of finite values overflowed: every value is finite
+  }
+  const auto scalar = [&](auto in_range, std::string_view what, double value) {
+    if (std::fabs(value) <= static_cast<double>(std::numeric_limits<decltype(in_range)>::max())) return;
+    clear();
+    require_result_in_range<decltype(in_range)>(fn, what, -1, value, "the gradient outputs are set to 0");
+  };
+  scalar(T{}, "pg_loss", res.pg_loss);
+  scalar(T{}, "kl_loss", res.kl_loss);
+  scalar(T{}, "entropy_loss", res.entropy_loss);
+  scalar(T{}, "loss", res.loss);
+  const loss_metrics& m = res.metrics;
+  scalar(0.0, "metrics.neg_log_ratio", m.neg_log_ratio);
+  scalar(0.0, "metrics.neg_log_ratio_clamped", m.neg_log_ratio_clamped);
+  scalar(0.0, "metrics.approx_kl_k3", m.approx_kl_k3);
+  scalar(0.0, "metrics.ratio_sum", m.ratio_sum);
+  scalar(0.0, "metrics.kl_sum", m.kl_sum);
+  scalar(0.0, "metrics.entropy_sum", m.entropy_sum);
+}
+
 //! Runs `rows_into(inputs, grad_log_prob, grad_entropy, result)` on the whole batch, or through
-//! rollout_corrected_rows with cfg.rollout; then the loss's total.
+//! rollout_corrected_rows with cfg.rollout; then the loss's total, and with cfg.check_values the
+//! results' range check (check_loss_results).
 template <class T, class M, class RowsInto>
 [[nodiscard]] policy_loss_result loss_rows(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
                                            token_view<T> grad_log_prob, token_view<T> grad_entropy, executor_ref exec,
@@ -357,6 +407,8 @@ template <class T, class M, class RowsInto>
   if (cfg.rollout) rollout_corrected_rows(fn, in, cfg, grad_log_prob, grad_entropy, exec, res, rows_into);
   else rows_into(in, grad_log_prob, grad_entropy, res);
   res.loss = res.pg_loss + res.kl_loss + res.entropy_loss;
+  if (cfg.check_values)
+    check_loss_results<T>(fn, res, grad_log_prob, cfg.entropy_coef != 0.0 ? grad_entropy : token_view<T>{});
   return res;
 }
 }  // namespace ULORL_ISA
@@ -441,7 +493,8 @@ inline namespace ULORL_ISA {
 //! The fused policy loss of one micro-batch. Writes d loss / d logp into `grad_log_prob` (0 on
 //! masked tokens; an absent `in.mask` means every token is valid) and, with an entropy term,
 //! d loss / d H into `grad_entropy`. Nothing is written when validation fails
-//! (`cfg.check_values = false` skips the value scans: see policy_loss_config). Summing the results of micro-batches that share `cfg.normalizer` gives
+//! (`cfg.check_values = false` skips the value scans: see policy_loss_config); a result beyond its
+//! type's range is found after the pass: the error names it and the gradient outputs are set to 0. Summing the results of micro-batches that share `cfg.normalizer` gives
 //! the full batch's loss, gradient and (via loss_metrics::merge) metrics. An empty micro-batch
 //! (B = 0) is rejected, as every batch API of ulorl does (rows without valid tokens are fine); so
 //! are gradient outputs whose strides make distinct tokens share an element, or that share one.

@@ -44,7 +44,10 @@ struct policy_loss_config {
   agg_normalizer normalizer{};
   //! true (default): every token value is scanned before anything is computed; a NaN/Inf input or
   //! a mask value other than 0/1 throws ulorl::error naming the argument and index, and no output
-  //! is written. false: for inputs the caller trusts, those scans (one extra read of every input)
+  //! is written; a result beyond its type's range (a token's objective, KL value or gradient in T,
+  //! a loss beyond T, a metric sum beyond double) throws after the pass, naming it, and the
+  //! gradient outputs are then set to 0. false: for inputs the caller trusts, those scans and the
+  //! results' check are skipped (one extra read of every input)
   //! are skipped; shapes, layouts and the configuration are still checked. A NaN/Inf then flows
   //! into the loss (and into the gradient as far as torch's clamp rule lets it: a NaN argument is
   //! outside every clamp, so clamped terms pass no gradient), and any non-zero mask value counts as
@@ -78,6 +81,9 @@ struct policy_loss_result {
   //! With policy_loss_config::rollout: the rollout correction's statistics of this micro-batch
   //! (sum them over parts with operator+=, then rollout_correction::finalize).
   rollout_correction::statistics rollout{};
+  //! Rows whose written gradient holds a NaN or an infinity: possible only with check_values =
+  //! false (with it, a non-finite result is an error and the call returns nothing).
+  double nonfinite_grad_rows = 0;
 };
 
 namespace detail {
@@ -109,6 +115,14 @@ namespace detail {
 //! nor overflows, and the normaliser. Throws ulorl::error naming the argument.
 template <class T>
 void validate_loss_scalars(std::string_view fn, const policy_loss_config& cfg) {
+  // Every floating field, also those the objective does not read (an unused NaN is a caller's bug).
+  const objective_config& o = cfg.objective;
+  require_not_nan(fn, "eps_low", o.eps_low), require_not_nan(fn, "eps_high", o.eps_high);
+  require_not_nan(fn, "dual_clip", o.dual_clip), require_not_nan(fn, "delta", o.delta);
+  require_not_nan(fn, "log_ratio_clamp", o.log_ratio_clamp), require_not_nan(fn, "seq_log_ratio_max", o.seq_log_ratio_max);
+  require_not_nan(fn, "tau_pos", o.tau_pos), require_not_nan(fn, "tau_neg", o.tau_neg);
+  require_not_nan(fn, "abs_penalty", o.abs_penalty), require_not_nan(fn, "square_penalty", o.square_penalty);
+  require_not_nan(fn, "kl_input_clamp", cfg.kl.input_clamp), require_not_nan(fn, "kl_output_clamp", cfg.kl.output_clamp);
   validate_kl_clamps(fn, cfg.kl);
   const auto coefficient = [fn](std::string_view arg, double c) {
     require_finite(fn, arg, c);
@@ -119,6 +133,10 @@ void validate_loss_scalars(std::string_view fn, const policy_loss_config& cfg) {
   coefficient("kl_coef", cfg.kl_coef);
   coefficient("entropy_coef", cfg.entropy_coef);
   validate_normalizer(fn, cfg.normalizer);
+  if (cfg.objective.kind == objective_kind::sapo) {  // 4 / tau in T
+    require_divisor<T>(fn, "tau_pos", cfg.objective.tau_pos);
+    require_divisor<T>(fn, "tau_neg", cfg.objective.tau_neg);
+  }
 }
 }  // namespace detail
 

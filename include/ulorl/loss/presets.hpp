@@ -112,6 +112,17 @@ struct objective_options {
 [[nodiscard]] inline objective_config objective(const objective_options& o) {
   constexpr const char* fn = "presets::verl::objective";
   detail_verl::require_loss_mode(fn, o.loss_mode);
+  require_not_nan(fn, "clip_ratio_low", o.clip_ratio_low);
+  require_not_nan(fn, "clip_ratio_high", o.clip_ratio_high);
+  require_not_nan(fn, "clip_ratio_c", o.clip_ratio_c);
+  require_not_nan(fn, "tau_pos", o.tau_pos);
+  require_not_nan(fn, "tau_neg", o.tau_neg);
+  require_not_nan(fn, "dro_beta", o.dro_beta);
+  require_not_nan(fn, "kl_cov_ratio", o.kl_cov_ratio);
+  require_not_nan(fn, "ppo_kl_coef", o.ppo_kl_coef);
+  require_not_nan(fn, "clip_cov_ratio", o.clip_cov_ratio);
+  require_not_nan(fn, "clip_cov_lb", o.clip_cov_lb);
+  require_not_nan(fn, "clip_cov_ub", o.clip_cov_ub);
   objective_config c{.eps_low = o.clip_ratio_low, .eps_high = o.clip_ratio_high, .log_ratio_clamp = 20.0};
   switch (o.loss_mode) {
     case loss_mode_kind::vanilla:
@@ -206,6 +217,10 @@ struct normalizer_options {
   require_known("presets::verl::normalizer", "loss_agg_mode", o.loss_agg_mode, agg_mode::token_mean,
                 agg_mode::seq_mean_token_sum, agg_mode::seq_mean_token_mean, agg_mode::seq_mean_token_sum_norm,
                 agg_mode::constant);
+  require_not_nan("presets::verl::normalizer", "dp_size", o.dp_size);
+  require_not_nan("presets::verl::normalizer", "batch_num_tokens", o.batch_num_tokens);
+  require_not_nan("presets::verl::normalizer", "global_batch_size", o.global_batch_size);
+  require_not_nan("presets::verl::normalizer", "loss_scale_factor", o.loss_scale_factor);
   switch (o.loss_agg_mode) {
     case agg_mode::token_mean: return {o.loss_agg_mode, o.batch_num_tokens.value_or(local.tokens), o.dp_size};
     case agg_mode::seq_mean_token_sum:
@@ -475,6 +490,9 @@ struct vllm_is_plan {
 [[nodiscard]] inline objective_config objective(const objective_options& o) {
   constexpr const char* fn = "presets::openrlhf::objective";
   require_known(fn, "policy_loss_type", o.policy_loss_type, policy_loss_kind::ppo, policy_loss_kind::gspo);
+  require_not_nan(fn, "clip_eps_low", o.clip_eps_low);
+  require_not_nan(fn, "clip_eps_high", o.clip_eps_high);
+  require_not_nan(fn, "dual_clip", o.dual_clip);
   objective_config c{.eps_low = o.clip_eps_low, .eps_high = o.clip_eps_high, .log_ratio_clamp = 20.0};
   switch (o.policy_loss_type) {
     case policy_loss_kind::ppo: c.kind = objective_kind::ppo_clip; break;
@@ -515,6 +533,9 @@ struct normalizer_options {
 //! Token-level: sum / N (local) or sum / batch_num_tokens * dp_size. Sequence-level: mean of row
 //! means over the local non-empty rows, or over global_batch_size * dp_size.
 [[nodiscard]] inline agg_normalizer normalizer(const normalizer_options& o, const batch_counts& local) {
+  require_not_nan("presets::openrlhf::normalizer", "dp_size", o.dp_size);
+  require_not_nan("presets::openrlhf::normalizer", "batch_num_tokens", o.batch_num_tokens);
+  require_not_nan("presets::openrlhf::normalizer", "global_batch_size", o.global_batch_size);
   if (o.token_level_loss)
     return o.batch_num_tokens ? agg_normalizer{agg_mode::token_mean, *o.batch_num_tokens, o.dp_size}
                               : agg_normalizer{agg_mode::token_mean, local.tokens, 1.0};
@@ -590,6 +611,13 @@ struct clipped_pg_loss_options {
 //! rollout_correction(), and disable_ppo_ratio with ratio_clip_c (not modelled).
 inline void validate(const clipped_pg_loss_options& o) {
   constexpr std::string_view fn = "presets::nemo_rl::validate";
+  require_not_nan(fn, "ratio_clip_min", o.ratio_clip_min);
+  require_not_nan(fn, "ratio_clip_max", o.ratio_clip_max);
+  require_not_nan(fn, "ratio_clip_c", o.ratio_clip_c);
+  require_not_nan(fn, "truncated_importance_sampling_ratio", o.truncated_importance_sampling_ratio);
+  require_not_nan(fn, "truncated_importance_sampling_ratio_min", o.truncated_importance_sampling_ratio_min);
+  require_not_nan(fn, "kl_input_clamp_value", o.kl_input_clamp_value);
+  require_not_nan(fn, "kl_output_clamp_value", o.kl_output_clamp_value);
   if (o.ratio_clip_c && !(*o.ratio_clip_c > 1.0 && std::isfinite(*o.ratio_clip_c)))
     detail::fail_value(fn, "ratio_clip_c", *o.ratio_clip_c, "must be finite and > 1 (dual clip)");
   if (o.truncated_importance_sampling_type && !o.use_importance_sampling_correction)
@@ -627,6 +655,7 @@ inline void validate(const clipped_pg_loss_options& o) {
 //! N) or the mean of row means over g.global_valid_seqs (absent: this batch's B).
 [[nodiscard]] inline agg_normalizer normalizer(const clipped_pg_loss_options& o, const global_counts& g,
                                                const batch_counts& local) {
+  validate("presets::nemo_rl::normalizer", g);
   if (o.token_level_loss) return {agg_mode::token_mean, g.global_valid_toks.value_or(local.tokens), 1.0};
   return {agg_mode::seq_mean_token_mean, g.global_valid_seqs.value_or(local.rows), 1.0};
 }
@@ -653,7 +682,7 @@ double kl_penalty_term(token_view<const T> log_prob, token_view<const T> ref_log
   require_same_shape(fn, "mask", mask, "log_prob", log_prob);
   require_same_shape(fn, "grad_log_prob", grad_log_prob, "log_prob", log_prob);
   const bool on_policy = o.use_on_policy_kl_approximation;
-  if (on_policy) require_same_shape(fn, "rollout_log_prob", rollout_log_prob, "log_prob", log_prob);
+  if (on_policy || !rollout_log_prob.empty()) require_same_shape(fn, "rollout_log_prob", rollout_log_prob, "log_prob", log_prob);
   validate_normalizer(fn, norm);
   require_binary_mask(fn, "mask", mask);
   require_all_finite(fn, "log_prob", log_prob);
@@ -705,6 +734,7 @@ template <class T, class M>
                                           const clipped_pg_loss_options& o, const global_counts& g = {}) {
   constexpr std::string_view fn = "presets::nemo_rl::logged_ratios";
   validate(o);
+  validate(fn, g);
   validate_layout(fn, "log_prob", log_prob);
   mask = mask_or_all_valid(mask, log_prob);
   require_same_shape(fn, "old_log_prob", prev, "log_prob", log_prob);
@@ -818,6 +848,11 @@ struct objective_options {
 [[nodiscard]] inline objective_config objective(const objective_options& o) {
   constexpr const char* fn = "presets::trl::objective";
   detail_trl::require_level(fn, o.importance_sampling_level);
+  require_not_nan(fn, "epsilon", o.epsilon);
+  require_not_nan(fn, "epsilon_high", o.epsilon_high);
+  require_not_nan(fn, "delta", o.delta);
+  require_not_nan(fn, "sapo_temperature_pos", o.sapo_temperature_pos);
+  require_not_nan(fn, "sapo_temperature_neg", o.sapo_temperature_neg);
   detail_trl::require_loss_type(fn, o.loss_type);
   const auto level = o.importance_sampling_level;
   objective_config c{.eps_low = o.epsilon, .eps_high = o.epsilon_high.value_or(o.epsilon), .delta = o.delta.value_or(0.0),
@@ -889,6 +924,10 @@ struct normalizer_options {
 [[nodiscard]] inline agg_normalizer normalizer(const normalizer_options& o, const batch_counts& local) {
   constexpr const char* fn = "presets::trl::normalizer";
   detail_trl::require_loss_type(fn, o.loss_type);
+  require_not_nan(fn, "max_completion_length", o.max_completion_length);
+  require_not_nan(fn, "gradient_accumulation_steps", o.gradient_accumulation_steps);
+  require_not_nan(fn, "num_items_in_batch", o.num_items_in_batch);
+  require_not_nan(fn, "num_processes", o.num_processes);
   detail_trl::require_level(fn, o.importance_sampling_level);
   const double ga = o.gradient_accumulation_steps;
   switch (o.loss_type) {

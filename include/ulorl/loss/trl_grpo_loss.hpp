@@ -31,6 +31,7 @@
 #include <span>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ulorl/core/config.hpp"
@@ -192,12 +193,9 @@ template <class T, class M, class Exec>
   if (o.use_bias_correction_kl && beta != 0.0 && (derived_seq || (seq && vespo) || luspo))
     detail::fail(fn, "use_bias_correction_kl", "not supported with sequence-level cispo / sapo / vespo or with luspo");
   if (o.off_policy_mask_threshold) require_finite(fn, "off_policy_mask_threshold", *o.off_policy_mask_threshold);
-  if (!(o.gradient_accumulation_steps > 0.0 && std::isfinite(o.gradient_accumulation_steps)))
-    detail::fail_value(fn, "gradient_accumulation_steps", o.gradient_accumulation_steps, "must be finite and > 0");
-  if (!(o.num_processes > 0.0 && std::isfinite(o.num_processes)))
-    detail::fail_value(fn, "num_processes", o.num_processes, "must be finite and > 0");
-  if (loss_type == LT::dr_grpo && !(o.max_completion_length > 0.0 && std::isfinite(o.max_completion_length)))
-    detail::fail_value(fn, "max_completion_length", o.max_completion_length, "must be finite and > 0 (dr_grpo)");
+  require_divisor(fn, "gradient_accumulation_steps", o.gradient_accumulation_steps);
+  require_divisor(fn, "num_processes", o.num_processes);
+  if (loss_type == LT::dr_grpo) require_divisor(fn, "max_completion_length", o.max_completion_length);
   if (o.num_items_in_batch) require_finite(fn, "num_items_in_batch", *o.num_items_in_batch);
 
   // ---- layout, shapes, required inputs and outputs ----
@@ -499,6 +497,31 @@ template <class T, class M, class Exec>
     } else {
       r.kl_mean = kl_tok.empty() ? res.metrics.kl_mean() : (counts.tokens > 0 ? kl_valid_sum / counts.tokens : 0.0);
     }
+  }
+  // The terms added after policy_loss (the separate KL's gradient, the sequence spread, the
+  // entropy bonus) are checked here as policy_loss checks its own: a result beyond its type's
+  // range is an error naming it, and the gradient outputs are then set to 0.
+  if (cfg.check_values) {
+    const auto fail = [&](std::string_view what, std::int64_t at, double value, bool in_t) {
+      for (const token_view<T>* v : {&grad, &out.grad_entropies})
+        for (std::size_t b = 0; b < v->rows(); ++b)
+          for (std::size_t t = 0; t < v->row_size(b); ++t) (*v)(b, t) = T(0);
+      if (in_t) require_result_in_range<T>(fn, what, at, value, "the gradient outputs are set to 0");
+      require_result_in_range<double>(fn, what, at, value, "the gradient outputs are set to 0");
+    };
+    for (const auto& [name, v] : {std::pair<std::string_view, const token_view<T>*>{"grad_per_token_logps", &grad},
+                                  std::pair<std::string_view, const token_view<T>*>{"grad_entropies", &out.grad_entropies}})
+      for (std::size_t b = 0; b < v->rows(); ++b)
+        for (std::size_t t = 0; t < v->row_size(b); ++t)
+          if (!std::isfinite((*v)(b, t))) fail(name, static_cast<std::int64_t>(v->flat_index(b, t)), static_cast<double>((*v)(b, t)), true);
+    const double max_t = static_cast<double>(std::numeric_limits<T>::max());
+    for (const auto& [name, value] : {std::pair<std::string_view, double>{"kl_loss", r.kl_loss}, {"entropy_loss", r.entropy_loss},
+                                      {"loss", r.loss}})
+      if (!(std::fabs(value) <= max_t)) fail(name, -1, value, true);
+    for (const auto& [name, value] : {std::pair<std::string_view, double>{"kl_mean", r.kl_mean.value_or(0.0)},
+                                      {"entropy_mean", r.entropy_mean.value_or(0.0)},
+                                      {"vespo_phi_seq_mean", r.vespo_phi_seq_mean.value_or(0.0)}})
+      if (!std::isfinite(value)) fail(name, -1, value, false);
   }
   return r;
 }

@@ -27,6 +27,7 @@
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/numerics.hpp"
 #include "ulorl/core/ragged.hpp"
 
 ULORL_NAMESPACE_BEGIN
@@ -140,18 +141,39 @@ off_policy_mask_stats off_policy_mask(const off_policy_mask_inputs<T, M, A>& in,
         detail::fail_at(fn, "sequence_advantages", static_cast<std::int64_t>(b), in.sequence_advantages[b],
                         "must be finite");
 
-  off_policy_mask_stats st;
-  st.rows = lp.rows();
-  for (std::size_t b = 0; b < lp.rows(); ++b) {
+  // Row b's mean of old - logp over its valid tokens, and their count. Where the plain sum
+  // overflows, the difference of the two scaled means (visited_moments); a mean beyond the double
+  // range is an error, found in a pass before anything is written.
+  const auto row_kl = [&](std::size_t b, std::size_t& valid) {
     const std::size_t n = lp.row_size(b);
     double sum = 0.0;
-    std::size_t valid = 0;
+    valid = 0;
     for (std::size_t t = 0; t < n; ++t)
       if (in.mask.empty() || in.mask(b, t) != M(0)) {
         sum += static_cast<double>(in.old_log_prob(b, t)) - static_cast<double>(lp(b, t));
         ++valid;
       }
     const double kl = sum / static_cast<double>(valid > 0 ? valid : 1);
+    if (std::isfinite(kl)) return kl;
+    const auto mean_of = [&](const auto& v) {
+      return visited_moments([&](auto&& f) {
+               for (std::size_t t = 0; t < n; ++t)
+                 if (in.mask.empty() || in.mask(b, t) != M(0)) f(v(b, t));
+             })
+          .mean;
+    };
+    return mean_of(in.old_log_prob) - mean_of(lp);
+  };
+  for (std::size_t b = 0; b < lp.rows(); ++b) {
+    std::size_t valid = 0;
+    require_result_in_range<double>(fn, "seq_kl", static_cast<std::int64_t>(b), row_kl(b, valid));
+  }
+  off_policy_mask_stats st;
+  st.rows = lp.rows();
+  for (std::size_t b = 0; b < lp.rows(); ++b) {
+    const std::size_t n = lp.row_size(b);
+    std::size_t valid = 0;
+    const double kl = row_kl(b, valid);
     if (!seq_kl.empty()) seq_kl[b] = kl;
     const bool off_policy = kl > cfg.delta;
     st.tokens += valid;

@@ -81,6 +81,9 @@ struct row_out {
   // gspo's row flags.
   bool has_direct = false, gspo = false, seq_low = false, seq_high = false;
   double pg_direct = 0;
+  //! The row's written gradient may hold a non-finite value (a cheap test of the pass: exact for
+  //! the scalar rows, a sum of the stored values for the vector rows, which may also overflow).
+  bool grad_nonfinite = false;
 };
 
 template <class R>

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -82,13 +83,17 @@ void run_rows(std::size_t rows, double kl_coef, double ent_coef, const Exec& exe
       row_out o;
       one_row(b, o);
       fold_out(res, o, kl_coef, ent_coef);
+      res.nonfinite_grad_rows += o.grad_nonfinite ? 1 : 0;
     }
   } else {
     std::vector<row_out> outs(rows);
     exec(rows, [&](std::size_t lo, std::size_t hi) {
       for (std::size_t b = lo; b < hi; ++b) one_row(b, outs[b]);
     });
-    for (const auto& o : outs) fold_out(res, o, kl_coef, ent_coef);
+    for (const auto& o : outs) {
+      fold_out(res, o, kl_coef, ent_coef);
+      res.nonfinite_grad_rows += o.grad_nonfinite ? 1 : 0;
+    }
   }
 }
 
@@ -106,10 +111,17 @@ struct sequence_row {
 };
 
 //! d loss / d H = -coef * weight on valid tokens, 0 elsewhere (independent of the other inputs).
+//! Returns false when that value is not finite in T.
 template <class T, class M>
-void entropy_grad_row(vector_view<T> ge, vector_view<const M> mk, double w, double coef) {
+bool entropy_grad_row(vector_view<T> ge, vector_view<const M> mk, double w, double coef) {
   const T gv = static_cast<T>(-w * coef);
   for (std::size_t t = 0; t < ge.size(); ++t) ge[t] = mk[t] != M(0) ? gv : T(0);
+  return std::isfinite(gv);
+}
+//! Every sum of a row is finite (min / max are not sums: +-inf there means no valid token).
+[[nodiscard]] inline bool row_sums_finite(const row_sums& s) noexcept {
+  return std::isfinite(s.pg) && std::isfinite(s.kl) && std::isfinite(s.ent) && std::isfinite(s.nlr) && std::isfinite(s.nlrc) &&
+         std::isfinite(s.k3) && std::isfinite(s.ratio);
 }
 
 }  // namespace ULORL_ISA

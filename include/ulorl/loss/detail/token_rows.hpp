@@ -13,6 +13,7 @@
 // copy, so a token's result does not depend on its position.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -36,21 +37,28 @@ inline namespace ULORL_ISA {
 template <class D, class T>
 using params_of = decltype(std::declval<const D&>().template params<T>());
 
-//! Any strides: the scalar loop over views.
-template <class Obj, class Est, class T, class M, class P>
-void token_row_strided(std::size_t n, vector_view<const T> lp, vector_view<const T> old, vector_view<const T> adv,
+//! Any strides: the scalar loop over views. Returns whether every written gradient value is finite.
+//! Store = false: the row's sums only (`grad` is not written; the vector rows' exact recount).
+template <class Obj, class Est, class T, class M, class P, bool Store = true>
+bool token_row_strided(std::size_t n, vector_view<const T> lp, vector_view<const T> old, vector_view<const T> adv,
                        vector_view<const M> mask, vector_view<const T> ref, vector_view<const T> wts, vector_view<const T> ent,
                        vector_view<T> grad, T w, const token_loss_params<T, P>& p, row_sums& s) {
   using L = simd::scalar_lanes<T>;
   constexpr bool has_kl = !std::is_same_v<Est, no_kl>;
+  bool finite = true;
   for (std::size_t t = 0; t < n; ++t) {
     const bool valid = mask[t] != M(0);
     const T e = ent.empty() ? T(0) : ent[t];
     const auto r = token_loss_lanes<Obj, Est, true, L>(lp[t], old[t], has_kl ? ref[t] : T(0), adv[t],
                                                        wts.empty() ? T(1) : wts[t], p);
-    grad[t] = valid ? w * r.dlogp : T(0);
+    if constexpr (Store) {
+      const T g = valid ? w * r.dlogp : T(0);
+      grad[t] = g;
+      finite &= std::isfinite(g);
+    }
     fold_token(s, valid, r.pg, r.kl, r.ratio, r.flags, lp[t], old[t], e);
   }
+  return finite;
 }
 
 #if defined(ULORL_SIMD)
@@ -158,13 +166,17 @@ struct row_kernel {
     if constexpr (has_kl) ref = L::load(refp);
     if constexpr (HasW) wt = L::load(wp);
     const token_lanes<L> t = token_loss_lanes<Obj, Est, HasW, L>(lp, old, ref, adv, wt, p);
-    L::store(gp, valid ? w * t.dlogp : zero);
+    const V g = valid ? w * t.dlogp : zero;
+    L::store(gp, g);
     a.s_pg = L::add_where(a.s_pg, valid, t.pg);
     if constexpr (has_kl) a.s_kl = L::add_where(a.s_kl, valid, t.kl);
     a.s_nlr = L::sub_where(a.s_nlr, valid, t.ratio.x);  // old - lp == -(lp - old) exactly
     a.s_nlrc = L::sub_where(a.s_nlrc, valid, t.ratio.log_ratio);
     a.s_k3 = L::add_where(a.s_k3, valid, t.ratio.k3);
-    a.s_ratio = L::add_where(a.s_ratio, valid, t.ratio.ratio);
+    // g * 0 is 0 for a finite stored gradient and NaN otherwise: a non-finite gradient value turns
+    // the row's ratio sum into NaN (row() reports it), at the cost of one multiply-add and no
+    // accumulator of its own.
+    a.s_ratio = L::add_where(a.s_ratio, valid, t.ratio.ratio + g * zero);
     a.cnt -= valid;
     a.clip = L::count_where(a.clip, t.flags.clipped, valid), a.low = L::count_where(a.low, t.flags.low, valid);
     a.high = L::count_where(a.high, t.flags.high, valid), a.dual = L::count_where(a.dual, t.flags.dual, valid);
@@ -195,7 +207,7 @@ struct row_kernel {
                                                              const T* ULORL_RESTRICT adv, const M* ULORL_RESTRICT mask,
                                                              const T* ULORL_RESTRICT ref, const T* wts,
                                                              T* ULORL_RESTRICT grad, T w, const token_loss_params<T, P>& params,
-                                                             row_sums& s) noexcept {
+                                                             row_sums& s, bool& grad_finite) noexcept {
     const token_loss_params<T, P> p = params;  // a local copy: cannot alias the stores
     accumulators a;
     auto flush = [&a] {
@@ -230,7 +242,9 @@ struct row_kernel {
       flush();
     }
     std::size_t count = 0;
+    double ratio = 0;
     for (std::size_t l = 0; l < N; ++l) {
+      ratio += a.ratio[l];
       s.pg += a.pg[l], s.kl += a.kl[l];
       s.clipped += static_cast<double>(a.clip[l]), s.low += static_cast<double>(a.low[l]);
       s.high += static_cast<double>(a.high[l]), s.dual += static_cast<double>(a.dual[l]);
@@ -240,6 +254,9 @@ struct row_kernel {
       s.rmax = hi > s.rmax ? hi : s.rmax;
       count += static_cast<std::size_t>(a.cnt[l]);
     }
+    // Not finite: a stored gradient value is not, or the ratios' sum overflowed (the caller reads
+    // the row's gradient back to tell).
+    grad_finite = std::isfinite(ratio);
     return count;
   }
 };
@@ -278,13 +295,15 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
       const T* adv = in.advantages.row(b).data();
       const T* ref = has_kl ? in.ref_log_prob.row(b).data() : nullptr;
       T* g = grad.row(b).data();
+      bool finite = true;
       if (has_w)
-        nb = row_kernel<Obj, Est, true, T, P>::row(n, lp, old, adv, mk, ref, in.weights.row(b).data(), g, w, p, s);
+        nb = row_kernel<Obj, Est, true, T, P>::row(n, lp, old, adv, mk, ref, in.weights.row(b).data(), g, w, p, s, finite);
       else
-        nb = row_kernel<Obj, Est, false, T, P>::row(n, lp, old, adv, mk, ref, nullptr, g, w, p, s);
+        nb = row_kernel<Obj, Est, false, T, P>::row(n, lp, old, adv, mk, ref, nullptr, g, w, p, s, finite);
       if (has_ent) {
         const vector_view<T> ge = gent.row(b);
         const T gv = static_cast<T>(-wd * static_cast<double>(p.entropy_coef));
+        finite &= std::isfinite(gv);
         if (ge.stride() == 1) {
           entropy_row<true>(n, lp, in.entropy.row(b).data(), mk, ge.data(), gv, s.ent);
         } else {
@@ -292,18 +311,29 @@ void token_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, 
           entropy_grad_row(ge, in.mask.row(b), wd, static_cast<double>(p.entropy_coef));
         }
       }
+      o.grad_nonfinite = !finite;
+      // The kernel sums up to `block` vectors per lane in T before adding them in double: terms
+      // near T's maximum can overflow there although the row's double sums do not. Such a row's
+      // sums are recounted token by token in double (the scalar loop, gradient not written).
+      if (!row_sums_finite(s)) [[unlikely]] {
+        s = row_sums{};
+        (void)token_row_strided<Obj, Est, T, M, P, false>(
+            n, in.log_prob.row(b), in.old_log_prob.row(b), in.advantages.row(b), in.mask.row(b),
+            has_kl ? in.ref_log_prob.row(b) : vector_view<const T>(), has_w ? in.weights.row(b) : vector_view<const T>(),
+            has_ent ? in.entropy.row(b) : vector_view<const T>(), grad.row(b), w, p, s);
+      }
       return;
     }
 #endif
     (void)contiguous, (void)per_row_weight;
     nb = row_tokens(in.mask, b);
     wd = row_weight(norm, nb);
-    token_row_strided<Obj, Est, T, M, P>(n, in.log_prob.row(b), in.old_log_prob.row(b), in.advantages.row(b), in.mask.row(b),
-                                         has_kl ? in.ref_log_prob.row(b) : vector_view<const T>(),
-                                         has_w ? in.weights.row(b) : vector_view<const T>(),
-                                         has_ent ? in.entropy.row(b) : vector_view<const T>(), grad.row(b), static_cast<T>(wd),
-                                         p, s);
-    if (has_ent) entropy_grad_row(gent.row(b), in.mask.row(b), wd, static_cast<double>(p.entropy_coef));
+    bool finite = token_row_strided<Obj, Est, T, M, P>(
+        n, in.log_prob.row(b), in.old_log_prob.row(b), in.advantages.row(b), in.mask.row(b),
+        has_kl ? in.ref_log_prob.row(b) : vector_view<const T>(), has_w ? in.weights.row(b) : vector_view<const T>(),
+        has_ent ? in.entropy.row(b) : vector_view<const T>(), grad.row(b), static_cast<T>(wd), p, s);
+    if (has_ent) finite &= entropy_grad_row(gent.row(b), in.mask.row(b), wd, static_cast<double>(p.entropy_coef));
+    o.grad_nonfinite = !finite;
   };
   run_rows(in.log_prob.rows(), static_cast<double>(p.kl_coef), static_cast<double>(p.entropy_coef), exec, one_row, res);
 }

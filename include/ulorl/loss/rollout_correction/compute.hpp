@@ -43,6 +43,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
@@ -656,7 +657,7 @@ struct row_pass {
         so.add(valid, ol), sr.add(valid, rl);
         const V ax = abs_lanes<L>(x);
         abs_sum.add(valid, ax), abs_max.add(valid, ax);
-        k3_sum.add(valid, k3_lanes<L>(ol, rl));
+        k3_sum.add(valid, k3_lanes<L>(ol, rl) * L::splat(0x1p-64));  // statistics::k3_sum's scale
         chi2_sum.add(valid, chi2_lanes<L>(x, diagnostic_clamp));
       }
       for (std::size_t j = 0; j < criteria.sequence_count; ++j) {
@@ -882,7 +883,7 @@ inline metrics finalize_in(std::string_view fn, const statistics& s, const confi
   m.rejected_token_fraction = per(s.rejected_tokens, s.tokens);
   m.rejected_row_fraction = per(s.rejected_rows, s.rows);
   m.kl = per(-s.log_ratio_sum, s.tokens);
-  m.k3_kl = per(s.k3_sum, s.tokens);
+  m.k3_kl = std::ldexp(per(s.k3_sum, s.tokens), 64);
   m.chi2_token = s.tokens > 0 ? s.chi2_token_sum / s.tokens - 1 : 0.0;
   m.chi2_seq = s.rows > 0 ? s.chi2_seq_sum / s.rows - 1 : 0.0;
   m.training_ppl = per(s.training_ppl_sum, s.rows), m.training_log_ppl = per(s.training_log_ppl_sum, s.rows);
@@ -891,6 +892,19 @@ inline metrics finalize_in(std::string_view fn, const statistics& s, const confi
   m.ppl_ratio = per(s.ppl_ratio_sum, s.rows);
   if (s.rows > 0) m.log_ppl_diff_max = s.log_ppl_diff_max, m.log_ppl_diff_min = s.log_ppl_diff_min;
   m.abs_log_ratio_mean = per(s.abs_log_ratio_sum, s.tokens), m.abs_log_ratio_max = s.abs_log_ratio_max;
+  // A metric beyond the double range (a log-ratio old - rollout that overflows, a sum of them, an
+  // exp of one) is an error naming it, never inf or NaN. The effective sample size of all-zero
+  // weights is +inf by definition (config::require_effective_sample_size rejects it).
+  for (const auto& [name, value] :
+       {std::pair<std::string_view, double>{"metrics.weight_mean", m.weight_mean}, {"metrics.unit_weight_mean", m.unit_weight_mean},
+        {"metrics.kl", m.kl}, {"metrics.k3_kl", m.k3_kl}, {"metrics.chi2_token", m.chi2_token}, {"metrics.chi2_seq", m.chi2_seq},
+        {"metrics.training_ppl", m.training_ppl}, {"metrics.training_log_ppl", m.training_log_ppl},
+        {"metrics.rollout_ppl", m.rollout_ppl}, {"metrics.rollout_log_ppl", m.rollout_log_ppl},
+        {"metrics.log_ppl_diff", m.log_ppl_diff}, {"metrics.log_ppl_abs_diff", m.log_ppl_abs_diff},
+        {"metrics.log_ppl_diff_max", m.log_ppl_diff_max}, {"metrics.log_ppl_diff_min", m.log_ppl_diff_min},
+        {"metrics.ppl_ratio", m.ppl_ratio}, {"metrics.abs_log_ratio_mean", m.abs_log_ratio_mean},
+        {"metrics.abs_log_ratio_max", m.abs_log_ratio_max}})
+    require_result_in_range<double>(fn, name, -1, value);
   return m;
 }
 
@@ -948,7 +962,7 @@ void normalize_weights(token_view<T> weights, const metrics& m) {
   constexpr std::string_view fn = "rollout_correction::normalize_weights";
   validate_layout(fn, "weights", weights);
   const double f = m.batch_norm_factor;
-  if (!(f > 0) || !std::isfinite(f)) detail::fail_value(fn, "batch_norm_factor", f, "must be finite and > 0");
+  require_divisor(fn, "batch_norm_factor", f);
   if (f == 1) return;
   for (std::size_t b = 0; b < weights.rows(); ++b) {
     const auto w = weights.row(b);

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "ulorl/core/config.hpp"
@@ -352,6 +353,15 @@ struct global_counts {
   std::optional<double> global_valid_toks{};  //!< Gt; absent: this batch's N
   std::optional<double> global_valid_seqs{};  //!< Gs; absent: this batch's B
 };
+//! Each given count is finite and >= 0, and a non-zero one a divisor (require_divisor: 5e-324 is not).
+inline void validate(std::string_view fn, const global_counts& g) {
+  for (const auto& [name, v] : {std::pair<std::string_view, const std::optional<double>*>{"global_valid_toks", &g.global_valid_toks},
+                                std::pair<std::string_view, const std::optional<double>*>{"global_valid_seqs", &g.global_valid_seqs}})
+    if (*v) {
+      require_non_negative(fn, name, **v);
+      if (**v != 0.0) require_divisor(fn, name, **v);
+    }
+}
 
 //! NeMo-RL's logged metrics, with its global normalisers (global_counts).
 struct rollout_correction_metrics {
@@ -365,8 +375,7 @@ struct rollout_correction_metrics {
                                                                           const rollout_correction_options& o,
                                                                           const global_counts& g = {}) {
   constexpr std::string_view fn = "presets::nemo_rl::rollout_correction_logged";
-  if (g.global_valid_toks) require_non_negative(fn, "global_valid_toks", *g.global_valid_toks);
-  if (g.global_valid_seqs) require_non_negative(fn, "global_valid_seqs", *g.global_valid_seqs);
+  validate(fn, g);
   const auto& s = m.totals;
   const double gt = g.global_valid_toks.value_or(s.tokens), gs = g.global_valid_seqs.value_or(s.rows);
   auto per = [](double a, double d) { return d > 0 ? a / d : 0.0; };

@@ -35,7 +35,9 @@ struct statistics {
   double log_ratio_sum = 0;      //!< sum x m
   double abs_log_ratio_sum = 0;  //!< sum |x| m
   double abs_log_ratio_max = 0;  //!< max |x| over valid tokens (0 if none)
-  double k3_sum = 0;             //!< sum (exp(x) - x - 1) m
+  //! sum (exp(x) - x - 1) m, times 2^-64: a term can be ~8e307 (exp saturates), and three of them
+  //! would overflow an unscaled sum (finalize scales the mean back).
+  double k3_sum = 0;
   double chi2_token_sum = 0;     //!< sum exp(2 x^) m
   double chi2_seq_sum = 0;       //!< sum over rows of exp(2 clamp(sum_t x m))
   double training_ppl_sum = 0, training_log_ppl_sum = 0;  //!< sum over rows of exp(-mu_o), -mu_o
