@@ -6,6 +6,7 @@
 //   normwise:  max_j |g_j - exact_j| / max_j s_j over the whole row (every entry, -inf included).
 // (|exact_j| itself can be 1e-9 |g_lp| for a token of probability 1 - 1e-9: no float32 algorithm,
 // torch's included, gets that difference of two O(1) numbers to 1e-6 relative.)
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +19,7 @@
 
 #include "catch.hpp"
 #include "support/logits_oracle.hpp"
+#include "support/logits_temperature.hpp"
 
 using namespace ulorl;
 
@@ -294,4 +296,248 @@ TEST_CASE("logits_backward: the temperature rule of logits_forward (finite recip
   CHECK_THROWS_WITH(call(big, 1e-300, true), Catch::Matchers::Contains("'logits'") && Catch::Matchers::Contains("row 0"));
   CHECK(g == std::vector<double>(rows * v, 42.0));
   CHECK(gf == std::vector<float>(rows * v, 42.0f));
+}
+
+// Extreme temperatures. The backward's log p_j = (x_j - c) / tau - r takes its anchor from the saved
+// lse only while |lse| is small enough for the stored lse to place log p (lse_anchor_limit) and
+// lse * tau is finite in the arithmetic type; otherwise from the row's own maximum and sum.
+
+namespace {
+
+template <class L, class S, class G>
+temperature_check::result temp_run(const std::vector<double>& x, std::size_t cols, std::int64_t label, double g_lp,
+                                   double g_ent, double tau) {
+  return temperature_check::run<L, S, G>(x, x.size() / cols, cols, std::vector<std::int64_t>(x.size() / cols, label),
+                                         std::vector<double>(x.size() / cols, g_lp),
+                                         std::vector<double>(x.size() / cols, g_ent), tau);
+}
+
+}  // namespace
+
+TEST_CASE("logits_backward at tiny temperatures: float64 matches the oracle where lse has lost log p's digits") {
+  // T = 1e-15, logits 1 + k 2^-50: lse ~ 1e15 carries log p to +-0.1 only (the stored-lse anchor was 21% off).
+  std::vector<double> x;
+  for (int k = 0; k < 5; ++k) x.push_back(1.0 + k * std::ldexp(1.0, -50));
+  const auto e = temp_run<double, double, double>(x, 5, 0, 1.0, 0.3, 1e-15);
+  REQUIRE(!e.refused);
+  CHECK(e.grad_err < 1e-9);
+  CHECK(e.stat_err < 1e-12);
+  // T = 1e-20 .. 1e-28, row {1, 0.5}, label 1: p = (1, 0), so dlog_prob_1 / dx_0 = -1 / T (was 0, then -inf).
+  for (double tau : {1e-20, 1e-22, 1e-25, 1e-28}) {
+    std::vector<double> g(2);
+    const std::vector<double> xs{1.0, 0.5}, lse{1.0 / tau}, h{0.0}, glp{1.0}, gent{0.0};
+    const std::vector<std::int64_t> y{1};
+    const auto s = forward(xs, 1, 2, y, tau);
+    logits_backward(matrix_view<const double>(xs.data(), 1, 2), std::span<const std::int64_t>(y),
+                    vector_view<const double>(s.lse.data(), 1), vector_view<const double>(s.h.data(), 1),
+                    vector_view<const double>(glp.data(), 1), vector_view<const double>(gent.data(), 1),
+                    matrix_view<double>(g.data(), 1, 2), {.temperature = tau});
+    INFO("tau " << tau);
+    CHECK(std::fabs(g[0] + 1.0 / tau) <= 1e-15 / tau);
+    CHECK(std::fabs(g[1] - 1.0 / tau) <= 1e-15 / tau);
+    CHECK(temp_run<double, double, double>(xs, 2, 1, 1.0, 0.2, tau).grad_err < 1e-9);
+  }
+}
+
+TEST_CASE("logits_backward at T = 1e-20: float32 and bf16 give -1/T, not -inf") {
+  const std::vector<double> x{1.0, 0.5, 1.0, 0.5};  // two rows
+  for (double tau : {1e-20, 1e-30}) {
+    INFO("tau " << tau);
+    const auto ef = temp_run<float, double, float>(x, 2, 1, 1.0, 0.0, tau);
+    const auto eff = temp_run<float, float, float>(x, 2, 1, 1.0, 0.0, tau);
+    const auto eb = temp_run<bf16, double, bf16>(x, 2, 1, 1.0, 0.0, tau);
+    const auto ebf = temp_run<bf16, float, float>(x, 2, 1, 1.0, 0.3, tau);
+    REQUIRE(!(ef.refused || eff.refused || eb.refused || ebf.refused));
+    CHECK(ef.grad_err < 1e-6);
+    CHECK(eff.grad_err < 1e-6);
+    CHECK(eb.grad_err < 1e-2);
+    CHECK(ebf.grad_err < 1e-6);
+  }
+  std::vector<float> g(2);
+  const std::vector<float> xs{1.0f, 0.5f};
+  const std::vector<double> glp{1.0}, gent{0.0};
+  const std::vector<std::int64_t> y{1};
+  const auto s = forward(xs, 1, 2, y, 1e-20);
+  logits_backward(matrix_view<const float>(xs.data(), 1, 2), std::span<const std::int64_t>(y),
+                  vector_view<const double>(s.lse.data(), 1), vector_view<const double>(s.h.data(), 1),
+                  vector_view<const double>(glp.data(), 1), vector_view<const double>(gent.data(), 1),
+                  matrix_view<float>(g.data(), 1, 2), {.temperature = 1e-20});
+  CHECK(g[0] == Approx(-1e20).epsilon(1e-6));
+  CHECK(g[1] == Approx(1e20).epsilon(1e-6));
+}
+
+TEST_CASE("logits_backward at huge temperatures: finite gradients (T >= 1e40 float32 / bf16, 1e308 float64)") {
+  const std::vector<double> x{1.0, 0.5, -2.0, 3.0, 0.0, 1.0};  // two rows of three
+  for (double tau : {1e40, 1e45, 1e300}) {
+    INFO("tau " << tau);
+    const auto ef = temp_run<float, double, float>(x, 3, 0, 1.0, 0.5, tau);
+    const auto eff = temp_run<float, float, float>(x, 3, 0, 1.0, 0.5, tau);
+    const auto eb = temp_run<bf16, double, bf16>(x, 3, 0, 1.0, 0.5, tau);
+    REQUIRE(!(ef.refused || eff.refused || eb.refused));
+    CHECK(ef.grad_err < 1e-5);
+    CHECK(eff.grad_err < 1e-5);
+    CHECK(eb.grad_err < 1e-2);
+  }
+  for (double tau : {1e300, 1e308, 1.7e308}) {
+    INFO("tau " << tau);
+    std::vector<double> xs = x;
+    for (double& v : xs) v *= 1e307;  // scaled logits of order 1e-1
+    const auto e = temp_run<double, double, double>(xs, 3, 2, 1.0, 0.5, tau);
+    REQUIRE(!e.refused);
+    CHECK(e.grad_err < 1e-9);
+    CHECK(temp_run<double, double, double>(x, 3, 2, 1.0, 0.5, tau).grad_err < 1e-9);
+  }
+}
+
+namespace {
+// max_j |d entropy / d x_j| of the row x (label y) from logits_forward's statistics (type S).
+template <class L, class S>
+double entropy_grad_max(const std::vector<double>& xd, std::int64_t y, double tau) {
+  const std::size_t v = xd.size();
+  const std::vector<L> x(xd.begin(), xd.end());
+  std::vector<S> lp(1), h(1), lse(1), glp{S(0)}, gent{S(1)};
+  const std::vector<std::int64_t> yy{y};
+  logits_forward(matrix_view<const L>(x.data(), 1, v), std::span<const std::int64_t>(yy), vector_view<S>(lp.data(), 1),
+                 vector_view<S>(h.data(), 1), vector_view<S>(lse.data(), 1), {.temperature = tau});
+  std::vector<L> g(v, L(42));
+  logits_backward(matrix_view<const L>(x.data(), 1, v), std::span<const std::int64_t>(yy),
+                  vector_view<const S>(lse.data(), 1), vector_view<const S>(h.data(), 1),
+                  vector_view<const S>(glp.data(), 1), vector_view<const S>(gent.data(), 1),
+                  matrix_view<L>(g.data(), 1, v), {.temperature = tau});
+  double m = 0;
+  for (L q : g) m = std::max(m, std::fabs(static_cast<double>(q)));
+  return h[0] == S(0) ? m : -1.0;  // -1: not a one-hot row
+}
+}  // namespace
+
+TEST_CASE("logits_backward: the entropy gradient of a one-hot row at a tiny temperature is exactly 0") {
+  // p = (1, 0, 0): entropy 0 and flat in x; the stored-lse anchor gave 5e13 (float64, T = 1e-15,
+  // label not the maximum) and inf (float32 statistics, T <= 1e-10).
+  for (double base : {0.1, 3.0, 100.0})
+    for (std::int64_t y : {0, 1}) {
+      const std::vector<double> x{base, base - 1.0, base - 2.0};
+      INFO("base " << base << " label " << y);
+      for (double tau : {1e-12, 1e-15, 1e-20, 1e-30}) {
+        INFO("tau " << tau);
+        CHECK(entropy_grad_max<double, double>(x, y, tau) == 0.0);
+        CHECK(entropy_grad_max<float, double>(x, y, tau) == 0.0);
+      }
+      for (double tau : {1e-8, 1e-10, 1e-13, 1e-20})
+        CHECK(entropy_grad_max<float, float>(x, y, tau) == 0.0);
+    }
+}
+
+TEST_CASE("logits_backward: huge incoming gradients on a row with p_j = 0 give 0 there, not NaN (float64)") {
+  // A golden verl entropy case scaled by 1e307: row (-1.394e307, -1.577e307), label 0, so p = (1, 0)
+  // and log p_1 = -1.8e306; grad_entropy = -3.2e306 made b log p_1 = inf and inf * p_1 = NaN.
+  const std::vector<double> x{-1.3943856932934434e+307, -1.5770620895327965e+307};
+  const std::vector<std::int64_t> y{0};
+  std::vector<double> lp(1), h(1), lse(1);
+  logits_forward(matrix_view<const double>(x.data(), 1, 2), std::span<const std::int64_t>(y),
+                 vector_view<double>(lp.data(), 1), vector_view<double>(h.data(), 1), vector_view<double>(lse.data(), 1));
+  REQUIRE(h[0] == 0.0);
+  for (const double ge : {-3.21679719686385e+306, 1e308, 0.0}) {
+    INFO("grad_entropy " << ge);
+    const std::vector<double> glp{-9.899371834621485e+306}, gent{ge};
+    std::vector<double> g(2, 42.0);
+    logits_backward(matrix_view<const double>(x.data(), 1, 2), std::span<const std::int64_t>(y),
+                    vector_view<const double>(lse.data(), 1), vector_view<const double>(h.data(), 1),
+                    vector_view<const double>(glp.data(), 1), vector_view<const double>(gent.data(), 1),
+                    matrix_view<double>(g.data(), 1, 2));
+    CHECK(g[0] == 0.0);
+    CHECK(g[1] == 0.0);
+  }
+}
+
+TEST_CASE("logits_backward: temperature sweep 1e-30 .. 1e308 against the oracle (float32, float64, bf16)") {
+  // Log-spaced temperatures (with the examples above), rows of several magnitudes: scaled logits of
+  // order 1 (x = T u), offsets (x = base + T u), fixed magnitudes (x = s u), masked entries. Every
+  // batch is either refused (ulorl::error) or matches the oracle to the type's tolerance.
+  std::vector<double> taus;
+  for (int e = -30; e <= 308; e += 12) taus.push_back(std::pow(10.0, e));
+  for (double t : {1e-28, 1e-25, 1e-20, 1e-15, 1e-6, 3.7e-3, 0.6, 1.0, 1.7, 1e40, 1e45, 1e300, 1e308, 1.7e308})
+    taus.push_back(t);
+  std::mt19937_64 rng(seed + 17);
+  std::normal_distribution<double> nd;
+  int checked = 0, refused = 0;
+  double worst[6] = {};
+  for (double tau : taus)
+    for (std::size_t cols : {37u, 1100u}) {
+      // max_x: a bound on |x| that keeps every type's logits and x - max finite.
+      const auto make = [&](double max_x) {
+        std::vector<double> x;
+        const double t = std::min(tau, max_x / 64);
+        const double bases[] = {0.0, 1.0, -1e4, 1e6};
+        for (double base : bases)
+          for (std::size_t j = 0; j < cols; ++j) x.push_back(base + t * std::clamp(3 * nd(rng), -8.0, 8.0));
+        for (double s : {1.0, 1e3})
+          for (std::size_t j = 0; j < cols; ++j) x.push_back(s * nd(rng));
+        for (std::size_t j = 0; j < x.size(); ++j)
+          if (j % cols % 5 == 0) x[j] = -std::numeric_limits<double>::infinity();
+        return x;
+      };
+      const std::size_t rows = 6;
+      std::vector<std::int64_t> y(rows);
+      std::vector<double> glp(rows), gent(rows);
+      for (std::size_t r = 0; r < rows; ++r) {
+        y[r] = static_cast<std::int64_t>(1 + 5 * (rng() % ((cols - 2) / 5)));  // never a masked column
+        glp[r] = nd(rng);
+        gent[r] = nd(rng);
+      }
+      const auto xd = make(1e300), xf = make(1e37);
+      const temperature_check::result res[6] = {
+          temperature_check::run<double, double, double>(xd, rows, cols, y, glp, gent, tau),
+          temperature_check::run<float, double, float>(xf, rows, cols, y, glp, gent, tau),
+          temperature_check::run<float, float, float>(xf, rows, cols, y, glp, gent, tau),
+          temperature_check::run<bf16, double, float>(xf, rows, cols, y, glp, gent, tau),
+          temperature_check::run<bf16, float, bf16>(xf, rows, cols, y, glp, gent, tau),
+          temperature_check::run<float, double, float>(xf, rows, cols, y, glp, gent, tau, true)};
+      const double grad_tol[6] = {1e-9, 1e-5, 3e-4, 1e-5, 1e-2, 1e-5};
+      const double stat_tol[6] = {1e-12, 1e-6, 1e-6, 1e-6, 1e-6, 1e-6};
+      for (int k = 0; k < 6; ++k) {
+        INFO("tau " << tau << " cols " << cols << " case " << k << " row " << res[k].worst_row << " refused "
+                    << res[k].refused << " " << res[k].what);
+        if (res[k].refused) {
+          ++refused;
+          CHECK(res[k].what.find("'logits'") != std::string::npos);
+          continue;
+        }
+        ++checked;
+        CHECK(res[k].grad_err <= grad_tol[k]);
+        CHECK(res[k].stat_err <= stat_tol[k]);
+        worst[k] = std::max(worst[k], res[k].grad_err);
+      }
+    }
+  std::printf("  temperature sweep: %d batches checked, %d refused; worst gradient error f64 %.3g, f32 %.3g, "
+              "f32/f32 stats %.3g, bf16 %.3g, bf16->bf16 %.3g, f32 fast %.3g\n",
+              checked, refused, worst[0], worst[1], worst[2], worst[3], worst[4], worst[5]);
+}
+
+TEST_CASE("logits_forward / logits_backward refuse logits beyond half their type's range at any temperature") {
+  // Float logits {3e38, -3e38} at T = 1e38: the scaled row {3, -3} is tame, but x - max x = -6e38
+  // overflows float, so the forward dropped p_1 = e^-6 / (1 + e^-6) (lse 3.0 instead of 3.0025).
+  const std::vector<double> x{3e38, -3e38};
+  for (double tau : {1e38, 1e300}) {
+    INFO("tau " << tau);
+    const auto f = temp_run<float, double, float>(x, 2, 1, 1.0, 0.5, tau);
+    CHECK(f.refused);
+    CHECK(f.what.find("'logits'") != std::string::npos);
+    CHECK(f.what.find("row 0") != std::string::npos);
+    CHECK(temp_run<bf16, float, float>(x, 2, 1, 1.0, 0.5, tau).refused);
+    // Double logits hold the difference: accepted and exact.
+    const auto d = temp_run<double, double, double>(x, 2, 1, 1.0, 0.5, tau);
+    REQUIRE(!d.refused);
+    CHECK(d.grad_err < 1e-9);
+    CHECK(d.stat_err < 1e-12);
+  }
+  std::vector<float> g(2, 42.0f);
+  const std::vector<float> xf{3e38f, -3e38f};
+  const std::vector<double> lse{3.0}, h{0.0}, glp{1.0}, gent{0.0};
+  const std::vector<std::int64_t> y{1};
+  CHECK_THROWS_WITH(logits_backward(matrix_view<const float>(xf.data(), 1, 2), std::span<const std::int64_t>(y),
+                                    vector_view<const double>(lse.data(), 1), vector_view<const double>(h.data(), 1),
+                                    vector_view<const double>(glp.data(), 1), vector_view<const double>(gent.data(), 1),
+                                    matrix_view<float>(g.data(), 1, 2), {.temperature = 1e38}),
+                    Catch::Matchers::Contains("'logits'") && Catch::Matchers::Contains("half the range of float"));
+  CHECK(g == std::vector<float>(2, 42.0f));
 }

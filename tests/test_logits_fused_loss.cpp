@@ -346,3 +346,53 @@ TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's stati
   REQUIRE(res.loss == res2.loss);
   REQUIRE(g == g2);
 }
+
+TEST_CASE("policy_loss_from_logits in float32 at tiny temperatures: d loss / d logits matches the oracle") {
+  // float32 buffers hold lse ~ 1e6 (T = 1e-6) to +-0.06 and 1e30 (T = 1e-30) not at all: the
+  // backward then anchors log p at the row's own maximum and sum (was 14% off, then inf).
+  std::mt19937_64 rng(seed + 41);
+  std::normal_distribution<double> nd;
+  const std::size_t b = 2, t = 3, v = 7, n = b * t;
+  for (double tau : {1e-6, 1e-12, 1e-20, 1e-30}) {
+    std::vector<float> x(n * v), old(n), ref(n), adv(n), mask(n, 1.0f);
+    for (std::size_t i = 0; i < n * v; ++i)  // scaled logits of order 1 on an offset of 1
+      x[i] = static_cast<float>(1.0 + tau * 2 * nd(rng));
+    for (std::size_t i = 0; i < n; ++i) x[i * v + i % v] = 1.0f;  // the maxima tie with x = 1
+    std::vector<std::int64_t> labels(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      labels[i] = static_cast<std::int64_t>(rng() % v);
+      old[i] = static_cast<float>(-1.5 + 0.3 * nd(rng));
+      ref[i] = static_cast<float>(-1.5 + 0.3 * nd(rng));
+      adv[i] = static_cast<float>(nd(rng));
+    }
+    const auto tv = [&](const std::vector<float>& s) {
+      return token_view<const float>::padded(matrix_view<const float>(s.data(), b, t));
+    };
+    std::vector<float> lp(n), ent(n), glp(n), gent(n), lse(n), g(n * v);
+    const auto out = [&](std::vector<float>& s) { return token_view<float>::padded(matrix_view<float>(s.data(), b, t)); };
+    policy_loss_config cfg;
+    cfg.kl.estimator = kl_estimator::k3;
+    cfg.kl_coef = 0.1;
+    cfg.entropy_coef = 0.01;
+    cfg.normalizer = agg_normalizer{agg_mode::token_mean, static_cast<double>(n), 1.0};
+    (void)policy_loss_from_logits(matrix_view<const float>(x.data(), n, v), std::span<const std::int64_t>(labels),
+                                  policy_loss_inputs<float>{.log_prob = {}, .old_log_prob = tv(old), .advantages = tv(adv),
+                                                            .mask = tv(mask), .ref_log_prob = tv(ref)},
+                                  logits_loss_buffers<float>{out(lp), out(ent), out(glp), out(gent),
+                                                             vector_view<float>(lse.data(), n)},
+                                  matrix_view<float>(g.data(), n, v), cfg, {.temperature = tau});
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::vector<double> row(x.begin() + static_cast<std::ptrdiff_t>(i * v),
+                                    x.begin() + static_cast<std::ptrdiff_t>((i + 1) * v));
+      const auto y = static_cast<std::size_t>(labels[i]);
+      const auto ex = oracle::logits_row_grad(row, y, tau, glp[i], gent[i]);
+      const auto sc = oracle::logits_row_grad_scale(row, y, tau, glp[i], gent[i]);
+      const long double smax = *std::max_element(sc.begin(), sc.end());
+      for (std::size_t j = 0; j < v; ++j) {
+        INFO("tau " << tau << " token " << i << " column " << j << " got " << g[i * v + j] << " want "
+                    << static_cast<double>(ex[j]));
+        CHECK(std::fabs(g[i * v + j] - ex[j]) <= 1e-5L * smax);
+      }
+    }
+  }
+}

@@ -1,5 +1,8 @@
 // tests/support/logits_oracle.hpp — independent textbook reference for the logits kernels, in long
 // double: z = x / tau, lse = max + log sum exp(z - max), p = exp(z - lse), log_prob = z_y - lse,
+// with every z - max formed as (x - max x) / tau (exact differences of the doubles, one rounding
+// of the quotient), so a tiny or huge temperature costs no digits (z itself, 1e20 at tau = 1e-20,
+// would carry an error of |z| * 5e-20),
 // entropy = -sum p log p (the definition, not the kernels' log s - t/s), and the gradient of
 // g_lp * log_prob + g_ent * entropy written from the softmax Jacobian:
 //   dlog_prob/dz_j = [j == y] - p_j,   dentropy/dz_j = -p_j (log p_j + entropy).
@@ -21,27 +24,40 @@ struct row_stats {
 };
 
 //! x: one row of raw logits (as doubles, exactly the values the kernel reads), -inf allowed.
+//! log p_j of one row: (x_j - max x) / tau - log sum_k exp((x_k - max x) / tau).
+inline std::vector<long double> log_softmax_row(const std::vector<double>& x, double tau) {
+  long double m = -std::numeric_limits<long double>::infinity();
+  for (double v : x) m = std::max(m, static_cast<long double>(v));
+  const long double t = tau;
+  long double s = 0;
+  for (double v : x) s += std::exp((static_cast<long double>(v) - m) / t);
+  const long double log_s = std::log(s);
+  std::vector<long double> lp(x.size());
+  for (std::size_t j = 0; j < x.size(); ++j) lp[j] = (static_cast<long double>(x[j]) - m) / t - log_s;
+  return lp;
+}
+
 inline row_stats logits_row(const std::vector<double>& x, std::size_t label, double tau) {
   long double m = -std::numeric_limits<long double>::infinity();
-  for (double v : x) m = std::max(m, static_cast<long double>(v) / tau);
-  long double s = 0;
-  for (double v : x) s += std::exp(static_cast<long double>(v) / tau - m);
-  const long double lse = m + std::log(s);
+  for (double v : x) m = std::max(m, static_cast<long double>(v));
+  const std::vector<long double> lp = log_softmax_row(x, tau);
   long double h = 0;
-  for (double v : x) {
-    const long double lp = static_cast<long double>(v) / tau - lse;
-    const long double p = std::exp(lp);
-    if (p > 0) h -= p * lp;
+  for (long double l : lp) {
+    const long double p = std::exp(l);
+    if (p > 0) h -= p * l;
   }
-  return {lse, static_cast<long double>(x[label]) / tau - lse, h};
+  // lse = max z - log p of a maximal entry.
+  long double lse = 0;
+  for (std::size_t j = 0; j < x.size(); ++j)
+    if (static_cast<long double>(x[j]) == m) lse = m / static_cast<long double>(tau) - lp[j];
+  return {lse, lp[label], h};
 }
 
 //! sum_j p_j^2 of one row, from the probabilities themselves.
 inline long double sum_pi_squared(const std::vector<double>& x, double tau) {
-  const long double lse = logits_row(x, 0, tau).lse;
   long double q = 0;
-  for (double v : x) {
-    const long double p = std::exp(static_cast<long double>(v) / tau - lse);
+  for (long double l : log_softmax_row(x, tau)) {
+    const long double p = std::exp(l);
     q += p * p;
   }
   return q;
@@ -51,9 +67,10 @@ inline long double sum_pi_squared(const std::vector<double>& x, double tau) {
 inline std::vector<long double> logits_row_grad(const std::vector<double>& x, std::size_t label, double tau,
                                                 double g_lp, double g_ent) {
   const row_stats st = logits_row(x, label, tau);
+  const std::vector<long double> lps = log_softmax_row(x, tau);
   std::vector<long double> g(x.size());
   for (std::size_t j = 0; j < x.size(); ++j) {
-    const long double lp = static_cast<long double>(x[j]) / tau - st.lse;
+    const long double lp = lps[j];
     const long double p = std::exp(lp);
     const long double dlog_prob = (j == label ? 1.0L : 0.0L) - p;
     const long double dentropy = p > 0 ? -p * (lp + st.entropy) : 0.0L;
@@ -66,9 +83,10 @@ inline std::vector<long double> logits_row_grad(const std::vector<double>& x, st
 inline std::vector<long double> logits_row_grad_scale(const std::vector<double>& x, std::size_t label, double tau,
                                                       double g_lp, double g_ent) {
   const row_stats st = logits_row(x, label, tau);
+  const std::vector<long double> lps = log_softmax_row(x, tau);
   std::vector<long double> s(x.size());
   for (std::size_t j = 0; j < x.size(); ++j) {
-    const long double lp = static_cast<long double>(x[j]) / tau - st.lse;
+    const long double lp = lps[j];
     const long double p = std::exp(lp);
     s[j] = (std::fabs(g_lp) * ((j == label ? 1.0L : 0.0L) + p) +
             (p > 0 ? std::fabs(g_ent) * p * (std::fabs(lp) + st.entropy) : 0.0L)) / tau;

@@ -6,6 +6,9 @@
 // (verl's entropy/log_prob backward, golden README section 4.6; Liger's fused cross-entropy backward).
 // The chosen token's element is evaluated in double with expm1, so g (1 - p) keeps its digits when
 // p -> 1. Masked (-inf) logits get exactly 0 (and g_lp / tau if they are the label).
+// log p_ij = (x_ij - c_i) / tau - r_i with the anchor of online_softmax.hpp: from the saved lse while
+// it can place log p (anchor_of_lse), else from the row's own maximum and sum (anchor_of_row: one
+// more read of that row), so a tiny or huge temperature costs no digits.
 #pragma once
 
 #include <atomic>
@@ -33,9 +36,16 @@ inline namespace ULORL_ISA {
 
 inline void chunk_grad(const double* p, double* out, std::size_t n, double c, double inv_tau, double r, double a,
                        double b, bool, bool, const char*, std::size_t) noexcept {
+  // p (a + b lp) as p a + (p lp) b, and 0 where p underflows (lp < -746, masked -inf included): a
+  // huge b times a very negative lp cannot make inf * 0 = NaN where the gradient is 0 or tiny.
   for (std::size_t i = 0; i < n; ++i) {
     const double lp = (p[i] - c) * inv_tau - r;
-    out[i] = lp == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(lp) * (a + b * lp);
+    if (lp < -746.0) {
+      out[i] = 0.0;
+      continue;
+    }
+    const double e = std::exp(lp);
+    out[i] = e * a + (e * lp) * b;
   }
 }
 inline void chunk_grad(const float* p, float* out, std::size_t n, double c, double inv_tau, double r, double a,
@@ -50,7 +60,18 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
 //! Rows at least this long are written with non-temporal stores (they outgrow the caches anyway).
 inline constexpr std::size_t stream_min_cols = 16384;
 
-template <class L, class G>
+//! The anchor of a row whose saved lse cannot place log p: its own maximum and sum (one more read
+//! of the row). Out of line: it is the rare path, and inlined it would crowd row_backward's loop.
+template <class L>
+ULORL_NOINLINE log_softmax_anchor<double> anchor_from_row(vector_view<const L> row, std::size_t label,
+                                                          double inv_tau) noexcept {
+  softmax_partial<double> st;
+  (void)row_forward<L>(row, label, inv_tau, nullptr, nullptr, &st);
+  return anchor_of_row(st);
+}
+
+//! One row. S: the type the statistics were stored in (it bounds what `lse` can place).
+template <class S, class L, class G>
 void row_backward(vector_view<const L> row, vector_view<G> out, std::size_t label, double lse, double entropy,
                   double g_lp, double g_ent, double tau, bool fast) noexcept {
   using C = compute_t<L>;
@@ -58,13 +79,19 @@ void row_backward(vector_view<const L> row, vector_view<G> out, std::size_t labe
   alignas(64) C gbuf[chunk];
   const double inv_tau = 1.0 / tau;
   const grad_coeffs<double> k = backward_coeffs(g_lp, g_ent, entropy, inv_tau);
-  // log p_j = (x_j - c) / tau - r with the anchor c = lse * tau rounded to C: x_j - c is exact for
-  // x_j near the row maximum, so large logit offsets (1e4) cost no digits in C arithmetic.
-  const double c = static_cast<double>(static_cast<C>(lse * tau));
-  const double r = lse - c * inv_tau;
+  // log p_j = (x_j - c) / tau - r. The anchor c = lse * tau rounded to C keeps x_j - c exact for
+  // x_j near the row maximum, so large logit offsets (1e4) cost no digits in C arithmetic, while
+  // |lse| is small enough for the stored lse to place log p; past that (a tiny temperature, huge
+  // logits) or when lse * tau overflows C, the row's own maximum and sum (one more read of the row)
+  // give c = max and r = log sum e^{(x_j - max) / tau}, as torch's log_softmax does.
+  bool lse_ok = false;
+  log_softmax_anchor<double> an = anchor_of_lse<S, C>(lse, tau, inv_tau, lse_ok);
+  if (!lse_ok) [[unlikely]]
+    an = anchor_from_row(row, label, inv_tau);
+  const double c = an.c, r = an.r;
   // Read before the row is (possibly, in place) overwritten.
   const double x_label = static_cast<double>(widen(row[label]));
-  const double g_label = label_gradient(x_label * inv_tau - lse, g_lp, g_ent, entropy, inv_tau);
+  const double g_label = label_gradient((x_label - c) * inv_tau - r, g_lp, g_ent, entropy, inv_tau);
   const std::size_t v = row.size();
   for (std::size_t j0 = 0; j0 < v; j0 += chunk) {
     const std::size_t n = v - j0 < chunk ? v - j0 : chunk;
@@ -139,7 +166,7 @@ void logits_backward_dispatch(matrix_view<const L> logits, std::span<const I> la
     for (std::size_t r = begin; r < end; ++r) {
       const double g_ent = with_entropy ? static_cast<double>(grad_entropy[r]) : 0.0;
       const double h = with_entropy ? static_cast<double>(entropy[r]) : 0.0;
-      detail::logits::row_backward<L, G>(logits.row(r), grad_logits.row(r), static_cast<std::size_t>(labels[r]),
+      detail::logits::row_backward<S, L, G>(logits.row(r), grad_logits.row(r), static_cast<std::size_t>(labels[r]),
                                          static_cast<double>(lse[r]), h, static_cast<double>(grad_log_prob[r]), g_ent,
                                          tau, cfg.fast_backward);
     }

@@ -45,8 +45,9 @@ struct logits_config {
   //! z = logits / temperature; finite, > 0, with 1 / temperature finite in the arithmetic type
   //! (float for float and bf16 logits, double for double)
   double temperature = 1.0;
-  //! The value scan: reject NaN / +inf logits, all -inf rows and rows whose scaled logits
-  //! max |x| / temperature exceed half the range of the statistics' type, before writing anything
+  //! The value scan: reject NaN / +inf logits, all -inf rows, rows whose logits max |x| exceed half
+  //! the range of their arithmetic type and rows whose scaled logits max |x| / temperature exceed
+  //! half the range of the statistics' type, before writing anything
   //! (logits_forward and policy_loss_from_logits: inside the forward's read of the logits;
   //! logits_backward: one extra read). false: such rows give NaN / inf statistics instead.
   bool check_values = true;
@@ -137,7 +138,7 @@ inline void chunk_sums(const double* p, std::size_t n, double m, double inv_tau,
 template <bool Sq>
 inline void chunk_sums(const float* p, std::size_t n, double m, double inv_tau, double& s, double& t, double& q,
                        const char* next = nullptr, std::size_t next_bytes = 0) noexcept {
-  simd::chunk_sums<Sq>(p, n, static_cast<float>(m), static_cast<float>(inv_tau), s, t, q, next, next_bytes);
+  simd::chunk_sums<Sq>(p, n, static_cast<float>(m), simd::positive_scale(inv_tau), s, t, q, next, next_bytes);
 }
 
 //! Storage of the chunk after [j0, j0 + chunk) of a contiguous row, for prefetching (else null).
@@ -160,11 +161,13 @@ bool has_nan(const C* p, std::size_t n) noexcept {
 //! `*sum_pi_squared` receives sum_j p_j^2 = (sum_j e^{2 d_j}) / s^2, accumulated relative to the same
 //! running maximum as s (rescaled by e^{2 delta}). With Scan, `*max_abs` receives the largest |x|
 //! bits of the row's values in the arithmetic type (simd::max_abs_bits), found in the loop that
-//! takes each chunk's maximum: the value scan without a read of its own.
+//! takes each chunk's maximum: the value scan without a read of its own. `state`, when given,
+//! receives the row's online-softmax state (its maximum and sums; the backward's anchor_of_row).
 template <class L, bool Sq = false, bool Scan = false>
 token_stats<double> row_forward(vector_view<const L> row, std::size_t label, double inv_tau,
                                 double* sum_pi_squared = nullptr,
-                                simd::uint_of_t<compute_t<L>>* max_abs = nullptr) noexcept {
+                                simd::uint_of_t<compute_t<L>>* max_abs = nullptr,
+                                softmax_partial<double>* state = nullptr) noexcept {
   using C = compute_t<L>;
   simd::uint_of_t<C> hi = 0;
   alignas(64) C buf[chunk];
@@ -193,6 +196,7 @@ token_stats<double> row_forward(vector_view<const L> row, std::size_t label, dou
     if constexpr (Sq) sq += q;
   }
   if constexpr (Scan) *max_abs = hi;
+  if (state != nullptr) *state = st;
   if (nan) {
     const double q = std::numeric_limits<double>::quiet_NaN();
     if constexpr (Sq) *sum_pi_squared = q;
@@ -216,11 +220,7 @@ constexpr const char* type_name() noexcept {
 //! every scaled logit +-inf or NaN.
 template <class C>
 void check_temperature(const char* fn, double temperature) {
-  require_positive(fn, "temperature", temperature);
-  if (!(1.0 / temperature <= static_cast<double>(std::numeric_limits<C>::max())))
-    detail::fail_value(fn, "temperature", temperature,
-                       std::string("its reciprocal 1 / temperature overflows ") + type_name<C>() +
-                           " (the arithmetic type of these logits): every scaled logit would be +-inf or NaN");
+  require_divisor<C>(fn, "temperature", temperature);  // else every scaled logit would be +-inf or NaN
 }
 
 //! With value checking on, the scaled logits of a row must stay within half the range of R (the
@@ -244,11 +244,21 @@ void check_scaled_row(const char* fn, std::size_t row, std::size_t cols, std::si
   detail::fail_at(fn, "logits", static_cast<std::int64_t>(row * cols + col), x, os.str());
 }
 
+//! With value checking on, the logits themselves must stay within half the range of their
+//! arithmetic type C: then every difference x_j - max x (the kernels' exponents, taken before the
+//! division by the temperature) is finite. Float logits of +-3e38 at temperature 1e38 would
+//! otherwise lose their row's smaller terms to a -inf difference.
+template <class C>
+[[nodiscard]] bool raw_in_range(double x) noexcept {
+  return std::fabs(x) <= static_cast<double>(std::numeric_limits<C>::max()) / 2;
+}
+
 //! Whether a row whose largest |x| has the bits `hi` (simd::max_abs_bits over values of type V)
 //! passes the value scan without a look at its elements: no inf or NaN, and in range.
 template <class R, class V>
 [[nodiscard]] bool row_passes(simd::uint_of_t<V> hi, double inv_tau) noexcept {
-  return hi < simd::inf_bits<V> && scaled_in_range<R>(static_cast<double>(widen(ulorl::detail::bit_cast<V>(hi))), inv_tau);
+  const auto x = static_cast<double>(widen(ulorl::detail::bit_cast<V>(hi)));
+  return hi < simd::inf_bits<V> && raw_in_range<compute_t<V>>(x) && scaled_in_range<R>(x, inv_tau);
 }
 
 //! The value scan of row r, element by element: NaN / +inf logits and an all -inf row are errors
@@ -274,6 +284,11 @@ void check_logits_row(const char* fn, matrix_view<const L> logits, std::size_t r
   if (!any_finite)
     detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols()), -std::numeric_limits<double>::infinity(),
                     "row " + std::to_string(r) + " has no finite logit (every entry is -inf)");
+  using C = compute_t<L>;
+  if (!raw_in_range<C>(biggest))
+    detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols() + at), static_cast<double>(widen(logits(r, at))),
+                    "row " + std::to_string(r) + ": |logit| exceeds half the range of " + type_name<C>() +
+                        ", so differences of logits would overflow at any temperature");
   check_scaled_row<R>(fn, r, logits.cols(), at, static_cast<double>(widen(logits(r, at))), inv_tau, temperature);
 }
 
@@ -338,7 +353,8 @@ void check_output(const char* fn, const char* arg, vector_view<S> out, std::size
 //! The per-row outputs of logits_forward, each [N] (float or double) or an empty view when not
 //! wanted. `log_prob` is required. `entropy` and `lse` cost nothing extra; keep them for
 //! logits_backward (store lse in double when |logits| is large: float lse is exact only to
-//! |lse| * 6e-8). `sum_pi_squared` is sum_v p_v^2 = exp(lse(2z) - 2 lse(z)) of the row (the
+//! |lse| * 6e-8, and past |lse| = 1024 the backward re-reads the row instead; see
+//! lse_anchor_limit). `sum_pi_squared` is sum_v p_v^2 = exp(lse(2z) - 2 lse(z)) of the row (the
 //! collision probability; the optimal token baseline's statistic, verl's `sum_pi_squared`), in the
 //! same pass: one more multiply-add per logit, only when given.
 template <class S>

@@ -103,8 +103,44 @@ template <class A>
   return {-(g_log_prob + g_entropy * entropy) * inv_tau, -g_entropy * inv_tau, g_log_prob * inv_tau};
 }
 
+//! The backward's log-probabilities log p_j = (x_j - c) / tau - r, with the anchor c in the logits'
+//! arithmetic type (x_j - c is exact for x_j near c) and the shift r = log-sum-exp of the scaled
+//! logits less c / tau.
+template <class A>
+struct log_softmax_anchor {
+  A c;
+  A r;
+};
+
+//! The largest |lse| from which the backward takes its anchor (c = lse * tau rounded, r = lse - c / tau):
+//! a stored lse of type S places log p only to within |lse| * eps(S), i.e. 2^-33 relative in p for
+//! double and 2^-14 for float at this limit. A larger |lse| (a tiny temperature, huge logits) has
+//! lost the digits of log p: the backward recomputes the row's maximum and sum instead.
+template <class S>
+[[nodiscard]] ULORL_HD constexpr S lse_anchor_limit() noexcept {
+  return sizeof(S) >= 8 ? S(1048576) : S(1024);
+}
+
+//! The anchor from a stored lse (of type S, here widened to A), with the anchor rounded to the
+//! logits' arithmetic type C; `ok` is false when the stored lse cannot place log p (|lse| past
+//! lse_anchor_limit<S>, or lse * tau outside C's range at a huge temperature): then the anchor
+//! must come from the row itself, anchor_of_row.
+template <class S, class C, class A>
+[[nodiscard]] ULORL_HD log_softmax_anchor<A> anchor_of_lse(A lse, A tau, A inv_tau, bool& ok) noexcept {
+  const A c = static_cast<A>(static_cast<C>(lse * tau));
+  ok = std::fabs(lse) <= static_cast<A>(lse_anchor_limit<S>()) && std::isfinite(c);
+  return {c, lse - c * inv_tau};
+}
+
+//! The anchor from a row's online-softmax state: c = the row maximum (a raw logit, so x_j - c is
+//! exact near it), r = log sum_j e^{(x_j - c) / tau}; what torch's log_softmax subtracts.
+template <class A>
+[[nodiscard]] ULORL_HD log_softmax_anchor<A> anchor_of_row(const softmax_partial<A>& s) noexcept {
+  return {s.max, std::log(s.sum)};
+}
+
 //! The chosen token's gradient computed without the cancellation of g (1 - p) when p -> 1:
-//! (g_lp (-expm1(lp)) - g_ent p (lp + H)) / tau, with lp = x_y / tau - lse.
+//! (g_lp (-expm1(lp)) - g_ent p (lp + H)) / tau, with lp = log p_y (from the row's anchor).
 template <class A>
 [[nodiscard]] ULORL_HD A label_gradient(A log_p, A g_log_prob, A g_entropy, A entropy, A inv_tau) noexcept {
   const A p = std::exp(log_p);

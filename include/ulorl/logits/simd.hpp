@@ -80,6 +80,15 @@ ULORL_ALWAYS_INLINE vfloat exp(vfloat x) noexcept {
 }
 #endif
 
+//! A positive scale (1 / tau, or it times log2 e) in float, never rounded to 0: past tau ~ 2^149,
+//! 1 / tau is below float's range, and a scale of 0 would make masked (-inf) logits NaN (-inf * 0)
+//! where their exponent must be -inf. The smallest subnormal moves no finite scaled difference by
+//! more than 6.8e38 * 1.4e-45 ~ 1e-6.
+inline float positive_scale(double k) noexcept {
+  const auto f = static_cast<float>(k);
+  return f > 0.0f ? f : std::numeric_limits<float>::denorm_min();
+}
+
 //! Scalar e^x with the vector routine's semantics (used for tails in tests and fallbacks).
 inline float exp_scalar(float x) noexcept { return x < exp_floor ? 0.0f : std::exp(x); }
 
@@ -228,7 +237,7 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
     // f = (prod - n) + (e2 + e1 k + u k_lo - rr), where prod - n is exact (Sterbenz) and the bracket
     // is tiny: 2^f to ~1e-7 relative for every |log p|, at ~1.3x the fast path's arithmetic.
     const double kd = inv_tau * 1.4426950408889634;
-    const auto cf = static_cast<float>(c), k = static_cast<float>(kd);
+    const auto cf = static_cast<float>(c), k = positive_scale(kd);
     const auto k_lo = static_cast<float>(kd - static_cast<double>(k));
     const auto rr = static_cast<float>(r * 1.4426950408889634);
     const float b2 = b * 0.6931471805599453f, floor2 = exp_floor * 1.44269504088896341f, magic = 12582912.0f;
@@ -280,7 +289,8 @@ inline void chunk_grad(const float* p, float* out, std::size_t n, double c, doub
   } else {
     // Full-width float, base 2: lp2 = log2 p, 2^lp2 = 2^n 2^f, and a + b lp = a + (b ln2) lp2.
     const float l2e = 1.44269504088896341f;
-    const auto cf = static_cast<float>(c), k = static_cast<float>(inv_tau) * l2e, r2 = static_cast<float>(r) * l2e;
+    const auto cf = static_cast<float>(c), k = positive_scale(inv_tau * 1.4426950408889634),
+               r2 = static_cast<float>(r) * l2e;
     const float b2 = b * 0.6931471805599453f, floor2 = exp_floor * l2e, magic = 12582912.0f;
     const auto store_full = [&](float* dst, vfloat v) {
       if (stream_full) {

@@ -265,8 +265,9 @@ __global__ void __launch_bounds__(block_threads)
   if (lane == 0) finish_row(logits + r * row_stride, cols, r, labels, p, inv_tau, log_prob, entropy, lse, bad_label_row);
 }
 
-//! Gradient of one element: p (a + b lp), lp = (x - c) / tau - rr (anchor c near lse * tau keeps
-//! x - c exact for the large logits, as on the CPU); 0 for p below float range and masked entries.
+//! Gradient of one element: p (a + b lp), lp = (x - c) / tau - rr with the CPU's anchor rule
+//! (anchor_of_lse / anchor_of_row, ulorl/logits/online_softmax.hpp): c near lse * tau keeps x - c
+//! exact for the large logits; 0 for p below float range and masked entries.
 struct grad_row {
   float c, inv_tau, rr, a, b;
   __device__ __forceinline__ float operator()(float x) const {
@@ -295,12 +296,25 @@ __global__ void __launch_bounds__(block_threads)
   const float h = grad_entropy != nullptr ? entropy[r] : 0.f;
   const float l = lse[r];
   const grad_coeffs<float> k = backward_coeffs(g_lp, g_ent, h, inv_tau);
-  const float c = l * tau;
-  const grad_row f{c, inv_tau, fmaf(-c, inv_tau, l), k.a, k.b};
+  bool lse_ok = false;
+  log_softmax_anchor<float> an = anchor_of_lse<float, float>(l, tau, inv_tau, lse_ok);
+  if (!lse_ok) {
+    // The float lse cannot place log p (a tiny temperature, huge logits): the row's own maximum and
+    // sum, computed by this block over the whole row (the branch is uniform: it depends on lse[r]
+    // and tau only). In place, the launcher gives each row one block, so no other block has
+    // written over the row yet.
+    __shared__ log_softmax_anchor<float> row_anchor;
+    const softmax_partial<float> st = block_partial<T, Vec>(row, 0, cols, inv_tau);
+    if (threadIdx.x == 0) row_anchor = anchor_of_row(st);
+    __syncthreads();
+    an = row_anchor;
+  }
+  const grad_row f{an.c, inv_tau, an.r, k.a, k.b};
   // The label's element without cancellation. Only the block that owns column y reads it, before
   // any of its threads writes (in place, other blocks may already have overwritten their columns).
   const bool own_label = !bad && y >= begin && y < end;
-  const float g_label = own_label ? label_gradient(to_float(row[y]) * inv_tau - l, g_lp, g_ent, h, inv_tau) : 0.f;
+  const float g_label =
+      own_label ? label_gradient((to_float(row[y]) - an.c) * inv_tau - an.r, g_lp, g_ent, h, inv_tau) : 0.f;
   if (bad && blockIdx.y == 0 && threadIdx.x == 0) report_bad_label(bad_label_row, r);
   __syncthreads();
   int64_t j = begin;
@@ -357,7 +371,10 @@ cudaError_t check_common(const T* logits, int64_t rows, int64_t cols, int64_t ro
   if (rows < 0 || rows > 0x7fffffff || cols < 0) return cudaErrorInvalidValue;
   if (rows > 0 && cols == 0) return cudaErrorInvalidValue;  // V = 0: no vocabulary
   if (rows > 1 && row_stride < cols) return cudaErrorInvalidValue;
-  if (!(cfg.temperature > 0.f) || !std::isfinite(cfg.temperature) || cfg.splits < 0) return cudaErrorInvalidValue;
+  // 1 / temperature must be finite in float (a subnormal temperature makes every scaled logit +-inf).
+  if (!(cfg.temperature > 0.f) || !std::isfinite(cfg.temperature) || !std::isfinite(1.0f / cfg.temperature) ||
+      cfg.splits < 0)
+    return cudaErrorInvalidValue;
   if (rows > 0 && (logits == nullptr || labels == nullptr || !aligned<T>(logits) || !aligned<int64_t>(labels)))
     return cudaErrorInvalidValue;
   return cudaSuccess;
@@ -436,9 +453,12 @@ cudaError_t logits_backward(const T* logits, int64_t rows, int64_t cols, int64_t
   if (rows > 1 && grad_row_stride < cols) return cudaErrorInvalidValue;
   if (reinterpret_cast<const void*>(grad) == reinterpret_cast<const void*>(logits) && grad_row_stride != row_stride)
     return cudaErrorInvalidValue;  // in place must be element for element
-  // ~16 packs per thread per block: long rows use many blocks, short rows one.
+  // ~16 packs per thread per block: long rows use many blocks, short rows one. In place, one block
+  // per row: a row whose lse cannot place log p is re-read whole by its block, which must find the
+  // logits, not another block's gradients.
   const int64_t per_block = int64_t{detail::block_threads} * detail::pack<T>::n * 16;
-  int64_t col_blocks = (cols + per_block - 1) / per_block;
+  const bool in_place = reinterpret_cast<const void*>(grad) == reinterpret_cast<const void*>(logits);
+  int64_t col_blocks = in_place ? 1 : (cols + per_block - 1) / per_block;
   if (col_blocks > 65535) col_blocks = 65535;
   const int64_t n = detail::pack<T>::n;
   const int64_t cols_per_block = ((cols + col_blocks - 1) / col_blocks + n - 1) / n * n;
