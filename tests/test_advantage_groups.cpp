@@ -52,6 +52,14 @@ TEST_CASE("fixed group size", "[groups]") {
   REQUIRE_THROWS_WITH(ulorl::group_layout::fixed(0, 4), Catch::Contains("empty batch"));
 }
 
+TEST_CASE("fixed group size: more responses than 32-bit indices hold are refused before any allocation",
+          "[groups][errors]") {
+  // from_ids has the same bound; k * group_size would wrap in the uint32 group starts.
+  const std::size_t n = std::size_t{UINT32_MAX} + 1;
+  REQUIRE_THROWS_WITH(ulorl::group_layout::fixed(n, 1), Catch::Contains("more than 2^32-1 responses"));
+  REQUIRE_THROWS_WITH(ulorl::group_layout::fixed(2 * n, n), Catch::Contains("'scores' = 8589934592"));
+}
+
 TEST_CASE("negative ids and empty batches are rejected", "[groups][errors]") {
   const std::vector<std::int64_t> bad{0, 3, -1};
   REQUIRE_THROWS_WITH(ulorl::group_layout::from_ids(std::span<const std::int64_t>(bad)),

@@ -3,7 +3,8 @@
 // and again, after which the file must restore to exactly the state of the last completed write or
 // of the write in flight (never garbage, never missing); error paths (missing or unwritable
 // directory, a directory as the path, a failing write, missing, non-regular and oversized files),
-// each leaving no temporary behind.
+// each leaving no temporary behind; a FIFO nobody writes to, a directory and a device, refused by
+// every reader without blocking.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -31,6 +32,7 @@
 #include <ulorl/core/checkpoint_file.hpp>
 
 #include "catch.hpp"
+#include "support/fifo_watchdog.hpp"
 
 namespace {
 
@@ -304,5 +306,45 @@ TEST_CASE("checkpoint file errors name the path and leave no temporary", "[core]
                Catch::Contains("1073741825 bytes, more than checkpoint_file_max_bytes (1 GiB)"));
     CHECK_THAT(error_of([&] { ulorl::detail::write_file_atomically("", bytes); }), Catch::Contains("must not be empty"));
   }
+  CHECK(dir.temporaries() == 0);
+}
+
+TEST_CASE("checkpoint readers refuse a FIFO, a directory and a device without blocking", "[core][checkpoint_file][error]") {
+  temp_dir dir;
+  const std::string fifo = dir.path + "/pipe.ckpt";
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  // Nobody writes to the FIFO: a reader that opened it would wait in open(2) until the watchdog
+  // opens the other end (fifo_watchdog.hpp), and the test would record that instead of hanging.
+  const auto refused = [&](const std::string& path, const std::string& fn, auto&& call) {
+    std::string msg;
+    const bool blocked = blocked_on_fifo(fifo, [&] { msg = error_of(call); });
+    CHECK_FALSE(blocked);
+    CHECK_THAT(msg, Catch::Contains("ulorl::" + fn + ": argument 'path' = " + path) && Catch::Contains("is not a regular file"));
+  };
+  refused(fifo, "restore_from_file", [&] { (void)ulorl::restore_from_file<ulorl::kl_controller>(fifo); });
+  refused(fifo, "restore_from_file", [&] { (void)ulorl::restore_from_file<ulorl::entropy_controller>(fifo); });
+  refused(fifo, "restore_from_file", [&] { (void)ulorl::restore_from_file<ulorl::reference_reset_policy>(fifo); });
+  refused(fifo, "reader", [&] { (void)ulorl::detail::read_file(fifo, "reader"); });
+  refused(fifo, "reader", [&] { (void)::close(ulorl::detail::open_regular_file(fifo, "reader")); });
+  refused(dir.path, "reader", [&] { (void)::close(ulorl::detail::open_regular_file(dir.path, "reader")); });
+  struct ::stat st {};
+  if (::stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode))
+    refused("/dev/null", "restore_from_file", [&] { (void)ulorl::restore_from_file<ulorl::kl_controller>("/dev/null"); });
+  // is_regular_file examines without opening: false for the FIFO, a directory, a missing path.
+  CHECK_FALSE(blocked_on_fifo(fifo, [&] { CHECK_FALSE(ulorl::detail::is_regular_file(fifo)); }));
+  CHECK_FALSE(ulorl::detail::is_regular_file(dir.path));
+  CHECK_FALSE(ulorl::detail::is_regular_file(dir.path + "/missing"));
+  CHECK_FALSE(ulorl::detail::is_regular_file(""));
+  // A regular file is read as before (open_regular_file leaves the descriptor blocking).
+  const std::string file = dir.path + "/kl.ckpt";
+  ulorl::save_to_file(ulorl::kl_controller(), file);
+  CHECK(ulorl::detail::is_regular_file(file));
+  const int fd = ulorl::detail::open_regular_file(file, "reader");
+  CHECK((::fcntl(fd, F_GETFL) & O_NONBLOCK) == 0);
+  ::close(fd);
+  CHECK(ulorl::restore_from_file<ulorl::kl_controller>(file).save() == ulorl::kl_controller().save());
+  // Saving over the FIFO replaces it by a regular file (rename), without opening it.
+  CHECK_FALSE(blocked_on_fifo(fifo, [&] { ulorl::save_to_file(ulorl::kl_controller(), fifo); }));
+  CHECK(ulorl::detail::is_regular_file(fifo));
   CHECK(dir.temporaries() == 0);
 }

@@ -1,7 +1,8 @@
 // Tests of ulorl/rollout/checkpoint.hpp: exact save/restore (idle and mid-step, after failures),
 // a restored scheduler continues exactly like the original, every corrupted buffer is rejected, the
 // bytes are core/checkpoint.hpp's envelope, states that break an invariant are rejected by the
-// validating constructor, and checkpoint files round-trip.
+// validating constructor, and checkpoint files round-trip (a FIFO is refused without blocking).
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/fifo_watchdog.hpp"
 #include "support/rejection.hpp"
 #include "ulorl/rollout/checkpoint.hpp"
 
@@ -294,5 +296,27 @@ TEST_CASE("checkpoint files: save_scheduler_to_file and restore_scheduler_from_f
     out << "not a checkpoint at all, but long enough to hold a header";
   }
   CHECK_THROWS_AS(ulorl::restore_scheduler_from_file(path), ulorl::error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("restore_scheduler_from_file refuses a FIFO without blocking", "[rollout][checkpoint]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ulorl_sched_fifo_" + std::to_string(static_cast<long long>(::getpid())));
+  std::filesystem::create_directories(dir);
+  const auto fifo = (dir / "scheduler.ckpt").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  std::string function, message;
+  // Nobody writes to the FIFO: a reader that opened it would wait until the watchdog releases it.
+  const bool blocked = blocked_on_fifo(fifo, [&] {
+    try {
+      (void)ulorl::restore_scheduler_from_file(fifo);
+    } catch (const ulorl::error& e) {
+      function = e.function();
+      message = e.what();
+    }
+  });
+  CHECK_FALSE(blocked);
+  CHECK(function == "restore_scheduler_from_file");
+  CHECK_THAT(message, Catch::Contains(fifo) && Catch::Contains("is not a regular file"));
   std::filesystem::remove_all(dir);
 }

@@ -139,3 +139,19 @@ TEST_CASE("every provenance query rejects an unknown is_mode before writing", "[
   CHECK(all_equal(mask_out, std::uint8_t{7}));
   CHECK(all_equal(runs, ulorl::old_log_prob_span{-1, -1, -1, true}));
 }
+
+TEST_CASE("validate_old_log_prob_inputs: hostile spans raise before a buffer of span_tokens is sized",
+          "[rollout][provenance][alloc]") {
+  const ulorl::old_log_prob_config cfg{.mode = ulorl::is_mode::sais, .current_version = 3};
+  // A gap at span 1, ending at 2^61 tokens: span_tokens would size a 16-EiB buffer.
+  const std::vector<ulorl::version_span> hostile{{0, 4, 0}, {5, std::int64_t{1} << 61, 1}};
+  try {
+    ulorl::validate_old_log_prob_inputs("fill_old_log_prob_versions", hostile, cfg);
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.argument() == "spans.begin");
+    CHECK(e.index() == 1);
+  }
+  const std::vector<ulorl::version_span> good{{0, 4, 0}, {4, 6, 1}};
+  REQUIRE_NOTHROW(ulorl::validate_old_log_prob_inputs("fill_old_log_prob_versions", good, cfg));
+}

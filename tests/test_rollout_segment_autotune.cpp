@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "catch.hpp"
@@ -167,6 +168,31 @@ TEST_CASE("segment_autotuner: configuration and state validation, state round tr
   CHECK_THROWS_WITH(ulorl::segment_autotuner(c, a, s), Catch::Contains("state.decisions"));
 }
 
+TEST_CASE("segment_autotuner: a base that cannot be simulated is refused by the constructor, naming its field",
+          "[rollout][autotune][errors]") {
+  using A = ulorl::segment_autotune_config;
+  const auto refused = [](auto change, const char* field) {
+    auto c = small_config();
+    change(c);
+    CHECK_THROWS_WITH(ulorl::segment_autotuner(c, A{}), Catch::Contains(std::string("segment_autotuner: argument '") + field + "'"));
+    CHECK_THROWS_WITH(ulorl::simulate_segment_rollout_auto(c, A{}), Catch::Contains(std::string("'") + field + "'"));
+  };
+  refused([](auto& c) { c.prompts_per_step = std::int64_t{1} << 40; }, "prompts_per_step");
+  refused([](auto& c) { c.group_size = (1 << 20) + 1; }, "group_size");
+  refused([](auto& c) { c.max_response_tokens = std::int64_t{1} << 50; }, "max_response_tokens");
+  refused([](auto& c) { c.engine.iteration_s = 1e-320; }, "engine.iteration_s");
+  // The base's own step counts fit, the tuner's (4096 + 4096 simulated steps) do not: refused now,
+  // not at the first choose().
+  auto c = small_config();
+  c.warmup_steps = 0;
+  c.measured_steps = 1;
+  c.prompts_per_step = 1 << 10;
+  c.max_response_tokens = std::int64_t{1} << 40;  // (3 * 2^10 * 4 + 2^10 * 4) * 2^40 = 2^54 tokens
+  CHECK_NOTHROW(ulorl::segment_autotuner(c, A{}));  // 12 + 2 simulated steps: 68 * 2^52 tokens
+  CHECK_THROWS_WITH(ulorl::segment_autotuner(c, A{.simulated_steps = 4096, .simulated_warmup = 4096}),
+                    Catch::Contains("'max_response_tokens'"));
+}
+
 TEST_CASE("simulate_segment_rollout_auto: within a few percent of the best fixed count, whichever it is",
           "[rollout][autotune]") {
   // docs/segment_rollout.md's sensitivity rows at a smaller scale (L_max 4096, 16 prompts x 8), where
@@ -209,4 +235,63 @@ TEST_CASE("simulate_segment_rollout_auto: within a few percent of the best fixed
   // The rows do need different counts (else the test would not show adaptation).
   std::sort(bests.begin(), bests.end());
   CHECK(std::unique(bests.begin(), bests.end()) - bests.begin() >= 3);
+}
+
+TEST_CASE("segment_autotuner: the decision counter stops at its limit; the state there restores and round-trips",
+          "[rollout][autotune][errors]") {
+  using A = ulorl::segment_autotune_config;
+  const auto c = small_config();
+  const A a{.candidates = {1, 2}, .min_groups = 1, .window_groups = 4, .simulated_steps = 2, .simulated_warmup = 0};
+  ulorl::segment_autotuner t(c, a);
+  t.observe_costs(c.engine, c.trainer);
+  std::vector<std::int64_t> g{100, 200, 300, 400};
+  t.observe_group(g);
+  auto s = t.state();
+  constexpr std::int64_t limit = std::numeric_limits<std::int64_t>::max();  // 2^63 - 1
+  s.decisions = limit - 1;
+  ulorl::segment_autotuner u(c, a, s);  // any count below the limit is accepted
+  (void)u.choose();
+  CHECK(u.state().decisions == limit);
+  // At the limit the tuner's own state restores ...
+  ulorl::segment_autotuner v(c, a, u.state());
+  CHECK(v.state().decisions == limit);
+  // ... and a decision that would pass it is refused, naming the counter, with nothing changed.
+  const auto before = v.state();
+  const std::vector<ulorl::segment_prediction> predictions(v.predictions().begin(), v.predictions().end());
+  CHECK_THROWS_WITH(v.choose(), Catch::Contains("segment_autotuner::choose") && Catch::Contains("state.decisions") &&
+                                    Catch::Contains("2^63 - 1"));
+  CHECK(v.state().decisions == before.decisions);
+  CHECK(v.state().current == before.current);
+  CHECK(v.predictions().size() == predictions.size());
+  // Observing still works, and the state still restores.
+  v.observe_group(g);
+  CHECK_NOTHROW(ulorl::segment_autotuner(c, a, v.state()));
+  // Before min_groups or the costs are known choose() decides nothing and counts nothing.
+  ulorl::segment_autotuner w(c, a);
+  auto ws = w.state();
+  ws.decisions = limit;
+  ulorl::segment_autotuner x(c, a, ws);
+  CHECK(x.choose() == a.initial);
+  CHECK(x.state().decisions == limit);
+}
+
+TEST_CASE("segment_autotuner: observed lengths are bounded as the simulator bounds them, so choose() can always decide",
+          "[rollout][autotune][errors]") {
+  using A = ulorl::segment_autotune_config;
+  const auto c = small_config();
+  const A a{.candidates = {1, 2}, .min_groups = 1, .window_groups = 4, .simulated_steps = 2, .simulated_warmup = 0};
+  constexpr std::int64_t most = std::int64_t{1} << 62;  // rollout_sim_limits::max_empirical_length
+  ulorl::segment_autotuner t(c, a);
+  t.observe_costs(c.engine, c.trainer);
+  CHECK_THROWS_WITH(t.observe_group(std::vector<std::int64_t>{10, most + 1, 10, 10}),
+                    Catch::Contains("segment_autotuner::observe_group") && Catch::Contains("'lengths'[1]"));
+  CHECK(t.observed_groups() == 0);
+  t.observe_group(std::vector<std::int64_t>{10, most, 10, std::int64_t{1} << 40});  // truncated, however long
+  CHECK_NOTHROW(t.choose());
+  CHECK(t.state().decisions == 1);
+  auto s = t.state();
+  s.lengths[2] = most + 1;
+  CHECK_THROWS_WITH(ulorl::segment_autotuner(c, a, s), Catch::Contains("'state.lengths'[2]"));
+  s.lengths[2] = std::numeric_limits<std::int64_t>::max();
+  CHECK_THROWS_WITH(ulorl::segment_autotuner(c, a, s), Catch::Contains("'state.lengths'[2]"));
 }

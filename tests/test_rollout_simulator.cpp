@@ -4,6 +4,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "catch.hpp"
@@ -216,4 +218,70 @@ TEST_CASE("simulator: lengths follow the documented lognormal", "[rollout][simul
   const double want_var = c.lengths.prompt_sigma * c.lengths.prompt_sigma + c.lengths.response_sigma * c.lengths.response_sigma;
   CHECK(std::abs(mean - want_mean) < 0.05);
   CHECK(std::abs(var / want_var - 1.0) < 0.08);
+}
+
+TEST_CASE("simulator: every configuration value is bounded up front, naming the field", "[rollout][simulator][errors]") {
+  const auto base = closed_form_config();
+  const auto rejects = [&](auto change, const char* field) {
+    auto c = base;
+    change(c);
+    CHECK_THROWS_WITH(ulorl::simulate_segment_rollout(c, 1), Catch::Contains(std::string("'") + field + "'"));
+  };
+  // Counts whose sums and products (batch responses, steps, offered prompts, the loop's guard) would overflow.
+  rejects([](auto& c) { c.prompts_per_step = std::int64_t{1} << 62; }, "prompts_per_step");
+  rejects([](auto& c) { c.prompts_per_step = (std::int64_t{1} << 31) / 3 + 1; }, "prompts_per_step");  // * G = 3 > 2^31 - 1
+  rejects([](auto& c) { c.measured_steps = INT64_MAX; }, "measured_steps");
+  rejects([](auto& c) { c.measured_steps = (std::int64_t{1} << 20) + 1; }, "measured_steps");
+  rejects([](auto& c) { c.warmup_steps = std::int64_t{1} << 61; }, "warmup_steps");
+  rejects([](auto& c) { c.max_response_tokens = std::int64_t{1} << 50; }, "max_response_tokens");
+  rejects([](auto& c) { c.prompt_tokens = (std::int64_t{1} << 40) + 1; }, "prompt_tokens");
+  rejects([](auto& c) { c.group_size = (1 << 20) + 1; }, "group_size");
+  rejects(
+      [](auto& c) {
+        c.group_size = 1;
+        c.prompts_per_step = (std::int64_t{1} << 31) - 1;
+        c.measured_steps = 1 << 20;  // (2^20 + 3) * (2^31 - 1) groups > 2^41
+      },
+      "prompts_per_step");
+  rejects(
+      [](auto& c) {
+        c.max_response_tokens = std::int64_t{1} << 40;
+        c.prompts_per_step = 1 << 17;  // (6 * 2^17 * 3 + 2^17 * 3) * 2^40 = 21 * 2^57 > 2^61 tokens
+      },
+      "max_response_tokens");
+  // Lengths: bounded spreads, no NaN from exp(inf - inf).
+  rejects([](auto& c) { c.lengths.median_fraction = 2e6; }, "lengths.median_fraction");
+  rejects([](auto& c) { c.lengths.prompt_sigma = 1e308; }, "lengths.prompt_sigma");
+  rejects([](auto& c) { c.lengths.response_sigma = 101; }, "lengths.response_sigma");
+  rejects([](auto& c) { c.lengths.empirical = {5, (std::int64_t{1} << 62) + 1}; }, "lengths.empirical");
+  // Costs: 0 or in [1e-18, 1e6] s; a denormal divisor (1 / 1e-320 = inf) would make the rates infinite.
+  rejects([](auto& c) { c.engine.iteration_s = 1e-320; }, "engine.iteration_s");
+  rejects([](auto& c) { c.engine.per_sequence_s = 1e7; }, "engine.per_sequence_s");
+  rejects([](auto& c) { c.engine.per_context_token_s = std::numeric_limits<double>::infinity(); }, "engine.per_context_token_s");
+  rejects([](auto& c) { c.engine.prefill_token_s = std::numeric_limits<double>::quiet_NaN(); }, "engine.prefill_token_s");
+  rejects([](auto& c) { c.trainer.per_token_s = 4e-324; }, "trainer.per_token_s");
+  rejects([](auto& c) { c.trainer.per_step_s = -1; }, "trainer.per_step_s");
+  rejects([](auto& c) { c.trainer = {.per_token_s = 0, .per_step_s = 0}; }, "trainer");
+
+  // At the limits the rates stay finite: the smallest costs, a training step of 1e-18 s.
+  auto c = base;
+  c.engine = {.iteration_s = 1e-18, .per_sequence_s = 0, .per_context_token_s = 0, .prefill_token_s = 0};
+  c.trainer = {.per_token_s = 0, .per_step_s = 1e-18};
+  const auto r = ulorl::simulate_segment_rollout(c, 2);
+  CHECK(std::isfinite(r.tokens_per_s));
+  CHECK(r.tokens_per_s > 0);
+  CHECK(std::isfinite(r.step_time));
+  CHECK(std::isfinite(r.idle_fraction));
+}
+
+TEST_CASE("simulator: simulated_length stays in [1, 1e15] for any spread", "[rollout][simulator]") {
+  auto c = closed_form_config();
+  c.lengths.empirical.clear();
+  c.lengths.prompt_sigma = c.lengths.response_sigma = 1e308;  // beyond the limits: d + e may be inf - inf
+  for (std::int64_t g = 0; g < 64; ++g)
+    for (std::int32_t k = 0; k < 3; ++k) {
+      const auto n = ulorl::simulated_length(c, g, k);
+      CHECK(n >= 1);
+      CHECK(n <= 1000000000000000);
+    }
 }

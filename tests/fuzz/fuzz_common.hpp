@@ -1,9 +1,12 @@
 // tests/fuzz/fuzz_common.hpp — helpers shared by the libFuzzer targets: a check that aborts (so
 // libFuzzer records the input) with the failed expression, fuzzed values biased towards the
-// extremes that break numerics, and byte-buffer conversions.
+// extremes that break numerics and towards counter limits, a scratch file for the file-reading
+// paths, and byte-buffer conversions.
 #pragma once
 
+#include <fcntl.h>
 #include <fuzzer/FuzzedDataProvider.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstddef>
@@ -12,8 +15,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
+
+#include "ulorl/core/error.hpp"
 
 //! A property of the code under test failed: print it and abort (libFuzzer saves the input).
 #define FUZZ_CHECK(...)                                                                    \
@@ -56,6 +63,77 @@ inline std::int64_t any_int64(FuzzedDataProvider& p) {
     case 1: return p.ConsumeIntegralInRange<std::int64_t>(-4, 64);
     default: return p.ConsumeIntegral<std::int64_t>();
   }
+}
+
+//! A counter value that is often at or next to one of ulorl's counter limits: 2^31 - 1 (a
+//! response's counts), 2^42 (offered prompts), 2^62 (the scheduler's counters), 2^63 - 1
+//! (checkpoint_counter_limit) or 2^64 - 1, minus 0..3 or plus 1; else small or arbitrary.
+inline std::uint64_t near_limit(FuzzedDataProvider& p) {
+  static constexpr std::uint64_t limits[] = {(std::uint64_t{1} << 31) - 1, std::uint64_t{1} << 42, std::uint64_t{1} << 62,
+                                             (std::uint64_t{1} << 63) - 1, ~std::uint64_t{0}};
+  switch (p.ConsumeIntegralInRange<int>(0, 3)) {
+    case 0: return p.ConsumeIntegralInRange<std::uint64_t>(0, 8);
+    case 1: return p.ConsumeIntegral<std::uint64_t>();
+    default: {
+      const auto limit = limits[p.ConsumeIntegralInRange<std::size_t>(0, std::size(limits) - 1)];
+      const auto below = p.ConsumeIntegralInRange<std::uint64_t>(0, 4);  // 4: one above the limit
+      return below == 4 ? limit + 1 : limit - below;
+    }
+  }
+}
+
+//! Writes `bytes` to this process's scratch file, a regular file in a directory of its own under
+//! $TMPDIR (or /tmp) that is removed at exit, and returns its path: the file-reading paths
+//! (restore_from_file, restore_scheduler_from_file) are fuzzed on the same bytes as the in-memory
+//! ones.
+inline const std::string& scratch_file(std::span<const std::byte> bytes) {
+  struct scratch {
+    std::string dir, file;
+    scratch() {
+      const char* base = std::getenv("TMPDIR");
+      std::string tmpl = std::string(base && *base ? base : "/tmp") + "/ulorl_fuzz_XXXXXX";
+      FUZZ_CHECK(::mkdtemp(tmpl.data()) != nullptr);
+      dir = tmpl;
+      file = dir + "/checkpoint";
+    }
+    ~scratch() {
+      (void)::unlink(file.c_str());
+      (void)::rmdir(dir.c_str());
+    }
+  };
+  static scratch s;
+  const int fd = ::open(s.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  FUZZ_CHECK(fd >= 0);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ::ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    FUZZ_CHECK(n > 0);
+    done += static_cast<std::size_t>(n);
+  }
+  FUZZ_CHECK(::close(fd) == 0);
+  return s.file;
+}
+
+//! `from_bytes(b)`, or nothing when it throws ulorl::error. With `via_file`, the same bytes are
+//! also restored from a file (`from_file(scratch_file(b))`), which must agree: both refuse, or
+//! `same(from bytes, from file)`.
+template <class R, class FromBytes, class FromFile, class Same>
+std::optional<R> restore_both(std::span<const std::byte> b, bool via_file, FromBytes from_bytes, FromFile from_file, Same same) {
+  const auto attempt = [](auto&& make) {
+    std::optional<R> r;
+    try {
+      r.emplace(make());
+    } catch (const ulorl::error&) {
+    }
+    return r;
+  };
+  std::optional<R> r = attempt([&] { return from_bytes(b); });
+  if (via_file) {
+    const std::optional<R> f = attempt([&] { return from_file(scratch_file(b)); });
+    FUZZ_CHECK(r.has_value() == f.has_value());
+    if (r) FUZZ_CHECK(same(*r, *f));
+  }
+  return r;
 }
 
 inline std::span<const std::byte> as_bytes(const std::uint8_t* data, std::size_t size) {

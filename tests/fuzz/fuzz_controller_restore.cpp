@@ -3,11 +3,15 @@
 // ulorl::error or gives a controller whose save() is the restored bytes exactly; every update
 // either throws (and changes nothing) or keeps the controller's invariants: a finite coefficient
 // within [min_coef, max_coef], counters that count, and a checkpoint that restores to the same
-// bytes. The first input byte picks the controller (byte % 3) and the mode ((byte / 3) % 2):
+// bytes. The first input byte picks the controller (byte % 3), the mode ((byte / 3) % 2) and the
+// path ((byte / 6) % 2):
 //   raw         the rest of the input is the checkpoint;
 //   structured  a well-formed checkpoint (header, exact payload length, 0/1 booleans) whose fields
-//               are fuzzed values biased towards edge cases, so the checks behind the header are
-//               what is fuzzed.
+//               are fuzzed values biased towards edge cases, counters towards their limit 2^63 - 1
+//               (an update at the limit must be refused, one below it must give a checkpoint that
+//               restores), so the checks behind the header are what is fuzzed;
+//   file        the checkpoint is also written to a regular file and read with restore_from_file,
+//               which must agree with restore (both refuse, or both give the same checkpoint).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +21,7 @@
 
 #include "fuzz_common.hpp"
 #include "ulorl/control.hpp"
+#include "ulorl/core/checkpoint_file.hpp"
 
 namespace {
 
@@ -41,6 +46,16 @@ bool rejected_unchanged(const C& c, F&& call) {
   return false;
 }
 
+//! C::restore(b), or nothing when it throws ulorl::error; with `via_file` also through a file,
+//! which must agree.
+template <class C>
+std::optional<C> restored(std::span<const std::byte> b, bool via_file) {
+  return fuzz::restore_both<C>(
+      b, via_file, [](auto bytes) { return C::restore(bytes); },
+      [](const std::string& path) { return ulorl::restore_from_file<C>(path); },
+      [](const C& x, const C& y) { return saved(x) == saved(y); });
+}
+
 template <class C>
 void roundtrip(const C& c) {
   const auto b = saved(c);
@@ -62,7 +77,7 @@ double measurement(FuzzedDataProvider& p) {
 void kl_fields(byte_writer& w, FuzzedDataProvider& p) {
   w.u8(p.ConsumeIntegralInRange<std::uint8_t>(0, 2));  // type: fixed, adaptive, unknown
   for (int i = 0; i < 7; ++i) w.f64(fuzz::any_double(p));  // init, target, horizon, max_error, min, max, coef
-  w.u64(p.ConsumeIntegral<std::uint64_t>());
+  w.u64(fuzz::near_limit(p));  // updates
   w.f64(fuzz::any_double(p));
   w.f64(fuzz::any_double(p));
 }
@@ -73,13 +88,9 @@ void check(const ulorl::kl_controller& k) {
   FUZZ_CHECK(k.value() >= c.min_coef && k.value() <= c.max_coef);
 }
 
-void run_kl(std::span<const std::byte> b, FuzzedDataProvider& p) {
-  std::optional<ulorl::kl_controller> k;
-  try {
-    k.emplace(ulorl::kl_controller::restore(b));
-  } catch (const ulorl::error&) {
-    return;
-  }
+void run_kl(std::span<const std::byte> b, FuzzedDataProvider& p, bool via_file) {
+  auto k = restored<ulorl::kl_controller>(b, via_file);
+  if (!k) return;
   FUZZ_CHECK(fuzz::same_bytes(saved(*k), b));
   check(*k);
   for (int i = 0; i < 6 && p.remaining_bytes() > 0; ++i) {
@@ -107,7 +118,7 @@ void entropy_fields(byte_writer& w, FuzzedDataProvider& p) {
   w.u8(p.ConsumeIntegralInRange<std::uint8_t>(0, 2));  // gate_source: current_batch, last_update, unknown
   w.boolean(p.ConsumeBool());                          // raise_at_target
   w.f64(fuzz::any_double(p));  // coef
-  w.u64(p.ConsumeIntegral<std::uint64_t>());
+  w.u64(fuzz::near_limit(p));  // updates
   w.f64(fuzz::any_double(p));
 }
 
@@ -117,13 +128,9 @@ void check(const ulorl::entropy_controller& e) {
   FUZZ_CHECK(e.value() >= c.min_coef && e.value() <= c.max_coef);
 }
 
-void run_entropy(std::span<const std::byte> b, FuzzedDataProvider& p) {
-  std::optional<ulorl::entropy_controller> e;
-  try {
-    e.emplace(ulorl::entropy_controller::restore(b));
-  } catch (const ulorl::error&) {
-    return;
-  }
+void run_entropy(std::span<const std::byte> b, FuzzedDataProvider& p, bool via_file) {
+  auto e = restored<ulorl::entropy_controller>(b, via_file);
+  if (!e) return;
   // A payload of version 1 is also read, and saved back as the current version.
   std::uint32_t version = 0;
   for (std::size_t i = 0; i < 4; ++i) version |= static_cast<std::uint32_t>(b[12 + i]) << (8 * i);
@@ -178,12 +185,14 @@ void reset_fields(byte_writer& w, FuzzedDataProvider& p) {
   w.f64(fuzz::any_double(p));
   i64();  // evals_without_improvement
   i64();  // kl_over_steps
-  w.u64(p.ConsumeIntegralInRange<std::uint64_t>(0, 4));
-  w.u64(p.ConsumeIntegralInRange<std::uint64_t>(0, 4));
+  const auto counter = [&] { return p.ConsumeBool() ? p.ConsumeIntegralInRange<std::uint64_t>(0, 4) : fuzz::near_limit(p); };
+  w.u64(counter());  // evaluations
+  const auto resets = counter();
+  w.u64(resets);
   i64();  // last_event.step
   w.u8(p.ConsumeIntegralInRange<std::uint8_t>(0, 6));
   w.f64(fuzz::any_double(p));
-  w.u64(p.ConsumeIntegralInRange<std::uint64_t>(0, 4));
+  w.u64(p.ConsumeBool() ? resets : counter());  // last_event.index (= resets when valid)
 }
 
 void check(const ulorl::reference_reset_policy& r, const ulorl::reset_action& a, std::uint64_t resets_before) {
@@ -199,13 +208,9 @@ void check(const ulorl::reference_reset_policy& r, const ulorl::reset_action& a,
   }
 }
 
-void run_reset(std::span<const std::byte> b, FuzzedDataProvider& p) {
-  std::optional<ulorl::reference_reset_policy> r;
-  try {
-    r.emplace(ulorl::reference_reset_policy::restore(b));
-  } catch (const ulorl::error&) {
-    return;
-  }
+void run_reset(std::span<const std::byte> b, FuzzedDataProvider& p, bool via_file) {
+  auto r = restored<ulorl::reference_reset_policy>(b, via_file);
+  if (!r) return;
   FUZZ_CHECK(fuzz::same_bytes(saved(*r), b));
   FUZZ_CHECK(r->cooldown_remaining() >= 0);
   for (int i = 0; i < 8 && p.remaining_bytes() > 0; ++i) {
@@ -223,6 +228,10 @@ void run_reset(std::span<const std::byte> b, FuzzedDataProvider& p) {
     if (!rejected) {
       FUZZ_CHECK(r->state().last_step == step && step >= 0);
       check(*r, a, resets);
+    } else if (step >= last && std::isfinite(x) && std::isfinite(y)) {
+      // A call on a valid clock with finite values is refused only at a counter limit.
+      const auto& s = r->state();
+      FUZZ_CHECK(s.resets >= ulorl::checkpoint_counter_limit || (which == 1 && s.evaluations >= ulorl::checkpoint_counter_limit));
     }
     roundtrip(*r);
   }
@@ -234,6 +243,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   const int kind = data[0] % 3;
   const bool structured = (data[0] / 3) % 2 == 1;
+  const bool via_file = (data[0] / 6) % 2 == 1;
   FuzzedDataProvider p(data + 1, size - 1);
   bytes b;
   if (structured) {
@@ -251,8 +261,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto rest = fuzz::as_bytes(data + 1, size - 1);
     b.assign(rest.begin(), rest.end());
   }
-  if (kind == 0) run_kl(b, p);
-  else if (kind == 1) run_entropy(b, p);
-  else run_reset(b, p);
+  if (kind == 0) run_kl(b, p, via_file);
+  else if (kind == 1) run_entropy(b, p, via_file);
+  else run_reset(b, p, via_file);
   return 0;
 }

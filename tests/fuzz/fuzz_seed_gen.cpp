@@ -42,7 +42,17 @@ void scheduler_seeds(const std::string& dir) {
     write(dir, "gen-ckpt-raw-" + std::to_string(i), 0, ckpt);
     write(dir, "gen-ckpt-fixed-" + std::to_string(i), 1, ckpt);
     write(dir, "gen-structured-" + std::to_string(i), 2, drive);
-    written += 3;
+    write(dir, "gen-near-limits-" + std::to_string(i), 3, drive);
+    written += 4;
+    if (i % 4 == 0) {  // the same checkpoints read through a file (mode + 5)
+      write(dir, "gen-ckpt-raw-file-" + std::to_string(i), 5, ckpt);
+      write(dir, "gen-ckpt-fixed-file-" + std::to_string(i), 6, ckpt);
+      written += 2;
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    write(dir, "gen-tuner-" + std::to_string(i), 4, random_bytes(rng, 256));
+    ++written;
   }
   std::printf("fuzz_seed_gen: %d scheduler seeds\n", written);
 }
@@ -66,7 +76,13 @@ void controller_seeds(const std::string& dir) {
   }
   write(dir, "gen-reset-raw", 2, r.save());
   for (int kind = 0; kind < 3; ++kind) write(dir, "gen-structured-" + std::to_string(kind), static_cast<std::uint8_t>(3 + kind), random_bytes(rng, 160));
-  std::printf("fuzz_seed_gen: 8 controller seeds\n");
+  // The same, read through a file (mode byte + 6).
+  write(dir, "gen-kl-raw-file", 6, k.save());
+  write(dir, "gen-entropy-raw-file", 7, e.save());
+  write(dir, "gen-reset-raw-file", 8, r.save());
+  for (int kind = 0; kind < 3; ++kind)
+    write(dir, "gen-structured-file-" + std::to_string(kind), static_cast<std::uint8_t>(9 + kind), random_bytes(rng, 160));
+  std::printf("fuzz_seed_gen: 14 controller seeds\n");
 }
 
 void random_seeds(const std::string& dir, std::uint64_t seed) {

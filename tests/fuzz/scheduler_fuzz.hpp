@@ -225,7 +225,13 @@ inline void drive_any(std::optional<ulorl::segment_scheduler>& s, FuzzedDataProv
       }
       case 1:
         if (sc.phase() == scheduler_phase::idle && admission_is_small(sc)) {
-          const auto plan = sc.plan();
+          ulorl::step_plan plan;
+          if (rejected_unchanged(sc, [&] { plan = sc.plan(); })) {
+            // Refused only at a counter limit: the step, or planned items within one plan of 2^62.
+            using lim = ulorl::segment_scheduler_limits;
+            FUZZ_CHECK(sc.step() >= lim::max_count || sc.counters().planned_items > lim::max_count - lim::max_live_responses);
+            break;
+          }
           check_plan(sc, plan.items);
           for (const auto& it : plan.items) {
             FUZZ_CHECK(sc.state_of(it.response_id) == ulorl::response_state::decoding);

@@ -76,6 +76,8 @@ class group_layout {
                                           std::string_view fn = "group_layout",
                                           std::string_view arg = "group_size") {
     if (responses == 0) detail::fail(fn, "scores", "empty batch: at least one response is required");
+    // Indices and group starts (k * group_size <= responses) are stored as uint32.
+    if (responses > UINT32_MAX) detail::fail_value(fn, "scores", responses, "more than 2^32-1 responses");
     if (group_size == 0) detail::fail_value(fn, arg, group_size, "must be >= 1");
     if (responses % group_size != 0)
       detail::fail_value(fn, arg, group_size,

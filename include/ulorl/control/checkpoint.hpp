@@ -26,9 +26,9 @@ inline constexpr std::uint32_t entropy_controller_payload_version = 2;
 inline constexpr std::uint32_t reference_reset_payload_version = 1;
 
 //! Every counter of a controller's state (updates, evaluations, resets, consecutive-step counts)
-//! stays <= 2^63 - 1, so that it also fits a signed 64-bit integer on the host's side (Python, JSON,
-//! torch.int64). A call that would take a counter past it is rejected; restore rejects a larger one.
-inline constexpr std::uint64_t control_counter_limit = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+//! stays <= 2^63 - 1: core/checkpoint.hpp's checkpoint_counter_limit (detail::require_counter at
+//! restore, detail::require_counter_room before an increment).
+inline constexpr std::uint64_t control_counter_limit = checkpoint_counter_limit;
 
 namespace detail {
 
@@ -40,18 +40,6 @@ inline void require_in_range(std::string_view fn, std::string_view arg, double v
     os << "must be finite and in [" << lo << ", " << hi << "]";
     fail_value(fn, arg, v, os.str());
   }
-}
-
-//! Throws unless the counter `v` is <= control_counter_limit.
-inline void require_counter(std::string_view fn, std::string_view arg, std::uint64_t v) {
-  if (v > control_counter_limit)
-    fail_value(fn, arg, v, "counter exceeds its limit 2^63 - 1 (control_counter_limit)");
-}
-
-//! Throws when the counter `v` is at control_counter_limit and the call would increment it.
-inline void require_counter_room(std::string_view fn, std::string_view arg, std::uint64_t v) {
-  if (v >= control_counter_limit)
-    fail_value(fn, arg, v, "counter is at its limit 2^63 - 1 (control_counter_limit): the call would take it past");
 }
 
 }  // namespace detail

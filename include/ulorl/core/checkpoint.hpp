@@ -43,7 +43,27 @@ enum class checkpoint_kind : std::uint16_t {
 //! The version of the envelope layout above (each kind versions its payload separately).
 inline constexpr std::uint16_t checkpoint_envelope_version = 1;
 
+//! The limit of every event counter a state machine keeps in its state (a controller's updates,
+//! the reference-reset policy's evaluations and resets, the segment tuner's decisions): 2^63 - 1,
+//! so that it also fits a signed 64-bit integer on the host's side (Python, JSON, torch.int64).
+//! Restore accepts every value up to it; a call that would take a counter past it is rejected
+//! before anything changes, so a machine never holds, nor saves, a state its restore refuses.
+//! (The segment scheduler's counters have their own, lower limit: segment_scheduler_limits.)
+inline constexpr std::uint64_t checkpoint_counter_limit = static_cast<std::uint64_t>(INT64_MAX);
+
 namespace detail {
+
+//! Throws unless the counter `v` is <= checkpoint_counter_limit.
+inline void require_counter(std::string_view fn, std::string_view arg, std::uint64_t v) {
+  if (v > checkpoint_counter_limit)
+    fail_value(fn, arg, v, "counter exceeds its limit 2^63 - 1 (checkpoint_counter_limit)");
+}
+
+//! Throws when the counter `v` is at checkpoint_counter_limit and the call would increment it.
+inline void require_counter_room(std::string_view fn, std::string_view arg, std::uint64_t v) {
+  if (v >= checkpoint_counter_limit)
+    fail_value(fn, arg, v, "counter is at its limit 2^63 - 1 (checkpoint_counter_limit): the call would take it past");
+}
 
 inline constexpr std::array<char, 8> checkpoint_magic{'U', 'L', 'O', 'R', 'L', 'C', 'K', 'P'};
 inline constexpr std::size_t checkpoint_header_bytes = 24;

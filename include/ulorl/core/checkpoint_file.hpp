@@ -6,7 +6,9 @@
 // write has completed); the fsyncs make the same hold across a power loss on file systems that honour
 // them (ext4, xfs; on macOS fsync does not flush the drive's cache). A killed writer can leave its
 // temporary behind: "<path>.tmp.<pid>.<n>", safe to delete. Reading is bounded by
-// checkpoint_file_max_bytes (1 GiB), so a wrong path cannot make the reader allocate without limit.
+// checkpoint_file_max_bytes (1 GiB), so a wrong path cannot make the reader allocate without limit,
+// and takes regular files only, checked without blocking (open_regular_file), so a wrong path cannot
+// make it wait forever either (a FIFO nobody writes to, a terminal, a device).
 // The machines (KL and entropy controllers, reference-reset policy) each check their own bytes on
 // restore (core/checkpoint.hpp's envelope and CRC-64, then every field), see docs/checkpoints.md.
 #pragma once
@@ -114,7 +116,7 @@ inline void write_file_atomically(const std::string& path, std::span<const std::
   const std::string dir = parent_directory(path);
   int dfd;
   do {
-    dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);  // a directory, never waited for
   } while (dfd < 0 && errno == EINTR);
   if (dfd < 0) fail_file(fn, path, "written and renamed, but cannot open its directory '" + dir + "' to fsync it", errno);
   do {
@@ -127,23 +129,63 @@ inline void write_file_atomically(const std::string& path, std::span<const std::
     fail_file(fn, path, "written and renamed, but fsync of its directory '" + dir + "' failed", sync_errno);
 }
 
-//! The whole contents of the regular file `path`; `fn` names the caller in errors. Refuses a
-//! missing file, a directory or other non-regular file, and a file larger than
-//! checkpoint_file_max_bytes (1 GiB), before reading it.
-[[nodiscard]] inline std::vector<std::byte> read_file(const std::string& path, std::string_view fn) {
+//! Whether `path` names a regular file (following symbolic links). stat(2) never opens the file,
+//! so this never blocks, whatever `path` is (a FIFO, a terminal, a device); false when it does not
+//! exist or cannot be examined. For a program's "does the file exist" check before a read.
+[[nodiscard]] inline bool is_regular_file(const std::string& path) noexcept {
+  struct ::stat st {};
+  return !path.empty() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+//! Opens the regular file `path` for reading and returns its descriptor (the caller closes it);
+//! `fn` names the caller in errors. Nothing that is not a regular file is ever waited for: the path
+//! is examined with stat(2) first, so a FIFO, a directory or a device is refused without being
+//! opened; the open itself is non-blocking (O_NONBLOCK, O_NOCTTY), and the opened file is examined
+//! again with fstat(2), so a file swapped in between is refused as well, before O_NONBLOCK is
+//! cleared for the reads. Errors: "cannot open" (with the system's reason, e.g. a missing file) or
+//! "is not a regular file".
+[[nodiscard]] inline int open_regular_file(const std::string& path, std::string_view fn) {
   if (path.empty()) fail(fn, "path", "must not be empty");
+  const auto not_regular = [&](mode_t mode) {
+    fail_file(fn, path, "is not a regular file", S_ISDIR(mode) ? EISDIR : EINVAL);
+  };
+  struct ::stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail_file(fn, path, "cannot open", errno);
+  if (!S_ISREG(st.st_mode)) not_regular(st.st_mode);
   int fd;
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) fail_file(fn, path, "cannot open", errno);
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    (void)close_once(fd);
+    fail_file(fn, path, "cannot stat", e);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    (void)close_once(fd);
+    not_regular(st.st_mode);
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int e = errno;
+    (void)close_once(fd);
+    fail_file(fn, path, "cannot clear O_NONBLOCK", e);
+  }
+  return fd;
+}
+
+//! The whole contents of the regular file `path`; `fn` names the caller in errors. Refuses a
+//! missing file, a directory or other non-regular file without blocking (open_regular_file), and a
+//! file larger than checkpoint_file_max_bytes (1 GiB), before reading it.
+[[nodiscard]] inline std::vector<std::byte> read_file(const std::string& path, std::string_view fn) {
+  const int fd = open_regular_file(path, fn);
   auto give_up = [&](const std::string& what, int e) {
     (void)close_once(fd);
     fail_file(fn, path, what, e);
   };
   struct ::stat st {};
   if (::fstat(fd, &st) != 0) give_up("cannot stat", errno);
-  if (!S_ISREG(st.st_mode)) give_up("is not a regular file", S_ISDIR(st.st_mode) ? EISDIR : EINVAL);
   if (st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) > checkpoint_file_max_bytes) {
     (void)close_once(fd);
     fail_value(fn, "path", path,

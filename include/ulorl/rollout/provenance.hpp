@@ -119,6 +119,16 @@ inline void check_tois(std::string_view fn, std::span<const version_span> spans)
 
 }  // namespace detail
 
+//! The checks of every query below (the configuration, the spans, TOIS's single version), for a
+//! caller that sizes a buffer by span_tokens(spans) before calling fill_*: call this first, so that
+//! malformed spans raise ulorl::error (naming e.g. spans.begin[1]) instead of a huge allocation.
+inline void validate_old_log_prob_inputs(std::string_view fn, std::span<const version_span> spans,
+                                         const old_log_prob_config& cfg) {
+  detail::validate_old_log_prob_config(fn, cfg);
+  detail::validate_version_spans(fn, spans, cfg.current_version);
+  if (cfg.mode == is_mode::tois) detail::check_tois(fn, spans);
+}
+
 //! Total tokens covered by `spans` (the end of the last span).
 [[nodiscard]] inline std::int64_t span_tokens(std::span<const version_span> spans) noexcept {
   return spans.empty() ? 0 : spans.back().end;

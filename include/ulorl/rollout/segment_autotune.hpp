@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "ulorl/core/checkpoint.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/rollout/segment_scheduler.hpp"
@@ -51,11 +52,13 @@ struct segment_autotune_config {
 //! The tuner's whole state (plain data; what a checkpoint holds).
 struct segment_autotune_state {
   std::int32_t current = 1;              //!< the count in use
-  std::vector<std::int64_t> lengths;     //!< observed groups, oldest first, group_size lengths each
+  std::vector<std::int64_t> lengths;     //!< observed groups, oldest first, group_size lengths each, in [1, 2^62]
   decode_engine_model engine{};          //!< last costs given to observe_costs
   trainer_model trainer{};
   bool costs_known = false;              //!< observe_costs has been called
-  std::int64_t decisions = 0;            //!< choose() calls that evaluated the candidates
+  //! choose() calls that evaluated the candidates, in [0, 2^63 - 1] (checkpoint_counter_limit):
+  //! a choose() that would evaluate past the limit throws and changes nothing.
+  std::int64_t decisions = 0;
 };
 
 //! One candidate's prediction at the last decision.
@@ -84,7 +87,10 @@ class segment_autotuner {
       detail::fail_value(fn, "state.lengths", static_cast<std::int64_t>(s_.lengths.size()),
                          "must hold whole groups, at most window_groups of them");
     for (std::size_t i = 0; i < s_.lengths.size(); ++i)
-      if (s_.lengths[i] < 1) detail::fail_at(fn, "state.lengths", static_cast<std::int64_t>(i), s_.lengths[i], "lengths must be >= 1");
+      if (s_.lengths[i] < 1 || s_.lengths[i] > rollout_sim_limits::max_empirical_length)
+        detail::fail_at(fn, "state.lengths", static_cast<std::int64_t>(i), s_.lengths[i], "lengths must be in [1, 2^62]");
+    // Every value in [0, 2^63 - 1] (checkpoint_counter_limit) is one choose() can reach (it stops
+    // there), so all of them are accepted.
     if (s_.decisions < 0) detail::fail_value(fn, "state.decisions", s_.decisions, "must be >= 0");
     if (s_.costs_known) detail::validate_costs(fn, s_.engine, s_.trainer);
   }
@@ -98,13 +104,15 @@ class segment_autotuner {
   //! Every candidate's predicted step time at the last decision (empty before the first).
   [[nodiscard]] std::span<const segment_prediction> predictions() const noexcept { return predictions_; }
 
-  //! One released group's natural lengths (group_size of them; a truncated response as L_max + 1).
+  //! One released group's natural lengths (group_size of them, each in [1, 2^62]; a truncated
+  //! response as L_max + 1).
   void observe_group(std::span<const std::int64_t> lengths) {
     constexpr std::string_view fn = "segment_autotuner::observe_group";
     if (static_cast<std::int64_t>(lengths.size()) != base_.group_size)
       detail::fail_value(fn, "lengths", static_cast<std::int64_t>(lengths.size()), "must hold group_size lengths");
     for (std::size_t i = 0; i < lengths.size(); ++i)
-      if (lengths[i] < 1) detail::fail_at(fn, "lengths", static_cast<std::int64_t>(i), lengths[i], "lengths must be >= 1");
+      if (lengths[i] < 1 || lengths[i] > rollout_sim_limits::max_empirical_length)
+        detail::fail_at(fn, "lengths", static_cast<std::int64_t>(i), lengths[i], "lengths must be in [1, 2^62]");
     const auto G = static_cast<std::size_t>(base_.group_size);
     if (s_.lengths.size() / G >= static_cast<std::size_t>(c_.window_groups))
       s_.lengths.erase(s_.lengths.begin(), s_.lengths.begin() + static_cast<std::ptrdiff_t>(G));
@@ -120,9 +128,11 @@ class segment_autotuner {
   }
 
   //! Decides: once min_groups groups and the costs are known, simulates every candidate and
-  //! returns the count to use next (also current()). Deterministic in its inputs.
+  //! returns the count to use next (also current()). Deterministic in its inputs. A decision with
+  //! state().decisions at its limit 2^63 - 1 throws ulorl::error, before anything changes.
   std::int32_t choose() {
     if (!s_.costs_known || observed_groups() < c_.min_groups) return s_.current;
+    detail::require_counter_room("segment_autotuner::choose", "state.decisions", static_cast<std::uint64_t>(s_.decisions));
     auto cfg = base_;
     cfg.lengths.empirical = s_.lengths;
     cfg.lengths.empirical_grouped = true;
@@ -168,6 +178,12 @@ class segment_autotuner {
     if (c_.simulated_warmup < 0 || c_.simulated_warmup > 4096)
       detail::fail_value(fn, "config.simulated_warmup", c_.simulated_warmup, "must be in [0, 4096]");
     if (!(c_.min_gain >= 0 && c_.min_gain < 1)) detail::fail_value(fn, "config.min_gain", c_.min_gain, "must be in [0, 1)");
+    // The runs choose() simulates: the base's shape with the configured step counts, checked here
+    // so that a base that cannot be simulated is refused now, naming its own field.
+    auto simulated = base_;
+    simulated.warmup_steps = c_.simulated_warmup;
+    simulated.measured_steps = c_.simulated_steps;
+    detail::validate_sim_config(fn, simulated);
   }
 
   rollout_sim_config base_;

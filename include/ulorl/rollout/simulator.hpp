@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -62,6 +63,31 @@ struct decode_engine_model {
 struct trainer_model {
   double per_token_s = 4.0e-6;   //!< old-log-prob recomputation (POIS) + reference + forward/backward
   double per_step_s = 20.0;      //!< optimizer step, weight sync to the engine
+};
+
+//! Limits of the simulator's configuration (docs/segment_rollout.md §7, "Limits"), checked up front
+//! by every simulation and by segment_autotuner's constructor, each naming the field: with them no
+//! count, sum or product the simulation forms overflows, and every reported rate is finite.
+struct rollout_sim_limits {
+  //! warmup_steps and measured_steps, each.
+  static constexpr std::int64_t max_steps = std::int64_t{1} << 20;
+  static constexpr std::int64_t max_prompt_tokens = std::int64_t{1} << 40;
+  //! prompts_per_step * group_size: a training batch's responses are live at once.
+  static constexpr std::int64_t max_batch_responses = segment_scheduler_limits::max_live_responses;
+  //! (warmup_steps + measured_steps + 2) * prompts_per_step: the prompts the run trains on (2^41,
+  //! half the scheduler's offered-groups limit, which leaves room for the ones in flight).
+  static constexpr std::int64_t max_run_groups = std::int64_t{1} << 41;
+  //! ((warmup_steps + measured_steps + 2) * prompts_per_step + capacity) * group_size *
+  //! max_response_tokens: every token the run can generate (the scheduler counts up to 2^62).
+  static constexpr double max_run_tokens = 0x1p61;
+  //! Every cost is 0 or in [min_cost_s, max_cost_s] seconds: a nonzero cost has a finite
+  //! reciprocal, so throughput (tokens / seconds) stays finite.
+  static constexpr double min_cost_s = 1e-18;
+  static constexpr double max_cost_s = 1e6;
+  static constexpr double max_median_fraction = 1e6;  //!< lengths.median_fraction in (0, 1e6]
+  static constexpr double max_sigma = 100;            //!< lengths.prompt_sigma, response_sigma in [0, 100]
+  //! lengths.empirical: each length in [1, 2^62].
+  static constexpr std::int64_t max_empirical_length = segment_scheduler_limits::max_count;
 };
 
 struct rollout_sim_config {
@@ -116,30 +142,60 @@ inline double hashed_normal(std::uint64_t seed, std::uint64_t key) noexcept {
 }
 
 //! The cost models' checks (also the segment tuner's, for the costs it is given).
+//! A cost in seconds: 0, or in [rollout_sim_limits::min_cost_s, max_cost_s].
+inline void require_cost(std::string_view fn, std::string_view arg, double v) {
+  using lim = rollout_sim_limits;
+  if (!(v == 0.0 || (v >= lim::min_cost_s && v <= lim::max_cost_s)))
+    fail_value(fn, arg, v, "must be 0 or in [1e-18, 1e6] seconds");
+}
 inline void validate_costs(std::string_view fn, const decode_engine_model& e, const trainer_model& t) {
-  require_non_negative(fn, "engine.iteration_s", e.iteration_s);
-  require_non_negative(fn, "engine.per_sequence_s", e.per_sequence_s);
-  require_non_negative(fn, "engine.per_context_token_s", e.per_context_token_s);
-  require_non_negative(fn, "engine.prefill_token_s", e.prefill_token_s);
-  require_non_negative(fn, "trainer.per_token_s", t.per_token_s);
-  require_non_negative(fn, "trainer.per_step_s", t.per_step_s);
+  require_cost(fn, "engine.iteration_s", e.iteration_s);
+  require_cost(fn, "engine.per_sequence_s", e.per_sequence_s);
+  require_cost(fn, "engine.per_context_token_s", e.per_context_token_s);
+  require_cost(fn, "engine.prefill_token_s", e.prefill_token_s);
+  require_cost(fn, "trainer.per_token_s", t.per_token_s);
+  require_cost(fn, "trainer.per_step_s", t.per_step_s);
   if (e.iteration_s + e.per_sequence_s + e.per_context_token_s <= 0) fail(fn, "engine", "a decode iteration must take some time");
+  // Every measured step trains a batch: with a positive training time the measured span is
+  // positive, so the rates divided by it are finite.
+  if (t.per_step_s + t.per_token_s <= 0) fail(fn, "trainer", "a training step must take some time (per_step_s or per_token_s > 0)");
 }
 
 inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c) {
-  if (c.max_response_tokens < 1) fail_value(fn, "max_response_tokens", c.max_response_tokens, "must be >= 1");
-  if (c.prompt_tokens < 0) fail_value(fn, "prompt_tokens", c.prompt_tokens, "must be >= 0");
-  if (c.group_size < 1) fail_value(fn, "group_size", c.group_size, "must be >= 1");
-  if (c.prompts_per_step < 1) fail_value(fn, "prompts_per_step", c.prompts_per_step, "must be >= 1");
+  using lim = rollout_sim_limits;
+  if (c.max_response_tokens < 1 || c.max_response_tokens > segment_scheduler_limits::max_response_tokens)
+    fail_value(fn, "max_response_tokens", c.max_response_tokens, "must be in [1, 2^40]");
+  if (c.prompt_tokens < 0 || c.prompt_tokens > lim::max_prompt_tokens)
+    fail_value(fn, "prompt_tokens", c.prompt_tokens, "must be in [0, 2^40]");
+  if (c.group_size < 1 || c.group_size > segment_scheduler_limits::max_group_size)
+    fail_value(fn, "group_size", c.group_size, "must be in [1, 2^20]");
+  if (c.prompts_per_step < 1 || c.prompts_per_step > lim::max_batch_responses / c.group_size)
+    fail_value(fn, "prompts_per_step", c.prompts_per_step,
+               "must be >= 1, and prompts_per_step * group_size (" + std::to_string(c.group_size) + ") <= 2^31 - 1");
   if (c.engine_capacity != 0 && (c.engine_capacity < c.group_size || c.engine_capacity > segment_scheduler_limits::max_response_count))
     fail_value(fn, "engine_capacity", c.engine_capacity, "must be 0 (prompts_per_step * group_size) or in [group_size, 2^31 - 1]");
-  if (c.warmup_steps < 0) fail_value(fn, "warmup_steps", c.warmup_steps, "must be >= 0");
-  if (c.measured_steps < 1) fail_value(fn, "measured_steps", c.measured_steps, "must be >= 1");
-  require_positive(fn, "lengths.median_fraction", c.lengths.median_fraction);
-  require_non_negative(fn, "lengths.prompt_sigma", c.lengths.prompt_sigma);
-  require_non_negative(fn, "lengths.response_sigma", c.lengths.response_sigma);
+  if (c.warmup_steps < 0 || c.warmup_steps > lim::max_steps) fail_value(fn, "warmup_steps", c.warmup_steps, "must be in [0, 2^20]");
+  if (c.measured_steps < 1 || c.measured_steps > lim::max_steps)
+    fail_value(fn, "measured_steps", c.measured_steps, "must be in [1, 2^20]");
+  // Bounded above, these products fit an int64 (2^21 * 2^31) and a double exactly enough.
+  const std::int64_t run_groups = (c.warmup_steps + c.measured_steps + 2) * c.prompts_per_step;
+  if (run_groups > lim::max_run_groups)
+    fail_value(fn, "prompts_per_step", c.prompts_per_step, "times (warmup_steps + measured_steps + 2) must be <= 2^41");
+  const std::int64_t capacity = c.engine_capacity > 0 ? c.engine_capacity : c.prompts_per_step * c.group_size;
+  if ((static_cast<double>(run_groups) * c.group_size + static_cast<double>(capacity)) * static_cast<double>(c.max_response_tokens) >
+      lim::max_run_tokens)
+    fail_value(fn, "max_response_tokens", c.max_response_tokens,
+               "times ((warmup_steps + measured_steps + 2) * prompts_per_step * group_size + engine capacity) must be <= 2^61 "
+               "(the tokens the run can generate)");
+  if (!(c.lengths.median_fraction > 0 && c.lengths.median_fraction <= lim::max_median_fraction))
+    fail_value(fn, "lengths.median_fraction", c.lengths.median_fraction, "must be in (0, 1e6]");
+  if (!(c.lengths.prompt_sigma >= 0 && c.lengths.prompt_sigma <= lim::max_sigma))
+    fail_value(fn, "lengths.prompt_sigma", c.lengths.prompt_sigma, "must be in [0, 100]");
+  if (!(c.lengths.response_sigma >= 0 && c.lengths.response_sigma <= lim::max_sigma))
+    fail_value(fn, "lengths.response_sigma", c.lengths.response_sigma, "must be in [0, 100]");
   for (std::size_t i = 0; i < c.lengths.empirical.size(); ++i)
-    if (c.lengths.empirical[i] < 1) fail_at(fn, "lengths.empirical", static_cast<std::int64_t>(i), c.lengths.empirical[i], "lengths must be >= 1");
+    if (c.lengths.empirical[i] < 1 || c.lengths.empirical[i] > lim::max_empirical_length)
+      fail_at(fn, "lengths.empirical", static_cast<std::int64_t>(i), c.lengths.empirical[i], "lengths must be in [1, 2^62]");
   if (c.lengths.empirical_grouped) {
     if (c.lengths.empirical.empty()) fail(fn, "lengths.empirical", "empirical_grouped needs recorded lengths");
     if (c.lengths.empirical.size() % static_cast<std::size_t>(c.group_size) != 0)
@@ -169,7 +225,8 @@ inline void validate_sim_config(std::string_view fn, const rollout_sim_config& c
   const double d = c.lengths.prompt_sigma * detail::hashed_normal(c.seed, 0x5000000000ull + static_cast<std::uint64_t>(group_id));
   const double e = c.lengths.response_sigma * detail::hashed_normal(c.seed ^ 0xABCDull, rid);
   const double len = c.lengths.median_fraction * static_cast<double>(c.max_response_tokens) * std::exp(d + e);
-  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::min(len, 1e15)));
+  // Written so that a NaN (sigmas beyond the validated limits) also maps to the cap.
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(len < 1e15 ? len : 1e15));
 }
 
 namespace detail {
@@ -211,7 +268,12 @@ template <class AfterTrain>
   const std::int64_t total_steps = c.warmup_steps + c.measured_steps;
   // Enough prompts for the whole run; a generous bound so the engine never starves.
   const auto most = static_cast<std::int64_t>(std::max(segments, max_segments));
-  sched.offer_prompts((total_steps + 2 * most + 4) * c.prompts_per_step * 2);
+  // Capped at the scheduler's limit, which the validated run (<= 2^41 groups trained, the rest in
+  // flight) never reaches; total_steps + 2 * most + 4 < 2^34 and 2 * prompts_per_step < 2^32.
+  const std::int64_t offer_rounds = total_steps + 2 * most + 4;
+  sched.offer_prompts(offer_rounds > segment_scheduler_limits::max_offered_groups / (2 * c.prompts_per_step)
+                          ? segment_scheduler_limits::max_offered_groups
+                          : offer_rounds * c.prompts_per_step * 2);
 
   const std::int64_t guard_limit = total_steps * (4 * most + 8) + 64;
   for (std::int64_t guard = 0; train_steps < total_steps; ++guard) {
