@@ -52,3 +52,24 @@ TEST_CASE("validation names the argument and index", "[ragged][errors]") {
   REQUIRE_THROWS_WITH(ulorl::require_binary_mask("h", "mask", ulorl::padded(ulorl::matrix_view<const int>(mask.data(), 1, 3))),
                       Catch::Contains("'mask'[2] = 2"));
 }
+
+TEST_CASE("token_view: only the default view is absent; a zero-element view with a shape is present",
+          "[ragged][absent]") {
+  REQUIRE(ulorl::token_view<const std::uint8_t>{}.empty());
+  REQUIRE(ulorl::padded(ulorl::matrix_view<const std::uint8_t>{}).empty());
+  // [0, T] over no memory (an empty std::vector's null data, a zero-size tensor's): present.
+  const auto zero_rows = ulorl::padded(ulorl::matrix_view<const std::uint8_t>(nullptr, 0, 4));
+  REQUIRE_FALSE(zero_rows.empty());
+  REQUIRE(zero_rows.size() == 0);
+  // Packed with offsets {0}: present (B = 0).
+  const std::vector<std::int64_t> off{0};
+  const auto no_tokens = ulorl::packed(ulorl::vector_view<const std::uint8_t>(nullptr, 0), std::span<const std::int64_t>(off));
+  REQUIRE_FALSE(no_tokens.empty());
+  // A present mask of another shape is not replaced by the all-valid mask.
+  std::vector<double> lp(8, -1.0);
+  const auto ref = ulorl::padded(ulorl::matrix_view<const double>(lp.data(), 2, 4));
+  REQUIRE(ulorl::mask_or_all_valid(zero_rows, ref).rows() == 0);
+  REQUIRE_THROWS_AS(ulorl::require_same_shape("f", "mask", ulorl::mask_or_all_valid(zero_rows, ref), "log_prob", ref),
+                    ulorl::error);
+  REQUIRE(ulorl::mask_or_all_valid(ulorl::token_view<const std::uint8_t>{}, ref).same_shape(ref));
+}

@@ -40,26 +40,32 @@ using opt_tensor = std::optional<at::Tensor>;
 using opt = std::optional<double>;
 using byte = std::uint8_t;
 
-at::Tensor or_undefined(const opt_tensor& t) { return t ? *t : at::Tensor(); }
+using th::or_undefined;
+using th::optional_tokens_of;
 
 //! A 0/1 mask read as bytes (bool / uint8 as they are; a float mask of the token dtype T checked to
-//! be 0/1 and converted), or an empty view (every token valid) when absent.
+//! be 0/1 and converted). optional_mask_of: None is an empty view (every token valid); a given mask
+//! of any size must have the token shape of `ref` (th::optional_tokens_of). mask_of: a required
+//! mask that is itself the layout of the call (its result has the mask's shape).
 struct mask_bytes {
   at::Tensor bytes;
   ulorl::token_view<const byte> view{};
 };
-template <class T>
-mask_bytes mask_of(std::string_view fn, std::string_view arg, const opt_tensor& m, const th::offsets_view& off) {
+template <class T, class U>
+mask_bytes optional_mask_of(std::string_view fn, std::string_view arg, const opt_tensor& m, const th::offsets_view& off,
+                            std::string_view ref_name, const ulorl::token_view<U>& ref) {
   mask_bytes r;
   if (!m) return r;
   r.bytes = th::detail::byte_mask<T>(fn, arg, *m, off);
-  r.view = th::tokens_of<const byte>(fn, arg, r.bytes, off);
+  r.view = optional_tokens_of<const byte>(fn, arg, r.bytes, off, ref_name, ref);
   return r;
 }
 template <class T>
-ulorl::token_view<const T> optional_tokens(std::string_view fn, std::string_view arg, const opt_tensor& t,
-                                           const th::offsets_view& off) {
-  return t ? th::tokens_of<const T>(fn, arg, *t, off) : ulorl::token_view<const T>{};
+mask_bytes mask_of(std::string_view fn, std::string_view arg, const at::Tensor& m, const th::offsets_view& off) {
+  mask_bytes r;
+  r.bytes = th::detail::byte_mask<T>(fn, arg, m, off);
+  r.view = th::tokens_of<const byte>(fn, arg, r.bytes, off);
+  return r;
 }
 //! A new tensor of `like`'s shape and dtype (never requiring grad).
 at::Tensor empty_like_of(const at::Tensor& like) { return at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type())); }
@@ -98,9 +104,9 @@ py::tuple rollout_correction_op(const at::Tensor& old_log_prob, const at::Tensor
   const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
   return th::detail::with_token_type(fn, "old_log_prob", old_log_prob, [&](auto tag) {
     using T = decltype(tag);
-    const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
-    const rc::inputs<T, byte> in{th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
-                                 th::tokens_of<const T>(fn, "rollout_log_prob", rollout_log_prob, off), mv.view};
+    const auto olp = th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off);
+    const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "old_log_prob", olp);
+    const rc::inputs<T, byte> in{olp, th::tokens_of<const T>(fn, "rollout_log_prob", rollout_log_prob, off), mv.view};
     // The keep-mask in the mask's dtype: bool / uint8 written as bytes, a float mask converted after.
     const bool bytes_in = mask && (mask->scalar_type() == at::kBool || mask->scalar_type() == at::kByte);
     at::Tensor weights = empty_like_of(old_log_prob);
@@ -312,9 +318,10 @@ void bind_advantages(py::module_& m) {
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "token_level_rewards", token_rewards, [&](auto tag) {
           using T = decltype(tag);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          const auto rewards = th::tokens_of<const T>(fn, "token_level_rewards", token_rewards, off);
+          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "token_level_rewards", rewards);
           at::Tensor adv = empty_like_of(token_rewards), ret = empty_like_of(token_rewards);
-          ulorl::reinforce_pp_advantages(th::tokens_of<const T>(fn, "token_level_rewards", token_rewards, off), mv.view,
+          ulorl::reinforce_pp_advantages(rewards, mv.view,
                                          th::tokens_of<T>(fn, "returns", ret, off), th::tokens_of<T>(fn, "advantages", adv, off),
                                          gamma);
           return py::make_tuple(adv, ret);
@@ -396,13 +403,15 @@ void bind_advantages(py::module_& m) {
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "token_level_rewards", token_rewards, [&](auto tag) {
           using T = decltype(tag);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          constexpr std::string_view ref = "token_level_rewards";
+          const auto rewards = th::tokens_of<const T>(fn, ref, token_rewards, off);
+          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, ref, rewards);
           const ulorl::optimal_token_baseline_inputs<T, byte> in{
-              .token_rewards = th::tokens_of<const T>(fn, "token_level_rewards", token_rewards, off),
+              .token_rewards = rewards,
               .mask = mv.view,
-              .old_log_prob = optional_tokens<T>(fn, "old_log_prob", old_log_prob, off),
-              .sum_pi_squared = optional_tokens<T>(fn, "sum_pi_squared", sum_pi_squared, off),
-              .rollout_is_weights = optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off)};
+              .old_log_prob = optional_tokens_of<const T>(fn, "old_log_prob", old_log_prob, off, ref, rewards),
+              .sum_pi_squared = optional_tokens_of<const T>(fn, "sum_pi_squared", sum_pi_squared, off, ref, rewards),
+              .rollout_is_weights = optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, ref, rewards)};
           const auto g = th::detail::groups_of(fn, group_ids);
           at::Tensor adv = empty_like_of(token_rewards), ret = empty_like_of(token_rewards);
           ulorl::optimal_token_baseline_advantages(in, g, th::tokens_of<T>(fn, "returns", ret, off),
@@ -423,10 +432,10 @@ void bind_terms(py::module_& m) {
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "loss_mat", loss_mat, [&](auto tag) {
           using T = decltype(tag);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          const auto lm = th::tokens_of<const T>(fn, "loss_mat", loss_mat, off);
+          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "loss_mat", lm);
           at::Tensor grad = empty_like_of(loss_mat);
-          const double loss = ulorl::agg_loss(th::tokens_of<const T>(fn, "loss_mat", loss_mat, off), mv.view, th::tokens_of<T>(fn, "grad", grad, off),
-                                              norm);
+          const double loss = ulorl::agg_loss(lm, mv.view, th::tokens_of<T>(fn, "grad", grad, off), norm);
           return py::make_tuple(loss, grad);
         });
       },
@@ -494,8 +503,9 @@ void bind_terms(py::module_& m) {
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
           using T = decltype(tag);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
-          ulorl::off_policy_mask_inputs<T, byte, T> in{.log_prob = th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
+          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
+          ulorl::off_policy_mask_inputs<T, byte, T> in{.log_prob = lp,
                                                        .old_log_prob = th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
                                                        .mask = mv.view};
           if (cfg.advantage == ulorl::off_policy_advantage_level::token)
@@ -534,12 +544,12 @@ void bind_loss_passes(py::module_& m) {
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
           using T = decltype(tag);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
+          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
           at::Tensor w = empty_like_of(log_prob);
-          const auto st = P::verl::dppo_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
-                                                th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+          const auto st = P::verl::dppo_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
                                                 th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
-                                                optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off),
+                                                optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp),
                                                 th::tokens_of<T>(fn, "weights", w, off), o);
           return py::make_tuple(w, stats_dict(st));
         });
@@ -558,10 +568,9 @@ void bind_loss_passes(py::module_& m) {
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
           using T = decltype(tag);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
           const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
-          const auto rw = optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off);
-          if (!rw.empty()) ulorl::require_same_shape(fn, "rollout_is_weights", rw, "log_prob", lp);
+          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
+          (void)optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp);
           at::Tensor sel = empty_like_of(log_prob);
           const auto st = P::verl::kl_cov_selection(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
                                                     th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
@@ -588,13 +597,13 @@ void bind_loss_passes(py::module_& m) {
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
           using T = decltype(tag);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
-          const mask_bytes sv = mask_of<T>(fn, "clip_cov_selection", selection, off);
+          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
+          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
+          const mask_bytes sv = optional_mask_of<T>(fn, "clip_cov_selection", selection, off, "log_prob", lp);
           at::Tensor w = empty_like_of(log_prob);
-          const auto st = P::verl::clip_cov_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
-                                                    th::tokens_of<const T>(fn, "log_prob", log_prob, off),
+          const auto st = P::verl::clip_cov_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
                                                     th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view, sv.view,
-                                                    optional_tokens<T>(fn, "rollout_is_weights", rollout_is_weights, off),
+                                                    optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp),
                                                     th::tokens_of<T>(fn, "weights", w, off), o);
           return py::make_tuple(w, stats_dict(st));
         });
@@ -662,11 +671,11 @@ void bind_loss_passes(py::module_& m) {
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
           using T = decltype(tag);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
+          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
+          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
           at::Tensor grad = at::zeros(log_prob.sizes(), at::TensorOptions().dtype(log_prob.scalar_type()));
-          const double kl = P::nemo_rl::kl_penalty_term(th::tokens_of<const T>(fn, "log_prob", log_prob, off),
-                                                        th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off),
-                                                        optional_tokens<T>(fn, "rollout_log_prob", rollout_log_prob, off),
+          const double kl = P::nemo_rl::kl_penalty_term(lp, th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off),
+                                                        optional_tokens_of<const T>(fn, "rollout_log_prob", rollout_log_prob, off, "log_prob", lp),
                                                         mv.view, th::tokens_of<T>(fn, "grad", grad, off), o, norm);
           // NeMo-RL logs the penalty without its coefficient (kl_penalty).
           const double unscaled = kl == 0.0 ? 0.0 : kl / o.reference_policy_kl_penalty;
@@ -683,9 +692,9 @@ void bind_loss_passes(py::module_& m) {
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
           using T = decltype(tag);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
-          const auto r = P::nemo_rl::logged_ratios(th::tokens_of<const T>(fn, "log_prob", log_prob, off),
-                                                   th::tokens_of<const T>(fn, "old_log_prob", prev_log_prob, off), mv.view, o,
+          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
+          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
+          const auto r = P::nemo_rl::logged_ratios(lp, th::tokens_of<const T>(fn, "old_log_prob", prev_log_prob, off), mv.view, o,
                                                    {.global_valid_toks = global_valid_toks});
           return py::dict("probs_ratio"_a = r.probs_ratio, "probs_ratio_clamped"_a = r.probs_ratio_clamped);
         });
@@ -732,14 +741,17 @@ void bind_loss_passes(py::module_& m) {
         return th::detail::with_token_type(fn, "per_token_logps", per_token_logps, [&](auto tag) {
           using T = decltype(tag);
           const th::offsets_view padded{};
-          const mask_bytes mv = mask_of<T>(fn, "completion_mask", completion_mask, padded);
-          P::trl::grpo_loss_inputs<T, byte> in{th::tokens_of<const T>(fn, "per_token_logps", per_token_logps, padded),
-                                               th::tokens_of<const T>(fn, "old_per_token_logps", old_per_token_logps, padded),
+          constexpr std::string_view ref = "per_token_logps";
+          const auto lp = th::tokens_of<const T>(fn, ref, per_token_logps, padded);
+          const mask_bytes mv = optional_mask_of<T>(fn, "completion_mask", completion_mask, padded, ref, lp);
+          P::trl::grpo_loss_inputs<T, byte> in{lp, th::tokens_of<const T>(fn, "old_per_token_logps", old_per_token_logps, padded),
                                                mv.view, th::span_of<const T>(fn, "advantages", advantages)};
-          in.ref_per_token_logps = optional_tokens<T>(fn, "ref_per_token_logps", ref_per_token_logps, padded);
-          in.sampling_per_token_logps = optional_tokens<T>(fn, "sampling_per_token_logps", sampling_per_token_logps, padded);
-          in.entropies = optional_tokens<T>(fn, "entropies", entropies, padded);
-          in.importance_sampling_ratio = optional_tokens<T>(fn, "importance_sampling_ratio", importance_sampling_ratio, padded);
+          in.ref_per_token_logps = optional_tokens_of<const T>(fn, "ref_per_token_logps", ref_per_token_logps, padded, ref, lp);
+          in.sampling_per_token_logps =
+              optional_tokens_of<const T>(fn, "sampling_per_token_logps", sampling_per_token_logps, padded, ref, lp);
+          in.entropies = optional_tokens_of<const T>(fn, "entropies", entropies, padded, ref, lp);
+          // [B, T] or [B, 1]: the loss checks its shape.
+          in.importance_sampling_ratio = optional_tokens_of<const T>(fn, "importance_sampling_ratio", importance_sampling_ratio, padded);
           const auto opts = at::TensorOptions().dtype(per_token_logps.scalar_type());
           at::Tensor grad = at::zeros(per_token_logps.sizes(), opts);
           opt_tensor grad_entropies;

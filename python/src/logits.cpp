@@ -18,7 +18,7 @@ namespace {
 using namespace pybind11::literals;
 namespace th = ulorl::th;
 using opt_tensor = std::optional<at::Tensor>;
-at::Tensor or_undefined(const opt_tensor& t) { return t ? *t : at::Tensor(); }
+using th::or_undefined;
 }  // namespace
 
 void bind_logits(py::module_& m) {

@@ -25,7 +25,7 @@ using namespace pybind11::literals;
 namespace th = ulorl::th;
 using opt_tensor = std::optional<at::Tensor>;
 
-at::Tensor or_undefined(const opt_tensor& t) { return t ? *t : at::Tensor(); }
+using th::or_undefined;
 
 //! count_batch of the mask (checked to be 0/1), or with `tokens` (a token tensor of the batch,
 //! float32 / float64: its layout) count_batch(mask, tokens): an absent mask counts every token of
@@ -46,9 +46,9 @@ ulorl::batch_counts count_mask(const opt_tensor& mask, const opt_tensor& offsets
   th::detail::require_cpu(fn, "mask", *mask, -1);
   switch (mask->scalar_type()) {
     case c10::ScalarType::Bool:
-    case c10::ScalarType::Byte: return count(th::tokens_of<const std::uint8_t>(fn, "mask", *mask, off));
-    case c10::ScalarType::Float: return count(th::tokens_of<const float>(fn, "mask", *mask, off));
-    case c10::ScalarType::Double: return count(th::tokens_of<const double>(fn, "mask", *mask, off));
+    case c10::ScalarType::Byte: return count(th::optional_tokens_of<const std::uint8_t>(fn, "mask", *mask, off));
+    case c10::ScalarType::Float: return count(th::optional_tokens_of<const float>(fn, "mask", *mask, off));
+    case c10::ScalarType::Double: return count(th::optional_tokens_of<const double>(fn, "mask", *mask, off));
     default:
       ulorl::detail::fail(fn, "mask", std::string("has dtype ") + c10::toString(mask->scalar_type()) +
                                           " but must be bool, uint8, float32 or float64");

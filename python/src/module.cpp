@@ -13,6 +13,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,7 @@ void bind_config(py::module_& m) {
   m.def(
       "global_normalizer",
       [](const std::string& mode, const ulorl::batch_counts& counts, double constant, double scale) {
+        ulorl::require_not_nan("global_normalizer", "constant", constant);  // even where `mode` does not use it
         const auto n = ulorl::global_normalizer(agg_of(mode), counts, constant, scale);
         ulorl::validate_normalizer("global_normalizer", n);
         return n;
@@ -723,9 +725,19 @@ void bind_scheduler(py::module_& m) {
       "old_log_prob_versions",
       [](const span_list& spans, std::int64_t current_version, const std::string& mode, std::int64_t max_staleness,
          bool trust_rollout_log_probs) {
+        constexpr std::string_view fn = "fill_old_log_prob_versions";
         const auto v = spans_from(spans);
-        std::vector<std::int64_t> out(static_cast<std::size_t>(ulorl::span_tokens(v)));
-        ulorl::fill_old_log_prob_versions(v, out, is_config(mode, current_version, max_staleness, trust_rollout_log_probs));
+        const auto cfg = is_config(mode, current_version, max_staleness, trust_rollout_log_probs);
+        ulorl::validate_old_log_prob_inputs(fn, v, cfg);  // before the result of span_tokens(v) entries exists
+        const std::int64_t tokens = ulorl::span_tokens(v);
+        std::vector<std::int64_t> out;
+        try {
+          out.resize(static_cast<std::size_t>(tokens));
+        } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+          ulorl::detail::fail_at(fn, "spans.end", static_cast<std::int64_t>(v.size()) - 1, tokens,
+                                 "the response's token count is too large for the per-token list");
+        }
+        ulorl::fill_old_log_prob_versions(v, out, cfg);
         return out;
       },
       "spans"_a, py::kw_only(), "current_version"_a, "mode"_a = "pois", "max_staleness"_a = -1,

@@ -6,8 +6,10 @@ Nothing here computes a formula: each function builds a configuration and calls 
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -23,6 +25,49 @@ def _fail(function: str, argument: str, what: str) -> Error:
     e = Error(f"ulorl::{function}: argument '{argument}': {what}")
     e.function, e.argument, e.index = function, argument, -1
     return e
+
+
+def _reject_nan(function: str, argument: str, value: Any, index: int = -1) -> None:
+    """A float argument (or a float in a list / tuple argument: its index is named) that is NaN raises
+    ulorl.Error, whether or not the call uses it."""
+    if isinstance(value, float) and math.isnan(value):
+        where = f"'{argument}'" if index < 0 else f"'{argument}'[{index}]"
+        e = Error(f"ulorl::{function}: argument {where} = nan: must not be NaN (checked even where the call does "
+                  "not use it)")
+        e.function, e.argument, e.index = function, argument, index
+        raise e
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _reject_nan(function, argument, v, i if index < 0 else index)
+
+
+def _nan_checked(function: str, f: Callable[..., Any]) -> Callable[..., Any]:
+    """``f`` whose every float argument (keyword options included) is checked by _reject_nan first."""
+    sig = inspect.signature(f)
+
+    @functools.wraps(f)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = sig.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            return f(*args, **kwargs)  # f raises its own TypeError
+        for name, value in bound.items():
+            if sig.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                for key, v in value.items():
+                    _reject_nan(function, key, v)
+            else:
+                _reject_nan(function, name, value)
+        return f(*args, **kwargs)
+
+    return call
+
+
+def _check_nan_options(module_globals: Dict[str, Any], prefix: str = "") -> None:
+    """Wraps every public function defined in a module with _nan_checked (errors name ``prefix`` +
+    the function): a NaN option is an error whether or not the call uses it."""
+    for name, f in list(module_globals.items()):
+        if not name.startswith("_") and inspect.isfunction(f) and f.__module__ == module_globals["__name__"]:
+            module_globals[name] = _nan_checked(prefix + name, f)
 
 
 def policy_loss_config(
@@ -442,25 +487,57 @@ def mpt_mask(
 
 # ---- values computed with their gradient ------------------------------------------------------------
 
+class _DifferentiatedTwice(torch.autograd.Function):
+    """What differentiating a gradient of ulorl's functions reaches: raises ulorl.Error naming the
+    function. The kernels compute their gradients without a graph, so a second derivative would
+    otherwise be a silent zero (torch's once_differentiable rule: the error comes at the second
+    differentiation, not at create_graph=True)."""
+
+    @staticmethod
+    def forward(ctx, grad, function):  # noqa: D401
+        ctx.function = function
+        return grad.view_as(grad)
+
+    @staticmethod
+    def backward(ctx, g):
+        raise _fail(ctx.function, "grad",
+                    "is differentiable once: the kernel computes this gradient without an autograd graph, so its "
+                    "derivative (double backward: a gradient taken with create_graph=True, then differentiated) is "
+                    "not available")
+
+
+def _once_differentiable(function: str, grad: torch.Tensor) -> torch.Tensor:
+    """A gradient returned by a backward: as it is, or under create_graph=True (grad mode on) an
+    alias whose differentiation raises (_DifferentiatedTwice)."""
+    if not torch.is_grad_enabled():
+        return grad
+    return _DifferentiatedTwice.apply(grad.detach().requires_grad_(True), function)
+
+
 class _ValueWithGradient(torch.autograd.Function):
     """A value the C++ kernel returned together with its exact gradient with respect to ``x``:
     backward scales that gradient by the incoming one (a 0-dim value: any gradient shape; an
-    element-wise value: the gradient of each element with respect to its own input)."""
+    element-wise value: the gradient of each element with respect to its own input). Differentiable
+    once: differentiating that gradient raises ulorl.Error naming ``function``."""
 
     @staticmethod
-    def forward(ctx, x, value, grad):  # noqa: D401
+    def forward(ctx, x, value, grad, function):  # noqa: D401
         ctx.save_for_backward(grad)
+        ctx.function = function
         return value.clone()
 
     @staticmethod
     def backward(ctx, g):
         (grad,) = ctx.saved_tensors
-        return g * grad, None, None
+        with torch.no_grad():
+            dx = g * grad
+        return _once_differentiable(ctx.function, dx), None, None, None
 
 
-def _with_gradient(x: torch.Tensor, value: Union[float, torch.Tensor], grad: torch.Tensor) -> torch.Tensor:
+def _with_gradient(x: torch.Tensor, value: Union[float, torch.Tensor], grad: torch.Tensor,
+                   function: str) -> torch.Tensor:
     v = value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=grad.dtype)
-    return _ValueWithGradient.apply(x, v, grad)
+    return _ValueWithGradient.apply(x, v, grad, function)
 
 
 def _tensor(x: Optional[ArrayLike], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
@@ -644,7 +721,7 @@ def agg_loss(loss_mat: torch.Tensor, mask: Optional[torch.Tensor] = None, *, nor
         normalizer = _ulorl.global_normalizer(agg_mode, _ulorl.count_batch(mask, offsets, tokens=loss_mat.detach()),
                                               agg_constant)
     value, grad = _ulorl._agg_loss(loss_mat.detach(), mask, normalizer, offsets)
-    return _with_gradient(loss_mat, value, grad)
+    return _with_gradient(loss_mat, value, grad, "agg_loss")
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str, *, preset: str = "verl",
@@ -656,7 +733,7 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: st
     clamped to +-10), ``nemo_rl`` (k1, k2, k3 with ``input_clamp`` / ``output_clamp``)."""
     kl, grad = _ulorl._kl_penalty(log_prob.detach(), ref_log_prob, preset, estimator, input_clamp, output_clamp,
                                   offsets)
-    return _with_gradient(log_prob, kl, grad)
+    return _with_gradient(log_prob, kl, grad, "kl_penalty")
 
 
 def off_policy_mask(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
@@ -671,3 +748,6 @@ def off_policy_mask(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantag
     keep, seq_kl, stats = _ulorl._off_policy_mask(log_prob.detach(), old_log_prob, advantages, mask, preset, delta,
                                                   form, offsets)
     return keep, seq_kl, stats
+
+
+_check_nan_options(globals())

@@ -87,3 +87,141 @@ def test_second_backward_is_rejected():
     loss.backward(retain_graph=True)
     with pytest.raises(Exception, match="one backward per forward"):
         loss.backward()
+
+
+# ---- only None is absent: a zero-size tensor is a given argument of the wrong shape -------------------
+
+def _zero_rows(T=3):
+    return torch.ones(0, T, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("empty", [_zero_rows(), torch.ones(0, 0, dtype=torch.bool), torch.ones(0, 3, dtype=torch.float64)])
+def test_zero_size_mask_is_not_an_absent_mask(empty):
+    lp, old, adv, _ = good()
+    norm = ulorl.Normalizer("token_mean", 6.0)
+    calls = {
+        "policy_loss": lambda: ulorl.policy_loss(lp, old, adv, empty, normalizer=norm),
+        "agg_loss": lambda: ulorl.agg_loss(lp, empty, normalizer=norm),
+        "mpt_mask": lambda: ulorl.mpt_mask(torch.rand(2, 3, dtype=torch.float64), torch.ones(2, dtype=torch.float64),
+                                           log_prob=lp, mask=empty),
+        "rollout_correction": lambda: ulorl.rollout_correction(old, lp, empty),
+        "off_policy_mask": lambda: ulorl.off_policy_mask(lp, old, adv[:, 0].contiguous(), empty, delta=0.5),
+        "reinforce_pp_advantages": lambda: ulorl.reinforce_pp_advantages(torch.rand(2, 3, dtype=torch.float64), empty),
+        "optimal_token_baseline_advantages": lambda: ulorl.optimal_token_baseline_advantages(
+            torch.rand(2, 3, dtype=torch.float64), empty, [0, 0], old_log_prob=old, sum_pi_squared=torch.rand(2, 3, dtype=torch.float64)),
+    }
+    for fn, call in calls.items():
+        with pytest.raises(ulorl.Error) as e:
+            call()
+        assert e.value.argument == "mask", (fn, str(e.value))
+        assert e.value.function == fn, str(e.value)
+
+
+def test_zero_size_mask_of_the_fused_losses_and_zero_size_bias():
+    lp, old, adv, mask = good()
+    norm = ulorl.Normalizer("token_mean", 6.0)
+    logits = torch.randn(6, 5, dtype=torch.float64)
+    labels = torch.randint(0, 5, (6,))
+    with pytest.raises(ulorl.Error) as e:
+        ulorl.policy_loss_from_logits(logits, labels, old, adv, _zero_rows(), normalizer=norm)
+    assert e.value.argument == "mask"
+    hidden, weight = torch.randn(6, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+    with pytest.raises(ulorl.Error) as e:
+        ulorl.linear_head_policy_loss(hidden, weight, None, labels, old, adv, _zero_rows(), normalizer=norm)
+    assert e.value.argument == "mask"
+    with pytest.raises(ulorl.Error) as e:
+        ulorl.linear_head_policy_loss(hidden, weight, torch.zeros(0, dtype=torch.float64), labels, old, adv, mask)
+    assert e.value.argument == "bias"
+    # None is still "every token valid" / "no bias".
+    a, _ = ulorl.linear_head_policy_loss(hidden, weight, None, labels, old, adv, None, normalizer=norm)
+    b, _ = ulorl.linear_head_policy_loss(hidden, weight, None, labels, old, adv, torch.ones_like(mask), normalizer=norm)
+    assert torch.equal(a, b)
+
+
+# ---- differentiable once: a second derivative raises, naming the function ----------------------------
+
+def _graphs():
+    lp0, old, adv, mask = good()
+    logits0 = torch.randn(6, 5, dtype=torch.float64)
+    labels = torch.randint(0, 5, (6,))
+    hidden, w0 = torch.randn(6, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+
+    def policy_loss(x):
+        return ulorl.policy_loss(x, old, adv, mask)[0]
+
+    def from_logits(x):
+        return ulorl.policy_loss_from_logits(x, labels, old, adv, mask)[0]
+
+    def logprobs(x):
+        lp, ent = ulorl.logprobs_from_logits(x, labels)
+        return lp.sum() + ent.sum()
+
+    def head(x):
+        return ulorl.linear_head_policy_loss(hidden, x, None, labels, old, adv, mask)[0]
+
+    def agg(x):
+        return ulorl.agg_loss(x, mask)
+
+    def kl(x):
+        return ulorl.kl_penalty(x, old, "k3").sum()
+
+    def openrlhf_agg(x):
+        return ulorl.presets.openrlhf.agg_loss(x, mask)
+
+    return [("policy_loss", policy_loss, lp0), ("policy_loss_from_logits", from_logits, logits0),
+            ("logits_stats", logprobs, logits0), ("linear_head_policy_loss", head, w0), ("agg_loss", agg, lp0),
+            ("kl_penalty", kl, lp0), ("presets::openrlhf::agg_loss", openrlhf_agg, lp0)]
+
+
+@pytest.mark.parametrize("name, f, x0", _graphs(), ids=[g[0] for g in _graphs()])
+def test_double_backward_raises_naming_the_function(name, f, x0):
+    x = x0.clone().requires_grad_()
+    (plain,) = torch.autograd.grad(f(x), x)
+    assert not plain.requires_grad
+    # create_graph=True alone returns the same gradient (torch's once_differentiable rule) ...
+    x = x0.clone().requires_grad_()
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    assert g.requires_grad and torch.equal(g.detach(), plain)
+    # ... and differentiating it raises, naming the function.
+    with pytest.raises((ulorl.Error, RuntimeError), match="differentiable once") as e:
+        g.sum().backward()
+    assert name in str(e.value)
+
+
+# ---- sizes from user values are checked before anything of that size is allocated -------------------
+
+def test_hostile_offsets_and_spans_raise_before_allocating():
+    with pytest.raises(ulorl.Error) as e:
+        ulorl.broadcast_to_tokens(torch.ones(1, dtype=torch.float64), None, offsets=torch.tensor([5, 2**40]))
+    assert (e.value.function, e.value.argument, e.value.index) == ("broadcast_to_tokens", "offsets", 0)
+    with pytest.raises(ulorl.Error) as e:
+        ulorl.old_log_prob_versions([(0, 4, 0), (5, 2**61, 1)], current_version=3, mode="sais")
+    assert (e.value.argument, e.value.index) == ("spans.begin", 1)
+    with pytest.raises(ulorl.Error) as e:  # well-formed but too long for a list
+        ulorl.old_log_prob_versions([(0, 2**62, 0)], current_version=0, mode="sais")
+    assert e.value.argument == "spans.end"
+
+
+# ---- a NaN option is an error even where the call does not use it -------------------------------------
+
+def test_nan_options_are_rejected_even_when_unused():
+    nan = float("nan")
+    lp, old, adv, mask = good()
+    with pytest.raises(ulorl.Error) as e:  # dp_size is used only with batch_num_tokens
+        ulorl.presets.openrlhf.policy_loss(lp, old, adv, mask, dp_size=nan)
+    assert e.value.argument == "dp_size" and e.value.function == "presets::openrlhf::policy_loss"
+    with pytest.raises(ulorl.Error) as e:  # agg_constant is used only by the constant modes
+        ulorl.policy_loss(lp, old, adv, mask, agg_constant=nan)
+    assert e.value.argument == "agg_constant"
+    with pytest.raises(ulorl.Error) as e:  # tau_pos is sapo's
+        ulorl.policy_loss(lp, old, adv, mask, tau_pos=nan)
+    assert e.value.argument == "tau_pos"
+    with pytest.raises(ulorl.Error) as e:
+        ulorl.presets.openrlhf.policy_loss(lp, old, adv, mask, vllm_is_truncated_threshold=(0.5, nan))
+    assert (e.value.argument, e.value.index) == ("vllm_is_truncated_threshold", 1)
+    with pytest.raises(ulorl.Error) as e:
+        ulorl.presets.verl.agg_loss(lp, mask, loss_agg_mode="token-mean", loss_scale_factor=nan)
+    assert e.value.argument == "loss_scale_factor"
+    with pytest.raises(ulorl.Error) as e:
+        ulorl.global_normalizer("token_mean", ulorl.BatchCounts(6.0, 2.0, 2.0), constant=nan)
+    assert e.value.argument == "constant"

@@ -672,3 +672,115 @@ TEST_CASE("torch logits_stats peak memory: at most 1/10 of torch's log_softmax /
   CHECK(ours * 10 <= theirs);
   CHECK(ours < n * 64);  // O(N): a few [N] double vectors
 }
+
+TEST_CASE("torch adapter: a defined zero-size optional tensor is present (shape-checked), never absent",
+          "[torch][errors][absent]") {
+  tsupport::seed(3001);
+  const std::int64_t b = 2, t = 4, v = 11, h = 5;
+  batch x = make_batch(b, t, at::kDouble);
+  const auto cfg = full_config(x.mask.sum().item<double>());
+  const at::Tensor empty_rows = at::ones({0, t}, at::kBool), empty_both = at::ones({0, 0}, at::kBool);
+  for (const at::Tensor& m : {empty_rows, empty_both, empty_rows.to(at::kDouble)}) {
+    expect_error([&] { (void)th::policy_loss(x.lp, x.old, x.adv, m, cfg, {.ref_log_prob = x.ref, .entropy = x.ent}); },
+                 "policy_loss", "mask", "shape differs");
+  }
+  // ref_log_prob is checked even with kl_coef == 0, entropy with entropy_coef == 0.
+  auto plain = cfg;
+  plain.kl_coef = 0.0, plain.entropy_coef = 0.0;
+  const at::Tensor z = at::zeros({0, t}, at::kDouble);
+  expect_error([&] { (void)th::policy_loss(x.lp, x.old, x.adv, x.mask, plain, {.ref_log_prob = z}); }, "policy_loss",
+               "ref_log_prob", "shape differs");
+  expect_error([&] { (void)th::policy_loss(x.lp, x.old, x.adv, x.mask, plain, {.entropy = z}); }, "policy_loss",
+               "entropy", "shape differs");
+  expect_error([&] { (void)th::policy_loss(x.lp, x.old, x.adv, x.mask, plain, {.weights = z}); }, "policy_loss",
+               "weights", "shape differs");
+  // The fused paths.
+  const at::Tensor logits = at::randn({b * t, v}, at::kDouble);
+  const at::Tensor y = at::randint(0, v, {b * t}, at::TensorOptions().dtype(at::kLong));
+  expect_error([&] { (void)th::policy_loss_from_logits(logits, y, x.old, x.adv, empty_rows, plain); },
+               "policy_loss_from_logits", "mask", "shape differs");
+  const at::Tensor hid = at::randn({b * t, h}, at::kDouble), w = at::randn({v, h}, at::kDouble);
+  expect_error([&] { (void)th::linear_head_policy_loss(hid, w, at::zeros({0}, at::kDouble), y, x.old, x.adv, x.mask, plain); },
+               "linear_head_policy_loss", "bias", "has 0 elements");
+  // mpt_mask.
+  th::mpt_tensors mt{.log_prob = x.lp, .entropy = x.ent, .mask = empty_rows, .response_score = at::ones({b}, at::kDouble)};
+  expect_error([&] { (void)th::mpt_mask(mt); }, "mpt_mask", "mask", "shape differs");
+  // An undefined mask is still every token valid.
+  CHECK(at::equal(th::policy_loss(x.lp, x.old, x.adv, at::Tensor(), plain).loss,
+                  th::policy_loss(x.lp, x.old, x.adv, at::ones({b, t}, at::kBool), plain).loss));
+}
+
+TEST_CASE("torch autograd functions are differentiable once: differentiating a gradient raises",
+          "[torch][errors][double_backward]") {
+  tsupport::seed(3002);
+  const std::int64_t b = 2, t = 3, v = 7, h = 4;
+  batch x = make_batch(b, t, at::kDouble);
+  const auto cfg = full_config(x.mask.sum().item<double>());
+  const at::Tensor logits0 = at::randn({b * t, v}, at::kDouble);
+  const at::Tensor y = at::randint(0, v, {b * t}, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor hid0 = at::randn({b * t, h}, at::kDouble), w0 = at::randn({v, h}, at::kDouble) * 0.3;
+  auto no_kl = cfg;
+  no_kl.kl_coef = 0.0, no_kl.entropy_coef = 0.0;
+  struct graph {
+    std::string fn;
+    std::function<std::pair<at::Tensor, at::Tensor>()> make;  // (loss, the input it is differentiated in)
+  };
+  const std::vector<graph> graphs{
+      {"policy_loss",
+       [&] {
+         at::Tensor lp = x.lp.clone().requires_grad_();
+         return std::pair{th::policy_loss(lp, x.old, x.adv, x.mask, cfg, {.ref_log_prob = x.ref, .entropy = x.ent}).loss, lp};
+       }},
+      {"logits_stats",
+       [&] {
+         at::Tensor z = logits0.clone().requires_grad_();
+         auto [lp, ent] = th::logits_stats(z, y);
+         return std::pair{lp.sum() + ent.sum(), z};
+       }},
+      {"policy_loss_from_logits",
+       [&] {
+         at::Tensor z = logits0.clone().requires_grad_();
+         return std::pair{th::policy_loss_from_logits(z, y, x.old, x.adv, x.mask, no_kl).loss, z};
+       }},
+      {"linear_head_policy_loss", [&] {
+         at::Tensor wt = w0.clone().requires_grad_();
+         return std::pair{th::linear_head_policy_loss(hid0, wt, at::Tensor(), y, x.old, x.adv, x.mask, no_kl).loss, wt};
+       }}};
+  for (const auto& g : graphs) {
+    INFO(g.fn);
+    // Plain backward.
+    auto [l0, in0] = g.make();
+    const at::Tensor plain = torch::autograd::grad({l0}, {in0})[0];
+    CHECK_FALSE(plain.requires_grad());
+    // create_graph=True alone: the same gradient, which now requires grad...
+    auto [l1, in1] = g.make();
+    const at::Tensor once = torch::autograd::grad({l1}, {in1}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+    CHECK(once.requires_grad());
+    CHECK(at::equal(once.detach(), plain));
+    // ...and differentiating it raises, naming the function.
+    try {
+      once.sum().backward();
+      FAIL("no error on double backward");
+    } catch (const ulorl::error& e) {
+      CHECK(e.function() == g.fn);
+      CHECK(std::string(e.what()).find("differentiable once") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("torch broadcast_to_tokens: hostile offsets are rejected before the result is allocated",
+          "[torch][errors][alloc]") {
+  const at::Tensor adv = at::ones({1}, at::kDouble);
+  const at::Tensor off = at::tensor(std::vector<std::int64_t>{5, std::int64_t{1} << 40}, at::TensorOptions().dtype(at::kLong));
+  try {
+    (void)th::broadcast_to_tokens(adv, at::Tensor(), ulorl::broadcast_config{}, off);
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "broadcast_to_tokens");
+    CHECK(e.argument() == "offsets");
+    CHECK(e.index() == 0);
+  }
+  const at::Tensor down = at::tensor(std::vector<std::int32_t>{0, 7, 3}, at::TensorOptions().dtype(at::kInt));
+  expect_error([&] { (void)th::broadcast_to_tokens(at::ones({2}, at::kDouble), at::Tensor(), ulorl::broadcast_config{}, down); },
+               "broadcast_to_tokens", "offsets", "must not decrease");
+}

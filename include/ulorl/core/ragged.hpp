@@ -5,7 +5,8 @@
 // shapes and finiteness and name the offending argument and flat index.
 //
 // Masks: every function of ulorl that takes a token mask takes an absent one (an empty view,
-// `token_view<const M>{}`) as "every token valid": all B x T tokens of the padded layout, every
+// `token_view<const M>{}`; a given view of zero elements is not absent) as "every token valid":
+// all B x T tokens of the padded layout, every
 // token inside the offsets of the packed layout, in the shape of the function's other token arrays
 // (log_prob, or what it names). The results are the same bits as with an explicit all-ones mask.
 // `mask_or_all_valid` is that rule: the mask, or a view of the other array's tokens that reads 1.
@@ -87,7 +88,12 @@ class token_view {
 
   [[nodiscard]] constexpr layout kind() const noexcept { return kind_; }
   [[nodiscard]] constexpr T* data() const noexcept { return data_; }
-  [[nodiscard]] constexpr bool empty() const noexcept { return data_ == nullptr && rows_ == 0; }
+  //! Whether this is the absent view (an optional argument not given): no memory and no shape, as
+  //! default-constructed. A view of zero elements that has a shape (padded [0, T], or packed with
+  //! offsets) is present, so a function checks it against its other arrays like any given argument.
+  [[nodiscard]] constexpr bool empty() const noexcept {
+    return data_ == nullptr && rows_ == 0 && cols_ == 0 && !has_offsets();
+  }
   //! Packed views only: whether offsets were given (a view with none has no rows to address).
   [[nodiscard]] constexpr bool has_offsets() const noexcept { return off64_ != nullptr || off32_ != nullptr; }
   //! Number of responses B.

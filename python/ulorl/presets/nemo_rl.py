@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _fail, _with_gradient
+from .._api import _check_nan_options, _fail, _with_gradient
 from . import _common
 
 
@@ -89,7 +89,7 @@ def clipped_pg_loss(
     if with_kl:
         kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_kl_penalty_term(o, lp, reference_policy_logprobs,
                                                                    generation_logprobs, token_mask, cfg.normalizer)
-        kl_term = _with_gradient(next_token_logprobs, kl, kl_grad)
+        kl_term = _with_gradient(next_token_logprobs, kl, kl_grad, "presets::nemo_rl::clipped_pg_loss")
         extra["kl_penalty"] = kl_unscaled
     extra.update(_ulorl._nemo_rl_logged_ratios(o, lp, prev_logprobs, token_mask, global_valid_toks))
     loss, result = _ulorl._policy_loss(next_token_logprobs, prev, advantages, token_mask, cfg, None, weights, None,
@@ -109,7 +109,7 @@ def calculate_kl(logprobs: torch.Tensor, logprobs_reference: torch.Tensor, kl_ty
     with autograd to ``logprobs`` (0 where a clamp is active)."""
     kl, grad = _ulorl._kl_penalty(logprobs.detach(), logprobs_reference, "nemo_rl", kl_type, input_clamp_value,
                                   output_clamp_value)
-    return _with_gradient(logprobs, kl, grad)
+    return _with_gradient(logprobs, kl, grad, "presets::nemo_rl::calculate_kl")
 
 
 def rollout_correction(
@@ -141,3 +141,6 @@ def rollout_correction(
     if truncated_importance_sampling_type is None:
         del logged["is_oob_ratio"]
     return w, logged
+
+
+_check_nan_options(globals(), "presets::nemo_rl::")

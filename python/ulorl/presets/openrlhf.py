@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _fail, _with_gradient
+from .._api import _check_nan_options, _fail, _with_gradient
 from . import _common
 
 
@@ -96,14 +96,14 @@ def agg_loss(
     norm = _ulorl._openrlhf_normalizer(token_level_loss, _common.counts(action_mask), dp_size, batch_num_tokens,
                                        global_batch_size)
     value, grad = _ulorl._agg_loss(loss.detach(), action_mask, norm)
-    return _with_gradient(loss, value, grad)
+    return _with_gradient(loss, value, grad, "presets::openrlhf::agg_loss")
 
 
 def compute_approx_kl(log_probs: torch.Tensor, log_probs_base: torch.Tensor, kl_estimator: str = "k1") -> torch.Tensor:
     """OpenRLHF's ``compute_approx_kl``: k1, k2 or k3 of log_probs - log_probs_base, clamped to +-10;
     element-wise, with autograd to ``log_probs``."""
     kl, grad = _ulorl._kl_penalty(log_probs.detach(), log_probs_base, "openrlhf", kl_estimator, None, None)
-    return _with_gradient(log_probs, kl, grad)
+    return _with_gradient(log_probs, kl, grad, "presets::openrlhf::compute_approx_kl")
 
 
 def rollout_correction(
@@ -120,3 +120,6 @@ def rollout_correction(
     rc = _ulorl._openrlhf_rollout_correction_config(vllm_is_correction_type, list(vllm_is_truncated_threshold))
     w, _, m = _ulorl._rollout_correction(old_log_probs, rollout_log_probs, action_mask, rc, None)
     return w, {"vllm_kl": m.as_dict()["kl"]}
+
+
+_check_nan_options(globals(), "presets::openrlhf::")

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _fail, _with_gradient
+from .._api import _check_nan_options, _fail, _with_gradient
 
 
 def grpo_loss(
@@ -86,10 +86,10 @@ def grpo_loss(
         float(gradient_accumulation_steps), num_items_in_batch, float(num_processes), sapo_temperature_pos,
         sapo_temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg,
         off_policy_mask_threshold, top_entropy_quantile, entropy_coef, check_values)
-    loss = _with_gradient(per_token_logps, value, grad)
+    loss = _with_gradient(per_token_logps, value, grad, "presets::trl::grpo_loss")
     if grad_entropies is not None:
         # The value is all in `loss`; this term carries d loss / d entropies.
-        loss = loss + _with_gradient(entropies, 0.0, grad_entropies)
+        loss = loss + _with_gradient(entropies, 0.0, grad_entropies, "presets::trl::grpo_loss")
     m["loss"] = loss.item()
     return loss, m
 
@@ -138,3 +138,6 @@ def adaptive_entropy_controller(entropy_coef: float = 0.0, entropy_target: float
     then ``update(H)`` moves it by entropy_coef_delta within [entropy_coef_min, entropy_coef_max]."""
     return _ulorl._trl_adaptive_entropy(entropy_coef, entropy_target, entropy_coef_delta, entropy_coef_min,
                                         entropy_coef_max)
+
+
+_check_nan_options(globals(), "presets::trl::")

@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 
 from .. import _ulorl
-from .._api import _fail, _with_gradient
+from .._api import _check_nan_options, _fail, _with_gradient
 from . import _common
 
 
@@ -151,7 +151,7 @@ def agg_loss(
     norm = _ulorl._verl_normalizer(loss_agg_mode, _common.counts(loss_mask), dp_size, batch_num_tokens,
                                    global_batch_size, loss_scale_factor, _common.padded_length(loss_mat))
     value, grad = _ulorl._agg_loss(loss_mat.detach(), loss_mask, norm)
-    return _with_gradient(loss_mat, value, grad)
+    return _with_gradient(loss_mat, value, grad, "presets::verl::agg_loss")
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str = "kl") -> torch.Tensor:
@@ -159,7 +159,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     (|ref - logp| clamped to 20, the value to +-10), and the "+" names (value of the estimator,
     straight-through k2 gradient). Element-wise, with autograd to ``logprob``."""
     kl, grad = _ulorl._kl_penalty(logprob.detach(), ref_logprob, "verl", kl_penalty, None, None)
-    return _with_gradient(logprob, kl, grad)
+    return _with_gradient(logprob, kl, grad, "presets::verl::kl_penalty")
 
 
 def rollout_correction_config(
@@ -220,3 +220,6 @@ def rollout_correction(
     if cfg.batch_normalize:
         out["rollout_is_batch_norm_factor"] = d["batch_norm_factor"]
     return w, keep, out
+
+
+_check_nan_options(globals(), "presets::verl::")

@@ -111,14 +111,17 @@ inline at::Tensor advantages_impl(const at::Tensor& rewards, const group_layout&
     using T = decltype(tag);
     const auto adv = span_of<const T>(fn, "advantages", advantages);
     if (!mask.defined()) {
-      // The token count is the last offset; the core checks the offsets on the result's view.
+      // The token count is the last offset: the offsets are checked (on a view of no memory) before
+      // the result of that size is allocated.
       const std::int64_t last = static_cast<std::int64_t>(off.i64.size() + off.i32.size()) - 1;
       const std::int64_t total = off.i64.empty() ? std::int64_t{off.i32.back()} : off.i64.back();
       if (total < 0)
         ulorl::detail::fail_at(fn, "offsets", last, total, "the last offset (the token count) must be >= 0");
+      const vector_view<T> no_memory(nullptr, static_cast<std::size_t>(total));
+      validate_layout(fn, "offsets", off.i64.empty() ? token_view<T>::packed(no_memory, off.i32)
+                                                     : token_view<T>::packed(no_memory, off.i64));
       at::Tensor out = at::empty({total}, advantages.options());
       const token_view<T> out_v = tokens_of<T>(fn, "out", out, off);
-      validate_layout(fn, "offsets", out_v);
       ulorl::broadcast_to_tokens(adv, token_view<const std::uint8_t>{}, out_v, cfg);
       return out;
     }
@@ -172,9 +175,10 @@ struct mpt_tensors {
       const auto run = [&](auto mtag) {
         using M = decltype(mtag);
         mpt_batch<T, M, S> b;
-        (rollout ? b.old_log_prob : b.log_prob) = tokens_of<const T>(fn, lp_name, lp, off);
+        const token_view<const T> lp_v = tokens_of<const T>(fn, lp_name, lp, off);
+        (rollout ? b.old_log_prob : b.log_prob) = lp_v;
         b.entropy = tokens_of<const T>(fn, "entropy", t.entropy, off);
-        if (t.mask.defined()) b.mask = tokens_of<const M>(fn, "mask", t.mask, off);
+        b.mask = optional_tokens_of<const M>(fn, "mask", t.mask, off, lp_name, lp_v);
         b.response_score = span_of<const S>(fn, "response_score", t.response_score);
         at::Tensor keep = at::empty(lp.sizes(), at::TensorOptions().dtype(keep_dtype));
         const mpt_stats st = ulorl::mpt_mask(b, tokens_of<M>(fn, "keep", keep, off), cfg);

@@ -15,8 +15,9 @@
 // CPU tensors run the CPU kernels on torch's intra-op pool (torch_executor); CUDA tensors are
 // rejected with a clear error. Bad input raises ulorl::error (function, argument, index, value)
 // before any output exists. Backward runs once per forward: the saved gradients are handed to
-// autograd without a copy (retain_graph and double backward are not supported; a second backward
-// raises ulorl::error).
+// autograd without a copy (retain_graph is not supported: a second backward raises ulorl::error).
+// Every function is differentiable once: a gradient taken with create_graph=True is returned as
+// usual, and differentiating it raises ulorl::error naming the function (no silent zero).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -120,7 +121,7 @@ decltype(auto) with_logits_type(std::string_view fn, std::string_view arg, const
 //! The mask as a byte tensor: bool and uint8 masks as they are (bool is read as bytes); a float
 //! mask of the token dtype T is checked to be 0/1 (the error names the element) and converted to
 //! uint8, one byte per token. One mask type keeps the policy loss compiled once per token dtype.
-//! An undefined mask stays undefined (every token valid: optional_tokens makes it an empty view).
+//! An undefined mask stays undefined (every token valid: optional_tokens_of makes it an empty view).
 template <class T>
 at::Tensor byte_mask(std::string_view fn, std::string_view arg, const at::Tensor& m, const offsets_view& off) {
   if (!m.defined()) return m;
@@ -146,14 +147,6 @@ decltype(auto) with_label_type(std::string_view fn, std::string_view arg, const 
   }
 }
 
-//! An optional per-token tensor: empty view when undefined.
-template <class T>
-token_view<const T> optional_tokens(std::string_view fn, std::string_view arg, const at::Tensor& t,
-                                    const offsets_view& off) {
-  if (!t.defined()) return {};
-  return tokens_of<const T>(fn, arg, t, off);
-}
-
 //! Stands in for an absent optional tensor input of an autograd function (libtorch 1.13's
 //! Function::apply cannot take undefined tensors); never read.
 inline at::Tensor placeholder() { return at::empty({0}); }
@@ -163,8 +156,33 @@ inline at::Tensor new_tokens(const at::Tensor& like, c10::ScalarType dtype) {
   return at::empty(like.sizes(), at::TensorOptions().dtype(dtype).device(at::kCPU));
 }
 
+//! The node that differentiating a gradient of ulorl's functions reaches: it raises ulorl::error
+//! naming the function and the gradient. The kernels compute their gradients without a graph, so
+//! their derivative would otherwise be a silent zero (torch's once_differentiable rule: the error
+//! comes at the second differentiation, not at create_graph=True).
+struct differentiated_twice : public torch::autograd::Function<differentiated_twice> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& grad, const std::string& fn,
+                            const std::string& arg) {
+    ctx->saved_data["fn"] = fn;
+    ctx->saved_data["arg"] = arg;
+    return grad;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list) {
+    fail(ctx->saved_data["fn"].toStringRef(), ctx->saved_data["arg"].toStringRef(),
+         "is differentiable once: the kernel computes this gradient without an autograd graph, so its derivative "
+         "(double backward: a gradient taken with create_graph=True, then differentiated) is not available");
+  }
+};
+
+//! A gradient returned by a backward: as it is, or where the backward runs with create_graph=True
+//! (grad mode on), an alias whose differentiation raises (differentiated_twice).
+inline at::Tensor once_differentiable(std::string_view fn, std::string_view arg, const at::Tensor& grad) {
+  if (!grad.defined() || !at::GradMode::is_enabled()) return grad;
+  return differentiated_twice::apply(grad.detach().requires_grad_(true), std::string(fn), std::string(arg));
+}
+
 //! Takes a saved gradient out of the context (so that autograd can keep it without a copy) and
-//! scales it by the incoming 0-dim gradient.
+//! scales it by the incoming 0-dim gradient; differentiable once (once_differentiable).
 inline at::Tensor take_scaled(std::string_view fn, torch::autograd::AutogradContext* ctx, const std::string& key,
                               const at::Tensor& grad_out) {
   auto it = ctx->saved_data.find(key);
@@ -178,7 +196,7 @@ inline at::Tensor take_scaled(std::string_view fn, torch::autograd::AutogradCont
   if (!g.defined()) return g;
   const double s = grad_out.item<double>();
   if (s != 1.0) g.mul_(s);
-  return g;
+  return once_differentiable(fn, key, g);
 }
 
 //! Everything policy_loss needs besides the differentiable tensors.
@@ -207,11 +225,12 @@ struct policy_loss_function : public torch::autograd::Function<policy_loss_funct
         in.log_prob = tokens_of<const T>(fn, "log_prob", log_prob, off);
         in.old_log_prob = tokens_of<const T>(fn, "old_log_prob", *a->old_log_prob, off);
         in.advantages = tokens_of<const T>(fn, "advantages", *a->advantages, off);
-        in.mask = optional_tokens<M>(fn, "mask", mask, off);
-        in.ref_log_prob = optional_tokens<T>(fn, "ref_log_prob", a->extra->ref_log_prob, off);
-        in.weights = optional_tokens<T>(fn, "weights", a->extra->weights, off);
-        in.rollout_log_prob = optional_tokens<T>(fn, "rollout_log_prob", a->extra->rollout_log_prob, off);
-        if (a->has_entropy) in.entropy = tokens_of<const T>(fn, "entropy", entropy, off);
+        in.mask = optional_tokens_of<const M>(fn, "mask", mask, off, "log_prob", in.log_prob);
+        in.ref_log_prob = optional_tokens_of<const T>(fn, "ref_log_prob", a->extra->ref_log_prob, off, "log_prob", in.log_prob);
+        in.weights = optional_tokens_of<const T>(fn, "weights", a->extra->weights, off, "log_prob", in.log_prob);
+        in.rollout_log_prob =
+            optional_tokens_of<const T>(fn, "rollout_log_prob", a->extra->rollout_log_prob, off, "log_prob", in.log_prob);
+        if (a->has_entropy) in.entropy = optional_tokens_of<const T>(fn, "entropy", entropy, off, "log_prob", in.log_prob);
         const bool with_entropy = cfg.entropy_coef != 0.0;
         at::Tensor glp = new_tokens(log_prob, scalar_type_of<T>());
         at::Tensor gent = with_entropy && a->has_entropy ? new_tokens(entropy, scalar_type_of<T>()) : at::Tensor();
@@ -287,7 +306,7 @@ struct logits_stats_function : public torch::autograd::Function<logits_stats_fun
         });
       });
     });
-    return {out, at::Tensor(), at::Tensor()};
+    return {once_differentiable(fn, "grad_logits", out), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -326,10 +345,11 @@ policy_loss_inputs<T, M> fused_inputs(std::string_view fn, const at::Tensor& old
   policy_loss_inputs<T, M> in;
   in.old_log_prob = tokens_of<const T>(fn, "old_log_prob", old_log_prob, off);
   in.advantages = tokens_of<const T>(fn, "advantages", advantages, off);
-  in.mask = optional_tokens<M>(fn, "mask", mask, off);
-  in.ref_log_prob = optional_tokens<T>(fn, "ref_log_prob", extra.ref_log_prob, off);
-  in.weights = optional_tokens<T>(fn, "weights", extra.weights, off);
-  in.rollout_log_prob = optional_tokens<T>(fn, "rollout_log_prob", extra.rollout_log_prob, off);
+  const auto& ref = in.old_log_prob;
+  in.mask = optional_tokens_of<const M>(fn, "mask", mask, off, "old_log_prob", ref);
+  in.ref_log_prob = optional_tokens_of<const T>(fn, "ref_log_prob", extra.ref_log_prob, off, "old_log_prob", ref);
+  in.weights = optional_tokens_of<const T>(fn, "weights", extra.weights, off, "old_log_prob", ref);
+  in.rollout_log_prob = optional_tokens_of<const T>(fn, "rollout_log_prob", extra.rollout_log_prob, off, "old_log_prob", ref);
   return in;
 }
 
@@ -395,7 +415,7 @@ struct head_loss_function : public torch::autograd::Function<head_loss_function>
         linear_head_inputs<H> head;
         head.hidden = matrix_of<const H>(fn, "hidden", hidden);
         head.weight = matrix_of<const H>(fn, "weight", weight);
-        if (a->has_bias) head.bias = vector_of<const H>(fn, "bias", bias);
+        if (a->has_bias) head.bias = optional_vector_of<const H>(fn, "bias", bias, "weight rows", head.weight.rows());
         const auto opts = hidden.options();
         at::Tensor gh = hidden.requires_grad() ? at::empty(hidden.sizes(), opts) : at::Tensor();
         at::Tensor gw = weight.requires_grad() ? at::empty(weight.sizes(), opts) : at::Tensor();

@@ -165,6 +165,59 @@ template <class T>
   return offsets.i64.empty() ? token_view<T>::packed(v, offsets.i32) : token_view<T>::packed(v, offsets.i64);
 }
 
+//! An optional tensor argument: std::nullopt (Python's None) is the undefined tensor.
+[[nodiscard]] inline at::Tensor or_undefined(const std::optional<at::Tensor>& t) { return t ? *t : at::Tensor(); }
+
+//! An optional per-token argument as a view. Only an undefined tensor (None) is absent: the empty
+//! view, which the core reads as "not given" (a mask: every token valid; weights: 1). A defined
+//! tensor of any size is present: a zero-size one (whose data pointer torch leaves null) gets a
+//! non-null address of no elements, so the callee never mistakes it for an absent argument and
+//! checks its shape. This overload leaves the shape to the callee (a [B, T] or [B, 1] ratio).
+template <class T>
+[[nodiscard]] token_view<T> optional_tokens_of(std::string_view fn, std::string_view arg, const at::Tensor& t,
+                                               const offsets_view& offsets) {
+  if (!t.defined()) return {};
+  const token_view<T> v = tokens_of<T>(fn, arg, t, offsets);
+  if (v.data() != nullptr) return v;
+  alignas(64) static std::byte no_elements[64];
+  T* const p = reinterpret_cast<T*>(no_elements);
+  if (v.kind() == layout::padded) return token_view<T>::padded(matrix_view<T>(p, v.rows(), v.cols(), 0, 0));
+  const vector_view<T> none(p, v.size(), 0);
+  return offsets.i64.empty() ? token_view<T>::packed(none, offsets.i32) : token_view<T>::packed(none, offsets.i64);
+}
+//! The same, and a given tensor must have the token shape of `ref` (named `ref_name`): a [0, T]
+//! mask beside [B, T] log-probs is an error naming `arg`, never an absent mask.
+template <class T, class U>
+[[nodiscard]] token_view<T> optional_tokens_of(std::string_view fn, std::string_view arg, const at::Tensor& t,
+                                               const offsets_view& offsets, std::string_view ref_name,
+                                               const token_view<U>& ref) {
+  const token_view<T> v = optional_tokens_of<T>(fn, arg, t, offsets);
+  if (t.defined()) require_same_shape(fn, arg, v, ref_name, ref);
+  return v;
+}
+template <class T>
+[[nodiscard]] token_view<T> optional_tokens_of(std::string_view fn, std::string_view arg,
+                                               const std::optional<at::Tensor>& t, const offsets_view& offsets) {
+  return optional_tokens_of<T>(fn, arg, or_undefined(t), offsets);
+}
+template <class T, class U>
+[[nodiscard]] token_view<T> optional_tokens_of(std::string_view fn, std::string_view arg,
+                                               const std::optional<at::Tensor>& t, const offsets_view& offsets,
+                                               std::string_view ref_name, const token_view<U>& ref) {
+  return optional_tokens_of<T>(fn, arg, or_undefined(t), offsets, ref_name, ref);
+}
+
+//! An optional per-row argument (a bias [V]): undefined is absent (an empty view); a defined tensor
+//! of any size is present and must hold `size` elements (`ref_name`'s count).
+template <class T>
+[[nodiscard]] vector_view<T> optional_vector_of(std::string_view fn, std::string_view arg, const at::Tensor& t,
+                                                std::string_view ref_name, std::size_t size) {
+  if (!t.defined()) return {};
+  const vector_view<T> v = vector_of<T>(fn, arg, t);
+  require_same_size(fn, arg, v.size(), ref_name, size);
+  return v;
+}
+
 //! Runs ulorl's row-parallel kernels on torch's intra-op thread pool (at::set_num_threads). The
 //! executor concept of ulorl/core/parallel.hpp: body(begin, end) on disjoint ranges of [0, n).
 //! Inside another at::parallel_for region it runs on the calling thread, as torch's own ops do.
