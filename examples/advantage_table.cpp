@@ -7,7 +7,11 @@
 #include <cstdio>
 #include <vector>
 
-int main() {
+#include "common/args.hpp"
+
+namespace {
+
+int run() {
   constexpr std::size_t group_size = 4;
   // prompt id per response (unsorted on purpose: a trainer's batch after shuffling)
   const std::vector<std::int64_t> prompt{0, 1, 0, 2, 1, 3, 0, 2, 1, 3, 2, 0, 3, 1, 2, 3};
@@ -47,4 +51,19 @@ int main() {
               "(%zu with zero reward variance dropped)\n",
               n_trunc, filter.kept_groups, filter.groups, filter.zero_variance_groups);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // No options: any argument is a usage error (exit status 2); the table's output is checked.
+  return cli::run("advantage_table", [&] {
+    cli::reader args(argc, argv);
+    if (args.next()) {
+      if (args.flag() != "--help" && args.flag() != "-h") args.unknown();
+      std::printf("usage: advantage_table (no options): prints the advantages of a sample RLVR batch\n");
+      return 0;
+    }
+    return run();
+  });
 }

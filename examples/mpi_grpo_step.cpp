@@ -34,6 +34,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/args.hpp"
+
 namespace {
 
 constexpr std::size_t n_groups = 12, group_size = 8, max_response_length = 48;
@@ -375,7 +377,22 @@ bool run_step(MPI_Comm comm, std::uint64_t seed) {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  const std::uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 20250917;
+  // One optional argument, the seed: a whole number (examples/common/args.hpp), else exit status 2
+  // on every rank (each parses the same command line).
+  std::uint64_t seed = 20250917;
+  const int parsed = cli::run("mpi_grpo_step", [&] {
+    cli::reader args(argc, argv);
+    if (args.next()) {
+      if (args.flag().substr(0, 1) == "-") args.unknown();
+      seed = cli::integer<std::uint64_t>("SEED", args.flag(), 0, UINT64_MAX);
+      if (args.next()) args.unknown();
+    }
+    return 0;
+  });
+  if (parsed != 0) {
+    MPI_Finalize();
+    return parsed;
+  }
   bool ok = false;
   try {
     ok = run_step(MPI_COMM_WORLD, seed);
@@ -385,5 +402,5 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   MPI_Finalize();
-  return ok ? 0 : 1;
+  return cli::run("mpi_grpo_step", [&] { return ok ? 0 : 1; });  // flushes and checks the standard output
 }

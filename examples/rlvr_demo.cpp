@@ -29,8 +29,10 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "common/args.hpp"
 #include "rlvr_demo_model.hpp"
 
 namespace {
@@ -396,53 +398,48 @@ class trainer {
 
 namespace {
 
-int usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s [--steps N] [--prompts N] [--group G] [--segments S] [--seed S] [--warmup N]\n"
-               "          [--tau T] [--sigma S] [--kl-coef B] [--kl-target K] [--epochs E] [--lr LR] [--no-mpt]\n",
-               argv0);
-  return 2;
+void usage() {
+  std::printf("usage: rlvr_demo [--steps N] [--prompts N] [--group G] [--segments S] [--seed S] [--warmup N]\n"
+              "          [--tau T] [--sigma S] [--kl-coef B] [--kl-target K] [--epochs E] [--lr LR] [--no-mpt]\n");
+}
+
+//! Every option checked (examples/common/args.hpp): whole-token numbers in the ranges below; a
+//! refusal is a usage error naming the flag (exit status 2).
+int run(int argc, char** argv) {
+  options o;
+  cli::reader args(argc, argv);
+  while (args.next()) {
+    const std::string_view a = args.flag();
+    if (a == "--help" || a == "-h") {
+      usage();
+      return 0;
+    }
+    if (a == "--steps") o.steps = cli::integer(a, args.value(), 1, 1'000'000);
+    else if (a == "--prompts") o.prompts = cli::integer(a, args.value(), 1, 4096);
+    else if (a == "--group") o.group = cli::integer(a, args.value(), 2, 1024);
+    else if (a == "--segments") o.segments = cli::integer(a, args.value(), 1, demo::task{}.max_response());  // at most L_max
+    else if (a == "--seed") o.seed = cli::integer<std::uint64_t>(a, args.value(), 0, UINT64_MAX);
+    else if (a == "--warmup") o.warmup = cli::integer(a, args.value(), 0, 1'000'000);
+    else if (a == "--tau") o.tau = cli::real(a, args.value(), 0, 1, true);
+    else if (a == "--kl-coef") o.kl_coef = cli::real(a, args.value(), 0, 1e6);
+    else if (a == "--kl-target") o.kl_target = cli::real(a, args.value(), 0, 1e6, true);
+    else if (a == "--epochs") o.epochs = cli::integer(a, args.value(), 1, 1000);
+    else if (a == "--lr") o.lr = cli::real(a, args.value(), 0, 1, true);
+    else if (a == "--sigma") o.sigma = cli::real(a, args.value(), 0, 100);
+    else if (a == "--no-mpt") o.mpt = false;
+    else args.unknown();
+  }
+  if (static_cast<std::int64_t>(o.prompts) * o.group > 1 << 20)
+    cli::fail("--prompts", std::to_string(o.prompts) + " x --group " + std::to_string(o.group) + ": more than 2^20 responses per step");
+  const auto s = trainer(o, o.mpt).run();
+  std::printf("\n%s: validation accuracy %.3f -> %.3f, entropy final %.4f (min %.4f), %d reference reset(s), %d steps in %.1f s\n",
+              o.mpt ? "with MPT" : "without MPT", s.initial_accuracy, s.final_accuracy, s.final_entropy, s.min_entropy,
+              s.resets, s.steps, s.seconds);
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto next = [&]() -> const char* {
-      if (i + 1 >= argc) throw std::invalid_argument("missing value after " + a);
-      return argv[++i];
-    };
-    try {
-      if (a == "--steps") o.steps = std::stoi(next());
-      else if (a == "--prompts") o.prompts = std::stoi(next());
-      else if (a == "--group") o.group = std::stoi(next());
-      else if (a == "--segments") o.segments = std::stoi(next());
-      else if (a == "--seed") o.seed = std::stoull(next());
-      else if (a == "--warmup") o.warmup = std::stoi(next());
-      else if (a == "--tau") o.tau = std::stod(next());
-      else if (a == "--kl-coef") o.kl_coef = std::stod(next());
-      else if (a == "--kl-target") o.kl_target = std::stod(next());
-      else if (a == "--epochs") o.epochs = std::stoi(next());
-      else if (a == "--lr") o.lr = std::stod(next());
-      else if (a == "--sigma") o.sigma = std::stod(next());
-      else if (a == "--no-mpt") o.mpt = false;
-      else return usage(argv[0]);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "rlvr_demo: %s\n", e.what());
-      return usage(argv[0]);
-    }
-  }
-  if (o.steps < 1 || o.prompts < 1 || o.group < 2 || o.segments < 1) return usage(argv[0]);
-  try {
-    const auto s = trainer(o, o.mpt).run();
-    std::printf("\n%s: validation accuracy %.3f -> %.3f, entropy final %.4f (min %.4f), %d reference reset(s), %d steps in %.1f s\n",
-                o.mpt ? "with MPT" : "without MPT", s.initial_accuracy, s.final_accuracy, s.final_entropy, s.min_entropy,
-                s.resets, s.steps, s.seconds);
-  } catch (const ulorl::error& e) {
-    std::fprintf(stderr, "rlvr_demo: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return cli::run("rlvr_demo", [&] { return run(argc, argv); });
 }

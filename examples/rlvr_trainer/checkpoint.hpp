@@ -23,14 +23,21 @@
 
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ulorl/core/checkpoint.hpp>
@@ -216,6 +223,71 @@ inline void write_checkpoint_file(const std::string& path, torch::serialize::Out
     throw checkpoint_error("checkpoint '" + path + "': " + e.what());
   }
   return read_checkpoint_bytes(bytes, "'" + path + "'");
+}
+
+//! The one line of a torch error (c10::Error's what() carries a C++ backtrace after it).
+[[nodiscard]] inline std::string torch_error_text(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  std::string s = c10 != nullptr ? c10->what_without_backtrace() : e.what();
+  const auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+//! Loads weights written by save_weights (torch::save) from `path` into `module`, when `path` exists;
+//! false when nothing is there. A path that is not a regular file (never opened, so a FIFO cannot
+//! block; the bytes are read by ulorl::detail::read_file and parsed from memory), a file torch
+//! cannot load (garbage, truncated) or the weights of another model (a tensor of another shape:
+//! torch would take it as it is) throws checkpoint_error "<flag> '<path>': ..." without a
+//! backtrace; the module's weights are then unspecified.
+template <class Module>
+[[nodiscard]] bool load_weights_if_present(Module& module, const std::string& path, std::string_view flag) {
+  const std::string where = std::string(flag) + " '" + path + "': ";
+  struct ::stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return false;
+    throw checkpoint_error(where + "cannot open: " + std::generic_category().message(errno));
+  }
+  if (!S_ISREG(st.st_mode)) throw checkpoint_error(where + "is not a regular file");
+  // The bytes come through the bounded, non-blocking reader (a file swapped for a FIFO after the
+  // stat above is refused there too); torch parses them from memory.
+  std::vector<std::byte> bytes;
+  try {
+    bytes = ulorl::detail::read_file(path, "read_file");
+  } catch (const std::exception& e) {
+    throw checkpoint_error(where + "cannot read: " + e.what());
+  }
+  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  bytes = {};
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> shapes;
+  for (const auto& p : module->named_parameters()) shapes.emplace_back(p.key(), p.value().sizes().vec());
+  for (const auto& b : module->named_buffers()) shapes.emplace_back(b.key(), b.value().sizes().vec());
+  try {
+    torch::load(module, in);
+  } catch (const std::exception& e) {
+    throw checkpoint_error(where + "cannot load the weights: " + torch_error_text(e));
+  }
+  std::size_t i = 0;
+  const auto check = [&](const std::string& name, const torch::Tensor& t) {
+    if (i >= shapes.size() || shapes[i].first != name || t.sizes().vec() != shapes[i].second)
+      throw checkpoint_error(where + "cannot load the weights: '" + name + "' has shape " + c10::str(t.sizes()) +
+                             (i < shapes.size() ? ", this model's is " + c10::str(c10::IntArrayRef(shapes[i].second)) : std::string()) +
+                             " (the weights of another model)");
+    ++i;
+  };
+  for (const auto& p : module->named_parameters()) check(p.key(), p.value());
+  for (const auto& b : module->named_buffers()) check(b.key(), b.value());
+  return true;
+}
+
+//! Saves `module`'s weights to `path` (torch::save); torch's errors throw checkpoint_error naming
+//! the flag and the file.
+template <class Module>
+void save_weights(const Module& module, const std::string& path, std::string_view flag) {
+  try {
+    torch::save(module, path);
+  } catch (const std::exception& e) {
+    throw checkpoint_error(std::string(flag) + " '" + path + "': cannot save the weights: " + torch_error_text(e));
+  }
 }
 
 }  // namespace rlvr

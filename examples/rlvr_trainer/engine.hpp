@@ -98,6 +98,13 @@ struct engine_costs {
   [[nodiscard]] double prefill_tokens_per_s() const noexcept { return prefill_s > 0 ? static_cast<double>(prefill_tokens) / prefill_s : 0; }
 };
 
+//! A fitted cost as the simulator takes it: 0 or in [rollout_sim_limits::min_cost_s, max_cost_s]
+//! (a residue of the fit below an attosecond is 0).
+[[nodiscard]] inline double simulator_cost(double seconds) noexcept {
+  using lim = ulorl::rollout_sim_limits;
+  return seconds >= lim::min_cost_s ? std::min(seconds, lim::max_cost_s) : 0.0;
+}
+
 //! Least-squares fit of tau(b, C) = t_iter + t_seq b + t_kv C over the measured iterations, and the
 //! prefill cost per context token (its per-call overhead included). A coefficient the data cannot
 //! separate (e.g. every iteration at the same batch size) or that comes out negative is refitted
@@ -149,9 +156,10 @@ struct engine_costs {
     if (drop < 0) break;
     use[static_cast<std::size_t>(drop)] = false;
   }
-  m.iteration_s = std::max(0.0, coef[0]);
-  m.per_sequence_s = std::max(0.0, coef[1]);
-  m.per_context_token_s = std::max(0.0, coef[2]);
+  m.iteration_s = simulator_cost(coef[0]);
+  m.per_sequence_s = simulator_cost(coef[1]);
+  m.per_context_token_s = simulator_cost(coef[2]);
+  m.prefill_token_s = simulator_cost(m.prefill_token_s);
   return m;
 }
 
@@ -187,10 +195,10 @@ struct trainer_costs {
   if (c.n >= 2 && var > 1e-6 * c.sxx) {
     const double slope = (c.sxy - c.sx * c.sy / c.n) / var;
     const double intercept = (c.sy - slope * c.sx) / c.n;
-    if (slope >= 0 && intercept >= 0) return {.per_token_s = slope, .per_step_s = intercept};
+    if (slope >= 0 && intercept >= 0) return {.per_token_s = simulator_cost(slope), .per_step_s = simulator_cost(intercept)};
   }
-  if (c.sxx > 0 && c.sxy >= 0) return {.per_token_s = c.sxy / c.sxx, .per_step_s = 0};
-  return {.per_token_s = 0, .per_step_s = std::max(0.0, c.sy / c.n)};
+  if (c.sxx > 0 && c.sxy >= 0) return {.per_token_s = simulator_cost(c.sxy / c.sxx), .per_step_s = 0};
+  return {.per_token_s = 0, .per_step_s = simulator_cost(c.sy / c.n)};
 }
 
 //! The fitted trainer as segment_rollout_sim's flags.

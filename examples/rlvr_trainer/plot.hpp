@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <ulorl/core/checkpoint_file.hpp>
+
 namespace rlvr::plot {
 
 struct series {
@@ -193,6 +195,7 @@ inline void write_svg(const std::string& path, const std::vector<panel>& panels,
   std::ofstream f(path);
   if (!f) throw std::runtime_error("plot: cannot write " + path);
   f << svg(panels, columns);
+  f.close();  // the last bytes reach the file (or fail, e.g. on a full device) here
   if (!f) throw std::runtime_error("plot: write failed: " + path);
 }
 
@@ -233,12 +236,15 @@ struct csv_table {
       }
       f << '\n';
     }
+    f.close();
     if (!f) throw std::runtime_error("plot: write failed: " + path);
   }
 
+  //! Reads `path` through ulorl's bounded reader: a regular file only (a FIFO is refused, never
+  //! waited for), at most 1 GiB.
   [[nodiscard]] static csv_table read(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) throw std::runtime_error("plot: cannot read " + path);
+    const auto bytes = ulorl::detail::read_file(path, "read_file");
+    std::istringstream f(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
     csv_table t;
     std::string line;
     const auto split = [](const std::string& s) {

@@ -12,18 +12,21 @@
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "../common/args.hpp"
 #include "plot.hpp"
 
 namespace {
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "%s\nusage: rlvr_plot --out FILE.svg [--x COLUMN] [--markers COLUMN] [--columns N]\n"
-               "                 --panel COLUMN[=TITLE] [--panel ...] RUN.csv[=LABEL] ...\n",
-               why.c_str());
-  std::exit(2);
+  std::printf("%s\nusage: rlvr_plot --out FILE.svg [--x COLUMN] [--markers COLUMN] [--columns N]\n"
+              "                 --panel COLUMN[=TITLE] [--panel ...] RUN.csv[=LABEL] ...\n",
+              why.c_str());
+  std::fflush(stdout);
+  std::exit(std::ferror(stdout) ? cli::failure_status : 0);
 }
 
 std::pair<std::string, std::string> split_eq(const std::string& s) {
@@ -31,46 +34,49 @@ std::pair<std::string, std::string> split_eq(const std::string& s) {
   return k == std::string::npos ? std::pair{s, s} : std::pair{s.substr(0, k), s.substr(k + 1)};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string out, x = "step", markers;
   int columns = 2;
   std::vector<rlvr::plot::panel_spec> specs;
   std::vector<std::pair<std::string, std::string>> files;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
+  cli::reader args(argc, argv);
+  while (args.next()) {
+    const std::string_view a = args.flag();
     if (a == "--help" || a == "-h") usage("rlvr_plot: overlay rlvr_train CSVs as an SVG figure");
-    if (a.rfind("--", 0) == 0) {
-      if (i + 1 >= argc) usage("missing value for " + a);
-      const std::string v = argv[++i];
-      if (a == "--out") out = v;
-      else if (a == "--x") x = v;
-      else if (a == "--markers") markers = v;
-      else if (a == "--columns") columns = std::atoi(v.c_str());
+    if (a.substr(0, 2) == "--") {
+      if (a == "--out") out = cli::output_path(a, args.value());
+      else if (a == "--x") x = args.value();
+      else if (a == "--markers") markers = args.value();
+      else if (a == "--columns") columns = cli::integer(a, args.value(), 1, 64);
       else if (a == "--panel") {
-        const auto [column, title] = split_eq(v);
+        const auto [column, title] = split_eq(std::string(args.value()));
         specs.push_back({.column = column, .title = title, .y_label = column});
-      } else usage("unknown option " + a);
+      } else args.unknown();
     } else {
-      auto [path, label] = split_eq(a);
+      auto [path, label] = split_eq(std::string(a));
       if (path == label) {
         const auto slash = path.find_last_of('/');
         label = slash == std::string::npos ? path : path.substr(slash + 1);
       }
-      files.emplace_back(path, label);
+      files.emplace_back(cli::path("RUN.csv", path), label);
     }
   }
-  if (out.empty() || specs.empty() || files.empty()) usage("--out, at least one --panel and one CSV are required");
-  if (columns < 1) usage("--columns must be >= 1");
-  try {
-    std::vector<rlvr::plot::named_run> runs;
-    for (const auto& [path, label] : files) runs.push_back({.label = label, .table = rlvr::plot::csv_table::read(path)});
-    rlvr::plot::write_svg(out, rlvr::plot::panels_of(runs, specs, x, markers), columns);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rlvr_plot: %s\n", e.what());
-    return 1;
+  if (out.empty()) cli::fail("--out", "is required");
+  if (specs.empty()) cli::fail("--panel", "at least one is required");
+  if (files.empty()) cli::fail("RUN.csv", "at least one CSV is required");
+  std::vector<rlvr::plot::named_run> runs;
+  for (const auto& [path, label] : files) {
+    cli::require_regular_file("RUN.csv", path);  // never blocks on a FIFO
+    runs.push_back({.label = label, .table = rlvr::plot::csv_table::read(path)});
   }
+  rlvr::plot::write_svg(out, rlvr::plot::panels_of(runs, specs, x, markers), columns);
   std::printf("wrote %s (%zu panels, %zu runs)\n", out.c_str(), specs.size(), files.size());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A usage error exits 2; an unreadable CSV or an unwritable --out prints one line naming it and exits 1.
+  return cli::run("rlvr_plot", [&] { return run(argc, argv); });
 }

@@ -445,9 +445,11 @@ class segment_rollout {
 //! segment_rollout_sim --length-groups. `lengths` are natural lengths: a truncated response as L_max + 1.
 inline void write_length_groups(const std::string& path, const std::vector<std::int64_t>& lengths, std::int64_t group) {
   std::ofstream f(path);
+  if (!f) throw std::runtime_error("cannot write " + path);
   for (std::size_t i = 0; i < lengths.size(); ++i)
     f << lengths[i] << ((i + 1) % static_cast<std::size_t>(group) == 0 ? '\n' : ' ');
-  if (!f) throw std::runtime_error("cannot write " + path);
+  f.close();  // the last bytes reach the file (or fail, e.g. on a full device) here
+  if (!f) throw std::runtime_error("write failed: " + path);
 }
 
 }  // namespace rlvr

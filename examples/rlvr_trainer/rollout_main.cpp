@@ -23,10 +23,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "../common/args.hpp"
+#include "checkpoint.hpp"
 #include "engine.hpp"
 #include "policy.hpp"
 #include "rollout.hpp"
@@ -56,44 +58,56 @@ struct options {
 };
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "%s\nusage: rlvr_rollout [--segments 1|2|4] [--steps N] [--warmup N] [--prompts P] [--group G]\n"
-               "       [--max-batch B] [--max-response L] [--temperature T] [--seed S] [--threads N]\n"
-               "       [--layers N] [--d-model D] [--validate N] [--lengths-out FILE] [--measure] [--fit]\n"
-               "       [--checkpoint FILE]\n",
-               why);
-  std::exit(2);
+  std::printf("%s\nusage: rlvr_rollout [--segments K] [--steps N] [--warmup N] [--prompts P] [--group G]\n"
+              "       [--max-batch B] [--max-response L] [--temperature T] [--seed S] [--threads N]\n"
+              "       [--layers N] [--d-model D] [--validate N] [--lengths-out FILE] [--measure] [--fit]\n"
+              "       [--checkpoint FILE]\n",
+              why);
+  std::fflush(stdout);
+  std::exit(std::ferror(stdout) ? cli::failure_status : 0);
 }
 
+//! Every option checked (examples/common/args.hpp): whole-token numbers in the ranges below; the
+//! engine's KV cache bounded before anything is allocated; a refusal names the flag.
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--measure" || a == "--fit") {
-      (a == "--fit" ? o.fit : o.measure) = true;
-      continue;
-    }
-    if (a == "--help" || a == "-h") usage("rlvr_rollout: rollout steps of a transformer policy through the segment scheduler");
-    if (i + 1 >= argc) usage(("missing value for " + a).c_str());
-    const std::string v = argv[++i];
-    if (a == "--segments") o.segments = std::stoi(v);
-    else if (a == "--steps") o.steps = std::stoi(v);
-    else if (a == "--warmup") o.warmup = std::stoi(v);
-    else if (a == "--prompts") o.prompts = std::stoi(v);
-    else if (a == "--group") o.group = std::stoi(v);
-    else if (a == "--max-batch") o.max_batch = std::stoi(v);
-    else if (a == "--max-response") o.max_response = std::stoi(v);
-    else if (a == "--layers") o.layers = std::stoi(v);
-    else if (a == "--d-model") o.d_model = std::stoi(v);
-    else if (a == "--validate") o.validate = std::stoi(v);
-    else if (a == "--threads") o.threads = std::stoi(v);
-    else if (a == "--temperature") o.temperature = std::stod(v);
-    else if (a == "--seed") o.seed = std::stoull(v);
-    else if (a == "--lengths-out") o.lengths_out = v;
-    else if (a == "--checkpoint") o.checkpoint = v;
-    else usage(("unknown option " + a).c_str());
+  cli::reader args(argc, argv);
+  while (args.next()) {
+    const std::string_view a = args.flag();
+    if (a == "--measure") o.measure = true;
+    else if (a == "--fit") o.fit = true;
+    else if (a == "--help" || a == "-h") usage("rlvr_rollout: rollout steps of a transformer policy through the segment scheduler");
+    else if (a == "--segments") o.segments = cli::integer(a, args.value(), 1, 8192);
+    else if (a == "--steps") o.steps = cli::integer(a, args.value(), 0, 1'000'000);
+    else if (a == "--warmup") o.warmup = cli::integer(a, args.value(), 0, 10'000'000);
+    else if (a == "--prompts") o.prompts = cli::integer(a, args.value(), 1, 4096);
+    else if (a == "--group") o.group = cli::integer(a, args.value(), 1, 1024);
+    else if (a == "--max-batch") o.max_batch = cli::integer(a, args.value(), 1, 65536);
+    else if (a == "--max-response") o.max_response = cli::integer(a, args.value(), 1, 8188);
+    else if (a == "--layers") o.layers = cli::integer(a, args.value(), 1, 64);
+    else if (a == "--d-model") o.d_model = cli::integer(a, args.value(), 8, 4096);
+    else if (a == "--validate") o.validate = cli::integer(a, args.value(), 0, 1 << 20);
+    else if (a == "--threads") o.threads = cli::integer(a, args.value(), 1, 1024);
+    else if (a == "--temperature") o.temperature = cli::real(a, args.value(), 0, 100, true);
+    else if (a == "--seed") o.seed = cli::integer<std::uint64_t>(a, args.value(), 0, UINT64_MAX);
+    else if (a == "--lengths-out") o.lengths_out = cli::output_path(a, args.value());
+    else if (a == "--checkpoint") o.checkpoint = cli::output_path(a, args.value());
+    else args.unknown();
   }
-  if (o.segments < 1 || o.steps < 0 || o.warmup < 0 || o.prompts < 1 || o.group < 1) usage("invalid option value");
+  if (o.d_model % 8 != 0) cli::fail("--d-model", std::to_string(o.d_model) + " is not a multiple of 8 (4 heads of an even width)");
+  if (o.segments > o.max_response)
+    cli::fail("--segments", std::to_string(o.segments) + " exceeds --max-response " + std::to_string(o.max_response));
+  // KV cache: keys and values of every layer, float32, max_batch rows of prompt + response tokens;
+  // the rollout keeps 2 * prompts * group responses in flight.
+  const double kv = 8.0 * o.max_batch * static_cast<double>(rlvr::countdown_task::prompt_tokens + o.max_response) * o.d_model * o.layers;
+  if (kv > 16.0 * (1 << 30)) {
+    char b[200];
+    std::snprintf(b, sizeof b, "%d x --max-response %d x --d-model %d x --layers %d: the KV cache would take %.1f GiB, more than 16 GiB",
+                  o.max_batch, o.max_response, o.d_model, o.layers, kv / (1 << 30));
+    cli::fail("--max-batch", b);
+  }
+  if (2.0 * o.prompts * o.group > 1 << 20)
+    cli::fail("--prompts", std::to_string(o.prompts) + " x --group " + std::to_string(o.group) + ": more than 2^19 responses per batch");
   return o;
 }
 
@@ -183,10 +197,7 @@ void fit(rlvr::transformer_policy& policy, const options& o) {
   std::printf("cost model (segment_rollout_sim): %s\n", rlvr::simulator_flags(m).c_str());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
+int run(const options& o) {
   torch::set_num_threads(o.threads);
   const rlvr::countdown_task task({.max_target = 999, .max_response_tokens = o.max_response, .seed = o.seed});
   rlvr::transformer_policy policy(rlvr::policy_config{.vocab_size = rlvr::countdown_task::vocab_size,
@@ -212,9 +223,8 @@ int main(int argc, char** argv) {
   }
 
   const auto t_start = std::chrono::steady_clock::now();
-  const bool have_checkpoint = !o.checkpoint.empty() && std::ifstream(o.checkpoint).good();
+  const bool have_checkpoint = !o.checkpoint.empty() && rlvr::load_weights_if_present(policy, o.checkpoint, "--checkpoint");
   if (have_checkpoint) {
-    torch::load(policy, o.checkpoint);
     policy->eval();
     std::printf("weights loaded from %s (warm-up skipped)\n", o.checkpoint.c_str());
   } else if (o.warmup > 0) {
@@ -231,7 +241,7 @@ int main(int argc, char** argv) {
       }
       std::fflush(stdout);
     }
-    if (!o.checkpoint.empty()) torch::save(policy, o.checkpoint);
+    if (!o.checkpoint.empty()) rlvr::save_weights(policy, o.checkpoint, "--checkpoint");
   }
 
   rlvr::decode_engine engine(policy, {.max_batch = o.max_batch, .temperature = o.temperature,
@@ -293,4 +303,11 @@ int main(int argc, char** argv) {
   if (!o.lengths_out.empty()) rlvr::write_length_groups(o.lengths_out, sim_lengths, o.group);
   std::printf("total %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A usage error exits 2; a file, checkpoint or torch error prints one line naming it and exits 1.
+  return cli::run("rlvr_rollout", [&] { return run(parse(argc, argv)); });
 }

@@ -44,8 +44,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
-#include <fstream>
 #include <initializer_list>
+#include <sstream>
 #include <optional>
 #include <span>
 #include <string>
@@ -56,6 +56,7 @@
 
 #include <ulorl/rollout/segment_autotune.hpp>
 
+#include "../common/args.hpp"
 #include "checkpoint.hpp"
 #include "engine.hpp"
 #include "plot.hpp"
@@ -189,7 +190,7 @@ struct run_record {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
+  std::printf(
                "%s\nusage: rlvr_train [--steps N] [--segments K|auto] [--mpt off|static|dynamic] [--resets on|off]\n"
                "       [--is pois|sais] [--prompts P] [--group G] [--max-response L] [--warmup N]\n"
                "       [--checkpoint FILE] [--lr X] [--lr-warmup N] [--mini-batches M] [--temperature T] [--validate N]\n"
@@ -207,74 +208,88 @@ struct run_record {
                "  --reset-drop X      also reset when validation falls X below its best (default 0: off)\n"
                "  --kl-target X, --kl-horizon H   the adaptive KL controller (defaults 0.02, 2000)\n",
                why.c_str());
-  std::exit(2);
+  std::fflush(stdout);
+  std::exit(std::ferror(stdout) ? cli::failure_status : 0);
 }
 
+//! The engine's KV cache for `rows` sequences of `max_seq` tokens under the policy's shape, in bytes
+//! (keys and values, float32, every layer).
+double kv_cache_bytes(double rows, double max_seq, const rlvr::policy_config& p) {
+  return rows * max_seq * static_cast<double>(p.d_model) * static_cast<double>(p.n_layers) * 2.0 * 4.0;
+}
+
+//! Every option checked (examples/common/args.hpp): whole-token numbers in the ranges below, words
+//! from their lists, output directories that exist; a refusal is a cli::usage_error naming the flag.
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
+  bool segments_given = false;
+  cli::reader args(argc, argv);
+  while (args.next()) {
+    const std::string_view a = args.flag();
     if (a == "--help" || a == "-h") usage("rlvr_train: RLVR on the countdown task through ulorl");
-    if (i + 1 >= argc) usage("missing value for " + a);
-    const std::string v = argv[++i];
-    try {
-      if (a == "--steps") o.steps = std::stoi(v);
-      else if (a == "--segments" && v == "auto") o.auto_segments = true, o.segments = 1;
-      else if (a == "--segments") o.segments = std::stoi(v);
-      else if (a == "--prompts") o.prompts = std::stoi(v);
-      else if (a == "--group") o.group = std::stoi(v);
-      else if (a == "--max-response") o.max_response = std::stoi(v);
-      else if (a == "--warmup") o.warmup = std::stoi(v);
-      else if (a == "--mini-batches") o.mini_batches = std::stoi(v);
-      else if (a == "--validate") o.validate = std::stoi(v);
-      else if (a == "--validate-every") o.validate_every = std::stoi(v);
-      else if (a == "--threads") o.threads = std::stoi(v);
-      else if (a == "--max-target") o.max_target = std::stoi(v);
-      else if (a == "--min-target") o.min_target = std::stoi(v);
-      else if (a == "--validation") o.validation = v;
-      else if (a == "--agg") o.agg = v;
-      else if (a == "--svg") o.svg = v;
-      else if (a == "--lengths-out") o.lengths_out = v;
-      else if (a == "--lr") o.lr = std::stod(v);
-      else if (a == "--lr-warmup") o.lr_warmup = std::stoi(v);
-      else if (a == "--mpt-tau") o.mpt_tau = std::stod(v);
-      else if (a == "--mpt-sigma") o.mpt_sigma = std::stod(v);
-      else if (a == "--temperature") o.temperature = std::stod(v);
-      else if (a == "--seed") o.seed = std::stoull(v);
-      else if (a == "--mpt") o.mpt = v;
-      else if (a == "--resets") o.resets = v;
-      else if (a == "--is") o.is = v;
-      else if (a == "--checkpoint") o.checkpoint = v;
-      else if (a == "--csv") o.csv = v;
-      else if (a == "--json") o.json = v;
-      else if (a == "--save") o.save = v;
-      else if (a == "--save-every") o.save_every = std::stoi(v);
-      else if (a == "--resume") o.resume = v;
-      else if (a == "--reset-patience") o.reset_patience = std::stoi(v);
-      else if (a == "--reset-drop") o.reset_drop = std::stod(v);
-      else if (a == "--kl-target") o.kl_target = std::stod(v);
-      else if (a == "--kl-horizon") o.kl_horizon = std::stod(v);
-      else usage("unknown option " + a);
-    } catch (const std::logic_error&) {
-      usage("invalid value '" + v + "' for " + a);
+    if (a == "--steps") o.steps = cli::integer(a, args.value(), 0, 1'000'000);
+    else if (a == "--segments") {
+      const auto v = args.value();
+      o.auto_segments = v == "auto";
+      o.segments = o.auto_segments ? 1 : cli::integer(a, v, 1, 8192);
+      segments_given = !o.auto_segments;
     }
+    else if (a == "--prompts") o.prompts = cli::integer(a, args.value(), 1, 4096);
+    else if (a == "--group") o.group = cli::integer(a, args.value(), 2, 1024);
+    else if (a == "--max-response") o.max_response = cli::integer(a, args.value(), 1, 8188);
+    else if (a == "--warmup") o.warmup = cli::integer(a, args.value(), 0, 10'000'000);
+    else if (a == "--mini-batches") o.mini_batches = cli::integer(a, args.value(), 1, 65536);
+    else if (a == "--validate") o.validate = cli::integer(a, args.value(), 0, 1 << 20);
+    else if (a == "--validate-every") o.validate_every = cli::integer(a, args.value(), 1, 1'000'000);
+    else if (a == "--threads") o.threads = cli::integer(a, args.value(), 1, 1024);
+    else if (a == "--max-target") o.max_target = cli::integer(a, args.value(), 10, 999);
+    else if (a == "--min-target") o.min_target = cli::integer(a, args.value(), 1, 999);
+    else if (a == "--validation") o.validation = cli::choice(a, args.value(), {"greedy", "sampled"});
+    else if (a == "--agg") o.agg = cli::choice(a, args.value(), {"token-mean", "seq-mean-token-mean"});
+    else if (a == "--svg") o.svg = cli::output_path(a, args.value());
+    else if (a == "--lengths-out") o.lengths_out = cli::output_path(a, args.value());
+    else if (a == "--lr") o.lr = cli::real(a, args.value(), 0, 1, true);
+    else if (a == "--lr-warmup") o.lr_warmup = cli::integer(a, args.value(), 0, 1'000'000);
+    else if (a == "--mpt-tau") o.mpt_tau = cli::real(a, args.value(), 0, 1, true);
+    else if (a == "--mpt-sigma") o.mpt_sigma = cli::real(a, args.value(), 0, 100);
+    else if (a == "--temperature") o.temperature = cli::real(a, args.value(), 0, 100, true);
+    else if (a == "--seed") o.seed = cli::integer<std::uint64_t>(a, args.value(), 0, UINT64_MAX);
+    else if (a == "--mpt") o.mpt = cli::choice(a, args.value(), {"off", "static", "dynamic"});
+    else if (a == "--resets") o.resets = cli::choice(a, args.value(), {"on", "off"});
+    else if (a == "--is") o.is = cli::choice(a, args.value(), {"pois", "sais"});
+    // Loaded when it exists (a regular file), else written there after the warm-up.
+    else if (a == "--checkpoint") o.checkpoint = cli::output_path(a, args.value());
+    else if (a == "--csv") o.csv = cli::output_path(a, args.value());
+    else if (a == "--json") o.json = cli::output_path(a, args.value());
+    else if (a == "--save") o.save = cli::output_path(a, args.value());
+    else if (a == "--save-every") o.save_every = cli::integer(a, args.value(), 0, 1'000'000);
+    else if (a == "--resume") o.resume = cli::path(a, args.value());
+    else if (a == "--reset-patience") o.reset_patience = cli::integer(a, args.value(), 1, 1'000'000);
+    else if (a == "--reset-drop") o.reset_drop = cli::real(a, args.value(), 0, 1);
+    else if (a == "--kl-target") o.kl_target = cli::real(a, args.value(), 0, 1e6, true);
+    else if (a == "--kl-horizon") o.kl_horizon = cli::real(a, args.value(), 1, 1e12);
+    else args.unknown();
   }
-  if (o.steps < 0 || o.segments < 1 || o.prompts < 1 || o.group < 2 || o.max_response < 1 || o.warmup < 0 ||
-      o.mini_batches < 1 || o.validate < 0 || o.validate_every < 1 || o.threads < 1 || o.lr_warmup < 0 ||
-      !(o.mpt_tau > 0 && o.mpt_tau <= 1) || !(o.mpt_sigma >= 0) ||
-      o.max_target < 10 || o.max_target > 999 || o.min_target < 1 || o.min_target > o.max_target || !(o.lr > 0) || !(o.temperature > 0))
-    usage("option value out of range");
-  if (o.mpt != "off" && o.mpt != "static" && o.mpt != "dynamic") usage("--mpt must be off, static or dynamic");
-  if (o.resets != "on" && o.resets != "off") usage("--resets must be on or off");
-  if (o.is != "pois" && o.is != "sais") usage("--is must be pois or sais");
-  if (o.validation != "greedy" && o.validation != "sampled") usage("--validation must be greedy or sampled");
-  if (o.agg != "token-mean" && o.agg != "seq-mean-token-mean") usage("--agg must be token-mean or seq-mean-token-mean");
-  if (o.save_every < 0) usage("--save-every must be >= 0");
-  if (o.reset_patience < 1) usage("--reset-patience must be >= 1");
-  if (!(o.reset_drop >= 0 && o.reset_drop <= 1)) usage("--reset-drop must be in [0, 1]");
-  if (!(o.kl_target > 0 && o.kl_target < 1e6)) usage("--kl-target must be > 0");
-  if (!(o.kl_horizon >= 1 && o.kl_horizon < 1e12)) usage("--kl-horizon must be >= 1");
-  if (o.save_every > 0 && o.save.empty()) usage("--save-every needs --save FILE");
+  if (o.min_target > o.max_target)
+    cli::fail("--min-target", std::to_string(o.min_target) + " exceeds --max-target " + std::to_string(o.max_target));
+  if (segments_given && o.segments > o.max_response)
+    cli::fail("--segments", std::to_string(o.segments) + " exceeds --max-response " + std::to_string(o.max_response));
+  if (o.save_every > 0 && o.save.empty()) cli::fail("--save-every", "needs --save FILE");
+  // The engine holds 2 * prompts * group sequences of up to max(prompt + response, the warm-up's
+  // longest sequence) tokens: bounded before anything is allocated.
+  const double rows = 2.0 * o.prompts * o.group;
+  const double max_seq = static_cast<double>(
+      std::max<std::int64_t>(rlvr::countdown_task::prompt_tokens + o.max_response,
+                             rlvr::countdown_task::prompt_tokens + rlvr::warmup_config{}.max_answer_tokens));
+  constexpr double kv_limit = 16.0 * (1 << 30);
+  if (rows > 65536 || kv_cache_bytes(rows, max_seq, rlvr::policy_config{}) > kv_limit) {
+    char b[256];
+    std::snprintf(b, sizeof b,
+                  "%d x --group %d x --max-response %d: the engine's KV cache (%.0f sequences of %.0f tokens) would take "
+                  "%.1f GiB; at most 65536 sequences and 16 GiB",
+                  o.prompts, o.group, o.max_response, rows, max_seq, kv_cache_bytes(rows, max_seq, rlvr::policy_config{}) / (1 << 30));
+    cli::fail("--prompts", b);
+  }
   return o;
 }
 
@@ -364,8 +379,7 @@ int train(const options& o) {
   const bool resuming = !o.resume.empty();
   if (resuming) {
     // Nothing to do here: the training checkpoint is loaded once the trainer and the rollout exist.
-  } else if (!o.checkpoint.empty() && std::ifstream(o.checkpoint).good()) {
-    torch::load(policy, o.checkpoint);
+  } else if (!o.checkpoint.empty() && rlvr::load_weights_if_present(policy, o.checkpoint, "--checkpoint")) {
     policy->eval();
     std::printf("warm-up weights loaded from %s\n", o.checkpoint.c_str());
   } else if (o.warmup > 0) {
@@ -382,7 +396,7 @@ int train(const options& o) {
         std::fflush(stdout);
       }
     }
-    if (!o.checkpoint.empty()) torch::save(policy, o.checkpoint);
+    if (!o.checkpoint.empty()) rlvr::save_weights(policy, o.checkpoint, "--checkpoint");
   }
   run_record h{.table = {.names = {"step", "rollout_s", "train_s", "released", "kept", "reward", "entropy", "kl",
                                    "kl_coef", "clip_fraction", "mpt_masked", "median_length", "p90_length",
@@ -536,7 +550,7 @@ int train(const options& o) {
     bar.show(step, st.reward_mean, h.last_val, st.entropy_mean, tok_s, elapsed);
   }
   bar.clear();
-  if (!o.csv.empty()) h.table.write(o.csv);
+  if (!o.csv.empty()) h.table.write(o.csv);  // each writer checks the closed file and names it
   if (!o.svg.empty()) {
     const std::vector<rlvr::plot::panel_spec> panels{
         {.column = "validation_accuracy", .title = "Validation accuracy (" + o.validation + ")", .y_label = "accuracy"},
@@ -558,13 +572,14 @@ int train(const options& o) {
               rlvr::simulator_flags(rlvr::fit_trainer_model(update_costs)).c_str());
   if (!o.lengths_out.empty()) rlvr::write_length_groups(o.lengths_out, h.released_lengths, o.group);
   if (!o.json.empty()) {
-    std::ofstream j(o.json);
+    std::ostringstream j;
     j << "{\"steps\": " << o.steps << ", \"segments\": " << (o.auto_segments ? std::string("\"auto\"") : std::to_string(o.segments)) << ", \"mpt\": \"" << o.mpt << "\", \"resets\": \""
       << o.resets << "\", \"is\": \"" << o.is << "\", \"seed\": " << o.seed << ", \"validation_after_warmup\": " << h.val0
       << ", \"validation_last\": " << h.last_val << ", \"validation_best\": " << h.best_val
       << ", \"resets_done\": " << h.resets << ", \"rollout_seconds\": " << h.rollout_s
       << ", \"update_seconds\": " << h.train_s << ", \"rollout_tokens\": " << h.tokens
       << ", \"total_seconds\": " << total << "}\n";
+    cli::write_text_file("--json", o.json, j.str());
   }
   return 0;
 }
@@ -572,11 +587,6 @@ int train(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
-  try {
-    return train(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rlvr_train: %s\n", e.what());
-    return 1;
-  }
+  // A usage error exits 2; a file, checkpoint or torch error prints one line naming it and exits 1.
+  return cli::run("rlvr_train", [&] { return train(parse(argc, argv)); });
 }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../../examples/common/args.hpp"
 #include "conformance/runner.hpp"
 
 namespace {
@@ -22,6 +23,9 @@ namespace {
 using conformance::json;
 
 bool read_file(const std::filesystem::path& p, std::string& text) {
+  // A regular file only: a FIFO or a device is never opened (an open or a read of one could block).
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(p, ec)) return false;
   std::ifstream in(p, std::ios::binary);
   if (!in) return false;
   std::ostringstream ss;
@@ -73,7 +77,7 @@ int check(const std::string& dir, bool verbose, const std::vector<std::string>& 
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string cmd = argv[1];
   if (cmd == "run" && argc == 3) {
@@ -111,4 +115,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   return usage();
+}
+
+int main(int argc, char** argv) {
+  // Any exception prints one line; the standard output is flushed and checked before the exit
+  // (a full device is an error, exit status 1).
+  return cli::run("ulorl-conformance", [&] { return run(argc, argv); });
 }

@@ -1,5 +1,7 @@
 // The trainer's plots and CSV records (examples/rlvr_trainer/plot.hpp): tick steps, the CSV round
 // trip with missing values, and the SVG elements a figure must contain. Plain C++ (no torch).
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -44,7 +46,13 @@ TEST_CASE("a CSV record round-trips, missing values stay missing", "[trainer][pl
   CHECK(r.column("kl")[0] == Approx(0.001234567891).epsilon(1e-8));
   CHECK(r.column("kl")[1] == 1e-9);
   CHECK_THROWS_AS(r.column("reward"), std::invalid_argument);
-  CHECK_THROWS_AS(plot::csv_table::read(path), std::runtime_error);
+  CHECK_THROWS_AS(plot::csv_table::read(path), ulorl::error);  // removed above
+  // A FIFO is refused, never opened for a blocking read.
+  const auto fifo = (std::filesystem::temp_directory_path() / "ulorl_test_plot.fifo").string();
+  std::filesystem::remove(fifo);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_AS(plot::csv_table::read(fifo), ulorl::error);
+  std::filesystem::remove(fifo);
 }
 
 TEST_CASE("an SVG figure has every panel, line, marker and legend entry; missing points are left out", "[trainer][plot]") {
