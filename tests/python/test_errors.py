@@ -225,3 +225,23 @@ def test_nan_options_are_rejected_even_when_unused():
     with pytest.raises(ulorl.Error) as e:
         ulorl.global_normalizer("token_mean", ulorl.BatchCounts(6.0, 2.0, 2.0), constant=nan)
     assert e.value.argument == "constant"
+
+
+# ---- a result beyond float64's range is an error naming it, never inf -----------------------------------
+
+def test_huge_coefficients_overflow_into_an_error_not_inf():
+    lp = torch.full((2, 3), -1.0, dtype=torch.float64)
+    old, adv, mask = lp - 0.1, torch.full((2, 3), 5.0, dtype=torch.float64), torch.ones(2, 3, dtype=torch.bool)
+    ref, ent = torch.full((2, 3), -10.0, dtype=torch.float64), torch.full((2, 3), 5.0, dtype=torch.float64)
+    calls = {
+        "pg_loss": lambda: ulorl.presets.openrlhf.policy_loss(lp, old, adv, mask, dp_size=1e308, batch_num_tokens=6),
+        "kl_loss": lambda: ulorl.policy_loss(lp, old, adv, mask, ref_log_prob=ref, kl_coef=1e308),
+        "entropy_loss": lambda: ulorl.policy_loss(lp, old, adv, mask, entropy=ent, entropy_coef=1e308),
+        "loss": lambda: ulorl.presets.verl.agg_loss(lp * 5, mask, "token-mean", dp_size=1e308),
+    }
+    for result, call in calls.items():
+        with pytest.raises(ulorl.Error, match=f"result '{result}' = [-]?inf: overflows float64"):
+            call()
+    # The same coefficients on values whose products fit give finite losses.
+    small = ulorl.policy_loss(lp, old, torch.ones_like(adv), mask, ref_log_prob=lp - 2.0, kl_coef=1e307)[0]
+    assert torch.isfinite(small)
