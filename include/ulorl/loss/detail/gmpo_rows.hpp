@@ -46,19 +46,16 @@ void gmpo_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, c
     const gmpo_row<T> row_terms = gmpo_row_terms<T>(ys, as, lws, nb > 0 ? nd : 0.0, has_w, norm);
     out.has_direct = row_terms.has_direct;
     out.pg_direct = row_terms.pg_direct;
-    bool finite = true;
     for (std::size_t t = 0; t < n; ++t) {
       const bool valid = mk[t] != M(0);
       const T ref = has_ref ? in.ref_log_prob(b, t) : T(0);
       const sequence_token<T> k = gmpo_token(lp[t], old[t], adv[t], ref, wd, row_terms, p, has_ref);
       const T e = has_ent ? in.entropy(b, t) : T(0);
-      const T gt = valid ? static_cast<T>(k.grad) : T(0);
-      g[t] = gt;
-      finite &= std::isfinite(gt);
+      g[t] = valid ? static_cast<T>(k.grad) : T(0);
       // The objective is already in pg_loss (row_terms.coef carries its normaliser): the token adds 0.
       fold_token(out.s, valid, k.pg, k.kl, k.ratio, k.flags, lp[t], old[t], e);
     }
-    out.grad_nonfinite = !finite;
+    out.grad_nonfinite = !row_finite<T>(g);
     if (has_ent && !entropy_grad_row(gent.row(b), mk, wd, static_cast<double>(p.entropy_coef))) out.grad_nonfinite = true;
     out.w = wd, out.tokens = nb;
   };

@@ -39,7 +39,7 @@ void gspo_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, c
       if (mk[t] != M(0)) xs += static_cast<double>(lp[t]) - static_cast<double>(old[t]);
     const gspo_row<T> ratio = gspo_row_ratio<T>(xs, nb > 0 ? nd : 0.0, op);
     double row_grad = 0;  // through_mean: d loss / d (sequence log-ratio), spread over the row
-    bool row_low = false, row_high = false, finite = true;
+    bool row_low = false, row_high = false;
     for (std::size_t t = 0; t < n; ++t) {
       const bool valid = mk[t] != M(0);
       const T wt = has_w ? in.weights(b, t) : T(1);
@@ -50,21 +50,15 @@ void gspo_rows(const policy_loss_inputs<T, M>& in, const agg_normalizer& norm, c
       row_low = row_low || (valid && k.flags.low);
       row_high = row_high || (valid && k.flags.high);
       const T e = has_ent ? in.entropy(b, t) : T(0);
-      const T gt = valid ? static_cast<T>(k.grad) : T(0);
-      g[t] = gt;
-      finite &= std::isfinite(gt);
+      g[t] = valid ? static_cast<T>(k.grad) : T(0);
       fold_token(out.s, valid, k.pg, k.kl, k.ratio, k.flags, lp[t], old[t], e);
     }
     if (through_mean && nb > 0) {
       const double spread = row_grad / nd;
       for (std::size_t t = 0; t < n; ++t)
-        if (mk[t] != M(0)) {
-          const T gt = static_cast<T>(static_cast<double>(g[t]) + spread);
-          g[t] = gt;
-          finite &= std::isfinite(gt);
-        }
+        if (mk[t] != M(0)) g[t] = static_cast<T>(static_cast<double>(g[t]) + spread);
     }
-    out.grad_nonfinite = !finite;
+    out.grad_nonfinite = !row_finite<T>(g);
     if (has_ent && !entropy_grad_row(gent.row(b), mk, wd, static_cast<double>(p.entropy_coef))) out.grad_nonfinite = true;
     out.gspo = true;
     out.seq_low = row_low, out.seq_high = row_high;
