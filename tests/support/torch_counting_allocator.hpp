@@ -4,11 +4,22 @@
 #pragma once
 
 #include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+
+// torch 2.3 made Allocator::allocate non-const and added the pure virtual copy_data (checked here
+// against Debian's 1.13 and 2.6).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define ULORL_TEST_ALLOCATE_CONST
+#define ULORL_TEST_ALLOCATOR_COPY_DATA 1
+#else
+#define ULORL_TEST_ALLOCATE_CONST const
+#define ULORL_TEST_ALLOCATOR_COPY_DATA 0
+#endif
 
 namespace testing_support {
 
@@ -28,7 +39,7 @@ struct counting_allocator final : c10::Allocator {
     c->owner->current -= c->bytes;
     delete c;
   }
-  c10::DataPtr allocate(std::size_t n) const override {
+  c10::DataPtr allocate(std::size_t n) ULORL_TEST_ALLOCATE_CONST override {
     c10::DataPtr inner = base->allocate(n);
     void* data = inner.get();
     const c10::Device dev = inner.device();
@@ -39,6 +50,9 @@ struct counting_allocator final : c10::Allocator {
     }
     return {data, c, &release, dev};
   }
+#if ULORL_TEST_ALLOCATOR_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#endif
   void reset_peak() const { peak = current.load(); }
 
   //! Installs the counter as torch's CPU allocator (once per process).

@@ -71,7 +71,7 @@ inline std::pair<at::Tensor, at::Tensor> oracle_logits_stats(const at::Tensor& l
 inline bool fd_matches(const std::function<double()>& f, at::Tensor x, const at::Tensor& analytic, double h = 1e-6,
                        double rtol = 1e-5, double atol = 1e-7) {
   REQUIRE(x.scalar_type() == at::kDouble);
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   at::Tensor flat = x.view({-1});
   at::Tensor num = at::zeros_like(flat);
   for (std::int64_t i = 0; i < flat.numel(); ++i) {

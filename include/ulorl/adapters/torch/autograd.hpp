@@ -177,7 +177,7 @@ struct differentiated_twice : public torch::autograd::Function<differentiated_tw
 //! A gradient returned by a backward: as it is, or where the backward runs with create_graph=True
 //! (grad mode on), an alias whose differentiation raises (differentiated_twice).
 inline at::Tensor once_differentiable(std::string_view fn, std::string_view arg, const at::Tensor& grad) {
-  if (!grad.defined() || !at::GradMode::is_enabled()) return grad;
+  if (!grad.defined() || !c10::GradMode::is_enabled()) return grad;
   return differentiated_twice::apply(grad.detach().requires_grad_(true), std::string(fn), std::string(arg));
 }
 

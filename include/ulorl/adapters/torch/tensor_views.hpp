@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>  // c10::NoGradGuard, in torch 1.13 and 2.x (2.x's ATen.h declares no at::NoGradGuard)
 
 #include <cstddef>
 #include <cstdint>
@@ -246,7 +247,7 @@ struct torch_gemm {
       return at::from_blob(const_cast<T*>(p), {static_cast<std::int64_t>(r), static_cast<std::int64_t>(k)},
                            {static_cast<std::int64_t>(rs), static_cast<std::int64_t>(cs)}, opt);
     };
-    const at::NoGradGuard no_grad;
+    const c10::NoGradGuard no_grad;
     const at::Tensor ta = wrap(a.data(), a.rows(), a.cols(), a.row_stride(), a.col_stride());
     const at::Tensor tb = wrap(b.data(), b.rows(), b.cols(), b.row_stride(), b.col_stride());
     at::Tensor tc = wrap(c.data(), c.rows(), c.cols(), c.row_stride(), c.col_stride());
