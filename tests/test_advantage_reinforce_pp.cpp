@@ -278,3 +278,32 @@ TEST_CASE("masked_whiten and discounted_returns: values near the double maximum 
                     Catch::Contains("'returns'[0]") && Catch::Contains("overflows float64"));
   CHECK(ret == std::vector<double>{5.0, 5.0});
 }
+
+TEST_CASE("REINFORCE++: a whitened value beyond float leaves returns and advantages as they were",
+          "[reinforce_pp][errors][range]") {
+  // Equal returns of 3e38 without the mean's shift: x / sqrt(0 + 1e-8) = 3e42 overflows float. The
+  // returns are written before that check can run; on the error they get their old values back.
+  const std::vector<double> r{3e38, 3e38, 3e38, 3e38}, m{1, 1, 1, 1};
+  std::vector<float> ret(4, 7.0f), adv(4, 9.0f);
+  const auto tv = [](const std::vector<double>& v) { return ulorl::padded(ulorl::matrix_view<const double>(v.data(), 2, 2)); };
+  const auto ov = [](std::vector<float>& v) { return ulorl::padded(ulorl::matrix_view<float>(v.data(), 2, 2)); };
+  const ulorl::whiten_config no_shift{.shift_mean = false};
+  require_rejected(outcome_of([&] { ulorl::reinforce_pp_advantages(tv(r), tv(m), ov(ret), ov(adv), 0.0, no_shift); }),
+                   "masked_whiten", "out", 0);
+  for (float x : ret) CHECK(x == 7.0f);
+  for (float x : adv) CHECK(x == 9.0f);
+  // advantages aliasing returns' storage: also untouched.
+  require_rejected(outcome_of([&] { ulorl::reinforce_pp_advantages(tv(r), tv(m), ov(ret), ov(ret), 0.0, no_shift); }),
+                   "masked_whiten", "out", 0);
+  for (float x : ret) CHECK(x == 7.0f);
+  // The baseline form whitens in place: two singleton groups of 3e38 (a_i = s_i), no shift.
+  const std::vector<double> s{3e38, 3e38};
+  const std::vector<std::int64_t> ids{0, 1};
+  const auto groups = ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids));
+  require_rejected(outcome_of([&] {
+                     ulorl::reinforce_pp_baseline_advantages(std::span<const double>(s), groups, tv(m), ov(adv),
+                                                             ulorl::reinforce_pp_baseline_config{.whiten = no_shift});
+                   }),
+                   "masked_whiten", "out", 0);
+  for (float x : adv) CHECK(x == 9.0f);
+}

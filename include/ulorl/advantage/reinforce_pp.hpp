@@ -122,6 +122,24 @@ void discounted_returns(token_view<const T> token_rewards, token_view<const M> m
   each([&](std::size_t b, std::size_t t, double g) { returns(b, t) = static_cast<U>(g); });
 }
 
+namespace detail {
+//! The values of `v` row by row: what a function that writes `v` before a later check can fail
+//! puts back on that failure (restore_tokens), so that nothing is written on error.
+template <class U>
+[[nodiscard]] std::vector<U> saved_tokens(token_view<U> v) {
+  std::vector<U> out;
+  for (std::size_t b = 0; b < v.rows(); ++b)
+    for (std::size_t t = 0; t < v.row_size(b); ++t) out.push_back(v(b, t));
+  return out;
+}
+template <class U>
+void restore_tokens(token_view<U> v, const std::vector<U>& saved) noexcept {
+  std::size_t i = 0;
+  for (std::size_t b = 0; b < v.rows(); ++b)
+    for (std::size_t t = 0; t < v.row_size(b); ++t) v(b, t) = saved[i++];
+}
+}  // namespace detail
+
 //! REINFORCE++: returns and whitened advantages (advantages may alias returns' storage only if
 //! the caller does not need the returns). An absent mask (empty view): every token of token_rewards valid.
 template <class T, class M, class U>
@@ -137,8 +155,16 @@ void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const
   if (!(gamma >= 0.0 && gamma <= 1.0)) detail::fail_value(fn, "gamma", gamma, "must be in [0, 1]");
   require_divisor(fn, "config.eps", cfg.eps);
   require_known(fn, "config.eps_at", cfg.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
+  // The whitened values are range-checked only once the returns exist: on that error the returns
+  // get their previous values back (masked_whiten checks before it writes the advantages).
+  const std::vector<U> before = detail::saved_tokens(returns);
   discounted_returns(token_rewards, mask, returns, gamma);
-  masked_whiten(token_view<const U>(returns), mask, advantages, cfg);
+  try {
+    masked_whiten(token_view<const U>(returns), mask, advantages, cfg);
+  } catch (...) {
+    detail::restore_tokens(returns, before);
+    throw;
+  }
 }
 
 //! REINFORCE++-baseline: per-response advantages a_i = group_advantages(scores, `group`) written
@@ -174,9 +200,16 @@ void reinforce_pp_baseline_advantages(std::span<const T> scores, const group_lay
   // group_advantages validates its configuration and may reject a score before anything is written.
   std::vector<double> in(scores.begin(), scores.end()), a(scores.size());
   group_advantages(std::span<const double>(in), groups, std::span<double>(a), cfg.group);
+  // Whitened in place: on a range error of the whitened values, the previous values come back.
+  const std::vector<U> before = detail::saved_tokens(advantages);
   for (std::size_t b = 0; b < mask.rows(); ++b)
     for (std::size_t t = 0; t < mask.row_size(b); ++t) advantages(b, t) = static_cast<U>(a[b]);
-  masked_whiten(token_view<const U>(advantages), mask, advantages, cfg.whiten);
+  try {
+    masked_whiten(token_view<const U>(advantages), mask, advantages, cfg.whiten);
+  } catch (...) {
+    detail::restore_tokens(advantages, before);
+    throw;
+  }
 }
 
 //! verl's REINFORCE++-baseline: (s_i - mu_g) (mu = 0 for a singleton), whitened with `cfg`.
