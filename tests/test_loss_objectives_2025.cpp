@@ -705,6 +705,18 @@ TEST_CASE("nemo_rl kl_penalty_term: rejections leave the gradient untouched") {
   p.mask[0] = 1.0;
   REQUIRE_THROWS_AS(call({.reference_policy_kl_penalty = std::numeric_limits<double>::infinity()}), ulorl::error);
   REQUIRE(std::all_of(g.begin(), g.end(), [](double v) { return v == 1.25; }));
+  // A penalty or a gradient beyond double's range (beta = 1e308 times KL values and slopes above 1)
+  // is an error naming it, the gradient untouched.
+  for (std::size_t i = 0; i < p.lp.size(); ++i) p.lp[i] = -1.0, p.ref[i] = -10.0, p.mask[i] = 1.0;
+  try {
+    (void)call({.reference_policy_kl_penalty = 1e308});
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "presets::nemo_rl::kl_penalty_term");
+    CHECK((e.argument() == "grad_log_prob" || e.argument() == "kl_penalty"));
+    CHECK(std::string(e.what()).find("overflows float64") != std::string::npos);
+  }
+  REQUIRE(std::all_of(g.begin(), g.end(), [](double v) { return v == 1.25; }));
 }
 
 }  // namespace

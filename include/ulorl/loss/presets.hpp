@@ -699,26 +699,36 @@ double kl_penalty_term(token_view<const T> log_prob, token_view<const T> ref_log
   if (beta == 0.0) return 0.0;
   const double in = o.kl_input_clamp_value.value_or(no_limit), out = o.kl_output_clamp_value.value_or(no_limit);
   const kl_params<double> kp = make_kl_params<double>({.estimator = o.reference_policy_kl_type, .input_clamp = in});
-  double total = 0;
-  for (std::size_t b = 0; b < log_prob.rows(); ++b) {
-    const double wb = row_weight(norm, row_tokens(mask, b));
-    double row = 0;
-    for (std::size_t t = 0; t < log_prob.row_size(b); ++t) {
-      if (mask(b, t) == M(0)) continue;
-      const double lp = static_cast<double>(log_prob(b, t)), ref = static_cast<double>(ref_log_prob(b, t));
-      const kl_value<double> k = kl_term(lp, ref, kp);  // κ at the clamped λ, dκ/dlogp (0 where clamped)
-      const bool in_clamped = std::fabs(ref - lp) > in;
-      const double omega = on_policy ? std::exp(lp - static_cast<double>(rollout_log_prob(b, t))) : 1.0;
-      const double domega = in_clamped ? 0.0 : omega;
-      const double raw = omega * k.value;
-      const double kv = std::clamp(raw, -out, out);
-      const double dk = (-out <= raw && raw <= out) ? domega * k.value + omega * k.grad : 0.0;
-      row += kv;
-      grad_log_prob(b, t) = static_cast<T>(static_cast<double>(grad_log_prob(b, t)) + beta * wb * dk);
+  // Two passes over the same terms: the first checks every new gradient value and the penalty
+  // against T's range (an error names the first beyond it, nothing written), the second writes.
+  const auto each = [&](auto&& emit) {
+    double total = 0;
+    for (std::size_t b = 0; b < log_prob.rows(); ++b) {
+      const double wb = row_weight(norm, row_tokens(mask, b));
+      double row = 0;
+      for (std::size_t t = 0; t < log_prob.row_size(b); ++t) {
+        if (mask(b, t) == M(0)) continue;
+        const double lp = static_cast<double>(log_prob(b, t)), ref = static_cast<double>(ref_log_prob(b, t));
+        const kl_value<double> k = kl_term(lp, ref, kp);  // κ at the clamped λ, dκ/dlogp (0 where clamped)
+        const bool in_clamped = std::fabs(ref - lp) > in;
+        const double omega = on_policy ? std::exp(lp - static_cast<double>(rollout_log_prob(b, t))) : 1.0;
+        const double domega = in_clamped ? 0.0 : omega;
+        const double raw = omega * k.value;
+        const double kv = std::clamp(raw, -out, out);
+        const double dk = (-out <= raw && raw <= out) ? domega * k.value + omega * k.grad : 0.0;
+        row += kv;
+        emit(b, t, static_cast<double>(grad_log_prob(b, t)) + beta * wb * dk);
+      }
+      total += row == 0.0 ? 0.0 : wb * row;
     }
-    total += row == 0.0 ? 0.0 : wb * row;
-  }
-  return beta * total;
+    return beta * total;
+  };
+  const double kl = each([&](std::size_t b, std::size_t t, double g) {
+    require_result_in_range<T>(fn, "grad_log_prob", static_cast<std::int64_t>(grad_log_prob.flat_index(b, t)), g);
+  });
+  require_result_in_range<T>(fn, "kl_penalty", -1, kl);
+  (void)each([&](std::size_t b, std::size_t t, double g) { grad_log_prob(b, t) = static_cast<T>(g); });
+  return kl;
 }
 
 //! NeMo-RL's logged ratios: probs_ratio = Σ ratio m / Gt and probs_ratio_clamped = Σ r̄ m / Gt, with
