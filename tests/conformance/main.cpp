@@ -9,9 +9,7 @@
 #include <algorithm>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,15 +21,13 @@ namespace {
 using conformance::json;
 
 bool read_file(const std::filesystem::path& p, std::string& text) {
-  // A regular file only: a FIFO or a device is never opened (an open or a read of one could block).
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(p, ec)) return false;
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  text = ss.str();
-  return !in.bad();
+  // ulorl's bounded reader: regular files only, never a blocking open of a FIFO or a device.
+  try {
+    text = cli::read_text_file("", p.string());
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
