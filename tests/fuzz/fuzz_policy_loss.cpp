@@ -2,12 +2,14 @@
 // with per-array strides, packed with int32 or int64 offsets, possibly malformed), values and
 // configurations (objective, KL estimator, aggregation mode and sequence gradient as raw enum values,
 // out-of-range ones included). Each call either throws ulorl::error, and then no output element has
-// changed, or returns; then elements outside the gradient views are untouched, masked tokens get a
+// changed (or, for a result found out of its type's range after the pass, every gradient element in
+// the views is 0 and the error says so), or returns; then elements outside the gradient views are untouched, masked tokens get a
 // zero gradient, the metrics count the valid tokens, sequences and rows, and with moderate inputs
 // (log-probs in [-20, 0], bounded coefficients, a normaliser >= 1e-3) everything is finite.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "fuzz_common.hpp"
@@ -154,21 +156,13 @@ void run(FuzzedDataProvider& p) {
 
   ulorl::policy_loss_inputs<T> in{lp.view, old.view, adv.view, mask.view, ref.view, w.view, ent.view};
   ulorl::policy_loss_result res;
-  bool threw = false;
+  bool threw = false, cleared = false;
   try {
     res = ulorl::policy_loss(in, glp.view, gent.view, cfg);
-  } catch (const ulorl::error&) {
+  } catch (const ulorl::error& e) {
     threw = true;
+    cleared = std::string_view(e.what()).find("the gradient outputs are set to 0") != std::string_view::npos;
   }
-  if (threw) {
-    FUZZ_CHECK(untouched(glp) && untouched(gent));
-    return;
-  }
-  // A value no enum names must be rejected, never run as some default (conventions: dispatch is loud).
-  FUZZ_CHECK(kind <= static_cast<int>(ulorl::objective_kind::penalized_pg));
-  FUZZ_CHECK(estimator <= static_cast<int>(ulorl::kl_estimator::k3));
-  FUZZ_CHECK(mode <= static_cast<int>(ulorl::agg_mode::constant));
-  FUZZ_CHECK(seq_grad <= static_cast<int>(ulorl::sequence_gradient::through_mean));
   // Outside the views nothing is written.
   const auto gaps_untouched = [](const array<T>& a) {
     std::vector<bool> in_view(a.buf.size(), false);
@@ -177,6 +171,26 @@ void run(FuzzedDataProvider& p) {
       if (!in_view[i] && !fuzz::same_bits(a.buf[i], T(sentinel))) return false;
     return true;
   };
+  const auto zero_in_view = [](const array<T>& a) {
+    for (const auto i : a.addr)
+      if (!fuzz::same_bits(a.buf[i], T(0))) return false;
+    return true;
+  };
+  if (threw && !cleared) FUZZ_CHECK(untouched(glp) && untouched(gent));  // refused before the pass
+  if (threw && cleared) {
+    // A result out of its type's range is found after the pass, which wrote the gradients: the
+    // error says so, and every gradient element in the views is then 0 (grad_entropy is written
+    // only with an entropy term).
+    FUZZ_CHECK(cfg.check_values);
+    FUZZ_CHECK(gaps_untouched(glp) && gaps_untouched(gent) && zero_in_view(glp));
+    FUZZ_CHECK(zero_in_view(gent) || (cfg.entropy_coef == 0.0 && untouched(gent)));
+  }
+  if (threw) return;
+  // A value no enum names must be rejected, never run as some default (conventions: dispatch is loud).
+  FUZZ_CHECK(kind <= static_cast<int>(ulorl::objective_kind::penalized_pg));
+  FUZZ_CHECK(estimator <= static_cast<int>(ulorl::kl_estimator::k3));
+  FUZZ_CHECK(mode <= static_cast<int>(ulorl::agg_mode::constant));
+  FUZZ_CHECK(seq_grad <= static_cast<int>(ulorl::sequence_gradient::through_mean));
   FUZZ_CHECK(gaps_untouched(glp) && gaps_untouched(gent));
   if (cfg.entropy_coef == 0.0) FUZZ_CHECK(untouched(gent));  // no entropy term: grad_entropy is not written
   if (!binary && !cfg.check_values) return;  // any non-zero mask value then counts as valid: nothing to compare
