@@ -11,8 +11,9 @@ the extension must match; pip's isolated build would try to download one.
 import os
 import platform
 
+import torch
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INCLUDE = os.path.normpath(os.path.join(HERE, "..", "include"))
@@ -26,6 +27,29 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 LIBRARIES = [("ulorl_kernels_avx2", {"sources": [os.path.join("src", "kernels_avx2.cpp")], "include_dirs": [INCLUDE],
                                      "cflags": ["-std=c++20", "-O2", "-g0", "-fPIC", "-mavx2", "-mfma"]})] if X86 else []
 
+KERNELS = os.path.normpath(os.path.join(HERE, "..", "kernels"))
+SOURCES = [os.path.join("src", f) for f in ("module.cpp", "losses.cpp", "logits.cpp", "corrections.cpp")]
+# With a torch built with CUDA and nvcc (CUDA_HOME), the policy-loss operator gets its CUDA kernel
+# (ULORL_PYTHON_CUDA=0 builds without it): ops_cuda.cu (nvcc, C++17) and ops_cuda.cpp (host, C++20).
+CUDA = torch.version.cuda is not None and CUDA_HOME is not None and os.environ.get("ULORL_PYTHON_CUDA", "1") != "0"
+if CUDA:
+    EXTENSION = CUDAExtension(
+        name="ulorl._ulorl",
+        sources=SOURCES + [os.path.join("src", "ops_cuda.cpp"), os.path.join("src", "ops_cuda.cu")],
+        include_dirs=[INCLUDE, KERNELS],
+        extra_compile_args={"cxx": ["-std=c++20", "-O2", "-g0"],
+                            "nvcc": ["-std=c++17", "-O3", "--expt-relaxed-constexpr"]},
+        define_macros=[("ULORL_PY_CUDA", None)] + ([("ULORL_PY_AVX2_KERNELS", None)] if X86 else []),
+    )
+else:
+    EXTENSION = CppExtension(
+        name="ulorl._ulorl",
+        sources=SOURCES,
+        include_dirs=[INCLUDE],
+        extra_compile_args=["-std=c++20", "-O2", "-g0"],
+        define_macros=[("ULORL_PY_AVX2_KERNELS", None)] if X86 else [],
+    )
+
 setup(
     name="ulorl",
     version="0.1.0",
@@ -33,15 +57,7 @@ setup(
                 "KL estimators, controllers, UloRL's segment scheduler, fused logits kernels) over torch tensors",
     packages=["ulorl", "ulorl.presets"],
     package_data={"ulorl": ["py.typed", "*.pyi"]},
-    ext_modules=[
-        CppExtension(
-            name="ulorl._ulorl",
-            sources=[os.path.join("src", f) for f in ("module.cpp", "losses.cpp", "logits.cpp", "corrections.cpp")],
-            include_dirs=[INCLUDE],
-            extra_compile_args=["-std=c++20", "-O2", "-g0"],
-            define_macros=[("ULORL_PY_AVX2_KERNELS", None)] if X86 else [],
-        )
-    ],
+    ext_modules=[EXTENSION],
     libraries=LIBRARIES,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
     python_requires=">=3.9",

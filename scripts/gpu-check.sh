@@ -4,7 +4,8 @@
 # kernels) and the example, then the benchmarks: achieved bandwidth against a device-to-device copy
 # measured in the same run (logits forward/backward, the policy loss from log-probs, the fused loss
 # from logits), the linear head against cuBLAS GEMM alone on the same shapes, and, when a CUDA build
-# of torch is importable, torch eager on the same policy-loss cases (time and peak memory).
+# of torch is importable, torch eager on the same policy-loss cases (time and peak memory) and the
+# torch operators on CUDA tensors (the package built with its CUDA kernel; test_torch_ops_cuda).
 # Usage: scripts/gpu-check.sh   env: NVCC, ULORL_CUDA_ARCH (e.g. 90), OUT (log dir), CXX, JOBS
 # Exit status: non-zero if a build, a test or the example fails. Logs go to $OUT (default build/gpu-check).
 set -euo pipefail
@@ -79,7 +80,38 @@ fi
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
   echo "== torch eager on the same cases (time and peak memory above the inputs)"
   python3 "$root/bench/torch_cuda_policy_loss.py" --ulorl "$out/bench_policy_loss.json" | tee "$out/torch.txt"
+  # The torch operators on CUDA tensors: the package built as users build it (its CUDA kernel with
+  # this torch and nvcc) into a virtual environment over this torch, then the operator tests (CUDA
+  # against CPU, errors, torch.compile on the GPU), and the C++ adapter's test_torch_ops_cuda.
+  echo "== torch operators on CUDA tensors (pip install ./python with CUDA; tests/python/test_ops*.py)"
+  venv="$bin/venv"
+  python3 -m venv --system-site-packages "$venv"
+  if CUDA_HOME=$(dirname "$(dirname "$nvcc")") TORCH_CUDA_ARCH_LIST="${arch%?}.${arch: -1}" MAX_JOBS=${JOBS:-16} \
+      "$venv/bin/pip" install --no-build-isolation --no-deps --no-index "$root/python" > "$out/build-python.txt" 2>&1; then
+    (cd "$root/tests/python" && ULORL_GOLDEN_DIR="$root/tests/golden" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+      -rs test_ops_cuda.py test_ops.py) 2>&1 | tee "$out/test_ops_cuda.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || fail=1
+    "$venv/bin/python" -c 'import ulorl, sys; sys.exit(0 if ulorl._ulorl.cuda_kernels else 1)' ||
+      { echo "FAILED: the package was built without its CUDA kernel"; fail=1; }
+  else
+    fail=1
+    echo "FAILED: pip install ./python: $out/build-python.txt"
+    tail -n 30 "$out/build-python.txt"
+  fi
+  prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  if cmake -S "$root" -B "$bin/torch-ops" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+      -DCMAKE_CUDA_COMPILER="$nvcc" -DULORL_CUDA_ARCHITECTURES="$arch" -DULORL_BUILD_TESTS=ON \
+      -DULORL_BUILD_EXAMPLES=OFF -DULORL_BUILD_BENCH=OFF -DULORL_BUILD_PYTHON=OFF > "$out/build-torch-ops.txt" 2>&1 &&
+     cmake --build "$bin/torch-ops" -j "${JOBS:-16}" --target test_torch_ops_cuda >> "$out/build-torch-ops.txt" 2>&1; then
+    echo "== test_torch_ops_cuda"
+    "$bin/torch-ops/tests/torch/test_torch_ops_cuda" 2>&1 | tee "$out/test_torch_ops_cuda.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || fail=1
+  else
+    fail=1
+    echo "FAILED: building test_torch_ops_cuda: $out/build-torch-ops.txt"
+    tail -n 30 "$out/build-torch-ops.txt"
+  fi
 else
-  echo "== torch eager: no CUDA build of torch importable, skipped"
+  echo "== torch eager and the torch operators: no CUDA build of torch importable, skipped"
 fi
 exit $fail

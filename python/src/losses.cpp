@@ -1,6 +1,7 @@
-// python/src/losses.cpp — the tensor functions of ulorl::th without logits: the fused policy loss
-// (an autograd function), batch counts, group advantages and their token broadcast, DAPO's dynamic
-// sampling filter and UloRL's MPT mask. Every check is the adapter's (ulorl::error, raised before
+// python/src/losses.cpp — the tensor functions of ulorl::th without logits: the registration of the
+// `ulorl` torch operators with the encodings of the policy loss's configuration and result, batch
+// counts, group advantages and their token broadcast, DAPO's dynamic sampling filter and UloRL's
+// MPT mask. Every check is the adapter's (ulorl::error, raised before
 // any output exists).
 #include <torch/csrc/utils/pybind.h>
 
@@ -9,11 +10,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include <ulorl/adapters/torch.hpp>
 #include <ulorl/loss/aggregation.hpp>
+#include <ulorl/loss/fields.hpp>
 
 #include "common.hpp"
 
@@ -113,6 +116,10 @@ std::string install_logits_kernels(bool avx2) {
 }
 }  // namespace
 
+#if defined(ULORL_PY_CUDA)
+void register_cuda_kernels();  // ops_cuda.cpp
+#endif
+
 void bind_losses(py::module_& m) {
   const bool avx2 = use_avx2_kernels();
   m.attr("policy_loss_isa") = install_policy_loss_kernels(avx2);
@@ -124,23 +131,34 @@ void bind_losses(py::module_& m) {
         "every token of that layout valid (a given mask must then have its shape). Sum the counts of every "
         "micro-batch and rank of a step (all-reduce) and build the step's normaliser with global_normalizer.");
 
+  // The operators (torch.ops.ulorl.*) and the encodings their Python wrappers use.
+  ulorl::th::ops::register_ops();
+#if defined(ULORL_PY_CUDA)
+  register_cuda_kernels();
+  m.attr("cuda_kernels") = true;
+#else
+  m.attr("cuda_kernels") = false;
+#endif
   m.def(
-      "_policy_loss",
-      [](const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages,
-         const opt_tensor& mask, const ulorl::policy_loss_config& cfg, const opt_tensor& ref_log_prob,
-         const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
-         const opt_tensor& rollout_log_prob) {
-        const th::policy_loss_tensors extra{or_undefined(ref_log_prob), or_undefined(weights), or_undefined(entropy),
-                                            or_undefined(offsets), or_undefined(rollout_log_prob)};
-        th::policy_loss_output out;
-        {
-          const py::gil_scoped_release nogil;
-          out = th::policy_loss(log_prob, old_log_prob, advantages, or_undefined(mask), cfg, extra);
-        }
-        return py::make_tuple(out.loss, out.result);
+      "encode_config", [](const ulorl::policy_loss_config& cfg) { return ulorl::encode_config(cfg); }, "config"_a,
+      "The configuration as the `float[] config` argument of torch.ops.ulorl.policy_loss (ulorl::encode_config).");
+  m.def(
+      "decode_result",
+      [](const at::Tensor& result) {
+        constexpr std::string_view fn = "decode_result";
+        const at::Tensor r = result.to(at::kCPU).contiguous();
+        th::detail::require_dtype(fn, "result", r, c10::ScalarType::Double);
+        if (r.dim() != 1 || r.size(0) != static_cast<std::int64_t>(ulorl::encoded_result_size))
+          ulorl::detail::fail(fn, "result",
+                              "has shape " + th::detail::sizes_str(r) + " but must be [" +
+                                  std::to_string(ulorl::encoded_result_size) + "] (torch.ops.ulorl.policy_loss's result)");
+        return ulorl::decode_result(std::span<const double>(r.data_ptr<double>(), ulorl::encoded_result_size));
       },
-      "log_prob"_a, "old_log_prob"_a, "advantages"_a, "mask"_a, "config"_a, "ref_log_prob"_a = py::none(),
-      "weights"_a = py::none(), "entropy"_a = py::none(), "offsets"_a = py::none(), "rollout_log_prob"_a = py::none());
+      "result"_a, "The PolicyLossResult of the result tensor of torch.ops.ulorl.policy_loss (ulorl::decode_result).");
+  m.def("config_fields", &ulorl::field_names<ulorl::policy_loss_config>,
+        "The fields of a PolicyLossConfig in encode_config's order (ulorl::visit_config_fields).");
+  m.def("result_fields", &ulorl::field_names<ulorl::policy_loss_result>,
+        "The numbers of the result tensor of torch.ops.ulorl.policy_loss, in order (ulorl::visit_result_fields).");
 
   m.def(
       "_group_advantages",

@@ -9,6 +9,7 @@ import copy
 import functools
 import inspect
 import math
+import re
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -25,6 +26,27 @@ def _fail(function: str, argument: str, what: str) -> Error:
     e = Error(f"ulorl::{function}: argument '{argument}': {what}")
     e.function, e.argument, e.index = function, argument, -1
     return e
+
+
+_ERROR = re.compile(r"^ulorl::([^:]+): (?:argument|result) '([^']*)'(?:\[(-?\d+)\])?")
+
+
+def _op(op: Callable[..., Any], *args: Any) -> Any:
+    """Calls a torch.ops.ulorl operator. An ulorl::error of its kernel reaches Python through torch's
+    bindings: as ulorl.Error where torch and this extension share pybind11's state, else as the
+    ValueError it derives from (torch built by another compiler: Debian 13's CUDA build); the
+    latter is raised again as the ulorl.Error it was, with its fields."""
+    try:
+        return op(*args)
+    except Error:
+        raise
+    except ValueError as e:
+        m = _ERROR.match(str(e))
+        if m is None:
+            raise
+        err = Error(str(e))
+        err.function, err.argument, err.index = m.group(1), m.group(2), int(m.group(3) or -1)
+        raise err from None
 
 
 def _reject_nan(function: str, argument: str, value: Any, index: int = -1) -> None:
@@ -198,7 +220,7 @@ def policy_loss(
             cfg = copy.copy(config)
         cfg.rollout = rollout_correction
         cfg.rollout_batch_norm_factor = rollout_batch_norm_factor
-    loss, result = _ulorl._policy_loss(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob, weights, entropy,
+    loss, result = _policy_loss_result(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob, weights, entropy,
                                        offsets, rollout_log_prob)
     metrics = result.as_dict()
     if cfg.rollout is not None:
@@ -207,9 +229,12 @@ def policy_loss(
 
 
 def _policy_loss_result(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob=None, weights=None, entropy=None,
-                        offsets=None):
-    """(loss, PolicyLossResult) for the presets, which map the result onto their frameworks' metrics."""
-    return _ulorl._policy_loss(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob, weights, entropy, offsets)
+                        offsets=None, rollout_log_prob=None):
+    """(loss, PolicyLossResult) through torch.ops.ulorl.policy_loss; the presets map the result onto their
+    frameworks' metrics."""
+    loss, result = _op(torch.ops.ulorl.policy_loss, log_prob, old_log_prob, advantages, mask, ref_log_prob, weights,
+                       entropy, offsets, rollout_log_prob, _ulorl.encode_config(cfg))
+    return loss, _ulorl.decode_result(result)
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
@@ -221,7 +246,7 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature
     otherwise. Differentiable in ``logits`` (backward from the saved O(N) statistics).
     ``check_values`` rejects NaN / +inf logits and all -inf rows.
     """
-    return _ulorl._logits_stats(logits, labels, temperature, check_values, fast_backward)
+    return _op(torch.ops.ulorl.logits_stats, logits, labels, temperature, check_values, fast_backward)
 
 
 def logits_statistics(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,

@@ -16,6 +16,9 @@ class Error(ValueError):
 #: The instruction set of the policy-loss kernels installed at import: "avx2" (x86-64 with AVX2 and
 #: FMA, unless ULORL_PYTHON_ISA=default is set) or "default" (the extension's baseline flags).
 policy_loss_isa: str
+#: Whether the extension was built with the CUDA kernel of torch.ops.ulorl.policy_loss (against a
+#: torch with CUDA and nvcc); without it a CUDA tensor raises ulorl.Error naming it.
+cuda_kernels: bool
 #: The same for the logits kernels (logits_forward / logits_backward: logits statistics, the fused
 #: losses from logits and from hidden states): "avx2" or "default", chosen as policy_loss_isa.
 logits_isa: str
@@ -195,14 +198,15 @@ def recompute_token_count(spans: Sequence[Span], *, current_version: int, mode: 
 def old_log_prob_versions(spans: Sequence[Span], *, current_version: int, mode: str = "pois",
                          max_staleness: int = -1, trust_rollout_log_probs: bool = True) -> List[int]: ...
 
+# The `ulorl` torch operators' encodings (ulorl/loss/fields.hpp) and registration at import:
+# torch.ops.ulorl.policy_loss(log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy,
+# offsets, rollout_log_prob, encode_config(config)) -> (loss, result); torch.ops.ulorl.logits_stats.
+def encode_config(config: PolicyLossConfig) -> List[float]: ...
+def decode_result(result: torch.Tensor) -> PolicyLossResult: ...
+def config_fields() -> List[str]: ...
+def result_fields() -> List[str]: ...
+
 # Building blocks of ulorl._api and ulorl.presets.
-def _policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
-                 mask: Optional[torch.Tensor], config: PolicyLossConfig, ref_log_prob: Optional[torch.Tensor] = None,
-                 weights: Optional[torch.Tensor] = None, entropy: Optional[torch.Tensor] = None,
-                 offsets: Optional[torch.Tensor] = None,
-                 rollout_log_prob: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, PolicyLossResult]: ...
-def _logits_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float, check_values: bool,
-                  fast_backward: bool) -> Tuple[torch.Tensor, torch.Tensor]: ...
 def _policy_loss_from_logits(*args: Any) -> Tuple[torch.Tensor, PolicyLossResult, torch.Tensor,
                                                    Optional[torch.Tensor]]: ...
 def _linear_head_policy_loss(*args: Any) -> Tuple[torch.Tensor, PolicyLossResult, torch.Tensor,

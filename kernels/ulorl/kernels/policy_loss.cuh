@@ -43,6 +43,7 @@
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/kernels/logits.cuh"
+#include "ulorl/kernels/policy_loss_config.hpp"
 #include "ulorl/loss/aggregation.hpp"
 #include "ulorl/loss/detail/row_sums.hpp"
 #include "ulorl/loss/detail/sequence_tokens.hpp"
@@ -399,12 +400,7 @@ bool aligned_or_null(const void* p) {
 }
 
 //! The configuration as the device path runs it; ulorl::error for what policy_loss_check_config rejects.
-inline void check_config(const policy_loss_config& cfg) {
-  constexpr std::string_view fn = "cuda::policy_loss";
-  validate_objective(fn, cfg.objective);
-  validate_kl(fn, cfg.kl);
-  ulorl::detail::validate_loss_scalars<float>(fn, cfg);  // the kernels run the coefficients in float
-}
+inline void check_config(const policy_loss_config& cfg) { check_policy_loss_config("cuda::policy_loss", cfg); }
 
 inline std::size_t align_up(std::size_t x) { return (x + 255) / 256 * 256; }
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _check_nan_options, _fail, _with_gradient
+from .._api import _check_nan_options, _fail, _policy_loss_result, _with_gradient
 from . import _common
 
 
@@ -92,7 +92,7 @@ def clipped_pg_loss(
         kl_term = _with_gradient(next_token_logprobs, kl, kl_grad, "presets::nemo_rl::clipped_pg_loss")
         extra["kl_penalty"] = kl_unscaled
     extra.update(_ulorl._nemo_rl_logged_ratios(o, lp, prev_logprobs, token_mask, global_valid_toks))
-    loss, result = _ulorl._policy_loss(next_token_logprobs, prev, advantages, token_mask, cfg, None, weights, None,
+    loss, result = _policy_loss_result(next_token_logprobs, prev, advantages, token_mask, cfg, None, weights, None,
                                        None)
     if kl_term is not None:
         loss = loss + kl_term

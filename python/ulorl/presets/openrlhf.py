@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _check_nan_options, _fail, _with_gradient
+from .._api import _check_nan_options, _fail, _policy_loss_result, _with_gradient
 from . import _common
 
 
@@ -64,7 +64,7 @@ def policy_loss(
         weights, _, rm = _ulorl._rollout_correction(old_log_probs, rollout_log_probs, action_mask, rc, None)
         extra["vllm_kl"] = rm.as_dict()["kl"]
     baseline = rollout_log_probs if plan["ratio_against_rollout"] else old_log_probs
-    loss, result = _ulorl._policy_loss(log_probs, baseline, advantages, action_mask, cfg,
+    loss, result = _policy_loss_result(log_probs, baseline, advantages, action_mask, cfg,
                                        base_action_log_probs if kl_estimator else None, weights, None, None)
     d = result.as_dict()
     ppo_kl = d["approx_kl_k1"]

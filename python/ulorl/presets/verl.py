@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 
 from .. import _ulorl
-from .._api import _check_nan_options, _fail, _with_gradient
+from .._api import _check_nan_options, _fail, _policy_loss_result, _with_gradient
 from . import _common
 
 
@@ -100,16 +100,16 @@ def policy_loss(
         # The selected tokens take the |x| penalty, the others not; one normaliser, the losses add.
         w_sel, w_rest, stats = _ulorl._verl_kl_cov_selection(kl_cov_ratio, ppo_kl_coef, old_log_prob, lp, advantages,
                                                              response_mask, rollout_is_weights)
-        loss_sel, res_sel = _ulorl._policy_loss(log_prob, old_log_prob, advantages, response_mask,
+        loss_sel, res_sel = _policy_loss_result(log_prob, old_log_prob, advantages, response_mask,
                                                 config(None, 0.0, 0.0), None, w_sel, None, None)
         cfg.abs_penalty = 0.0
-        loss_rest, result = _ulorl._policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob,
+        loss_rest, result = _policy_loss_result(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob,
                                                 w_rest, ent, None)
         loss = loss_sel + loss_rest
         m = _common.metrics_of(result, _ulorl._verl_metrics(loss_mode, result, **stats))
         m["loss"], m["pg_loss"] = loss.item(), res_sel.pg_loss + result.pg_loss
         return loss, m
-    loss, result = _ulorl._policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob,
+    loss, result = _policy_loss_result(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob,
                                        weights, ent, None)
     return loss, _common.metrics_of(result, _ulorl._verl_metrics(loss_mode, result, **stats))
 

@@ -1,26 +1,23 @@
-// ulorl/adapters/torch/autograd.hpp — ulorl's losses and logits kernels as torch autograd functions
-// (optional: needs libtorch, CMake target ulorl::torch). Each is a torch::autograd::Function whose
-// forward calls the ulorl kernel on views of the tensors (tensor_views.hpp) and whose backward
-// returns the kernel's exact gradient scaled by the incoming one:
-//   policy_loss(log_prob, old_log_prob, advantages, mask, cfg, extra)  -> loss (0-dim) + metrics;
-//       an undefined mask: every token valid (the core's absent mask, the bits of an all-ones mask);
-//       backward: the fused pass's d loss / d log_prob (and d loss / d entropy), saved in forward;
-//   logits_stats(logits, labels, cfg)  -> (log_prob, entropy);
-//       backward: logits_backward from the saved log-sum-exp and entropy (O(N) saved, plus the
-//       logits tensor that autograd keeps anyway);
+// ulorl/adapters/torch/autograd.hpp — ulorl's fused logits paths as torch autograd functions
+// (optional: needs libtorch, CMake target ulorl::torch), and the helpers that the operators of
+// ops.hpp share with them (dtype dispatch, the byte mask, the once-differentiable gradient). Each
+// function's forward calls the ulorl kernel on views of the tensors (tensor_views.hpp) and its
+// backward returns the kernel's exact gradient scaled by the incoming one:
 //   policy_loss_from_logits(logits, labels, ...)  -> loss; the [N, V] gradient is computed in the
 //       forward pass (into a new tensor, or into the logits' own memory with `in_place`);
 //   linear_head_policy_loss(hidden, weight, bias, labels, ...)  -> loss; chunked: never holds the
 //       [N, V] logits; its GEMMs go to libtorch (at::mm_out, OpenBLAS/MKL) through torch_gemm.
-// CPU tensors run the CPU kernels on torch's intra-op pool (torch_executor); CUDA tensors are
-// rejected with a clear error. Bad input raises ulorl::error (function, argument, index, value)
-// before any output exists. Backward runs once per forward: the saved gradients are handed to
-// autograd without a copy (retain_graph is not supported: a second backward raises ulorl::error).
-// Every function is differentiable once: a gradient taken with create_graph=True is returned as
-// usual, and differentiating it raises ulorl::error naming the function (no silent zero).
+// (policy_loss and logits_stats are operators: ops.hpp.) CPU tensors run the CPU kernels on
+// torch's intra-op pool (torch_executor); CUDA tensors are rejected with a clear error. Bad input
+// raises ulorl::error (function, argument, index, value) before any output exists. Backward runs
+// once per forward: the saved gradients are handed to autograd without a copy (retain_graph is not
+// supported: a second backward raises ulorl::error). Every function is differentiable once: a
+// gradient taken with create_graph=True is returned as usual, and differentiating it raises
+// ulorl::error naming the function (no silent zero).
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -194,121 +191,17 @@ inline at::Tensor take_scaled(std::string_view fn, torch::autograd::AutogradCont
   at::Tensor g = it->second.toTensor();
   it->second = at::IValue();
   if (!g.defined()) return g;
-  const double s = grad_out.item<double>();
-  if (s != 1.0) g.mul_(s);
+  // A CPU scalar with data is read (no pass over g when it is 1); any other (a CUDA tensor, or a
+  // FakeTensor / functional tensor that torch.compile traces) multiplies without a host read.
+  const bool readable = grad_out.is_cpu() && !grad_out.unsafeGetTensorImpl()->is_python_dispatch() &&
+                        !at::functionalization::impl::isFunctionalTensor(grad_out);
+  if (!readable) {
+    g.mul_(grad_out);
+  } else if (const double s = grad_out.item<double>(); s != 1.0) {
+    g.mul_(s);
+  }
   return once_differentiable(fn, key, g);
 }
-
-//! Everything policy_loss needs besides the differentiable tensors.
-struct policy_loss_args {
-  const at::Tensor* old_log_prob;
-  const at::Tensor* advantages;
-  const at::Tensor* mask;
-  const policy_loss_tensors* extra;
-  const policy_loss_config* cfg;
-  policy_loss_result* result;
-  bool has_entropy;  // libtorch 1.13 rejects undefined tensors as Function inputs: a placeholder stands in
-};
-
-struct policy_loss_function : public torch::autograd::Function<policy_loss_function> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& log_prob, const at::Tensor& entropy,
-                            const policy_loss_args* a) {
-    constexpr std::string_view fn = "policy_loss";
-    const policy_loss_config& cfg = *a->cfg;
-    const offsets_view off = offsets_of(fn, "offsets", a->extra->offsets);
-    return with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
-      using T = decltype(tag);
-      using M = std::uint8_t;
-      {
-        const at::Tensor mask = byte_mask<T>(fn, "mask", *a->mask, off);
-        policy_loss_inputs<T, M> in;
-        in.log_prob = tokens_of<const T>(fn, "log_prob", log_prob, off);
-        in.old_log_prob = tokens_of<const T>(fn, "old_log_prob", *a->old_log_prob, off);
-        in.advantages = tokens_of<const T>(fn, "advantages", *a->advantages, off);
-        in.mask = optional_tokens_of<const M>(fn, "mask", mask, off, "log_prob", in.log_prob);
-        in.ref_log_prob = optional_tokens_of<const T>(fn, "ref_log_prob", a->extra->ref_log_prob, off, "log_prob", in.log_prob);
-        in.weights = optional_tokens_of<const T>(fn, "weights", a->extra->weights, off, "log_prob", in.log_prob);
-        in.rollout_log_prob =
-            optional_tokens_of<const T>(fn, "rollout_log_prob", a->extra->rollout_log_prob, off, "log_prob", in.log_prob);
-        if (a->has_entropy) in.entropy = optional_tokens_of<const T>(fn, "entropy", entropy, off, "log_prob", in.log_prob);
-        const bool with_entropy = cfg.entropy_coef != 0.0;
-        at::Tensor glp = new_tokens(log_prob, scalar_type_of<T>());
-        at::Tensor gent = with_entropy && a->has_entropy ? new_tokens(entropy, scalar_type_of<T>()) : at::Tensor();
-        const token_view<T> glp_v = tokens_of<T>(fn, "grad_log_prob", glp, off);
-        const token_view<T> gent_v = gent.defined() ? tokens_of<T>(fn, "grad_entropy", gent, off) : token_view<T>();
-        *a->result = ulorl::policy_loss(in, glp_v, gent_v, cfg, torch_executor{});
-        ctx->saved_data["grad_log_prob"] = glp;
-        if (gent.defined()) ctx->saved_data["grad_entropy"] = gent;
-        return at::scalar_tensor(a->result->loss, at::TensorOptions().dtype(scalar_type_of<T>()));
-      }
-    });
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    constexpr std::string_view fn = "policy_loss";
-    return {take_scaled(fn, ctx, "grad_log_prob", grads[0]), take_scaled(fn, ctx, "grad_entropy", grads[0]),
-            at::Tensor()};
-  }
-};
-
-//! Statistics of logits_stats kept for backward (O(N)).
-struct logits_stats_function : public torch::autograd::Function<logits_stats_function> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
-                                                const at::Tensor& labels, const logits_config* cfg) {
-    constexpr std::string_view fn = "logits_stats";
-    return with_logits_type(fn, "logits", logits, [&](auto ltag) {
-      using L = decltype(ltag);
-      using S = std::conditional_t<std::is_same_v<L, double>, double, float>;
-      return with_label_type(fn, "labels", labels, [&](auto y) {
-        const matrix_view<const L> z = matrix_of<const L>(fn, "logits", logits);
-        const auto n = static_cast<std::int64_t>(z.rows());
-        const auto dbl = at::TensorOptions().dtype(at::kDouble);
-        // Statistics in double (lse feeds the backward's exp(z - lse)), outputs in S.
-        at::Tensor lp = at::empty({n}, dbl), ent = at::empty({n}, dbl), lse = at::empty({n}, dbl);
-        logits_forward(z, y, vector_of<double>(fn, "log_prob", lp), vector_of<double>(fn, "entropy", ent),
-                       vector_of<double>(fn, "lse", lse), *cfg, torch_executor{});
-        ctx->save_for_backward({logits});
-        ctx->saved_data["labels"] = labels;
-        ctx->saved_data["lse"] = lse;
-        ctx->saved_data["entropy"] = ent;
-        ctx->saved_data["temperature"] = cfg->temperature;
-        ctx->saved_data["fast_backward"] = cfg->fast_backward;
-        ctx->set_materialize_grads(false);
-        if constexpr (std::is_same_v<S, double>) return torch::autograd::variable_list{lp, ent.clone()};
-        else return torch::autograd::variable_list{lp.to(at::kFloat), ent.to(at::kFloat)};
-      });
-    });
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    constexpr std::string_view fn = "logits_stats";
-    const at::Tensor logits = ctx->get_saved_variables()[0];
-    const at::Tensor labels = ctx->saved_data["labels"].toTensor();
-    const at::Tensor lse = ctx->saved_data["lse"].toTensor();
-    const at::Tensor ent = ctx->saved_data["entropy"].toTensor();
-    const logits_config cfg{.temperature = ctx->saved_data["temperature"].toDouble(),
-                            .check_values = false,
-                            .fast_backward = ctx->saved_data["fast_backward"].toBool()};
-    at::Tensor g_lp = grads[0], g_ent = grads[1];
-    if (!g_lp.defined() && !g_ent.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    if (!g_lp.defined()) g_lp = at::zeros({logits.size(0)}, g_ent.options());
-    at::Tensor out = at::empty(logits.sizes(), logits.options());
-    with_logits_type(fn, "logits", logits, [&](auto ltag) {
-      using L = decltype(ltag);
-      with_token_type(fn, "grad_log_prob", g_lp, [&](auto dtag) {
-        using D = decltype(dtag);
-        with_label_type(fn, "labels", labels, [&](auto y) {
-          const vector_view<const D> ge =
-              g_ent.defined() ? vector_of<const D>(fn, "grad_entropy", g_ent) : vector_view<const D>();
-          logits_backward(matrix_of<const L>(fn, "logits", logits), y, vector_of<const double>(fn, "lse", lse),
-                          vector_of<const double>(fn, "entropy", ent), vector_of<const D>(fn, "grad_log_prob", g_lp),
-                          ge, matrix_of<L>(fn, "grad_logits", out), cfg, torch_executor{});
-        });
-      });
-    });
-    return {once_differentiable(fn, "grad_logits", out), at::Tensor(), at::Tensor()};
-  }
-};
 
 //! Buffers of the fused paths in the token layout of old_log_prob.
 template <class T>
@@ -448,38 +341,6 @@ struct head_loss_function : public torch::autograd::Function<head_loss_function>
 };
 
 }  // namespace detail
-
-//! The fused policy loss of one micro-batch (ulorl::policy_loss) as an autograd function. Token
-//! tensors are [B, T] (padded; any strides) or, with extra.offsets, [total] (packed); log-probs
-//! float32 or float64, the mask bool, uint8 or the log-probs' dtype (converted to uint8 after a 0/1
-//! check: one byte per token), or undefined: every token of log_prob's layout valid (padded: all
-//! B x T, packed: every token inside the offsets), the same bits as an all-ones mask. Gradients
-//! flow to `log_prob`
-//! and (entropy_coef != 0) `extra.entropy`; every other input is a constant. cfg.normalizer is the
-//! step's global normaliser (aggregation.hpp): sum the micro-batch losses, as in ulorl.
-[[nodiscard]] inline policy_loss_output policy_loss(const at::Tensor& log_prob, const at::Tensor& old_log_prob,
-                                                    const at::Tensor& advantages, const at::Tensor& mask,
-                                                    const policy_loss_config& cfg,
-                                                    const policy_loss_tensors& extra = {}) {
-  policy_loss_output out;
-  const detail::policy_loss_args a{&old_log_prob, &advantages, &mask, &extra, &cfg, &out.result, extra.entropy.defined()};
-  out.loss = detail::policy_loss_function::apply(log_prob, a.has_entropy ? extra.entropy : detail::placeholder(), &a);
-  return out;
-}
-
-//! Per-row log-prob and entropy of logits [N, V] / temperature at labels [N] (int64 or int32,
-//! contiguous), as an autograd function. Logits float32, float64 or bfloat16, any strides, no copy;
-//! outputs [N] float64 for float64 logits, else float32. Backward: logits_backward (one read of the
-//! logits, one write of the gradient) from the saved O(N) statistics.
-[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats(const at::Tensor& logits, const at::Tensor& labels,
-                                                                    const logits_config& cfg = {}) {
-  auto r = detail::logits_stats_function::apply(logits, labels, &cfg);
-  return {r[0], r[1]};
-}
-[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats(const at::Tensor& logits, const at::Tensor& labels,
-                                                                    double temperature) {
-  return logits_stats(logits, labels, logits_config{.temperature = temperature});
-}
 
 //! The policy loss straight from logits [N, V] (ulorl::policy_loss_from_logits): row i of the
 //! logits is token flat_index i of the token layout of old_log_prob (padded: b * T + t). The mask

@@ -18,11 +18,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
@@ -77,6 +79,17 @@ inline void require_cpu(std::string_view fn, std::string_view arg, const at::Ten
     ulorl::detail::fail(fn, arg,
                         "has rank " + std::to_string(t.dim()) + " (shape " + sizes_str(t) + ") but must have rank " +
                             std::to_string(dim));
+}
+
+//! Every defined tensor of `args` ({name, tensor}) is on the device of `ref` (named `ref_name`): a
+//! CPU mask beside CUDA log-probs, or a meta tensor among CPU ones, is an error naming it.
+inline void require_same_device(std::string_view fn, std::string_view ref_name, const at::Tensor& ref,
+                                std::initializer_list<std::pair<std::string_view, const at::Tensor*>> args) {
+  for (const auto& [name, t] : args)
+    if (t->defined() && ref.defined() && t->device() != ref.device())
+      ulorl::detail::fail(fn, name,
+                          "is on device " + t->device().str() + " but '" + std::string(ref_name) + "' is on " +
+                              ref.device().str() + " (every tensor of a call must be on one device)");
 }
 
 inline void require_dtype(std::string_view fn, std::string_view arg, const at::Tensor& t, c10::ScalarType want,

@@ -1,0 +1,533 @@
+// ulorl/adapters/torch/ops.hpp — ulorl's tensor functions as operators of a `ulorl` torch library
+// (optional: needs libtorch, CMake target ulorl::torch), one table for libtorch and Python:
+//   ulorl::policy_loss(log_prob, old_log_prob, advantages, mask?, ref_log_prob?, weights?, entropy?,
+//                      offsets?, rollout_log_prob?, float[] config) -> (loss, result)
+//   ulorl::logits_stats(logits, labels, temperature=1, check_values=True, fast_backward=False)
+//                      -> (log_prob, entropy)
+// and the non-differentiable primitives they are built of (`_policy_loss_forward`,
+// `_logits_stats_forward`, `_logits_stats_backward`). Kernels per dispatch key:
+//   CPU     ulorl's CPU kernels (the installed ISA variants) on torch's intra-op pool;
+//   CUDA    the policy loss's device kernel once register_cuda_ops() (ops_cuda.hpp) has set it;
+//           otherwise, and for logits_stats, ulorl::error naming the CUDA tensor;
+//   Meta    shapes and dtypes only, so FakeTensor and torch.compile trace through the calls;
+//   Autograd (the public operators) the exact gradients, computed in the forward pass or by the
+//           backward primitive, differentiable once (a double backward raises ulorl::error);
+//   CompositeExplicitAutograd (the public operators) the primitive without a graph, for calls
+//           under torch.inference_mode and below autograd; the primitives pass autograd by
+//           (their outputs never require grad).
+// `config` is encode_config(policy_loss_config) (ulorl/loss/fields.hpp); `result` is one float64
+// tensor [encoded_result_size], decode_result's input: the loss parts, the metrics' sums and the
+// rollout correction's statistics.
+//
+// register_ops() registers the library once per process (the first caller; the Python module calls
+// it at import). If another copy of ulorl in the process (the Python module beside a C++ library)
+// registered it first, that registration is used. The th:: functions below call the operators
+// through the dispatcher and register them on first use.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ulorl/adapters/torch/autograd.hpp"
+#include "ulorl/adapters/torch/tensor_views.hpp"
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/logits/backward.hpp"
+#include "ulorl/logits/forward.hpp"
+#include "ulorl/loss/fields.hpp"
+#include "ulorl/loss/policy_loss.hpp"
+
+ULORL_NAMESPACE_BEGIN
+
+namespace th {
+
+namespace ops {
+
+using opt_tensor = c10::optional<at::Tensor>;
+
+//! The operators' schemas, in registration order (the public ones last). The public operators take
+//! the primitives' arguments, so one argument list serves both.
+inline constexpr std::string_view policy_loss_args =
+    "(Tensor log_prob, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? ref_log_prob, Tensor? weights, "
+    "Tensor? entropy, Tensor? offsets, Tensor? rollout_log_prob, float[] config)";
+inline constexpr std::string_view logits_stats_args =
+    "(Tensor logits, Tensor labels, float temperature=1.0, bool check_values=True, bool fast_backward=False)";
+
+[[nodiscard]] inline std::vector<std::string> schemas() {
+  const auto s = [](std::string_view name, std::string_view args, std::string_view ret) {
+    return std::string(name) + std::string(args) + " -> " + std::string(ret);
+  };
+  return {s("_policy_loss_forward", policy_loss_args,
+            "(Tensor loss, Tensor grad_log_prob, Tensor grad_entropy, Tensor result)"),
+          s("policy_loss", policy_loss_args, "(Tensor loss, Tensor result)"),
+          s("_logits_stats_forward", logits_stats_args,
+            "(Tensor log_prob, Tensor entropy, Tensor lse, Tensor entropy_f64)"),
+          "_logits_stats_backward(Tensor logits, Tensor labels, Tensor lse, Tensor entropy_f64, Tensor? grad_log_prob, "
+          "Tensor? grad_entropy, float temperature, bool fast_backward) -> Tensor",
+          s("logits_stats", logits_stats_args, "(Tensor log_prob, Tensor entropy)")};
+}
+
+namespace detail {
+
+using th::detail::byte_mask;
+using th::detail::new_tokens;
+using th::detail::with_label_type;
+using th::detail::with_logits_type;
+using th::detail::with_token_type;
+using ulorl::detail::fail;
+
+inline at::Tensor value_or_undefined(const opt_tensor& t) { return t.has_value() ? *t : at::Tensor(); }
+
+//! The policy loss's tensors, all on log_prob's device (the first check of every kernel).
+inline void require_policy_loss_device(const at::Tensor& log_prob, const at::Tensor& old_log_prob,
+                                       const at::Tensor& advantages, const opt_tensor& mask,
+                                       const opt_tensor& ref_log_prob, const opt_tensor& weights,
+                                       const opt_tensor& entropy, const opt_tensor& offsets,
+                                       const opt_tensor& rollout_log_prob) {
+  const at::Tensor m = value_or_undefined(mask), r = value_or_undefined(ref_log_prob), w = value_or_undefined(weights),
+                   e = value_or_undefined(entropy), o = value_or_undefined(offsets),
+                   ro = value_or_undefined(rollout_log_prob);
+  th::detail::require_same_device("policy_loss", "log_prob", log_prob,
+                                  {{"old_log_prob", &old_log_prob}, {"advantages", &advantages}, {"mask", &m},
+                                   {"ref_log_prob", &r}, {"weights", &w}, {"entropy", &e}, {"offsets", &o},
+                                   {"rollout_log_prob", &ro}});
+}
+
+//! The decoded configuration of a call (the error names `config` and the field).
+inline policy_loss_config config_of(std::string_view fn, c10::ArrayRef<double> config) {
+  return decode_config(fn, "config", std::span<const double>(config.data(), config.size()));
+}
+
+//! The token dtype of log_prob, for the Meta kernels (the CPU kernels check it through the views).
+inline c10::ScalarType token_dtype(std::string_view fn, const at::Tensor& log_prob) {
+  if (!log_prob.defined()) fail(fn, "log_prob", "is an undefined tensor");
+  const auto st = log_prob.scalar_type();
+  if (st != c10::ScalarType::Float && st != c10::ScalarType::Double)
+    fail(fn, "log_prob", std::string("has dtype ") + c10::toString(st) + " but must be float32 or float64");
+  return st;
+}
+
+inline at::Tensor result_tensor(const at::Tensor& like) {
+  return at::empty({static_cast<std::int64_t>(encoded_result_size)}, like.options().dtype(at::kDouble));
+}
+
+//! Whether `entropy` receives a gradient: an entropy term and a given entropy tensor.
+inline bool has_entropy_grad(const policy_loss_config& cfg, const opt_tensor& entropy) {
+  return cfg.entropy_coef != 0.0 && entropy.has_value() && entropy->defined();
+}
+
+//! The outputs' shapes and dtypes (the CPU kernel allocates the same; grad_entropy is [0] without
+//! an entropy gradient).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_outputs(
+    std::string_view fn, const at::Tensor& log_prob, const opt_tensor& entropy, const policy_loss_config& cfg) {
+  const auto opts = log_prob.options().dtype(token_dtype(fn, log_prob));
+  at::Tensor loss = at::empty({}, opts);
+  at::Tensor glp = at::empty(log_prob.sizes(), opts);
+  at::Tensor gent = has_entropy_grad(cfg, entropy) ? at::empty(entropy->sizes(), opts) : at::empty({0}, opts);
+  return {loss, glp, gent, result_tensor(log_prob)};
+}
+
+//! The forward primitive's kernel: CPU (Meta = false) or shapes only (Meta = true).
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_forward(
+    const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask_,
+    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "policy_loss";
+  require_policy_loss_device(log_prob, old_log_prob, advantages, mask_, ref_log_prob, weights, entropy, offsets,
+                             rollout_log_prob);
+  const policy_loss_config cfg = config_of(fn, config);
+  if constexpr (Meta) {
+    return policy_loss_outputs(fn, log_prob, entropy, cfg);
+  } else {
+    const offsets_view off = offsets_of(fn, "offsets", value_or_undefined(offsets));
+    return with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+      using T = decltype(tag);
+      using M = std::uint8_t;
+      const at::Tensor mask = byte_mask<T>(fn, "mask", value_or_undefined(mask_), off);
+      const auto optional = [&](std::string_view arg, const opt_tensor& t, const token_view<const T>& ref) {
+        return optional_tokens_of<const T>(fn, arg, value_or_undefined(t), off, "log_prob", ref);
+      };
+      policy_loss_inputs<T, M> in;
+      in.log_prob = tokens_of<const T>(fn, "log_prob", log_prob, off);
+      in.old_log_prob = tokens_of<const T>(fn, "old_log_prob", old_log_prob, off);
+      in.advantages = tokens_of<const T>(fn, "advantages", advantages, off);
+      in.mask = optional_tokens_of<const M>(fn, "mask", mask, off, "log_prob", in.log_prob);
+      in.ref_log_prob = optional("ref_log_prob", ref_log_prob, in.log_prob);
+      in.weights = optional("weights", weights, in.log_prob);
+      in.rollout_log_prob = optional("rollout_log_prob", rollout_log_prob, in.log_prob);
+      in.entropy = optional("entropy", entropy, in.log_prob);
+      auto [loss, glp, gent, result] = policy_loss_outputs(fn, log_prob, entropy, cfg);
+      const token_view<T> glp_v = tokens_of<T>(fn, "grad_log_prob", glp, off);
+      const token_view<T> gent_v =
+          has_entropy_grad(cfg, entropy) ? tokens_of<T>(fn, "grad_entropy", gent, off) : token_view<T>();
+      const policy_loss_result r = ulorl::policy_loss(in, glp_v, gent_v, cfg, torch_executor{});
+      loss.fill_(r.loss);
+      encode_result(r, std::span<double>(result.data_ptr<double>(), encoded_result_size));
+      return std::make_tuple(loss, glp, gent, result);
+    });
+  }
+}
+
+//! The CUDA kernel of `_policy_loss_forward`, once register_cuda_ops() (ops_cuda.hpp, in builds
+//! with CUDA) has set it; until then a CUDA call is an error naming the tensor.
+using policy_loss_forward_kernel = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> (*)(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
+    const opt_tensor&, const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>);
+inline std::atomic<policy_loss_forward_kernel> cuda_policy_loss_forward{nullptr};
+
+[[noreturn]] inline void no_cuda_kernel(std::string_view fn, std::string_view arg, const at::Tensor& t,
+                                        std::string_view why) {
+  fail(fn, arg, "is a CUDA tensor (" + t.device().str() + "): " + std::string(why) + "; move the tensors with .cpu()");
+}
+
+//! The kernels registered for the CUDA key: the policy loss's when one is set, else an error.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_forward_on_cuda(
+    const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
+    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config) {
+  if (const policy_loss_forward_kernel k = cuda_policy_loss_forward.load(std::memory_order_acquire))
+    return k(log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy, offsets, rollout_log_prob, config);
+  no_cuda_kernel("policy_loss", "log_prob", log_prob,
+                 "this program registered no CUDA kernel for the policy loss (ulorl::th::ops::register_cuda_ops, "
+                 "ulorl/adapters/torch/ops_cuda.hpp, in builds with CUDA)");
+}
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_stats_forward_on_cuda(const at::Tensor& logits,
+                                                                                           const at::Tensor&, double,
+                                                                                           bool, bool) {
+  no_cuda_kernel("logits_stats", "logits", logits, "logits_stats has no CUDA kernel");
+}
+inline at::Tensor logits_stats_backward_on_cuda(const at::Tensor& logits, const at::Tensor&, const at::Tensor&,
+                                                const at::Tensor&, const opt_tensor&, const opt_tensor&, double, bool) {
+  no_cuda_kernel("logits_stats", "logits", logits, "logits_stats has no CUDA kernel");
+}
+
+//! A typed handle of operator `name` (registered by register_ops()).
+template <class Sig>
+c10::TypedOperatorHandle<Sig> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").template typed<Sig>();
+}
+
+using policy_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
+    const opt_tensor&, const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>);
+using policy_loss_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                           const opt_tensor&, const opt_tensor&, const opt_tensor&,
+                                                           const opt_tensor&, const opt_tensor&, const opt_tensor&,
+                                                           c10::ArrayRef<double>);
+
+//! Everything the autograd function passes through besides the differentiable tensors (libtorch
+//! 1.13's Function::apply takes no undefined tensors: entropy is a placeholder when absent).
+struct policy_loss_call {
+  const at::Tensor* old_log_prob;
+  const at::Tensor* advantages;
+  const opt_tensor* mask;
+  const opt_tensor* ref_log_prob;
+  const opt_tensor* weights;
+  const opt_tensor* entropy;
+  const opt_tensor* offsets;
+  const opt_tensor* rollout_log_prob;
+  c10::ArrayRef<double> config;
+};
+
+struct policy_loss_function : public torch::autograd::Function<policy_loss_function> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& log_prob,
+                                                const at::Tensor&, const policy_loss_call* c) {
+    at::Tensor loss, glp, gent, result;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(loss, glp, gent, result) =
+          op<policy_loss_forward_sig>("ulorl::_policy_loss_forward")
+              .call(log_prob, *c->old_log_prob, *c->advantages, *c->mask, *c->ref_log_prob, *c->weights, *c->entropy,
+                    *c->offsets, *c->rollout_log_prob, c->config);
+    }
+    ctx->saved_data["grad_log_prob"] = glp;
+    if (has_entropy_grad(config_of("policy_loss", c->config), *c->entropy)) ctx->saved_data["grad_entropy"] = gent;
+    ctx->mark_non_differentiable({result});
+    return {loss, result};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    constexpr std::string_view fn = "policy_loss";
+    return {th::detail::take_scaled(fn, ctx, "grad_log_prob", grads[0]),
+            th::detail::take_scaled(fn, ctx, "grad_entropy", grads[0]), at::Tensor()};
+  }
+};
+
+inline std::tuple<at::Tensor, at::Tensor> policy_loss_autograd(
+    const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
+    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config) {
+  const policy_loss_call c{&old_log_prob, &advantages, &mask, &ref_log_prob, &weights, &entropy, &offsets,
+                           &rollout_log_prob, config};
+  const bool has_entropy = entropy.has_value() && entropy->defined();
+  auto r = policy_loss_function::apply(log_prob, has_entropy ? *entropy : th::detail::placeholder(), &c);
+  return {r[0], r[1]};
+}
+
+inline std::tuple<at::Tensor, at::Tensor> policy_loss_composite(
+    const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
+    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config) {
+  auto [loss, glp, gent, result] = op<policy_loss_forward_sig>("ulorl::_policy_loss_forward")
+                                       .call(log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy,
+                                             offsets, rollout_log_prob, config);
+  return {loss, result};
+}
+
+// ---- logits_stats -----------------------------------------------------------------------------------
+
+//! The statistics' dtype of a logits dtype: float64 for float64 logits, else float32.
+inline c10::ScalarType stats_dtype(std::string_view fn, const at::Tensor& logits) {
+  if (!logits.defined()) fail(fn, "logits", "is an undefined tensor");
+  switch (logits.scalar_type()) {
+    case c10::ScalarType::Double: return c10::ScalarType::Double;
+    case c10::ScalarType::Float:
+    case c10::ScalarType::BFloat16: return c10::ScalarType::Float;
+    default:
+      fail(fn, "logits",
+           std::string("has dtype ") + c10::toString(logits.scalar_type()) + " but must be float32, float64 or bfloat16");
+  }
+}
+
+inline std::int64_t logits_rows(std::string_view fn, const at::Tensor& logits) {
+  if (logits.dim() != 2)
+    fail(fn, "logits", "has rank " + std::to_string(logits.dim()) + " (shape " + th::detail::sizes_str(logits) +
+                           ") but must have rank 2");
+  return logits.size(0);
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_stats_forward_meta(const at::Tensor& logits,
+                                                                                         const at::Tensor& labels,
+                                                                                         double, bool, bool) {
+  constexpr std::string_view fn = "logits_stats";
+  th::detail::require_same_device(fn, "logits", logits, {{"labels", &labels}});
+  const auto s = logits.options().dtype(stats_dtype(fn, logits));
+  const auto d = logits.options().dtype(at::kDouble);
+  const std::int64_t n = logits_rows(fn, logits);
+  return {at::empty({n}, s), at::empty({n}, s), at::empty({n}, d), at::empty({n}, d)};
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_stats_forward_cpu(
+    const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values, bool fast_backward) {
+  constexpr std::string_view fn = "logits_stats";
+  th::detail::require_same_device(fn, "logits", logits, {{"labels", &labels}});
+  const logits_config cfg{.temperature = temperature, .check_values = check_values, .fast_backward = fast_backward};
+  return with_logits_type(fn, "logits", logits, [&](auto ltag) {
+    using L = decltype(ltag);
+    return with_label_type(fn, "labels", labels, [&](auto y) {
+      const matrix_view<const L> z = matrix_of<const L>(fn, "logits", logits);
+      const auto n = static_cast<std::int64_t>(z.rows());
+      const auto dbl = at::TensorOptions().dtype(at::kDouble);
+      // Statistics in double (lse feeds the backward's exp(z - lse)), outputs in the stats dtype.
+      at::Tensor lp = at::empty({n}, dbl), ent = at::empty({n}, dbl), lse = at::empty({n}, dbl);
+      logits_forward(z, y, vector_of<double>(fn, "log_prob", lp), vector_of<double>(fn, "entropy", ent),
+                     vector_of<double>(fn, "lse", lse), cfg, torch_executor{});
+      const auto st = stats_dtype(fn, logits);
+      if (st == c10::ScalarType::Double) return std::make_tuple(lp, ent.clone(), lse, ent);
+      return std::make_tuple(lp.to(st), ent.to(st), lse, ent);
+    });
+  });
+}
+
+//! The backward primitive's tensors, all on the logits' device.
+inline void require_backward_device(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
+                                    const at::Tensor& ent, const opt_tensor& grad_log_prob,
+                                    const opt_tensor& grad_entropy) {
+  const at::Tensor gl = value_or_undefined(grad_log_prob), ge = value_or_undefined(grad_entropy);
+  th::detail::require_same_device("logits_stats", "logits", logits,
+                                  {{"labels", &labels}, {"lse", &lse}, {"entropy_f64", &ent}, {"grad_log_prob", &gl},
+                                   {"grad_entropy", &ge}});
+}
+
+inline at::Tensor logits_stats_backward_meta(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
+                                             const at::Tensor& ent, const opt_tensor& grad_log_prob,
+                                             const opt_tensor& grad_entropy, double, bool) {
+  require_backward_device(logits, labels, lse, ent, grad_log_prob, grad_entropy);
+  return at::empty(logits.sizes(), logits.options());
+}
+
+inline at::Tensor logits_stats_backward_cpu(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
+                                            const at::Tensor& ent, const opt_tensor& grad_log_prob,
+                                            const opt_tensor& grad_entropy, double temperature, bool fast_backward) {
+  constexpr std::string_view fn = "logits_stats";
+  require_backward_device(logits, labels, lse, ent, grad_log_prob, grad_entropy);
+  const logits_config cfg{.temperature = temperature, .check_values = false, .fast_backward = fast_backward};
+  at::Tensor g_lp = value_or_undefined(grad_log_prob), g_ent = value_or_undefined(grad_entropy);
+  at::Tensor out = at::empty(logits.sizes(), logits.options());
+  if (!g_lp.defined() && !g_ent.defined()) return out.zero_();
+  if (!g_lp.defined()) g_lp = at::zeros({logits.size(0)}, g_ent.options());
+  with_logits_type(fn, "logits", logits, [&](auto ltag) {
+    using L = decltype(ltag);
+    with_token_type(fn, "grad_log_prob", g_lp, [&](auto dtag) {
+      using D = decltype(dtag);
+      with_label_type(fn, "labels", labels, [&](auto y) {
+        const vector_view<const D> ge =
+            g_ent.defined() ? vector_of<const D>(fn, "grad_entropy", g_ent) : vector_view<const D>();
+        logits_backward(matrix_of<const L>(fn, "logits", logits), y, vector_of<const double>(fn, "lse", lse),
+                        vector_of<const double>(fn, "entropy", ent), vector_of<const D>(fn, "grad_log_prob", g_lp), ge,
+                        matrix_of<L>(fn, "grad_logits", out), cfg, torch_executor{});
+      });
+    });
+  });
+  return out;
+}
+
+using logits_stats_forward_sig =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double, bool, bool);
+using logits_stats_backward_sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                             const at::Tensor&, const opt_tensor&, const opt_tensor&, double, bool);
+using logits_stats_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double, bool, bool);
+
+struct logits_stats_function : public torch::autograd::Function<logits_stats_function> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                                                const at::Tensor& labels, double temperature, bool check_values,
+                                                bool fast_backward) {
+    at::Tensor lp, ent, lse, ent64;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(lp, ent, lse, ent64) = op<logits_stats_forward_sig>("ulorl::_logits_stats_forward")
+                                          .call(logits, labels, temperature, check_values, fast_backward);
+    }
+    ctx->save_for_backward({logits});
+    ctx->saved_data["labels"] = labels;
+    ctx->saved_data["lse"] = lse;
+    ctx->saved_data["entropy"] = ent64;
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["fast_backward"] = fast_backward;
+    ctx->set_materialize_grads(false);
+    return {lp, ent};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    constexpr std::string_view fn = "logits_stats";
+    const at::Tensor logits = ctx->get_saved_variables()[0];
+    const auto opt = [](const at::Tensor& g) { return g.defined() ? opt_tensor(g) : opt_tensor(); };
+    if (!grads[0].defined() && !grads[1].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    at::Tensor out = op<logits_stats_backward_sig>("ulorl::_logits_stats_backward")
+                         .call(logits, ctx->saved_data["labels"].toTensor(), ctx->saved_data["lse"].toTensor(),
+                               ctx->saved_data["entropy"].toTensor(), opt(grads[0]), opt(grads[1]),
+                               ctx->saved_data["temperature"].toDouble(), ctx->saved_data["fast_backward"].toBool());
+    return {th::detail::once_differentiable(fn, "grad_logits", out), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+inline std::tuple<at::Tensor, at::Tensor> logits_stats_autograd(const at::Tensor& logits, const at::Tensor& labels,
+                                                                double temperature, bool check_values,
+                                                                bool fast_backward) {
+  auto r = logits_stats_function::apply(logits, labels, temperature, check_values, fast_backward);
+  return {r[0], r[1]};
+}
+
+inline std::tuple<at::Tensor, at::Tensor> logits_stats_composite(const at::Tensor& logits, const at::Tensor& labels,
+                                                                 double temperature, bool check_values,
+                                                                 bool fast_backward) {
+  auto [lp, ent, lse, ent64] = op<logits_stats_forward_sig>("ulorl::_logits_stats_forward")
+                                   .call(logits, labels, temperature, check_values, fast_backward);
+  return {lp, ent};
+}
+
+}  // namespace detail
+
+//! Registers the `ulorl` operators (schemas and kernels) unless this process has them already.
+//! Thread-safe; returns whether this call's copy of ulorl registered them.
+inline bool register_ops() {
+  static const bool registered = [] {
+    if (c10::Dispatcher::singleton().findSchema({"ulorl::policy_loss", ""}).has_value()) return false;
+    static torch::Library def(torch::Library::DEF, "ulorl", c10::nullopt, __FILE__, __LINE__);
+    for (const std::string& s : schemas()) def.def(s.c_str());
+    static torch::Library cpu(torch::Library::IMPL, "ulorl", c10::DispatchKey::CPU, __FILE__, __LINE__);
+    cpu.impl("_policy_loss_forward", &detail::policy_loss_forward<false>);
+    cpu.impl("_logits_stats_forward", &detail::logits_stats_forward_cpu);
+    cpu.impl("_logits_stats_backward", &detail::logits_stats_backward_cpu);
+    static torch::Library meta(torch::Library::IMPL, "ulorl", c10::DispatchKey::Meta, __FILE__, __LINE__);
+    meta.impl("_policy_loss_forward", &detail::policy_loss_forward<true>);
+    meta.impl("_logits_stats_forward", &detail::logits_stats_forward_meta);
+    meta.impl("_logits_stats_backward", &detail::logits_stats_backward_meta);
+    static torch::Library cuda(torch::Library::IMPL, "ulorl", c10::DispatchKey::CUDA, __FILE__, __LINE__);
+    cuda.impl("_policy_loss_forward", &detail::policy_loss_forward_on_cuda);
+    cuda.impl("_logits_stats_forward", &detail::logits_stats_forward_on_cuda);
+    cuda.impl("_logits_stats_backward", &detail::logits_stats_backward_on_cuda);
+    static torch::Library autograd(torch::Library::IMPL, "ulorl", c10::DispatchKey::Autograd, __FILE__, __LINE__);
+    autograd.impl("policy_loss", &detail::policy_loss_autograd);
+    autograd.impl("logits_stats", &detail::logits_stats_autograd);
+    // The primitives are not differentiable: their outputs are gradients and statistics, and
+    // autograd passes them by (torch 1.13 has no fallthrough of its own for AutogradMeta).
+    for (const char* name : {"_policy_loss_forward", "_logits_stats_forward", "_logits_stats_backward"})
+      autograd.impl(name, torch::CppFunction::makeFallthrough());
+    static torch::Library composite(torch::Library::IMPL, "ulorl", c10::DispatchKey::CompositeExplicitAutograd,
+                                    __FILE__, __LINE__);
+    composite.impl("policy_loss", &detail::policy_loss_composite);
+    composite.impl("logits_stats", &detail::logits_stats_composite);
+    return true;
+  }();
+  return registered;
+}
+
+}  // namespace ops
+
+//! The fused policy loss of one micro-batch (ulorl::policy_loss) through the `ulorl::policy_loss`
+//! operator. Token tensors are [B, T] (padded; any strides) or, with extra.offsets, [total]
+//! (packed); log-probs float32 or float64, the mask bool, uint8 or the log-probs' dtype (converted
+//! to uint8 after a 0/1 check: one byte per token), or undefined: every token of log_prob's layout
+//! valid (padded: all B x T, packed: every token inside the offsets), the same bits as an all-ones
+//! mask. Gradients flow to `log_prob` and (entropy_coef != 0) `extra.entropy`; every other input is
+//! a constant. cfg.normalizer is the step's global normaliser (aggregation.hpp): sum the
+//! micro-batch losses, as in ulorl. `result` is decoded from the operator's result tensor (left
+//! default for meta tensors, which carry no values).
+[[nodiscard]] inline policy_loss_output policy_loss(const at::Tensor& log_prob, const at::Tensor& old_log_prob,
+                                                    const at::Tensor& advantages, const at::Tensor& mask,
+                                                    const policy_loss_config& cfg,
+                                                    const policy_loss_tensors& extra = {}) {
+  ops::register_ops();
+  const auto opt = [](const at::Tensor& t) { return t.defined() ? ops::opt_tensor(t) : ops::opt_tensor(); };
+  const std::vector<double> config = encode_config(cfg);
+  auto [loss, result] = ops::detail::op<ops::detail::policy_loss_sig>("ulorl::policy_loss")
+                            .call(log_prob, old_log_prob, advantages, opt(mask), opt(extra.ref_log_prob),
+                                  opt(extra.weights), opt(extra.entropy), opt(extra.offsets),
+                                  opt(extra.rollout_log_prob), config);
+  policy_loss_output out;
+  out.loss = loss;
+  if (result.device().is_meta()) return out;  // shapes only: no values to decode
+  const at::Tensor r = result.to(at::kCPU).contiguous();
+  out.result = decode_result(std::span<const double>(r.data_ptr<double>(), encoded_result_size));
+  return out;
+}
+
+//! Per-row log-prob and entropy of logits [N, V] / temperature at labels [N] (int64 or int32,
+//! contiguous), through the `ulorl::logits_stats` operator. Logits float32, float64 or bfloat16,
+//! any strides, no copy; outputs [N] float64 for float64 logits, else float32. Backward:
+//! logits_backward (one read of the logits, one write of the gradient) from the saved O(N)
+//! statistics.
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats(const at::Tensor& logits, const at::Tensor& labels,
+                                                                    const logits_config& cfg = {}) {
+  ops::register_ops();
+  auto [lp, ent] = ops::detail::op<ops::detail::logits_stats_sig>("ulorl::logits_stats")
+                       .call(logits, labels, cfg.temperature, cfg.check_values, cfg.fast_backward);
+  return {lp, ent};
+}
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats(const at::Tensor& logits, const at::Tensor& labels,
+                                                                    double temperature) {
+  return logits_stats(logits, labels, logits_config{.temperature = temperature});
+}
+
+}  // namespace th
+
+ULORL_NAMESPACE_END

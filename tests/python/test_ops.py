@@ -1,0 +1,264 @@
+"""The `ulorl` torch operators (ulorl/adapters/torch/ops.hpp): the library lists them with their
+schemas; Meta kernels give the CPU kernels' shapes, dtypes and strides; the Python functions and
+the operators agree; the configuration's encoding round-trips and rejects malformed arrays; the C++
+adapter (th::) and Python give the same bits; torch.compile(fullgraph=True) traces a GRPO step
+through them and gives the eager loss and gradient, with the aot_eager and inductor backends, and
+torch.library.opcheck passes (torch >= 2)."""
+
+import json
+import math
+import os
+import subprocess
+
+import pytest
+import torch
+
+import ulorl
+from ulorl import _ulorl
+
+OPS = ["policy_loss", "_policy_loss_forward", "logits_stats", "_logits_stats_forward", "_logits_stats_backward"]
+
+
+def _encode(**options):
+    options.setdefault("normalizer", ulorl.Normalizer("token_mean", 10.0))
+    return _ulorl.encode_config(ulorl.policy_loss_config(**options))
+
+
+def _batch(dtype, b=3, t=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(b, t, generator=g, dtype=torch.float64).mul(3).to(dtype)
+    old = (lp.double() + 0.05 * torch.randn(b, t, generator=g, dtype=torch.float64)).to(dtype)
+    adv = torch.randn(b, t, generator=g, dtype=torch.float64).to(dtype)
+    mask = torch.rand(b, t, generator=g) > 0.2
+    ent = torch.rand(b, t, generator=g, dtype=torch.float64).mul(2).to(dtype)
+    ref = (lp.double() - 0.1 * torch.rand(b, t, generator=g, dtype=torch.float64)).to(dtype)
+    return lp, old, adv, mask, ref, ent
+
+
+def test_the_library_lists_every_operator_with_its_schema():
+    for name in OPS:
+        schema = str(getattr(torch.ops.ulorl, name).default._schema)
+        assert schema.startswith(f"ulorl::{name}(")
+    assert "float[] config" in str(torch.ops.ulorl.policy_loss.default._schema)
+
+
+def test_config_encoding_round_trips_and_names_every_field():
+    cfg = ulorl.policy_loss_config(objective="gspo", eps_low=0.1, eps_high=0.3, kl_coef=0.2, kl_estimator="k2",
+                                   entropy_coef=0.01, kl_input_clamp=20.0)
+    enc = _ulorl.encode_config(cfg)
+    assert len(enc) == len(_ulorl.encode_config(ulorl.PolicyLossConfig()))
+    names = _ulorl.config_fields()
+    assert names[:3] == ["objective", "eps_low", "eps_high"] and "square_penalty" in names and "rollout" in names
+    assert enc[1] == 0.1 and enc[2] == 0.3
+    result = torch.ops.ulorl.policy_loss(*_batch(torch.float64)[:3], None, None, None, None, None, None, _encode())[1]
+    assert len(_ulorl.result_fields()) == result.numel()
+
+
+@pytest.mark.parametrize("edit, what", [
+    (lambda c: c[:-1], "values but an encoded policy_loss_config has"),
+    (lambda c: [2.0 if i == _ulorl.config_fields().index("check_values") else x for i, x in enumerate(c)],
+     "field 'check_values'"),
+    (lambda c: [0.5] + c[1:], "field 'objective'"),
+    (lambda c: [99.0] + c[1:], "'kind' = 99: unknown enum value"),
+])
+def test_a_malformed_config_is_an_error_naming_the_field(edit, what):
+    lp, old, adv, mask, _, _ = _batch(torch.float64)
+    with pytest.raises(ValueError, match=what):  # ulorl.Error, or its base where torch's pybind11 is not ours
+        torch.ops.ulorl.policy_loss(lp, old, adv, mask, None, None, None, None, None, edit(_encode()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_meta_kernels_give_the_cpu_kernels_shapes_dtypes_and_strides(dtype, with_entropy):
+    lp, old, adv, mask, ref, ent = _batch(dtype)
+    enc = _encode(kl_coef=0.1, entropy_coef=0.01 if with_entropy else 0.0)
+    args = (lp, old, adv, mask, ref, None, ent if with_entropy else None, None, None)
+    cpu = torch.ops.ulorl._policy_loss_forward(*args, enc)
+    meta = torch.ops.ulorl._policy_loss_forward(*[a.to("meta") if a is not None else None for a in args], enc)
+    for c, m in zip(cpu, meta):
+        assert m.device.type == "meta"
+        assert (c.shape, c.dtype, c.stride()) == (m.shape, m.dtype, m.stride())
+    z = torch.randn(5, 9, dtype=dtype)
+    y = torch.randint(0, 9, (5,))
+    cpu = torch.ops.ulorl._logits_stats_forward(z, y, 1.0, True, False)
+    meta = torch.ops.ulorl._logits_stats_forward(z.to("meta"), y.to("meta"), 1.0, True, False)
+    for c, m in zip(cpu, meta):
+        assert (c.shape, c.dtype, c.stride(), m.device.type) == (m.shape, m.dtype, m.stride(), "meta")
+    args = (z, y, cpu[2], cpu[3], torch.ones(5, dtype=cpu[0].dtype), None, 1.0, False)
+    g_cpu = torch.ops.ulorl._logits_stats_backward(*args)
+    g_meta = torch.ops.ulorl._logits_stats_backward(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
+    assert (g_cpu.shape, g_cpu.dtype, g_cpu.stride()) == (g_meta.shape, g_meta.dtype, g_meta.stride())
+
+
+def test_the_public_operators_run_under_inference_mode_and_give_the_autograd_values():
+    lp, old, adv, mask, ref, ent = _batch(torch.float64)
+    enc = _encode(kl_coef=0.1, entropy_coef=0.01)
+    args = (lp, old, adv, mask, ref, None, ent, None, None, enc)
+    loss, result = torch.ops.ulorl.policy_loss(*args)
+    with torch.inference_mode():
+        loss_i, result_i = torch.ops.ulorl.policy_loss(*args)
+    assert loss_i.item() == loss.item() and torch.equal(result, result_i)
+    z = torch.randn(4, 6, dtype=torch.float64)
+    y = torch.randint(0, 6, (4,))
+    with torch.inference_mode():
+        a = torch.ops.ulorl.logits_stats(z, y)
+    b = torch.ops.ulorl.logits_stats(z, y)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_policy_loss_equals_the_operator_and_its_decoded_result():
+    lp, old, adv, mask, ref, ent = _batch(torch.float32)
+    lp1, lp2 = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    ent1, ent2 = ent.clone().requires_grad_(), ent.clone().requires_grad_()
+    cfg = ulorl.policy_loss_config(eps_high=0.28, kl_coef=0.1, entropy_coef=0.01,
+                                   normalizer=ulorl.global_normalizer("token_mean", ulorl.count_batch(mask)))
+    loss1, metrics = ulorl.policy_loss(lp1, old, adv, mask, ref_log_prob=ref, entropy=ent1, config=cfg)
+    loss2, result = torch.ops.ulorl.policy_loss(lp2, old, adv, mask, ref, None, ent2, None, None,
+                                                _ulorl.encode_config(cfg))
+    (loss1 * 3).backward()
+    (loss2 * 3).backward()
+    assert loss1.item() == loss2.item()
+    assert torch.equal(lp1.grad, lp2.grad) and torch.equal(ent1.grad, ent2.grad)
+    assert metrics == _ulorl.decode_result(result).as_dict()
+    fields = dict(zip(_ulorl.result_fields(), result.tolist()))
+    assert fields["tokens"] == mask.sum().item() and fields["loss"] == metrics["loss"]
+
+
+def test_an_error_of_an_operator_reaches_python_as_ulorl_error_with_its_fields():
+    from ulorl import _api
+
+    def op(message):
+        raise ValueError(message)
+
+    with pytest.raises(ulorl.Error) as e:
+        _api._op(op, "ulorl::policy_loss: argument 'mask'[3] = 0.5: mask values must be 0 or 1 (row 0, token 3)")
+    assert (e.value.function, e.value.argument, e.value.index) == ("policy_loss", "mask", 3)
+    with pytest.raises(ulorl.Error) as e:
+        _api._op(op, "ulorl::logits_stats: argument 'labels': is on device meta but 'logits' is on cpu")
+    assert (e.value.function, e.value.argument, e.value.index) == ("logits_stats", "labels", -1)
+    with pytest.raises(ValueError) as e:
+        _api._op(op, "some other error")
+    assert not isinstance(e.value, ulorl.Error)
+    with pytest.raises(ulorl.Error, match="argument 'advantages'"):  # the real path, whichever way it comes
+        ulorl.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3, 3))
+
+
+def test_double_backward_through_an_operator_raises():
+    lp, old, adv, mask, _, _ = _batch(torch.float64)
+    lp.requires_grad_()
+    loss, _ = torch.ops.ulorl.policy_loss(lp, old, adv, mask, None, None, None, None, None, _encode())
+    (g,) = torch.autograd.grad(loss, lp, create_graph=True)
+    with pytest.raises((ulorl.Error, RuntimeError), match="ulorl::policy_loss: argument .grad_log_prob.: is differentiable once"):
+        g.sum().backward()
+
+
+@pytest.mark.parametrize("arg", ["old_log_prob", "mask", "entropy"])
+@pytest.mark.parametrize("device, other", [("cpu", "meta"), ("meta", "cpu")])
+def test_tensors_on_different_devices_are_an_error_naming_the_argument(arg, device, other):
+    lp, old, adv, mask, ref, ent = _batch(torch.float64)
+    args = dict(old_log_prob=old, mask=mask, entropy=ent)
+    args = {k: v.to(other if k == arg else device) for k, v in args.items()}
+    with pytest.raises(ValueError, match=f"argument '{arg}': is on device {other} but 'log_prob' is on {device}"):
+        torch.ops.ulorl.policy_loss(lp.to(device), args["old_log_prob"], adv.to(device), args["mask"], None, None,
+                                    args["entropy"], None, None, _encode(entropy_coef=0.01))
+    z = torch.randn(3, 5)
+    with pytest.raises(ulorl.Error, match="argument 'labels': is on device"):
+        ulorl.logprobs_from_logits(z.to("meta"), torch.zeros(3, dtype=torch.long))
+
+
+def _bits_inputs(dtype, b=3, t=7):
+    """tests/torch/torch_ops_bits.cpp's formulas, in the same double arithmetic."""
+    def tok(f):
+        return torch.tensor([f(i) for i in range(b * t)], dtype=torch.float64).reshape(b, t).to(dtype)
+
+    def lp_of(i):
+        return -0.05 * (i % 11) - 0.3
+
+    return (tok(lp_of), tok(lambda i: lp_of(i) + 0.01 * ((i * 7) % 5 - 2)), tok(lambda i: ((i * 3) % 7 - 3) / 3.0),
+            tok(lambda i: 1.0 if (i * 5) % 9 != 0 else 0.0).to(torch.bool), tok(lambda i: lp_of(i) - 0.02 * (i % 3 - 1)),
+            tok(lambda i: 0.5 + 0.1 * (i % 4)))
+
+
+def _same(cpp, values):
+    got = [float.fromhex(s) for s in cpp]
+    want = (values.double() if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.float64))
+    want = want.reshape(-1).tolist()
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a == b or (math.isnan(a) and math.isnan(b)) or (math.isinf(a) and a == b), (i, a, b)
+
+
+def test_the_cpp_adapter_and_python_give_the_same_bits():
+    exe = os.environ.get("ULORL_TORCH_OPS_BITS")
+    if not exe:
+        pytest.skip("ULORL_TORCH_OPS_BITS (the path of tests/torch's torch_ops_bits; CTest sets it) is not set")
+    if (_ulorl.policy_loss_isa, _ulorl.logits_isa) != ("default", "default"):
+        pytest.skip("the module runs its AVX2 + FMA kernels; the C++ program the baseline ones "
+                    "(CTest's python_baseline_isa runs this test with ULORL_PYTHON_ISA=default)")
+    cpp = json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
+    for name, dtype in [("float32", torch.float32), ("float64", torch.float64)]:
+        lp, old, adv, mask, ref, ent = _bits_inputs(dtype)
+        lp.requires_grad_()
+        ent.requires_grad_()
+        cfg = ulorl.policy_loss_config(eps_high=0.28, kl_coef=0.05, entropy_coef=0.01,
+                                       normalizer=ulorl.Normalizer("token_mean", float(mask.sum().item())))
+        loss, result = torch.ops.ulorl.policy_loss(lp, old, adv, mask, ref, None, ent, None, None,
+                                                   _ulorl.encode_config(cfg))
+        loss.backward()
+        c = cpp["policy_loss"][name]
+        _same([c["loss"]], [loss.item()])
+        _same(c["result"], result)
+        _same(c["grad_log_prob"], lp.grad)
+        _same(c["grad_entropy"], ent.grad)
+    n, v = 6, 11
+    z = torch.tensor([[((i * 31 + j * 17) % 23) / 4.0 - 2.5 for j in range(v)] for i in range(n)], dtype=torch.float64)
+    y = torch.tensor([(i * 5) % v for i in range(n)])
+    for name, dtype in [("float32", torch.float32), ("float64", torch.float64), ("bfloat16", torch.bfloat16)]:
+        logits = z.to(dtype).detach().requires_grad_()
+        lp, ent = ulorl.logprobs_from_logits(logits, y, 0.7)
+        (lp.sum() + 0.5 * ent.sum()).backward()
+        c = cpp["logits_stats"][name]
+        _same(c["log_prob"], lp)
+        _same(c["entropy"], ent)
+        _same(c["grad_logits"], logits.grad)
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2")
+def test_a_grpo_step_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradient():
+    _, old, adv, mask, ref, _ = _batch(torch.float32, b=4, t=9, seed=3)
+    enc = _encode(eps_high=0.28, kl_coef=0.05, entropy_coef=0.01, normalizer=ulorl.Normalizer("token_mean", 17.0))
+    z0 = torch.randn(4 * 9, 13)
+    labels = torch.randint(0, 13, (4 * 9,))
+
+    def step(logits, lp_bias):
+        lp, ent = torch.ops.ulorl.logits_stats(logits, labels, 1.0, True, False)
+        lp = lp.reshape(4, 9) + lp_bias
+        loss, result = torch.ops.ulorl.policy_loss(lp, old, adv, mask, ref, None, ent.reshape(4, 9), None, None, enc)
+        return loss * 2.0, result
+
+    def run(fn):
+        logits = z0.clone().requires_grad_()
+        bias = torch.zeros(4, 9, requires_grad=True)
+        loss, result = fn(logits, bias)
+        loss.backward()
+        return loss.detach(), result, logits.grad, bias.grad
+
+    eager = run(step)
+    for backend in ("aot_eager", "inductor"):
+        torch._dynamo.reset()
+        compiled = run(torch.compile(step, fullgraph=True, backend=backend))
+        for a, b in zip(eager, compiled):
+            assert torch.equal(a, b), backend
+
+
+@pytest.mark.skipif(not hasattr(getattr(torch, "library", None), "opcheck"), reason="torch.library.opcheck: torch >= 2.4")
+def test_opcheck_passes_for_the_public_operators():
+    lp, old, adv, mask, ref, ent = _batch(torch.float32, seed=5)
+    enc = _encode(eps_high=0.28, kl_coef=0.05, entropy_coef=0.01)
+    cases = [(torch.ops.ulorl.policy_loss.default,
+              (lp.requires_grad_(), old, adv, mask, ref, None, ent.requires_grad_(), None, None, enc)),
+             (torch.ops.ulorl.logits_stats.default,
+              (torch.randn(6, 11, requires_grad=True), torch.randint(0, 11, (6,)), 0.7, True, False))]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)  # schema, autograd registration, FakeTensor, AOT dispatch
+        assert set(result.values()) == {"SUCCESS"}, (op, result)

@@ -1,0 +1,85 @@
+// torch_ops_bits: the results of th::policy_loss and th::logits_stats on inputs given by integer
+// formulas, printed as JSON with every number in C's hexadecimal float format (exact). The Python
+// test tests/python/test_ops.py builds the same inputs, calls the same operators through `import
+// ulorl` and compares bit for bit (CTest passes this program's path as ULORL_TORCH_OPS_BITS).
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "ulorl/adapters/torch.hpp"
+
+namespace {
+
+namespace th = ulorl::th;
+
+constexpr std::int64_t B = 3, T = 7, N = 6, V = 11;
+
+// The same formulas as tests/python/test_ops.py's `_bits_inputs`.
+at::Tensor tokens(double (*f)(std::int64_t), c10::ScalarType dtype) {
+  std::vector<double> v(static_cast<std::size_t>(B * T));
+  for (std::int64_t i = 0; i < B * T; ++i) v[static_cast<std::size_t>(i)] = f(i);
+  return at::tensor(v, at::kDouble).reshape({B, T}).to(dtype);
+}
+double lp_of(std::int64_t i) { return -0.05 * static_cast<double>(i % 11) - 0.3; }
+double old_of(std::int64_t i) { return lp_of(i) + 0.01 * static_cast<double>((i * 7) % 5 - 2); }
+double adv_of(std::int64_t i) { return static_cast<double>((i * 3) % 7 - 3) / 3.0; }
+double mask_of(std::int64_t i) { return (i * 5) % 9 != 0 ? 1.0 : 0.0; }
+double ref_of(std::int64_t i) { return lp_of(i) - 0.02 * static_cast<double>(i % 3 - 1); }
+double ent_of(std::int64_t i) { return 0.5 + 0.1 * static_cast<double>(i % 4); }
+
+std::string hex(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "\"%a\"", x);
+  return buf;
+}
+std::string hex_list(const at::Tensor& t) {
+  const at::Tensor d = t.to(at::kDouble).contiguous().reshape({-1});
+  std::string s = "[";
+  for (std::int64_t i = 0; i < d.numel(); ++i) s += (i ? "," : "") + hex(d.data_ptr<double>()[i]);
+  return s + "]";
+}
+
+std::string policy_loss_case(c10::ScalarType dtype) {
+  const at::Tensor lp = tokens(lp_of, dtype).requires_grad_(true), ent = tokens(ent_of, dtype).requires_grad_(true);
+  const at::Tensor mask = tokens(mask_of, at::kDouble).to(at::kBool);
+  ulorl::policy_loss_config cfg;
+  cfg.objective.eps_high = 0.28;
+  cfg.kl_coef = 0.05;
+  cfg.entropy_coef = 0.01;
+  cfg.normalizer.denominator = mask.sum().item<double>();
+  const auto out = th::policy_loss(lp, tokens(old_of, dtype), tokens(adv_of, dtype), mask, cfg,
+                                   {.ref_log_prob = tokens(ref_of, dtype), .entropy = ent});
+  out.loss.backward();
+  std::vector<double> result(ulorl::encoded_result_size);
+  ulorl::encode_result(out.result, result);
+  return "{\"loss\":" + hex(out.loss.item<double>()) + ",\"result\":" + hex_list(at::tensor(result, at::kDouble)) +
+         ",\"grad_log_prob\":" + hex_list(lp.grad()) + ",\"grad_entropy\":" + hex_list(ent.grad()) + "}";
+}
+
+std::string logits_case(c10::ScalarType dtype) {
+  std::vector<double> z(static_cast<std::size_t>(N * V));
+  std::vector<std::int64_t> y(static_cast<std::size_t>(N));
+  for (std::int64_t i = 0; i < N; ++i) {
+    y[static_cast<std::size_t>(i)] = (i * 5) % V;
+    for (std::int64_t v = 0; v < V; ++v)
+      z[static_cast<std::size_t>(i * V + v)] = static_cast<double>((i * 31 + v * 17) % 23) / 4.0 - 2.5;
+  }
+  const at::Tensor logits = at::tensor(z, at::kDouble).reshape({N, V}).to(dtype).requires_grad_(true);
+  auto [lp, ent] = th::logits_stats(logits, at::tensor(y, at::kLong), 0.7);
+  (lp.sum() + 0.5 * ent.sum()).backward();
+  return "{\"log_prob\":" + hex_list(lp) + ",\"entropy\":" + hex_list(ent) + ",\"grad_logits\":" +
+         hex_list(logits.grad()) + "}";
+}
+
+}  // namespace
+
+int main() {
+  std::printf("{\"policy_loss\":{\"float32\":%s,\"float64\":%s},\"logits_stats\":{\"float32\":%s,\"float64\":%s,"
+              "\"bfloat16\":%s}}\n",
+              policy_loss_case(at::kFloat).c_str(), policy_loss_case(at::kDouble).c_str(),
+              logits_case(at::kFloat).c_str(), logits_case(at::kDouble).c_str(), logits_case(at::kBFloat16).c_str());
+  return 0;
+}
