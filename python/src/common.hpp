@@ -23,18 +23,12 @@ namespace ulorl_py {
 
 namespace py = pybind11;
 
-//! Name -> enum value, throwing ulorl::error that lists the known names.
+//! Name -> enum value through the library's one parser (ulorl::value_of_name): ulorl::error listing
+//! the known names.
 template <class E>
 E parse_name(std::string_view fn, std::string_view arg, std::string_view name,
              std::initializer_list<std::pair<std::string_view, E>> known) {
-  std::string names;
-  for (const auto& [k, v] : known) {
-    if (k == name) return v;
-    names += names.empty() ? "'" : ", '";
-    names += k;
-    names += "'";
-  }
-  ulorl::detail::fail(fn, arg, "unknown name '" + std::string(name) + "' (expected one of " + names + ")");
+  return ulorl::value_of_name(fn, arg, name, known);
 }
 
 //! TRL's `scale_rewards` names.

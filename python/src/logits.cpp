@@ -1,7 +1,7 @@
 // python/src/logits.cpp — the fused logits paths of ulorl::th as autograd functions: the policy
 // loss straight from logits (gradient computed in the forward pass, optionally into the logits' own
-// memory) and the chunked linear head + loss from hidden states. (Per-row log-prob and entropy from
-// logits are the operator torch.ops.ulorl.logits_stats: ulorl/adapters/torch/ops.hpp.)
+// memory) and the chunked linear head + loss from hidden states; per-row log-prob and entropy from
+// logits through the operator ulorl::logits_stats (ulorl/adapters/torch/ops.hpp).
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/stl.h>
@@ -23,6 +23,21 @@ using th::or_undefined;
 }  // namespace
 
 void bind_logits(py::module_& m) {
+  m.def(
+      "_logits_stats",
+      [](const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values, bool fast_backward) {
+        const ulorl::logits_config cfg{.temperature = temperature, .check_values = check_values,
+                                       .fast_backward = fast_backward};
+        std::pair<at::Tensor, at::Tensor> r;
+        {
+          const py::gil_scoped_release nogil;
+          r = th::logits_stats(logits, labels, cfg);
+        }
+        return py::make_tuple(r.first, r.second);
+      },
+      "logits"_a, "labels"_a, "temperature"_a, "check_values"_a, "fast_backward"_a,
+      "th::logits_stats: the operator ulorl::logits_stats called from C++ (no argument boxing).");
+
   m.def(
       "_policy_loss_from_logits",
       [](const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& old_log_prob,

@@ -140,6 +140,24 @@ void bind_losses(py::module_& m) {
   m.attr("cuda_kernels") = false;
 #endif
   m.def(
+      "_policy_loss",
+      [](const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages,
+         const opt_tensor& mask, const ulorl::policy_loss_config& cfg, const opt_tensor& ref_log_prob,
+         const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
+         const opt_tensor& rollout_log_prob) {
+        const th::policy_loss_tensors extra{or_undefined(ref_log_prob), or_undefined(weights), or_undefined(entropy),
+                                            or_undefined(offsets), or_undefined(rollout_log_prob)};
+        th::policy_loss_output out;
+        {
+          const py::gil_scoped_release nogil;
+          out = th::policy_loss(log_prob, old_log_prob, advantages, or_undefined(mask), cfg, extra);
+        }
+        return py::make_tuple(out.loss, out.result);
+      },
+      "log_prob"_a, "old_log_prob"_a, "advantages"_a, "mask"_a, "config"_a, "ref_log_prob"_a = py::none(),
+      "weights"_a = py::none(), "entropy"_a = py::none(), "offsets"_a = py::none(), "rollout_log_prob"_a = py::none(),
+      "th::policy_loss: the operator ulorl::policy_loss called from C++ (no argument boxing), the result decoded.");
+  m.def(
       "encode_config", [](const ulorl::policy_loss_config& cfg) { return ulorl::encode_config(cfg); }, "config"_a,
       "The configuration as the `float[] config` argument of torch.ops.ulorl.policy_loss (ulorl::encode_config).");
   m.def(

@@ -39,62 +39,33 @@ constexpr double inf = std::numeric_limits<double>::infinity();
 
 PyObject* error_type = nullptr;
 
-// ---- names of the enums -----------------------------------------------------------------------------
+// ---- names of the enums: the library's tables (objective_names, kl_estimator_names, agg_mode_names,
+// sequence_gradient_names, pg_surrogate_names), parsed by ulorl::value_of_name ------------------------
 ulorl::objective_kind objective_of(std::string_view s) {
-  using K = ulorl::objective_kind;
-  return parse_name<K>("policy_loss", "objective", s,
-                       {{"ppo_clip", K::ppo_clip}, {"gspo", K::gspo}, {"cispo", K::cispo}, {"gmpo", K::gmpo},
-                        {"sapo", K::sapo}, {"policy_gradient", K::policy_gradient}});
-}
-const char* name_of(ulorl::objective_kind k) {
-  using K = ulorl::objective_kind;
-  switch (k) {
-    case K::ppo_clip: return "ppo_clip";
-    case K::gspo: return "gspo";
-    case K::cispo: return "cispo";
-    case K::gmpo: return "gmpo";
-    case K::sapo: return "sapo";
-    case K::policy_gradient: return "policy_gradient";
-    case K::penalized_pg: return "penalized_pg";
-  }
-  return "unknown";
+  return ulorl::value_of_name("policy_loss", "objective", s, ulorl::objective_names);
 }
 ulorl::sequence_gradient seq_gradient_of(std::string_view s) {
-  using G = ulorl::sequence_gradient;
-  return parse_name<G>("policy_loss", "seq_gradient", s, {{"own_token", G::own_token}, {"through_mean", G::through_mean}});
+  return ulorl::value_of_name("policy_loss", "seq_gradient", s, ulorl::sequence_gradient_names);
+}
+ulorl::pg_surrogate surrogate_of(std::string_view s) {
+  return ulorl::value_of_name("policy_loss", "surrogate", s, ulorl::pg_surrogate_names);
 }
 ulorl::kl_estimator kl_of(std::string_view s) {
-  using E = ulorl::kl_estimator;
-  return parse_name<E>("policy_loss", "kl_estimator", s, {{"k1", E::k1}, {"abs", E::abs}, {"k2", E::k2}, {"k3", E::k3}});
+  return ulorl::value_of_name("policy_loss", "kl_estimator", s, ulorl::kl_estimator_names);
 }
-const char* name_of(ulorl::kl_estimator e) {
-  using E = ulorl::kl_estimator;
-  switch (e) {
-    case E::k1: return "k1";
-    case E::abs: return "abs";
-    case E::k2: return "k2";
-    case E::k3: return "k3";
-  }
-  return "unknown";
+ulorl::agg_mode agg_of(std::string_view s) { return ulorl::value_of_name("policy_loss", "agg_mode", s, ulorl::agg_mode_names); }
+//! The name of an enum value (a value no name has, e.g. from a decoded configuration, prints as
+//! "unknown", and the loss call rejects it).
+template <class Table, class E>
+std::string name_or_unknown(const Table& table, E value) {
+  const std::string_view n = ulorl::name_in(table, value);
+  return n.empty() ? std::string("unknown") : std::string(n);
 }
-ulorl::agg_mode agg_of(std::string_view s) {
-  using A = ulorl::agg_mode;
-  return parse_name<A>("policy_loss", "agg_mode", s,
-                       {{"token_mean", A::token_mean}, {"seq_mean_token_sum", A::seq_mean_token_sum},
-                        {"seq_mean_token_mean", A::seq_mean_token_mean},
-                        {"seq_mean_token_sum_norm", A::seq_mean_token_sum_norm}, {"constant", A::constant}});
-}
-const char* name_of(ulorl::agg_mode a) {
-  using A = ulorl::agg_mode;
-  switch (a) {
-    case A::token_mean: return "token_mean";
-    case A::seq_mean_token_sum: return "seq_mean_token_sum";
-    case A::seq_mean_token_mean: return "seq_mean_token_mean";
-    case A::seq_mean_token_sum_norm: return "seq_mean_token_sum_norm";
-    case A::constant: return "constant";
-  }
-  return "unknown";
-}
+std::string name_of(ulorl::objective_kind k) { return name_or_unknown(ulorl::objective_names, k); }
+std::string name_of(ulorl::kl_estimator e) { return name_or_unknown(ulorl::kl_estimator_names, e); }
+std::string name_of(ulorl::agg_mode a) { return name_or_unknown(ulorl::agg_mode_names, a); }
+std::string name_of(ulorl::sequence_gradient g) { return name_or_unknown(ulorl::sequence_gradient_names, g); }
+std::string name_of(ulorl::pg_surrogate g) { return name_or_unknown(ulorl::pg_surrogate_names, g); }
 
 std::string repr_counts(const ulorl::batch_counts& c) {
   return "BatchCounts(tokens=" + py::repr(py::float_(c.tokens)).cast<std::string>() +
@@ -185,11 +156,15 @@ void bind_config(py::module_& m) {
           "seq_log_ratio_max", [](const C& c) { return c.objective.seq_log_ratio_max; },
           [](C& c, double v) { c.objective.seq_log_ratio_max = v; })
       .def_property(
-          "seq_gradient",
-          [](const C& c) {
-            return c.objective.seq_gradient == ulorl::sequence_gradient::own_token ? "own_token" : "through_mean";
-          },
+          "seq_gradient", [](const C& c) { return name_of(c.objective.seq_gradient); },
           [](C& c, const std::string& s) { c.objective.seq_gradient = seq_gradient_of(s); })
+      .def_property(
+          "surrogate", [](const C& c) { return name_of(c.objective.surrogate); },
+          [](C& c, const std::string& s) { c.objective.surrogate = surrogate_of(s); },
+          "penalized_pg: g = the ratio ('ratio') or the log-prob ('log_prob').")
+      .def_property(
+          "square_penalty", [](const C& c) { return c.objective.square_penalty; },
+          [](C& c, double v) { c.objective.square_penalty = v; }, "penalized_pg: c_sq of c_sq x^2 / 2 (>= 0).")
       .def_property(
           "abs_penalty", [](const C& c) { return c.objective.abs_penalty; },
           [](C& c, double v) { c.objective.abs_penalty = v; })

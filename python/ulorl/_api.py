@@ -9,7 +9,6 @@ import copy
 import functools
 import inspect
 import math
-import re
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -26,27 +25,6 @@ def _fail(function: str, argument: str, what: str) -> Error:
     e = Error(f"ulorl::{function}: argument '{argument}': {what}")
     e.function, e.argument, e.index = function, argument, -1
     return e
-
-
-_ERROR = re.compile(r"^ulorl::([^:]+): (?:argument|result) '([^']*)'(?:\[(-?\d+)\])?")
-
-
-def _op(op: Callable[..., Any], *args: Any) -> Any:
-    """Calls a torch.ops.ulorl operator. An ulorl::error of its kernel reaches Python through torch's
-    bindings: as ulorl.Error where torch and this extension share pybind11's state, else as the
-    ValueError it derives from (torch built by another compiler: Debian 13's CUDA build); the
-    latter is raised again as the ulorl.Error it was, with its fields."""
-    try:
-        return op(*args)
-    except Error:
-        raise
-    except ValueError as e:
-        m = _ERROR.match(str(e))
-        if m is None:
-            raise
-        err = Error(str(e))
-        err.function, err.argument, err.index = m.group(1), m.group(2), int(m.group(3) or -1)
-        raise err from None
 
 
 def _reject_nan(function: str, argument: str, value: Any, index: int = -1) -> None:
@@ -117,7 +95,8 @@ def policy_loss_config(
     """A :class:`PolicyLossConfig` (ulorl::policy_loss_config) from keyword arguments.
 
     objective: ``ppo_clip`` (clip-higher when eps_high > eps_low, dual clip c > 1, TRL's delta cap),
-    ``gspo``, ``cispo``, ``gmpo``, ``sapo`` or ``policy_gradient``; eps_high defaults to eps_low.
+    ``gspo``, ``cispo``, ``gmpo``, ``sapo``, ``policy_gradient`` or ``penalized_pg`` (its ``surrogate``,
+    ``abs_penalty`` and ``square_penalty`` are the config's attributes); eps_high defaults to eps_low.
     kl_estimator: ``k1``, ``abs``, ``k2``, ``k3`` with optional input / output clamps. The values are
     checked by the loss call (ulorl.Error naming the field).
     """
@@ -230,11 +209,10 @@ def policy_loss(
 
 def _policy_loss_result(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob=None, weights=None, entropy=None,
                         offsets=None, rollout_log_prob=None):
-    """(loss, PolicyLossResult) through torch.ops.ulorl.policy_loss; the presets map the result onto their
-    frameworks' metrics."""
-    loss, result = _op(torch.ops.ulorl.policy_loss, log_prob, old_log_prob, advantages, mask, ref_log_prob, weights,
-                       entropy, offsets, rollout_log_prob, _ulorl.encode_config(cfg))
-    return loss, _ulorl.decode_result(result)
+    """(loss, PolicyLossResult) from the operator ulorl::policy_loss (called from C++ by th::policy_loss: no
+    argument boxing); the presets map the result onto their frameworks' metrics."""
+    return _ulorl._policy_loss(log_prob, old_log_prob, advantages, mask, cfg, ref_log_prob, weights, entropy, offsets,
+                               rollout_log_prob)
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
@@ -246,7 +224,7 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature
     otherwise. Differentiable in ``logits`` (backward from the saved O(N) statistics).
     ``check_values`` rejects NaN / +inf logits and all -inf rows.
     """
-    return _op(torch.ops.ulorl.logits_stats, logits, labels, temperature, check_values, fast_backward)
+    return _ulorl._logits_stats(logits, labels, temperature, check_values, fast_backward)
 
 
 def logits_statistics(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,

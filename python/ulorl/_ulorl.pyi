@@ -60,6 +60,8 @@ class PolicyLossConfig:
     kl_output_clamp: float
     kl_importance_weighted: bool
     abs_penalty: float
+    surrogate: str
+    square_penalty: float
     kl_coef: float
     entropy_coef: float
     normalizer: Normalizer
@@ -207,6 +209,13 @@ def config_fields() -> List[str]: ...
 def result_fields() -> List[str]: ...
 
 # Building blocks of ulorl._api and ulorl.presets.
+def _policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+                 mask: Optional[torch.Tensor], config: PolicyLossConfig, ref_log_prob: Optional[torch.Tensor] = None,
+                 weights: Optional[torch.Tensor] = None, entropy: Optional[torch.Tensor] = None,
+                 offsets: Optional[torch.Tensor] = None,
+                 rollout_log_prob: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, PolicyLossResult]: ...
+def _logits_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float, check_values: bool,
+                  fast_backward: bool) -> Tuple[torch.Tensor, torch.Tensor]: ...
 def _policy_loss_from_logits(*args: Any) -> Tuple[torch.Tensor, PolicyLossResult, torch.Tensor,
                                                    Optional[torch.Tensor]]: ...
 def _linear_head_policy_loss(*args: Any) -> Tuple[torch.Tensor, PolicyLossResult, torch.Tensor,

@@ -1,6 +1,6 @@
 """python/ulorl/_ulorl.pyi against the compiled module: every name the module defines has a stub and
-every stub names something the module defines; every function stub's parameters are a prefix-free
-match of the binding's (pybind11 signatures are read from the docstrings' first line)."""
+every stub names something the module defines, and so for each class's members; every function
+stub's parameters are the binding's (pybind11 signatures are read from the docstrings' first line)."""
 
 import ast
 import pathlib
@@ -31,6 +31,18 @@ def test_every_module_name_has_a_stub_and_every_stub_a_name():
     module = _module_names()
     assert sorted(module - stubs) == [], "names of ulorl._ulorl without a stub in _ulorl.pyi"
     assert sorted(stubs - module) == [], "stubs in _ulorl.pyi of names ulorl._ulorl does not define"
+
+
+def test_every_class_stub_names_the_class_members():
+    for name, node in _stub_names().items():
+        if not isinstance(node, ast.ClassDef) or name == "Error":
+            continue
+        stub = {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
+        stub |= {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        stub = {n for n in stub if not (n.startswith("__") and n.endswith("__"))}
+        members = {n for n in dir(getattr(_ulorl, name)) if not n.startswith("_")}
+        assert sorted(members - stub) == [], f"{name}: members without a stub"
+        assert sorted(stub - members) == [], f"{name}: stubs of no member"
 
 
 def _split(params):

@@ -16,10 +16,12 @@
 // by its own count) are available only through the presets (presets.hpp) for compatibility.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
@@ -28,6 +30,13 @@
 ULORL_NAMESPACE_BEGIN
 
 enum class agg_mode { token_mean, seq_mean_token_sum, seq_mean_token_mean, seq_mean_token_sum_norm, constant };
+//! The modes' names ({name, mode}; value_of_name parses them).
+inline constexpr std::array<std::pair<std::string_view, agg_mode>, 5> agg_mode_names{
+    {{"token_mean", agg_mode::token_mean},
+     {"seq_mean_token_sum", agg_mode::seq_mean_token_sum},
+     {"seq_mean_token_mean", agg_mode::seq_mean_token_mean},
+     {"seq_mean_token_sum_norm", agg_mode::seq_mean_token_sum_norm},
+     {"constant", agg_mode::constant}}};
 
 //! Token and sequence counts of (part of) a batch. Counts of disjoint parts add up.
 struct batch_counts {

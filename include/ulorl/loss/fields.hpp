@@ -150,25 +150,24 @@ void encode_field(std::vector<double>& out, const X& x) {
   }
 }
 
-//! Reads field `name` from `in` at `pos` (advancing it): an enum is an integer value (the
+//! Reads field `prefix` + `name` from `in` at `pos` (advancing it): an enum is an integer value (the
 //! configuration's validation then rejects the values no name has), a count an integer within its
-//! capacity, a bool 0 or 1.
+//! capacity, a bool 0 or 1. The field's full name is formed only for an error.
 template <class X>
-void decode_field(std::string_view fn, std::string_view arg, std::string_view name, std::span<const double> in,
-                  std::size_t& pos, X& x) {
+void decode_field(std::string_view fn, std::string_view arg, std::string_view prefix, std::string_view name,
+                  std::span<const double> in, std::size_t& pos, X& x) {
   const auto next = [&] { return in[pos++]; };
   const auto integer = [&](double v, double hi) {
     if (!(v >= 0 && v <= hi && v == std::floor(v)))
-      fail_value(fn, arg, v, "field '" + std::string(name) + "' (index " + std::to_string(pos - 1) +
-                                 ") must be an integer in [0, " + std::to_string(static_cast<std::int64_t>(hi)) + "]");
+      fail_value(fn, arg, v,
+                 "field '" + std::string(prefix) + std::string(name) + "' (index " + std::to_string(pos - 1) +
+                     ") must be an integer in [0, " + std::to_string(static_cast<std::int64_t>(hi)) + "]");
     return static_cast<std::int64_t>(v);
   };
   if constexpr (std::is_same_v<X, std::optional<rollout_correction::config>>) {
     const bool present = integer(next(), 1) != 0;
     rollout_correction::config c{};
-    visit_config_fields(c, [&](std::string_view sub, auto& y) {
-      decode_field(fn, arg, std::string(name) + "." + std::string(sub), in, pos, y);
-    });
+    visit_config_fields(c, [&](std::string_view sub, auto& y) { decode_field(fn, arg, "rollout.", sub, in, pos, y); });
     x = present ? std::optional(c) : std::nullopt;
   } else if constexpr (std::is_same_v<X, std::optional<double>>) {
     const bool present = integer(next(), 1) != 0;
@@ -228,7 +227,7 @@ template <class S>
                      std::to_string(encoded_config_size) + " (encode_config)");
   policy_loss_config cfg;
   std::size_t pos = 0;
-  visit_config_fields(cfg, [&](std::string_view name, auto& x) { detail::decode_field(fn, arg, name, in, pos, x); });
+  visit_config_fields(cfg, [&](std::string_view name, auto& x) { detail::decode_field(fn, arg, "", name, in, pos, x); });
   return cfg;
 }
 

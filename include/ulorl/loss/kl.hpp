@@ -122,6 +122,8 @@ struct k3_estimator : detail::builtin_estimator<kl_estimator::k3> {
 
 //! Every built-in estimator: the only list run-time dispatch consults.
 using kl_registry = descriptor_list<k1_estimator, abs_estimator, k2_estimator, k3_estimator>;
+//! The estimators' names ({name, kind}, from the registry's descriptors).
+inline constexpr auto kl_estimator_names = name_table(kl_registry{});
 
 //! Calls f(descriptor) with the built-in estimator of c.estimator; an unknown one throws
 //! ulorl::error naming `fn` and the argument "estimator".

@@ -25,10 +25,12 @@
 // and says how to add an objective.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/dispatch.hpp"
@@ -439,6 +441,14 @@ struct gmpo_objective : detail::builtin_objective<objective_kind::gmpo> {
 //! Every built-in objective: the only list run-time dispatch consults.
 using objective_registry = descriptor_list<ppo_clip_objective, gspo_objective, cispo_objective, gmpo_objective,
                                            sapo_objective, policy_gradient_objective, penalized_pg_objective>;
+
+//! The objectives' names ({name, kind}, from the registry's descriptors).
+inline constexpr auto objective_names = name_table(objective_registry{});
+//! The names of sequence_gradient and pg_surrogate.
+inline constexpr std::array<std::pair<std::string_view, sequence_gradient>, 2> sequence_gradient_names{
+    {{"own_token", sequence_gradient::own_token}, {"through_mean", sequence_gradient::through_mean}}};
+inline constexpr std::array<std::pair<std::string_view, pg_surrogate>, 2> pg_surrogate_names{
+    {{"ratio", pg_surrogate::ratio}, {"log_prob", pg_surrogate::log_prob}}};
 
 //! Calls f(descriptor) with the built-in descriptor of c.kind (holding c); an unknown kind throws
 //! ulorl::error naming `fn` and the argument "kind".
