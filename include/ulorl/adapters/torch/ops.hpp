@@ -191,9 +191,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_forward(
 
 //! The CUDA kernel of `_policy_loss_forward`, once register_cuda_ops() (ops_cuda.hpp, in builds
 //! with CUDA) has set it; until then a CUDA call is an error naming the tensor.
-using policy_loss_forward_kernel = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> (*)(
+using policy_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
     const opt_tensor&, const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>);
+using policy_loss_forward_kernel = policy_loss_forward_sig*;
 inline std::atomic<policy_loss_forward_kernel> cuda_policy_loss_forward{nullptr};
 
 [[noreturn]] inline void no_cuda_kernel(std::string_view fn, std::string_view arg, const at::Tensor& t,
@@ -231,9 +232,6 @@ const c10::TypedOperatorHandle<Sig>& op(const char* name) {
   return handle;
 }
 
-using policy_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
-    const opt_tensor&, const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>);
 using policy_loss_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                            const opt_tensor&, const opt_tensor&, const opt_tensor&,
                                                            const opt_tensor&, const opt_tensor&, const opt_tensor&,
