@@ -307,3 +307,28 @@ TEST_CASE("REINFORCE++: a whitened value beyond float leaves returns and advanta
                    "masked_whiten", "out", 0);
   for (float x : adv) CHECK(x == 9.0f);
 }
+
+TEST_CASE("discounted_returns skip_masked: masked spans carry the return through and get 0", "[reinforce_pp]") {
+  const auto cv = [](const std::vector<double>& v, std::size_t B, std::size_t T) {
+    return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), B, T));
+  };
+  const auto mv = [](std::vector<double>& v, std::size_t B, std::size_t T) {
+    return ulorl::token_view<double>::padded(ulorl::matrix_view<double>(v.data(), B, T));
+  };
+  // An observation span (mask 0) between two assistant turns, reward at the end; a masked reward
+  // (row 1, t = 1) is dropped; gamma 0.5 discounts valid steps only.
+  const std::vector<double> r{0, 0, 7, 0, 0, 2, /**/ 0, 5, 0, 3, 0, 0};
+  const std::vector<double> m{1, 1, 0, 0, 1, 1, /**/ 1, 0, 1, 1, 0, 0};
+  std::vector<double> ret(12, -9.0);
+  ulorl::discounted_returns(cv(r, 2, 6), cv(m, 2, 6), mv(ret, 2, 6), 0.5, ulorl::return_scan::skip_masked);
+  const std::vector<double> want{0.25, 0.5, 0, 0, 1, 2, /**/ 0.75, 0, 1.5, 3, 0, 0};
+  for (std::size_t i = 0; i < 12; ++i) REQUIRE(ret[i] == want[i]);
+  // reset_after_eos on the same input: the span's reward enters and the return restarts after it.
+  ulorl::discounted_returns(cv(r, 2, 6), cv(m, 2, 6), mv(ret, 2, 6), 1.0, ulorl::return_scan::reset_after_eos);
+  const std::vector<double> reset{0, 0, 7, 2, 2, 2, /**/ 0, 8, 3, 3, 0, 0};
+  for (std::size_t i = 0; i < 12; ++i) REQUIRE(ret[i] == reset[i]);
+  std::vector<double> adv(12);
+  REQUIRE_THROWS_AS(ulorl::reinforce_pp_advantages(cv(r, 2, 6), cv(m, 2, 6), mv(ret, 2, 6), mv(adv, 2, 6), 1.0, {},
+                                                   static_cast<ulorl::return_scan>(5)),
+                    ulorl::error);
+}

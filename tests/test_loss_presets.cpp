@@ -49,8 +49,19 @@ TEST_CASE("verl presets") {
   REQUIRE(n.denominator == 10);
   REQUIRE(n.scale == 2.0);
   n = P::verl::normalizer({.loss_agg_mode = ulorl::agg_mode::seq_mean_token_sum_norm, .dp_size = 2.0, .padded_length = 8}, c);
-  REQUIRE(n.denominator == 8);
+  REQUIRE(n.denominator == 24);  // 1dda039b: sequences x horizon, times dp_size
+  REQUIRE(n.scale == 2.0);
+  n = P::verl::normalizer({.loss_agg_mode = ulorl::agg_mode::seq_mean_token_sum_norm, .dp_size = 2.0, .global_batch_size = 5.0,
+                           .loss_scale_factor = 7.0, .padded_length = 8}, c);
+  REQUIRE(n.denominator == 35);
+  n = P::verl::normalizer({.loss_agg_mode = ulorl::agg_mode::seq_mean_token_sum_norm, .dp_size = 2.0, .padded_length = 8,
+                           .sum_norm_per_sequence = false}, c);
+  REQUIRE(n.denominator == 8);  // b178a3cd: the horizon alone
   REQUIRE(n.scale == 1.0);
+  n = P::verl::normalizer({.loss_agg_mode = P::verl::loss_agg_mode_from_name("token-sum"), .dp_size = 4.0, .padded_length = 8}, c);
+  REQUIRE(n.mode == ulorl::agg_mode::constant);
+  REQUIRE(n.denominator == 1.0);
+  REQUIRE(n.scale == 4.0);
   const P::verl::normalizer_options given{.batch_num_tokens = 150.0, .global_batch_size = 16.0, .padded_length = 8};
   n = P::verl::policy_normalizer(loss_mode_kind::gspo, given, c);
   REQUIRE(n.mode == ulorl::agg_mode::seq_mean_token_mean);

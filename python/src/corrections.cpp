@@ -313,8 +313,11 @@ void bind_advantages(py::module_& m) {
 
   m.def(
       "_reinforce_pp_advantages",
-      [](const at::Tensor& token_rewards, const opt_tensor& mask, double gamma, const opt_tensor& offsets) {
+      [](const at::Tensor& token_rewards, const opt_tensor& mask, double gamma, const opt_tensor& offsets,
+         const std::string& scan) {
         constexpr std::string_view fn = "reinforce_pp_advantages";
+        const auto sc = parse_name<ulorl::return_scan>(fn, "scan", scan, {{"reset_after_eos", ulorl::return_scan::reset_after_eos},
+                                                                         {"skip_masked", ulorl::return_scan::skip_masked}});
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "token_level_rewards", token_rewards, [&](auto tag) {
           using T = decltype(tag);
@@ -323,11 +326,11 @@ void bind_advantages(py::module_& m) {
           at::Tensor adv = empty_like_of(token_rewards), ret = empty_like_of(token_rewards);
           ulorl::reinforce_pp_advantages(rewards, mv.view,
                                          th::tokens_of<T>(fn, "returns", ret, off), th::tokens_of<T>(fn, "advantages", adv, off),
-                                         gamma);
+                                         gamma, {}, sc);
           return py::make_tuple(adv, ret);
         });
       },
-      "token_level_rewards"_a, "mask"_a, "gamma"_a, "offsets"_a = py::none());
+      "token_level_rewards"_a, "mask"_a, "gamma"_a, "offsets"_a = py::none(), "scan"_a = "reset_after_eos");
 
   m.def(
       "_reinforce_pp_baseline_advantages",

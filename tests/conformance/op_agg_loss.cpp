@@ -26,7 +26,8 @@ const conformance::registrar reg("agg_loss", [](const std::string& preset, const
          .batch_num_tokens = conformance::param_optional(params, "batch_num_tokens"),
          .global_batch_size = conformance::param_optional(params, "global_batch_size"),
          .loss_scale_factor = conformance::param_optional(params, "loss_scale_factor"),
-         .padded_length = loss_mat.cols},
+         .padded_length = loss_mat.cols,
+         .sum_norm_per_sequence = false},  // the verl cases' agg_loss is b178a3cd's (README)
         counts);
   } else if (preset == "openrlhf") {
     norm = ulorl::presets::openrlhf::normalizer({.token_level_loss = conformance::param_bool(params, "token_level_loss", true),

@@ -57,7 +57,8 @@ json run_verl(const json& params, const inputs_t& base, const std::optional<conf
        .batch_num_tokens = conformance::param_optional(params, "batch_num_tokens"),
        .global_batch_size = conformance::param_optional(params, "global_batch_size"),
        .loss_scale_factor = conformance::param_optional(params, "loss_scale_factor"),
-       .padded_length = lp.cols},
+       .padded_length = lp.cols,
+       .sum_norm_per_sequence = false},  // the verl cases' agg_loss is b178a3cd's (README)
       ulorl::count_batch(in.mask));
   if (selection && mode != K::clip_cov) throw conformance::reject("policy_loss: clip_cov_selection is a clip_cov input");
 

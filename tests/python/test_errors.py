@@ -237,7 +237,7 @@ def test_huge_coefficients_overflow_into_an_error_not_inf():
         "pg_loss": lambda: ulorl.presets.openrlhf.policy_loss(lp, old, adv, mask, dp_size=1e308, batch_num_tokens=6),
         "kl_loss": lambda: ulorl.policy_loss(lp, old, adv, mask, ref_log_prob=ref, kl_coef=1e308),
         "entropy_loss": lambda: ulorl.policy_loss(lp, old, adv, mask, entropy=ent, entropy_coef=1e308),
-        "loss": lambda: ulorl.presets.verl.agg_loss(lp * 5, mask, "token-mean", dp_size=1e308),
+        "loss": lambda: ulorl.presets.verl.agg_loss(lp * 5, mask, "token-mean", dp_size=1e308, batch_num_tokens=6),
     }
     for result, call in calls.items():
         with pytest.raises(ulorl.Error, match=f"result '{result}' = [-]?inf: overflows float64"):

@@ -69,6 +69,8 @@ def run_policy_loss(preset, params, inputs):
         reject("policy_loss", "rollout_is_weights", "rollout_is_weights and clip_cov_selection are verl inputs")
     x = lp.clone().requires_grad_()
     if preset == "verl":
+        # The verl cases of policy_loss and agg_loss follow verl b178a3cd (golden README): its
+        # seq-mean-token-sum-norm, sum_norm_per_sequence=False.
         mode = p(params, "loss_mode", "vanilla")
         loss, m = ulorl.presets.verl.policy_loss(
             old, x, adv, mask, loss_mode=mode, clip_ratio_low=p(params, "clip_ratio_low", 0.2),
@@ -76,7 +78,7 @@ def run_policy_loss(preset, params, inputs):
             tau_pos=p(params, "tau_pos", 1.0), tau_neg=p(params, "tau_neg", 1.05),
             loss_agg_mode=p(params, "loss_agg_mode", "token-mean"), dp_size=p(params, "dp_size", 1.0),
             batch_num_tokens=params.get("batch_num_tokens"), global_batch_size=params.get("global_batch_size"),
-            loss_scale_factor=params.get("loss_scale_factor"), rollout_is_weights=w,
+            loss_scale_factor=params.get("loss_scale_factor"), sum_norm_per_sequence=False, rollout_is_weights=w,
             dro_beta=params.get("dro_beta"), kl_cov_ratio=p(params, "kl_cov_ratio", 0.0002),
             ppo_kl_coef=p(params, "ppo_kl_coef", 0.1), clip_cov_ratio=p(params, "clip_cov_ratio", 0.0002),
             clip_cov_lb=p(params, "clip_cov_lb", 1.0), clip_cov_ub=p(params, "clip_cov_ub", 5.0),
@@ -248,7 +250,8 @@ def run_agg_loss(preset, params, inputs):
                   global_batch_size=params.get("global_batch_size"))
     if preset == "verl":
         loss = ulorl.presets.verl.agg_loss(x, mask, p(params, "loss_agg_mode", "token-mean"),
-                                           loss_scale_factor=params.get("loss_scale_factor"), **common)
+                                           loss_scale_factor=params.get("loss_scale_factor"),
+                                           sum_norm_per_sequence=False, **common)
     elif preset == "openrlhf":
         loss = ulorl.presets.openrlhf.agg_loss(x, mask, token_level_loss=p(params, "token_level_loss", True), **common)
     else:

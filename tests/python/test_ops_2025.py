@@ -177,7 +177,7 @@ def test_agg_loss_gradcheck_and_value(gen):
     with pytest.raises(ulorl.Error):
         ulorl.presets.verl.agg_loss(loss_mat, mask, "token-mean-2")
     with pytest.raises(ulorl.Error):
-        ulorl.presets.verl.agg_loss(loss_mat, mask[:, :-1])
+        ulorl.presets.verl.agg_loss(loss_mat, mask[:, :-1], "token-mean")
 
 
 def test_kl_penalty_low_var_kl_against_torch(gen):

@@ -33,8 +33,8 @@ def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode):
         return torch.mean(torch.sum(loss_mat * loss_mask, dim=-1))
     if loss_agg_mode == "seq-mean-token-mean":
         return torch.mean(torch.sum(loss_mat * loss_mask, dim=-1) / torch.sum(loss_mask, dim=-1))
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return torch.sum(torch.sum(loss_mat * loss_mask, dim=-1)) / loss_mask.shape[-1]
+    if loss_agg_mode == "seq-mean-token-sum-norm":  # verl 1dda039b: over the non-empty rows, then the horizon
+        return torch.sum(torch.sum(loss_mat * loss_mask, dim=-1)) / (loss_mask.sum(-1) > 0).sum() / loss_mask.shape[-1]
     raise ValueError(loss_agg_mode)
 
 

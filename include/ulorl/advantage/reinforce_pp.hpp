@@ -95,24 +95,34 @@ void masked_whiten(token_view<const T> x, token_view<const M> mask, token_view<U
       out(b, t) = mask(b, t) != M(0) || !cfg.mask_output ? static_cast<U>(value(b, t)) : U(0);
 }
 
-//! Discounted returns with reset after EOS (see the header comment). `returns` is not masked. An
-//! absent mask (empty view): every token of token_rewards valid.
+//! How the return scan treats masked positions: `reset_after_eos` (verl b178a3cd, the header
+//! comment: a masked position gets R + gamma c and resets c to 0); `skip_masked` (verl 1dda039b,
+//! multi-turn observation spans: a masked position gets 0, drops its reward and carries c through
+//! unchanged, so G[i,t] = R[i,t] + gamma · G at the next valid position).
+enum class return_scan { reset_after_eos, skip_masked };
+
+//! Discounted returns (see the header comment and return_scan). With reset_after_eos `returns` is
+//! not masked. An absent mask (empty view): every token of token_rewards valid.
 template <class T, class M, class U>
 void discounted_returns(token_view<const T> token_rewards, token_view<const M> mask, token_view<U> returns,
-                        double gamma) {
+                        double gamma, return_scan scan = return_scan::reset_after_eos) {
   constexpr std::string_view fn = "discounted_returns";
   mask = detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
   require_same_shape(fn, "returns", returns, "mask", mask);
   if (!(gamma >= 0.0 && gamma <= 1.0)) detail::fail_value(fn, "gamma", gamma, "must be in [0, 1]");
+  require_known(fn, "scan", scan, return_scan::reset_after_eos, return_scan::skip_masked);
+  const bool skip = scan == return_scan::skip_masked;
   // A return beyond U's range (a discounted sum of large rewards) is an error, found before
   // anything is written.
   const auto each = [&](auto&& emit) {
     for (std::size_t b = 0; b < mask.rows(); ++b) {
       double c = 0.0;
       for (std::size_t t = mask.row_size(b); t-- > 0;) {
-        const double g = static_cast<double>(token_rewards(b, t)) + gamma * c;
+        const bool valid = mask(b, t) != M(0);
+        const double g = skip && !valid ? 0.0 : static_cast<double>(token_rewards(b, t)) + gamma * c;
         emit(b, t, g);
-        c = mask(b, t) != M(0) ? g : 0.0;
+        if (valid) c = g;
+        else if (!skip) c = 0.0;
       }
     }
   };
@@ -144,7 +154,8 @@ void restore_tokens(token_view<U> v, const std::vector<U>& saved) noexcept {
 //! the caller does not need the returns). An absent mask (empty view): every token of token_rewards valid.
 template <class T, class M, class U>
 void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const M> mask, token_view<U> returns,
-                             token_view<U> advantages, double gamma, const whiten_config& cfg = {}) {
+                             token_view<U> advantages, double gamma, const whiten_config& cfg = {},
+                             return_scan scan = return_scan::reset_after_eos) {
   constexpr std::string_view fn = "reinforce_pp_advantages";
   mask = detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
   require_same_shape(fn, "advantages", advantages, "mask", mask);
@@ -158,7 +169,8 @@ void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const
   // The whitened values are range-checked only once the returns exist: on that error the returns
   // get their previous values back (masked_whiten checks before it writes the advantages).
   const std::vector<U> before = detail::saved_tokens(returns);
-  discounted_returns(token_rewards, mask, returns, gamma);
+  require_known(fn, "scan", scan, return_scan::reset_after_eos, return_scan::skip_masked);
+  discounted_returns(token_rewards, mask, returns, gamma, scan);
   try {
     masked_whiten(token_view<const U>(returns), mask, advantages, cfg);
   } catch (...) {

@@ -191,10 +191,12 @@ struct kl_options {
   return c;
 }
 
-//! `loss_agg_mode` names.
+//! `loss_agg_mode` names; verl's "token-sum" (the masked sum times dp_size) is agg_mode::constant
+//! with the constant 1.
 [[nodiscard]] inline agg_mode loss_agg_mode_from_name(std::string_view name) {
   static constexpr detail_presets::name_entry<agg_mode> table[] = {
       {"token-mean", agg_mode::token_mean},
+      {"token-sum", agg_mode::constant},
       {"seq-mean-token-sum", agg_mode::seq_mean_token_sum},
       {"seq-mean-token-mean", agg_mode::seq_mean_token_mean},
       {"seq-mean-token-sum-norm", agg_mode::seq_mean_token_sum_norm}};
@@ -209,10 +211,15 @@ struct normalizer_options {
   std::optional<double> global_batch_size{};  //!< seq modes; absent: this batch's non-empty rows
   std::optional<double> loss_scale_factor{};  //!< seq-mean-token-sum-norm; absent: `padded_length`
   std::size_t padded_length = 0;            //!< T of the padded batch
+  //! seq-mean-token-sum-norm: true (verl 1dda039b) divides the sequence sum by global_batch_size
+  //! times loss_scale_factor and multiplies by dp_size; false (verl b178a3cd) divides by
+  //! loss_scale_factor alone.
+  bool sum_norm_per_sequence = true;
 };
 
 //! verl `agg_loss`'s normaliser: token-mean divides by `batch_num_tokens`, the seq modes by
-//! `global_batch_size`, both times `dp_size`; seq-mean-token-sum-norm by `loss_scale_factor`.
+//! `global_batch_size`, all times `dp_size`; seq-mean-token-sum-norm by `global_batch_size` times
+//! `loss_scale_factor` (see sum_norm_per_sequence); token-sum (constant) by 1, times `dp_size`.
 [[nodiscard]] inline agg_normalizer normalizer(const normalizer_options& o, const batch_counts& local) {
   require_known("presets::verl::normalizer", "loss_agg_mode", o.loss_agg_mode, agg_mode::token_mean,
                 agg_mode::seq_mean_token_sum, agg_mode::seq_mean_token_mean, agg_mode::seq_mean_token_sum_norm,
@@ -226,9 +233,12 @@ struct normalizer_options {
     case agg_mode::seq_mean_token_sum:
     case agg_mode::seq_mean_token_mean:
       return {o.loss_agg_mode, o.global_batch_size.value_or(local.sequences), o.dp_size};
-    case agg_mode::seq_mean_token_sum_norm:
-    case agg_mode::constant:
-      return {o.loss_agg_mode, o.loss_scale_factor.value_or(static_cast<double>(o.padded_length)), 1.0};
+    case agg_mode::seq_mean_token_sum_norm: {
+      const double horizon = o.loss_scale_factor.value_or(static_cast<double>(o.padded_length));
+      if (!o.sum_norm_per_sequence) return {o.loss_agg_mode, horizon, 1.0};
+      return {o.loss_agg_mode, o.global_batch_size.value_or(local.sequences) * horizon, o.dp_size};
+    }
+    case agg_mode::constant: return {o.loss_agg_mode, 1.0, o.dp_size};
   }
   return {};
 }
