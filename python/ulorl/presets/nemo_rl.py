@@ -1,15 +1,25 @@
 """NeMo-RL's ``ClippedPGLossFn`` (PPO clip, optional dual clip, importance-sampling correction against
 the generation log-probs, reference KL with clamps, token- or sequence-level mean over the global
-batch), ``calculate_kl`` and the truncated importance-sampling weights, with NeMo-RL's config names."""
+batch), ``calculate_kl`` and the truncated importance-sampling weights, with NeMo-RL's config names.
+
+Drop-ins with NeMo-RL's names and call forms (nemo_rl.algorithms.loss, nemo_rl.algorithms.utils):
+:class:`ClippedPGLossFn` (``ClippedPGLossFn(cfg)(next_token_logprobs, data, global_valid_seqs,
+global_valid_toks)``), :class:`ClippedPGLossConfig` and :func:`calculate_kl`. The keyword form
+:func:`clipped_pg_loss` covers the options of the C++ preset (ulorl/loss/presets.hpp) and returns
+ulorl's metrics besides NeMo-RL's."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+import dataclasses
+import enum
+import math
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
 from .. import _ulorl
 from .._api import _check_nan_options, _fail, _policy_loss_result, _with_gradient
+from .._ulorl import Error, Normalizer
 from . import _common
 
 
@@ -102,14 +112,43 @@ def clipped_pg_loss(
 
 
 def calculate_kl(logprobs: torch.Tensor, logprobs_reference: torch.Tensor, kl_type: str = "k3",
-                 input_clamp_value: Optional[float] = 20.0,
-                 output_clamp_value: Optional[float] = 10.0) -> torch.Tensor:
-    """NeMo-RL's ``calculate_kl``: k1 / k2 / k3 of ``u = logprobs_reference - logprobs`` clamped to
-    +-input_clamp_value, the value clamped to +-output_clamp_value (None: no clamp); element-wise,
-    with autograd to ``logprobs`` (0 where a clamp is active)."""
+                 input_clamp_value: Optional[float] = 20.0, output_clamp_value: Optional[float] = 10.0,
+                 importance_sampling_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """NeMo-RL's ``calculate_kl`` (nemo_rl.algorithms.utils), same arguments and positions: k1 / k2 /
+    k3 of ``u = logprobs_reference - logprobs`` clamped to +-input_clamp_value, optionally times
+    ``importance_sampling_weights``, the value clamped to +-output_clamp_value (None: no clamp);
+    element-wise, with autograd to ``logprobs`` (0 where a clamp is active). The weights may carry
+    their own graph (NeMo-RL passes exp(logp - sg(logp))): they receive the gradient ``kl`` except
+    where either clamp is active, as NeMo-RL detaches them under the input clamp."""
     kl, grad = _ulorl._kl_penalty(logprobs.detach(), logprobs_reference, "nemo_rl", kl_type, input_clamp_value,
-                                  output_clamp_value)
-    return _with_gradient(logprobs, kl, grad, "presets::nemo_rl::calculate_kl")
+                                  None if importance_sampling_weights is not None else output_clamp_value)
+    if importance_sampling_weights is None:
+        return _with_gradient(logprobs, kl, grad, "presets::nemo_rl::calculate_kl")
+    if input_clamp_value is None:
+        free = torch.ones_like(kl, dtype=torch.bool)
+    else:
+        free = (logprobs_reference - logprobs.detach()).abs() <= input_clamp_value
+    return _WeightedKL.apply(logprobs, importance_sampling_weights, kl, grad, free, output_clamp_value)
+
+
+class _WeightedKL(torch.autograd.Function):
+    """w * kl clamped to +-out, from the kernel's kl and d kl / d logprobs: d / d logprobs = w * d kl,
+    d / d w = kl where the input clamp is off (``free``); both 0 where the output clamp is active."""
+
+    @staticmethod
+    def forward(ctx, logprobs, weights, kl, grad, free, out):  # noqa: D401
+        raw = weights.detach() * kl
+        inside = torch.ones_like(free) if out is None else (raw >= -out) & (raw <= out)
+        ctx.save_for_backward(weights.detach(), kl, grad, free, inside)
+        return raw if out is None else raw.clamp(-out, out)
+
+    @staticmethod
+    def backward(ctx, g):
+        w, kl, grad, free, inside = ctx.saved_tensors
+        with torch.no_grad():
+            d_lp = g * w * grad * inside
+            d_w = g * kl * (inside & free)
+        return d_lp, d_w, None, None, None, None
 
 
 def rollout_correction(
@@ -141,6 +180,349 @@ def rollout_correction(
     if truncated_importance_sampling_type is None:
         del logged["is_oob_ratio"]
     return w, logged
+
+
+# ---- ClippedPGLossFn ---------------------------------------------------------------------------------
+
+class LossType(enum.Enum):
+    """NeMo-RL's LossType (nemo_rl.algorithms.loss.interfaces); NeMo-RL's own when it is installed."""
+
+    TOKEN_LEVEL = "token_level"
+    SEQUENCE_LEVEL = "sequence_level"
+
+
+class LossInputType(enum.Enum):
+    """NeMo-RL's LossInputType; NeMo-RL's own when it is installed."""
+
+    LOGIT = "logit"
+    LOGPROB = "logprob"
+    DISTILLATION = "distillation"
+    DISTILLATION_CROSS_TOKENIZER = "distillation_cross_tokenizer"
+    DRAFT = "draft"
+
+
+class MetricNormalizer(enum.Enum):
+    """NeMo-RL's MetricNormalizer (the global count a logged metric is divided by); NeMo-RL's own
+    when it is installed."""
+
+    TOKENS = "tokens"
+    SEQUENCES = "sequences"
+    NONE = "none"
+
+
+def _enums() -> Tuple[Any, Any, Any]:
+    """(LossInputType, LossType, MetricNormalizer): NeMo-RL's when importable, so that its trainer's
+    comparisons (``loss_fn.input_type == LossInputType.LOGPROB``, ``is MetricNormalizer.TOKENS``)
+    hold; else this module's, with the same members and values."""
+    try:
+        from nemo_rl.algorithms.loss.interfaces import LossInputType as I, LossType as L, MetricNormalizer as M
+    except ImportError:
+        return LossInputType, LossType, MetricNormalizer
+    return I, L, M
+
+
+@dataclasses.dataclass
+class ClippedPGLossConfig:
+    """NeMo-RL's ``ClippedPGLossConfig``: its fields and defaults. :class:`ClippedPGLossFn` also takes
+    NeMo-RL's own config object or a mapping with these keys (a missing key: the default here)."""
+
+    disable_ppo_ratio: bool = False
+    token_level_loss: bool = True
+    sequence_level_importance_ratios: bool = False
+    ratio_clip_min: float = 0.2
+    ratio_clip_max: float = 0.2
+    ratio_clip_c: Optional[float] = None
+    reference_policy_kl_penalty: float = 0.01
+    reference_policy_kl_type: str = "k3"
+    kl_input_clamp_value: Optional[float] = 20.0
+    kl_output_clamp_value: Optional[float] = 10.0
+    use_kl_in_reward: bool = False
+    use_importance_sampling_correction: bool = False
+    truncated_importance_sampling_type: Optional[str] = None
+    truncated_importance_sampling_ratio: Optional[float] = None
+    truncated_importance_sampling_ratio_min: Optional[float] = None
+    use_on_policy_kl_approximation: bool = False
+    force_on_policy_ratio: bool = False
+    use_cispo: bool = False
+    positive_example_nll_weight: float = 0.0
+
+
+_FIELDS = [f.name for f in dataclasses.fields(ClippedPGLossConfig)]
+_FN = "presets::nemo_rl::ClippedPGLossFn"
+
+
+class ConfigError(Error, AssertionError):
+    """An invalid ClippedPGLossFn configuration: an ulorl.Error that is also the AssertionError
+    NeMo-RL raises for it."""
+
+
+def _config_error(argument: str, what: str, value: Any = None) -> ConfigError:
+    shown = "" if value is None else f" = {value}"
+    e = ConfigError(f"ulorl::{_FN}: argument '{argument}'{shown}: {what}")
+    e.function, e.argument, e.index = _FN, argument, -1
+    return e
+
+
+def _field(cfg: Any, name: str) -> Any:
+    if isinstance(cfg, Mapping):
+        return cfg.get(name, getattr(ClippedPGLossConfig, name))
+    return getattr(cfg, name, getattr(ClippedPGLossConfig, name))
+
+
+def _count(x: Any) -> Optional[float]:
+    """A global count as NeMo-RL passes it (a tensor of any dtype, or a number) as a float."""
+    if x is None:
+        return None
+    return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
+
+
+def _masked_total(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum().item())
+
+
+def _per(total: float, count: float) -> float:
+    """A sum over a micro-batch divided by a global count; 0 for a count of 0 (an empty sum)."""
+    return total / count if count != 0 else 0.0
+
+
+class ClippedPGLossFn:
+    """NeMo-RL's ``ClippedPGLossFn`` on ulorl's kernels: ``ClippedPGLossFn(cfg)(next_token_logprobs,
+    data, global_valid_seqs, global_valid_toks)`` returns ``(loss, metrics)`` with NeMo-RL's metric
+    names, and the attributes NeMo-RL's trainer reads (``input_type``, ``loss_type``,
+    ``metric_normalizations``, ``reference_policy_kl_penalty``, the config fields).
+
+    ``data`` holds NeMo-RL's ``[B, S]`` tensors (their first column is dropped, as NeMo-RL does):
+    ``token_mask``, ``advantages``, ``prev_logprobs``, ``generation_logprobs``,
+    ``reference_policy_logprobs`` (with a KL term), ``sample_mask`` ``[B]``, optionally
+    ``curr_logprobs_unfiltered`` (the KL term's log-probs, receiving its gradient) and ``rewards``
+    ``[B]`` (positive_example_nll_weight). Masks of any dtype holding 0 / 1 (NeMo-RL's are int64).
+
+    Objectives (ulorl's kernels): PPO clip with the unclamped ratio and the dual clip
+    ``ratio_clip_c``; ``force_on_policy_ratio``: ratio exp(logp - sg(logp)); ``disable_ppo_ratio``:
+    -A logp; ``use_cispo``: -sg(clip(r)) A logp; ``sequence_level_importance_ratios`` (GSPO): the
+    sequence ratio exp(mean_t log r) with the gradient through the mean. The importance weights of
+    (prev_logprobs, generation_logprobs), token or sequence level, with the truncations tis / icepop
+    / seq-mask-tis, multiply the objective under use_importance_sampling_correction; a -inf
+    generation log-prob gives the weight 0 (NeMo-RL's nan_to_num), and in seq-mask-tis's geometric
+    mean the log-ratio 0. The reference KL (k1 / k2 / k3 with clamps) is weighted by exp(logp -
+    sg(logp)) or, with use_on_policy_kl_approximation, exp(logp - generation_logprobs);
+    positive_example_nll_weight adds the NLL of the tokens of rows with reward > 0 over their count.
+    Token-level loss: sum / global_valid_toks; sequence-level: sum of row means / global_valid_seqs.
+    A micro-batch without valid tokens has loss 0.
+
+    Invalid configurations raise :class:`ConfigError` (an ulorl.Error and an AssertionError, as
+    NeMo-RL asserts) at construction.
+    """
+
+    def __init__(self, cfg: Any = None, use_fused_linear_logprobs: bool = False) -> None:
+        cfg = ClippedPGLossConfig() if cfg is None else cfg
+        for name in _FIELDS:
+            setattr(self, name, _field(cfg, name))
+        self.use_fused_linear_logprobs = use_fused_linear_logprobs
+        if self.use_kl_in_reward:
+            self.reference_policy_kl_penalty = 0
+        input_type, loss_type, metric = _enums()
+        self.input_type = input_type.LOGPROB
+        self.loss_type = loss_type.TOKEN_LEVEL if self.token_level_loss else loss_type.SEQUENCE_LEVEL
+        self._validate()
+        kl_on = self.reference_policy_kl_penalty != 0
+        try:
+            self._options = _ulorl._nemo_rl_clipped_pg_loss_options(
+                self.ratio_clip_min, self.ratio_clip_max, self._modelled_dual_clip(), self.token_level_loss,
+                self.force_on_policy_ratio, self.disable_ppo_ratio, self.use_importance_sampling_correction,
+                self.truncated_importance_sampling_type, self.truncated_importance_sampling_ratio,
+                self.truncated_importance_sampling_ratio_min, float(self.reference_policy_kl_penalty),
+                self.reference_policy_kl_type, self.kl_input_clamp_value if kl_on else None,
+                self.kl_output_clamp_value if kl_on else None, self.use_on_policy_kl_approximation)
+            self._importance = _ulorl._nemo_rl_rollout_correction_config(
+                self.truncated_importance_sampling_type, self.truncated_importance_sampling_ratio,
+                self.truncated_importance_sampling_ratio_min, self.sequence_level_importance_ratios)
+        except Error as e:
+            err = ConfigError(str(e))
+            err.function, err.argument, err.index = e.function, e.argument, e.index
+            raise err from None
+        per_loss = metric.TOKENS if self.token_level_loss else metric.SEQUENCES
+        self.metric_normalizations = {
+            "loss": per_loss, "kl_penalty": per_loss,
+            **{k: metric.TOKENS for k in ("probs_ratio", "probs_ratio_clamped", "token_mult_prob_error", "gen_kl_error",
+                                          "policy_kl_error", "js_divergence_error", "approx_entropy")},
+            "sampling_importance_ratio": metric.SEQUENCES if self.sequence_level_importance_ratios else metric.TOKENS,
+            **{k: metric.NONE for k in ("num_valid_samples", "positive_nll_loss", "probs_ratio_min", "probs_ratio_max",
+                                        "probs_ratio_clamped_min", "probs_ratio_clamped_max")},
+        }
+        if self.truncated_importance_sampling_type is not None:
+            self.metric_normalizations["is_oob_ratio"] = (
+                metric.SEQUENCES if self.truncated_importance_sampling_type == "seq-mask-tis" else metric.TOKENS)
+
+    def _validate(self) -> None:
+        """The combinations NeMo-RL asserts on (the C++ option builders check the values)."""
+        if self.sequence_level_importance_ratios and self.token_level_loss:
+            raise _config_error("sequence_level_importance_ratios", "is exclusive with token_level_loss")
+        if self.ratio_clip_c is not None and not self.ratio_clip_c > 1:
+            raise _config_error("ratio_clip_c", "must exceed 1 (dual clip)", self.ratio_clip_c)
+        if self.use_cispo:
+            for name in ("disable_ppo_ratio", "force_on_policy_ratio", "sequence_level_importance_ratios"):
+                if getattr(self, name):
+                    raise _config_error(name, "is incompatible with use_cispo")
+            if self.ratio_clip_c is not None:
+                raise _config_error("ratio_clip_c", "is incompatible with use_cispo", self.ratio_clip_c)
+            if not self.token_level_loss:
+                raise _config_error("token_level_loss", "use_cispo requires token_level_loss")
+        hi, lo = self.truncated_importance_sampling_ratio, self.truncated_importance_sampling_ratio_min
+        if self.truncated_importance_sampling_type is not None and hi is not None and lo is not None and lo > hi:
+            raise _config_error("truncated_importance_sampling_ratio_min", "truncated_importance_sampling_ratio_min "
+                                f"must be <= truncated_importance_sampling_ratio ({hi})", lo)
+
+    def _modelled_dual_clip(self) -> Optional[float]:
+        # Under disable_ppo_ratio NeMo-RL's dual clip min(-A logp, -A c) is -A logp for every
+        # logp < c (checked at the call): the objective is the policy gradient.
+        return None if self.disable_ppo_ratio and not self.force_on_policy_ratio else self.ratio_clip_c
+
+    def __call__(self, next_token_logprobs: torch.Tensor, data: Mapping[str, Any], global_valid_seqs: Any,
+                 global_valid_toks: Any) -> Tuple[torch.Tensor, Dict[str, Any]]:
+        lp = next_token_logprobs
+        lpd = lp.detach()
+        sample_mask = data["sample_mask"]
+        mask = (data["token_mask"][:, 1:] * sample_mask.unsqueeze(-1)).to(lp.dtype)
+        advantages = data["advantages"][:, 1:]
+        prev = lpd if self.force_on_policy_ratio else data["prev_logprobs"][:, 1:]
+        gen = data["generation_logprobs"][:, 1:]
+        gt, gs = _count(global_valid_toks), _count(global_valid_seqs)
+        counts = _common.counts(mask)
+        empty = counts.tokens == 0  # the sums are empty: any divisor gives 0
+        cfg = _ulorl._nemo_rl_loss_config(self._options, counts, 1.0 if empty else gt, 1.0 if empty else gs)
+        if self.use_cispo:
+            cfg.objective = "cispo"
+        elif self.sequence_level_importance_ratios and not (self.force_on_policy_ratio or self.disable_ppo_ratio):
+            cfg.objective, cfg.seq_log_ratio_max, cfg.seq_gradient = "gspo", math.inf, "through_mean"
+        elif self.disable_ppo_ratio and not self.force_on_policy_ratio and self.ratio_clip_c is not None:
+            if bool(((lpd >= self.ratio_clip_c) & (advantages < 0) & (mask != 0)).any()):
+                raise _fail(_FN, "next_token_logprobs", f"a log-prob >= ratio_clip_c = {self.ratio_clip_c} with a "
+                            "negative advantage: NeMo-RL's dual clip under disable_ppo_ratio is not modelled there")
+
+        # Importance weights of (prev, gen). A -inf generation log-prob: the kernel reads the
+        # log-ratio 0 there (seq-mask-tis's gate as NeMo-RL's nan_to_num), then the weight is NeMo-RL's
+        # nan_to_num(inf) = 0 after its truncation, and the logged ratios follow.
+        neg = torch.isneginf(gen)
+        has_neg = bool(neg.any())
+        if has_neg and self.sequence_level_importance_ratios and bool((neg & (mask != 0)).any()):
+            raise _fail(_FN, "generation_logprobs", "-inf at a valid token with sequence_level_importance_ratios "
+                        "is not modelled (NeMo-RL's row weight 0)")
+        gen_w = torch.where(neg, prev.detach(), gen) if has_neg else gen
+        weights, _, rc = _ulorl._rollout_correction(prev, gen_w, mask, self._importance, None)
+        logged = _ulorl._nemo_rl_rollout_correction_logged(rc, self.truncated_importance_sampling_type,
+                                                           self.sequence_level_importance_ratios, gt, gs)
+        if has_neg:
+            weights, logged = self._neg_inf_weights(weights, neg, mask, logged, gt if gt is not None else counts.tokens)
+
+        loss, result = _policy_loss_result(lp, prev, advantages, mask, cfg, None,
+                                           weights if self.use_importance_sampling_correction else None, None, None)
+
+        kl_unscaled: Any = 0
+        if self.reference_policy_kl_penalty != 0:
+            lp_kl = data.get("curr_logprobs_unfiltered", lp)
+            gen_kl = None
+            if self.use_on_policy_kl_approximation:
+                # exp(logp - (-inf)) is NeMo-RL's weight 0 (nan_to_num): exp(logp - 1e30) is 0 too.
+                gen_kl = torch.where(neg, torch.full_like(gen, 1e30), gen) if bool(neg.any()) else gen
+            kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_kl_penalty_term(
+                self._options, lp_kl.detach(), data["reference_policy_logprobs"][:, 1:], gen_kl, mask,
+                cfg.normalizer)
+            loss = loss + _with_gradient(lp_kl, kl, kl_grad, _FN)
+
+        nll = 0.0
+        if self.positive_example_nll_weight > 0 and "rewards" in data:
+            correct = mask * (data["rewards"] > 0).to(mask.dtype).unsqueeze(-1)
+            n_correct = float(correct.sum().item())
+            if n_correct > 0:
+                w = float(self.positive_example_nll_weight)
+                value, grad = _ulorl._agg_loss(lpd, correct, Normalizer("token_mean", n_correct, -w))
+                loss = loss + _with_gradient(lp, value, grad, _FN)
+                nll = value / w
+
+        metrics: Dict[str, Any] = {"loss": loss.item()}
+        metrics.update(self._ratio_metrics(lpd, prev, mask, result, gt))
+        metrics["kl_penalty"] = kl_unscaled
+        metrics.update(self._diagnostics(lpd, prev.detach(), torch.where(neg, prev.detach(), gen), mask, gt))
+        metrics["sampling_importance_ratio"] = logged["sampling_importance_ratio"]
+        metrics["num_valid_samples"] = sample_mask.sum().item()
+        metrics["approx_entropy"] = metrics.pop("approx_entropy")
+        if self.truncated_importance_sampling_type is not None:
+            metrics["is_oob_ratio"] = logged["is_oob_ratio"]
+        metrics["positive_nll_loss"] = nll
+        return loss, metrics
+
+    def _neg_inf_weights(self, weights: torch.Tensor, neg: torch.Tensor, mask: torch.Tensor, logged: Dict[str, float],
+                         gt: float) -> Tuple[torch.Tensor, Dict[str, float]]:
+        """The weights where the generation log-prob is -inf (computed at the log-ratio 0): NeMo-RL's
+        weight 0 after its truncation (tis: the lower bound, else 0), and the logged sampling ratio and
+        token out-of-bounds fraction corrected for them."""
+        t = self.truncated_importance_sampling_type
+        lo = (self.truncated_importance_sampling_ratio_min or 0.0) if t == "tis" else 0.0
+        fixed = weights.masked_fill(neg, lo)
+        valid_neg = neg & (mask != 0)
+        logged = dict(logged)
+        logged["sampling_importance_ratio"] += _per(float(((fixed - weights) * valid_neg).sum().item()), gt)
+        if t in ("tis", "icepop"):
+            lo_t = self.truncated_importance_sampling_ratio_min or 0.0
+            hi_t = self.truncated_importance_sampling_ratio
+            oob_at_one = 1.0 > hi_t or 1.0 < lo_t
+            oob_at_zero = lo_t > 0.0
+            logged["is_oob_ratio"] += _per((float(oob_at_zero) - float(oob_at_one)) * float(valid_neg.sum().item()), gt)
+        return fixed, logged
+
+    def _ratio_metrics(self, lp: torch.Tensor, prev: torch.Tensor, mask: torch.Tensor,
+                       result: _ulorl.PolicyLossResult, gt: Optional[float]) -> Dict[str, float]:
+        """probs_ratio, probs_ratio_clamped (over global_valid_toks) and their extrema over the valid
+        tokens, of NeMo-RL's `ratios`: exp(logp - prev), the sequence ratio (GSPO), 1
+        (force_on_policy_ratio) or logp (disable_ppo_ratio), and their clamps."""
+        valid = mask != 0
+        if not bool(valid.any()):
+            means = _ulorl._nemo_rl_logged_ratios(self._options, lp, prev, mask, gt)
+            return {**means, "probs_ratio_min": math.inf, "probs_ratio_max": -math.inf,
+                    "probs_ratio_clamped_min": math.inf, "probs_ratio_clamped_max": -math.inf}
+        lo, hi = 1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max
+        d = result.as_dict()
+        if self.force_on_policy_ratio or not (self.disable_ppo_ratio or self.sequence_level_importance_ratios):
+            means = _ulorl._nemo_rl_logged_ratios(self._options, lp, prev, mask, gt)
+            rmin, rmax = d["ratio_min"], d["ratio_max"]
+            if self.force_on_policy_ratio:
+                return {**means, "probs_ratio_min": rmin, "probs_ratio_max": rmax, "probs_ratio_clamped_min": rmin,
+                        "probs_ratio_clamped_max": rmax}
+            return {**means, "probs_ratio_min": rmin, "probs_ratio_max": rmax,
+                    "probs_ratio_clamped_min": min(max(rmin, lo), hi), "probs_ratio_clamped_max": min(max(rmax, lo), hi)}
+        if self.disable_ppo_ratio:
+            means = _ulorl._nemo_rl_logged_ratios(self._options, lp, prev, mask, gt)
+            x = lp[valid]
+            rmin, rmax = float(x.min().item()), float(x.max().item())
+            return {**means, "probs_ratio_min": rmin, "probs_ratio_max": rmax, "probs_ratio_clamped_min": rmin,
+                    "probs_ratio_clamped_max": rmax}
+        # GSPO: each valid token carries its row's ratio (the kernel's ratio_min / ratio_max).
+        n = mask.sum(-1)
+        seq = torch.exp(((lp - prev) * mask).sum(-1) / n.clamp(min=1))
+        count = float(n.sum().item()) if gt is None else gt
+        return {"probs_ratio": _per(float((seq * n).sum().item()), count),
+                "probs_ratio_clamped": _per(float((seq.clamp(lo, hi) * n).sum().item()), count),
+                "probs_ratio_min": d["ratio_min"], "probs_ratio_max": d["ratio_max"],
+                "probs_ratio_clamped_min": min(max(d["ratio_min"], lo), hi),
+                "probs_ratio_clamped_max": min(max(d["ratio_max"], lo), hi)}
+
+    def _diagnostics(self, lp: torch.Tensor, prev: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor,
+                     gt: Optional[float]) -> Dict[str, float]:
+        """NeMo-RL's training-vs-generation diagnostics over global_valid_toks: token_mult_prob_error,
+        gen_kl_error and policy_kl_error (reference_policy_kl_type, no clamps), js_divergence_error,
+        approx_entropy. ``gen`` has the -inf generation log-probs replaced by ``prev``."""
+        count = float(mask.sum().item()) if gt is None else gt
+        gen_kl, _ = _ulorl._kl_penalty(gen, prev, "nemo_rl", self.reference_policy_kl_type, None, None)
+        policy_kl, _ = _ulorl._kl_penalty(prev, gen, "nemo_rl", self.reference_policy_kl_type, None, None)
+        log_mix = torch.log(0.5 * torch.exp(prev) + 0.5 * torch.exp(gen))
+        js = 0.5 * (torch.exp(prev - log_mix) - (prev - log_mix) - 1) + 0.5 * (
+            torch.exp(gen - log_mix) - (gen - log_mix) - 1)
+        return {"token_mult_prob_error": _per(_masked_total(torch.exp((gen - prev).abs() * mask), mask), count),
+                "gen_kl_error": _per(_masked_total(gen_kl, mask), count),
+                "policy_kl_error": _per(_masked_total(policy_kl, mask), count),
+                "js_divergence_error": _per(_masked_total(js, mask), count),
+                "approx_entropy": -_per(_masked_total(torch.exp(lp - gen) * lp, mask), count)}
 
 
 _check_nan_options(globals(), "presets::nemo_rl::")

@@ -1,0 +1,224 @@
+"""NeMo-RL drop-ins (ClippedPGLossFn, ClippedPGLossConfig, calculate_kl) called in NeMo-RL's forms,
+against float64 oracles written here from NeMo-RL's definitions: PPO / dual clip / CISPO / GSPO /
+REINFORCE / forced on-policy objectives, truncated importance weights, the importance-weighted
+reference KL, the positive-example NLL, the global normalisers and the logged metrics."""
+
+import math
+
+import pytest
+import torch
+
+import ulorl
+from ulorl.presets.nemo_rl import ClippedPGLossConfig, ClippedPGLossFn, ConfigError, calculate_kl
+
+TOL = dict(rtol=1e-7, atol=1e-12)  # NeMo-RL divides by count + 1e-8; the oracle by count
+
+
+def data(gen, B=4, S=9):
+    d = {"token_mask": (torch.rand(B, S, generator=gen) < 0.8).to(torch.int64),
+         "sample_mask": torch.tensor([1] * (B - 1) + [0]),
+         "advantages": torch.randn(B, S, generator=gen, dtype=torch.float64),
+         "prev_logprobs": -torch.rand(B, S, generator=gen, dtype=torch.float64) * 2,
+         "reference_policy_logprobs": -torch.rand(B, S, generator=gen, dtype=torch.float64) * 2,
+         "rewards": torch.tensor([1.0, 0.0, 2.0, 1.0][:B], dtype=torch.float64)}
+    d["token_mask"][:, 1] = 1
+    d["generation_logprobs"] = d["prev_logprobs"] + torch.randn(B, S, generator=gen, dtype=torch.float64) * 0.3
+    lp = d["prev_logprobs"][:, 1:] + torch.randn(B, S - 1, generator=gen, dtype=torch.float64) * 0.4
+    return d, lp
+
+
+def kl_of(lp, ref, kind):
+    u = ref - lp
+    return {"k1": -u, "k2": u * u / 2, "k3": torch.exp(u) - 1 - u}[kind]
+
+
+def oracle(c, x, d, gs, gt):
+    """NeMo-RL's loss and a few metrics, written out in float64 autograd."""
+    m = (d["token_mask"][:, 1:] * d["sample_mask"][:, None]).double()
+    adv, gen, ref = d["advantages"][:, 1:], d["generation_logprobs"][:, 1:], d["reference_policy_logprobs"][:, 1:]
+    prev = x.detach() if c.force_on_policy_ratio else d["prev_logprobs"][:, 1:]
+    lo, hi = 1 - c.ratio_clip_min, 1 + c.ratio_clip_max
+    if c.force_on_policy_ratio:
+        r = rc = torch.exp(x - x.detach())
+    elif c.disable_ppo_ratio:
+        r = rc = x
+    elif c.sequence_level_importance_ratios:
+        n = m.sum(-1, keepdim=True).clamp(min=1)
+        r = torch.exp(((x - prev) * m).sum(-1, keepdim=True) / n).expand_as(x)
+        rc = r.clamp(lo, hi)
+    else:
+        r = torch.exp(x - prev)
+        rc = r.clamp(lo, hi)
+    tok = -adv * rc.detach() * x if c.use_cispo else torch.max(-adv * r, -adv * rc)
+    if c.ratio_clip_c is not None:
+        tok = torch.where(adv < 0, torch.min(tok, -adv * c.ratio_clip_c), tok)
+    if c.sequence_level_importance_ratios:
+        w = torch.exp(((prev - gen) * m).sum(-1, keepdim=True)).expand_as(x)
+    else:
+        w = torch.exp(prev - gen)
+    t, tmax, tmin = c.truncated_importance_sampling_type, c.truncated_importance_sampling_ratio, \
+        c.truncated_importance_sampling_ratio_min
+    if t == "tis":
+        w = w.clamp(tmin or 0.0, tmax)
+    elif t == "icepop":
+        w = w * ((w >= tmin) & (w <= tmax))
+    elif t == "seq-mask-tis":
+        g = torch.exp(((prev - gen) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1))
+        w = w * ((g >= tmin) & (g <= tmax))
+    if c.use_importance_sampling_correction:
+        tok = tok * w
+
+    def reduce(v):
+        if c.token_level_loss:
+            return (v * m).sum() / gt
+        rows = m.sum(-1) > 0
+        return ((v * m).sum(-1)[rows] / m.sum(-1)[rows]).sum() / gs
+
+    loss = reduce(tok)
+    beta = 0.0 if c.use_kl_in_reward else c.reference_policy_kl_penalty
+    if beta:
+        omega = torch.exp(x - gen) if c.use_on_policy_kl_approximation else torch.exp(x - x.detach())
+        u = ref - x
+        if c.kl_input_clamp_value is not None:
+            inside = u.abs() <= c.kl_input_clamp_value
+            omega = torch.where(inside, omega, omega.detach())
+            x_k = torch.where(inside, x, (ref - u.clamp(-c.kl_input_clamp_value, c.kl_input_clamp_value)).detach())
+        else:
+            x_k = x
+        k = omega * kl_of(x_k, ref, c.reference_policy_kl_type)
+        if c.kl_output_clamp_value is not None:
+            k = k.clamp(-c.kl_output_clamp_value, c.kl_output_clamp_value)
+        loss = loss + beta * reduce(k)
+    if c.positive_example_nll_weight > 0:
+        cm = m * (d["rewards"] > 0).double()[:, None]
+        loss = loss + c.positive_example_nll_weight * (-(x * cm).sum() / cm.sum())
+    valid = m != 0
+    metrics = {"probs_ratio": ((r.detach() * m).sum() / gt).item(),
+               "probs_ratio_clamped": ((rc.detach() * m).sum() / gt).item(),
+               "probs_ratio_min": r.detach()[valid].min().item(), "probs_ratio_max": r.detach()[valid].max().item(),
+               "approx_entropy": (-(torch.exp(x.detach() - gen) * x.detach() * m).sum() / gt).item(),
+               "gen_kl_error": ((kl_of(gen, prev.detach(), c.reference_policy_kl_type) * m).sum() / gt).item(),
+               "num_valid_samples": int(d["sample_mask"].sum())}
+    if not c.sequence_level_importance_ratios:
+        metrics["sampling_importance_ratio"] = ((w * m).sum() / gt).item()
+    return loss, metrics
+
+
+CONFIGS = [
+    dict(),
+    dict(ratio_clip_c=3.0, ratio_clip_max=0.28, reference_policy_kl_type="k2"),
+    dict(disable_ppo_ratio=True, reference_policy_kl_penalty=0.0),
+    dict(force_on_policy_ratio=True, use_importance_sampling_correction=True, truncated_importance_sampling_type="tis",
+         truncated_importance_sampling_ratio=1.5, truncated_importance_sampling_ratio_min=0.8),
+    dict(use_cispo=True, use_importance_sampling_correction=True, reference_policy_kl_type="k1"),
+    dict(sequence_level_importance_ratios=True, token_level_loss=False, use_importance_sampling_correction=True,
+         truncated_importance_sampling_type="tis", truncated_importance_sampling_ratio=1.3),
+    dict(token_level_loss=False, use_importance_sampling_correction=True, truncated_importance_sampling_type="icepop",
+         truncated_importance_sampling_ratio=1.5, truncated_importance_sampling_ratio_min=0.7,
+         use_on_policy_kl_approximation=True, kl_input_clamp_value=0.4, kl_output_clamp_value=0.3),
+    dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="seq-mask-tis",
+         truncated_importance_sampling_ratio=1.3, truncated_importance_sampling_ratio_min=0.8,
+         positive_example_nll_weight=0.3),
+    dict(use_kl_in_reward=True, kl_input_clamp_value=None, kl_output_clamp_value=None),
+]
+
+
+@pytest.mark.parametrize("i", range(len(CONFIGS)))
+def test_clipped_pg_loss_fn_against_oracle(gen, i):
+    cfg = ClippedPGLossConfig(**CONFIGS[i])
+    d, lp = data(gen)
+    m = d["token_mask"][:, 1:] * d["sample_mask"][:, None]
+    for gs, gt in ((d["sample_mask"].sum(), m.sum()), (torch.tensor(7), torch.tensor(40.0))):
+        x, y = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+        fn = ClippedPGLossFn(cfg)
+        got, metrics = fn(y, d, gs, gt) if i % 2 else fn(next_token_logprobs=y, data=d, global_valid_seqs=gs,
+                                                         global_valid_toks=gt)
+        want, want_metrics = oracle(cfg, x, d, float(gs), float(gt))
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got, want.detach(), **TOL)
+        torch.testing.assert_close(y.grad, x.grad, **TOL)
+        assert metrics["loss"] == pytest.approx(want.item(), rel=1e-7, abs=1e-12)
+        for k, v in want_metrics.items():
+            assert metrics[k] == pytest.approx(v, rel=1e-7, abs=1e-12), k
+
+
+def test_empty_micro_batch_and_neg_inf_generation_log_probs(gen):
+    d, lp = data(gen)
+    cfg = ClippedPGLossConfig(use_importance_sampling_correction=True, truncated_importance_sampling_type="seq-mask-tis",
+                              truncated_importance_sampling_ratio=1.5, truncated_importance_sampling_ratio_min=0.6)
+    d0 = dict(d, token_mask=torch.zeros_like(d["token_mask"]))
+    x = lp.clone().requires_grad_()
+    loss, metrics = ClippedPGLossFn(cfg)(x, d0, torch.tensor(0), torch.tensor(0))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(x.grad, torch.zeros_like(lp))
+    assert metrics["probs_ratio_min"] == math.inf and metrics["probs_ratio_max"] == -math.inf
+    # A -inf generation log-prob at a valid token: weight 0, and in the geometric mean the log-ratio 0.
+    d1 = {k: v.clone() for k, v in d.items()}
+    d1["generation_logprobs"][0, 2] = -math.inf
+    m = d1["token_mask"][:, 1:] * d1["sample_mask"][:, None]
+    x, y = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    got, _ = ClippedPGLossFn(cfg)(y, d1, d1["sample_mask"].sum(), m.sum())
+    d2 = {k: v.clone() for k, v in d1.items()}
+    d2["generation_logprobs"][0, 2] = d2["prev_logprobs"][0, 2]  # log-ratio 0 in the gate
+    want, _ = oracle(cfg, x, d2, float(d2["sample_mask"].sum()), float(m.sum()))
+    # the weight of that token is 0: remove its term (weight 1 in d2) from the oracle
+    adv, prev = d2["advantages"][0, 2], d2["prev_logprobs"][0, 2]
+    r = torch.exp(x[0, 1] - prev)
+    term = torch.max(-adv * r, -adv * r.clamp(0.8, 1.2))
+    g = torch.exp(((d2["prev_logprobs"][:, 1:] - d2["generation_logprobs"][:, 1:]) * m).sum(-1) / m.sum(-1))[0]
+    want = want - term * float((g >= 0.6) & (g <= 1.5)) * float(m[0, 1]) / float(m.sum())
+    got.backward()
+    want.backward()
+    assert torch.isfinite(got)
+    torch.testing.assert_close(got, want.detach(), **TOL)
+    torch.testing.assert_close(y.grad, x.grad, **TOL)
+
+
+def test_config_errors_are_assertion_errors_and_ulorl_errors():
+    for bad in (dict(use_cispo=True, ratio_clip_c=3.0), dict(sequence_level_importance_ratios=True),
+                dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="tis",
+                     truncated_importance_sampling_ratio=1.0, truncated_importance_sampling_ratio_min=2.0),
+                dict(truncated_importance_sampling_type="icepop", truncated_importance_sampling_ratio=2.0),
+                dict(ratio_clip_c=1.0)):
+        with pytest.raises(AssertionError) as e:
+            ClippedPGLossFn(ClippedPGLossConfig(**bad))
+        assert isinstance(e.value, ulorl.Error) and isinstance(e.value, ConfigError) and e.value.argument
+
+
+def test_config_as_mapping_and_attributes():
+    fn = ClippedPGLossFn({"token_level_loss": False, "use_kl_in_reward": True})
+    assert fn.reference_policy_kl_penalty == 0 and fn.ratio_clip_min == 0.2
+    assert fn.loss_type.value == "sequence_level" and fn.input_type.value == "logprob"
+    assert fn.metric_normalizations["loss"].value == "sequences"
+    assert fn.metric_normalizations["probs_ratio"].value == "tokens"
+    assert "is_oob_ratio" not in fn.metric_normalizations
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_calculate_kl_with_importance_weights(gen, kind):
+    lp = -torch.rand(3, 5, generator=gen, dtype=torch.float64) * 2
+    ref = lp + torch.randn(3, 5, generator=gen, dtype=torch.float64) * 0.8
+    g = lp + torch.randn(3, 5, generator=gen, dtype=torch.float64) * 0.3
+    c = torch.arange(15, dtype=torch.float64).view(3, 5)
+    for inc, outc in ((None, None), (0.5, None), (20.0, 0.2)):
+        x, y = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+        w = torch.exp(x - g)
+        u = ref - x
+        if inc is not None:
+            inside = u.abs() <= inc
+            w = torch.where(inside, w, w.detach())
+            x_k = torch.where(inside, x, (ref - u.clamp(-inc, inc)).detach())
+        else:
+            x_k = x
+        want = w * kl_of(x_k, ref, kind)
+        if outc is not None:
+            want = want.clamp(-outc, outc)
+        got = calculate_kl(y, ref, kind, inc, outc, importance_sampling_weights=torch.exp(y - g))
+        (want * c).sum().backward()
+        (got * c).sum().backward()
+        torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(y.grad, x.grad, rtol=1e-12, atol=1e-14)
+    plain = calculate_kl(logprobs=lp, logprobs_reference=ref, kl_type=kind, input_clamp_value=None,
+                         output_clamp_value=None)
+    torch.testing.assert_close(plain, kl_of(lp, ref, kind), rtol=1e-12, atol=1e-14)
