@@ -1,13 +1,119 @@
-"""TRL's ``GRPOTrainer._compute_loss`` with TRL's names (GRPOConfig fields as keyword arguments)."""
+"""TRL's loss pieces under TRL's names, argument order, shapes and dtypes.
+
+Drop-ins for ``trl.trainer.utils`` (:func:`selective_log_softmax`, :func:`entropy_from_logits`) and
+for ``GRPOTrainer`` (:func:`get_off_policy_mask`, :func:`get_high_entropy_mask` and the whole
+``_compute_loss`` as :class:`GRPOLossMixin`), plus :func:`grpo_loss`, TRL's GRPO loss of one
+micro-batch with GRPOConfig's fields as keyword arguments.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from .. import _ulorl
-from .._api import _check_nan_options, _fail, _with_gradient
+from .._api import _check_nan_options, _fail, _with_gradient, logprobs_from_logits
+
+# Mask dtypes the kernels read as they are; any other (TRL's int64 completion_mask) is read in the
+# log-probs' dtype, where the kernels check it is 0/1.
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+def _mask_like(mask: Optional[torch.Tensor], like: torch.Tensor) -> Optional[torch.Tensor]:
+    if mask is None or mask.dtype in _MASK_DTYPES or mask.dtype == like.dtype:
+        return mask
+    return mask.to(like.dtype)
+
+
+# ---- trl.trainer.utils ------------------------------------------------------------------------------
+
+def _rows_of(logits: torch.Tensor, fn: str) -> Tuple[torch.Tensor, torch.dtype]:
+    """logits [..., V] as [N, V] rows the logits kernels read (float16 is read as float32) and the
+    dtype of the result (the logits')."""
+    if logits.dim() < 1 or logits.shape[-1] == 0:
+        raise _fail(fn, "logits", f"has shape {tuple(logits.shape)}: must be [..., num_classes] with num_classes >= 1")
+    rows = logits.reshape(-1, logits.shape[-1])
+    if rows.dtype == torch.float16:
+        rows = rows.float()
+    return rows, logits.dtype
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """TRL's ``selective_log_softmax``: ``log_softmax(logits)`` gathered at ``index`` along the last
+    axis, by ulorl's logits kernels (:func:`ulorl.logprobs_from_logits`, one pass over each row,
+    accumulated in float32 / float64). ``index`` is ``[...]`` (one class per row) or ``[..., K]`` (K
+    classes per row: K passes). The result has ``index``'s shape and the logits' dtype (bfloat16 and
+    float16 are rounded from the float32 result; float16 logits are read as float32).
+    Differentiable in ``logits``."""
+    fn = "presets::trl::selective_log_softmax"
+    rows, dtype = _rows_of(logits, fn)
+    squeeze = index.dim() == logits.dim() - 1
+    if not squeeze and (index.dim() != logits.dim() or index.shape[:-1] != logits.shape[:-1]):
+        raise _fail(fn, "index", f"has shape {tuple(index.shape)} but 'logits' has shape {tuple(logits.shape)} "
+                                 "(index must be [...] or [..., K] with the logits' leading shape)")
+    cols = index.reshape(rows.shape[0], 1) if squeeze else index.reshape(rows.shape[0], -1)
+    out = [logprobs_from_logits(rows, cols[:, k].contiguous())[0] for k in range(cols.shape[1])]
+    lp = out[0] if len(out) == 1 else torch.stack(out, dim=-1)
+    return lp.to(dtype).reshape(index.shape)
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Tensor:
+    """TRL's ``entropy_from_logits``: the entropy (nats) of ``softmax(logits)`` over the last axis,
+    shape ``logits.shape[:-1]``, in the logits' dtype, by ulorl's logits kernels (one streaming pass
+    per row, so ``chunk_size``, which must be >= 1, sets no memory bound here). Differentiable in
+    ``logits``."""
+    fn = "presets::trl::entropy_from_logits"
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise _fail(fn, "chunk_size", f"= {chunk_size!r}: must be an integer >= 1")
+    rows, dtype = _rows_of(logits, fn)
+    labels = torch.zeros(rows.shape[0], dtype=torch.int64, device=rows.device)
+    return logprobs_from_logits(rows, labels)[1].to(dtype).reshape(logits.shape[:-1])
+
+
+# ---- GRPOTrainer's masks ----------------------------------------------------------------------------
+
+def get_off_policy_mask(advantages: torch.Tensor, per_token_logps: torch.Tensor,
+                        sampling_per_token_logps: torch.Tensor, mask: torch.Tensor,
+                        off_policy_threshold: float) -> torch.Tensor:
+    """TRL's ``GRPOTrainer.get_off_policy_mask`` (DeepSeek-V3.2 off-policy sequence masking) by
+    ulorl's off-policy mask (``preset="trl"``): ``[B, 1]`` in the mask's dtype, 1 where the row is
+    kept (``advantages >= 0``, or its mean ``sampling_per_token_logps - per_token_logps`` over the
+    mask <= ``off_policy_threshold``), else 0. ``advantages`` ``[B, 1]`` or ``[B]``."""
+    fn = "presets::trl::get_off_policy_mask"
+    B = per_token_logps.shape[0] if per_token_logps.dim() == 2 else -1
+    if B < 0 or advantages.numel() != B or (advantages.dim() == 2 and advantages.shape[1] != 1) or advantages.dim() > 2:
+        raise _fail(fn, "advantages", f"has shape {tuple(advantages.shape)} but 'per_token_logps' has shape "
+                                      f"{tuple(per_token_logps.shape)} (one advantage per row: [B, 1] or [B])")
+    lp = per_token_logps.detach()
+    keep, _, _ = _ulorl._off_policy_mask(lp, sampling_per_token_logps.detach().to(lp.dtype),
+                                         advantages.detach().reshape(B).to(lp.dtype), _mask_like(mask, lp), "trl",
+                                         float(off_policy_threshold), "factor")
+    if keep.shape[1] == 0:  # no position: the row is kept exactly when no token says otherwise
+        keep = torch.ones(B, 1, dtype=lp.dtype, device=lp.device)
+    return keep[:, :1].to(mask.dtype)
+
+
+def get_high_entropy_mask(self: Any, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """TRL's ``GRPOTrainer.get_high_entropy_mask`` (a method: ``self`` is the trainer, whose
+    ``accelerator`` gathers the valid entropies of every process; ``self`` None: this process only):
+    bool ``[B, T]``, True at the valid tokens whose entropy is >= the ``threshold``-quantile (linear
+    interpolation) of all valid entropies; all False when there is none."""
+    fn = "presets::trl::get_high_entropy_mask"
+    if not 0.0 <= float(threshold) <= 1.0:
+        raise _fail(fn, "threshold", f"= {threshold!r}: must be in [0, 1]")
+    valid = mask.bool()
+    local = entropies[valid].float()
+    acc = getattr(self, "accelerator", None)
+    if acc is not None and getattr(acc, "num_processes", 1) != 1:
+        pad = -1e9  # entropies are >= 0: the padding of shorter processes is dropped after the gather
+        gathered = acc.gather(acc.pad_across_processes(local, dim=0, pad_index=pad))
+        local = gathered[gathered != pad]
+    if local.numel() == 0:
+        return torch.zeros_like(entropies, dtype=torch.bool)
+    cut = torch.quantile(local, float(threshold))
+    return (entropies * mask.float() >= cut) & valid
 
 
 def grpo_loss(
@@ -54,7 +160,8 @@ def grpo_loss(
     importance_sampling_level ``token``, ``sequence`` (GSPO; cispo / sapo take the row's log-ratio)
     or ``sequence_token`` (GSPO-token). ``beta`` > 0 adds beta * k3 against ``ref_per_token_logps``
     (times the ratio with ``use_bias_correction_kl``); epsilon_high defaults to epsilon; ``delta``
-    caps the ratio.
+    caps the ratio (sequence_token: the row's ratio, evaluated as the token-level ratio against
+    ``per_token_logps - w_b``, w_b the row's mean log-ratio).
 
     Multipliers of the policy term: ``off_policy_mask_threshold`` (OPSM against
     ``sampling_per_token_logps``, default old_per_token_logps), ``top_entropy_quantile`` < 1 (keeps
@@ -74,12 +181,29 @@ def grpo_loss(
                     f"has shape {tuple(advantages.shape)} but 'per_token_logps' has shape "
                     f"{tuple(per_token_logps.shape)} (one advantage per completion row, [B])")
     old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps.detach()
+    mask = _mask_like(completion_mask, per_token_logps)
+    if importance_sampling_level == "sequence_token" and delta is not None:
+        # The extension's sequence_token objective has no delta cap. GSPO-token's ratio exp(sg(w_b))
+        # with each token's own gradient is the token-level ratio against old' = logp - w_b, where
+        # TRL's delta cap applies (value, gradient and clip metrics).
+        if loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo"):
+            raise _fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only")
+        if use_bias_correction_kl:
+            raise _fail(fn, "use_bias_correction_kl", "sequence_token (GSPO-token) has no bias-corrected KL")
+        if entropy_coef != 0.0:
+            raise _fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus")
+        lp = per_token_logps.detach()
+        m = torch.ones_like(lp) if mask is None else mask.to(lp.dtype)
+        w = ((lp - old) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+        if sampling_per_token_logps is None and off_policy_mask_threshold is not None:
+            sampling_per_token_logps = old
+        old, importance_sampling_level = lp - w, "token"
 
     def detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return None if t is None else t.detach()
 
     value, grad, grad_entropies, m = _ulorl._trl_grpo_loss(
-        per_token_logps.detach(), old, advantages.detach(), completion_mask, detached(ref_per_token_logps),
+        per_token_logps.detach(), old, advantages.detach(), mask, detached(ref_per_token_logps),
         detached(sampling_per_token_logps), detached(entropies), detached(importance_sampling_ratio), loss_type,
         epsilon, epsilon_high, delta, beta, importance_sampling_level, use_bias_correction_kl,
         float(max_completion_length if max_completion_length is not None else 256),
@@ -140,4 +264,178 @@ def adaptive_entropy_controller(entropy_coef: float = 0.0, entropy_target: float
                                         entropy_coef_max)
 
 
+# ---- GRPOTrainer._compute_loss ----------------------------------------------------------------------
+
+# The model inputs GRPOTrainer._compute_loss forwards to _get_per_token_logps_and_entropies.
+_MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+                 "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+# The loss types whose policy term divides by a global token count (not by the accumulation steps).
+_TOKEN_COUNT_LOSSES = ("cispo", "dapo", "vespo")
+
+
+def _nan_extreme(x: torch.Tensor, largest: bool) -> float:
+    kept = x[~torch.isnan(x)]
+    if kept.numel() == 0:
+        return math.nan
+    return float(kept.max() if largest else kept.min())
+
+
+class GRPOLossMixin:
+    """``GRPOTrainer._compute_loss`` computed by :func:`grpo_loss` (and the two masks by
+    :func:`get_off_policy_mask` / :func:`get_high_entropy_mask`). Put it before TRL's trainer::
+
+        class Trainer(ulorl.presets.trl.GRPOLossMixin, trl.GRPOTrainer): ...
+
+    (or ``trl.experimental.gspo_token.GRPOTrainer`` for ``importance_sampling_level="sequence_token"``).
+    Everything else stays TRL's: the forward (``_get_per_token_logps_and_entropies``), the trainer's
+    fields (``loss_type``, ``beta``, ``epsilon_low`` / ``epsilon_high``, ``importance_sampling_level``,
+    ``off_policy_mask_threshold``, ``top_entropy_quantile``, ``args.delta`` / ``use_bias_correction_kl``
+    / ``sapo_*`` / ``vespo_*`` / ``entropy_*``, ``use_vllm`` with ``vllm_importance_sampling_correction``),
+    the adaptive entropy state (``entropy_coef``, ``_last_world_entropy``, ``_entropy_window_stats``:
+    TRL's checkpoints keep working) and ``_metrics`` under TRL's names (``kl``, ``entropy``,
+    ``clip_ratio/low_mean`` / ``high_mean`` / ``region_mean`` / ``low_min`` / ``high_max``,
+    ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, ``policy_loss``, ``entropy_coef``, ``aux_loss``),
+    reduced over the accelerator's processes as TRL reduces them.
+
+    Where it differs: the top-entropy quantile of the loss is this process's (TRL's is over every
+    process); ``sequence_token`` ignores ``off_policy_mask_threshold`` and the entropy bonus, as TRL's
+    GSPO-token trainer does.
+    """
+
+    def _compute_loss(self, model: Any, inputs: Dict[str, Any]) -> torch.Tensor:
+        args, acc = self.args, self.accelerator
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        aux_enabled = getattr(self, "aux_loss_enabled", False)
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+            compute_aux_loss=aux_enabled, **{k: inputs.get(k) for k in _MODEL_INPUTS})
+
+        mode = "train" if self.model.training else "eval"
+        loss_type, level = self.loss_type, self.importance_sampling_level
+        gspo_token = level == "sequence_token"
+        steps = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        advantages = inputs["advantages"]
+        if advantages.dim() == 2 and advantages.shape[1] == 1:
+            advantages = advantages.squeeze(1)
+        old = inputs.get("old_per_token_logps")
+        if loss_type == "vespo":
+            ratio = inputs.get("importance_sampling_ratio")
+        elif self.use_vllm and self.vllm_importance_sampling_correction:
+            ratio = inputs["importance_sampling_ratio"]
+        else:
+            ratio = None
+
+        bonus_on = self._entropy_bonus_enabled and not gspo_token
+        coef = 0.0
+        if bonus_on:
+            coef = self.entropy_coef
+            if self.use_adaptive_entropy:
+                last = self._last_world_entropy
+                coef = 0.0 if math.isinf(last) else _ulorl.EntropyController(
+                    target_entropy=args.entropy_target, init_coef=self.entropy_coef, min_coef=args.entropy_coef_min,
+                    max_coef=args.entropy_coef_max).bonus(last)
+        num_items = inputs.get("num_items_in_batch") if loss_type in _TOKEN_COUNT_LOSSES else None
+        loss, m = grpo_loss(
+            per_token_logps, old, advantages, mask,
+            ref_per_token_logps=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
+            loss_type=loss_type, epsilon=self.epsilon_low, epsilon_high=self.epsilon_high, delta=args.delta,
+            beta=self.beta, importance_sampling_level=level,
+            use_bias_correction_kl=bool(getattr(args, "use_bias_correction_kl", False)) and not gspo_token,
+            max_completion_length=self.max_completion_length, gradient_accumulation_steps=steps,
+            num_items_in_batch=None if num_items is None else max(float(num_items), 1.0),
+            num_processes=acc.num_processes, sapo_temperature_pos=args.sapo_temperature_pos,
+            sapo_temperature_neg=args.sapo_temperature_neg, vespo_k_pos=args.vespo_k_pos,
+            vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
+            vespo_lambda_neg=args.vespo_lambda_neg,
+            off_policy_mask_threshold=None if gspo_token else self.off_policy_mask_threshold,
+            top_entropy_quantile=self.top_entropy_quantile, entropy_coef=coef, entropies=entropies,
+            sampling_per_token_logps=inputs.get("sampling_per_token_logps"), importance_sampling_ratio=ratio)
+        metrics = self._metrics[mode]
+
+        if bonus_on:
+            policy = m["pg_loss"] + m["kl_loss"]
+            if loss_type not in _TOKEN_COUNT_LOSSES:
+                policy *= steps
+            policy_t = torch.tensor(policy, dtype=per_token_logps.dtype, device=per_token_logps.device)
+            metrics["policy_loss"].append(acc.gather(policy_t).nanmean().item())
+            if self.use_adaptive_entropy and mode == "train":
+                effective = mask
+                if self.top_entropy_quantile < 1.0:
+                    effective = mask * self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+                stats = torch.stack([(entropies.detach() * effective).sum(), effective.sum()]).detach()
+                window = self._entropy_window_stats
+                self._entropy_window_stats = stats if window is None else window + stats
+                if acc.sync_gradients:
+                    totals = acc.reduce(self._entropy_window_stats, reduction="sum")
+                    world = (totals[0] / totals[1].clamp(min=1.0)).item()
+                    self.entropy_coef = adaptive_entropy_controller(
+                        self.entropy_coef, args.entropy_target, args.entropy_coef_delta, args.entropy_coef_min,
+                        args.entropy_coef_max).update(world)
+                    self._last_world_entropy = world
+                    self._entropy_window_stats = None
+            if mode == "train" and acc.sync_gradients:
+                metrics["entropy_coef"].append(self.entropy_coef)
+
+        if aux_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / steps
+            metrics["aux_loss"].append(acc.gather_for_metrics(aux_loss).mean().item())
+
+        # TRL's global means: a [B, 1] quantity (sequence level, or T = 1) over the rows, else over the mask.
+        B, T = per_token_logps.shape
+        tokens = float(mask.sum())
+
+        def global_mean(local_mean: float, per_row: bool) -> float:
+            count = float(B) if per_row else tokens
+            totals = acc.reduce(torch.tensor([local_mean * count, count], dtype=torch.float64,
+                                             device=per_token_logps.device), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        seq_rows = level == "sequence" or T == 1
+        if self.beta != 0.0:
+            metrics["kl"].append(global_mean(m["kl"], T == 1))
+        metrics["entropy"].append(global_mean(m["entropy"], T == 1))
+        if "clip_ratio/low_mean" in m:
+            for name in ("low_mean", "high_mean", "region_mean"):
+                metrics["clip_ratio/" + name].append(global_mean(m["clip_ratio/" + name], seq_rows))
+            low, high = self._row_clip_fractions(per_token_logps, old, advantages, mask)
+            metrics["clip_ratio/low_min"].append(_nan_extreme(acc.gather(low), largest=False))
+            metrics["clip_ratio/high_max"].append(_nan_extreme(acc.gather(high), largest=True))
+        elif "cispo_clip_ratio" in m:
+            metrics["cispo_clip_ratio"].append(global_mean(m["cispo_clip_ratio"], seq_rows))
+        elif "vespo_phi_seq_mean" in m:
+            metrics["vespo/phi_seq_mean"].append(global_mean(m["vespo_phi_seq_mean"], True))
+        return loss
+
+    def _row_clip_fractions(self, per_token_logps: torch.Tensor, old: Optional[torch.Tensor],
+                            advantages: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Each row's fraction of low- and high-clipped tokens (TRL's ``clip_ratio/low_min`` and
+        ``high_max`` take the min / max over the gathered rows; a row without valid tokens is NaN at
+        the token levels). The ratio is TRL's: per token, or the row's exp of the mean log-ratio,
+        capped at ``args.delta``."""
+        with torch.no_grad():
+            lp = per_token_logps.detach()
+            log_ratio = lp - (lp if old is None else old.detach())
+            m = mask.to(lp.dtype)
+            if self.importance_sampling_level == "token":
+                ratio = log_ratio.exp()
+            else:
+                ratio = ((log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)).exp()
+                if self.importance_sampling_level == "sequence_token":
+                    ratio = ratio.expand_as(lp)
+            if self.args.delta is not None:
+                ratio = ratio.clamp(max=self.args.delta)
+            adv = advantages.reshape(-1, 1)
+            flags = (((ratio < 1 - self.epsilon_low) & (adv < 0)).to(lp.dtype),
+                     ((ratio > 1 + self.epsilon_high) & (adv > 0)).to(lp.dtype))
+            if ratio.shape[1] == 1:
+                return flags[0].squeeze(1), flags[1].squeeze(1)
+            return flags[0].mul(m).sum(-1) / m.sum(-1), flags[1].mul(m).sum(-1) / m.sum(-1)
+
+
 _check_nan_options(globals(), "presets::trl::")
+# The mixin's masks are the checked module functions.
+GRPOLossMixin.get_off_policy_mask = staticmethod(get_off_policy_mask)  # type: ignore[assignment]
+GRPOLossMixin.get_high_entropy_mask = get_high_entropy_mask  # type: ignore[assignment]
