@@ -6,6 +6,7 @@
 
 #include "ulorl/logits/backward.hpp"
 #include "ulorl/logits/bf16.hpp"
+#include "ulorl/logits/f16.hpp"
 #include "ulorl/logits/forward.hpp"
 #include "ulorl/logits/fused_loss.hpp"
 #include "ulorl/logits/linear_head.hpp"

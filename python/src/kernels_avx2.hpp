@@ -3,8 +3,8 @@
 //
 // The logits kernels' types are every (logits L, labels I, statistics S[, row gradients D]) that the
 // torch adapter instantiates (grad_logits always has the logits' type):
-//   logits_stats (and the logits statistics of corrections.cpp): S = double for float32, bfloat16 and
-//       float64 logits; its backward's row gradients D are float32 or float64;
+//   logits_stats (and the logits statistics of corrections.cpp): S = double for float32, float64,
+//       bfloat16 and float16 logits; its backward's row gradients D are float32 or float64;
 //   policy_loss_from_logits: S = D = the token dtype (float32 or float64), whatever the logits';
 //   linear_head_policy_loss (float32 / float64 hidden states): S = D = double.
 // Labels are int64 or int32 throughout.
@@ -23,7 +23,9 @@
   X(f64_i64, double, std::int64_t, __VA_ARGS__)      \
   X(f64_i32, double, std::int32_t, __VA_ARGS__)      \
   X(bf16_i64, ::ulorl::bf16, std::int64_t, __VA_ARGS__) \
-  X(bf16_i32, ::ulorl::bf16, std::int32_t, __VA_ARGS__)
+  X(bf16_i32, ::ulorl::bf16, std::int32_t, __VA_ARGS__) \
+  X(f16_i64, ::ulorl::f16, std::int64_t, __VA_ARGS__)   \
+  X(f16_i32, ::ulorl::f16, std::int32_t, __VA_ARGS__)
 
 //! The getters' names: ulorl_py_avx2_logits_forward_<pair>_<S>, ulorl_py_avx2_logits_backward_<pair>_<S>_<D>.
 #define ULORL_PY_FORWARD_NAME(ID, S) ulorl_py_avx2_logits_forward_##ID##_##S

@@ -219,9 +219,9 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature
                          check_values: bool = True, fast_backward: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-row log-prob of ``labels`` and entropy of ``softmax(logits / temperature)``, one pass.
 
-    logits ``[N, V]`` float32, float64 or bfloat16 (any strides, no copy); labels ``[N]`` int64 or
-    int32 (contiguous). Returns ``(log_prob, entropy)`` ``[N]``: float64 for float64 logits, float32
-    otherwise. Differentiable in ``logits`` (backward from the saved O(N) statistics).
+    logits ``[N, V]`` float32, float64, bfloat16 or float16 (any strides, no copy); labels ``[N]``
+    int64 or int32 (contiguous). Returns ``(log_prob, entropy)`` ``[N]`` in the logits' dtype (as
+    ``torch.log_softmax``; 16-bit results are the float32 accumulation rounded once). Differentiable in ``logits`` (backward from the saved O(N) statistics).
     ``check_values`` rejects NaN / +inf logits and all -inf rows.
     """
     return _ulorl._logits_stats(logits, labels, temperature, check_values, fast_backward)

@@ -205,7 +205,8 @@ def test_the_cpp_adapter_and_python_give_the_same_bits():
     n, v = 6, 11
     z = torch.tensor([[((i * 31 + j * 17) % 23) / 4.0 - 2.5 for j in range(v)] for i in range(n)], dtype=torch.float64)
     y = torch.tensor([(i * 5) % v for i in range(n)])
-    for name, dtype in [("float32", torch.float32), ("float64", torch.float64), ("bfloat16", torch.bfloat16)]:
+    for name, dtype in [("float32", torch.float32), ("float64", torch.float64), ("bfloat16", torch.bfloat16),
+                        ("float16", torch.float16)]:
         logits = z.to(dtype).detach().requires_grad_()
         lp, ent = ulorl.logprobs_from_logits(logits, y, 0.7)
         (lp.sum() + 0.5 * ent.sum()).backward()

@@ -185,8 +185,9 @@ TEST_CASE("torch policy_loss: gradients equal central finite differences (float6
 
 TEST_CASE("torch logits_stats matches log_softmax / gather / entropy (values and gradients)", "[torch][logits]") {
   tsupport::seed(1004);
-  for (auto dt : {at::kDouble, at::kFloat, at::kBFloat16}) {
-    const double tol = dt == at::kDouble ? 1e-12 : 1e-5;
+  for (auto dt : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
+    // 16-bit statistics are rounded once to their dtype (2^-8 and 2^-11 relative).
+    const double tol = dt == at::kDouble ? 1e-12 : dt == at::kBFloat16 ? 8e-3 : dt == at::kHalf ? 1e-3 : 1e-5;
     for (double tau : {1.0, 0.7}) {
       for (auto [n, v] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 47}, {17, 1023}, {4, 3000}}) {
         const at::Tensor base = (at::randn({n, v}, at::kDouble) * 3).to(dt);
@@ -194,17 +195,18 @@ TEST_CASE("torch logits_stats matches log_softmax / gather / entropy (values and
         const at::Tensor a = at::randn({n}, at::kDouble), c = at::randn({n}, at::kDouble);
         at::Tensor z = base.clone().requires_grad_();
         auto [lp, ent] = th::logits_stats(z, labels, tau);
-        REQUIRE(lp.scalar_type() == (dt == at::kDouble ? at::kDouble : at::kFloat));
+        REQUIRE(lp.scalar_type() == dt);
+        REQUIRE(ent.scalar_type() == dt);
         (lp.to(at::kDouble) * a + ent.to(at::kDouble) * c).sum().backward();
-        // Oracle in float64 on the same (rounded) logit values.
+        // Oracle in float64 on the same (rounded) logit values, with the row gradients as the
+        // statistics' dtype carries them back (a and c rounded to 16 bits for 16-bit logits).
         at::Tensor z2 = base.to(at::kDouble).requires_grad_();
         auto [lp2, ent2] = tsupport::oracle_logits_stats(z2, labels, tau);
-        (lp2 * a + ent2 * c).sum().backward();
+        (lp2 * a.to(dt).to(at::kDouble) + ent2 * c.to(dt).to(at::kDouble)).sum().backward();
         CHECK(close(lp, lp2, tol, tol));
         CHECK(close(ent, ent2, tol, tol));
         REQUIRE(z.grad().scalar_type() == dt);
-        const double gtol = dt == at::kBFloat16 ? 8e-3 : tol;
-        CHECK(close(z.grad(), z2.grad(), gtol, gtol * 0.1));
+        CHECK(close(z.grad(), z2.grad(), tol, tol * 0.1));
       }
     }
   }
@@ -481,7 +483,7 @@ TEST_CASE("torch adapter: bad inputs raise ulorl::error naming the argument, out
   expect_error([&] { (void)th::logits_stats(z, at::zeros({6}, at::kLong).slice(0, 0, 6, 2)); }, "logits_stats",
                "labels", "contiguous");
   expect_error([&] { (void)th::logits_stats(z.view({-1}), y); }, "logits_stats", "logits", "rank 1");
-  expect_error([&] { (void)th::logits_stats(z.to(at::kHalf), y); }, "logits_stats", "logits", "bfloat16");
+  expect_error([&] { (void)th::logits_stats(z.to(at::kInt), y); }, "logits_stats", "logits", "float16");
   expect_error([&] { (void)th::logits_stats(z, y.to(at::kFloat)); }, "logits_stats", "labels", "int64 or int32");
   at::Tensor zn = z.clone();
   zn[1][3] = std::nan("");

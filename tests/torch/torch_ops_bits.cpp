@@ -78,8 +78,9 @@ std::string logits_case(c10::ScalarType dtype) {
 
 int main() {
   std::printf("{\"policy_loss\":{\"float32\":%s,\"float64\":%s},\"logits_stats\":{\"float32\":%s,\"float64\":%s,"
-              "\"bfloat16\":%s}}\n",
+              "\"bfloat16\":%s,\"float16\":%s}}\n",
               policy_loss_case(at::kFloat).c_str(), policy_loss_case(at::kDouble).c_str(),
-              logits_case(at::kFloat).c_str(), logits_case(at::kDouble).c_str(), logits_case(at::kBFloat16).c_str());
+              logits_case(at::kFloat).c_str(), logits_case(at::kDouble).c_str(), logits_case(at::kBFloat16).c_str(),
+              logits_case(at::kHalf).c_str());
   return 0;
 }

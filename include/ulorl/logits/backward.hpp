@@ -24,6 +24,7 @@
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/views.hpp"
 #include "ulorl/logits/bf16.hpp"
+#include "ulorl/logits/f16.hpp"
 #include "ulorl/logits/forward.hpp"
 #include "ulorl/logits/online_softmax.hpp"
 #include "ulorl/core/parallel.hpp"
@@ -107,9 +108,12 @@ void row_backward(vector_view<const L> row, vector_view<G> out, std::size_t labe
     if (label >= j0 && label < j0 + n) o[label - j0] = static_cast<C>(g_label);
     if (o == gbuf) {
       G* dst = out.data() + static_cast<std::ptrdiff_t>(j0) * out.stride();
-      if constexpr (std::is_same_v<G, bf16> && std::is_same_v<C, float>) {
+      if constexpr (is_half_v<G> && std::is_same_v<C, float>) {
         if (out.stride() == 1) {
-          float_to_bf16(gbuf, dst, n);
+          if constexpr (std::is_same_v<G, bf16>)
+            float_to_bf16(gbuf, dst, n);
+          else
+            float_to_f16(gbuf, dst, n);
           continue;
         }
       }
@@ -143,7 +147,7 @@ void logits_backward_dispatch(matrix_view<const L> logits, std::span<const I> la
                               vector_view<const D> grad_entropy, matrix_view<G> grad_logits, const logits_config& cfg,
                               executor_ref exec) {
   static_assert(std::is_floating_point_v<S> && std::is_floating_point_v<D>, "statistics are float or double");
-  static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double or ulorl::bf16");
+  static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double, ulorl::bf16 or ulorl::f16");
   constexpr const char* fn = "logits_backward";
   detail::logits::check_common<S>(fn, logits, labels, cfg);
   if (cfg.check_values) detail::logits::check_logits<detail::logits::range_t<L, S>>(fn, logits, cfg.temperature);
@@ -213,7 +217,7 @@ inline namespace ULORL_ISA {
 //! Writes dL/dlogits for L = sum_i grad_log_prob_i log_prob_i + grad_entropy_i entropy_i.
 //! `lse`, `entropy` [N]: saved by logits_forward with the same logits and temperature.
 //! `grad_log_prob` [N]; `grad_entropy` [N] or empty (no entropy term; `entropy` may then be empty).
-//! `grad_logits` [N, V] (float, double or bf16; any non-overlapping strides) may be the logits
+//! `grad_logits` [N, V] (float, double, bf16 or f16; any non-overlapping strides) may be the logits
 //! buffer itself (same type and strides): the backward then runs in place.
 //! Throws ulorl::error before writing anything (non-finite statistics or gradients name their row).
 //! Runs the kernel installed for (L, I, S, D, G), if any (install_logits_backward_kernel), else this
@@ -224,7 +228,7 @@ void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vec
                      vector_view<const D> grad_entropy, matrix_view<G> grad_logits, const logits_config& cfg = {},
                      Exec&& exec = {}) {
   static_assert(std::is_floating_point_v<S> && std::is_floating_point_v<D>, "statistics are float or double");
-  static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double or ulorl::bf16");
+  static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double, ulorl::bf16 or ulorl::f16");
   if (const logits_backward_kernel<L, I, S, D, G> k = installed_logits_backward_kernel<L, I, S, D, G>()) [[unlikely]]
     return k(logits, labels, lse, entropy, grad_log_prob, grad_entropy, grad_logits, cfg, executor_ref(exec));
   detail::logits_backward_dispatch<L, I, S, D, G>(logits, labels, lse, entropy, grad_log_prob, grad_entropy, grad_logits,

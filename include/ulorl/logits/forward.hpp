@@ -1,5 +1,5 @@
 // ulorl/logits/forward.hpp — per-row statistics of logits [N, V] in ONE pass over memory: the chosen
-// token's log-prob, the entropy and the log-sum-exp, for float, double or bf16 storage, any strides,
+// token's log-prob, the entropy and the log-sum-exp, for float, double, bf16 or f16 storage, any strides,
 // optional temperature (z = logits / tau, as verl's `logits.div_(temperature)`).
 //   log_prob_i = z[i, y_i] - lse_i,   entropy_i = lse_i - sum_j p_ij z_ij,   lse_i = log sum_j e^{z_ij}
 // Online softmax (Milakov & Gimelshein 2018) extended with the running sum of e^d d, so the entropy
@@ -34,6 +34,7 @@
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/views.hpp"
 #include "ulorl/logits/bf16.hpp"
+#include "ulorl/logits/f16.hpp"
 #include "ulorl/logits/online_softmax.hpp"
 #include "ulorl/core/parallel.hpp"
 #include "ulorl/logits/simd.hpp"
@@ -43,7 +44,7 @@ ULORL_NAMESPACE_BEGIN
 //! Options shared by logits_forward and logits_backward.
 struct logits_config {
   //! z = logits / temperature; finite, > 0, with 1 / temperature finite in the arithmetic type
-  //! (float for float and bf16 logits, double for double)
+  //! (float for float, bf16 and f16 logits, double for double)
   double temperature = 1.0;
   //! The value scan: reject NaN / +inf logits, all -inf rows, rows whose logits max |x| exceed half
   //! the range of their arithmetic type and rows whose scaled logits max |x| / temperature exceed
@@ -62,22 +63,24 @@ inline namespace ULORL_ISA {
 inline constexpr std::size_t chunk = 1024;  // 4 KiB of float: two L1-resident reads per chunk
 
 template <class L>
-inline constexpr bool is_storage_v = std::is_same_v<L, float> || std::is_same_v<L, double> || std::is_same_v<L, bf16>;
-//! Arithmetic type for a storage type: float for float and bf16, double for double.
+inline constexpr bool is_half_v = std::is_same_v<L, bf16> || std::is_same_v<L, f16>;
+template <class L>
+inline constexpr bool is_storage_v = std::is_same_v<L, float> || std::is_same_v<L, double> || is_half_v<L>;
+//! Arithmetic type for a storage type: float for float, bf16 and f16, double for double.
 template <class L>
 using compute_t = std::conditional_t<std::is_same_v<L, double>, double, float>;
 
 template <class L>
 ULORL_ALWAYS_INLINE compute_t<L> widen(L v) noexcept {
-  if constexpr (std::is_same_v<L, bf16>)
+  if constexpr (is_half_v<L>)
     return v.to_float();
   else
     return v;
 }
 template <class G, class C>
 ULORL_ALWAYS_INLINE G narrow(C v) noexcept {
-  if constexpr (std::is_same_v<G, bf16>)
-    return bf16::from_float(static_cast<float>(v));
+  if constexpr (is_half_v<G>)
+    return G::from_float(static_cast<float>(v));
   else
     return static_cast<G>(v);
 }
@@ -91,9 +94,12 @@ ULORL_ALWAYS_INLINE const C* load_chunk(vector_view<const L> row, std::size_t j0
   if constexpr (std::is_same_v<L, C>) {
     if (st == 1) return p;
     for (std::size_t i = 0; i < n; ++i) buf[i] = p[static_cast<std::ptrdiff_t>(i) * st];
-  } else if constexpr (std::is_same_v<L, bf16>) {
+  } else if constexpr (is_half_v<L>) {
     if (st == 1) {
-      bf16_to_float(p, buf, n);
+      if constexpr (std::is_same_v<L, bf16>)
+        bf16_to_float(p, buf, n);
+      else
+        f16_to_float(p, buf, n);
     } else {
       for (std::size_t i = 0; i < n; ++i) buf[i] = p[static_cast<std::ptrdiff_t>(i) * st].to_float();
     }
@@ -215,7 +221,7 @@ constexpr const char* type_name() noexcept {
 
 //! The temperature rule of every entry point that takes one (logits_forward, logits_backward,
 //! policy_loss_from_logits, the linear head): finite, > 0, and with a reciprocal that is finite in
-//! the kernel's arithmetic type C (float for float and bf16 logits: temperature >= ~2.9e-39; double:
+//! the kernel's arithmetic type C (float for float, bf16 and f16 logits: temperature >= ~2.9e-39; double:
 //! temperature >= ~5.6e-309). A subnormal temperature such as 1e-320 has 1 / t = inf, which makes
 //! every scaled logit +-inf or NaN.
 template <class C>
@@ -323,7 +329,7 @@ using range_t = std::conditional_t<(sizeof(compute_t<L>) < sizeof(S)), compute_t
 //! (cfg.check_values) is the caller's: a separate pass (check_logits) or inside the forward's read.
 template <class S, class L, class I>
 void check_common(const char* fn, matrix_view<const L> logits, std::span<const I> labels, const logits_config& cfg) {
-  static_assert(is_storage_v<L>, "logits must be float, double or ulorl::bf16");
+  static_assert(is_storage_v<L>, "logits must be float, double, ulorl::bf16 or ulorl::f16");
   static_assert(std::is_integral_v<I>, "labels must be integers");
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
   check_temperature<compute_t<L>>(fn, cfg.temperature);
@@ -482,7 +488,7 @@ template <class L, class I, class S>
 inline namespace ULORL_ISA {
 
 //! Per-row chosen-token log-prob, entropy, log-sum-exp and (optionally) sum of squared
-//! probabilities of logits / temperature. `logits` [N, V] (float, double or bf16; any strides),
+//! probabilities of logits / temperature. `logits` [N, V] (float, double, bf16 or f16; any strides),
 //! `labels` [N] in [0, V). `exec` runs rows in parallel (see parallel.hpp). Throws ulorl::error
 //! before writing anything. Runs the kernel installed for (L, I, S), if any
 //! (install_logits_forward_kernel), else this translation unit's.

@@ -101,7 +101,7 @@ decltype(auto) with_token_type(std::string_view fn, std::string_view arg, const 
   }
 }
 
-//! Logits dtype dispatch: float32, float64 or bfloat16 storage.
+//! Logits dtype dispatch: float32, float64, bfloat16 or float16 storage.
 template <class F>
 decltype(auto) with_logits_type(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
   require_cpu(fn, arg, t, -1);
@@ -109,9 +109,11 @@ decltype(auto) with_logits_type(std::string_view fn, std::string_view arg, const
     case c10::ScalarType::Float: return f(float{});
     case c10::ScalarType::Double: return f(double{});
     case c10::ScalarType::BFloat16: return f(bf16{});
+    case c10::ScalarType::Half: return f(f16{});
     default:
       fail(fn, arg,
-           std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be float32, float64 or bfloat16");
+           std::string("has dtype ") + c10::toString(t.scalar_type()) +
+               " but must be float32, float64, bfloat16 or float16");
   }
 }
 

@@ -298,17 +298,27 @@ inline std::tuple<at::Tensor, at::Tensor> policy_loss_composite(
 
 // ---- logits_stats -----------------------------------------------------------------------------------
 
-//! The statistics' dtype of a logits dtype: float64 for float64 logits, else float32.
+//! The statistics' dtype of a logits dtype: the logits' own (float32, float64, bfloat16 or float16,
+//! as torch's log_softmax returns; the kernels accumulate in float32 or float64 and round once).
 inline c10::ScalarType stats_dtype(std::string_view fn, const at::Tensor& logits) {
   if (!logits.defined()) fail(fn, "logits", "is an undefined tensor");
   switch (logits.scalar_type()) {
-    case c10::ScalarType::Double: return c10::ScalarType::Double;
+    case c10::ScalarType::Double:
     case c10::ScalarType::Float:
-    case c10::ScalarType::BFloat16: return c10::ScalarType::Float;
+    case c10::ScalarType::BFloat16:
+    case c10::ScalarType::Half: return logits.scalar_type();
     default:
       fail(fn, "logits",
-           std::string("has dtype ") + c10::toString(logits.scalar_type()) + " but must be float32, float64 or bfloat16");
+           std::string("has dtype ") + c10::toString(logits.scalar_type()) +
+               " but must be float32, float64, bfloat16 or float16");
   }
+}
+
+//! A row gradient of a 16-bit statistic as float32 (the backward kernels read float32 or float64).
+inline at::Tensor widened_grad(const at::Tensor& g) {
+  if (!g.defined()) return g;
+  const auto st = g.scalar_type();
+  return st == c10::ScalarType::BFloat16 || st == c10::ScalarType::Half ? g.to(at::kFloat) : g;
 }
 
 inline std::int64_t logits_rows(std::string_view fn, const at::Tensor& logits) {
@@ -374,7 +384,8 @@ inline at::Tensor logits_stats_backward_cpu(const at::Tensor& logits, const at::
   constexpr std::string_view fn = "logits_stats";
   require_backward_device(logits, labels, lse, ent, grad_log_prob, grad_entropy);
   const logits_config cfg{.temperature = temperature, .check_values = false, .fast_backward = fast_backward};
-  at::Tensor g_lp = value_or_undefined(grad_log_prob), g_ent = value_or_undefined(grad_entropy);
+  at::Tensor g_lp = widened_grad(value_or_undefined(grad_log_prob)),
+             g_ent = widened_grad(value_or_undefined(grad_entropy));
   at::Tensor out = at::empty(logits.sizes(), logits.options());
   if (!g_lp.defined() && !g_ent.defined()) return out.zero_();
   if (!g_lp.defined()) g_lp = at::zeros({logits.size(0)}, g_ent.options());
@@ -517,8 +528,9 @@ inline bool register_ops() {
 }
 
 //! Per-row log-prob and entropy of logits [N, V] / temperature at labels [N] (int64 or int32,
-//! contiguous), through the `ulorl::logits_stats` operator. Logits float32, float64 or bfloat16,
-//! any strides, no copy; outputs [N] float64 for float64 logits, else float32. Backward:
+//! contiguous), through the `ulorl::logits_stats` operator. Logits float32, float64, bfloat16 or
+//! float16, any strides, no copy; outputs [N] in the logits' dtype (16-bit ones rounded once from the
+//! float32 accumulation). Backward:
 //! logits_backward (one read of the logits, one write of the gradient) from the saved O(N)
 //! statistics.
 [[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats(const at::Tensor& logits, const at::Tensor& labels,

@@ -31,6 +31,7 @@
 #include "ulorl/core/ragged.hpp"
 #include "ulorl/core/views.hpp"
 #include "ulorl/logits/bf16.hpp"
+#include "ulorl/logits/f16.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -38,13 +39,15 @@ ULORL_NAMESPACE_BEGIN
 //! every `torch::Tensor` of the caller ambiguous.
 namespace th {
 
-//! The torch dtype of an ulorl element type (ulorl::bf16 is torch.bfloat16's bit layout).
+//! The torch dtype of an ulorl element type (ulorl::bf16 and ulorl::f16 have torch.bfloat16's and
+//! torch.float16's bit layouts).
 template <class T>
 [[nodiscard]] constexpr c10::ScalarType scalar_type_of() noexcept {
   using U = std::remove_cv_t<T>;
   if constexpr (std::is_same_v<U, float>) return c10::ScalarType::Float;
   else if constexpr (std::is_same_v<U, double>) return c10::ScalarType::Double;
   else if constexpr (std::is_same_v<U, bf16>) return c10::ScalarType::BFloat16;
+  else if constexpr (std::is_same_v<U, f16>) return c10::ScalarType::Half;
   else if constexpr (std::is_same_v<U, std::int32_t>) return c10::ScalarType::Int;
   else if constexpr (std::is_same_v<U, std::int64_t>) return c10::ScalarType::Long;
   else if constexpr (std::is_same_v<U, std::uint8_t>) return c10::ScalarType::Byte;
@@ -107,6 +110,8 @@ template <class T>
   using U = std::remove_cv_t<T>;
   if constexpr (std::is_same_v<U, bf16>)
     return reinterpret_cast<T*>(t.data_ptr<at::BFloat16>());
+  else if constexpr (std::is_same_v<U, f16>)
+    return reinterpret_cast<T*>(t.data_ptr<at::Half>());
   else if constexpr (std::is_same_v<U, std::uint8_t>)
     return reinterpret_cast<T*>(t.data_ptr());  // bool and uint8 masks are both read as bytes
   else
