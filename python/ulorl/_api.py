@@ -635,11 +635,14 @@ def opo_advantages(scores: ArrayLike, mask: torch.Tensor, group_ids: Optional[Ar
 
 
 def reinforce_pp_advantages(token_level_rewards: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
-                            gamma: float = 1.0,
-                            offsets: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (verl ``reinforce_plus_plus``): discounted returns with reset after EOS, whitened
-    over the batch's valid tokens. Returns ``(advantages, returns)`` in the rewards' shape."""
-    adv, ret = _ulorl._reinforce_pp_advantages(token_level_rewards, mask, gamma, offsets)
+                            gamma: float = 1.0, offsets: Optional[torch.Tensor] = None,
+                            scan: str = "reset_after_eos") -> Tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: discounted returns, whitened over the batch's valid tokens. ``scan``:
+    ``"reset_after_eos"`` (a masked position takes its reward and restarts the running return: verl
+    b178a3cd) or ``"skip_masked"`` (a masked position gets 0 and carries the return through,
+    verl 1dda039b's multi-turn scan; ``ulorl.presets.verl`` uses it). Returns ``(advantages,
+    returns)`` in the rewards' shape."""
+    adv, ret = _ulorl._reinforce_pp_advantages(token_level_rewards, mask, gamma, offsets, scan)
     return adv, ret
 
 

@@ -29,15 +29,11 @@ def _mask_like(mask: Optional[torch.Tensor], like: torch.Tensor) -> Optional[tor
 
 # ---- trl.trainer.utils ------------------------------------------------------------------------------
 
-def _rows_of(logits: torch.Tensor, fn: str) -> Tuple[torch.Tensor, torch.dtype]:
-    """logits [..., V] as [N, V] rows the logits kernels read (float16 is read as float32) and the
-    dtype of the result (the logits')."""
+def _rows_of(logits: torch.Tensor, fn: str) -> torch.Tensor:
+    """logits [..., V] as the [N, V] rows the logits kernels read."""
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise _fail(fn, "logits", f"has shape {tuple(logits.shape)}: must be [..., num_classes] with num_classes >= 1")
-    rows = logits.reshape(-1, logits.shape[-1])
-    if rows.dtype == torch.float16:
-        rows = rows.float()
-    return rows, logits.dtype
+    return logits.reshape(-1, logits.shape[-1])
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -45,10 +41,10 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     axis, by ulorl's logits kernels (:func:`ulorl.logprobs_from_logits`, one pass over each row,
     accumulated in float32 / float64). ``index`` is ``[...]`` (one class per row) or ``[..., K]`` (K
     classes per row: K passes). The result has ``index``'s shape and the logits' dtype (bfloat16 and
-    float16 are rounded from the float32 result; float16 logits are read as float32).
+    float16 results are the float32 accumulation rounded once).
     Differentiable in ``logits``."""
     fn = "presets::trl::selective_log_softmax"
-    rows, dtype = _rows_of(logits, fn)
+    rows = _rows_of(logits, fn)
     squeeze = index.dim() == logits.dim() - 1
     if not squeeze and (index.dim() != logits.dim() or index.shape[:-1] != logits.shape[:-1]):
         raise _fail(fn, "index", f"has shape {tuple(index.shape)} but 'logits' has shape {tuple(logits.shape)} "
@@ -56,7 +52,7 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     cols = index.reshape(rows.shape[0], 1) if squeeze else index.reshape(rows.shape[0], -1)
     out = [logprobs_from_logits(rows, cols[:, k].contiguous())[0] for k in range(cols.shape[1])]
     lp = out[0] if len(out) == 1 else torch.stack(out, dim=-1)
-    return lp.to(dtype).reshape(index.shape)
+    return lp.reshape(index.shape)
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Tensor:
@@ -67,9 +63,9 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
     fn = "presets::trl::entropy_from_logits"
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise _fail(fn, "chunk_size", f"= {chunk_size!r}: must be an integer >= 1")
-    rows, dtype = _rows_of(logits, fn)
+    rows = _rows_of(logits, fn)
     labels = torch.zeros(rows.shape[0], dtype=torch.int64, device=rows.device)
-    return logprobs_from_logits(rows, labels)[1].to(dtype).reshape(logits.shape[:-1])
+    return logprobs_from_logits(rows, labels)[1].reshape(logits.shape[:-1])
 
 
 # ---- GRPOTrainer's masks ----------------------------------------------------------------------------
