@@ -120,3 +120,24 @@ TEST_CASE("fields: a malformed encoding is an error naming the field and its ind
   enc[size_at] = 12.0;
   REQUIRE(ulorl::decode_config("f", "config", enc).rollout->rejection.chain.size == 12);
 }
+
+TEST_CASE("fields: kl_config and agg_normalizer round-trip and take policy_loss_config's names") {
+  const ulorl::kl_config kl{.estimator = ulorl::kl_estimator::k2, .straight_through = true, .input_clamp = 20.0,
+                            .output_clamp = 10.0, .importance_weighted = false};
+  const auto k = ulorl::decode_config<ulorl::kl_config>("f", "config", ulorl::encode_config(kl));
+  REQUIRE((k.estimator == kl.estimator && k.straight_through && k.input_clamp == 20.0 && k.output_clamp == 10.0 &&
+           !k.importance_weighted));
+  const ulorl::agg_normalizer n{.mode = ulorl::agg_mode::seq_mean_token_mean, .denominator = 7.0, .scale = -2.5};
+  const auto m = ulorl::decode_config<ulorl::agg_normalizer>("f", "normalizer", ulorl::encode_config(n));
+  REQUIRE((m.mode == n.mode && m.denominator == 7.0 && m.scale == -2.5));
+  // The policy loss's table is made of these two and its own fields: their names appear in it in order.
+  const auto all = ulorl::field_names<ulorl::policy_loss_config>();
+  for (const auto& part : {ulorl::field_names<ulorl::kl_config>(), ulorl::field_names<ulorl::agg_normalizer>()}) {
+    const auto at = std::search(all.begin(), all.end(), part.begin(), part.end());
+    REQUIRE(at != all.end());
+  }
+  std::vector<double> short_one = ulorl::encode_config(n);
+  short_one.pop_back();
+  REQUIRE_THROWS_WITH(ulorl::decode_config<ulorl::agg_normalizer>("f", "normalizer", short_one),
+                      Catch::Contains("an encoded agg_normalizer has"));
+}

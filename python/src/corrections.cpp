@@ -429,21 +429,6 @@ void bind_advantages(py::module_& m) {
 // ---- aggregation, KL penalty, off-policy mask ------------------------------------------------------------
 void bind_terms(py::module_& m) {
   m.def(
-      "_agg_loss",
-      [](const at::Tensor& loss_mat, const opt_tensor& mask, const ulorl::agg_normalizer& norm, const opt_tensor& offsets) {
-        constexpr std::string_view fn = "agg_loss";
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "loss_mat", loss_mat, [&](auto tag) {
-          using T = decltype(tag);
-          const auto lm = th::tokens_of<const T>(fn, "loss_mat", loss_mat, off);
-          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "loss_mat", lm);
-          at::Tensor grad = empty_like_of(loss_mat);
-          const double loss = ulorl::agg_loss(lm, mv.view, th::tokens_of<T>(fn, "grad", grad, off), norm);
-          return py::make_tuple(loss, grad);
-        });
-      },
-      "loss_mat"_a, "mask"_a, "normalizer"_a, "offsets"_a = py::none());
-  m.def(
       "_verl_normalizer",
       [](const std::string& loss_agg_mode, const ulorl::batch_counts& counts, double dp_size, opt batch_num_tokens,
          opt global_batch_size, opt loss_scale_factor, std::size_t padded_length) {
@@ -465,9 +450,8 @@ void bind_terms(py::module_& m) {
       "token_level_loss"_a, "counts"_a, "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a);
 
   m.def(
-      "_kl_penalty",
-      [](const at::Tensor& log_prob, const at::Tensor& ref_log_prob, const std::string& preset, const std::string& name,
-         opt input_clamp, opt output_clamp, const opt_tensor& offsets) {
+      "_kl_config",
+      [](const std::string& preset, const std::string& name, opt input_clamp, opt output_clamp) {
         constexpr std::string_view fn = "kl_penalty";
         enum class which { verl, openrlhf, nemo_rl };
         const which w = parse_name<which>(fn, "preset", preset,
@@ -481,17 +465,10 @@ void bind_terms(py::module_& m) {
                                    : P::nemo_rl::kl({.reference_policy_kl_type = P::nemo_rl::kl_type_from_name(name),
                                                      .kl_input_clamp_value = input_clamp,
                                                      .kl_output_clamp_value = output_clamp});
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
-          using T = decltype(tag);
-          at::Tensor kl = empty_like_of(log_prob), grad = empty_like_of(log_prob);
-          ulorl::kl_penalty<T>(th::tokens_of<const T>(fn, "log_prob", log_prob, off),
-                               th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off), th::tokens_of<T>(fn, "kl", kl, off),
-                               th::tokens_of<T>(fn, "grad", grad, off), cfg);
-          return py::make_tuple(kl, grad);
-        });
+        return ulorl::encode_config(cfg);
       },
-      "log_prob"_a, "ref_log_prob"_a, "preset"_a, "name"_a, "input_clamp"_a, "output_clamp"_a, "offsets"_a = py::none());
+      "preset"_a, "name"_a, "input_clamp"_a, "output_clamp"_a,
+      "The KL configuration of a preset's estimator name, as the `config` of torch.ops.ulorl.kl_penalty.");
 
   m.def(
       "_off_policy_mask",

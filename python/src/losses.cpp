@@ -161,6 +161,9 @@ void bind_losses(py::module_& m) {
       "encode_config", [](const ulorl::policy_loss_config& cfg) { return ulorl::encode_config(cfg); }, "config"_a,
       "The configuration as the `float[] config` argument of torch.ops.ulorl.policy_loss (ulorl::encode_config).");
   m.def(
+      "encode_config", [](const ulorl::agg_normalizer& n) { return ulorl::encode_config(n); }, "normalizer"_a,
+      "The normaliser as the `float[] normalizer` argument of torch.ops.ulorl.agg_loss (ulorl::encode_config).");
+  m.def(
       "decode_result",
       [](const at::Tensor& result) {
         constexpr std::string_view fn = "decode_result";

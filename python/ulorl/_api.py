@@ -726,8 +726,13 @@ def agg_loss(loss_mat: torch.Tensor, mask: Optional[torch.Tensor] = None, *, nor
     if normalizer is None:
         normalizer = _ulorl.global_normalizer(agg_mode, _ulorl.count_batch(mask, offsets, tokens=loss_mat.detach()),
                                               agg_constant)
-    value, grad = _ulorl._agg_loss(loss_mat.detach(), mask, normalizer, offsets)
-    return _with_gradient(loss_mat, value, grad, "agg_loss")
+    return _agg_loss(loss_mat, mask, normalizer, offsets)
+
+
+def _agg_loss(loss_mat: torch.Tensor, mask: Optional[torch.Tensor], normalizer: Normalizer,
+              offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The ``ulorl::agg_loss`` operator with ``normalizer`` (differentiable in ``loss_mat``, once)."""
+    return torch.ops.ulorl.agg_loss(loss_mat, mask, offsets, _ulorl.encode_config(normalizer))
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str, *, preset: str = "verl",
@@ -737,9 +742,16 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: st
     autograd to ``log_prob``. ``estimator`` in the preset's names: ``verl`` (kl / k1, abs, mse / k2,
     low_var_kl / k3, with "+" for the straight-through k2 gradient), ``openrlhf`` (k1, k2, k3, output
     clamped to +-10), ``nemo_rl`` (k1, k2, k3 with ``input_clamp`` / ``output_clamp``)."""
-    kl, grad = _ulorl._kl_penalty(log_prob.detach(), ref_log_prob, preset, estimator, input_clamp, output_clamp,
-                                  offsets)
-    return _with_gradient(log_prob, kl, grad, "kl_penalty")
+    return _kl_penalty(log_prob, ref_log_prob, preset, estimator, input_clamp, output_clamp, offsets)
+
+
+def _kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, preset: str, name: str,
+                input_clamp: Optional[float] = None, output_clamp: Optional[float] = None,
+                offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The ``ulorl::kl_penalty`` operator with a preset's estimator (differentiable in ``log_prob``,
+    once; ``ref_log_prob`` is a constant)."""
+    return torch.ops.ulorl.kl_penalty(log_prob, ref_log_prob.detach(), offsets,
+                                      _ulorl._kl_config(preset, name, input_clamp, output_clamp))
 
 
 def off_policy_mask(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,

@@ -170,7 +170,7 @@ def _graphs():
 
     return [("policy_loss", policy_loss, lp0), ("policy_loss_from_logits", from_logits, logits0),
             ("logits_stats", logprobs, logits0), ("linear_head_policy_loss", head, w0), ("agg_loss", agg, lp0),
-            ("kl_penalty", kl, lp0), ("presets::openrlhf::agg_loss", openrlhf_agg, lp0)]
+            ("kl_penalty", kl, lp0), ("agg_loss", openrlhf_agg, lp0)]  # the preset runs the agg_loss operator
 
 
 @pytest.mark.parametrize("name, f, x0", _graphs(), ids=[g[0] for g in _graphs()])

@@ -16,7 +16,8 @@ import torch
 import ulorl
 from ulorl import _ulorl
 
-OPS = ["policy_loss", "_policy_loss_forward", "logits_stats", "_logits_stats_forward", "_logits_stats_backward"]
+OPS = ["policy_loss", "_policy_loss_forward", "logits_stats", "_logits_stats_forward", "_logits_stats_backward",
+       "agg_loss", "_agg_loss_forward", "kl_penalty", "_kl_penalty_forward"]
 
 
 def _encode(**options):
@@ -244,6 +245,73 @@ def test_a_grpo_step_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradie
             assert torch.equal(a, b), backend
 
 
+def _agg_oracle(x, mask, mode, denominator, scale):
+    """scale * sum_b sum_t x m / D_b in float64: D_b = denominator, times the row's valid tokens for
+    seq_mean_token_mean."""
+    m = mask.double()
+    rows = (x.double() * m).sum(-1)
+    if mode == "seq_mean_token_mean":
+        n = m.sum(-1)
+        rows = torch.where(n > 0, rows / n.clamp(min=1), torch.zeros_like(rows))
+    return scale * rows.sum() / denominator
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
+def test_agg_loss_operator_against_float64(mode):
+    lp, _, _, mask, _, _ = _batch(torch.float64, seed=11)
+    mask[1] = False  # an empty row
+    norm = ulorl.Normalizer(mode, 7.0, 2.5)
+    x = lp.clone().requires_grad_()
+    loss = torch.ops.ulorl.agg_loss(x, mask, None, _ulorl.encode_config(norm))
+    assert loss.dim() == 0 and loss.dtype == torch.float64
+    y = lp.clone().requires_grad_()
+    want = _agg_oracle(y, mask, mode, 7.0, 2.5)
+    torch.testing.assert_close(loss, want, rtol=1e-13, atol=0)
+    loss.backward()
+    want.backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-13, atol=0)
+    assert torch.equal(loss, ulorl.agg_loss(lp, mask, normalizer=norm))  # the Python function is the operator
+
+
+def test_kl_penalty_operator_against_float64():
+    lp, _, _, _, ref, _ = _batch(torch.float64, seed=12)
+    x = lp.clone().requires_grad_()
+    # verl's low_var_kl: k3 of |ref - logp| clamped to 20, the value clamped to +-10
+    kl = torch.ops.ulorl.kl_penalty(x, ref, None, _ulorl._kl_config("verl", "low_var_kl", None, None))
+    y = lp.clone().requires_grad_()
+    d = (ref - y).clamp(-20, 20)
+    want = (torch.exp(d) - d - 1).clamp(-10, 10)
+    torch.testing.assert_close(kl, want, rtol=1e-13, atol=1e-15)
+    g = torch.rand_like(lp)
+    kl.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-13, atol=1e-15)
+    # backward more than once through one forward (retain_graph) gives the same gradient
+    x.grad = None
+    kl = torch.ops.ulorl.kl_penalty(x, ref, None, _ulorl._kl_config("verl", "k2", None, None))
+    (a,) = torch.autograd.grad(kl.sum(), x, retain_graph=True)
+    (b,) = torch.autograd.grad(kl.sum(), x)
+    assert torch.equal(a, b) and torch.equal(a, (x - ref).detach())
+
+
+def test_agg_loss_and_kl_penalty_meta_kernels_and_errors():
+    lp, _, _, mask, ref, _ = _batch(torch.float32, seed=13)
+    enc = _ulorl.encode_config(ulorl.Normalizer("token_mean", 3.0))
+    for cpu, meta in [(torch.ops.ulorl._agg_loss_forward(lp, mask, None, enc),
+                       torch.ops.ulorl._agg_loss_forward(lp.to("meta"), mask.to("meta"), None, enc)),
+                      (torch.ops.ulorl._kl_penalty_forward(lp, ref, None, _ulorl._kl_config("verl", "kl", None, None)),
+                       torch.ops.ulorl._kl_penalty_forward(lp.to("meta"), ref.to("meta"), None,
+                                                           _ulorl._kl_config("verl", "kl", None, None)))]:
+        for c, m in zip(cpu, meta):
+            assert (c.shape, c.dtype, c.stride(), m.device.type) == (m.shape, m.dtype, m.stride(), "meta")
+    with pytest.raises(ulorl.Error, match="agg_normalizer has"):
+        torch.ops.ulorl.agg_loss(lp, mask, None, enc[:-1])
+    with pytest.raises(ulorl.Error, match="'mask'"):
+        torch.ops.ulorl.agg_loss(lp, mask.to("meta"), None, enc)
+    with pytest.raises(ulorl.Error, match="'ref_log_prob'.*shape|shape.*'ref_log_prob'|ref_log_prob"):
+        torch.ops.ulorl.kl_penalty(lp, ref[:, :-1], None, _ulorl._kl_config("verl", "kl", None, None))
+
+
 @pytest.mark.skipif(not hasattr(getattr(torch, "library", None), "opcheck"), reason="torch.library.opcheck: torch >= 2.4")
 def test_opcheck_passes_for_the_public_operators():
     lp, old, adv, mask, ref, ent = _batch(torch.float32, seed=5)
@@ -251,7 +319,12 @@ def test_opcheck_passes_for_the_public_operators():
     cases = [(torch.ops.ulorl.policy_loss.default,
               (lp.requires_grad_(), old, adv, mask, ref, None, ent.requires_grad_(), None, None, enc)),
              (torch.ops.ulorl.logits_stats.default,
-              (torch.randn(6, 11, requires_grad=True), torch.randint(0, 11, (6,)), 0.7, True, False))]
+              (torch.randn(6, 11, requires_grad=True), torch.randint(0, 11, (6,)), 0.7, True, False)),
+             (torch.ops.ulorl.agg_loss.default,
+              (lp.detach().clone().requires_grad_(), mask, None,
+               _ulorl.encode_config(ulorl.Normalizer("seq_mean_token_mean", 3.0)))),
+             (torch.ops.ulorl.kl_penalty.default,
+              (lp.detach().clone().requires_grad_(), ref, None, _ulorl._kl_config("verl", "low_var_kl", None, None)))]
     for op, args in cases:
         result = torch.library.opcheck(op, args)  # schema, autograd registration, FakeTensor, AOT dispatch
         assert set(result.values()) == {"SUCCESS"}, (op, result)

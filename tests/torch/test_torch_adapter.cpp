@@ -786,3 +786,33 @@ TEST_CASE("torch broadcast_to_tokens: hostile offsets are rejected before the re
   expect_error([&] { (void)th::broadcast_to_tokens(at::ones({2}, at::kDouble), at::Tensor(), ulorl::broadcast_config{}, down); },
                "broadcast_to_tokens", "offsets", "must not decrease");
 }
+
+TEST_CASE("torch agg_loss and kl_penalty operators: the core's values and gradients", "[torch][ops]") {
+  tsupport::seed(3101);
+  const at::Tensor x0 = at::randn({4, 9}, at::kDouble), ref = at::randn({4, 9}, at::kDouble);
+  at::Tensor mask = at::rand({4, 9}, at::kDouble) > 0.3;
+  mask[2].fill_(false);
+  const ulorl::agg_normalizer norm{.mode = ulorl::agg_mode::seq_mean_token_mean, .denominator = 3.0, .scale = 0.5};
+  at::Tensor x = x0.clone().requires_grad_();
+  const at::Tensor loss = th::agg_loss(x, mask, norm);
+  loss.backward();
+  // The core on raw views.
+  const at::Tensor m8 = mask.to(at::kByte).contiguous();
+  std::vector<double> grad(36);
+  const auto tok = [](auto* p) { return ulorl::token_view<std::remove_pointer_t<decltype(p)>>::padded({p, 4, 9}); };
+  const ulorl::token_view<const double> xv = tok(static_cast<const double*>(x0.data_ptr<double>()));
+  const double want = ulorl::agg_loss(xv, tok(static_cast<const std::uint8_t*>(m8.data_ptr<std::uint8_t>())),
+                                      tok(grad.data()), norm);
+  CHECK(loss.item<double>() == want);
+  CHECK(at::equal(x.grad(), at::tensor(grad, at::kDouble).reshape({4, 9})));
+  const ulorl::kl_config kl{.estimator = ulorl::kl_estimator::k3, .output_clamp = 10.0};
+  at::Tensor y = x0.clone().requires_grad_();
+  const at::Tensor k = th::kl_penalty(y, ref, kl);
+  k.sum().backward();
+  std::vector<double> kv(36), kg(36);
+  ulorl::kl_penalty<double>(xv, tok(static_cast<const double*>(ref.data_ptr<double>())), tok(kv.data()),
+                            tok(kg.data()), kl);
+  CHECK(at::equal(k, at::tensor(kv, at::kDouble).reshape({4, 9})));
+  CHECK(at::equal(y.grad(), at::tensor(kg, at::kDouble).reshape({4, 9})));
+  CHECK_THROWS_AS(th::kl_penalty(y, ref.slice(1, 0, 8), kl), ulorl::error);
+}

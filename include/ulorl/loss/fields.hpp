@@ -54,6 +54,22 @@ constexpr void visit_config_fields(C& c, F&& f) {
   f("require_effective_sample_size", c.require_effective_sample_size);
 }
 
+//! f(name, field&) for every field of a KL configuration (the names policy_loss_config's table uses).
+template <class C, class F>
+  requires detail::config_of<C, kl_config>
+constexpr void visit_config_fields(C& c, F&& f) {
+  f("kl_estimator", c.estimator), f("kl_straight_through", c.straight_through);
+  f("kl_input_clamp", c.input_clamp), f("kl_output_clamp", c.output_clamp);
+  f("kl_importance_weighted", c.importance_weighted);
+}
+
+//! f(name, field&) for every field of an aggregation normaliser.
+template <class C, class F>
+  requires detail::config_of<C, agg_normalizer>
+constexpr void visit_config_fields(C& c, F&& f) {
+  f("agg_mode", c.mode), f("denominator", c.denominator), f("scale", c.scale);
+}
+
 //! f(name, field&) for every field of a policy_loss_config, in a fixed order. Fields are double,
 //! bool, an enum, std::size_t (a count) or std::optional of a double or of a rollout correction
 //! configuration (visited as a whole: f(name, std::optional<rollout_correction::config>&)).
@@ -65,11 +81,9 @@ constexpr void visit_config_fields(C& c, F&& f) {
   f("delta", o.delta), f("log_ratio_clamp", o.log_ratio_clamp), f("seq_log_ratio_max", o.seq_log_ratio_max);
   f("seq_gradient", o.seq_gradient), f("tau_pos", o.tau_pos), f("tau_neg", o.tau_neg), f("surrogate", o.surrogate);
   f("abs_penalty", o.abs_penalty), f("square_penalty", o.square_penalty);
-  f("kl_estimator", c.kl.estimator), f("kl_straight_through", c.kl.straight_through);
-  f("kl_input_clamp", c.kl.input_clamp), f("kl_output_clamp", c.kl.output_clamp);
-  f("kl_importance_weighted", c.kl.importance_weighted);
+  visit_config_fields(c.kl, f);
   f("kl_coef", c.kl_coef), f("entropy_coef", c.entropy_coef);
-  f("agg_mode", c.normalizer.mode), f("denominator", c.normalizer.denominator), f("scale", c.normalizer.scale);
+  visit_config_fields(c.normalizer, f);
   f("check_values", c.check_values);
   f("rollout", c.rollout), f("rollout_batch_norm_factor", c.rollout_batch_norm_factor);
 }
@@ -107,6 +121,17 @@ constexpr void visit_result_fields(R& r, F&& f) {
 }
 
 namespace detail {
+
+//! The configuration's type name, for errors.
+template <class C>
+constexpr std::string_view config_name() {
+  if constexpr (std::is_same_v<C, policy_loss_config>) return "policy_loss_config";
+  else if constexpr (std::is_same_v<C, kl_config>) return "kl_config";
+  else {
+    static_assert(std::is_same_v<C, agg_normalizer>);
+    return "agg_normalizer";
+  }
+}
 
 //! Number of doubles a field takes in the flat encoding.
 template <class X>
@@ -187,7 +212,7 @@ void decode_field(std::string_view fn, std::string_view arg, std::string_view pr
 
 }  // namespace detail
 
-//! Number of doubles of encode_config's array.
+//! Number of doubles of encode_config's array of a policy_loss_config.
 inline constexpr std::size_t encoded_config_size = detail::encoded_size<policy_loss_config>();
 //! Number of doubles of encode_result's array.
 inline constexpr std::size_t encoded_result_size = detail::encoded_size<policy_loss_result>();
@@ -207,25 +232,32 @@ template <class S>
   return names;
 }
 
-//! The configuration as encoded_config_size doubles, in visit_config_fields' order: numbers as they
+//! Number of doubles of encode_config's array for a configuration C (policy_loss_config, kl_config,
+//! agg_normalizer).
+template <class C>
+inline constexpr std::size_t encoded_size_of = detail::encoded_size<C>();
+
+//! The configuration as encoded_size_of<C> doubles, in visit_config_fields' order: numbers as they
 //! are, enums as their values, bools 0 / 1, an optional as 0 / 1 and then its value's fields.
-[[nodiscard]] inline std::vector<double> encode_config(const policy_loss_config& cfg) {
+template <class C>
+[[nodiscard]] std::vector<double> encode_config(const C& cfg) {
   std::vector<double> out;
-  out.reserve(encoded_config_size);
+  out.reserve(encoded_size_of<C>);
   visit_config_fields(cfg, [&](std::string_view, const auto& x) { detail::encode_field(out, x); });
   return out;
 }
 
 //! The inverse of encode_config; a wrong length, a bool other than 0 / 1 or a non-integral enum or
 //! count throws ulorl::error naming `fn`, `arg`, the field and its index. Values are not otherwise
-//! checked here: the loss validates the configuration it is given.
-[[nodiscard]] inline policy_loss_config decode_config(std::string_view fn, std::string_view arg,
-                                                      std::span<const double> in) {
-  if (in.size() != encoded_config_size)
+//! checked here: the function given the configuration validates it.
+template <class C = policy_loss_config>
+[[nodiscard]] C decode_config(std::string_view fn, std::string_view arg, std::span<const double> in) {
+  if (in.size() != encoded_size_of<C>)
     detail::fail(fn, arg,
-                 "has " + std::to_string(in.size()) + " values but an encoded policy_loss_config has " +
-                     std::to_string(encoded_config_size) + " (encode_config)");
-  policy_loss_config cfg;
+                 "has " + std::to_string(in.size()) + " values but an encoded " + std::string(detail::config_name<C>()) +
+                     " has " +
+                     std::to_string(encoded_size_of<C>) + " (encode_config)");
+  C cfg;
   std::size_t pos = 0;
   visit_config_fields(cfg, [&](std::string_view name, auto& x) { detail::decode_field(fn, arg, "", name, in, pos, x); });
   return cfg;

@@ -18,7 +18,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _check_nan_options, _fail, _policy_loss_result, _with_gradient
+from .._api import _agg_loss, _check_nan_options, _fail, _kl_penalty, _policy_loss_result, _with_gradient
 from .._ulorl import Error, Normalizer
 from . import _common
 
@@ -120,10 +120,11 @@ def calculate_kl(logprobs: torch.Tensor, logprobs_reference: torch.Tensor, kl_ty
     element-wise, with autograd to ``logprobs`` (0 where a clamp is active). The weights may carry
     their own graph (NeMo-RL passes exp(logp - sg(logp))): they receive the gradient ``kl`` except
     where either clamp is active, as NeMo-RL detaches them under the input clamp."""
-    kl, grad = _ulorl._kl_penalty(logprobs.detach(), logprobs_reference, "nemo_rl", kl_type, input_clamp_value,
-                                  None if importance_sampling_weights is not None else output_clamp_value)
     if importance_sampling_weights is None:
-        return _with_gradient(logprobs, kl, grad, "presets::nemo_rl::calculate_kl")
+        return _kl_penalty(logprobs, logprobs_reference, "nemo_rl", kl_type, input_clamp_value, output_clamp_value)
+    kl, grad = torch.ops.ulorl._kl_penalty_forward(
+        logprobs.detach(), logprobs_reference.detach(), None,
+        _ulorl._kl_config("nemo_rl", kl_type, input_clamp_value, None))
     if input_clamp_value is None:
         free = torch.ones_like(kl, dtype=torch.bool)
     else:
@@ -436,9 +437,9 @@ class ClippedPGLossFn:
             n_correct = float(correct.sum().item())
             if n_correct > 0:
                 w = float(self.positive_example_nll_weight)
-                value, grad = _ulorl._agg_loss(lpd, correct, Normalizer("token_mean", n_correct, -w))
-                loss = loss + _with_gradient(lp, value, grad, _FN)
-                nll = value / w
+                term = _agg_loss(lp, correct, Normalizer("token_mean", n_correct, -w))
+                loss = loss + term
+                nll = term.item() / w
 
         metrics: Dict[str, Any] = {"loss": loss.item()}
         metrics.update(self._ratio_metrics(lpd, prev, mask, result, gt))
@@ -513,8 +514,8 @@ class ClippedPGLossFn:
         gen_kl_error and policy_kl_error (reference_policy_kl_type, no clamps), js_divergence_error,
         approx_entropy. ``gen`` has the -inf generation log-probs replaced by ``prev``."""
         count = float(mask.sum().item()) if gt is None else gt
-        gen_kl, _ = _ulorl._kl_penalty(gen, prev, "nemo_rl", self.reference_policy_kl_type, None, None)
-        policy_kl, _ = _ulorl._kl_penalty(prev, gen, "nemo_rl", self.reference_policy_kl_type, None, None)
+        gen_kl = _kl_penalty(gen.detach(), prev, "nemo_rl", self.reference_policy_kl_type)
+        policy_kl = _kl_penalty(prev.detach(), gen, "nemo_rl", self.reference_policy_kl_type)
         log_mix = torch.log(0.5 * torch.exp(prev) + 0.5 * torch.exp(gen))
         js = 0.5 * (torch.exp(prev - log_mix) - (prev - log_mix) - 1) + 0.5 * (
             torch.exp(gen - log_mix) - (gen - log_mix) - 1)

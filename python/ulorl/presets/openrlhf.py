@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import torch
 
 from .. import _ulorl
-from .._api import _check_nan_options, _fail, _policy_loss_result, _with_gradient
+from .._api import _agg_loss, _check_nan_options, _fail, _kl_penalty, _policy_loss_result
 from . import _common
 
 
@@ -122,8 +122,7 @@ def _aggregate(fn: str, loss: torch.Tensor, mask: Optional[torch.Tensor], token_
     mask = _mask_for(mask, loss)
     norm = _ulorl._openrlhf_normalizer(token_level_loss, _common.counts(mask, tokens=loss.detach()), _number(dp_size),
                                        _number(batch_num_tokens), _number(global_batch_size))
-    value, grad = _ulorl._agg_loss(loss.detach(), mask, norm)
-    return _with_gradient(loss, value, grad, fn)
+    return _agg_loss(loss, mask, norm)
 
 
 def _number(x: Any) -> Optional[float]:
@@ -149,8 +148,7 @@ def compute_approx_kl(log_probs: torch.Tensor, log_probs_base: torch.Tensor, kl_
     computes every dtype."""
     dtype = log_probs.dtype if log_probs.dtype in (torch.float32, torch.float64) else torch.float32
     x = log_probs.to(dtype)
-    kl, grad = _ulorl._kl_penalty(x.detach(), log_probs_base.to(dtype), "openrlhf", kl_estimator, None, None)
-    return _with_gradient(x, kl, grad, "presets::openrlhf::compute_approx_kl")
+    return _kl_penalty(x, log_probs_base.to(dtype), "openrlhf", kl_estimator)
 
 
 def rollout_correction(

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .. import _ulorl
-from .._api import _check_nan_options, _fail, _policy_loss_result, _with_gradient
+from .._api import _agg_loss, _check_nan_options, _fail, _kl_penalty, _policy_loss_result
 from . import _common
 
 SNAPSHOT = "verl-project/verl 1dda039b"
@@ -135,8 +135,7 @@ def agg_loss(
     x = _as(loss_mat, dt)
     norm = _normalizer(loss_agg_mode, loss_mask, _common.padded_length(loss_mat), dp_size, batch_num_tokens,
                        global_batch_size, loss_scale_factor, sum_norm_per_sequence)
-    value, grad = _ulorl._agg_loss(x.detach(), _mask(loss_mask, dt), norm)
-    return _as(_with_gradient(x, value, grad, "presets::verl::agg_loss"), out)
+    return _as(_agg_loss(x, _mask(loss_mask, dt), norm), out)
 
 
 class _UnknownKLPenalty(_ulorl.Error, NotImplementedError):
@@ -151,14 +150,14 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     dt, out = _compute_dtype(logprob, ref_logprob)
     x = _as(logprob, dt)
     try:
-        kl, grad = _ulorl._kl_penalty(x.detach(), _as(ref_logprob, dt), "verl", kl_penalty, None, None)
+        kl = _kl_penalty(x, _as(ref_logprob, dt), "verl", kl_penalty)
     except _ulorl.Error as e:
         if e.argument != "kl_penalty":
             raise
         err = _UnknownKLPenalty(str(e))
         err.function, err.argument, err.index = e.function, e.argument, e.index
         raise err from None
-    return _as(_with_gradient(x, kl, grad, "presets::verl::kl_penalty"), out)
+    return _as(kl, out)
 
 
 # ---- policy losses ------------------------------------------------------------------------------------------

@@ -4,18 +4,22 @@
 //                      offsets?, rollout_log_prob?, float[] config) -> (loss, result)
 //   ulorl::logits_stats(logits, labels, temperature=1, check_values=True, fast_backward=False)
 //                      -> (log_prob, entropy)
+//   ulorl::agg_loss(loss_mat, mask?, offsets?, float[] normalizer) -> loss
+//   ulorl::kl_penalty(log_prob, ref_log_prob, offsets?, float[] config) -> kl
 // and the non-differentiable primitives they are built of (`_policy_loss_forward`,
-// `_logits_stats_forward`, `_logits_stats_backward`). Kernels per dispatch key:
+// `_logits_stats_forward`, `_logits_stats_backward`, `_agg_loss_forward`, `_kl_penalty_forward`,
+// each returning the values and the gradients the autograd kernels keep). Kernels per dispatch key:
 //   CPU     ulorl's CPU kernels (the installed ISA variants) on torch's intra-op pool;
 //   CUDA    the policy loss's device kernel once register_cuda_ops() (ops_cuda.hpp) has set it;
-//           otherwise, and for logits_stats, ulorl::error naming the CUDA tensor;
+//           otherwise, and for the other operators, ulorl::error naming the CUDA tensor;
 //   Meta    shapes and dtypes only, so FakeTensor and torch.compile trace through the calls;
 //   Autograd (the public operators) the exact gradients, computed in the forward pass or by the
 //           backward primitive, differentiable once (a double backward raises ulorl::error);
 //   CompositeExplicitAutograd (the public operators) the primitive without a graph, for calls
 //           under torch.inference_mode and below autograd; the primitives pass autograd by
 //           (their outputs never require grad).
-// `config` is encode_config(policy_loss_config) (ulorl/loss/fields.hpp); `result` is one float64
+// `config` is encode_config of a policy_loss_config, resp. kl_config, and `normalizer` of an
+// agg_normalizer (ulorl/loss/fields.hpp); `result` is one float64
 // tensor [encoded_result_size], decode_result's input: the loss parts, the metrics' sums and the
 // rollout correction's statistics.
 //
@@ -50,7 +54,9 @@
 #include "ulorl/core/error.hpp"
 #include "ulorl/logits/backward.hpp"
 #include "ulorl/logits/forward.hpp"
+#include "ulorl/loss/aggregation.hpp"
 #include "ulorl/loss/fields.hpp"
+#include "ulorl/loss/kl.hpp"
 #include "ulorl/loss/policy_loss.hpp"
 
 ULORL_NAMESPACE_BEGIN
@@ -68,6 +74,9 @@ inline constexpr std::string_view policy_loss_args =
     "Tensor? entropy, Tensor? offsets, Tensor? rollout_log_prob, float[] config)";
 inline constexpr std::string_view logits_stats_args =
     "(Tensor logits, Tensor labels, float temperature=1.0, bool check_values=True, bool fast_backward=False)";
+inline constexpr std::string_view agg_loss_args = "(Tensor loss_mat, Tensor? mask, Tensor? offsets, float[] normalizer)";
+inline constexpr std::string_view kl_penalty_args =
+    "(Tensor log_prob, Tensor ref_log_prob, Tensor? offsets, float[] config)";
 
 [[nodiscard]] inline std::vector<std::string> schemas() {
   const auto s = [](std::string_view name, std::string_view args, std::string_view ret) {
@@ -80,7 +89,11 @@ inline constexpr std::string_view logits_stats_args =
             "(Tensor log_prob, Tensor entropy, Tensor lse, Tensor entropy_f64)"),
           "_logits_stats_backward(Tensor logits, Tensor labels, Tensor lse, Tensor entropy_f64, Tensor? grad_log_prob, "
           "Tensor? grad_entropy, float temperature, bool fast_backward) -> Tensor",
-          s("logits_stats", logits_stats_args, "(Tensor log_prob, Tensor entropy)")};
+          s("logits_stats", logits_stats_args, "(Tensor log_prob, Tensor entropy)"),
+          s("_agg_loss_forward", agg_loss_args, "(Tensor loss, Tensor grad)"),
+          s("agg_loss", agg_loss_args, "Tensor"),
+          s("_kl_penalty_forward", kl_penalty_args, "(Tensor kl, Tensor grad)"),
+          s("kl_penalty", kl_penalty_args, "Tensor")};
 }
 
 namespace detail {
@@ -460,6 +473,144 @@ inline std::tuple<at::Tensor, at::Tensor> logits_stats_composite(const at::Tenso
   return {lp, ent};
 }
 
+// ---- agg_loss and kl_penalty ------------------------------------------------------------------------
+
+//! The forward primitive of agg_loss: CPU (Meta = false) or shapes only. `loss` is 0-dim, `grad`
+//! d loss / d loss_mat, both of loss_mat's dtype.
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor> agg_loss_forward(const at::Tensor& loss_mat, const opt_tensor& mask_,
+                                                    const opt_tensor& offsets, c10::ArrayRef<double> normalizer) {
+  constexpr std::string_view fn = "agg_loss";
+  const at::Tensor m = value_or_undefined(mask_), o = value_or_undefined(offsets);
+  th::detail::require_same_device(fn, "loss_mat", loss_mat, {{"mask", &m}, {"offsets", &o}});
+  const auto norm = decode_config<agg_normalizer>(fn, "normalizer", {normalizer.data(), normalizer.size()});
+  const auto opts = loss_mat.options().dtype(token_dtype(fn, loss_mat));
+  if constexpr (Meta) {
+    return {at::empty({}, opts), at::empty(loss_mat.sizes(), opts)};
+  } else {
+    const offsets_view off = offsets_of(fn, "offsets", o);
+    return with_token_type(fn, "loss_mat", loss_mat, [&](auto tag) {
+      using T = decltype(tag);
+      const token_view<const T> lm = tokens_of<const T>(fn, "loss_mat", loss_mat, off);
+      const at::Tensor mask = byte_mask<T>(fn, "mask", m, off);
+      const auto mv = optional_tokens_of<const std::uint8_t>(fn, "mask", mask, off, "loss_mat", lm);
+      at::Tensor grad = at::empty(loss_mat.sizes(), opts);
+      const double loss = ulorl::agg_loss(lm, mv, tokens_of<T>(fn, "grad", grad, off), norm);
+      return std::make_tuple(at::scalar_tensor(loss, opts), grad);
+    });
+  }
+}
+
+//! The forward primitive of kl_penalty: CPU (Meta = false) or shapes only. `kl` and `grad`
+//! (d kl / d log_prob, element-wise) have log_prob's shape and dtype.
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor> kl_penalty_forward(const at::Tensor& log_prob, const at::Tensor& ref_log_prob,
+                                                      const opt_tensor& offsets, c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "kl_penalty";
+  const at::Tensor o = value_or_undefined(offsets);
+  th::detail::require_same_device(fn, "log_prob", log_prob, {{"ref_log_prob", &ref_log_prob}, {"offsets", &o}});
+  const auto cfg = decode_config<kl_config>(fn, "config", {config.data(), config.size()});
+  const auto opts = log_prob.options().dtype(token_dtype(fn, log_prob));
+  at::Tensor kl = at::empty(log_prob.sizes(), opts), grad = at::empty(log_prob.sizes(), opts);
+  if constexpr (!Meta) {
+    const offsets_view off = offsets_of(fn, "offsets", o);
+    with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+      using T = decltype(tag);
+      ulorl::kl_penalty<T>(tokens_of<const T>(fn, "log_prob", log_prob, off),
+                           tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off), tokens_of<T>(fn, "kl", kl, off),
+                           tokens_of<T>(fn, "grad", grad, off), cfg);
+    });
+  }
+  return {kl, grad};
+}
+
+inline std::tuple<at::Tensor, at::Tensor> agg_loss_forward_on_cuda(const at::Tensor& loss_mat, const opt_tensor&,
+                                                                   const opt_tensor&, c10::ArrayRef<double>) {
+  no_cuda_kernel("agg_loss", "loss_mat", loss_mat, "agg_loss has no CUDA kernel");
+}
+inline std::tuple<at::Tensor, at::Tensor> kl_penalty_forward_on_cuda(const at::Tensor& log_prob, const at::Tensor&,
+                                                                     const opt_tensor&, c10::ArrayRef<double>) {
+  no_cuda_kernel("kl_penalty", "log_prob", log_prob, "kl_penalty has no CUDA kernel");
+}
+
+using agg_loss_forward_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const opt_tensor&, const opt_tensor&,
+                                                                c10::ArrayRef<double>);
+using agg_loss_sig = at::Tensor(const at::Tensor&, const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>);
+using kl_penalty_forward_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                  const opt_tensor&, c10::ArrayRef<double>);
+using kl_penalty_sig = at::Tensor(const at::Tensor&, const at::Tensor&, const opt_tensor&, c10::ArrayRef<double>);
+
+//! The saved gradient times the incoming one (a 0-dim or an element-wise one), differentiable once.
+//! The saved tensor is kept, so backward may run more than once (retain_graph, gradcheck).
+inline at::Tensor scaled_grad(std::string_view fn, std::string_view arg, torch::autograd::AutogradContext* ctx,
+                              const at::Tensor& grad_out) {
+  if (!grad_out.defined()) return {};
+  return th::detail::once_differentiable(fn, arg, ctx->get_saved_variables()[0] * grad_out);
+}
+
+//! The non-tensor arguments of agg_loss / kl_penalty through autograd.
+struct token_op_call {
+  const opt_tensor* mask;
+  const opt_tensor* offsets;
+  c10::ArrayRef<double> config;
+};
+
+struct agg_loss_function : public torch::autograd::Function<agg_loss_function> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& loss_mat, const token_op_call* c) {
+    at::Tensor loss, grad;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(loss, grad) =
+          op<agg_loss_forward_sig>("ulorl::_agg_loss_forward").call(loss_mat, *c->mask, *c->offsets, c->config);
+    }
+    ctx->save_for_backward({grad});
+    return loss;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {scaled_grad("agg_loss", "grad_loss_mat", ctx, grads[0]), at::Tensor()};
+  }
+};
+
+struct kl_penalty_function : public torch::autograd::Function<kl_penalty_function> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& log_prob,
+                            const at::Tensor& ref_log_prob, const token_op_call* c) {
+    at::Tensor kl, grad;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(kl, grad) =
+          op<kl_penalty_forward_sig>("ulorl::_kl_penalty_forward").call(log_prob, ref_log_prob, *c->offsets, c->config);
+    }
+    ctx->save_for_backward({grad});
+    return kl;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {scaled_grad("kl_penalty", "grad_log_prob", ctx, grads[0]), at::Tensor(), at::Tensor()};
+  }
+};
+
+inline at::Tensor agg_loss_autograd(const at::Tensor& loss_mat, const opt_tensor& mask, const opt_tensor& offsets,
+                                    c10::ArrayRef<double> normalizer) {
+  const token_op_call c{&mask, &offsets, normalizer};
+  return agg_loss_function::apply(loss_mat, &c);
+}
+inline at::Tensor agg_loss_composite(const at::Tensor& loss_mat, const opt_tensor& mask, const opt_tensor& offsets,
+                                     c10::ArrayRef<double> normalizer) {
+  return std::get<0>(op<agg_loss_forward_sig>("ulorl::_agg_loss_forward").call(loss_mat, mask, offsets, normalizer));
+}
+inline at::Tensor kl_penalty_autograd(const at::Tensor& log_prob, const at::Tensor& ref_log_prob,
+                                      const opt_tensor& offsets, c10::ArrayRef<double> config) {
+  const opt_tensor none;
+  const token_op_call c{&none, &offsets, config};
+  return kl_penalty_function::apply(log_prob, ref_log_prob, &c);
+}
+inline at::Tensor kl_penalty_composite(const at::Tensor& log_prob, const at::Tensor& ref_log_prob,
+                                       const opt_tensor& offsets, c10::ArrayRef<double> config) {
+  return std::get<0>(
+      op<kl_penalty_forward_sig>("ulorl::_kl_penalty_forward").call(log_prob, ref_log_prob, offsets, config));
+}
+
 }  // namespace detail
 
 //! Registers the `ulorl` operators (schemas and kernels) unless this process has them already.
@@ -473,25 +624,36 @@ inline bool register_ops() {
     cpu.impl("_policy_loss_forward", &detail::policy_loss_forward<false>);
     cpu.impl("_logits_stats_forward", &detail::logits_stats_forward_cpu);
     cpu.impl("_logits_stats_backward", &detail::logits_stats_backward_cpu);
+    cpu.impl("_agg_loss_forward", &detail::agg_loss_forward<false>);
+    cpu.impl("_kl_penalty_forward", &detail::kl_penalty_forward<false>);
     static torch::Library meta(torch::Library::IMPL, "ulorl", c10::DispatchKey::Meta, __FILE__, __LINE__);
     meta.impl("_policy_loss_forward", &detail::policy_loss_forward<true>);
     meta.impl("_logits_stats_forward", &detail::logits_stats_forward_meta);
     meta.impl("_logits_stats_backward", &detail::logits_stats_backward_meta);
+    meta.impl("_agg_loss_forward", &detail::agg_loss_forward<true>);
+    meta.impl("_kl_penalty_forward", &detail::kl_penalty_forward<true>);
     static torch::Library cuda(torch::Library::IMPL, "ulorl", c10::DispatchKey::CUDA, __FILE__, __LINE__);
     cuda.impl("_policy_loss_forward", &detail::policy_loss_forward_on_cuda);
     cuda.impl("_logits_stats_forward", &detail::logits_stats_forward_on_cuda);
     cuda.impl("_logits_stats_backward", &detail::logits_stats_backward_on_cuda);
+    cuda.impl("_agg_loss_forward", &detail::agg_loss_forward_on_cuda);
+    cuda.impl("_kl_penalty_forward", &detail::kl_penalty_forward_on_cuda);
     static torch::Library autograd(torch::Library::IMPL, "ulorl", c10::DispatchKey::Autograd, __FILE__, __LINE__);
     autograd.impl("policy_loss", &detail::policy_loss_autograd);
     autograd.impl("logits_stats", &detail::logits_stats_autograd);
+    autograd.impl("agg_loss", &detail::agg_loss_autograd);
+    autograd.impl("kl_penalty", &detail::kl_penalty_autograd);
     // The primitives are not differentiable: their outputs are gradients and statistics, and
     // autograd passes them by (torch 1.13 has no fallthrough of its own for AutogradMeta).
-    for (const char* name : {"_policy_loss_forward", "_logits_stats_forward", "_logits_stats_backward"})
+    for (const char* name : {"_policy_loss_forward", "_logits_stats_forward", "_logits_stats_backward",
+                             "_agg_loss_forward", "_kl_penalty_forward"})
       autograd.impl(name, torch::CppFunction::makeFallthrough());
     static torch::Library composite(torch::Library::IMPL, "ulorl", c10::DispatchKey::CompositeExplicitAutograd,
                                     __FILE__, __LINE__);
     composite.impl("policy_loss", &detail::policy_loss_composite);
     composite.impl("logits_stats", &detail::logits_stats_composite);
+    composite.impl("agg_loss", &detail::agg_loss_composite);
+    composite.impl("kl_penalty", &detail::kl_penalty_composite);
     return true;
   }();
   return registered;
@@ -543,6 +705,29 @@ inline bool register_ops() {
 [[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats(const at::Tensor& logits, const at::Tensor& labels,
                                                                     double temperature) {
   return logits_stats(logits, labels, logits_config{.temperature = temperature});
+}
+
+//! The aggregated loss of a token matrix (ulorl::agg_loss: scale · Σ L m / D_b) through the
+//! `ulorl::agg_loss` operator: `loss_mat` [B, T] (any strides) or [total] with `offsets`, float32
+//! or float64; `mask` as policy_loss's (undefined: every token valid). A 0-dim tensor of
+//! loss_mat's dtype, differentiable in loss_mat (once).
+[[nodiscard]] inline at::Tensor agg_loss(const at::Tensor& loss_mat, const at::Tensor& mask, const agg_normalizer& norm,
+                                         const at::Tensor& offsets = {}) {
+  ops::register_ops();
+  const auto opt = [](const at::Tensor& t) { return t.defined() ? ops::opt_tensor(t) : ops::opt_tensor(); };
+  return ops::detail::op<ops::detail::agg_loss_sig>("ulorl::agg_loss")
+      .call(loss_mat, opt(mask), opt(offsets), encode_config(norm));
+}
+
+//! The element-wise KL estimate of log_prob against ref_log_prob (ulorl::kl_penalty, every element,
+//! no mask) through the `ulorl::kl_penalty` operator: a tensor of log_prob's shape and dtype,
+//! differentiable in log_prob (once); ref_log_prob is a constant.
+[[nodiscard]] inline at::Tensor kl_penalty(const at::Tensor& log_prob, const at::Tensor& ref_log_prob,
+                                           const kl_config& cfg, const at::Tensor& offsets = {}) {
+  ops::register_ops();
+  return ops::detail::op<ops::detail::kl_penalty_sig>("ulorl::kl_penalty")
+      .call(log_prob, ref_log_prob, offsets.defined() ? ops::opt_tensor(offsets) : ops::opt_tensor(),
+            encode_config(cfg));
 }
 
 }  // namespace th
