@@ -312,7 +312,7 @@ TEST_CASE("entropy controller: each field out of range in a checksummed payload 
       {"target_entropy -0.1", "target_entropy", [](entropy_raw& r) { r.target_entropy = -0.1; }},
       {"target_entropy 2e6", "target_entropy", [](entropy_raw& r) { r.target_entropy = 2e6; }},
       {"target_entropy NaN", "target_entropy", [](entropy_raw& r) { r.target_entropy = qnan; }},
-      {"init_coef above max_coef", "init_coef", [](entropy_raw& r) { r.init_coef = 0.2; }},
+      {"init_coef beyond 1e6", "init_coef", [](entropy_raw& r) { r.init_coef = 2e6; }},
       {"init_coef NaN", "init_coef", [](entropy_raw& r) { r.init_coef = qnan; }},
       {"step_up -1", "step_up", [](entropy_raw& r) { r.step_up = -1; }},
       {"step_down inf", "step_down", [](entropy_raw& r) { r.step_down = inf; }},

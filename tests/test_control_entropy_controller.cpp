@@ -124,7 +124,8 @@ TEST_CASE("entropy controller rejects bad configuration, input and checkpoints",
   CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.min_coef = -1}); }) == "min_coef");
   CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.max_coef = inf}); }) == "max_coef");
   CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.min_coef = 0.2, .max_coef = 0.1}); }) == "max_coef");
-  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.init_coef = 0.5}); }) == "init_coef");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.init_coef = 2e6}); }) == "init_coef");
+  CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.init_coef = nan}); }) == "init_coef");
   CHECK(arg_of([&] { ulorl::entropy_controller c(cfg{.rule = static_cast<ulorl::entropy_control_rule>(7)}); }) == "rule");
   ulorl::entropy_controller c;
   CHECK(arg_of([&] { c.update(nan); }) == "entropy");
@@ -224,7 +225,8 @@ TEST_CASE("TRL adaptive entropy preset matches the oracle", "[control][entropy][
   for (int trial = 0; trial < 80; ++trial) {
     const double target = trial % 4 == 0 ? 0.2 : 1.5 * u(rng), delta = trial % 3 == 0 ? 0.005 : 0.1 * u(rng);
     const double lo = trial % 2 == 0 ? 0.0 : 0.01 * u(rng), hi = lo + (trial % 5 == 0 ? 1.0 : 0.2 * u(rng));
-    const double c0 = lo + (hi - lo) * u(rng);
+    // A fifth of the trials start outside [lo, hi] (TRL accepts it: each update bounds one side).
+    const double c0 = trial % 5 == 1 ? hi + 0.3 * u(rng) : trial % 5 == 2 ? lo - 0.05 * u(rng) : lo + (hi - lo) * u(rng);
     std::vector<double> h(1 + static_cast<std::size_t>(u(rng) * 150));
     for (auto& x : h) x = u(rng) < 0.15 ? target : 2.0 * target * u(rng) + (u(rng) < 0.05 ? 1.0 : 0.0);
     const auto want = trl_adaptive_oracle(c0, target, delta, lo, hi, h);
@@ -321,7 +323,7 @@ TEST_CASE("TRL adaptive entropy: save/restore mid-run, version 1 payloads, rejec
   CHECK(arg_of([&] { (void)ulorl::entropy_controller::restore(with_byte(a.save(), 12, 3)); }) == "bytes");
   // The preset's options go through the controller's checks.
   CHECK(arg_of([&] {
-          ulorl::entropy_controller e(ulorl::presets::trl::adaptive_entropy({.entropy_coef = 2.0}));
+          ulorl::entropy_controller e(ulorl::presets::trl::adaptive_entropy({.entropy_coef = 2e6}));
         }) == "init_coef");
   CHECK(arg_of([&] {
           ulorl::entropy_controller e(ulorl::presets::trl::adaptive_entropy({.entropy_coef_delta = -0.1}));
@@ -336,4 +338,29 @@ TEST_CASE("TRL adaptive entropy: save/restore mid-run, version 1 payloads, rejec
   ulorl::entropy_controller t(ulorl::presets::trl::adaptive_entropy());
   CHECK(arg_of([&] { t.update(std::nan("")); }) == "entropy");
   CHECK(t.state().updates == 0);
+}
+
+TEST_CASE("entropy controller: a start outside [min_coef, max_coef] moves one bounded step per update and checkpoints",
+          "[control][entropy][trl][checkpoint]") {
+  // TRL: raise -> min(c + delta, max), lower -> max(c - delta, min); only the side moved towards is bounded.
+  ulorl::entropy_controller a(ulorl::presets::trl::adaptive_entropy(
+      {.entropy_coef = 0.5, .entropy_target = 0.2, .entropy_coef_delta = 0.125, .entropy_coef_min = 0.0, .entropy_coef_max = 0.25}));
+  CHECK(a.update(0.3) == 0.375);  // lowering from above max_coef: max(0.5 - 0.125, 0) = 0.375 > max_coef
+  const auto mid = ulorl::entropy_controller::restore(a.save());
+  CHECK(mid.value() == 0.375);
+  CHECK(a.update(0.1) == 0.25);  // a raise is bounded by max_coef: min(0.5, 0.25)
+  CHECK(a.update(0.3) == 0.125);
+  ulorl::entropy_controller below({.target_entropy = 0.2, .init_coef = -0.25, .step_up = 0.125, .step_down = 0.125,
+                                   .min_coef = 0.0, .max_coef = 1.0});
+  CHECK(below.update(0.3) == 0.0);    // lowering from below min_coef is bounded by min_coef
+  ulorl::entropy_controller below2({.target_entropy = 0.2, .init_coef = -0.25, .step_up = 0.125, .step_down = 0.125,
+                                    .min_coef = 0.0, .max_coef = 1.0});
+  CHECK(below2.update(0.1) == -0.125);  // a raise from below min_coef stays below it
+  CHECK(ulorl::entropy_controller::restore(below2.save()).value() == -0.125);
+  // A checkpoint's coefficient outside [min(init, min), max(init, max)] is refused.
+  ulorl::entropy_controller_state s = a.state();
+  s.coef = 0.75;
+  CHECK(arg_of([&] { ulorl::validate(a.config(), s, "entropy_controller::restore"); }) == "state.coef");
+  s.coef = -0.01;
+  CHECK(arg_of([&] { ulorl::validate(a.config(), s, "entropy_controller::restore"); }) == "state.coef");
 }

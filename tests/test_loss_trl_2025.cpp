@@ -379,7 +379,11 @@ TEST_CASE("top_entropy_mask and vespo_weights reject bad input and write nothing
 
 TEST_CASE("trl 2025: cispo / sapo configurations are validated; policy_loss writes nothing on error") {
   using T = P::trl::importance_sampling_kind;
-  REQUIRE_THROWS_AS(P::trl::objective({.epsilon_high = 0.5, .loss_type = LT::cispo}), ulorl::error);
+  REQUIRE_THROWS_AS(P::trl::objective({.epsilon_high = -0.5, .loss_type = LT::cispo}), ulorl::error);
+  // A ratio cap below 1 is TRL's too: min(r, 0.5), lo = 0.
+  const auto capped = P::trl::objective({.epsilon_high = 0.5, .loss_type = LT::cispo});
+  REQUIRE(1.0 + capped.eps_high == 0.5);
+  REQUIRE(capped.eps_low == 1.0);
   REQUIRE_THROWS_AS(P::trl::objective({.importance_sampling_level = T::sequence_token, .loss_type = LT::vespo}), ulorl::error);
   std::mt19937_64 rng(3);
   const problem p = random_problem(rng, 3, 4);

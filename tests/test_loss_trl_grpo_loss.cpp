@@ -78,7 +78,6 @@ oracle_out oracle(const batch& x, const options& o, const std::vector<double>& l
   const std::size_t B = x.B, T = x.T;
   const double el = o.epsilon, eh = o.epsilon_high.value_or(o.epsilon);
   const bool tok = o.importance_sampling_level == IS::token, seq = o.importance_sampling_level == IS::sequence;
-  const bool seq_tok = o.importance_sampling_level == IS::sequence_token;
   const LT lt = o.loss_type;
   const bool clip_family = lt == LT::grpo || lt == LT::bnpo || lt == LT::dr_grpo || lt == LT::dapo || lt == LT::luspo;
   std::vector<double> n(B, 0.0), w(B, 0.0), wd(B, 0.0);
@@ -155,7 +154,7 @@ oracle_out oracle(const batch& x, const options& o, const std::vector<double>& l
         case LT::dr_grpo:
         case LT::dapo:
         case LT::luspo: {
-          if (o.delta && !seq_tok) c1p = std::min(c1, *o.delta);
+          if (o.delta) c1p = std::min(c1, *o.delta);
           const double c2 = clamp(c1, 1.0 - el, 1.0 + eh);
           p = -std::min(c1p * A, c2 * A);
           break;
@@ -331,6 +330,24 @@ std::vector<mode> modes(std::size_t T) {
        .top_entropy_quantile = 0.5, .entropy_coef = 0.05},
       T, true);
   add("dapo token bias-kl bonus", {.loss_type = LT::dapo, .beta = 0.04, .use_bias_correction_kl = true, .entropy_coef = 0.1});
+  // The bias-corrected KL where the KL term runs outside policy_loss: TRL's undetached ratio,
+  // exp(logp - old) (luspo token) or exp(w_b) with its gradient through the row mean.
+  add("luspo token bias-kl", {.loss_type = LT::luspo, .beta = 0.06, .use_bias_correction_kl = true});
+  add("luspo sequence bias-kl top-entropy", {.loss_type = LT::luspo, .beta = 0.05, .importance_sampling_level = IS::sequence,
+                                             .use_bias_correction_kl = true, .top_entropy_quantile = 0.7});
+  add("sapo sequence bias-kl", {.loss_type = LT::sapo, .beta = 0.07, .importance_sampling_level = IS::sequence,
+                                .use_bias_correction_kl = true});
+  add("cispo sequence bias-kl cap below 1", {.loss_type = LT::cispo, .epsilon_high = 0.95, .beta = 0.05,
+                                             .importance_sampling_level = IS::sequence, .use_bias_correction_kl = true});
+  add("vespo sequence bias-kl", {.loss_type = LT::vespo, .beta = 0.05, .importance_sampling_level = IS::sequence,
+                                 .use_bias_correction_kl = true});
+  add("cispo token cap below 1 bias-kl", {.loss_type = LT::cispo, .epsilon_high = 0.9, .beta = 0.02,
+                                          .use_bias_correction_kl = true});
+  // GSPO-token's delta caps the row's ratio (value, own-token gradient and clip flags).
+  add("dapo sequence_token delta beta", {.loss_type = LT::dapo, .delta = 1.02, .beta = 0.03,
+                                         .importance_sampling_level = IS::sequence_token});
+  add("grpo sequence_token delta is[B,1]", {.loss_type = LT::grpo, .epsilon_high = 0.01, .delta = 1.005,
+                                            .importance_sampling_level = IS::sequence_token}, 1);
   return m;
 }
 
@@ -519,18 +536,15 @@ TEST_CASE("trl grpo_loss: hostile inputs raise ulorl::error naming the argument 
   expect("sequence_token with an entropy bonus", none,
          options{.importance_sampling_level = IS::sequence_token, .entropy_coef = 0.1},
          "entropy_coef", -1);
-  expect("luspo with bias-corrected KL", none, options{.loss_type = LT::luspo, .beta = 0.1, .use_bias_correction_kl = true},
-         "use_bias_correction_kl", -1);
-  expect("sequence-level sapo with bias-corrected KL", none,
-         options{.loss_type = LT::sapo, .beta = 0.1, .importance_sampling_level = IS::sequence, .use_bias_correction_kl = true},
-         "use_bias_correction_kl", -1);
-  expect("sequence-level cispo with bias-corrected KL", none,
-         options{.loss_type = LT::cispo, .epsilon_high = 1.2, .beta = 0.1, .importance_sampling_level = IS::sequence,
-                 .use_bias_correction_kl = true},
-         "use_bias_correction_kl", -1);
-  expect("sequence-level vespo with bias-corrected KL", none,
-         options{.loss_type = LT::vespo, .beta = 0.1, .importance_sampling_level = IS::sequence, .use_bias_correction_kl = true},
-         "use_bias_correction_kl", -1);
+  {
+    INFO("cispo with a negative ratio cap (the objective's check)");
+    library_case<double> c(x, {.ref = true, .sampling = true, .entropies = true}, sentinel);
+    require_rejected(outcome_of([&] {
+                       (void)P::trl::grpo_loss(c.in, c.out, options{.loss_type = LT::cispo, .epsilon_high = -0.5});
+                     }),
+                     "presets::trl::objective", "epsilon_high", -1);
+    REQUIRE(all_equal(c.grad, sentinel));
+  }
   expect("gradient_accumulation_steps 0", none, options{.gradient_accumulation_steps = 0}, "gradient_accumulation_steps", -1);
   expect("num_processes -1", none, options{.num_processes = -1}, "num_processes", -1);
   expect("dr_grpo without a length", none, options{.loss_type = LT::dr_grpo, .max_completion_length = 0},

@@ -2,7 +2,7 @@
 // reference_reset_policy), then a few updates with fuzzed measurements. Restoring either throws
 // ulorl::error or gives a controller whose save() is the restored bytes exactly; every update
 // either throws (and changes nothing) or keeps the controller's invariants: a finite coefficient
-// within [min_coef, max_coef], counters that count, and a checkpoint that restores to the same
+// within [min_coef, max_coef] (entropy: [min(init_coef, min_coef), max(init_coef, max_coef)]), counters that count, and a checkpoint that restores to the same
 // bytes. The first input byte picks the controller (byte % 3), the mode ((byte / 3) % 2) and the
 // path ((byte / 6) % 2):
 //   raw         the rest of the input is the checkpoint;
@@ -125,7 +125,7 @@ void entropy_fields(byte_writer& w, FuzzedDataProvider& p) {
 void check(const ulorl::entropy_controller& e) {
   const auto& c = e.config();
   FUZZ_CHECK(std::isfinite(e.value()));
-  FUZZ_CHECK(e.value() >= c.min_coef && e.value() <= c.max_coef);
+  FUZZ_CHECK(e.value() >= std::fmin(c.init_coef, c.min_coef) && e.value() <= std::fmax(c.init_coef, c.max_coef));
 }
 
 void run_entropy(std::span<const std::byte> b, FuzzedDataProvider& p, bool via_file) {

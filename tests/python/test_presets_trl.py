@@ -134,7 +134,8 @@ def grpo_oracle(lp, old, adv, m, c, ref=None, samp=None, ent=None, ratio_is=None
                         "clip_ratio/low_min": float(row_mean(low, m).min()),
                         "clip_ratio/high_max": float(row_mean(high, m).max())})
     elif lt == "cispo":
-        met["cispo_clip_ratio"] = float((((rr > eps_hi) & (A > 0)).double() * m).sum() / m.sum())
+        flags = ((rr > eps_hi) & (A > 0)).double()
+        met["cispo_clip_ratio"] = float(flags.mean() if rr.shape[1] == 1 else (flags * m).sum() / m.sum())
     elif lt == "vespo":
         met["vespo/phi_seq_mean"] = float(phi.mean())
     return loss, met
@@ -221,6 +222,18 @@ CASES = [
     dict(loss_type="vespo", importance_sampling_level="token", vllm=True, num_items_in_batch=19.0),
     dict(loss_type="grpo", importance_sampling_level="sequence_token", delta=1.1, vllm=True),
     dict(loss_type="dapo", importance_sampling_level="sequence_token", delta=1.3, beta=0.04, num_items_in_batch=23.0),
+    dict(loss_type="bnpo", importance_sampling_level="sequence_token", delta=1.02, epsilon_high=0.01),
+    # the bias-corrected KL with TRL's undetached ratio: the token's (luspo) or the row's, whose
+    # gradient reaches the row's tokens through the mean
+    dict(loss_type="luspo", importance_sampling_level="token", beta=0.05, use_bias_correction_kl=True),
+    dict(loss_type="luspo", importance_sampling_level="sequence", beta=0.04, use_bias_correction_kl=True,
+         top_entropy_quantile=0.6),
+    dict(loss_type="sapo", importance_sampling_level="sequence", beta=0.05, use_bias_correction_kl=True),
+    dict(loss_type="cispo", importance_sampling_level="sequence", epsilon_high=0.9, beta=0.04,
+         use_bias_correction_kl=True, num_items_in_batch=19.0),
+    dict(loss_type="vespo", importance_sampling_level="sequence", beta=0.03, use_bias_correction_kl=True,
+         num_items_in_batch=19.0),
+    dict(loss_type="cispo", importance_sampling_level="token", epsilon_high=0.95, num_items_in_batch=19.0),
 ]
 
 
@@ -270,6 +283,23 @@ def test_adaptive_entropy_gate_and_update(gen):
         assert tr.entropy_coef == pytest.approx(steps[-1], abs=1e-15)
         assert tr._last_world_entropy == pytest.approx(h, rel=1e-12)
     assert tr._metrics["train"]["entropy_coef"] == pytest.approx(steps[1:], abs=1e-15)
+
+
+@pytest.mark.parametrize("target,want", [(5.0, [1.0, 1.0, 1.0]), (0.0, [1.495, 1.49, 1.485])])
+def test_adaptive_entropy_from_a_coefficient_above_its_maximum(gen, target, want):
+    # TRL accepts entropy_coef outside [entropy_coef_min, entropy_coef_max]: a raise is bounded by the
+    # maximum (min(c + delta, max)), a lowering only by the minimum (max(c - delta, min)).
+    c = dict(loss_type="dapo", importance_sampling_level="token", epsilon=0.2, epsilon_high=0.2,
+             num_items_in_batch=17.0)
+    lp, old, ref, samp, ent, mask, adv = batch(gen)
+    tr = Trainer(c, lp.clone().requires_grad_(), ent.clone().requires_grad_(), coef=1.5, adaptive=True, target=target)
+    applied = 0.0  # the first step's bonus is off (the last entropy is +inf)
+    for step in range(3):
+        loss = tr._compute_loss(None, inputs_of(lp, old, ref, samp, mask, adv, None, c))
+        ref_loss, _ = grpo_oracle(lp, old, adv, mask.double(), c, ent=ent, coef=applied)
+        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-12, abs=1e-14)
+        assert tr.entropy_coef == pytest.approx(want[step], abs=1e-14)
+        applied = tr.entropy_coef if target > 0.0 else 0.0
 
 
 # ---- trl.trainer.utils ------------------------------------------------------------------------------

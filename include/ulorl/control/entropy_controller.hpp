@@ -5,7 +5,7 @@
 //                  c <- c - step_down  if H > target + tolerance          (Skywork-OR1's adaptive
 //                                                                          entropy control, Δ = 0.005)
 //   proportional:  c <- c + gain · (target - H)                           (outside the dead band)
-//   bounds:        c <- clamp(c, min_coef, max_coef)
+//   bounds:        c <- min(c, max_coef) after a raise, max(c, min_coef) after a lowering
 //   applied:       alpha = c · [H <= target]  when gate_above_target, else alpha = c
 // The gate is Skywork-OR1's: the bonus only acts while entropy is at or below the target, so the
 // controller never pushes entropy up past it. Two typed options give TRL's `use_adaptive_entropy`
@@ -13,8 +13,11 @@
 // update instead of the batch's own (closed before the first update: TRL's H_prev = +inf), and
 // `raise_at_target` makes H == target - tolerance raise c (TRL: c <- min(c + delta, max) when
 // H <= target, else c <- max(c - delta, min)). Every number of the configuration and every measured
-// entropy has magnitude <= entropy_controller_limit (1e6), so each update is finite and the
-// coefficient stays in [min_coef, max_coef]. Small explicit state machine; its state checkpoints
+// entropy has magnitude <= entropy_controller_limit (1e6), so each update is finite. Each update
+// bounds c on the side it moves (TRL's min(c + delta, max) / max(c - delta, min)): from init_coef
+// in [min_coef, max_coef] the coefficient stays there (the same as clamping to both bounds); from
+// an init_coef outside, which TRL accepts, it moves towards the range by one step per update and
+// stays in [min(init_coef, min_coef), max(init_coef, max_coef)]. Small explicit state machine; its state checkpoints
 // exactly (core/checkpoint.hpp's envelope, payload in docs/checkpoints.md).
 #pragma once
 
@@ -47,7 +50,7 @@ inline constexpr double entropy_controller_limit = 1e6;
 struct entropy_controller_config {
   entropy_control_rule rule = entropy_control_rule::step;
   double target_entropy = 0.2;  //!< nats, in [0, 1e6] (same default as UloRL's sigma)
-  double init_coef = 0.0;       //!< initial c, in [min_coef, max_coef]
+  double init_coef = 0.0;       //!< initial c, in [-1e6, 1e6] (outside [min_coef, max_coef]: see above)
   double step_up = 0.005;       //!< step rule: increase when below target, in [0, 1e6]
   double step_down = 0.005;     //!< step rule: decrease when above target, in [0, 1e6]
   double gain = 0.05;           //!< proportional rule: dc / dH error, in [0, 1e6]
@@ -61,7 +64,8 @@ struct entropy_controller_config {
   bool raise_at_target = false;
 };
 
-//! Invariants (re-checked by every update and by restore): coef finite in [min_coef, max_coef];
+//! Invariants (re-checked by every update and by restore): coef finite in [min(init_coef, min_coef),
+//! max(init_coef, max_coef)];
 //! updates <= control_counter_limit; last_entropy finite with magnitude <= 1e6; before the first
 //! update coef == init_coef and last_entropy == 0.
 struct entropy_controller_state {
@@ -84,15 +88,13 @@ inline void validate(const entropy_controller_config& c, std::string_view fn = "
   require_finite(fn, "max_coef", c.max_coef);
   if (!(c.max_coef >= c.min_coef)) detail::fail_value(fn, "max_coef", c.max_coef, "must be >= min_coef");
   detail::require_in_range(fn, "max_coef", c.max_coef, c.min_coef, L);
-  require_finite(fn, "init_coef", c.init_coef);
-  if (!(c.init_coef >= c.min_coef && c.init_coef <= c.max_coef))
-    detail::fail_value(fn, "init_coef", c.init_coef, "must lie in [min_coef, max_coef]");
+  detail::require_in_range(fn, "init_coef", c.init_coef, -L, L);
 }
 
 //! Throws ulorl::error naming the first field of `s` that breaks an invariant of
 //! entropy_controller_state under the (validated) configuration `c`.
 inline void validate(const entropy_controller_config& c, const entropy_controller_state& s, std::string_view fn) {
-  detail::require_in_range(fn, "state.coef", s.coef, c.min_coef, c.max_coef);
+  detail::require_in_range(fn, "state.coef", s.coef, std::fmin(c.init_coef, c.min_coef), std::fmax(c.init_coef, c.max_coef));
   detail::require_counter(fn, "state.updates", s.updates);
   detail::require_in_range(fn, "state.last_entropy", s.last_entropy, -entropy_controller_limit, entropy_controller_limit);
   if (s.updates == 0) {
@@ -148,7 +150,7 @@ inline void require_entropy(std::string_view fn, double entropy) {
 }
 
 //! The transition: folds one measured mean entropy into the state. Checks the configuration and
-//! the state first. Invariant: min_coef <= coef <= max_coef.
+//! the state first. A raise is bounded by max_coef, a lowering by min_coef (module comment).
 [[nodiscard]] inline entropy_controller_state entropy_update(const entropy_controller_config& c,
                                                              entropy_controller_state s, double entropy) {
   constexpr std::string_view fn = "entropy_controller::update";
@@ -159,13 +161,14 @@ inline void require_entropy(std::string_view fn, double entropy) {
   ++s.updates;
   s.last_entropy = entropy;
   const double err = c.target_entropy - entropy;  // > 0: entropy too low, raise the bonus
-  double v = s.coef;
+  const double v = s.coef;
   if (err > c.tolerance || (c.raise_at_target && err == c.tolerance)) {
-    v = c.rule == entropy_control_rule::step ? v + c.step_up : v + c.gain * err;
+    const double up = c.rule == entropy_control_rule::step ? v + c.step_up : v + c.gain * err;
+    s.coef = up > c.max_coef ? c.max_coef : up;
   } else if (err < -c.tolerance) {
-    v = c.rule == entropy_control_rule::step ? v - c.step_down : v + c.gain * err;
+    const double down = c.rule == entropy_control_rule::step ? v - c.step_down : v + c.gain * err;
+    s.coef = down < c.min_coef ? c.min_coef : down;
   }
-  s.coef = v < c.min_coef ? c.min_coef : (v > c.max_coef ? c.max_coef : v);
   return s;
 }
 
@@ -274,8 +277,9 @@ struct adaptive_entropy_params {
 //! alpha = c · [H_prev <= target] (H_prev = +inf before the first step: bonus()), then
 //! update(H) sets c <- min(c + delta, max) if H <= target, else c <- max(c - delta, min).
 //! The step rule with step_up = step_down = delta, no dead band, raise_at_target and a gate on
-//! the last update's entropy. The controller's checks apply (entropy_coef in [min, max], every
-//! value in [0, 1e6]).
+//! the last update's entropy. An entropy_coef outside [min, max] is accepted, as TRL does: each
+//! update bounds only the side it moves towards. The controller's checks apply (every value in
+//! [0, 1e6], entropy_coef in [-1e6, 1e6]).
 [[nodiscard]] constexpr entropy_controller_config adaptive_entropy(const adaptive_entropy_params& p = {}) noexcept {
   return {.rule = entropy_control_rule::step,
           .target_entropy = p.entropy_target,

@@ -344,10 +344,14 @@ struct cispo_objective : detail::builtin_objective<objective_kind::cispo> {
     o.flags.high = (r > hi) & (a.adv > typename L::value_type(0));
     return o;
   }
-  //! eps_low = 1 is allowed: lo = 0 turns the clamp into TRL's one-sided min(r, 1 + eps_high).
+  //! eps_low = 1 is allowed: lo = 0 turns the clamp into TRL's one-sided min(r, 1 + eps_high),
+  //! whose cap may then lie below 1 (eps_high in [-1, 0): TRL's epsilon_high < 1).
   void validate(std::string_view fn) const {
     objective_config c = config;
-    if (c.eps_low == 1.0) c.eps_low = 0.0;
+    if (c.eps_low == 1.0) {
+      c.eps_low = 0.0;
+      if (c.eps_high >= -1.0 && c.eps_high < 0.0) c.eps_high = 0.0;
+    }
     detail::validate_objective_common(fn, c);
   }
 };

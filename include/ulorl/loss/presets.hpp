@@ -858,10 +858,10 @@ struct objective_options {
 
 //! GRPOTrainer's objective of a token. grpo / bnpo / dr_grpo / dapo / luspo: importance weight
 //! exp(w) (no clamp) clipped to [1 - epsilon, 1 + epsilon_high], optional delta cap; the sequence
-//! level is gspo (gradient through the mean), sequence_token gspo with the own-token gradient.
-//! cispo: -sg(min(r, epsilon_high)) A logp (cispo with lo = 0, hi = epsilon_high; no delta);
-//! sapo: the sapo temperatures; vespo: the policy gradient (its weight phi_b: vespo.hpp); sequence_token
-//! ignores delta (the GSPO-token trainer has none). For cispo
+//! level is gspo (gradient through the mean), sequence_token (GSPO-token) gspo with the own-token
+//! gradient, delta capping the row's ratio as in TRL's GSPO-token trainer.
+//! cispo: -sg(min(r, epsilon_high)) A logp (cispo with lo = 0, hi = epsilon_high >= 0; no delta);
+//! sapo: the sapo temperatures; vespo: the policy gradient (its weight phi_b: vespo.hpp). For cispo
 //! and sapo the configuration is the token-level one: at the sequence level the caller gives the
 //! sequence log-ratio as each token's log-ratio (docs/losses.md §13). sequence_token admits only
 //! grpo / bnpo / dr_grpo / dapo.
@@ -887,8 +887,7 @@ struct objective_options {
       if (level == importance_sampling_kind::sequence_token && o.loss_type == loss_type_kind::luspo)
         detail::fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only");
       c.kind = level == importance_sampling_kind::token ? objective_kind::ppo_clip : objective_kind::gspo;
-      // GSPO-token's trainer has no delta: a delta given is not applied.
-      if (level == importance_sampling_kind::sequence_token) c.seq_gradient = sequence_gradient::own_token, c.delta = 0.0;
+      if (level == importance_sampling_kind::sequence_token) c.seq_gradient = sequence_gradient::own_token;
       return c;
     case loss_type_kind::cispo:
     case loss_type_kind::sapo:
@@ -900,7 +899,7 @@ struct objective_options {
   switch (o.loss_type) {
     case loss_type_kind::cispo: {
       const double cap = o.epsilon_high.value_or(o.epsilon);
-      if (!(cap >= 1.0)) detail::fail_value(fn, "epsilon_high", cap, "cispo: the ratio cap must be >= 1");
+      if (!(cap >= 0.0)) detail::fail_value(fn, "epsilon_high", cap, "cispo: the ratio cap must be >= 0");
       c.kind = objective_kind::cispo, c.eps_low = 1.0, c.eps_high = cap - 1.0;
       break;
     }

@@ -5,16 +5,20 @@
 //   ω      = logp − old per token, or ω_b = Σ_t (logp − old) m / max(n_b, 1) (sequence levels)
 //   p      = the loss type's policy term of exp(ω) (presets::trl::objective)
 //   p     ← p · keep_b · E · q          (vespo: p · keep_b · E · φ_b; the factors are detached)
-//   ℓ      = p + β κ,  κ = k3 of ref (times exp(ω) with use_bias_correction_kl)
+//   ℓ      = p + β κ,  κ = k3 of ref (times exp(ω) with use_bias_correction_kl: TRL's undetached
+//            ratio, the token's or the row's, whose gradient then reaches every valid token)
 //   loss   = the loss type's aggregation of ℓ (presets::trl::normalizer) − coef · TRL's entropy mean
 //
 // keep is the off-policy sequence mask (masking/off_policy.hpp), E the top-entropy mask
 // (masking/entropy_quantile.hpp), q the vLLM importance-sampling ratio, φ VESPO's weight
 // (loss/vespo.hpp). Sequence-level cispo and sapo run the token objective with old' = logp − ω_b
 // (each token's log-ratio is the row's); sapo's gradient is then averaged over the row's valid
-// tokens (the gradient through the mean) and its KL term added after that. luspo weighs row b by
-// n_b: at the token level over every position, padding included (an all-ones mask), its KL term
-// likewise; its clip metrics are those of the valid tokens. docs/losses.md §13 gives every formula.
+// tokens (the gradient through the mean). Their KL term, and sequence-level vespo's, is added after
+// policy_loss, with the sequence ratio exp(ω_b) as the bias correction's weight. luspo weighs row b
+// by n_b: at the token level over every position, padding included (an all-ones mask), its KL term
+// likewise (at both levels); its clip metrics are those of the valid tokens. GSPO-token
+// (sequence_token) is the clipped surrogate on exp(ω_b) with each token's own gradient, delta
+// included. docs/losses.md §13 gives every formula.
 //
 // Scratch: the call allocates its intermediate arrays (std::vector): [B, T] arrays of T for the
 // broadcast advantages and, as the options need them, the product of the multipliers, the
@@ -143,11 +147,10 @@ inline namespace ULORL_ISA {
 //! TRL's loss of one micro-batch (the composition above): writes d loss / d per_token_logps and,
 //! when given, d loss / d entropies; returns the loss, its parts and the metrics. Everything is
 //! validated before anything is written (ulorl::error naming the function, the argument and the
-//! index): the options (TRL's rejections: sequence_token with use_bias_correction_kl or an entropy
-//! bonus, top_entropy_quantile outside [0, 1]; and use_bias_correction_kl with beta != 0 for
-//! sequence-level cispo / sapo / vespo or luspo, which this composition does not offer), the padded
-//! layout and the shapes, the required inputs and outputs, the values. `exec` runs policy_loss's rows (the results are the same bits for every
-//! executor).
+//! index): the options (sequence_token with use_bias_correction_kl or an entropy bonus, which
+//! TRL's GSPO-token trainer does not have; top_entropy_quantile outside [0, 1]), the padded layout
+//! and the shapes, the required inputs and outputs, the values. `exec` runs policy_loss's rows (the
+//! results are the same bits for every executor).
 template <class T, class M, class Exec>
 [[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out,
                                          const grpo_loss_options& o, const Exec& exec) {
@@ -172,9 +175,10 @@ template <class T, class M, class Exec>
   const bool luspo = loss_type == LT::luspo;
   const bool luspo_tokens = luspo && !seq;
   const bool vespo = loss_type == LT::vespo;
-  // luspo's and sequence-level sapo's KL term is added after policy_loss: its weights differ from
-  // the objective's (luspo), or the objective's gradient is averaged over the row first (sapo).
-  const bool separate_kl = luspo || sapo_seq;
+  // The KL term is added after policy_loss where its weights differ from the objective's (luspo) or
+  // where the objective's ratio is not TRL's exp(ω_b) with its gradient through the mean
+  // (sequence-level cispo and sapo run on a derived log-ratio, vespo has no ratio).
+  const bool separate_kl = luspo || derived_seq || (seq && vespo);
   const double beta = o.beta, rho = o.top_entropy_quantile, coef = o.entropy_coef;
 
   // ---- options ----
@@ -186,12 +190,6 @@ template <class T, class M, class Exec>
       detail::fail(fn, "use_bias_correction_kl", "sequence_token (GSPO-token) has no bias-corrected KL");
     if (coef != 0.0) detail::fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus");
   }
-  // The bias-corrected KL is policy_loss's importance-weighted estimator: unavailable where the KL
-  // term runs outside policy_loss (luspo, sequence-level sapo), where each token's log-ratio is
-  // derived (sequence-level cispo), or where it would weigh by the token ratio instead of the
-  // sequence ratio (sequence-level vespo, whose objective has no ratio).
-  if (o.use_bias_correction_kl && beta != 0.0 && (derived_seq || (seq && vespo) || luspo))
-    detail::fail(fn, "use_bias_correction_kl", "not supported with sequence-level cispo / sapo / vespo or with luspo");
   if (o.off_policy_mask_threshold) require_finite(fn, "off_policy_mask_threshold", *o.off_policy_mask_threshold);
   require_divisor(fn, "gradient_accumulation_steps", o.gradient_accumulation_steps);
   require_divisor(fn, "num_processes", o.num_processes);
@@ -362,7 +360,7 @@ template <class T, class M, class Exec>
   if (separate_kl && beta != 0.0) {
     kl_tok.resize(BT), dkl_tok.resize(BT);
     ::ulorl::kl_penalty<T>(lp, in.ref_per_token_logps, detail_trl::padded_scratch<T>(kl_tok, B, Tn),
-                           detail_trl::padded_scratch<T>(dkl_tok, B, Tn), cfg.kl);
+                           detail_trl::padded_scratch<T>(dkl_tok, B, Tn), trl::kl({}));
   }
   std::optional<agg_normalizer> entropy_norm;
   if (coef != 0.0) {
@@ -391,19 +389,32 @@ template <class T, class M, class Exec>
   }
   double kl_valid_sum = 0;
   if (!kl_tok.empty()) {
-    // k3 per token; luspo: over every position with weight n_b / (B T GA); sapo: as the objective.
+    // k3 per token; luspo: over every position with weight n_b / (B T GA); else as the objective.
+    // use_bias_correction_kl: k3 times the ratio iw, exp(logp − old) at the token level (luspo), else
+    // exp(ω_b), whose gradient reaches the row's valid tokens through the mean (1/n_b each).
+    const bool bias = o.use_bias_correction_kl;
     double kl_part = 0;
     for (std::size_t b = 0; b < B; ++b) {
       const double row_w = luspo ? nrow[b] / (static_cast<double>(BT) * o.gradient_accumulation_steps)
                                  : row_weight(cfg.normalizer, static_cast<std::size_t>(nrow[b]));
+      const double row_ratio = bias && seq ? std::exp(omega[b]) : 1.0;
+      double to_mean = 0;  // d loss / d ω_b
       for (std::size_t t = 0; t < Tn; ++t) {
         const bool valid = mask(b, t) != M(0);
         if (!luspo && !valid) continue;
-        const double k = static_cast<double>(kl_tok[b * Tn + t]);
-        kl_part += row_w * beta * k;
-        grad(b, t) = static_cast<T>(static_cast<double>(grad(b, t)) + row_w * beta * static_cast<double>(dkl_tok[b * Tn + t]));
+        const double iw =
+            bias && !seq ? std::exp(static_cast<double>(lp(b, t)) - static_cast<double>(old(b, t))) : row_ratio;
+        const double c = row_w * beta, k = static_cast<double>(kl_tok[b * Tn + t]) * iw;
+        double g = c * static_cast<double>(dkl_tok[b * Tn + t]) * iw;
+        if (bias && seq) to_mean += c * k;
+        else if (bias) g += c * k;
+        kl_part += c * k;
+        grad(b, t) = static_cast<T>(static_cast<double>(grad(b, t)) + g);
         kl_valid_sum += valid ? k : 0.0;
       }
+      if (to_mean != 0.0 && nrow[b] > 0)
+        for (std::size_t t = 0; t < Tn; ++t)
+          if (mask(b, t) != M(0)) grad(b, t) = static_cast<T>(static_cast<double>(grad(b, t)) + to_mean / nrow[b]);
     }
     r.kl_loss += kl_part;
     r.metrics.kl_sum = kl_valid_sum;

@@ -155,9 +155,9 @@ def grpo_loss(
     ``luspo`` (rows weighted by their length), ``vespo`` (vespo_k_* / vespo_lambda_*).
     importance_sampling_level ``token``, ``sequence`` (GSPO; cispo / sapo take the row's log-ratio)
     or ``sequence_token`` (GSPO-token). ``beta`` > 0 adds beta * k3 against ``ref_per_token_logps``
-    (times the ratio with ``use_bias_correction_kl``); epsilon_high defaults to epsilon; ``delta``
-    caps the ratio (sequence_token: the row's ratio, evaluated as the token-level ratio against
-    ``per_token_logps - w_b``, w_b the row's mean log-ratio).
+    (times TRL's undetached ratio with ``use_bias_correction_kl``: the token's, or the row's at the
+    sequence level); epsilon_high defaults to epsilon (cispo: the ratio cap itself, >= 0); ``delta``
+    caps the ratio (sequence_token: the row's ratio).
 
     Multipliers of the policy term: ``off_policy_mask_threshold`` (OPSM against
     ``sampling_per_token_logps``, default old_per_token_logps), ``top_entropy_quantile`` < 1 (keeps
@@ -178,22 +178,6 @@ def grpo_loss(
                     f"{tuple(per_token_logps.shape)} (one advantage per completion row, [B])")
     old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps.detach()
     mask = _mask_like(completion_mask, per_token_logps)
-    if importance_sampling_level == "sequence_token" and delta is not None:
-        # The extension's sequence_token objective has no delta cap. GSPO-token's ratio exp(sg(w_b))
-        # with each token's own gradient is the token-level ratio against old' = logp - w_b, where
-        # TRL's delta cap applies (value, gradient and clip metrics).
-        if loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo"):
-            raise _fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only")
-        if use_bias_correction_kl:
-            raise _fail(fn, "use_bias_correction_kl", "sequence_token (GSPO-token) has no bias-corrected KL")
-        if entropy_coef != 0.0:
-            raise _fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus")
-        lp = per_token_logps.detach()
-        m = torch.ones_like(lp) if mask is None else mask.to(lp.dtype)
-        w = ((lp - old) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
-        if sampling_per_token_logps is None and off_policy_mask_threshold is not None:
-            sampling_per_token_logps = old
-        old, importance_sampling_level = lp - w, "token"
 
     def detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return None if t is None else t.detach()
@@ -255,7 +239,8 @@ def adaptive_entropy_controller(entropy_coef: float = 0.0, entropy_target: float
                                 entropy_coef_max: float = 1.0) -> _ulorl.EntropyController:
     """TRL's ``use_adaptive_entropy`` as an :class:`ulorl.EntropyController`: each optimizer step applies
     ``bonus()`` (the coefficient while the previous step's entropy was <= entropy_target, else 0),
-    then ``update(H)`` moves it by entropy_coef_delta within [entropy_coef_min, entropy_coef_max]."""
+    then ``update(H)`` moves it by entropy_coef_delta: up to at most entropy_coef_max, down to at least
+    entropy_coef_min (a starting coefficient outside that range is accepted, as TRL does)."""
     return _ulorl._trl_adaptive_entropy(entropy_coef, entropy_target, entropy_coef_delta, entropy_coef_min,
                                         entropy_coef_max)
 
