@@ -7,6 +7,6 @@ sequence count): partition-exact only when the global counts are passed (verl ``
 ``global_batch_size``, OpenRLHF likewise, TRL ``num_items_in_batch``, NeMo-RL ``global_valid_toks``).
 """
 
-from . import nemo_rl, openrlhf, trl, verl  # noqa: F401
+from . import liger, nemo_rl, openrlhf, trl, verl  # noqa: F401
 
-__all__ = ["nemo_rl", "openrlhf", "trl", "verl"]
+__all__ = ["liger", "nemo_rl", "openrlhf", "trl", "verl"]
