@@ -2,6 +2,7 @@
 // unknown names and enum values are rejected. (The presets' numbers are checked end to end by the
 // golden conformance cases.)
 #include <ulorl/loss/presets.hpp>
+#include <ulorl/loss/trl_grpo_loss.hpp>
 
 #include <cmath>
 #include <string>
@@ -146,6 +147,10 @@ TEST_CASE("openrlhf, nemo_rl and trl presets") {
                          .importance_sampling_level = T::importance_sampling_kind::sequence}, c).denominator == c.rows);
   REQUIRE(T::entropy_normalizer({.loss_type = T::loss_type_kind::grpo, .gradient_accumulation_steps = 2}, c, 3.0).denominator == 3.0);
   REQUIRE(T::entropy_normalizer({.loss_type = T::loss_type_kind::dapo}, c, 3.0).denominator == c.tokens);
+  // One default loss_type, TRL's GRPOConfig's (dapo), for the objective, the normaliser and grpo_loss.
+  REQUIRE(T::objective_options{}.loss_type == T::loss_type_kind::dapo);
+  REQUIRE(T::normalizer_options{}.loss_type == T::loss_type_kind::dapo);
+  REQUIRE(T::grpo_loss_options{}.loss_type == T::loss_type_kind::dapo);
 }
 
 TEST_CASE("presets: a NaN option is rejected even where the preset does not use it", "[presets][nan]") {

@@ -851,7 +851,7 @@ struct objective_options {
   std::optional<double> epsilon_high{};  //!< absent: epsilon (cispo: the cap of the ratio itself)
   std::optional<double> delta{};         //!< upper cap of the ratio (two-sided GRPO); absent: none
   importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
-  loss_type_kind loss_type = loss_type_kind::grpo;
+  loss_type_kind loss_type = loss_type_kind::dapo;  //!< TRL's GRPOConfig default, as normalizer_options'
   double sapo_temperature_pos = 1.0;
   double sapo_temperature_neg = 1.05;
 };
