@@ -449,26 +449,45 @@ void bind_terms(py::module_& m) {
       },
       "token_level_loss"_a, "counts"_a, "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a);
 
+  // A preset's KL configuration by its estimator name (the only preset knowledge kl_penalty needs).
+  const auto kl_config_of = [](const std::string& preset, const std::string& name, opt input_clamp,
+                               opt output_clamp) {
+    constexpr std::string_view fn = "kl_penalty";
+    enum class which { verl, openrlhf, nemo_rl };
+    const which w = parse_name<which>(fn, "preset", preset,
+                                      {{"verl", which::verl}, {"openrlhf", which::openrlhf}, {"nemo_rl", which::nemo_rl}});
+    if (w != which::nemo_rl && (input_clamp || output_clamp))
+      ulorl::detail::fail(fn, input_clamp ? "input_clamp" : "output_clamp",
+                          "only the nemo_rl preset takes clamps (verl and OpenRLHF fix their own)");
+    return w == which::verl       ? P::verl::kl(P::verl::kl_penalty_from_name(name))
+           : w == which::openrlhf ? P::openrlhf::kl({.kl_estimator = P::openrlhf::kl_estimator_from_name(name)})
+                                  : P::nemo_rl::kl({.reference_policy_kl_type = P::nemo_rl::kl_type_from_name(name),
+                                                    .kl_input_clamp_value = input_clamp,
+                                                    .kl_output_clamp_value = output_clamp});
+  };
   m.def(
       "_kl_config",
-      [](const std::string& preset, const std::string& name, opt input_clamp, opt output_clamp) {
-        constexpr std::string_view fn = "kl_penalty";
-        enum class which { verl, openrlhf, nemo_rl };
-        const which w = parse_name<which>(fn, "preset", preset,
-                                          {{"verl", which::verl}, {"openrlhf", which::openrlhf}, {"nemo_rl", which::nemo_rl}});
-        if (w != which::nemo_rl && (input_clamp || output_clamp))
-          ulorl::detail::fail(fn, input_clamp ? "input_clamp" : "output_clamp",
-                              "only the nemo_rl preset takes clamps (verl and OpenRLHF fix their own)");
-        const ulorl::kl_config cfg =
-            w == which::verl       ? P::verl::kl(P::verl::kl_penalty_from_name(name))
-            : w == which::openrlhf ? P::openrlhf::kl({.kl_estimator = P::openrlhf::kl_estimator_from_name(name)})
-                                   : P::nemo_rl::kl({.reference_policy_kl_type = P::nemo_rl::kl_type_from_name(name),
-                                                     .kl_input_clamp_value = input_clamp,
-                                                     .kl_output_clamp_value = output_clamp});
-        return ulorl::encode_config(cfg);
+      [kl_config_of](const std::string& preset, const std::string& name, opt input_clamp, opt output_clamp) {
+        return ulorl::encode_config(kl_config_of(preset, name, input_clamp, output_clamp));
       },
       "preset"_a, "name"_a, "input_clamp"_a, "output_clamp"_a,
       "The KL configuration of a preset's estimator name, as the `config` of torch.ops.ulorl.kl_penalty.");
+  m.def(
+      "_kl_penalty",
+      [kl_config_of](const at::Tensor& log_prob, const at::Tensor& ref_log_prob, const std::string& preset,
+                     const std::string& name, opt input_clamp, opt output_clamp, const opt_tensor& offsets) {
+        return th::kl_penalty(log_prob, ref_log_prob, kl_config_of(preset, name, input_clamp, output_clamp),
+                              or_undefined(offsets));
+      },
+      "log_prob"_a, "ref_log_prob"_a, "preset"_a, "name"_a, "input_clamp"_a, "output_clamp"_a, "offsets"_a = py::none(),
+      "th::kl_penalty: the operator ulorl::kl_penalty called from C++ (its errors are ulorl.Error whatever torch's build).");
+  m.def(
+      "_agg_loss",
+      [](const at::Tensor& loss_mat, const opt_tensor& mask, const ulorl::agg_normalizer& norm, const opt_tensor& offsets) {
+        return th::agg_loss(loss_mat, or_undefined(mask), norm, or_undefined(offsets));
+      },
+      "loss_mat"_a, "mask"_a, "normalizer"_a, "offsets"_a = py::none(),
+      "th::agg_loss: the operator ulorl::agg_loss called from C++ (its errors are ulorl.Error whatever torch's build).");
 
   m.def(
       "_off_policy_mask",

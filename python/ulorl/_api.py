@@ -731,8 +731,9 @@ def agg_loss(loss_mat: torch.Tensor, mask: Optional[torch.Tensor] = None, *, nor
 
 def _agg_loss(loss_mat: torch.Tensor, mask: Optional[torch.Tensor], normalizer: Normalizer,
               offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The ``ulorl::agg_loss`` operator with ``normalizer`` (differentiable in ``loss_mat``, once)."""
-    return torch.ops.ulorl.agg_loss(loss_mat, mask, offsets, _ulorl.encode_config(normalizer))
+    """The ``ulorl::agg_loss`` operator with ``normalizer`` (differentiable in ``loss_mat``, once),
+    called through th::agg_loss so that its errors are ulorl.Error with every torch build."""
+    return _ulorl._agg_loss(loss_mat, mask, normalizer, offsets)
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str, *, preset: str = "verl",
@@ -749,9 +750,8 @@ def _kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, preset: str,
                 input_clamp: Optional[float] = None, output_clamp: Optional[float] = None,
                 offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The ``ulorl::kl_penalty`` operator with a preset's estimator (differentiable in ``log_prob``,
-    once; ``ref_log_prob`` is a constant)."""
-    return torch.ops.ulorl.kl_penalty(log_prob, ref_log_prob.detach(), offsets,
-                                      _ulorl._kl_config(preset, name, input_clamp, output_clamp))
+    once; ``ref_log_prob`` is a constant), called through th::kl_penalty (errors: ulorl.Error)."""
+    return _ulorl._kl_penalty(log_prob, ref_log_prob.detach(), preset, name, input_clamp, output_clamp, offsets)
 
 
 def off_policy_mask(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
