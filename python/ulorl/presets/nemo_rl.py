@@ -270,13 +270,6 @@ def _field(cfg: Any, name: str) -> Any:
     return getattr(cfg, name, getattr(ClippedPGLossConfig, name))
 
 
-def _count(x: Any) -> Optional[float]:
-    """A global count as NeMo-RL passes it (a tensor of any dtype, or a number) as a float."""
-    if x is None:
-        return None
-    return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
-
-
 def _masked_total(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum().item())
 
@@ -388,7 +381,7 @@ class ClippedPGLossFn:
         advantages = data["advantages"][:, 1:]
         prev = lpd if self.force_on_policy_ratio else data["prev_logprobs"][:, 1:]
         gen = data["generation_logprobs"][:, 1:]
-        gt, gs = _count(global_valid_toks), _count(global_valid_seqs)
+        gt, gs = _common.number(global_valid_toks), _common.number(global_valid_seqs)
         counts = _common.counts(mask)
         empty = counts.tokens == 0  # the sums are empty: any divisor gives 0
         cfg = _ulorl._nemo_rl_loss_config(self._options, counts, 1.0 if empty else gt, 1.0 if empty else gs)

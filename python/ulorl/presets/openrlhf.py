@@ -119,26 +119,11 @@ def aggregate_loss(
 
 def _aggregate(fn: str, loss: torch.Tensor, mask: Optional[torch.Tensor], token_level_loss: bool, dp_size: Any,
                batch_num_tokens: Any, global_batch_size: Any) -> torch.Tensor:
-    mask = _mask_for(mask, loss)
-    norm = _ulorl._openrlhf_normalizer(token_level_loss, _common.counts(mask, tokens=loss.detach()), _number(dp_size),
-                                       _number(batch_num_tokens), _number(global_batch_size))
+    mask = _common.mask_like(mask, loss)
+    norm = _ulorl._openrlhf_normalizer(token_level_loss, _common.counts(mask, tokens=loss.detach()),
+                                       _common.number(dp_size), _common.number(batch_num_tokens),
+                                       _common.number(global_batch_size))
     return _agg_loss(loss, mask, norm)
-
-
-def _number(x: Any) -> Optional[float]:
-    """A count as OpenRLHF passes it (a Python number or a 0-dim tensor) as a float; None stays None."""
-    if x is None:
-        return None
-    return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
-
-
-def _mask_for(mask: Optional[torch.Tensor], like: torch.Tensor) -> Optional[torch.Tensor]:
-    """A mask as the kernels take it: bool, uint8 and ``like``'s dtype as they are, any other dtype
-    (OpenRLHF's float32 masks beside float64 values, integer masks) in ``like``'s dtype, where the
-    kernel checks it holds only 0 and 1."""
-    if mask is None or mask.dtype in (torch.bool, torch.uint8, like.dtype):
-        return mask
-    return mask.to(like.dtype)
 
 
 def compute_approx_kl(log_probs: torch.Tensor, log_probs_base: torch.Tensor, kl_estimator: str = "k1") -> torch.Tensor:
@@ -224,12 +209,12 @@ class PolicyLoss(torch.nn.Module):
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         plan = _ulorl._openrlhf_vllm_is_plan(self.policy_loss_type, self.enable_vllm_is_correction)
         extra = {"vllm_is_truncated_threshold": self._threshold("PolicyLoss.forward")} if plan["weights"] else {}
-        loss, m = policy_loss(log_probs, old_log_probs, advantages, _mask_for(action_mask, log_probs),
+        loss, m = policy_loss(log_probs, old_log_probs, advantages, _common.mask_like(action_mask, log_probs),
                               policy_loss_type=self.policy_loss_type, clip_eps_low=self.clip_eps_low,
                               clip_eps_high=self.clip_eps_high, dual_clip=self.dual_clip,
-                              token_level_loss=self.token_level_loss, dp_size=_number(dp_size),
-                              batch_num_tokens=_number(batch_num_tokens),
-                              global_batch_size=_number(global_batch_size), rollout_log_probs=rollout_log_probs,
+                              token_level_loss=self.token_level_loss, dp_size=_common.number(dp_size),
+                              batch_num_tokens=_common.number(batch_num_tokens),
+                              global_batch_size=_common.number(global_batch_size), rollout_log_probs=rollout_log_probs,
                               enable_vllm_is_correction=self.enable_vllm_is_correction,
                               vllm_is_correction_type=self.vllm_is_correction_type, **extra)
 

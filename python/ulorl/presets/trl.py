@@ -15,17 +15,7 @@ import torch
 
 from .. import _ulorl
 from .._api import _check_nan_options, _fail, _with_gradient, logprobs_from_logits
-
-# Mask dtypes the kernels read as they are; any other (TRL's int64 completion_mask) is read in the
-# log-probs' dtype, where the kernels check it is 0/1.
-_MASK_DTYPES = (torch.bool, torch.uint8)
-
-
-def _mask_like(mask: Optional[torch.Tensor], like: torch.Tensor) -> Optional[torch.Tensor]:
-    if mask is None or mask.dtype in _MASK_DTYPES or mask.dtype == like.dtype:
-        return mask
-    return mask.to(like.dtype)
-
+from . import _common
 
 # ---- trl.trainer.utils ------------------------------------------------------------------------------
 
@@ -84,7 +74,7 @@ def get_off_policy_mask(advantages: torch.Tensor, per_token_logps: torch.Tensor,
                                       f"{tuple(per_token_logps.shape)} (one advantage per row: [B, 1] or [B])")
     lp = per_token_logps.detach()
     keep, _, _ = _ulorl._off_policy_mask(lp, sampling_per_token_logps.detach().to(lp.dtype),
-                                         advantages.detach().reshape(B).to(lp.dtype), _mask_like(mask, lp), "trl",
+                                         advantages.detach().reshape(B).to(lp.dtype), _common.mask_like(mask, lp), "trl",
                                          float(off_policy_threshold), "factor")
     if keep.shape[1] == 0:  # no position: the row is kept exactly when no token says otherwise
         keep = torch.ones(B, 1, dtype=lp.dtype, device=lp.device)
@@ -177,7 +167,7 @@ def grpo_loss(
                     f"has shape {tuple(advantages.shape)} but 'per_token_logps' has shape "
                     f"{tuple(per_token_logps.shape)} (one advantage per completion row, [B])")
     old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps.detach()
-    mask = _mask_like(completion_mask, per_token_logps)
+    mask = _common.mask_like(completion_mask, per_token_logps)
 
     def detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return None if t is None else t.detach()

@@ -53,13 +53,6 @@ def _get(cfg: Any, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _number(x: Any) -> Optional[float]:
-    """A count verl may pass as an int, a float or a 0-dim tensor."""
-    if x is None:
-        return None
-    return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
-
-
 def _compute_dtype(*tensors: Optional[torch.Tensor]) -> Tuple[torch.dtype, torch.dtype]:
     """(dtype the kernels compute in, dtype verl's torch arithmetic returns) of float inputs."""
     out = None
@@ -101,7 +94,7 @@ def _require_config(fn: str, config: Any) -> None:
 
 def _normalizer(loss_agg_mode: str, loss_mask: torch.Tensor, padded_length: int, dp_size: Any, batch_num_tokens: Any,
                 global_batch_size: Any, loss_scale_factor: Any, sum_norm_per_sequence: bool) -> _ulorl.Normalizer:
-    dp = _number(dp_size)
+    dp = _common.number(dp_size)
     if dp is not None and dp > 1:  # verl: the local counts are meaningless across ranks
         if loss_agg_mode == "token-mean" and batch_num_tokens is None:
             raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
@@ -109,9 +102,9 @@ def _normalizer(loss_agg_mode: str, loss_mask: torch.Tensor, padded_length: int,
             raise ValueError("global_batch_size is required when dp_size > 1")
     if not sum_norm_per_sequence and loss_agg_mode == "seq-mean-token-sum-norm":
         return _ulorl._verl_normalizer("seq-mean-token-sum-norm", _common.counts(loss_mask), 1.0, None, 1.0,
-                                       _number(loss_scale_factor), padded_length)  # the horizon alone
-    return _ulorl._verl_normalizer(loss_agg_mode, _common.counts(loss_mask), dp, _number(batch_num_tokens),
-                                   _number(global_batch_size), _number(loss_scale_factor), padded_length)
+                                       _common.number(loss_scale_factor), padded_length)  # the horizon alone
+    return _ulorl._verl_normalizer(loss_agg_mode, _common.counts(loss_mask), dp, _common.number(batch_num_tokens),
+                                   _common.number(global_batch_size), _common.number(loss_scale_factor), padded_length)
 
 
 def agg_loss(
@@ -173,8 +166,8 @@ def _options(loss_mode: str, config: Any) -> Dict[str, Any]:
              ppo_kl_coef=_get(pl, "ppo_kl_coef", 1.0), clip_cov_ratio=_get(pl, "clip_cov_ratio", 0.0002),
              clip_cov_lb=_get(pl, "clip_cov_lb", 1.0), clip_cov_ub=_get(pl, "clip_cov_ub", 5.0))
     info = _get(config, "global_batch_info", {})
-    o.update({k: _number(info.get(k)) for k in ("batch_num_tokens", "global_batch_size", "loss_scale_factor")})
-    o["dp_size"] = _number(info.get("dp_size", 1))
+    o.update({k: _common.number(info.get(k)) for k in ("batch_num_tokens", "global_batch_size", "loss_scale_factor")})
+    o["dp_size"] = _common.number(info.get("dp_size", 1))
     return o
 
 

@@ -106,6 +106,8 @@ using th::detail::with_token_type;
 using ulorl::detail::fail;
 
 inline at::Tensor value_or_undefined(const opt_tensor& t) { return t.has_value() ? *t : at::Tensor(); }
+//! The inverse: an undefined tensor is an absent optional argument.
+inline opt_tensor optional(const at::Tensor& t) { return t.defined() ? opt_tensor(t) : opt_tensor(); }
 
 //! The policy loss's tensors, all on log_prob's device (the first check of every kernel).
 inline void require_policy_loss_device(const at::Tensor& log_prob, const at::Tensor& old_log_prob,
@@ -447,11 +449,10 @@ struct logits_stats_function : public torch::autograd::Function<logits_stats_fun
                                                  torch::autograd::variable_list grads) {
     constexpr std::string_view fn = "logits_stats";
     const at::Tensor logits = ctx->get_saved_variables()[0];
-    const auto opt = [](const at::Tensor& g) { return g.defined() ? opt_tensor(g) : opt_tensor(); };
     if (!grads[0].defined() && !grads[1].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     at::Tensor out = op<logits_stats_backward_sig>("ulorl::_logits_stats_backward")
                          .call(logits, ctx->saved_data["labels"].toTensor(), ctx->saved_data["lse"].toTensor(),
-                               ctx->saved_data["entropy"].toTensor(), opt(grads[0]), opt(grads[1]),
+                               ctx->saved_data["entropy"].toTensor(), optional(grads[0]), optional(grads[1]),
                                ctx->saved_data["temperature"].toDouble(), ctx->saved_data["fast_backward"].toBool());
     return {th::detail::once_differentiable(fn, "grad_logits", out), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};
@@ -675,7 +676,7 @@ inline bool register_ops() {
                                                     const policy_loss_config& cfg,
                                                     const policy_loss_tensors& extra = {}) {
   ops::register_ops();
-  const auto opt = [](const at::Tensor& t) { return t.defined() ? ops::opt_tensor(t) : ops::opt_tensor(); };
+  const auto opt = ops::detail::optional;
   const std::vector<double> config = encode_config(cfg);
   auto [loss, result] = ops::detail::op<ops::detail::policy_loss_sig>("ulorl::policy_loss")
                             .call(log_prob, old_log_prob, advantages, opt(mask), opt(extra.ref_log_prob),
@@ -714,7 +715,7 @@ inline bool register_ops() {
 [[nodiscard]] inline at::Tensor agg_loss(const at::Tensor& loss_mat, const at::Tensor& mask, const agg_normalizer& norm,
                                          const at::Tensor& offsets = {}) {
   ops::register_ops();
-  const auto opt = [](const at::Tensor& t) { return t.defined() ? ops::opt_tensor(t) : ops::opt_tensor(); };
+  const auto opt = ops::detail::optional;
   return ops::detail::op<ops::detail::agg_loss_sig>("ulorl::agg_loss")
       .call(loss_mat, opt(mask), opt(offsets), encode_config(norm));
 }
@@ -726,7 +727,7 @@ inline bool register_ops() {
                                            const kl_config& cfg, const at::Tensor& offsets = {}) {
   ops::register_ops();
   return ops::detail::op<ops::detail::kl_penalty_sig>("ulorl::kl_penalty")
-      .call(log_prob, ref_log_prob, offsets.defined() ? ops::opt_tensor(offsets) : ops::opt_tensor(),
+      .call(log_prob, ref_log_prob, ops::detail::optional(offsets),
             encode_config(cfg));
 }
 
