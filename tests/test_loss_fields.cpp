@@ -1,4 +1,4 @@
-// Tests of ulorl/loss/fields.hpp: the field tables cover the structs (every field distinct survives
+// Tests of ulorl/core/fields.hpp over ulorl/loss/fields.hpp's tables: the field tables cover the structs (every field distinct survives
 // the round trip), the result's table is its memory order, and malformed encodings are errors that
 // name the field and its index.
 #include <ulorl/loss/fields.hpp>
@@ -29,11 +29,15 @@ struct distinct_values {
       x = static_cast<X>(1);
     } else if constexpr (std::is_same_v<X, std::size_t>) {
       x = 2;
+    } else if constexpr (requires { x.value = 2; }) {  // a bounded count
+      x.value = 2;
     } else if constexpr (std::is_same_v<X, std::optional<double>>) {
       x = next, next += 1.0;
-    } else {
+    } else if constexpr (requires { x.emplace(); }) {
       x.emplace();
-      ulorl::visit_config_fields(*x, *this);
+      visit_fields(*x, *this);  // found by argument-dependent lookup
+    } else {
+      visit_fields(x, *this);
     }
   }
 };
@@ -43,11 +47,11 @@ struct distinct_values {
 TEST_CASE("fields: every field of the configuration survives encode / decode with its own value") {
   ulorl::policy_loss_config cfg;
   distinct_values set;
-  ulorl::visit_config_fields(cfg, set);
-  const std::vector<double> enc = ulorl::encode_config(cfg);
+  ulorl::visit_fields(cfg, set);
+  const std::vector<double> enc = ulorl::encode_fields(cfg);
   REQUIRE(enc.size() == ulorl::encoded_config_size);
-  const ulorl::policy_loss_config back = ulorl::decode_config("f", "config", enc);
-  REQUIRE(ulorl::encode_config(back) == enc);
+  const ulorl::policy_loss_config back = ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", enc);
+  REQUIRE(ulorl::encode_fields(back) == enc);
   REQUIRE(back.objective.square_penalty == cfg.objective.square_penalty);
   REQUIRE(back.objective.surrogate == ulorl::pg_surrogate::log_prob);
   REQUIRE(back.rollout.has_value());
@@ -62,7 +66,7 @@ TEST_CASE("fields: every field of the configuration survives encode / decode wit
   REQUIRE(std::adjacent_find(doubles.begin(), doubles.end()) == doubles.end());
   // Absent optionals decode as absent.
   const ulorl::policy_loss_config plain;
-  const ulorl::policy_loss_config plain_back = ulorl::decode_config("f", "config", ulorl::encode_config(plain));
+  const ulorl::policy_loss_config plain_back = ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", ulorl::encode_fields(plain));
   REQUIRE_FALSE(plain_back.rollout.has_value());
   REQUIRE_FALSE(plain_back.rollout_batch_norm_factor.has_value());
   REQUIRE(ulorl::field_names<ulorl::policy_loss_config>().front() == "objective");
@@ -72,10 +76,14 @@ TEST_CASE("fields: the result's table is its memory order, and encode / decode r
   ulorl::policy_loss_result r;
   const double* base = reinterpret_cast<const double*>(&r);
   std::size_t i = 0;
-  ulorl::visit_result_fields(r, [&](std::string_view, double& x) {
+  const auto number = [&](double& x) {
     REQUIRE(&x == base + i);
     x = static_cast<double>(i) + 0.5;
     ++i;
+  };
+  ulorl::visit_fields(r, [&](std::string_view, auto& x) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(x)>, double>) number(x);
+    else visit_fields(x, [&](std::string_view, double& y) { number(y); });
   });
   REQUIRE(i == ulorl::encoded_result_size);
   REQUIRE(sizeof(r) == i * sizeof(double));
@@ -89,46 +97,46 @@ TEST_CASE("fields: the result's table is its memory order, and encode / decode r
 }
 
 TEST_CASE("fields: a malformed encoding is an error naming the field and its index") {
-  const std::vector<double> good = ulorl::encode_config(ulorl::policy_loss_config{});
+  const std::vector<double> good = ulorl::encode_fields(ulorl::policy_loss_config{});
   const auto names = ulorl::field_names<ulorl::policy_loss_config>();
   const auto index_of = [&](std::string_view name) {
     return static_cast<std::size_t>(std::find(names.begin(), names.end(), name) - names.begin());
   };
   auto short_one = good;
   short_one.pop_back();
-  REQUIRE_THROWS_WITH(ulorl::decode_config("f", "config", short_one),
+  REQUIRE_THROWS_WITH(ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", short_one),
                       Catch::Contains("an encoded policy_loss_config has"));
   auto bad_bool = good;
   bad_bool[index_of("check_values")] = 2.0;  // fields before check_values take one double each
-  REQUIRE_THROWS_WITH(ulorl::decode_config("f", "config", bad_bool),
+  REQUIRE_THROWS_WITH(ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", bad_bool),
                       Catch::Contains("field 'check_values'"));
   for (const double v : {0.5, -1.0, std::numeric_limits<double>::quiet_NaN()}) {
     auto bad_enum = good;
     bad_enum[0] = v;
-    REQUIRE_THROWS_WITH(ulorl::decode_config("f", "config", bad_enum),
+    REQUIRE_THROWS_WITH(ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", bad_enum),
                         Catch::Contains("field 'objective' (index 0)"));
   }
   // The rejection chain's size is bounded by its capacity (it indexes the criteria).
   ulorl::policy_loss_config with_rollout;
   with_rollout.rollout.emplace();
-  auto enc = ulorl::encode_config(with_rollout);
+  auto enc = ulorl::encode_fields(with_rollout);
   const std::size_t size_at = index_of("rollout") + 1 + 9;  // present flag, then importance's 9 fields
   REQUIRE(enc[size_at] == 0.0);
   enc[size_at] = 13.0;
-  REQUIRE_THROWS_WITH(ulorl::decode_config("f", "config", enc),
+  REQUIRE_THROWS_WITH(ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", enc),
                       Catch::Contains("field 'rollout.rejection.chain.size'"));
   enc[size_at] = 12.0;
-  REQUIRE(ulorl::decode_config("f", "config", enc).rollout->rejection.chain.size == 12);
+  REQUIRE(ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", enc).rollout->rejection.chain.size == 12);
 }
 
 TEST_CASE("fields: kl_config and agg_normalizer round-trip and take policy_loss_config's names") {
   const ulorl::kl_config kl{.estimator = ulorl::kl_estimator::k2, .straight_through = true, .input_clamp = 20.0,
                             .output_clamp = 10.0, .importance_weighted = false};
-  const auto k = ulorl::decode_config<ulorl::kl_config>("f", "config", ulorl::encode_config(kl));
+  const auto k = ulorl::decode_fields<ulorl::kl_config>("f", "config", ulorl::encode_fields(kl));
   REQUIRE((k.estimator == kl.estimator && k.straight_through && k.input_clamp == 20.0 && k.output_clamp == 10.0 &&
            !k.importance_weighted));
   const ulorl::agg_normalizer n{.mode = ulorl::agg_mode::seq_mean_token_mean, .denominator = 7.0, .scale = -2.5};
-  const auto m = ulorl::decode_config<ulorl::agg_normalizer>("f", "normalizer", ulorl::encode_config(n));
+  const auto m = ulorl::decode_fields<ulorl::agg_normalizer>("f", "normalizer", ulorl::encode_fields(n));
   REQUIRE((m.mode == n.mode && m.denominator == 7.0 && m.scale == -2.5));
   // The policy loss's table is made of these two and its own fields: their names appear in it in order.
   const auto all = ulorl::field_names<ulorl::policy_loss_config>();
@@ -136,8 +144,8 @@ TEST_CASE("fields: kl_config and agg_normalizer round-trip and take policy_loss_
     const auto at = std::search(all.begin(), all.end(), part.begin(), part.end());
     REQUIRE(at != all.end());
   }
-  std::vector<double> short_one = ulorl::encode_config(n);
+  std::vector<double> short_one = ulorl::encode_fields(n);
   short_one.pop_back();
-  REQUIRE_THROWS_WITH(ulorl::decode_config<ulorl::agg_normalizer>("f", "normalizer", short_one),
+  REQUIRE_THROWS_WITH(ulorl::decode_fields<ulorl::agg_normalizer>("f", "normalizer", short_one),
                       Catch::Contains("an encoded agg_normalizer has"));
 }

@@ -20,6 +20,7 @@
 #include <ulorl/advantage.hpp>
 #include <ulorl/loss/aggregation.hpp>
 #include <ulorl/loss/entropy.hpp>
+#include <ulorl/loss/fields.hpp>
 #include <ulorl/loss/kl.hpp>
 #include <ulorl/loss/presets.hpp>
 #include <ulorl/loss/rollout_correction.hpp>
@@ -43,42 +44,15 @@ using byte = std::uint8_t;
 using th::or_undefined;
 using th::optional_tokens_of;
 
-//! A 0/1 mask read as bytes (bool / uint8 as they are; a float mask of the token dtype T checked to
-//! be 0/1 and converted). optional_mask_of: None is an empty view (every token valid); a given mask
-//! of any size must have the token shape of `ref` (th::optional_tokens_of). mask_of: a required
-//! mask that is itself the layout of the call (its result has the mask's shape).
-struct mask_bytes {
-  at::Tensor bytes;
-  ulorl::token_view<const byte> view{};
-};
+using th::ops::detail::mask_bytes;
+//! The adapter's optional mask (ops_batch.hpp) of an optional argument: None is every token valid.
 template <class T, class U>
 mask_bytes optional_mask_of(std::string_view fn, std::string_view arg, const opt_tensor& m, const th::offsets_view& off,
                             std::string_view ref_name, const ulorl::token_view<U>& ref) {
-  mask_bytes r;
-  if (!m) return r;
-  r.bytes = th::detail::byte_mask<T>(fn, arg, *m, off);
-  r.view = optional_tokens_of<const byte>(fn, arg, r.bytes, off, ref_name, ref);
-  return r;
-}
-template <class T>
-mask_bytes mask_of(std::string_view fn, std::string_view arg, const at::Tensor& m, const th::offsets_view& off) {
-  mask_bytes r;
-  r.bytes = th::detail::byte_mask<T>(fn, arg, m, off);
-  r.view = th::tokens_of<const byte>(fn, arg, r.bytes, off);
-  return r;
+  return th::ops::detail::optional_mask_of<T>(fn, arg, or_undefined(m), off, ref_name, ref);
 }
 //! A new tensor of `like`'s shape and dtype (never requiring grad).
 at::Tensor empty_like_of(const at::Tensor& like) { return at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type())); }
-
-//! Groups by ids [B] (int64 / int32) or contiguous blocks of group_size.
-ulorl::group_layout groups_of(std::string_view fn, std::size_t responses, const opt_tensor& ids,
-                              std::optional<std::int64_t> group_size) {
-  if (ids && group_size) ulorl::detail::fail(fn, "group_size", "give group_ids or group_size, not both");
-  if (ids) return th::detail::groups_of(fn, *ids);
-  if (!group_size) ulorl::detail::fail(fn, "group_ids", "required (or group_size for contiguous groups of that size)");
-  if (*group_size < 1) ulorl::detail::fail_value(fn, "group_size", *group_size, "must be >= 1");
-  return ulorl::group_layout::fixed(responses, static_cast<std::size_t>(*group_size), fn, "group_size");
-}
 
 // ---- rollout correction ----------------------------------------------------------------------------
 py::dict rc_metrics_dict(const rc::metrics& m) {
@@ -100,27 +74,12 @@ py::dict rc_metrics_dict(const rc::metrics& m) {
 
 py::tuple rollout_correction_op(const at::Tensor& old_log_prob, const at::Tensor& rollout_log_prob, const opt_tensor& mask,
                                 const rc::config& cfg, const opt_tensor& offsets) {
-  constexpr std::string_view fn = "rollout_correction";
-  const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-  return th::detail::with_token_type(fn, "old_log_prob", old_log_prob, [&](auto tag) {
-    using T = decltype(tag);
-    const auto olp = th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off);
-    const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "old_log_prob", olp);
-    const rc::inputs<T, byte> in{olp, th::tokens_of<const T>(fn, "rollout_log_prob", rollout_log_prob, off), mv.view};
-    // The keep-mask in the mask's dtype: bool / uint8 written as bytes, a float mask converted after.
-    const bool bytes_in = mask && (mask->scalar_type() == at::kBool || mask->scalar_type() == at::kByte);
-    at::Tensor weights = empty_like_of(old_log_prob);
-    at::Tensor keep = at::empty(old_log_prob.sizes(), at::TensorOptions().dtype(bytes_in ? mask->scalar_type()
-                                                                                          : mask ? at::kByte : at::kBool));
-    rc::metrics m;
-    {
-      const py::gil_scoped_release nogil;
-      m = rc::apply(in, rc::outputs<T, byte>{th::tokens_of<T>(fn, "weights", weights, off), th::tokens_of<byte>(fn, "keep", keep, off)},
-                    cfg);
-    }
-    if (mask && !bytes_in) keep = keep.to(mask->scalar_type());
-    return py::make_tuple(weights, keep, m);
-  });
+  th::rollout_correction_output r;
+  {
+    const py::gil_scoped_release nogil;
+    r = th::rollout_correction(old_log_prob, rollout_log_prob, or_undefined(mask), cfg, or_undefined(offsets));
+  }
+  return py::make_tuple(r.weights, r.keep, r.metrics);
 }
 
 //! A verl threshold option: None, a number or a string ("u", "l_u"); a boolean is rejected.
@@ -142,7 +101,10 @@ void bind_rollout_correction(py::module_& m) {
                              [](const rc::config& c) { return c.importance.level != rc::is_level::none; },
                              "Whether the configuration computes importance weights (level is not 'none').")
       .def_property_readonly("rejection_sampling", [](const rc::config& c) { return !c.rejection.chain.empty(); })
-      .def_property_readonly("batch_normalize", [](const rc::config& c) { return c.importance.batch_normalize; });
+      .def_property_readonly("batch_normalize", [](const rc::config& c) { return c.importance.batch_normalize; })
+      .def_property_readonly(
+          "encoded", [](const rc::config& c) { return ulorl::encode_fields(c); },
+          "The configuration as the `float[] config` of torch.ops.ulorl.rollout_correction (ulorl::encode_fields).");
 
   py::class_<rc::metrics>(m, "RolloutCorrectionMetrics", "The diagnostics of one rollout-correction call.")
       .def("as_dict", &rc_metrics_dict);
@@ -273,19 +235,16 @@ void bind_rollout_correction(py::module_& m) {
 }
 
 // ---- advantage estimators -----------------------------------------------------------------------------
+//! The groups of a call: ids, a size, or (an error of the operator) both or neither.
+th::group_spec groups_of(const opt_tensor& ids, std::optional<std::int64_t> group_size) {
+  return {or_undefined(ids), group_size};
+}
+
 void bind_advantages(py::module_& m) {
   m.def(
       "_gpg_advantages",
       [](const at::Tensor& scores, const opt_tensor& group_ids, std::optional<std::int64_t> group_size, double f_norm) {
-        constexpr std::string_view fn = "gpg_advantages";
-        return th::detail::with_value_type(fn, "scores", scores, [&](auto tag) {
-          using T = decltype(tag);
-          const auto s = th::span_of<const T>(fn, "scores", scores);
-          const auto g = groups_of(fn, s.size(), group_ids, group_size);
-          at::Tensor out = empty_like_of(scores);
-          ulorl::gpg_advantages(s, g, th::span_of<T>(fn, "out", out), {.f_norm = f_norm});
-          return out;
-        });
+        return th::gpg_advantages(scores, groups_of(group_ids, group_size), {.f_norm = f_norm});
       },
       "scores"_a, "group_ids"_a, "group_size"_a, "f_norm"_a);
 
@@ -293,21 +252,7 @@ void bind_advantages(py::module_& m) {
       "_opo_advantages",
       [](const at::Tensor& scores, const at::Tensor& mask, const opt_tensor& group_ids, std::optional<std::int64_t> group_size,
          const opt_tensor& offsets) {
-        constexpr std::string_view fn = "opo_advantages";
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_value_type(fn, "scores", scores, [&](auto tag) {
-          using T = decltype(tag);
-          const auto s = th::span_of<const T>(fn, "scores", scores);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
-          ulorl::require_binary_mask(fn, "mask", mv.view);
-          ulorl::require_same_size(fn, "mask rows", mv.view.rows(), "scores", s.size());
-          std::vector<double> lengths(s.size());  // OPO's response lengths: the valid tokens of each row
-          for (std::size_t i = 0; i < lengths.size(); ++i) lengths[i] = static_cast<double>(ulorl::row_tokens(mv.view, i));
-          const auto g = groups_of(fn, s.size(), group_ids, group_size);
-          at::Tensor out = empty_like_of(scores);
-          ulorl::opo_advantages(s, std::span<const double>(lengths), g, th::span_of<T>(fn, "out", out));
-          return out;
-        });
+        return th::opo_advantages(scores, mask, groups_of(group_ids, group_size), or_undefined(offsets));
       },
       "scores"_a, "mask"_a, "group_ids"_a, "group_size"_a, "offsets"_a = py::none());
 
@@ -315,20 +260,8 @@ void bind_advantages(py::module_& m) {
       "_reinforce_pp_advantages",
       [](const at::Tensor& token_rewards, const opt_tensor& mask, double gamma, const opt_tensor& offsets,
          const std::string& scan) {
-        constexpr std::string_view fn = "reinforce_pp_advantages";
-        const auto sc = parse_name<ulorl::return_scan>(fn, "scan", scan, {{"reset_after_eos", ulorl::return_scan::reset_after_eos},
-                                                                         {"skip_masked", ulorl::return_scan::skip_masked}});
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "token_level_rewards", token_rewards, [&](auto tag) {
-          using T = decltype(tag);
-          const auto rewards = th::tokens_of<const T>(fn, "token_level_rewards", token_rewards, off);
-          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "token_level_rewards", rewards);
-          at::Tensor adv = empty_like_of(token_rewards), ret = empty_like_of(token_rewards);
-          ulorl::reinforce_pp_advantages(rewards, mv.view,
-                                         th::tokens_of<T>(fn, "returns", ret, off), th::tokens_of<T>(fn, "advantages", adv, off),
-                                         gamma, {}, sc);
-          return py::make_tuple(adv, ret);
-        });
+        const auto [adv, ret] = th::reinforce_pp_advantages(token_rewards, or_undefined(mask), gamma, scan, or_undefined(offsets));
+        return py::make_tuple(adv, ret);
       },
       "token_level_rewards"_a, "mask"_a, "gamma"_a, "offsets"_a = py::none(), "scan"_a = "reset_after_eos");
 
@@ -342,16 +275,8 @@ void bind_advantages(py::module_& m) {
         const ulorl::reinforce_pp_baseline_config cfg =
             w == which::verl ? ulorl::reinforce_pp_baseline_config{}
                              : P::nemo_rl::reinforce_plus_plus_advantage({.minus_baseline = minus_baseline});
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_value_type(fn, "scores", scores, [&](auto tag) {
-          using T = decltype(tag);
-          const auto s = th::span_of<const T>(fn, "scores", scores);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
-          const auto g = groups_of(fn, s.size(), group_ids, group_size);
-          at::Tensor out = at::empty(mask.sizes(), at::TensorOptions().dtype(scores.scalar_type()));
-          ulorl::reinforce_pp_baseline_advantages(s, g, mv.view, th::tokens_of<T>(fn, "advantages", out, off), cfg);
-          return out;
-        });
+        return th::reinforce_pp_baseline_advantages(scores, groups_of(group_ids, group_size), mask, cfg,
+                                                    or_undefined(offsets));
       },
       "scores"_a, "group_ids"_a, "group_size"_a, "mask"_a, "preset"_a, "minus_baseline"_a, "offsets"_a = py::none());
 
@@ -374,17 +299,8 @@ void bind_advantages(py::module_& m) {
                                          .multi_objective_aggregation = parse_name<A>(
                                              fn, "multi_objective_aggregation", aggregation,
                                              {{"sum_then_normalize", A::sum_then_normalize}, {"normalize_then_sum", A::normalize_then_sum}})});
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_value_type(fn, "reward_components", components, [&](auto tag) {
-          using T = decltype(tag);
-          const auto comp = th::matrix_of<const T>(fn, "reward_components", components);
-          const mask_bytes mv = mask_of<T>(fn, "mask", mask, off);
-          const auto g = groups_of(fn, comp.rows(), group_ids, group_size);
-          at::Tensor out = at::empty(mask.sizes(), at::TensorOptions().dtype(components.scalar_type()));
-          ulorl::multi_reward_advantages(comp, std::span<const double>(weights), g, mv.view,
-                                         th::tokens_of<T>(fn, "advantages", out, off), cfg);
-          return out;
-        });
+        return th::multi_reward_advantages(components, std::span<const double>(weights), groups_of(group_ids, group_size),
+                                           mask, cfg, or_undefined(offsets));
       },
       "reward_components"_a, "reward_weights"_a, "group_ids"_a, "group_size"_a, "mask"_a, "preset"_a, "epsilon"_a,
       "norm_adv_by_std"_a, "use_leave_one_out_baseline"_a, "normalize_rewards"_a, "scale_rewards"_a,
@@ -392,7 +308,7 @@ void bind_advantages(py::module_& m) {
 
   m.def(
       "_optimal_token_baseline_advantages",
-      [](const at::Tensor& token_rewards, const at::Tensor& mask, const at::Tensor& group_ids, const opt_tensor& old_log_prob,
+      [](const at::Tensor& token_rewards, const opt_tensor& mask, const at::Tensor& group_ids, const opt_tensor& old_log_prob,
          const opt_tensor& sum_pi_squared, const opt_tensor& rollout_is_weights, bool handle_zero_tail, double epsilon,
          const std::string& estimator, const opt_tensor& offsets) {
         constexpr std::string_view fn = "optimal_token_baseline_advantages";
@@ -403,24 +319,11 @@ void bind_advantages(py::module_& m) {
         const P::verl::optimal_token_baseline_options o{.handle_zero_tail = handle_zero_tail, .epsilon = epsilon};
         const auto cfg = w == which::valid_token ? P::verl::tir_optimal_token_baseline_advantage(o)
                                                  : P::verl::optimal_token_baseline_advantage(o);
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "token_level_rewards", token_rewards, [&](auto tag) {
-          using T = decltype(tag);
-          constexpr std::string_view ref = "token_level_rewards";
-          const auto rewards = th::tokens_of<const T>(fn, ref, token_rewards, off);
-          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, ref, rewards);
-          const ulorl::optimal_token_baseline_inputs<T, byte> in{
-              .token_rewards = rewards,
-              .mask = mv.view,
-              .old_log_prob = optional_tokens_of<const T>(fn, "old_log_prob", old_log_prob, off, ref, rewards),
-              .sum_pi_squared = optional_tokens_of<const T>(fn, "sum_pi_squared", sum_pi_squared, off, ref, rewards),
-              .rollout_is_weights = optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, ref, rewards)};
-          const auto g = th::detail::groups_of(fn, group_ids);
-          at::Tensor adv = empty_like_of(token_rewards), ret = empty_like_of(token_rewards);
-          ulorl::optimal_token_baseline_advantages(in, g, th::tokens_of<T>(fn, "returns", ret, off),
-                                                   th::tokens_of<T>(fn, "advantages", adv, off), cfg);
-          return py::make_tuple(adv, ret);
-        });
+        const auto [adv, ret] = th::optimal_token_baseline_advantages(
+            token_rewards, or_undefined(mask), group_ids,
+            {or_undefined(old_log_prob), or_undefined(sum_pi_squared), or_undefined(rollout_is_weights)}, cfg,
+            or_undefined(offsets));
+        return py::make_tuple(adv, ret);
       },
       "token_level_rewards"_a, "mask"_a, "group_ids"_a, "old_log_prob"_a, "sum_pi_squared"_a, "rollout_is_weights"_a,
       "handle_zero_tail"_a, "epsilon"_a, "estimator"_a, "offsets"_a = py::none());
@@ -468,7 +371,7 @@ void bind_terms(py::module_& m) {
   m.def(
       "_kl_config",
       [kl_config_of](const std::string& preset, const std::string& name, opt input_clamp, opt output_clamp) {
-        return ulorl::encode_config(kl_config_of(preset, name, input_clamp, output_clamp));
+        return ulorl::encode_fields(kl_config_of(preset, name, input_clamp, output_clamp));
       },
       "preset"_a, "name"_a, "input_clamp"_a, "output_clamp"_a,
       "The KL configuration of a preset's estimator name, as the `config` of torch.ops.ulorl.kl_penalty.");
@@ -499,28 +402,12 @@ void bind_terms(py::module_& m) {
         ulorl::off_policy_mask_config cfg = w == which::trl ? P::trl::off_policy_mask(delta) : P::slime::off_policy_mask(delta);
         using F = ulorl::off_policy_mask_form;
         cfg.form = parse_name<F>(fn, "form", form, {{"factor", F::factor}, {"loss_mask", F::loss_mask}});
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
-          using T = decltype(tag);
-          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
-          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
-          ulorl::off_policy_mask_inputs<T, byte, T> in{.log_prob = lp,
-                                                       .old_log_prob = th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
-                                                       .mask = mv.view};
-          if (cfg.advantage == ulorl::off_policy_advantage_level::token)
-            in.advantages = th::tokens_of<const T>(fn, "advantages", advantages, off);
-          else
-            in.sequence_advantages = th::span_of<const T>(fn, "advantages", advantages);
-          at::Tensor keep = empty_like_of(log_prob);
-          const std::size_t rows = in.log_prob.rows();
-          at::Tensor seq_kl = at::empty({static_cast<std::int64_t>(rows)}, at::TensorOptions().dtype(at::kDouble));
-          const auto st = ulorl::off_policy_mask(in, th::tokens_of<T>(fn, "keep", keep, off), th::span_of<double>(fn, "seq_kl", seq_kl),
-                                                 cfg);
-          return py::make_tuple(keep, seq_kl,
-                                py::dict("rows"_a = st.rows, "tokens"_a = st.tokens, "off_policy_rows"_a = st.off_policy_rows,
-                                         "dropped_rows"_a = st.dropped_rows, "dropped_tokens"_a = st.dropped_tokens,
-                                         "opsm_clipfrac"_a = st.clipfrac));
-        });
+        const auto r = th::off_policy_mask(log_prob, old_log_prob, advantages, or_undefined(mask), cfg, or_undefined(offsets));
+        const auto& st = r.stats;
+        return py::make_tuple(r.keep, r.seq_kl,
+                              py::dict("rows"_a = st.rows, "tokens"_a = st.tokens, "off_policy_rows"_a = st.off_policy_rows,
+                                       "dropped_rows"_a = st.dropped_rows, "dropped_tokens"_a = st.dropped_tokens,
+                                       "opsm_clipfrac"_a = st.clipfrac));
       },
       "log_prob"_a, "old_log_prob"_a, "advantages"_a, "mask"_a, "preset"_a, "delta"_a, "form"_a,
       "offsets"_a = py::none());

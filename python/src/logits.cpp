@@ -37,6 +37,18 @@ void bind_logits(py::module_& m) {
       },
       "logits"_a, "labels"_a, "temperature"_a, "check_values"_a, "fast_backward"_a,
       "th::logits_stats: the operator ulorl::logits_stats called from C++ (no argument boxing).");
+  m.def(
+      "_logits_stats_torch_rounding",
+      [](const at::Tensor& logits, const at::Tensor& labels) {
+        std::pair<at::Tensor, at::Tensor> r;
+        {
+          const py::gil_scoped_release nogil;
+          r = th::logits_stats_torch_rounding(logits, labels);
+        }
+        return py::make_tuple(r.first, r.second);
+      },
+      "logits"_a, "labels"_a,
+      "th::logits_stats_torch_rounding: 16-bit log-probs [N, K] and entropy [N] with torch's CPU rounding steps.");
 
   m.def(
       "_policy_loss_from_logits",

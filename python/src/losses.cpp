@@ -13,10 +13,13 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include <ulorl/adapters/torch.hpp>
+#include <ulorl/advantage/fields.hpp>
 #include <ulorl/loss/aggregation.hpp>
 #include <ulorl/loss/fields.hpp>
+#include <ulorl/masking/fields.hpp>
 
 #include "common.hpp"
 
@@ -120,6 +123,24 @@ std::string install_logits_kernels(bool avx2) {
 void register_cuda_kernels();  // ops_cuda.cpp
 #endif
 
+template <class... R>
+struct record_list {};
+template <class R>
+struct record_tag {
+  using type = R;
+};
+//! f(record_tag<R>) for the record R of `lists` whose record_name is `name`; ulorl::error listing the names otherwise.
+template <class F, class... R>
+auto for_record(const std::string& name, F f, record_list<R...>) {
+  using out = decltype(f(record_tag<std::tuple_element_t<0, std::tuple<R...>>>{}));
+  std::optional<out> r;
+  ((!r && ulorl::record_name<R> == name ? (r = f(record_tag<R>{}), 0) : 0), ...);
+  if (r) return *r;
+  std::string known;
+  ((known += (known.empty() ? "" : ", ") + std::string(ulorl::record_name<R>)), ...);
+  ulorl::detail::fail("record_fields", "record", "unknown record '" + name + "' (known: " + known + ")");
+}
+
 void bind_losses(py::module_& m) {
   const bool avx2 = use_avx2_kernels();
   m.attr("policy_loss_isa") = install_policy_loss_kernels(avx2);
@@ -158,11 +179,11 @@ void bind_losses(py::module_& m) {
       "weights"_a = py::none(), "entropy"_a = py::none(), "offsets"_a = py::none(), "rollout_log_prob"_a = py::none(),
       "th::policy_loss: the operator ulorl::policy_loss called from C++ (no argument boxing), the result decoded.");
   m.def(
-      "encode_config", [](const ulorl::policy_loss_config& cfg) { return ulorl::encode_config(cfg); }, "config"_a,
-      "The configuration as the `float[] config` argument of torch.ops.ulorl.policy_loss (ulorl::encode_config).");
+      "encode_fields", [](const ulorl::policy_loss_config& cfg) { return ulorl::encode_fields(cfg); }, "config"_a,
+      "The configuration as the `float[] config` argument of torch.ops.ulorl.policy_loss (ulorl::encode_fields).");
   m.def(
-      "encode_config", [](const ulorl::agg_normalizer& n) { return ulorl::encode_config(n); }, "normalizer"_a,
-      "The normaliser as the `float[] normalizer` argument of torch.ops.ulorl.agg_loss (ulorl::encode_config).");
+      "encode_fields", [](const ulorl::agg_normalizer& n) { return ulorl::encode_fields(n); }, "normalizer"_a,
+      "The normaliser as the `float[] normalizer` argument of torch.ops.ulorl.agg_loss (ulorl::encode_fields).");
   m.def(
       "decode_result",
       [](const at::Tensor& result) {
@@ -176,20 +197,40 @@ void bind_losses(py::module_& m) {
         return ulorl::decode_result(std::span<const double>(r.data_ptr<double>(), ulorl::encoded_result_size));
       },
       "result"_a, "The PolicyLossResult of the result tensor of torch.ops.ulorl.policy_loss (ulorl::decode_result).");
+  // Every record an operator carries, by its record_name: the names and default values of its encoding.
+  const auto by_name = [](const std::string& name, auto f) {
+    using namespace ulorl;
+    return for_record(name, f, record_list<policy_loss_config, kl_config, agg_normalizer, policy_loss_result,
+                                           rollout_correction::config, rollout_correction::statistics,
+                                           group_advantage_config, broadcast_config, dynamic_sampling_config,
+                                           dynamic_sampling_result, gpg_config, reinforce_pp_baseline_config,
+                                           multi_reward_config, optimal_token_baseline_config, mpt_config, mpt_stats,
+                                           off_policy_mask_config, off_policy_mask_stats>{});
+  };
+  m.def(
+      "record_fields",
+      [by_name](const std::string& name) {
+        return by_name(name, [](auto tag) { return ulorl::field_names<typename decltype(tag)::type>(); });
+      },
+      "record"_a,
+      "The names of the doubles of an encoded record (a `float[] config` argument or a result tensor of torch.ops.ulorl), "
+      "in order (ulorl::field_names).");
+  m.def(
+      "record_defaults",
+      [by_name](const std::string& name) {
+        return by_name(name, [](auto tag) { return ulorl::encode_fields(typename decltype(tag)::type{}); });
+      },
+      "record"_a, "The encoding of a record's default value (ulorl::encode_fields), record_fields' order.");
   m.def("config_fields", &ulorl::field_names<ulorl::policy_loss_config>,
-        "The fields of a PolicyLossConfig in encode_config's order (ulorl::visit_config_fields).");
+        "The fields of a PolicyLossConfig one per encoded double, in order (ulorl::field_names).");
   m.def("result_fields", &ulorl::field_names<ulorl::policy_loss_result>,
-        "The numbers of the result tensor of torch.ops.ulorl.policy_loss, in order (ulorl::visit_result_fields).");
+        "The numbers of the result tensor of torch.ops.ulorl.policy_loss, in order (ulorl::field_names).");
 
   m.def(
       "_group_advantages",
       [](const at::Tensor& rewards, const opt_tensor& group_ids, std::optional<std::int64_t> group_size,
          const ulorl::advantage_preset& preset) {
-        constexpr std::string_view fn = "group_advantages";
-        if (group_ids && group_size) ulorl::detail::fail(fn, "group_size", "give group_ids or group_size, not both");
-        if (group_ids) return th::group_advantages(rewards, *group_ids, preset.group);
-        if (group_size) return th::group_advantages(rewards, *group_size, preset.group);
-        ulorl::detail::fail(fn, "group_ids", "required (or group_size for contiguous groups of that size)");
+        return th::group_advantages(rewards, th::group_spec(or_undefined(group_ids), group_size), preset.group);
       },
       "rewards"_a, "group_ids"_a, "group_size"_a, "preset"_a);
   m.def(

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <ulorl/advantage/fields.hpp>
 #include <ulorl/advantage/group_advantage.hpp>
 #include <ulorl/advantage/overlong.hpp>
 #include <ulorl/advantage/presets.hpp>
@@ -290,7 +291,13 @@ void bind_presets(py::module_& m) {
   // Advantage presets (ulorl/advantage/presets.hpp) as an opaque value for group_advantages.
   py::class_<ulorl::advantage_preset>(m, "AdvantagePreset",
                                       "How per-response advantages are computed (group statistics) and how they reach "
-                                      "the tokens (placement): one framework's choice (ulorl/advantage/presets.hpp).");
+                                      "the tokens (placement): one framework's choice (ulorl/advantage/presets.hpp).")
+      .def_property_readonly(
+          "group_config", [](const ulorl::advantage_preset& p) { return ulorl::encode_fields(p.group); },
+          "The group statistics as the `float[] config` of torch.ops.ulorl.group_advantages.")
+      .def_property_readonly(
+          "broadcast_config", [](const ulorl::advantage_preset& p) { return ulorl::encode_fields(p.broadcast); },
+          "The placement as the `float[] config` of torch.ops.ulorl.broadcast_to_tokens.");
   m.def(
       "_advantage_preset",
       [](const std::string& preset, const std::string& estimator, double epsilon, bool norm_adv_by_std,

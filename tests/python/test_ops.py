@@ -22,7 +22,7 @@ OPS = ["policy_loss", "_policy_loss_forward", "logits_stats", "_logits_stats_for
 
 def _encode(**options):
     options.setdefault("normalizer", ulorl.Normalizer("token_mean", 10.0))
-    return _ulorl.encode_config(ulorl.policy_loss_config(**options))
+    return _ulorl.encode_fields(ulorl.policy_loss_config(**options))
 
 
 def _batch(dtype, b=3, t=7, seed=0):
@@ -46,8 +46,8 @@ def test_the_library_lists_every_operator_with_its_schema():
 def test_config_encoding_round_trips_and_names_every_field():
     cfg = ulorl.policy_loss_config(objective="gspo", eps_low=0.1, eps_high=0.3, kl_coef=0.2, kl_estimator="k2",
                                    entropy_coef=0.01, kl_input_clamp=20.0)
-    enc = _ulorl.encode_config(cfg)
-    assert len(enc) == len(_ulorl.encode_config(ulorl.PolicyLossConfig()))
+    enc = _ulorl.encode_fields(cfg)
+    assert len(enc) == len(_ulorl.encode_fields(ulorl.PolicyLossConfig()))
     names = _ulorl.config_fields()
     assert names[:3] == ["objective", "eps_low", "eps_high"] and "square_penalty" in names and "rollout" in names
     assert enc[1] == 0.1 and enc[2] == 0.3
@@ -115,7 +115,7 @@ def test_policy_loss_equals_the_operator_and_its_decoded_result():
                                    normalizer=ulorl.global_normalizer("token_mean", ulorl.count_batch(mask)))
     loss1, metrics = ulorl.policy_loss(lp1, old, adv, mask, ref_log_prob=ref, entropy=ent1, config=cfg)
     loss2, result = torch.ops.ulorl.policy_loss(lp2, old, adv, mask, ref, None, ent2, None, None,
-                                                _ulorl.encode_config(cfg))
+                                                _ulorl.encode_fields(cfg))
     (loss1 * 3).backward()
     (loss2 * 3).backward()
     assert loss1.item() == loss2.item()
@@ -196,7 +196,7 @@ def test_the_cpp_adapter_and_python_give_the_same_bits():
         cfg = ulorl.policy_loss_config(eps_high=0.28, kl_coef=0.05, entropy_coef=0.01,
                                        normalizer=ulorl.Normalizer("token_mean", float(mask.sum().item())))
         loss, result = torch.ops.ulorl.policy_loss(lp, old, adv, mask, ref, None, ent, None, None,
-                                                   _ulorl.encode_config(cfg))
+                                                   _ulorl.encode_fields(cfg))
         loss.backward()
         c = cpp["policy_loss"][name]
         _same([c["loss"]], [loss.item()])
@@ -215,10 +215,29 @@ def test_the_cpp_adapter_and_python_give_the_same_bits():
         _same(c["log_prob"], lp)
         _same(c["entropy"], ent)
         _same(c["grad_logits"], logits.grad)
+    lp, old, adv_tok, mask, ref, _ = _bits_inputs(torch.float64)
+    rewards = torch.tensor([0.0, 0.75, 0.25], dtype=torch.float64)
+    verl = ulorl.advantage_preset("verl")
+    adv = ulorl.group_advantages(rewards, group_size=3, preset=verl)
+    c = cpp["batch"]
+    _same(c["advantages"], adv)
+    _same(c["tokens"], ulorl.broadcast_to_tokens(adv, mask, verl))
+    rpp_adv, rpp_ret = ulorl.reinforce_pp_advantages(adv_tok, mask, gamma=0.9, scan="skip_masked")
+    _same(c["reinforce_pp"], rpp_adv)
+    _same(c["returns"], rpp_ret)
+    keep, seq_kl, _ = ulorl.off_policy_mask(lp, old, adv, mask, delta=0.01, preset="trl")
+    _same(c["opm_keep"], keep)
+    _same(c["opm_seq_kl"], seq_kl)
+    w, rc_keep, stats = torch.ops.ulorl.rollout_correction(old, ref, mask, None,
+                                                           _ulorl.record_defaults("rollout_correction_config"))
+    _same(c["rc_weights"], w)
+    _same(c["rc_keep"], rc_keep)
+    s = dict(zip(_ulorl.record_fields("rollout_correction_statistics"), stats.tolist()))
+    _same([c["rc_kl"]], [-s["log_ratio_sum"] / s["tokens"]])  # kl = sum (rollout - old) m / N, x = old - rollout
 
 
 @pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2")
-def test_a_grpo_step_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradient():
+def test_a_grpo_step_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradient(compiles_like_eager):
     _, old, adv, mask, ref, _ = _batch(torch.float32, b=4, t=9, seed=3)
     enc = _encode(eps_high=0.28, kl_coef=0.05, entropy_coef=0.01, normalizer=ulorl.Normalizer("token_mean", 17.0))
     z0 = torch.randn(4 * 9, 13)
@@ -237,12 +256,7 @@ def test_a_grpo_step_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradie
         loss.backward()
         return loss.detach(), result, logits.grad, bias.grad
 
-    eager = run(step)
-    for backend in ("aot_eager", "inductor"):
-        torch._dynamo.reset()
-        compiled = run(torch.compile(step, fullgraph=True, backend=backend))
-        for a, b in zip(eager, compiled):
-            assert torch.equal(a, b), backend
+    compiles_like_eager(step, run)
 
 
 def _agg_oracle(x, mask, mode, denominator, scale):
@@ -262,7 +276,7 @@ def test_agg_loss_operator_against_float64(mode):
     mask[1] = False  # an empty row
     norm = ulorl.Normalizer(mode, 7.0, 2.5)
     x = lp.clone().requires_grad_()
-    loss = torch.ops.ulorl.agg_loss(x, mask, None, _ulorl.encode_config(norm))
+    loss = torch.ops.ulorl.agg_loss(x, mask, None, _ulorl.encode_fields(norm))
     assert loss.dim() == 0 and loss.dtype == torch.float64
     y = lp.clone().requires_grad_()
     want = _agg_oracle(y, mask, mode, 7.0, 2.5)
@@ -296,7 +310,7 @@ def test_kl_penalty_operator_against_float64():
 
 def test_agg_loss_and_kl_penalty_meta_kernels_and_errors():
     lp, _, _, mask, ref, _ = _batch(torch.float32, seed=13)
-    enc = _ulorl.encode_config(ulorl.Normalizer("token_mean", 3.0))
+    enc = _ulorl.encode_fields(ulorl.Normalizer("token_mean", 3.0))
     for cpu, meta in [(torch.ops.ulorl._agg_loss_forward(lp, mask, None, enc),
                        torch.ops.ulorl._agg_loss_forward(lp.to("meta"), mask.to("meta"), None, enc)),
                       (torch.ops.ulorl._kl_penalty_forward(lp, ref, None, _ulorl._kl_config("verl", "kl", None, None)),
@@ -325,7 +339,7 @@ def test_opcheck_passes_for_the_public_operators():
               (torch.randn(6, 11, requires_grad=True), torch.randint(0, 11, (6,)), 0.7, True, False)),
              (torch.ops.ulorl.agg_loss.default,
               (lp.detach().clone().requires_grad_(), mask, None,
-               _ulorl.encode_config(ulorl.Normalizer("seq_mean_token_mean", 3.0)))),
+               _ulorl.encode_fields(ulorl.Normalizer("seq_mean_token_mean", 3.0)))),
              (torch.ops.ulorl.kl_penalty.default,
               (lp.detach().clone().requires_grad_(), ref, None, _ulorl._kl_config("verl", "low_var_kl", None, None)))]
     for op, args in cases:

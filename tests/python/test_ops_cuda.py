@@ -72,7 +72,7 @@ def test_cuda_errors_name_the_argument():
 @pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2")
 def test_a_compiled_loss_on_cuda_equals_eager():
     lp, old, adv, mask, ref, ent = (t.cuda() for t in _batch(4, 9, 3))
-    enc = _ulorl.encode_config(ulorl.policy_loss_config(eps_high=0.28, kl_coef=0.05, entropy_coef=0.01,
+    enc = _ulorl.encode_fields(ulorl.policy_loss_config(eps_high=0.28, kl_coef=0.05, entropy_coef=0.01,
                                                         normalizer=ulorl.Normalizer("token_mean", 17.0)))
 
     def step(x, e):

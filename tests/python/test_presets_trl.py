@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ulorl
+from ulorl import _ulorl
 import ulorl.presets.trl as trl
 
 F64 = torch.float64
@@ -330,9 +331,74 @@ def test_selective_log_softmax_and_entropy_keep_the_logits_dtype(gen, dtype, ulp
     assert lp.dtype == dtype and h.dtype == dtype and lp.shape == (4, 5) and h.shape == (4, 5)
     want_lp = log_softmax64(x).gather(-1, index.unsqueeze(-1)).squeeze(-1)
     want_h = entropy64(x)
-    # rounded once from a float32-or-better value: within one unit of the dtype's last place
+    # float32: rounded once (within one unit of the last place); 16-bit: torch's rounding steps (the
+    # row's log-sum rounded first: two units; the entropy a sum of 64 rounded products: eight)
+    h_units = 2 if dtype == torch.float32 else 8
     assert ((lp.double() - want_lp).abs() <= 2 * ulp * want_lp.abs() + 1e-6).all()
-    assert ((h.double() - want_h).abs() <= 2 * ulp * want_h.abs() + 1e-6).all()
+    assert ((h.double() - want_h).abs() <= h_units * ulp * want_h.abs() + 1e-6).all()
+
+
+def _torch_cpu_rounding(x, index):
+    """TRL's 16-bit values on the CPU, from torch's float operations: log_softmax with the row's sum
+    and its logarithm rounded to the dtype first, and -(exp(lp) * lp).sum(-1) with each product
+    rounded (a -inf logit contributes 0)."""
+    dt = x.dtype
+    r = lambda v: v.to(dt).float()  # noqa: E731
+    xf = x.float()
+    m = xf.max(-1, keepdim=True).values
+    lse = r(torch.log(r(torch.exp(xf - m).double().sum(-1, keepdim=True).float())))
+    lp = r((xf - m) - lse)
+    prod = torch.where(torch.isinf(lp), torch.zeros_like(lp), r(r(torch.exp(lp)) * lp))
+    return lp.gather(-1, index).to(dt), (-prod.double().sum(-1)).float().to(dt)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_logits_give_torchs_cpu_values(gen, dtype):
+    x = (torch.randn(48, 300, generator=gen) * 3).to(dtype)
+    x[5, :40] = float("-inf")  # masked vocabulary
+    index = torch.randint(40, 300, (48, 3), generator=gen)
+    want_lp, want_h = _torch_cpu_rounding(x, index)
+    lp, h = trl.selective_log_softmax(x, index), trl.entropy_from_logits(x)
+    assert lp.dtype == dtype and h.dtype == dtype
+    assert torch.equal(lp, want_lp) and torch.equal(h, want_h)
+    assert torch.equal(trl.selective_log_softmax(x, index[:, 0]), want_lp[:, 0])
+    try:  # torch's own kernel, where this torch has a CPU log_softmax for the dtype
+        own = x.log_softmax(-1)
+    except RuntimeError:
+        own = None
+    if own is not None:
+        assert torch.equal(lp, own.gather(-1, index))
+        finite = ~torch.isinf(own).any(-1)
+        assert torch.equal(h[finite], (-(torch.exp(own) * own).sum(-1))[finite])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_values_carry_the_exact_gradient(gen, dtype):
+    x = torch.randn(6, 40, generator=gen).to(dtype)
+    index = torch.randint(0, 40, (6, 2), generator=gen)
+    w = torch.randn(6, 2, generator=gen)
+    a = x.clone().requires_grad_()
+    (trl.selective_log_softmax(a, index).float() * w).sum().backward()
+    b = x.double().requires_grad_()
+    (log_softmax64(b).gather(-1, index) * w.double()).sum().backward()
+    torch.testing.assert_close(a.grad.double(), b.grad, rtol=2.0**-6, atol=2.0**-8)
+    a2 = x.clone().requires_grad_()
+    trl.entropy_from_logits(a2).float().sum().backward()
+    b2 = x.double().requires_grad_()
+    entropy64(b2).sum().backward()
+    torch.testing.assert_close(a2.grad.double(), b2.grad, rtol=2.0**-6, atol=2.0**-7)
+
+
+def test_torch_rounding_rejects_what_it_cannot_compute():
+    with pytest.raises(ulorl.Error, match="argument 'labels'"):
+        _ulorl._logits_stats_torch_rounding(torch.zeros(2, 4, dtype=torch.bfloat16), torch.tensor([[0], [4]]))
+    with pytest.raises(ulorl.Error, match="argument 'logits'.*must be finite or -inf"):
+        _ulorl._logits_stats_torch_rounding(torch.tensor([[0.0, float("nan")]], dtype=torch.bfloat16),
+                                            torch.tensor([[0]]))
+    with pytest.raises(ulorl.Error, match="row has no finite logit"):
+        _ulorl._logits_stats_torch_rounding(torch.full((1, 3), float("-inf"), dtype=torch.float16), torch.tensor([[0]]))
+    with pytest.raises(ulorl.Error, match="must be bfloat16 or float16"):
+        _ulorl._logits_stats_torch_rounding(torch.zeros(2, 4), torch.tensor([[0], [1]]))
 
 
 @pytest.mark.parametrize("shape", [(17,), (3, 17), (2, 3, 17)])

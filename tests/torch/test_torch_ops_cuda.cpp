@@ -100,7 +100,7 @@ int main() {
       cfg.kl_coef = v.kl_coef;
       cfg.entropy_coef = v.entropy_coef;
       cfg.normalizer = ulorl::global_normalizer(v.mode, ulorl::batch_counts{x.mask.sum().item<double>(), 6, 6});
-      const std::vector<double> enc = ulorl::encode_config(cfg);
+      const std::vector<double> enc = ulorl::encode_fields(cfg);
       at::Tensor lp = x.lp, old = x.old, adv = x.adv, mask = x.mask, ref = x.ref, ent = x.ent, off;
       if (packed) {
         lp = lp.reshape({-1}), old = old.reshape({-1}), adv = adv.reshape({-1}), mask = mask.reshape({-1});

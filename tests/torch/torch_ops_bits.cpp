@@ -1,5 +1,6 @@
-// torch_ops_bits: the results of th::policy_loss and th::logits_stats on inputs given by integer
-// formulas, printed as JSON with every number in C's hexadecimal float format (exact). The Python
+// torch_ops_bits: the results of th::policy_loss, th::logits_stats and the batch functions
+// (group advantages and their broadcast, REINFORCE++, the off-policy mask, the rollout correction)
+// on inputs given by integer formulas, printed as JSON with every number in C's hexadecimal float format (exact). The Python
 // test tests/python/test_ops.py builds the same inputs, calls the same operators through `import
 // ulorl` and compares bit for bit (CTest passes this program's path as ULORL_TORCH_OPS_BITS).
 #include <ATen/ATen.h>
@@ -74,13 +75,31 @@ std::string logits_case(c10::ScalarType dtype) {
          hex_list(logits.grad()) + "}";
 }
 
+//! The batch functions on the policy-loss inputs (float64), each with its default or a preset's
+//! configuration: rewards r_b = ((b * 3) % 5) / 4 of 3 responses in one group.
+std::string batch_case() {
+  const at::Tensor old = tokens(old_of, at::kDouble), lp = tokens(lp_of, at::kDouble), ref = tokens(ref_of, at::kDouble);
+  const at::Tensor mask = tokens(mask_of, at::kDouble).to(at::kBool), adv_tok = tokens(adv_of, at::kDouble);
+  const at::Tensor rewards = at::tensor(std::vector<double>{0.0, 0.75, 0.25}, at::kDouble);
+  const auto preset = ulorl::presets::verl::grpo_advantage();
+  const at::Tensor adv = th::group_advantages(rewards, std::int64_t{3}, preset);
+  const at::Tensor tok = th::broadcast_to_tokens(adv, mask, preset);
+  const auto [rpp_adv, rpp_ret] = th::reinforce_pp_advantages(adv_tok, mask, 0.9, "skip_masked");
+  const auto opm = th::off_policy_mask(lp, old, adv, mask, {.delta = 0.01});
+  const auto rc = th::rollout_correction(old, ref, mask, {});
+  return "{\"advantages\":" + hex_list(adv) + ",\"tokens\":" + hex_list(tok) + ",\"reinforce_pp\":" +
+         hex_list(rpp_adv) + ",\"returns\":" + hex_list(rpp_ret) + ",\"opm_keep\":" + hex_list(opm.keep) +
+         ",\"opm_seq_kl\":" + hex_list(opm.seq_kl) + ",\"rc_weights\":" + hex_list(rc.weights) +
+         ",\"rc_keep\":" + hex_list(rc.keep) + ",\"rc_kl\":" + hex(rc.metrics.kl) + "}";
+}
+
 }  // namespace
 
 int main() {
   std::printf("{\"policy_loss\":{\"float32\":%s,\"float64\":%s},\"logits_stats\":{\"float32\":%s,\"float64\":%s,"
-              "\"bfloat16\":%s,\"float16\":%s}}\n",
+              "\"bfloat16\":%s,\"float16\":%s},\"batch\":%s}\n",
               policy_loss_case(at::kFloat).c_str(), policy_loss_case(at::kDouble).c_str(),
               logits_case(at::kFloat).c_str(), logits_case(at::kDouble).c_str(), logits_case(at::kBFloat16).c_str(),
-              logits_case(at::kHalf).c_str());
+              logits_case(at::kHalf).c_str(), batch_case().c_str());
   return 0;
 }

@@ -26,13 +26,39 @@ def _rows_of(logits: torch.Tensor, fn: str) -> torch.Tensor:
     return logits.reshape(-1, logits.shape[-1])
 
 
+class _RoundedValues(torch.autograd.Function):
+    """The values of ``rounded`` with the gradient of ``exact`` (the same function, rounded otherwise)."""
+
+    @staticmethod
+    def forward(ctx, exact, rounded):  # noqa: D102
+        return rounded.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        return grad, None
+
+
+def _torch_rounded(rows: torch.Tensor, cols: torch.Tensor) -> bool:
+    """Whether TRL's values on these rows are torch's 16-bit CPU arithmetic (logits/torch_rounding.hpp)."""
+    return rows.dtype in (torch.bfloat16, torch.float16) and rows.device.type == "cpu"
+
+
+def _with_exact_gradient(rows: torch.Tensor, rounded: torch.Tensor, exact) -> torch.Tensor:
+    """``rounded``, differentiable in ``rows`` through ``exact()`` when a gradient is wanted."""
+    if not (torch.is_grad_enabled() and rows.requires_grad):
+        return rounded
+    return _RoundedValues.apply(exact(), rounded)
+
+
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """TRL's ``selective_log_softmax``: ``log_softmax(logits)`` gathered at ``index`` along the last
     axis, by ulorl's logits kernels (:func:`ulorl.logprobs_from_logits`, one pass over each row,
     accumulated in float32 / float64). ``index`` is ``[...]`` (one class per row) or ``[..., K]`` (K
-    classes per row: K passes). The result has ``index``'s shape and the logits' dtype (bfloat16 and
-    float16 results are the float32 accumulation rounded once).
-    Differentiable in ``logits``."""
+    classes per row). The result has ``index``'s shape and the logits' dtype. TRL computes 16-bit
+    logits with torch's 16-bit ``log_softmax``; on the CPU these values are torch's rounding steps
+    (``logits_stats_torch_rounding``: the row's sum and its logarithm rounded first), which differ from
+    the correctly rounded value in about one entry in five. Differentiable in ``logits`` (the exact
+    gradient of log-softmax)."""
     fn = "presets::trl::selective_log_softmax"
     rows = _rows_of(logits, fn)
     squeeze = index.dim() == logits.dim() - 1
@@ -40,22 +66,39 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
         raise _fail(fn, "index", f"has shape {tuple(index.shape)} but 'logits' has shape {tuple(logits.shape)} "
                                  "(index must be [...] or [..., K] with the logits' leading shape)")
     cols = index.reshape(rows.shape[0], 1) if squeeze else index.reshape(rows.shape[0], -1)
-    out = [logprobs_from_logits(rows, cols[:, k].contiguous())[0] for k in range(cols.shape[1])]
-    lp = out[0] if len(out) == 1 else torch.stack(out, dim=-1)
+
+    def exact() -> torch.Tensor:
+        out = [logprobs_from_logits(rows, cols[:, k].contiguous())[0] for k in range(cols.shape[1])]
+        return out[0].unsqueeze(-1) if len(out) == 1 else torch.stack(out, dim=-1)
+
+    if _torch_rounded(rows, cols):
+        lp = _with_exact_gradient(rows, _ulorl._logits_stats_torch_rounding(rows.detach(), cols)[0], exact)
+    else:
+        lp = exact()
     return lp.reshape(index.shape)
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Tensor:
     """TRL's ``entropy_from_logits``: the entropy (nats) of ``softmax(logits)`` over the last axis,
     shape ``logits.shape[:-1]``, in the logits' dtype, by ulorl's logits kernels (one streaming pass
-    per row, so ``chunk_size``, which must be >= 1, sets no memory bound here). Differentiable in
-    ``logits``."""
+    per row, so ``chunk_size``, which must be >= 1, sets no memory bound here). 16-bit logits on the
+    CPU give TRL's ``-(exp(logps) * logps).sum(-1)`` with torch's rounding steps
+    (``logits_stats_torch_rounding``). Differentiable in ``logits`` (the exact gradient)."""
     fn = "presets::trl::entropy_from_logits"
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise _fail(fn, "chunk_size", f"= {chunk_size!r}: must be an integer >= 1")
     rows = _rows_of(logits, fn)
     labels = torch.zeros(rows.shape[0], dtype=torch.int64, device=rows.device)
-    return logprobs_from_logits(rows, labels)[1].reshape(logits.shape[:-1])
+
+    def exact() -> torch.Tensor:
+        return logprobs_from_logits(rows, labels)[1]
+
+    if _torch_rounded(rows, labels):
+        none = torch.empty(rows.shape[0], 0, dtype=torch.int64)
+        ent = _with_exact_gradient(rows, _ulorl._logits_stats_torch_rounding(rows.detach(), none)[1], exact)
+    else:
+        ent = exact()
+    return ent.reshape(logits.shape[:-1])
 
 
 # ---- GRPOTrainer's masks ----------------------------------------------------------------------------

@@ -1,97 +1,95 @@
-// ulorl/adapters/torch/advantages.hpp — ulorl's advantage, masking and filtering functions on
-// torch tensors (optional: needs libtorch, CMake target ulorl::torch). None is differentiable
-// (rewards, advantages and masks are constants of the loss); each returns new tensors:
-//   group_advantages(rewards [B], group_ids [B] | group_size, cfg | preset) -> advantages [B]
+// ulorl/adapters/torch/advantages.hpp — ulorl's advantage, masking, filtering and rollout
+// correction functions on torch tensors (optional: needs libtorch, CMake target ulorl::torch), each
+// through its operator of the `ulorl` library (ops_batch.hpp: CPU and Meta kernels). None is
+// differentiable (rewards, advantages, weights and masks are constants of the loss); each returns
+// new tensors:
+//   group_advantages(rewards [B], groups, cfg | preset) -> advantages [B]
 //   broadcast_to_tokens(advantages [B], mask [B, T] | [total] + offsets, cfg | preset) -> [B, T] | [total]
 //       (packed: an undefined mask means every token inside the offsets valid)
 //   mpt_mask({log_prob, entropy, mask, response_score, ...}, cfg) -> keep mask + mpt_stats (UloRL MPT)
-//   dynamic_sampling_filter(metric [B], group_ids [B] | group_size, cfg) -> keep [B] (bool) + counts
-// Per-response tensors (rewards, ids, scores) must be contiguous 1-D; per-token tensors take any
-// strides. Errors are ulorl::error, raised before any output exists.
+//   dynamic_sampling_filter(metric [B], groups, cfg) -> keep [B] (bool) + counts
+//   off_policy_mask(log_prob, old_log_prob, advantages, mask, cfg, offsets) -> keep, seq_kl, stats
+//   rollout_correction(old_log_prob, rollout_log_prob, mask, cfg, offsets) -> weights, keep, metrics
+//   gpg_advantages, opo_advantages, reinforce_pp_advantages, reinforce_pp_baseline_advantages,
+//   multi_reward_advantages, optimal_token_baseline_advantages (advantage/*.hpp on tensors)
+//   logits_stats_torch_rounding(logits, labels) -> 16-bit log-probs and entropy as torch's CPU rounds them
+// `groups` is group_ids [B] (int64 or int32, any ids >= 0, any order) or a group size (contiguous
+// groups). Per-response tensors (rewards, ids, scores) must be contiguous 1-D; per-token tensors
+// take any strides. Errors are ulorl::error, raised before any output exists.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
+#include "ulorl/adapters/torch/ops.hpp"
 #include "ulorl/adapters/torch/tensor_views.hpp"
-#include "ulorl/advantage/dynamic_sampling.hpp"
-#include "ulorl/advantage/group_advantage.hpp"
-#include "ulorl/advantage/groups.hpp"
+#include "ulorl/advantage/fields.hpp"
 #include "ulorl/advantage/presets.hpp"
-#include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
-#include "ulorl/masking/mpt.hpp"
+#include "ulorl/loss/fields.hpp"
+#include "ulorl/loss/rollout_correction.hpp"
+#include "ulorl/masking/fields.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
 namespace th {
 
+//! How responses form groups: group_ids [B] (int64 / int32) or contiguous blocks of a group size.
+//! Both or neither given is an error of the call that takes them.
+struct group_spec {
+  at::Tensor ids{};
+  std::optional<std::int64_t> size{};
+  group_spec() = default;
+  group_spec(const at::Tensor& group_ids) : ids(group_ids) {}                  // NOLINT: implicit on purpose
+  group_spec(std::int64_t group_size) : size(group_size) {}                    // NOLINT: implicit on purpose
+  group_spec(const at::Tensor& group_ids, std::optional<std::int64_t> group_size) : ids(group_ids), size(group_size) {}
+};
+
 namespace detail {
 
-//! float32 -> f(float{}), float64 -> f(double{}) for per-response / per-token value tensors.
-template <class F>
-decltype(auto) with_value_type(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
-  require_cpu(fn, arg, t, -1);
-  switch (t.scalar_type()) {
-    case c10::ScalarType::Float: return f(float{});
-    case c10::ScalarType::Double: return f(double{});
-    default:
-      ulorl::detail::fail(fn, arg,
-                          std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be float32 or float64");
-  }
+//! The typed operator `name` (registered on first use), looked up per call: several batch
+//! operators share a signature, so the handle cannot be cached per signature as ops.hpp's are.
+template <class Sig>
+c10::TypedOperatorHandle<Sig> batch_op(const char* name) {
+  ops::register_ops();
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").template typed<Sig>();
+}
+inline c10::optional<std::int64_t> size_of(const group_spec& g) {
+  return g.size ? c10::optional<std::int64_t>(*g.size) : c10::nullopt;
+}
+//! A result record from its float64 tensor (default for meta tensors, which carry no values).
+template <class R>
+R record_from(std::string_view fn, const at::Tensor& t) {
+  if (t.device().is_meta()) return R{};
+  const at::Tensor c = t.to(at::kCPU).contiguous();
+  return decode_fields<R>(fn, "result", std::span<const double>(c.data_ptr<double>(), static_cast<std::size_t>(c.numel())));
 }
 
-//! Group ids (int64 or int32, contiguous [B]) as a group_layout.
-inline group_layout groups_of(std::string_view fn, const at::Tensor& ids) {
-  require_cpu(fn, "group_ids", ids, 1);
-  if (ids.scalar_type() == c10::ScalarType::Long)
-    return group_layout::from_ids(span_of<const std::int64_t>(fn, "group_ids", ids), fn, "group_ids");
-  if (ids.scalar_type() == c10::ScalarType::Int)
-    return group_layout::from_ids(span_of<const std::int32_t>(fn, "group_ids", ids), fn, "group_ids");
-  ulorl::detail::fail(fn, "group_ids",
-                      std::string("has dtype ") + c10::toString(ids.scalar_type()) + " but must be int64 or int32");
-}
-
-inline group_layout groups_of(std::string_view fn, const at::Tensor& scores, std::int64_t group_size) {
-  if (group_size < 1) ulorl::detail::fail_value(fn, "group_size", group_size, "must be >= 1");
-  require_cpu(fn, "rewards", scores, 1);
-  return group_layout::fixed(static_cast<std::size_t>(scores.size(0)), static_cast<std::size_t>(group_size), fn,
-                             "group_size");
-}
-
-inline at::Tensor advantages_impl(const at::Tensor& rewards, const group_layout& groups,
-                                  const group_advantage_config& cfg) {
-  constexpr std::string_view fn = "group_advantages";
-  return with_value_type(fn, "rewards", rewards, [&](auto tag) {
-    using T = decltype(tag);
-    const auto scores = span_of<const T>(fn, "rewards", rewards);
-    at::Tensor out = at::empty({rewards.size(0)}, rewards.options());
-    ulorl::group_advantages(scores, groups, span_of<T>(fn, "out", out), cfg);
-    return out;
-  });
-}
+using opt_tensor = c10::optional<at::Tensor>;
+using tensor_sig = at::Tensor(const at::Tensor&, const opt_tensor&, c10::optional<std::int64_t>, c10::ArrayRef<double>);
+using pair_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const opt_tensor&, c10::optional<std::int64_t>,
+                                                    c10::ArrayRef<double>);
 
 }  // namespace detail
 
-//! Per-response advantages of rewards [B] grouped by group_ids [B] (any ids >= 0, any order).
-[[nodiscard]] inline at::Tensor group_advantages(const at::Tensor& rewards, const at::Tensor& group_ids,
+//! Per-response advantages of rewards [B] by group statistics.
+[[nodiscard]] inline at::Tensor group_advantages(const at::Tensor& rewards, const group_spec& groups,
                                                  const group_advantage_config& cfg = {}) {
-  detail::require_cpu("group_advantages", "rewards", rewards, 1);
-  return detail::advantages_impl(rewards, detail::groups_of("group_advantages", group_ids), cfg);
+  const auto opt = ops::detail::optional;
+  return detail::batch_op<detail::tensor_sig>("ulorl::group_advantages")
+      .call(rewards, opt(groups.ids), detail::size_of(groups), encode_fields(cfg));
 }
-//! Contiguous groups of `group_size` responses (TRL num_generations, OpenRLHF n_samples_per_prompt).
-[[nodiscard]] inline at::Tensor group_advantages(const at::Tensor& rewards, std::int64_t group_size,
-                                                 const group_advantage_config& cfg = {}) {
-  return detail::advantages_impl(rewards, detail::groups_of("group_advantages", rewards, group_size), cfg);
-}
-[[nodiscard]] inline at::Tensor group_advantages(const at::Tensor& rewards, const at::Tensor& group_ids,
+[[nodiscard]] inline at::Tensor group_advantages(const at::Tensor& rewards, const group_spec& groups,
                                                  const advantage_preset& preset) {
-  return group_advantages(rewards, group_ids, preset.group);
+  return group_advantages(rewards, groups, preset.group);
 }
 
 //! Per-token advantages from per-response advantages [B] and the 0/1 mask (bool, uint8 or the
@@ -101,46 +99,9 @@ inline at::Tensor advantages_impl(const at::Tensor& rewards, const group_layout&
 [[nodiscard]] inline at::Tensor broadcast_to_tokens(const at::Tensor& advantages, const at::Tensor& mask,
                                                     const broadcast_config& cfg = {},
                                                     const at::Tensor& offsets = {}) {
-  constexpr std::string_view fn = "broadcast_to_tokens";
-  const offsets_view off = offsets_of(fn, "offsets", offsets);
-  if (!mask.defined() && !off.packed)
-    ulorl::detail::fail(fn, "mask",
-                        "is undefined without offsets: the padded layout takes its [B, T] shape from the mask "
-                        "(an absent mask means every token valid only in the packed layout, with offsets)");
-  return detail::with_value_type(fn, "advantages", advantages, [&](auto tag) {
-    using T = decltype(tag);
-    const auto adv = span_of<const T>(fn, "advantages", advantages);
-    if (!mask.defined()) {
-      // The token count is the last offset: the offsets are checked (on a view of no memory) before
-      // the result of that size is allocated.
-      const std::int64_t last = static_cast<std::int64_t>(off.i64.size() + off.i32.size()) - 1;
-      const std::int64_t total = off.i64.empty() ? std::int64_t{off.i32.back()} : off.i64.back();
-      if (total < 0)
-        ulorl::detail::fail_at(fn, "offsets", last, total, "the last offset (the token count) must be >= 0");
-      const vector_view<T> no_memory(nullptr, static_cast<std::size_t>(total));
-      validate_layout(fn, "offsets", off.i64.empty() ? token_view<T>::packed(no_memory, off.i32)
-                                                     : token_view<T>::packed(no_memory, off.i64));
-      at::Tensor out = at::empty({total}, advantages.options());
-      const token_view<T> out_v = tokens_of<T>(fn, "out", out, off);
-      ulorl::broadcast_to_tokens(adv, token_view<const std::uint8_t>{}, out_v, cfg);
-      return out;
-    }
-    detail::require_cpu(fn, "mask", mask, -1);
-    at::Tensor out = at::empty(mask.sizes(), advantages.options());
-    const auto run = [&](auto mtag) {
-      using M = decltype(mtag);
-      ulorl::broadcast_to_tokens(adv, tokens_of<const M>(fn, "mask", mask, off), tokens_of<T>(fn, "out", out, off), cfg);
-    };
-    if (mask.scalar_type() == c10::ScalarType::Bool || mask.scalar_type() == c10::ScalarType::Byte)
-      run(std::uint8_t{});
-    else if (mask.scalar_type() == scalar_type_of<T>())
-      run(T{});
-    else
-      ulorl::detail::fail(fn, "mask",
-                          std::string("has dtype ") + c10::toString(mask.scalar_type()) + " but must be bool, uint8 or " +
-                              c10::toString(scalar_type_of<T>()) + " (the dtype of the advantages)");
-    return out;
-  });
+  const auto opt = ops::detail::optional;
+  using sig = at::Tensor(const at::Tensor&, const detail::opt_tensor&, const detail::opt_tensor&, c10::ArrayRef<double>);
+  return detail::batch_op<sig>("ulorl::broadcast_to_tokens").call(advantages, opt(mask), opt(offsets), encode_fields(cfg));
 }
 [[nodiscard]] inline at::Tensor broadcast_to_tokens(const at::Tensor& advantages, const at::Tensor& mask,
                                                     const advantage_preset& preset, const at::Tensor& offsets = {}) {
@@ -160,52 +121,157 @@ struct mpt_tensors {
 
 //! The UloRL MPT keep mask (1 = token trains) in the mask's dtype (bool without a mask) and its counts.
 [[nodiscard]] inline std::pair<at::Tensor, mpt_stats> mpt_mask(const mpt_tensors& t, const mpt_config& cfg = {}) {
-  constexpr std::string_view fn = "mpt_mask";
-  const offsets_view off = offsets_of(fn, "offsets", t.offsets);
-  const bool rollout = cfg.probability == mpt_probability::rollout;
-  const at::Tensor& lp = rollout ? t.old_log_prob : t.log_prob;
-  const std::string_view lp_name = rollout ? "old_log_prob" : "log_prob";
-  if (!lp.defined()) ulorl::detail::fail(fn, lp_name, rollout ? "required when probability == rollout"
-                                                              : "required when probability == current");
-  return detail::with_value_type(fn, lp_name, lp, [&](auto tag) {
-    using T = decltype(tag);
-    return detail::with_value_type(fn, "response_score", t.response_score, [&](auto stag) {
-      using S = decltype(stag);
-      const auto keep_dtype = t.mask.defined() ? t.mask.scalar_type() : c10::ScalarType::Bool;
-      const auto run = [&](auto mtag) {
-        using M = decltype(mtag);
-        mpt_batch<T, M, S> b;
-        const token_view<const T> lp_v = tokens_of<const T>(fn, lp_name, lp, off);
-        (rollout ? b.old_log_prob : b.log_prob) = lp_v;
-        b.entropy = tokens_of<const T>(fn, "entropy", t.entropy, off);
-        b.mask = optional_tokens_of<const M>(fn, "mask", t.mask, off, lp_name, lp_v);
-        b.response_score = span_of<const S>(fn, "response_score", t.response_score);
-        at::Tensor keep = at::empty(lp.sizes(), at::TensorOptions().dtype(keep_dtype));
-        const mpt_stats st = ulorl::mpt_mask(b, tokens_of<M>(fn, "keep", keep, off), cfg);
-        return std::pair<at::Tensor, mpt_stats>{keep, st};
-      };
-      if (keep_dtype == c10::ScalarType::Bool || keep_dtype == c10::ScalarType::Byte) return run(std::uint8_t{});
-      if (keep_dtype != scalar_type_of<T>())
-        ulorl::detail::fail(fn, "mask",
-                            std::string("has dtype ") + c10::toString(keep_dtype) + " but must be bool, uint8 or " +
-                                c10::toString(scalar_type_of<T>()) + " (the dtype of the log-probs)");
-      return run(T{});
-    });
-  });
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = std::tuple<at::Tensor, at::Tensor>(const o&, const o&, const at::Tensor&, const o&, const at::Tensor&,
+                                                 const o&, c10::ArrayRef<double>);
+  auto [keep, stats] = detail::batch_op<sig>("ulorl::mpt_mask")
+                           .call(opt(t.log_prob), opt(t.old_log_prob), t.entropy, opt(t.mask), t.response_score,
+                                 opt(t.offsets), encode_fields(cfg));
+  return {keep, detail::record_from<mpt_stats>("mpt_mask", stats)};
 }
 
 //! DAPO's dynamic-sampling filter: keep [B] (bool) is true for responses of kept groups.
 [[nodiscard]] inline std::pair<at::Tensor, dynamic_sampling_result> dynamic_sampling_filter(
-    const at::Tensor& metric, const at::Tensor& group_ids, const dynamic_sampling_config& cfg = {}) {
-  constexpr std::string_view fn = "dynamic_sampling_filter";
-  return detail::with_value_type(fn, "metric", metric, [&](auto tag) {
-    using T = decltype(tag);
-    const auto m = span_of<const T>(fn, "metric", metric);
-    const group_layout groups = detail::groups_of(fn, group_ids);
-    at::Tensor keep = at::empty({metric.size(0)}, at::TensorOptions().dtype(at::kBool));
-    const auto r = ulorl::dynamic_sampling_filter(m, groups, span_of<std::uint8_t>(fn, "keep", keep), cfg);
-    return std::pair<at::Tensor, dynamic_sampling_result>{keep, r};
-  });
+    const at::Tensor& metric, const group_spec& groups, const dynamic_sampling_config& cfg = {}) {
+  const auto opt = ops::detail::optional;
+  auto [keep, counts] = detail::batch_op<detail::pair_sig>("ulorl::dynamic_sampling_filter")
+                            .call(metric, opt(groups.ids), detail::size_of(groups), encode_fields(cfg));
+  return {keep, detail::record_from<dynamic_sampling_result>("dynamic_sampling_filter", counts)};
+}
+
+//! The off-policy sequence mask (masking/off_policy.hpp) of one batch: keep in log_prob's shape and
+//! dtype, seq_kl [B] float64 (each row's mean KL), and the counts. `advantages` is [B] (advantage
+//! level sequence) or log_prob's shape (token).
+struct off_policy_mask_output {
+  at::Tensor keep, seq_kl;
+  off_policy_mask_stats stats;
+};
+[[nodiscard]] inline off_policy_mask_output off_policy_mask(const at::Tensor& log_prob, const at::Tensor& old_log_prob,
+                                                           const at::Tensor& advantages, const at::Tensor& mask,
+                                                           const off_policy_mask_config& cfg,
+                                                           const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                             const o&, const o&, c10::ArrayRef<double>);
+  auto [keep, seq_kl, stats] = detail::batch_op<sig>("ulorl::off_policy_mask")
+                                   .call(log_prob, old_log_prob, advantages, opt(mask), opt(offsets), encode_fields(cfg));
+  return {keep, seq_kl, detail::record_from<off_policy_mask_stats>("off_policy_mask", stats)};
+}
+
+//! The rollout correction of one batch (loss/rollout_correction.hpp's apply): importance weights in
+//! old_log_prob's dtype, the keep mask in the mask's dtype (bool without a mask), and the metrics.
+struct rollout_correction_output {
+  at::Tensor weights, keep;
+  rollout_correction::metrics metrics;
+};
+[[nodiscard]] inline rollout_correction_output rollout_correction(const at::Tensor& old_log_prob,
+                                                                  const at::Tensor& rollout_log_prob,
+                                                                  const at::Tensor& mask,
+                                                                  const rollout_correction::config& cfg,
+                                                                  const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const o&, const o&,
+                                                             c10::ArrayRef<double>);
+  auto [weights, keep, stats] = detail::batch_op<sig>("ulorl::rollout_correction")
+                                    .call(old_log_prob, rollout_log_prob, opt(mask), opt(offsets), encode_fields(cfg));
+  rollout_correction_output out{weights, keep, {}};
+  if (!stats.device().is_meta())
+    out.metrics = rollout_correction::finalize(detail::record_from<rollout_correction::statistics>("rollout_correction", stats), cfg);
+  return out;
+}
+
+//! GPG advantages (advantage/baselines.hpp) of scores [B].
+[[nodiscard]] inline at::Tensor gpg_advantages(const at::Tensor& scores, const group_spec& groups,
+                                               const gpg_config& cfg = {}) {
+  const auto opt = ops::detail::optional;
+  return detail::batch_op<detail::tensor_sig>("ulorl::gpg_advantages")
+      .call(scores, opt(groups.ids), detail::size_of(groups), encode_fields(cfg));
+}
+
+//! OPO advantages (advantage/baselines.hpp) of scores [B], response lengths from the mask.
+[[nodiscard]] inline at::Tensor opo_advantages(const at::Tensor& scores, const at::Tensor& mask, const group_spec& groups,
+                                               const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = at::Tensor(const at::Tensor&, const at::Tensor&, const o&, c10::optional<std::int64_t>, const o&);
+  return detail::batch_op<sig>("ulorl::opo_advantages")
+      .call(scores, mask, opt(groups.ids), detail::size_of(groups), opt(offsets));
+}
+
+//! REINFORCE++ advantages and returns (advantage/reinforce_pp.hpp) of per-token rewards; `scan` is
+//! "reset_after_eos" or "skip_masked" (return_scan).
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> reinforce_pp_advantages(const at::Tensor& token_level_rewards,
+                                                                               const at::Tensor& mask, double gamma,
+                                                                               std::string_view scan = "reset_after_eos",
+                                                                               const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const o&, const o&, double, c10::string_view);
+  auto [adv, ret] = detail::batch_op<sig>("ulorl::reinforce_pp_advantages")
+                        .call(token_level_rewards, opt(mask), opt(offsets), gamma, c10::string_view(scan.data(), scan.size()));
+  return {adv, ret};
+}
+
+//! REINFORCE++-baseline advantages (advantage/reinforce_pp.hpp): scores [B] -> the mask's shape.
+[[nodiscard]] inline at::Tensor reinforce_pp_baseline_advantages(const at::Tensor& scores, const group_spec& groups,
+                                                                 const at::Tensor& mask,
+                                                                 const reinforce_pp_baseline_config& cfg = {},
+                                                                 const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = at::Tensor(const at::Tensor&, const o&, c10::optional<std::int64_t>, const at::Tensor&, const o&,
+                         c10::ArrayRef<double>);
+  return detail::batch_op<sig>("ulorl::reinforce_pp_baseline_advantages")
+      .call(scores, opt(groups.ids), detail::size_of(groups), mask, opt(offsets), encode_fields(cfg));
+}
+
+//! Multi-reward (GDPO) advantages (advantage/multi_reward.hpp): reward_components [B, K] with K
+//! weights -> the mask's shape.
+[[nodiscard]] inline at::Tensor multi_reward_advantages(const at::Tensor& reward_components,
+                                                        std::span<const double> reward_weights,
+                                                        const group_spec& groups, const at::Tensor& mask,
+                                                        const multi_reward_config& cfg = {},
+                                                        const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = at::Tensor(const at::Tensor&, c10::ArrayRef<double>, const o&, c10::optional<std::int64_t>,
+                         const at::Tensor&, const o&, c10::ArrayRef<double>);
+  return detail::batch_op<sig>("ulorl::multi_reward_advantages")
+      .call(reward_components, c10::ArrayRef<double>(reward_weights.data(), reward_weights.size()), opt(groups.ids),
+            detail::size_of(groups), mask, opt(offsets), encode_fields(cfg));
+}
+
+//! The optimal-token-baseline inputs beside the rewards (advantage/optimal_token_baseline.hpp).
+struct optimal_token_baseline_tensors {
+  at::Tensor old_log_prob{};
+  at::Tensor sum_pi_squared{};
+  at::Tensor rollout_is_weights{};  //!< undefined: 1
+};
+//! Optimal-token-baseline advantages and returns of per-token rewards, groups by ids [B].
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> optimal_token_baseline_advantages(
+    const at::Tensor& token_level_rewards, const at::Tensor& mask, const at::Tensor& group_ids,
+    const optimal_token_baseline_tensors& extra, const optimal_token_baseline_config& cfg = {},
+    const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const o&, const at::Tensor&, const o&, const o&,
+                                                 const o&, const o&, c10::ArrayRef<double>);
+  auto [adv, ret] = detail::batch_op<sig>("ulorl::optimal_token_baseline_advantages")
+                        .call(token_level_rewards, opt(mask), group_ids, opt(extra.old_log_prob),
+                              opt(extra.sum_pi_squared), opt(extra.rollout_is_weights), opt(offsets), encode_fields(cfg));
+  return {adv, ret};
+}
+
+//! log_prob [N, K] at labels [N, K] and entropy [N] of bf16 / f16 logits [N, V] with torch's CPU
+//! rounding steps (logits/torch_rounding.hpp), in the logits' dtype; not differentiable.
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats_torch_rounding(const at::Tensor& logits,
+                                                                                  const at::Tensor& labels) {
+  using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&);
+  auto [lp, ent] = detail::batch_op<sig>("ulorl::logits_stats_torch_rounding").call(logits, labels);
+  return {lp, ent};
 }
 
 }  // namespace th

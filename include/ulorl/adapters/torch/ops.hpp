@@ -8,18 +8,20 @@
 //   ulorl::kl_penalty(log_prob, ref_log_prob, offsets?, float[] config) -> kl
 // and the non-differentiable primitives they are built of (`_policy_loss_forward`,
 // `_logits_stats_forward`, `_logits_stats_backward`, `_agg_loss_forward`, `_kl_penalty_forward`,
-// each returning the values and the gradients the autograd kernels keep). Kernels per dispatch key:
+// each returning the values and the gradients the autograd kernels keep), and the batch operators
+// of ops_batch.hpp (advantages, masks, filters, rollout correction). Kernels per dispatch key:
 //   CPU     ulorl's CPU kernels (the installed ISA variants) on torch's intra-op pool;
 //   CUDA    the policy loss's device kernel once register_cuda_ops() (ops_cuda.hpp) has set it;
-//           otherwise, and for the other operators, ulorl::error naming the CUDA tensor;
+//           otherwise, and for the other operators, ulorl::error naming the CUDA tensor (or the
+//           tensor on another device than the first);
 //   Meta    shapes and dtypes only, so FakeTensor and torch.compile trace through the calls;
 //   Autograd (the public operators) the exact gradients, computed in the forward pass or by the
 //           backward primitive, differentiable once (a double backward raises ulorl::error);
 //   CompositeExplicitAutograd (the public operators) the primitive without a graph, for calls
 //           under torch.inference_mode and below autograd; the primitives pass autograd by
 //           (their outputs never require grad).
-// `config` is encode_config of a policy_loss_config, resp. kl_config, and `normalizer` of an
-// agg_normalizer (ulorl/loss/fields.hpp); `result` is one float64
+// `config` is encode_fields of a policy_loss_config, resp. kl_config, and `normalizer` of an
+// agg_normalizer (core/fields.hpp, the tables in loss/fields.hpp); `result` is one float64
 // tensor [encoded_result_size], decode_result's input: the loss parts, the metrics' sums and the
 // rollout correction's statistics.
 //
@@ -49,6 +51,7 @@
 #include <vector>
 
 #include "ulorl/adapters/torch/autograd.hpp"
+#include "ulorl/adapters/torch/ops_batch.hpp"
 #include "ulorl/adapters/torch/tensor_views.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
@@ -126,7 +129,7 @@ inline void require_policy_loss_device(const at::Tensor& log_prob, const at::Ten
 
 //! The decoded configuration of a call (the error names `config` and the field).
 inline policy_loss_config config_of(std::string_view fn, c10::ArrayRef<double> config) {
-  return decode_config(fn, "config", std::span<const double>(config.data(), config.size()));
+  return decode_fields<policy_loss_config>(fn, "config", std::span<const double>(config.data(), config.size()));
 }
 
 //! The token dtype of log_prob, for the Meta kernels (the CPU kernels check it through the views).
@@ -217,6 +220,43 @@ inline std::atomic<policy_loss_forward_kernel> cuda_policy_loss_forward{nullptr}
   fail(fn, arg, "is a CUDA tensor (" + t.device().str() + "): " + std::string(why) + "; move the tensors with .cpu()");
 }
 
+//! The operators with CPU kernels and no CUDA kernel: the primitives but the policy loss's, and
+//! the batch operators (the public loss operators reach the primitives through their Autograd and
+//! CompositeExplicitAutograd kernels on every device).
+inline std::vector<std::string> operators_without_cuda() {
+  std::vector<std::string> names = {"_logits_stats_forward", "_logits_stats_backward", "_agg_loss_forward",
+                                    "_kl_penalty_forward"};
+  for (const std::string& s : batch_schemas()) names.push_back(s.substr(0, s.find('(')));
+  return names;
+}
+
+//! The CUDA kernel of the operators without one (a boxed kernel: one for all): tensors on two
+//! devices are named as such, else the first CUDA tensor is named. Public names drop a leading `_`.
+inline void no_cuda_kernel_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  std::string fn = op.schema().name();
+  fn = fn.substr(fn.find("::") + 2);
+  if (fn.front() == '_') {  // a primitive: the public operator's name
+    fn = fn.substr(1);
+    fn = fn.substr(0, fn.rfind('_'));
+  }
+  const std::size_t first = stack->size() - args.size();
+  const at::Tensor* ref = nullptr;
+  std::string_view ref_name;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (ref && t.device() != ref->device())
+      fail(fn, args[i].name(),
+           "is on device " + t.device().str() + " but '" + std::string(ref_name) + "' is on " + ref->device().str() +
+               " (every tensor of a call must be on one device)");
+    if (!ref) ref = &t, ref_name = args[i].name();
+  }
+  if (ref) no_cuda_kernel(fn, ref_name, *ref, fn + " has no CUDA kernel");
+  fail(fn, "", "has no CUDA kernel");
+}
+
 //! The kernels registered for the CUDA key: the policy loss's when one is set, else an error.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_forward_on_cuda(
     const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
@@ -228,16 +268,6 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_fo
                  "this program registered no CUDA kernel for the policy loss (ulorl::th::ops::register_cuda_ops, "
                  "ulorl/adapters/torch/ops_cuda.hpp, in builds with CUDA)");
 }
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_stats_forward_on_cuda(const at::Tensor& logits,
-                                                                                           const at::Tensor&, double,
-                                                                                           bool, bool) {
-  no_cuda_kernel("logits_stats", "logits", logits, "logits_stats has no CUDA kernel");
-}
-inline at::Tensor logits_stats_backward_on_cuda(const at::Tensor& logits, const at::Tensor&, const at::Tensor&,
-                                                const at::Tensor&, const opt_tensor&, const opt_tensor&, double, bool) {
-  no_cuda_kernel("logits_stats", "logits", logits, "logits_stats has no CUDA kernel");
-}
-
 //! The typed handle of operator `name` (registered by register_ops()), looked up once: each
 //! signature below belongs to one operator, and the dispatcher keeps a registered handle valid.
 template <class Sig>
@@ -484,7 +514,7 @@ std::tuple<at::Tensor, at::Tensor> agg_loss_forward(const at::Tensor& loss_mat, 
   constexpr std::string_view fn = "agg_loss";
   const at::Tensor m = value_or_undefined(mask_), o = value_or_undefined(offsets);
   th::detail::require_same_device(fn, "loss_mat", loss_mat, {{"mask", &m}, {"offsets", &o}});
-  const auto norm = decode_config<agg_normalizer>(fn, "normalizer", {normalizer.data(), normalizer.size()});
+  const auto norm = decode_fields<agg_normalizer>(fn, "normalizer", {normalizer.data(), normalizer.size()});
   const auto opts = loss_mat.options().dtype(token_dtype(fn, loss_mat));
   if constexpr (Meta) {
     return {at::empty({}, opts), at::empty(loss_mat.sizes(), opts)};
@@ -510,7 +540,7 @@ std::tuple<at::Tensor, at::Tensor> kl_penalty_forward(const at::Tensor& log_prob
   constexpr std::string_view fn = "kl_penalty";
   const at::Tensor o = value_or_undefined(offsets);
   th::detail::require_same_device(fn, "log_prob", log_prob, {{"ref_log_prob", &ref_log_prob}, {"offsets", &o}});
-  const auto cfg = decode_config<kl_config>(fn, "config", {config.data(), config.size()});
+  const auto cfg = decode_fields<kl_config>(fn, "config", {config.data(), config.size()});
   const auto opts = log_prob.options().dtype(token_dtype(fn, log_prob));
   at::Tensor kl = at::empty(log_prob.sizes(), opts), grad = at::empty(log_prob.sizes(), opts);
   if constexpr (!Meta) {
@@ -523,15 +553,6 @@ std::tuple<at::Tensor, at::Tensor> kl_penalty_forward(const at::Tensor& log_prob
     });
   }
   return {kl, grad};
-}
-
-inline std::tuple<at::Tensor, at::Tensor> agg_loss_forward_on_cuda(const at::Tensor& loss_mat, const opt_tensor&,
-                                                                   const opt_tensor&, c10::ArrayRef<double>) {
-  no_cuda_kernel("agg_loss", "loss_mat", loss_mat, "agg_loss has no CUDA kernel");
-}
-inline std::tuple<at::Tensor, at::Tensor> kl_penalty_forward_on_cuda(const at::Tensor& log_prob, const at::Tensor&,
-                                                                     const opt_tensor&, c10::ArrayRef<double>) {
-  no_cuda_kernel("kl_penalty", "log_prob", log_prob, "kl_penalty has no CUDA kernel");
 }
 
 using agg_loss_forward_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const opt_tensor&, const opt_tensor&,
@@ -621,6 +642,7 @@ inline bool register_ops() {
     if (c10::Dispatcher::singleton().findSchema({"ulorl::policy_loss", ""}).has_value()) return false;
     static torch::Library def(torch::Library::DEF, "ulorl", c10::nullopt, __FILE__, __LINE__);
     for (const std::string& s : schemas()) def.def(s.c_str());
+    for (const std::string& s : batch_schemas()) def.def(s.c_str());
     static torch::Library cpu(torch::Library::IMPL, "ulorl", c10::DispatchKey::CPU, __FILE__, __LINE__);
     cpu.impl("_policy_loss_forward", &detail::policy_loss_forward<false>);
     cpu.impl("_logits_stats_forward", &detail::logits_stats_forward_cpu);
@@ -633,12 +655,12 @@ inline bool register_ops() {
     meta.impl("_logits_stats_backward", &detail::logits_stats_backward_meta);
     meta.impl("_agg_loss_forward", &detail::agg_loss_forward<true>);
     meta.impl("_kl_penalty_forward", &detail::kl_penalty_forward<true>);
+    detail::register_batch_kernels(cpu, meta);
+    // CUDA: the policy loss's switchable kernel; every other operator names the CUDA tensor.
     static torch::Library cuda(torch::Library::IMPL, "ulorl", c10::DispatchKey::CUDA, __FILE__, __LINE__);
     cuda.impl("_policy_loss_forward", &detail::policy_loss_forward_on_cuda);
-    cuda.impl("_logits_stats_forward", &detail::logits_stats_forward_on_cuda);
-    cuda.impl("_logits_stats_backward", &detail::logits_stats_backward_on_cuda);
-    cuda.impl("_agg_loss_forward", &detail::agg_loss_forward_on_cuda);
-    cuda.impl("_kl_penalty_forward", &detail::kl_penalty_forward_on_cuda);
+    for (const std::string& name : detail::operators_without_cuda())
+      cuda.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&detail::no_cuda_kernel_boxed>());
     static torch::Library autograd(torch::Library::IMPL, "ulorl", c10::DispatchKey::Autograd, __FILE__, __LINE__);
     autograd.impl("policy_loss", &detail::policy_loss_autograd);
     autograd.impl("logits_stats", &detail::logits_stats_autograd);
@@ -646,9 +668,10 @@ inline bool register_ops() {
     autograd.impl("kl_penalty", &detail::kl_penalty_autograd);
     // The primitives are not differentiable: their outputs are gradients and statistics, and
     // autograd passes them by (torch 1.13 has no fallthrough of its own for AutogradMeta).
-    for (const char* name : {"_policy_loss_forward", "_logits_stats_forward", "_logits_stats_backward",
-                             "_agg_loss_forward", "_kl_penalty_forward"})
-      autograd.impl(name, torch::CppFunction::makeFallthrough());
+    // The batch operators are not differentiable either (their inputs are constants of the loss).
+    autograd.impl("_policy_loss_forward", torch::CppFunction::makeFallthrough());
+    for (const std::string& name : detail::operators_without_cuda())
+      autograd.impl(name.c_str(), torch::CppFunction::makeFallthrough());
     static torch::Library composite(torch::Library::IMPL, "ulorl", c10::DispatchKey::CompositeExplicitAutograd,
                                     __FILE__, __LINE__);
     composite.impl("policy_loss", &detail::policy_loss_composite);
@@ -677,7 +700,7 @@ inline bool register_ops() {
                                                     const policy_loss_tensors& extra = {}) {
   ops::register_ops();
   const auto opt = ops::detail::optional;
-  const std::vector<double> config = encode_config(cfg);
+  const std::vector<double> config = encode_fields(cfg);
   auto [loss, result] = ops::detail::op<ops::detail::policy_loss_sig>("ulorl::policy_loss")
                             .call(log_prob, old_log_prob, advantages, opt(mask), opt(extra.ref_log_prob),
                                   opt(extra.weights), opt(extra.entropy), opt(extra.offsets),
@@ -717,7 +740,7 @@ inline bool register_ops() {
   ops::register_ops();
   const auto opt = ops::detail::optional;
   return ops::detail::op<ops::detail::agg_loss_sig>("ulorl::agg_loss")
-      .call(loss_mat, opt(mask), opt(offsets), encode_config(norm));
+      .call(loss_mat, opt(mask), opt(offsets), encode_fields(norm));
 }
 
 //! The element-wise KL estimate of log_prob against ref_log_prob (ulorl::kl_penalty, every element,
@@ -728,7 +751,7 @@ inline bool register_ops() {
   ops::register_ops();
   return ops::detail::op<ops::detail::kl_penalty_sig>("ulorl::kl_penalty")
       .call(log_prob, ref_log_prob, ops::detail::optional(offsets),
-            encode_config(cfg));
+            encode_fields(cfg));
 }
 
 }  // namespace th

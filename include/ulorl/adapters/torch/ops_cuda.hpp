@@ -186,7 +186,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_fo
       ulorl::detail::fail_value(fn, "offsets", -s - 1,
                                 "is the first row whose offsets are not within [0, total] or decrease");
   }
-  loss.copy_(result.select(0, 0));  // result[0] is the loss (visit_result_fields), rounded to float32
+  loss.copy_(result.select(0, 0));  // result[0] is the loss (its visit_fields table), rounded to float32
   return std::make_tuple(loss, glp, gent, result);
 }
 
