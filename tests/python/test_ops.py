@@ -17,7 +17,8 @@ import ulorl
 from ulorl import _ulorl
 
 OPS = ["policy_loss", "_policy_loss_forward", "logits_stats", "_logits_stats_forward", "_logits_stats_backward",
-       "agg_loss", "_agg_loss_forward", "kl_penalty", "_kl_penalty_forward"]
+       "agg_loss", "_agg_loss_forward", "kl_penalty", "_kl_penalty_forward", "policy_loss_from_logits",
+       "_policy_loss_from_logits_forward"]
 
 
 def _encode(**options):
@@ -234,6 +235,36 @@ def test_the_cpp_adapter_and_python_give_the_same_bits():
     _same(c["rc_keep"], rc_keep)
     s = dict(zip(_ulorl.record_fields("rollout_correction_statistics"), stats.tolist()))
     _same([c["rc_kl"]], [-s["log_ratio_sum"] / s["tokens"]])  # kl = sum (rollout - old) m / N, x = old - rollout
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_policy_loss_from_logits_operator_gives_the_in_place_functions_bits(entropy_coef):
+    _, old, adv, mask, ref, _ = _batch(torch.float64, b=3, t=5, seed=4)
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(15, 11, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 11, (15,), generator=g)
+    options = dict(eps_high=0.28, kl_coef=0.05, entropy_coef=entropy_coef)
+    a = z.clone().requires_grad_()
+    loss, result, lp, ent = torch.ops.ulorl.policy_loss_from_logits(a, y, old, adv, mask, ref, None, None, None,
+                                                                    _encode(**options), 0.8, True, False)
+    (3.0 * loss).backward()
+    loss_b, metrics = ulorl.policy_loss_from_logits(z.clone(), y, old, adv, mask, ref_log_prob=ref, temperature=0.8,
+                                                    normalizer=ulorl.Normalizer("token_mean", 10.0), **options)
+    assert torch.equal(loss, loss_b) and torch.equal(lp, metrics["log_prob"])
+    assert not (result.requires_grad or lp.requires_grad or ent.requires_grad)
+    assert ent.numel() == 0 if entropy_coef == 0.0 else torch.equal(ent, metrics["entropy"])
+    # the gradient: the operator's (scaled by the incoming 3) against the in-place form's (an autograd
+    # function over the same kernel, writing into its input)
+    c = z.clone().requires_grad_()
+    work = c * 1.0  # a non-leaf copy the in-place form may overwrite
+    (3.0 * ulorl.policy_loss_from_logits(work, y, old, adv, mask, ref_log_prob=ref, temperature=0.8, in_place=True,
+                                         normalizer=ulorl.Normalizer("token_mean", 10.0), **options)[0]).backward()
+    assert torch.equal(a.grad, c.grad)
+    meta = torch.ops.ulorl.policy_loss_from_logits(z.to("meta"), y.to("meta"), old.to("meta"), adv.to("meta"),
+                                                   mask.to("meta"), ref.to("meta"), None, None, None,
+                                                   _encode(**options), 0.8, True, False)
+    for m, r in zip(meta, (loss, result, lp, ent)):
+        assert m.is_meta and m.shape == r.shape and m.dtype == r.dtype
 
 
 @pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2")

@@ -278,21 +278,30 @@ at::Tensor fused_forward(std::string_view fn, const fused_args* a, const Options
   });
 }
 
+//! The fused loss from logits with d loss / d logits written into `grad` ([N, V] of the logits'
+//! dtype: a new tensor, or the logits themselves); returns the 0-dim loss.
+inline at::Tensor logits_loss_into(const at::Tensor& logits, const at::Tensor& grad, const fused_args* a,
+                                   const logits_loss_options* opt) {
+  constexpr std::string_view fn = "policy_loss_from_logits";
+  return fused_forward(fn, a, opt, [&](auto, auto y, const auto& in, auto& buf) {
+    with_logits_type(fn, "logits", logits, [&](auto ltag) {
+      using L = decltype(ltag);
+      a->out->result = ulorl::policy_loss_from_logits(matrix_of<const L>(fn, "logits", logits), y, in, buf.views,
+                                                      matrix_of<L>(fn, "grad_logits", grad), *a->cfg, opt->logits,
+                                                      torch_executor{});
+    });
+  });
+}
+
+//! The in-place form (the gradient overwrites the logits): an autograd function, not an operator,
+//! since it writes into its input.
 struct logits_loss_function : public torch::autograd::Function<logits_loss_function> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits, const fused_args* a,
                             const logits_loss_options* opt) {
-    constexpr std::string_view fn = "policy_loss_from_logits";
-    return fused_forward(fn, a, opt, [&](auto, auto y, const auto& in, auto& buf) {
-      with_logits_type(fn, "logits", logits, [&](auto ltag) {
-        using L = decltype(ltag);
-        const matrix_view<const L> z = matrix_of<const L>(fn, "logits", logits);
-        at::Tensor grad = opt->in_place ? logits : at::empty(logits.sizes(), logits.options());
-        a->out->result = ulorl::policy_loss_from_logits(z, y, in, buf.views, matrix_of<L>(fn, "grad_logits", grad), *a->cfg,
-                                                        opt->logits, torch_executor{});
-        if (opt->in_place) torch::autograd::impl::bump_version(logits);
-        ctx->saved_data["grad_logits"] = grad;
-      });
-    });
+    const at::Tensor loss = logits_loss_into(logits, logits, a, opt);
+    torch::autograd::impl::bump_version(logits);
+    ctx->saved_data["grad_logits"] = logits;
+    return loss;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -343,22 +352,6 @@ struct head_loss_function : public torch::autograd::Function<head_loss_function>
 };
 
 }  // namespace detail
-
-//! The policy loss straight from logits [N, V] (ulorl::policy_loss_from_logits): row i of the
-//! logits is token flat_index i of the token layout of old_log_prob (padded: b * T + t). The mask
-//! as policy_loss's (undefined: every token of old_log_prob's layout valid). The
-//! gradient d loss / d logits is computed in the forward pass and handed to autograd in backward
-//! (scaled by the incoming gradient in place): one [N, V] tensor, or none with opt.in_place.
-[[nodiscard]] inline policy_loss_output policy_loss_from_logits(const at::Tensor& logits, const at::Tensor& labels,
-                                                                const at::Tensor& old_log_prob,
-                                                                const at::Tensor& advantages, const at::Tensor& mask,
-                                                                const policy_loss_config& cfg,
-                                                                const logits_loss_options& opt = {}) {
-  policy_loss_output out;
-  const detail::fused_args a{&labels, &old_log_prob, &advantages, &mask, &cfg, &out};
-  out.loss = detail::logits_loss_function::apply(logits, &a, &opt);
-  return out;
-}
 
 //! The policy loss straight from hidden states [N, H], the unembedding weight [V, H] (torch's
 //! nn.Linear layout) and an optional bias [V] (ulorl::policy_loss_from_hidden): chunks of C rows,

@@ -4,10 +4,14 @@
 //                      offsets?, rollout_log_prob?, float[] config) -> (loss, result)
 //   ulorl::logits_stats(logits, labels, temperature=1, check_values=True, fast_backward=False)
 //                      -> (log_prob, entropy)
+//   ulorl::policy_loss_from_logits(logits, labels, old_log_prob, advantages, mask?, ref_log_prob?,
+//                      weights?, offsets?, rollout_log_prob?, float[] config, temperature=1,
+//                      check_values=True, fast_backward=False) -> (loss, result, log_prob, entropy)
 //   ulorl::agg_loss(loss_mat, mask?, offsets?, float[] normalizer) -> loss
 //   ulorl::kl_penalty(log_prob, ref_log_prob, offsets?, float[] config) -> kl
 // and the non-differentiable primitives they are built of (`_policy_loss_forward`,
-// `_logits_stats_forward`, `_logits_stats_backward`, `_agg_loss_forward`, `_kl_penalty_forward`,
+// `_logits_stats_forward`, `_logits_stats_backward`, `_policy_loss_from_logits_forward`,
+// `_agg_loss_forward`, `_kl_penalty_forward`,
 // each returning the values and the gradients the autograd kernels keep), and the batch operators
 // of ops_batch.hpp (advantages, masks, filters, rollout correction). Kernels per dispatch key:
 //   CPU     ulorl's CPU kernels (the installed ISA variants) on torch's intra-op pool;
@@ -77,6 +81,10 @@ inline constexpr std::string_view policy_loss_args =
     "Tensor? entropy, Tensor? offsets, Tensor? rollout_log_prob, float[] config)";
 inline constexpr std::string_view logits_stats_args =
     "(Tensor logits, Tensor labels, float temperature=1.0, bool check_values=True, bool fast_backward=False)";
+inline constexpr std::string_view logits_loss_args =
+    "(Tensor logits, Tensor labels, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? ref_log_prob, "
+    "Tensor? weights, Tensor? offsets, Tensor? rollout_log_prob, float[] config, float temperature=1.0, "
+    "bool check_values=True, bool fast_backward=False)";
 inline constexpr std::string_view agg_loss_args = "(Tensor loss_mat, Tensor? mask, Tensor? offsets, float[] normalizer)";
 inline constexpr std::string_view kl_penalty_args =
     "(Tensor log_prob, Tensor ref_log_prob, Tensor? offsets, float[] config)";
@@ -93,6 +101,9 @@ inline constexpr std::string_view kl_penalty_args =
           "_logits_stats_backward(Tensor logits, Tensor labels, Tensor lse, Tensor entropy_f64, Tensor? grad_log_prob, "
           "Tensor? grad_entropy, float temperature, bool fast_backward) -> Tensor",
           s("logits_stats", logits_stats_args, "(Tensor log_prob, Tensor entropy)"),
+          s("_policy_loss_from_logits_forward", logits_loss_args,
+            "(Tensor loss, Tensor grad_logits, Tensor log_prob, Tensor entropy, Tensor result)"),
+          s("policy_loss_from_logits", logits_loss_args, "(Tensor loss, Tensor result, Tensor log_prob, Tensor entropy)"),
           s("_agg_loss_forward", agg_loss_args, "(Tensor loss, Tensor grad)"),
           s("agg_loss", agg_loss_args, "Tensor"),
           s("_kl_penalty_forward", kl_penalty_args, "(Tensor kl, Tensor grad)"),
@@ -133,11 +144,11 @@ inline policy_loss_config config_of(std::string_view fn, c10::ArrayRef<double> c
 }
 
 //! The token dtype of log_prob, for the Meta kernels (the CPU kernels check it through the views).
-inline c10::ScalarType token_dtype(std::string_view fn, const at::Tensor& log_prob) {
-  if (!log_prob.defined()) fail(fn, "log_prob", "is an undefined tensor");
-  const auto st = log_prob.scalar_type();
+inline c10::ScalarType token_dtype(std::string_view fn, const at::Tensor& t, std::string_view arg = "log_prob") {
+  if (!t.defined()) fail(fn, arg, "is an undefined tensor");
+  const auto st = t.scalar_type();
   if (st != c10::ScalarType::Float && st != c10::ScalarType::Double)
-    fail(fn, "log_prob", std::string("has dtype ") + c10::toString(st) + " but must be float32 or float64");
+    fail(fn, arg, std::string("has dtype ") + c10::toString(st) + " but must be float32 or float64");
   return st;
 }
 
@@ -225,7 +236,7 @@ inline std::atomic<policy_loss_forward_kernel> cuda_policy_loss_forward{nullptr}
 //! CompositeExplicitAutograd kernels on every device).
 inline std::vector<std::string> operators_without_cuda() {
   std::vector<std::string> names = {"_logits_stats_forward", "_logits_stats_backward", "_agg_loss_forward",
-                                    "_kl_penalty_forward"};
+                                    "_kl_penalty_forward", "_policy_loss_from_logits_forward"};
   for (const std::string& s : batch_schemas()) names.push_back(s.substr(0, s.find('(')));
   return names;
 }
@@ -504,6 +515,107 @@ inline std::tuple<at::Tensor, at::Tensor> logits_stats_composite(const at::Tenso
   return {lp, ent};
 }
 
+// ---- policy_loss_from_logits --------------------------------------------------------------------------
+
+using logits_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&,
+    const opt_tensor&, const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>, double, bool, bool);
+using logits_loss_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&,
+    const opt_tensor&, const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>, double, bool, bool);
+
+//! The forward primitive of policy_loss_from_logits: CPU (Meta = false) or shapes only. grad_logits
+//! has the logits' shape and dtype; log_prob and entropy old_log_prob's (entropy [0] without an
+//! entropy term); result as policy_loss's.
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_loss_forward(
+    const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& old_log_prob, const at::Tensor& advantages,
+    const opt_tensor& mask, const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
+    bool fast_backward) {
+  constexpr std::string_view fn = "policy_loss_from_logits";
+  const at::Tensor m = value_or_undefined(mask), r = value_or_undefined(ref_log_prob), w = value_or_undefined(weights),
+                   o = value_or_undefined(offsets), ro = value_or_undefined(rollout_log_prob);
+  th::detail::require_same_device(fn, "logits", logits,
+                                  {{"labels", &labels}, {"old_log_prob", &old_log_prob}, {"advantages", &advantages},
+                                   {"mask", &m}, {"ref_log_prob", &r}, {"weights", &w}, {"offsets", &o},
+                                   {"rollout_log_prob", &ro}});
+  const policy_loss_config cfg = config_of(fn, config);
+  if constexpr (Meta) {
+    const auto ldt = stats_dtype(fn, logits);
+    const auto opts = old_log_prob.options().dtype(token_dtype(fn, old_log_prob, "old_log_prob"));
+    return {at::empty({}, opts), at::empty(logits.sizes(), logits.options().dtype(ldt)),
+            at::empty(old_log_prob.sizes(), opts),
+            cfg.entropy_coef != 0.0 ? at::empty(old_log_prob.sizes(), opts) : at::empty({0}, opts),
+            result_tensor(old_log_prob)};
+  } else {
+    policy_loss_output out;
+    const th::detail::fused_args a{&labels, &old_log_prob, &advantages, &m, &cfg, &out};
+    logits_loss_options opt;
+    opt.extra = {r, w, at::Tensor(), o, ro};
+    opt.logits = {.temperature = temperature, .check_values = check_values, .fast_backward = fast_backward};
+    const at::Tensor grad = at::empty(logits.sizes(), logits.options());
+    const at::Tensor loss = th::detail::logits_loss_into(logits, grad, &a, &opt);
+    at::Tensor result = result_tensor(old_log_prob);
+    encode_result(out.result, std::span<double>(result.data_ptr<double>(), encoded_result_size));
+    const at::Tensor entropy = out.entropy.defined() ? out.entropy : at::empty({0}, out.log_prob.options());
+    return {loss, grad, out.log_prob, entropy, result};
+  }
+}
+
+//! The non-tensor arguments of policy_loss_from_logits through autograd.
+struct logits_loss_call {
+  const at::Tensor *labels, *old_log_prob, *advantages;
+  const opt_tensor *mask, *ref_log_prob, *weights, *offsets, *rollout_log_prob;
+  c10::ArrayRef<double> config;
+  double temperature;
+  bool check_values, fast_backward;
+};
+
+struct logits_loss_op_function : public torch::autograd::Function<logits_loss_op_function> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                                                const logits_loss_call* c) {
+    at::Tensor loss, grad, lp, ent, result;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(loss, grad, lp, ent, result) =
+          op<logits_loss_forward_sig>("ulorl::_policy_loss_from_logits_forward")
+              .call(logits, *c->labels, *c->old_log_prob, *c->advantages, *c->mask, *c->ref_log_prob, *c->weights,
+                    *c->offsets, *c->rollout_log_prob, c->config, c->temperature, c->check_values, c->fast_backward);
+    }
+    ctx->saved_data["grad_logits"] = grad;
+    ctx->mark_non_differentiable({result, lp, ent});
+    return {loss, result, lp, ent};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {th::detail::take_scaled("policy_loss_from_logits", ctx, "grad_logits", grads[0]), at::Tensor()};
+  }
+};
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_loss_autograd(
+    const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& old_log_prob, const at::Tensor& advantages,
+    const opt_tensor& mask, const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
+    bool fast_backward) {
+  const logits_loss_call c{&labels, &old_log_prob, &advantages, &mask,  &ref_log_prob, &weights,     &offsets,
+                           &rollout_log_prob, config,       temperature, check_values, fast_backward};
+  auto v = logits_loss_op_function::apply(logits, &c);
+  return {v[0], v[1], v[2], v[3]};
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_loss_composite(
+    const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& old_log_prob, const at::Tensor& advantages,
+    const opt_tensor& mask, const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
+    bool fast_backward) {
+  auto [loss, grad, lp, ent, result] =
+      op<logits_loss_forward_sig>("ulorl::_policy_loss_from_logits_forward")
+          .call(logits, labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob, config,
+                temperature, check_values, fast_backward);
+  return {loss, result, lp, ent};
+}
+
 // ---- agg_loss and kl_penalty ------------------------------------------------------------------------
 
 //! The forward primitive of agg_loss: CPU (Meta = false) or shapes only. `loss` is 0-dim, `grad`
@@ -649,12 +761,14 @@ inline bool register_ops() {
     cpu.impl("_logits_stats_backward", &detail::logits_stats_backward_cpu);
     cpu.impl("_agg_loss_forward", &detail::agg_loss_forward<false>);
     cpu.impl("_kl_penalty_forward", &detail::kl_penalty_forward<false>);
+    cpu.impl("_policy_loss_from_logits_forward", &detail::logits_loss_forward<false>);
     static torch::Library meta(torch::Library::IMPL, "ulorl", c10::DispatchKey::Meta, __FILE__, __LINE__);
     meta.impl("_policy_loss_forward", &detail::policy_loss_forward<true>);
     meta.impl("_logits_stats_forward", &detail::logits_stats_forward_meta);
     meta.impl("_logits_stats_backward", &detail::logits_stats_backward_meta);
     meta.impl("_agg_loss_forward", &detail::agg_loss_forward<true>);
     meta.impl("_kl_penalty_forward", &detail::kl_penalty_forward<true>);
+    meta.impl("_policy_loss_from_logits_forward", &detail::logits_loss_forward<true>);
     detail::register_batch_kernels(cpu, meta);
     // CUDA: the policy loss's switchable kernel; every other operator names the CUDA tensor.
     static torch::Library cuda(torch::Library::IMPL, "ulorl", c10::DispatchKey::CUDA, __FILE__, __LINE__);
@@ -666,6 +780,7 @@ inline bool register_ops() {
     autograd.impl("logits_stats", &detail::logits_stats_autograd);
     autograd.impl("agg_loss", &detail::agg_loss_autograd);
     autograd.impl("kl_penalty", &detail::kl_penalty_autograd);
+    autograd.impl("policy_loss_from_logits", &detail::logits_loss_autograd);
     // The primitives are not differentiable: their outputs are gradients and statistics, and
     // autograd passes them by (torch 1.13 has no fallthrough of its own for AutogradMeta).
     // The batch operators are not differentiable either (their inputs are constants of the loss).
@@ -678,6 +793,7 @@ inline bool register_ops() {
     composite.impl("logits_stats", &detail::logits_stats_composite);
     composite.impl("agg_loss", &detail::agg_loss_composite);
     composite.impl("kl_penalty", &detail::kl_penalty_composite);
+    composite.impl("policy_loss_from_logits", &detail::logits_loss_composite);
     return true;
   }();
   return registered;
@@ -708,6 +824,42 @@ inline bool register_ops() {
   policy_loss_output out;
   out.loss = loss;
   if (result.device().is_meta()) return out;  // shapes only: no values to decode
+  const at::Tensor r = result.to(at::kCPU).contiguous();
+  out.result = decode_result(std::span<const double>(r.data_ptr<double>(), encoded_result_size));
+  return out;
+}
+
+//! The policy loss straight from logits [N, V] (ulorl::policy_loss_from_logits): row i of the
+//! logits is token flat_index i of the token layout of old_log_prob (padded: b * T + t). The mask
+//! as policy_loss's (undefined: every token of old_log_prob's layout valid). The gradient d loss /
+//! d logits is computed in the forward pass and handed to autograd in backward (scaled by the
+//! incoming gradient in place): one [N, V] tensor, through the `ulorl::policy_loss_from_logits`
+//! operator; or, with opt.in_place, none: the gradient overwrites the logits (an autograd function,
+//! not an operator, since it writes into its input).
+[[nodiscard]] inline policy_loss_output policy_loss_from_logits(const at::Tensor& logits, const at::Tensor& labels,
+                                                                const at::Tensor& old_log_prob,
+                                                                const at::Tensor& advantages, const at::Tensor& mask,
+                                                                const policy_loss_config& cfg,
+                                                                const logits_loss_options& opt = {}) {
+  policy_loss_output out;
+  if (opt.in_place) {
+    const detail::fused_args a{&labels, &old_log_prob, &advantages, &mask, &cfg, &out};
+    out.loss = detail::logits_loss_function::apply(logits, &a, &opt);
+    return out;
+  }
+  ops::register_ops();
+  const auto o = ops::detail::optional;
+  if (opt.extra.entropy.defined())
+    ulorl::detail::fail("policy_loss_from_logits", "entropy", "must be undefined: it is computed from the logits");
+  auto [loss, result, lp, ent] =
+      ops::detail::op<ops::detail::logits_loss_sig>("ulorl::policy_loss_from_logits")
+          .call(logits, labels, old_log_prob, advantages, o(mask), o(opt.extra.ref_log_prob), o(opt.extra.weights),
+                o(opt.extra.offsets), o(opt.extra.rollout_log_prob), encode_fields(cfg), opt.logits.temperature,
+                opt.logits.check_values, opt.logits.fast_backward);
+  out.loss = loss;
+  out.log_prob = lp;
+  if (cfg.entropy_coef != 0.0) out.entropy = ent;
+  if (result.device().is_meta()) return out;
   const at::Tensor r = result.to(at::kCPU).contiguous();
   out.result = decode_result(std::span<const double>(r.data_ptr<double>(), encoded_result_size));
   return out;
