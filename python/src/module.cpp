@@ -1,5 +1,5 @@
 // python/src/module.cpp — the `ulorl._ulorl` extension: ulorl.Error, the loss configuration, the
-// frameworks' presets (ulorl/loss/presets.hpp, ulorl/advantage/presets.hpp), the controllers
+// frameworks' presets (ulorl/presets/<framework>.hpp), the controllers
 // (ulorl/control/), the segment scheduler and its provenance queries (ulorl/rollout/) and the
 // overlong shaping (ulorl/advantage/overlong.hpp). No torch header here: the tensor functions are
 // in losses.cpp and logits.cpp. Presets are the C++ presets called with the frameworks' option
@@ -19,11 +19,10 @@
 
 #include <ulorl/advantage/group_advantage.hpp>
 #include <ulorl/advantage/overlong.hpp>
-#include <ulorl/advantage/presets.hpp>
 #include <ulorl/control/entropy_controller.hpp>
 #include <ulorl/control/kl_controller.hpp>
 #include <ulorl/control/reference_reset.hpp>
-#include <ulorl/loss/presets.hpp>
+#include <ulorl/presets.hpp>
 #include <ulorl/rollout/checkpoint.hpp>
 #include <ulorl/rollout/provenance.hpp>
 #include <ulorl/rollout/segment_scheduler.hpp>
@@ -259,7 +258,8 @@ void bind_presets(py::module_& m) {
       [](const std::string& loss_mode, const ulorl::policy_loss_result& r, double pg_clipfrac, double pg_clipfrac_lower,
          double ppo_kl) {
         const auto x = P::verl::metrics(P::verl::loss_mode_from_name(loss_mode), r.metrics,
-                                        {.pg_clipfrac = pg_clipfrac, .pg_clipfrac_lower = pg_clipfrac_lower, .ppo_kl = ppo_kl});
+                                        {.dropped_fraction = pg_clipfrac, .capped_fraction = pg_clipfrac_lower,
+                                         .mean_abs_log_ratio = ppo_kl});
         return py::dict("pg_clipfrac"_a = x.pg_clipfrac, "ppo_kl"_a = x.ppo_kl, "pg_clipfrac_lower"_a = x.pg_clipfrac_lower);
       },
       "loss_mode"_a, "result"_a, "pg_clipfrac"_a = 0.0, "pg_clipfrac_lower"_a = 0.0, "ppo_kl"_a = 0.0,
@@ -287,10 +287,10 @@ void bind_presets(py::module_& m) {
       "policy_loss_type"_a, "clip_eps_low"_a, "clip_eps_high"_a, "dual_clip"_a, "token_level_loss"_a, "counts"_a,
       "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a, "kl_estimator"_a, "kl_coef"_a);
 
-  // Advantage presets (ulorl/advantage/presets.hpp) as an opaque value for group_advantages.
+  // Advantage presets (ulorl/presets/<framework>.hpp) as an opaque value for group_advantages.
   py::class_<ulorl::advantage_preset>(m, "AdvantagePreset",
                                       "How per-response advantages are computed (group statistics) and how they reach "
-                                      "the tokens (placement): one framework's choice (ulorl/advantage/presets.hpp).");
+                                      "the tokens (placement): one framework's choice (ulorl/presets/<framework>.hpp).");
   m.def(
       "_advantage_preset",
       [](const std::string& preset, const std::string& estimator, double epsilon, bool norm_adv_by_std,

@@ -21,7 +21,6 @@
 #include "ulorl/advantage/dynamic_sampling.hpp"
 #include "ulorl/advantage/group_advantage.hpp"
 #include "ulorl/advantage/groups.hpp"
-#include "ulorl/advantage/presets.hpp"
 #include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"

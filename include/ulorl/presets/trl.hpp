@@ -1,13 +1,403 @@
-// ulorl/loss/trl_grpo_loss.hpp — TRL's GRPO loss of one micro-batch in one call:
-// `presets::trl::grpo_loss`, TRL f2cd57710ae3 `GRPOTrainer._compute_loss` (and
-// `trl.experimental.gspo_token`), over views of the caller's padded [B, T] arrays.
+// ulorl/presets/trl.hpp — TRL's semantics under TRL's option names (huggingface/trl f2cd57710ae3):
+//
+//   advantages  GRPOTrainer's (unbiased std of the group or the batch, eps 1e-4, a group of one
+//               gives 0, mask applied; scale_rewards) and multi-objective aggregation
+//   loss        GRPOTrainer._compute_loss: loss_type grpo / bnpo / dr_grpo / dapo / cispo / sapo /
+//               luspo / vespo, epsilon(_high), delta, beta, importance_sampling_level (token /
+//               sequence / sequence_token), use_bias_correction_kl, the entropy bonus's normaliser;
+//               grpo_loss composes them in one call (and `trl.experimental.gspo_token`)
+//   rollout     vllm_importance_sampling_mode token_truncate / token_mask / sequence_truncate /
+//   correction  sequence_mask with clip_min / clip_max
+//   masks and   off_policy_mask_threshold (masking/off_policy.hpp), use_adaptive_entropy
+//   control     (control/entropy_controller.hpp)
+//
+// Presets only choose parameters of the advantage, loss, masking and control areas
+// (and, where TRL genuinely differs, a named variant); TRL's *local* normalisers (a micro-batch
+// divides by its own counts unless the caller passes the global ones) are reproduced for
+// compatibility. Mirrored by python/ulorl/presets/trl.py; docs/presets/trl.md maps TRL's functions,
+// docs/losses.md §13 gives every formula.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ulorl/advantage/group_advantage.hpp"
+#include "ulorl/advantage/multi_reward.hpp"
+#include "ulorl/advantage/token_broadcast.hpp"
+#include "ulorl/control/entropy_controller.hpp"
+#include "ulorl/core/config.hpp"
+#include "ulorl/core/error.hpp"
+#include "ulorl/core/parallel.hpp"
+#include "ulorl/core/ragged.hpp"
+#include "ulorl/core/simd.hpp"
+#include "ulorl/core/views.hpp"
+#include "ulorl/loss/aggregation.hpp"
+#include "ulorl/loss/entropy.hpp"
+#include "ulorl/loss/kl.hpp"
+#include "ulorl/loss/metrics.hpp"
+#include "ulorl/loss/objectives.hpp"
+#include "ulorl/loss/policy_loss.hpp"
+#include "ulorl/loss/rollout_correction/compute.hpp"
+#include "ulorl/loss/rollout_correction/config.hpp"
+#include "ulorl/loss/vespo.hpp"
+#include "ulorl/masking/entropy_quantile.hpp"
+#include "ulorl/masking/off_policy.hpp"
+#include "ulorl/presets/detail.hpp"
+
+ULORL_NAMESPACE_BEGIN
+namespace presets::trl {
+
+// ---- option names ---------------------------------------------------------------------------------
+//! `importance_sampling_level`.
+//! `sequence_token` is GSPO-token (`trl.experimental.gspo_token`): the sequence ratio with the
+//! gradient to each token itself.
+enum class importance_sampling_kind { token, sequence, sequence_token };
+[[nodiscard]] inline importance_sampling_kind importance_sampling_level_from_name(std::string_view name) {
+  static constexpr detail_presets::name_entry<importance_sampling_kind> table[] = {
+      {"token", importance_sampling_kind::token},
+      {"sequence", importance_sampling_kind::sequence},
+      {"sequence_token", importance_sampling_kind::sequence_token}};
+  return detail_presets::parse("presets::trl::importance_sampling_level_from_name", "importance_sampling_level", name,
+                               table);
+}
+
+//! `loss_type`.
+enum class loss_type_kind { grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo };
+[[nodiscard]] inline loss_type_kind loss_type_from_name(std::string_view name) {
+  static constexpr detail_presets::name_entry<loss_type_kind> table[] = {
+      {"grpo", loss_type_kind::grpo},   {"bnpo", loss_type_kind::bnpo}, {"dr_grpo", loss_type_kind::dr_grpo},
+      {"dapo", loss_type_kind::dapo},   {"cispo", loss_type_kind::cispo}, {"sapo", loss_type_kind::sapo},
+      {"luspo", loss_type_kind::luspo}, {"vespo", loss_type_kind::vespo}};
+  return detail_presets::parse("presets::trl::loss_type_from_name", "loss_type", name, table);
+}
+
+//! `scale_rewards`.
+enum class scale_rewards { group, batch, none };
+
+namespace detail_trl {
+inline void require_loss_type(std::string_view fn, loss_type_kind t) {
+  require_known(fn, "loss_type", t, loss_type_kind::grpo, loss_type_kind::bnpo, loss_type_kind::dr_grpo,
+                loss_type_kind::dapo, loss_type_kind::cispo, loss_type_kind::sapo, loss_type_kind::luspo,
+                loss_type_kind::vespo);
+}
+inline void require_level(std::string_view fn, importance_sampling_kind l) {
+  require_known(fn, "importance_sampling_level", l, importance_sampling_kind::token, importance_sampling_kind::sequence,
+                importance_sampling_kind::sequence_token);
+}
+}  // namespace detail_trl
+
+// ---- advantages -----------------------------------------------------------------------------------
+
+//! TRL GRPOTrainer advantages (`scale_rewards`), contiguous groups of num_generations. Throws
+//! ulorl::error on an unknown `scale`.
+[[nodiscard]] constexpr advantage_preset advantage(scale_rewards scale = scale_rewards::group) {
+  require_known("presets::trl::advantage", "scale", scale, scale_rewards::group, scale_rewards::batch,
+                scale_rewards::none);
+  advantage_preset p{{.baseline = baseline_kind::group_mean,
+                      .scale = scale_kind::group_std,
+                      .std = std_estimator::unbiased,
+                      .eps = 1e-4,
+                      .singleton = singleton_rule::zero},
+                     {.placement = token_placement::masked, .allow_empty_rows = true}};
+  switch (scale) {
+    case scale_rewards::group: break;
+    case scale_rewards::batch: p.group.scale = scale_kind::batch_std; break;
+    case scale_rewards::none: p.group.scale = scale_kind::none; break;
+  }
+  return p;
+}
+
+enum class multi_objective_aggregation { sum_then_normalize, normalize_then_sum };
+//! TRL GRPOConfig options of several reward functions.
+struct multi_reward_options {
+  trl::scale_rewards scale_rewards = trl::scale_rewards::group;  //!< used by sum_then_normalize only
+  trl::multi_objective_aggregation multi_objective_aggregation = trl::multi_objective_aggregation::sum_then_normalize;
+};
+//! TRL advantages from reward components (reward_weights are the call's weights):
+//! sum_then_normalize: `advantage(scale_rewards)` of Σ_k w_k r_k; normalize_then_sum (GDPO): each
+//! component's `advantage(group)`, the weighted sum normalised over the batch, (a - mean)/(std + 1e-4)
+//! (unbiased; 0 for a batch of one). Throws ulorl::error on an unknown enum.
+[[nodiscard]] constexpr multi_reward_config multi_reward_advantage(const multi_reward_options& o = {}) {
+  require_known("presets::trl::multi_reward_advantage", "multi_objective_aggregation", o.multi_objective_aggregation,
+                trl::multi_objective_aggregation::sum_then_normalize, trl::multi_objective_aggregation::normalize_then_sum);
+  const advantage_preset scaled = advantage(o.scale_rewards);
+  if (o.multi_objective_aggregation == trl::multi_objective_aggregation::sum_then_normalize)
+    return {.aggregation = reward_aggregation::sum_then_normalize, .group = scaled.group, .broadcast = scaled.broadcast};
+  const advantage_preset group = advantage(trl::scale_rewards::group);
+  return {.aggregation = reward_aggregation::normalize_then_sum,
+          .group = group.group,
+          .final_norm = final_normalization::responses,
+          .batch = group.group,
+          .broadcast = group.broadcast};
+}
+
+// ---- policy loss ----------------------------------------------------------------------------------
+
+struct objective_options {
+  double epsilon = 0.2;
+  std::optional<double> epsilon_high{};  //!< absent: epsilon (cispo: the cap of the ratio itself)
+  std::optional<double> delta{};         //!< upper cap of the ratio (two-sided GRPO); absent: none
+  importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
+  loss_type_kind loss_type = loss_type_kind::dapo;  //!< TRL's GRPOConfig default, as normalizer_options'
+  double sapo_temperature_pos = 1.0;
+  double sapo_temperature_neg = 1.05;
+};
+
+//! GRPOTrainer's objective of a token. grpo / bnpo / dr_grpo / dapo / luspo: importance weight
+//! exp(w) (no clamp) clipped to [1 - epsilon, 1 + epsilon_high], optional delta cap; the sequence
+//! level is gspo (gradient through the mean), sequence_token (GSPO-token) gspo with the own-token
+//! gradient, delta capping the row's ratio as in TRL's GSPO-token trainer.
+//! cispo: -sg(min(r, epsilon_high)) A logp (cispo with lo = 0, hi = epsilon_high >= 0; no delta);
+//! sapo: the sapo temperatures; vespo: the policy gradient (its weight phi_b: vespo.hpp). For cispo
+//! and sapo the configuration is the token-level one: at the sequence level the caller gives the
+//! sequence log-ratio as each token's log-ratio (docs/losses.md §13). sequence_token admits only
+//! grpo / bnpo / dr_grpo / dapo.
+[[nodiscard]] inline objective_config objective(const objective_options& o) {
+  constexpr const char* fn = "presets::trl::objective";
+  detail_trl::require_level(fn, o.importance_sampling_level);
+  require_not_nan(fn, "epsilon", o.epsilon);
+  require_not_nan(fn, "epsilon_high", o.epsilon_high);
+  require_not_nan(fn, "delta", o.delta);
+  require_not_nan(fn, "sapo_temperature_pos", o.sapo_temperature_pos);
+  require_not_nan(fn, "sapo_temperature_neg", o.sapo_temperature_neg);
+  detail_trl::require_loss_type(fn, o.loss_type);
+  const auto level = o.importance_sampling_level;
+  objective_config c{.eps_low = o.epsilon, .eps_high = o.epsilon_high.value_or(o.epsilon), .delta = o.delta.value_or(0.0),
+                     .log_ratio_clamp = no_limit, .seq_log_ratio_max = no_limit,
+                     .seq_gradient = sequence_gradient::through_mean};
+  switch (o.loss_type) {
+    case loss_type_kind::grpo:
+    case loss_type_kind::bnpo:
+    case loss_type_kind::dr_grpo:
+    case loss_type_kind::dapo:
+    case loss_type_kind::luspo:
+      if (level == importance_sampling_kind::sequence_token && o.loss_type == loss_type_kind::luspo)
+        detail::fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only");
+      c.kind = level == importance_sampling_kind::token ? objective_kind::ppo_clip : objective_kind::gspo;
+      if (level == importance_sampling_kind::sequence_token) c.seq_gradient = sequence_gradient::own_token;
+      return c;
+    case loss_type_kind::cispo:
+    case loss_type_kind::sapo:
+    case loss_type_kind::vespo: break;
+  }
+  if (level == importance_sampling_kind::sequence_token)
+    detail::fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only");
+  c.delta = 0.0;
+  switch (o.loss_type) {
+    case loss_type_kind::cispo: {
+      const double cap = o.epsilon_high.value_or(o.epsilon);
+      if (!(cap >= 0.0)) detail::fail_value(fn, "epsilon_high", cap, "cispo: the ratio cap must be >= 0");
+      c.kind = objective_kind::cispo, c.eps_low = 1.0, c.eps_high = cap - 1.0;
+      break;
+    }
+    case loss_type_kind::sapo:
+      c.kind = objective_kind::sapo, c.tau_pos = o.sapo_temperature_pos, c.tau_neg = o.sapo_temperature_neg;
+      break;
+    case loss_type_kind::vespo: c.kind = objective_kind::policy_gradient; break;
+    case loss_type_kind::grpo:
+    case loss_type_kind::bnpo:
+    case loss_type_kind::dr_grpo:
+    case loss_type_kind::dapo:
+    case loss_type_kind::luspo: break;  // returned above
+  }
+  return c;
+}
+
+//! beta * k3 (unclamped); with use_bias_correction_kl the estimate is multiplied by the ratio.
+struct kl_options {
+  bool use_bias_correction_kl = false;
+};
+[[nodiscard]] inline kl_config kl(const kl_options& o) {
+  return {.estimator = kl_estimator::k3, .importance_weighted = o.use_bias_correction_kl};
+}
+
+struct normalizer_options {
+  loss_type_kind loss_type = loss_type_kind::dapo;
+  importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;  //!< luspo
+  std::size_t padded_length = 0;             //!< luspo at token level: T of the padded batch
+  double max_completion_length = 256;        //!< dr_grpo
+  double gradient_accumulation_steps = 1;    //!< grpo, bnpo, dr_grpo
+  std::optional<double> num_items_in_batch{};  //!< dapo; absent: this batch's N
+  double num_processes = 1;                  //!< dapo
+};
+
+//! loss_type normalisers: grpo, sapo (1/B) sum_b mean_t / GA; bnpo sum / max(N, 1) / GA;
+//! dr_grpo sum / (B max_completion_length) / GA; dapo, cispo, vespo sum / (max(num_items_in_batch,
+//! 1) / P). luspo weighs row b by n_b: sequence level sum_b l_b n_b / B / GA (constant B over the
+//! valid tokens); token level sum_bt l[b,t] n_b / (B T) / GA over every position, padding included
+//! (constant B T: pass an all-ones mask and n_b in `weights`, docs/losses.md §13).
+[[nodiscard]] inline agg_normalizer normalizer(const normalizer_options& o, const batch_counts& local) {
+  constexpr const char* fn = "presets::trl::normalizer";
+  detail_trl::require_loss_type(fn, o.loss_type);
+  require_not_nan(fn, "max_completion_length", o.max_completion_length);
+  require_not_nan(fn, "gradient_accumulation_steps", o.gradient_accumulation_steps);
+  require_not_nan(fn, "num_items_in_batch", o.num_items_in_batch);
+  require_not_nan(fn, "num_processes", o.num_processes);
+  detail_trl::require_level(fn, o.importance_sampling_level);
+  const double ga = o.gradient_accumulation_steps;
+  switch (o.loss_type) {
+    case loss_type_kind::luspo:
+      if (o.importance_sampling_level == importance_sampling_kind::sequence) return {agg_mode::constant, local.rows, 1.0 / ga};
+      return {agg_mode::constant, local.rows * static_cast<double>(o.padded_length), 1.0 / ga};
+    case loss_type_kind::sapo:
+    case loss_type_kind::grpo: return {agg_mode::seq_mean_token_mean, local.rows, 1.0 / ga};
+    case loss_type_kind::bnpo: return {agg_mode::token_mean, local.tokens > 1 ? local.tokens : 1.0, 1.0 / ga};
+    case loss_type_kind::dr_grpo: return {agg_mode::constant, local.rows * o.max_completion_length, 1.0 / ga};
+    case loss_type_kind::cispo:
+    case loss_type_kind::vespo:
+    case loss_type_kind::dapo: {
+      const double items = o.num_items_in_batch.value_or(local.tokens);
+      return {agg_mode::token_mean, (items > 1 ? items : 1.0) / o.num_processes, 1.0};
+    }
+  }
+  return {};
+}
+
+//! TRL's logged clip ratios: masked token means, except that a sequence-level ratio (one column)
+//! is averaged over all rows ignoring the mask.
+struct clip_metrics {
+  double low_mean, high_mean, region_mean;
+};
+[[nodiscard]] inline clip_metrics clip_ratios(const loss_metrics& m, importance_sampling_kind importance_sampling_level) {
+  detail_trl::require_level("presets::trl::clip_ratios", importance_sampling_level);
+  if (importance_sampling_level == importance_sampling_kind::sequence) {
+    const double b = m.rows > 0 ? m.rows : 1.0;
+    return {m.seq_clipped_low / b, m.seq_clipped_high / b, m.seq_clipped_region / b};
+  }
+  return {m.clip_low_fraction(), m.clip_high_fraction(), m.clip_region_fraction()};
+}
+
+//! The entropy bonus's normaliser (`entropy_coef`): dapo / cispo / vespo divide by
+//! max(num_items_in_batch, 1) / P (absent: this batch's N), the others by max(sum m_e, 1) * GA, with
+//! m_e = m E the tokens the bonus covers (`entropy_tokens`). Use with entropy_loss(H, m_e, grad, coef, ...).
+[[nodiscard]] inline agg_normalizer entropy_normalizer(const normalizer_options& o, const batch_counts& local,
+                                                       double entropy_tokens) {
+  constexpr const char* fn = "presets::trl::entropy_normalizer";
+  detail_trl::require_loss_type(fn, o.loss_type);
+  switch (o.loss_type) {
+    case loss_type_kind::cispo:
+    case loss_type_kind::vespo:
+    case loss_type_kind::dapo: {
+      const double items = o.num_items_in_batch.value_or(local.tokens);
+      return {agg_mode::token_mean, (items > 1 ? items : 1.0) / o.num_processes, 1.0};
+    }
+    case loss_type_kind::grpo:
+    case loss_type_kind::bnpo:
+    case loss_type_kind::dr_grpo:
+    case loss_type_kind::sapo:
+    case loss_type_kind::luspo:
+      return {agg_mode::token_mean, entropy_tokens > 1 ? entropy_tokens : 1.0, 1.0 / o.gradient_accumulation_steps};
+  }
+  return {};
+}
+
+// ---- rollout correction ---------------------------------------------------------------------------
+
+//! `vllm_importance_sampling_mode`.
+enum class importance_sampling_mode { token_truncate, token_mask, sequence_truncate, sequence_mask };
+
+//! "token_truncate", "token_mask", "sequence_truncate", "sequence_mask".
+[[nodiscard]] inline importance_sampling_mode importance_sampling_mode_from_name(
+    std::string_view name, std::string_view argument = "vllm_importance_sampling_mode") {
+  using M = importance_sampling_mode;
+  return rollout_correction::detail_rc::from_name<M, 4>(
+      "presets::trl::importance_sampling_mode_from_name", argument, name,
+      {{{"token_truncate", M::token_truncate}, {"token_mask", M::token_mask}, {"sequence_truncate", M::sequence_truncate},
+        {"sequence_mask", M::sequence_mask}}});
+}
+
+//! GRPOConfig's vLLM importance-sampling options.
+struct rollout_correction_options {
+  importance_sampling_mode vllm_importance_sampling_mode = importance_sampling_mode::sequence_mask;
+  std::optional<double> vllm_importance_sampling_clip_min{};
+  std::optional<double> vllm_importance_sampling_clip_max = 3.0;
+};
+
+//! TRL's semantics: r = exp(L) unclamped (an overflow is +inf), truncate = clamp(r, min, max) with
+//! absent bounds absent, mask = 0 outside; masked positions hold the weight of L = 0 (token modes)
+//! or the row's (sequence modes). Rejected: min >= max, a truncate mode without bounds.
+[[nodiscard]] inline rollout_correction::config rollout_correction(const rollout_correction_options& o) {
+  using namespace ::ulorl::rollout_correction;
+  using M = importance_sampling_mode;
+  constexpr std::string_view fn = "presets::trl::rollout_correction";
+  const M mode = o.vllm_importance_sampling_mode;
+  require_known(fn, "vllm_importance_sampling_mode", mode, M::token_truncate, M::token_mask, M::sequence_truncate, M::sequence_mask);
+  const auto& lo = o.vllm_importance_sampling_clip_min;
+  const auto& hi = o.vllm_importance_sampling_clip_max;
+  if (lo) require_non_negative(fn, "vllm_importance_sampling_clip_min", *lo);
+  if (hi) require_positive(fn, "vllm_importance_sampling_clip_max", *hi);
+  if (lo && hi && !(*lo < *hi))
+    detail::fail_value(fn, "vllm_importance_sampling_clip_min", *lo, "must be < vllm_importance_sampling_clip_max");
+  const bool truncate = mode == M::token_truncate || mode == M::sequence_truncate;
+  if (truncate && !lo && !hi)
+    detail::fail(fn, "vllm_importance_sampling_clip_max", "a *_truncate mode needs clip_min or clip_max");
+  config c{.importance = {.level = mode == M::token_truncate || mode == M::token_mask ? is_level::token : is_level::sequence,
+                          .weighting = truncate ? is_weighting::truncate : is_weighting::mask,
+                          .lower = lo.value_or(0.0),
+                          .upper = hi.value_or(unbounded),
+                          .log_ratio_clamp = unbounded,
+                          .overflow = ratio_overflow::infinity,
+                          .masked = masked_positions::neutral}};
+  validate(fn, c);
+  return c;
+}
+
+
+// ---- masks and the adaptive entropy bonus --------------------------------------------------------
+
+//! TRL GRPOTrainer `off_policy_mask_threshold` (`get_off_policy_mask`): one advantage per
+//! completion; keep the row iff A_b >= 0 or kl_b <= threshold. TRL has no default threshold.
+[[nodiscard]] constexpr off_policy_mask_config off_policy_mask(double off_policy_mask_threshold) noexcept {
+  return {.delta = off_policy_mask_threshold, .advantage = off_policy_advantage_level::sequence};
+}
+
+//! TRL GRPOConfig's adaptive entropy fields, under TRL's names and with its defaults.
+struct adaptive_entropy_params {
+  double entropy_coef = 0.0;          //!< initial coefficient c
+  double entropy_target = 0.2;        //!< target mean token entropy (nats)
+  double entropy_coef_delta = 0.005;  //!< step of c per optimizer step
+  double entropy_coef_min = 0.0;      //!< lower bound of c
+  double entropy_coef_max = 1.0;      //!< upper bound of c
+};
+//! TRL `use_adaptive_entropy` (golden README §4.11): each optimizer step applies
+//! alpha = c · [H_prev <= target] (H_prev = +inf before the first step: bonus()), then
+//! update(H) sets c <- min(c + delta, max) if H <= target, else c <- max(c - delta, min).
+//! The step rule with step_up = step_down = delta, no dead band, raise_at_target and a gate on
+//! the last update's entropy. An entropy_coef outside [min, max] is accepted, as TRL does: each
+//! update bounds only the side it moves towards. The controller's checks apply (every value in
+//! [0, 1e6], entropy_coef in [-1e6, 1e6]).
+[[nodiscard]] constexpr entropy_controller_config adaptive_entropy(const adaptive_entropy_params& p = {}) noexcept {
+  return {.rule = entropy_control_rule::step,
+          .target_entropy = p.entropy_target,
+          .init_coef = p.entropy_coef,
+          .step_up = p.entropy_coef_delta,
+          .step_down = p.entropy_coef_delta,
+          .gain = 0.0,
+          .tolerance = 0.0,
+          .min_coef = p.entropy_coef_min,
+          .max_coef = p.entropy_coef_max,
+          .gate_above_target = true,
+          .gate_source = entropy_gate_source::last_update,
+          .raise_at_target = true};
+}
+
+// ---- GRPOTrainer._compute_loss in one call ------------------------------------------------------
 //
 //   ω      = logp − old per token, or ω_b = Σ_t (logp − old) m / max(n_b, 1) (sequence levels)
-//   p      = the loss type's policy term of exp(ω) (presets::trl::objective)
+//   p      = the loss type's policy term of exp(ω) (objective())
 //   p     ← p · keep_b · E · q          (vespo: p · keep_b · E · φ_b; the factors are detached)
 //   ℓ      = p + β κ,  κ = k3 of ref (times exp(ω) with use_bias_correction_kl: TRL's undetached
 //            ratio, the token's or the row's, whose gradient then reaches every valid token)
-//   loss   = the loss type's aggregation of ℓ (presets::trl::normalizer) − coef · TRL's entropy mean
+//   loss   = the loss type's aggregation of ℓ (normalizer()) − coef · TRL's entropy mean
 //
 // keep is the off-policy sequence mask (masking/off_policy.hpp), E the top-entropy mask
 // (masking/entropy_quantile.hpp), q the vLLM importance-sampling ratio, φ VESPO's weight
@@ -25,37 +415,6 @@
 // off-policy and top-entropy masks, the derived old log-probs, the element-wise KL and its
 // gradient, and a gradient for luspo's metric pass; [B] doubles for row counts, ω_b and φ_b; the
 // valid entropies for the quantile.
-#pragma once
-
-#include <algorithm>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string_view>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-#include "ulorl/core/config.hpp"
-#include "ulorl/core/error.hpp"
-#include "ulorl/core/parallel.hpp"
-#include "ulorl/core/ragged.hpp"
-#include "ulorl/core/simd.hpp"
-#include "ulorl/core/views.hpp"
-#include "ulorl/loss/aggregation.hpp"
-#include "ulorl/loss/entropy.hpp"
-#include "ulorl/loss/kl.hpp"
-#include "ulorl/loss/metrics.hpp"
-#include "ulorl/loss/policy_loss.hpp"
-#include "ulorl/loss/presets.hpp"
-#include "ulorl/loss/vespo.hpp"
-#include "ulorl/masking/entropy_quantile.hpp"
-#include "ulorl/masking/off_policy.hpp"
-
-ULORL_NAMESPACE_BEGIN
-namespace presets::trl {
 
 //! One micro-batch, TRL's tensors by TRL's names. Every token view is padded [B, T] with
 //! per_token_logps' shape; optional views are empty when absent.
