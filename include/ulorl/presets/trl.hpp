@@ -451,7 +451,7 @@ struct grpo_loss_options {
   double vespo_lambda_neg = 2.0;
   std::optional<double> off_policy_mask_threshold{};  //!< absent: no off-policy mask
   double top_entropy_quantile = 1.0;
-  double entropy_coef = 0.0;  //!< the coefficient applied this step (control/entropy_controller.hpp)
+  double entropy_coef = 0.0;  //!< the coefficient applied this step (adaptive_entropy)
   //! ulorl's, not TRL's: false skips the scans of the mask (0/1) and of per_token_logps,
   //! old_per_token_logps, advantages and ref_per_token_logps (finite), here and in policy_loss
   //! (policy_loss_config::check_values). The entropies and the IS ratio are always checked, and the
@@ -486,8 +486,9 @@ struct grpo_loss_result {
 };
 
 namespace detail_trl {
-template <class T>
-[[nodiscard]] token_view<T> padded_scratch(std::vector<std::remove_const_t<T>>& v, std::size_t rows, std::size_t cols) {
+//! A padded [rows, cols] view of scratch `v` (a std::vector, const for a view of const T).
+template <class T, class V>
+[[nodiscard]] token_view<T> padded_scratch(V& v, std::size_t rows, std::size_t cols) {
   return token_view<T>::padded(matrix_view<T>(v.data(), rows, cols));
 }
 //! Every element finite and >= 0 (TRL's entropies and importance ratios).
@@ -500,316 +501,417 @@ void require_finite_non_negative(std::string_view fn, std::string_view arg, cons
 }
 }  // namespace detail_trl
 
-// The entry point instantiates policy_loss's ISA-dependent kernels: tagged like them (core/simd.hpp).
+// The entry point instantiates policy_loss's ISA-dependent kernels: it and its steps are tagged
+// like them (core/simd.hpp).
 inline namespace ULORL_ISA {
 
-//! TRL's loss of one micro-batch (the composition above): writes d loss / d per_token_logps and,
-//! when given, d loss / d entropies; returns the loss, its parts and the metrics. Everything is
-//! validated before anything is written (ulorl::error naming the function, the argument and the
-//! index): the options (sequence_token with use_bias_correction_kl or an entropy bonus, which
-//! TRL's GSPO-token trainer does not have; top_entropy_quantile outside [0, 1]), the padded layout
-//! and the shapes, the required inputs and outputs, the values. `exec` runs policy_loss's rows (the
-//! results are the same bits for every executor).
-template <class T, class M, class Exec>
-[[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out,
-                                         const grpo_loss_options& o, const Exec& exec) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "presets::trl::grpo_loss: T must be float or double");
-  constexpr std::string_view fn = "presets::trl::grpo_loss";
+// The steps of grpo_loss, in the order it runs them. Each reports an error under grpo_loss's name.
+namespace detail_grpo {
+
+inline constexpr std::string_view fn = "presets::trl::grpo_loss";
+
+//! What the options select: the objective and the paths of the loss type and level.
+struct plan {
+  loss_type_kind loss_type;
+  importance_sampling_kind level;
+  objective_config objective;
+  bool seq = false;           //!< sequence level (not GSPO-token)
+  bool derived_seq = false;   //!< sequence-level cispo / sapo: the token objective on old' = logp − ω_b
+  bool sapo_seq = false;      //!< sequence-level sapo: the gradient spread over the row through the mean
+  bool luspo = false;         //!< rows weighed by n_b
+  bool luspo_tokens = false;  //!< luspo at the token level: every position, padding included
+  bool vespo = false;         //!< VESPO's weight φ_b instead of the ratio
+  //! The KL term is added after policy_loss where its weights differ from the objective's (luspo) or
+  //! where the objective's ratio is not TRL's exp(ω_b) with its gradient through the mean
+  //! (sequence-level cispo and sapo run on a derived log-ratio, vespo has no ratio).
+  bool separate_kl = false;
+};
+
+//! Checks the options (sequence_token with use_bias_correction_kl or an entropy bonus, which TRL's
+//! GSPO-token trainer does not have; top_entropy_quantile outside [0, 1]; the objective's own) and
+//! returns what they select.
+[[nodiscard]] inline plan plan_of(const grpo_loss_options& o) {
   using LT = loss_type_kind;
   using IS = importance_sampling_kind;
   detail_trl::require_loss_type(fn, o.loss_type);
   detail_trl::require_level(fn, o.importance_sampling_level);
-  const LT loss_type = o.loss_type;
-  const IS level = o.importance_sampling_level;
-  const objective_config obj = trl::objective({.epsilon = o.epsilon,
-                                               .epsilon_high = o.epsilon_high,
-                                               .delta = o.delta,
-                                               .importance_sampling_level = level,
-                                               .loss_type = loss_type,
-                                               .sapo_temperature_pos = o.sapo_temperature_pos,
-                                               .sapo_temperature_neg = o.sapo_temperature_neg});
-  const bool seq = level == IS::sequence;
-  const bool derived_seq = seq && (loss_type == LT::cispo || loss_type == LT::sapo);
-  const bool sapo_seq = derived_seq && loss_type == LT::sapo;
-  const bool luspo = loss_type == LT::luspo;
-  const bool luspo_tokens = luspo && !seq;
-  const bool vespo = loss_type == LT::vespo;
-  // The KL term is added after policy_loss where its weights differ from the objective's (luspo) or
-  // where the objective's ratio is not TRL's exp(ω_b) with its gradient through the mean
-  // (sequence-level cispo and sapo run on a derived log-ratio, vespo has no ratio).
-  const bool separate_kl = luspo || derived_seq || (seq && vespo);
-  const double beta = o.beta, rho = o.top_entropy_quantile, coef = o.entropy_coef;
+  plan p{.loss_type = o.loss_type,
+         .level = o.importance_sampling_level,
+         .objective = trl::objective({.epsilon = o.epsilon,
+                                      .epsilon_high = o.epsilon_high,
+                                      .delta = o.delta,
+                                      .importance_sampling_level = o.importance_sampling_level,
+                                      .loss_type = o.loss_type,
+                                      .sapo_temperature_pos = o.sapo_temperature_pos,
+                                      .sapo_temperature_neg = o.sapo_temperature_neg})};
+  p.seq = p.level == IS::sequence;
+  p.derived_seq = p.seq && (p.loss_type == LT::cispo || p.loss_type == LT::sapo);
+  p.sapo_seq = p.derived_seq && p.loss_type == LT::sapo;
+  p.luspo = p.loss_type == LT::luspo;
+  p.luspo_tokens = p.luspo && !p.seq;
+  p.vespo = p.loss_type == LT::vespo;
+  p.separate_kl = p.luspo || p.derived_seq || (p.seq && p.vespo);
 
-  // ---- options ----
-  require_finite(fn, "beta", beta);
-  require_finite(fn, "entropy_coef", coef);
+  const double rho = o.top_entropy_quantile;
+  require_finite(fn, "beta", o.beta);
+  require_finite(fn, "entropy_coef", o.entropy_coef);
   if (!(rho >= 0.0 && rho <= 1.0)) detail::fail_value(fn, "top_entropy_quantile", rho, "must be in [0, 1]");
-  if (level == IS::sequence_token) {
+  if (p.level == IS::sequence_token) {
     if (o.use_bias_correction_kl)
       detail::fail(fn, "use_bias_correction_kl", "sequence_token (GSPO-token) has no bias-corrected KL");
-    if (coef != 0.0) detail::fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus");
+    if (o.entropy_coef != 0.0) detail::fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus");
   }
   if (o.off_policy_mask_threshold) require_finite(fn, "off_policy_mask_threshold", *o.off_policy_mask_threshold);
   require_divisor(fn, "gradient_accumulation_steps", o.gradient_accumulation_steps);
   require_divisor(fn, "num_processes", o.num_processes);
-  if (loss_type == LT::dr_grpo) require_divisor(fn, "max_completion_length", o.max_completion_length);
+  if (p.loss_type == LT::dr_grpo) require_divisor(fn, "max_completion_length", o.max_completion_length);
   if (o.num_items_in_batch) require_finite(fn, "num_items_in_batch", *o.num_items_in_batch);
+  return p;
+}
 
-  // ---- layout, shapes, required inputs and outputs ----
+//! Checks the padded layout and the shapes, the inputs the options require and the outputs;
+//! returns the completion mask (absent: every token valid).
+template <class T, class M>
+[[nodiscard]] token_view<const M> require_shapes(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out,
+                                                 const grpo_loss_options& o, const plan& p) {
   const token_view<const T>& lp = in.per_token_logps;
   if (lp.kind() != layout::padded) detail::fail(fn, "per_token_logps", "must be the padded layout [B, T]");
   if (lp.rows() == 0) detail::fail(fn, "per_token_logps", "empty batch (B = 0): at least one completion is required");
   const std::size_t B = lp.rows(), Tn = lp.cols();
   const token_view<const M> mask = mask_or_all_valid(in.completion_mask, lp);
-  const token_view<const T>& old = in.old_per_token_logps;
-  require_same_shape(fn, "old_per_token_logps", old, "per_token_logps", lp);
+  require_same_shape(fn, "old_per_token_logps", in.old_per_token_logps, "per_token_logps", lp);
   require_same_shape(fn, "completion_mask", mask, "per_token_logps", lp);
   require_same_size(fn, "advantages", in.advantages.size(), "per_token_logps rows", B);
-  if (beta != 0.0 && in.ref_per_token_logps.empty()) detail::fail(fn, "ref_per_token_logps", "required when beta != 0");
+  if (o.beta != 0.0 && in.ref_per_token_logps.empty()) detail::fail(fn, "ref_per_token_logps", "required when beta != 0");
   if (!in.ref_per_token_logps.empty())
     require_same_shape(fn, "ref_per_token_logps", in.ref_per_token_logps, "per_token_logps", lp);
-  const bool has_sampling = !in.sampling_per_token_logps.empty();
-  if (has_sampling) require_same_shape(fn, "sampling_per_token_logps", in.sampling_per_token_logps, "per_token_logps", lp);
-  const bool has_entropies = !in.entropies.empty();
-  if ((rho < 1.0 || coef != 0.0) && !has_entropies)
+  if (!in.sampling_per_token_logps.empty())
+    require_same_shape(fn, "sampling_per_token_logps", in.sampling_per_token_logps, "per_token_logps", lp);
+  if ((o.top_entropy_quantile < 1.0 || o.entropy_coef != 0.0) && in.entropies.empty())
     detail::fail(fn, "entropies", "required when top_entropy_quantile < 1 or entropy_coef != 0");
-  if (has_entropies) require_same_shape(fn, "entropies", in.entropies, "per_token_logps", lp);
+  if (!in.entropies.empty()) require_same_shape(fn, "entropies", in.entropies, "per_token_logps", lp);
   const token_view<const T>& q = in.importance_sampling_ratio;
-  const bool has_q = !q.empty();
-  if (has_q) {
+  if (!q.empty()) {
     if (q.kind() != layout::padded) detail::fail(fn, "importance_sampling_ratio", "must be the padded layout [B, T] or [B, 1]");
     require_same_size(fn, "importance_sampling_ratio rows", q.rows(), "per_token_logps rows", B);
     if (q.cols() != Tn && q.cols() != 1)
       detail::fail_value(fn, "importance_sampling_ratio", static_cast<double>(q.cols()), "must have T columns or 1");
-    if (vespo && q.cols() != Tn) detail::fail(fn, "importance_sampling_ratio", "vespo needs a token-level ratio [B, T]");
+    if (p.vespo && q.cols() != Tn) detail::fail(fn, "importance_sampling_ratio", "vespo needs a token-level ratio [B, T]");
   }
   const token_view<T>& grad = out.grad_per_token_logps;
   if (grad.empty()) detail::fail(fn, "grad_per_token_logps", "required");
   require_same_shape(fn, "grad_per_token_logps", grad, "per_token_logps", lp);
   detail::require_distinct_tokens(fn, "grad_per_token_logps", grad);
-  const bool has_grad_entropies = !out.grad_entropies.empty();
-  if (coef != 0.0 && !has_grad_entropies) detail::fail(fn, "grad_entropies", "required when entropy_coef != 0");
-  if (has_grad_entropies) {
+  if (o.entropy_coef != 0.0 && out.grad_entropies.empty()) detail::fail(fn, "grad_entropies", "required when entropy_coef != 0");
+  if (!out.grad_entropies.empty()) {
     require_same_shape(fn, "grad_entropies", out.grad_entropies, "per_token_logps", lp);
     detail::require_distinct_tokens(fn, "grad_entropies", out.grad_entropies);
     detail::require_disjoint_tokens(fn, "grad_entropies", out.grad_entropies, "grad_per_token_logps", grad);
   }
+  return mask;
+}
 
-  // ---- values ----
+//! Checks the values: with check_values the mask (0/1), the log-probs and advantages the loss
+//! reads (finite); always the entropies and the IS ratio (finite, >= 0).
+template <class T, class M>
+void require_values(const grpo_loss_inputs<T, M>& in, token_view<const M> mask, const grpo_loss_options& o) {
   if (o.check_values) {
     require_binary_mask(fn, "completion_mask", mask);
-    require_all_finite(fn, "per_token_logps", lp);
-    require_all_finite(fn, "old_per_token_logps", old);
-    for (std::size_t b = 0; b < B; ++b)
+    require_all_finite(fn, "per_token_logps", in.per_token_logps);
+    require_all_finite(fn, "old_per_token_logps", in.old_per_token_logps);
+    for (std::size_t b = 0; b < in.advantages.size(); ++b)
       if (!std::isfinite(static_cast<double>(in.advantages[b])))
         detail::fail_at(fn, "advantages", static_cast<std::int64_t>(b), in.advantages[b], "must be finite");
-    if (beta != 0.0) require_all_finite(fn, "ref_per_token_logps", in.ref_per_token_logps);
-    if (has_sampling && o.off_policy_mask_threshold)
+    if (o.beta != 0.0) require_all_finite(fn, "ref_per_token_logps", in.ref_per_token_logps);
+    if (!in.sampling_per_token_logps.empty() && o.off_policy_mask_threshold)
       require_all_finite(fn, "sampling_per_token_logps", in.sampling_per_token_logps);
   }
-  if (has_entropies) detail_trl::require_finite_non_negative(fn, "entropies", in.entropies);
-  if (has_q) detail_trl::require_finite_non_negative(fn, "importance_sampling_ratio", q);
+  if (!in.entropies.empty()) detail_trl::require_finite_non_negative(fn, "entropies", in.entropies);
+  if (!in.importance_sampling_ratio.empty())
+    detail_trl::require_finite_non_negative(fn, "importance_sampling_ratio", in.importance_sampling_ratio);
+}
 
-  // ---- row counts and the sequence log-ratio ω_b ----
-  const batch_counts counts = count_batch(mask);
-  std::vector<double> nrow(B, 0.0), omega(B, 0.0);
+//! Each row's valid tokens n_b and sequence log-ratio ω_b = Σ_t (logp − old) m / max(n_b, 1).
+struct row_ratios {
+  std::vector<double> nrow, omega;
+};
+template <class T, class M>
+[[nodiscard]] row_ratios row_log_ratios(token_view<const T> lp, token_view<const T> old, token_view<const M> mask) {
+  const std::size_t B = lp.rows(), Tn = lp.cols();
+  row_ratios r{std::vector<double>(B, 0.0), std::vector<double>(B, 0.0)};
   for (std::size_t b = 0; b < B; ++b) {
     double s = 0;
     for (std::size_t t = 0; t < Tn; ++t)
-      if (mask(b, t) != M(0)) s += static_cast<double>(lp(b, t)) - static_cast<double>(old(b, t)), nrow[b] += 1;
-    omega[b] = s / (nrow[b] > 0 ? nrow[b] : 1.0);
+      if (mask(b, t) != M(0)) s += static_cast<double>(lp(b, t)) - static_cast<double>(old(b, t)), r.nrow[b] += 1;
+    r.omega[b] = s / (r.nrow[b] > 0 ? r.nrow[b] : 1.0);
   }
+  return r;
+}
 
-  // ---- multipliers of the policy term: keep (off-policy mask) * E (top entropy) * q, or * φ (vespo) ----
-  const std::size_t BT = B * Tn;
-  std::vector<T> keep, emask;
+//! The detached factors of the policy term: the off-policy mask keep, the top-entropy mask E, and
+//! the IS ratio q or (vespo) VESPO's φ_b; at(b, t) is their product.
+template <class T>
+struct multipliers {
+  std::vector<T> keep{}, emask{};  //!< [B, T] when used
+  std::vector<double> phi{};       //!< [B] (vespo)
+  token_view<const T> q{};
+  std::size_t cols = 0;
+  bool vespo = false;
+  bool any = false;  //!< some factor applies
+  [[nodiscard]] double at(std::size_t b, std::size_t t) const {
+    double w = 1.0;
+    if (!keep.empty()) w *= static_cast<double>(keep[b * cols + t]);
+    if (!emask.empty()) w *= static_cast<double>(emask[b * cols + t]);
+    if (vespo) w *= phi[b];
+    else if (!q.empty()) w *= static_cast<double>(q(b, q.cols() == 1 ? 0 : t));
+    return w;
+  }
+};
+template <class T, class M>
+[[nodiscard]] multipliers<T> policy_multipliers(const grpo_loss_inputs<T, M>& in, token_view<const M> mask,
+                                                const grpo_loss_options& o, const plan& p) {
+  const token_view<const T>& lp = in.per_token_logps;
+  const std::size_t B = lp.rows(), Tn = lp.cols(), BT = B * Tn;
+  multipliers<T> m{.q = in.importance_sampling_ratio, .cols = Tn, .vespo = p.vespo};
   if (o.off_policy_mask_threshold) {
-    keep.assign(BT, T(0));
-    const off_policy_mask_inputs<T, M, T> oin{lp, has_sampling ? in.sampling_per_token_logps : old, mask, {}, in.advantages};
-    (void)::ulorl::off_policy_mask(oin, detail_trl::padded_scratch<T>(keep, B, Tn),
-                                   trl::off_policy_mask(*o.off_policy_mask_threshold));
+    m.keep.assign(BT, T(0));
+    const bool has_sampling = !in.sampling_per_token_logps.empty();
+    const off_policy_mask_inputs<T, M, T> oin{lp, has_sampling ? in.sampling_per_token_logps : in.old_per_token_logps, mask, {},
+                                              in.advantages};
+    (void)::ulorl::off_policy_mask(oin, detail_trl::padded_scratch<T>(m.keep, B, Tn), trl::off_policy_mask(*o.off_policy_mask_threshold));
   }
-  if (rho < 1.0) {
-    emask.assign(BT, T(0));
+  if (o.top_entropy_quantile < 1.0) {
+    m.emask.assign(BT, T(0));
     std::vector<double> sorted(entropy_quantile_workspace(mask));
-    (void)::ulorl::top_entropy_mask(in.entropies, mask, detail_trl::padded_scratch<T>(emask, B, Tn),
-                                    entropy_quantile_config{.quantile = rho}, std::span<double>(sorted));
+    (void)::ulorl::top_entropy_mask(in.entropies, mask, detail_trl::padded_scratch<T>(m.emask, B, Tn),
+                                    entropy_quantile_config{.quantile = o.top_entropy_quantile}, std::span<double>(sorted));
   }
-  std::vector<double> phi;
-  if (vespo) {
-    phi.assign(B, 0.0);
-    ::ulorl::vespo_weights(vespo_inputs<T, M>{lp, old, mask, in.advantages, q}, phi,
+  if (p.vespo) {
+    m.phi.assign(B, 0.0);
+    ::ulorl::vespo_weights(vespo_inputs<T, M>{lp, in.old_per_token_logps, mask, in.advantages, in.importance_sampling_ratio}, m.phi,
                            {.k_pos = o.vespo_k_pos, .lambda_pos = o.vespo_lambda_pos, .k_neg = o.vespo_k_neg,
                             .lambda_neg = o.vespo_lambda_neg});
   }
-  const bool has_multiplier = o.off_policy_mask_threshold || rho < 1.0 || vespo || has_q;
-  const auto multiplier = [&](std::size_t b, std::size_t t) {
-    double w = 1.0;
-    if (!keep.empty()) w *= static_cast<double>(keep[b * Tn + t]);
-    if (!emask.empty()) w *= static_cast<double>(emask[b * Tn + t]);
-    if (vespo) w *= phi[b];
-    else if (has_q) w *= static_cast<double>(q(b, q.cols() == 1 ? 0 : t));
-    return w;
-  };
-  // luspo: row weight n_b, at the token level over every position; at the sequence level over the
-  // valid tokens with the row's mean multiplier (the row's loss is one value).
+  m.any = o.off_policy_mask_threshold || o.top_entropy_quantile < 1.0 || p.vespo || !m.q.empty();
+  return m;
+}
+
+//! policy_loss's weights [B, T]: the multipliers, and luspo's row weight n_b (token level: n_b times
+//! the multiplier at every position; sequence level: the row's mean multiplier over its positions,
+//! the row's loss being one value). Empty when neither applies.
+template <class T>
+[[nodiscard]] std::vector<T> policy_weights(const multipliers<T>& m, const row_ratios& rows, const plan& p, std::size_t B,
+                                            std::size_t Tn) {
   std::vector<T> weights;
-  if (has_multiplier || luspo) {
-    weights.resize(BT);
-    for (std::size_t b = 0; b < B; ++b) {
-      double mean = 0;
-      if (luspo && seq) {
-        for (std::size_t t = 0; t < Tn; ++t) mean += multiplier(b, t);
-        mean /= static_cast<double>(Tn);
-      }
-      for (std::size_t t = 0; t < Tn; ++t)
-        weights[b * Tn + t] = static_cast<T>(!luspo ? multiplier(b, t) : seq ? mean : nrow[b] * multiplier(b, t));
+  if (!m.any && !p.luspo) return weights;
+  weights.resize(B * Tn);
+  for (std::size_t b = 0; b < B; ++b) {
+    double mean = 0;
+    if (p.luspo && p.seq) {
+      for (std::size_t t = 0; t < Tn; ++t) mean += m.at(b, t);
+      mean /= static_cast<double>(Tn);
     }
+    for (std::size_t t = 0; t < Tn; ++t)
+      weights[b * Tn + t] = static_cast<T>(!p.luspo ? m.at(b, t) : p.seq ? mean : rows.nrow[b] * m.at(b, t));
   }
+  return weights;
+}
 
-  // ---- policy_loss's inputs: advantages per token; sequence-level cispo / sapo: old' = logp - ω_b ----
-  std::vector<T> adv(BT), old_derived;
+//! The advantage of each completion at every position of its row [B, T].
+template <class T>
+[[nodiscard]] std::vector<T> token_advantages(std::span<const T> advantages, std::size_t Tn) {
+  const std::size_t B = advantages.size();
+  std::vector<T> adv(B * Tn);
   for (std::size_t b = 0; b < B; ++b)
-    for (std::size_t t = 0; t < Tn; ++t) adv[b * Tn + t] = in.advantages[b];
-  if (derived_seq) {
-    old_derived.resize(BT);
-    for (std::size_t b = 0; b < B; ++b)
-      for (std::size_t t = 0; t < Tn; ++t) old_derived[b * Tn + t] = static_cast<T>(static_cast<double>(lp(b, t)) - omega[b]);
-  }
-  policy_loss_inputs<T, M> pin{lp, derived_seq ? detail_trl::padded_scratch<const T>(old_derived, B, Tn) : old,
-                               detail_trl::padded_scratch<const T>(adv, B, Tn),
-                               luspo_tokens ? token_view<const M>{} : mask};  // luspo tokens: every position
-  pin.ref_log_prob = in.ref_per_token_logps;
-  if (!weights.empty()) pin.weights = detail_trl::padded_scratch<const T>(weights, B, Tn);
+    for (std::size_t t = 0; t < Tn; ++t) adv[b * Tn + t] = advantages[b];
+  return adv;
+}
 
-  const normalizer_options nopt{.loss_type = loss_type,
-                                .importance_sampling_level = level,
-                                .padded_length = Tn,
-                                .max_completion_length = o.max_completion_length,
-                                .gradient_accumulation_steps = o.gradient_accumulation_steps,
-                                .num_items_in_batch = o.num_items_in_batch,
-                                .num_processes = o.num_processes};
+//! Sequence-level cispo and sapo: old' = logp − ω_b, so that each token's log-ratio is its row's.
+template <class T>
+[[nodiscard]] std::vector<T> derived_old_log_probs(token_view<const T> lp, const row_ratios& rows) {
+  const std::size_t B = lp.rows(), Tn = lp.cols();
+  std::vector<T> old(B * Tn);
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < Tn; ++t) old[b * Tn + t] = static_cast<T>(static_cast<double>(lp(b, t)) - rows.omega[b]);
+  return old;
+}
+
+//! The normalisers' options of this call (normalizer(), entropy_normalizer()).
+[[nodiscard]] inline normalizer_options normalizer_options_of(const grpo_loss_options& o, const plan& p, std::size_t Tn) {
+  return {.loss_type = p.loss_type,
+          .importance_sampling_level = p.level,
+          .padded_length = Tn,
+          .max_completion_length = o.max_completion_length,
+          .gradient_accumulation_steps = o.gradient_accumulation_steps,
+          .num_items_in_batch = o.num_items_in_batch,
+          .num_processes = o.num_processes};
+}
+
+//! policy_loss's configuration: the objective, k3 (bias-corrected on request) with β unless the KL
+//! term is added separately, the loss type's normaliser.
+[[nodiscard]] inline policy_loss_config policy_config(const grpo_loss_options& o, const plan& p, const normalizer_options& nopt,
+                                                      const batch_counts& counts) {
   policy_loss_config cfg;
-  cfg.objective = obj;
+  cfg.objective = p.objective;
   cfg.kl = trl::kl({.use_bias_correction_kl = o.use_bias_correction_kl});
-  cfg.kl_coef = separate_kl ? 0.0 : beta;
+  cfg.kl_coef = p.separate_kl ? 0.0 : o.beta;
   cfg.normalizer = trl::normalizer(nopt, counts);
   cfg.check_values = o.check_values;
+  return cfg;
+}
 
-  // ---- what needs scratch only, before the first write to the outputs ----
-  // luspo at the token level runs over every position: its clip metrics are those of the valid tokens.
-  std::optional<loss_metrics> luspo_metrics;
-  if (luspo_tokens) {
-    std::vector<T> multipliers, scratch_grad(BT);
-    policy_loss_inputs<T, M> valid_only = pin;
-    valid_only.mask = mask;
-    valid_only.weights = {};
-    if (has_multiplier) {
-      multipliers.resize(BT);
-      for (std::size_t b = 0; b < B; ++b)
-        for (std::size_t t = 0; t < Tn; ++t) multipliers[b * Tn + t] = static_cast<T>(multiplier(b, t));
-      valid_only.weights = detail_trl::padded_scratch<const T>(multipliers, B, Tn);
-    }
-    policy_loss_config mcfg = cfg;
-    mcfg.kl_coef = 0.0;
-    luspo_metrics =
-        ::ulorl::policy_loss(valid_only, detail_trl::padded_scratch<T>(scratch_grad, B, Tn), token_view<T>{}, mcfg, exec).metrics;
-  }
-  std::vector<T> kl_tok, dkl_tok;
-  if (separate_kl && beta != 0.0) {
-    kl_tok.resize(BT), dkl_tok.resize(BT);
-    ::ulorl::kl_penalty<T>(lp, in.ref_per_token_logps, detail_trl::padded_scratch<T>(kl_tok, B, Tn),
-                           detail_trl::padded_scratch<T>(dkl_tok, B, Tn), trl::kl({}));
-  }
-  std::optional<agg_normalizer> entropy_norm;
-  if (coef != 0.0) {
-    const double bonus_tokens =
-        emask.empty() ? counts.tokens : count_batch(detail_trl::padded_scratch<const T>(emask, B, Tn)).tokens;
-    entropy_norm = trl::entropy_normalizer(nopt, counts, bonus_tokens);
-    validate_normalizer(fn, *entropy_norm);
-  }
-
-  // ---- the loss (policy_loss validates its configuration before writing) ----
-  const policy_loss_result res = ::ulorl::policy_loss(pin, grad, token_view<T>{}, cfg, exec);
-  grpo_loss_result r;
-  r.pg_loss = res.pg_loss;
-  r.kl_loss = res.kl_loss;
-  r.metrics = luspo_metrics ? *luspo_metrics : res.metrics;
-
-  if (sapo_seq) {
-    // The sequence ratio's gradient reaches every valid token through the mean.
-    for (std::size_t b = 0; b < B; ++b) {
-      if (nrow[b] == 0) continue;
-      double s = 0;
-      for (std::size_t t = 0; t < Tn; ++t) s += mask(b, t) != M(0) ? static_cast<double>(grad(b, t)) : 0.0;
-      for (std::size_t t = 0; t < Tn; ++t)
-        if (mask(b, t) != M(0)) grad(b, t) = static_cast<T>(s / nrow[b]);
-    }
-  }
-  double kl_valid_sum = 0;
-  if (!kl_tok.empty()) {
-    // k3 per token; luspo: over every position with weight n_b / (B T GA); else as the objective.
-    // use_bias_correction_kl: k3 times the ratio iw, exp(logp − old) at the token level (luspo), else
-    // exp(ω_b), whose gradient reaches the row's valid tokens through the mean (1/n_b each).
-    const bool bias = o.use_bias_correction_kl;
-    double kl_part = 0;
-    for (std::size_t b = 0; b < B; ++b) {
-      const double row_w = luspo ? nrow[b] / (static_cast<double>(BT) * o.gradient_accumulation_steps)
-                                 : row_weight(cfg.normalizer, static_cast<std::size_t>(nrow[b]));
-      const double row_ratio = bias && seq ? std::exp(omega[b]) : 1.0;
-      double to_mean = 0;  // d loss / d ω_b
-      for (std::size_t t = 0; t < Tn; ++t) {
-        const bool valid = mask(b, t) != M(0);
-        if (!luspo && !valid) continue;
-        const double iw =
-            bias && !seq ? std::exp(static_cast<double>(lp(b, t)) - static_cast<double>(old(b, t))) : row_ratio;
-        const double c = row_w * beta, k = static_cast<double>(kl_tok[b * Tn + t]) * iw;
-        double g = c * static_cast<double>(dkl_tok[b * Tn + t]) * iw;
-        if (bias && seq) to_mean += c * k;
-        else if (bias) g += c * k;
-        kl_part += c * k;
-        grad(b, t) = static_cast<T>(static_cast<double>(grad(b, t)) + g);
-        kl_valid_sum += valid ? k : 0.0;
-      }
-      if (to_mean != 0.0 && nrow[b] > 0)
-        for (std::size_t t = 0; t < Tn; ++t)
-          if (mask(b, t) != M(0)) grad(b, t) = static_cast<T>(static_cast<double>(grad(b, t)) + to_mean / nrow[b]);
-    }
-    r.kl_loss += kl_part;
-    r.metrics.kl_sum = kl_valid_sum;
-  }
-  if (coef != 0.0) {
-    r.entropy_loss = emask.empty()
-                         ? ::ulorl::entropy_loss(in.entropies, mask, out.grad_entropies, coef, *entropy_norm)
-                         : ::ulorl::entropy_loss(in.entropies, detail_trl::padded_scratch<const T>(emask, B, Tn),
-                                                 out.grad_entropies, coef, *entropy_norm);
-  } else if (has_grad_entropies) {
+//! luspo at the token level runs over every position: its clip metrics are those of the valid
+//! tokens, from a pass over them with the multipliers alone (into scratch, before any write).
+template <class T, class M, class Exec>
+[[nodiscard]] loss_metrics luspo_valid_metrics(const policy_loss_inputs<T, M>& pin, token_view<const M> mask, const multipliers<T>& m,
+                                               const policy_loss_config& cfg, const Exec& exec) {
+  const std::size_t B = pin.log_prob.rows(), Tn = pin.log_prob.cols();
+  std::vector<T> factors, scratch_grad(B * Tn);
+  policy_loss_inputs<T, M> valid_only = pin;
+  valid_only.mask = mask;
+  valid_only.weights = {};
+  if (m.any) {
+    factors.resize(B * Tn);
     for (std::size_t b = 0; b < B; ++b)
-      for (std::size_t t = 0; t < Tn; ++t) out.grad_entropies(b, t) = T(0);
+      for (std::size_t t = 0; t < Tn; ++t) factors[b * Tn + t] = static_cast<T>(m.at(b, t));
+    valid_only.weights = detail_trl::padded_scratch<const T>(factors, B, Tn);
   }
-  r.loss = r.pg_loss + r.kl_loss + r.entropy_loss;
+  policy_loss_config mcfg = cfg;
+  mcfg.kl_coef = 0.0;
+  return ::ulorl::policy_loss(valid_only, detail_trl::padded_scratch<T>(scratch_grad, B, Tn), token_view<T>{}, mcfg, exec).metrics;
+}
 
-  // ---- TRL's metrics: a single-column quantity (sequence level, or T = 1) is averaged over all B
-  // rows, ignoring the mask. At T = 1 below the sequence level, the masked rows' own flags and KL
-  // join the valid tokens' (policy_loss counts valid tokens only); a masked row's ratio is
-  // exp(logp − old) at the token level and exp(ω_b) = 1 for GSPO-token (no valid token: ω_b = 0).
-  const bool single_token_column = Tn == 1 && !seq;
+//! The element-wise k3 and its gradient [B, T] of the separately added KL term (before any write).
+template <class T>
+struct kl_terms {
+  std::vector<T> value, grad;
+};
+template <class T>
+[[nodiscard]] kl_terms<T> separate_kl_terms(token_view<const T> lp, token_view<const T> ref) {
+  const std::size_t B = lp.rows(), Tn = lp.cols();
+  kl_terms<T> k{std::vector<T>(B * Tn), std::vector<T>(B * Tn)};
+  ::ulorl::kl_penalty<T>(lp, ref, detail_trl::padded_scratch<T>(k.value, B, Tn), detail_trl::padded_scratch<T>(k.grad, B, Tn),
+                         trl::kl({}));
+  return k;
+}
+
+//! The entropy bonus's normaliser over the tokens the bonus covers (the top-entropy mask's, or the
+//! valid ones), checked before any write.
+template <class T>
+[[nodiscard]] agg_normalizer bonus_normalizer(const normalizer_options& nopt, const batch_counts& counts, const multipliers<T>& m,
+                                              std::size_t B, std::size_t Tn) {
+  const double bonus_tokens = m.emask.empty() ? counts.tokens : count_batch(detail_trl::padded_scratch<const T>(m.emask, B, Tn)).tokens;
+  const agg_normalizer norm = trl::entropy_normalizer(nopt, counts, bonus_tokens);
+  validate_normalizer(fn, norm);
+  return norm;
+}
+
+//! Sequence-level sapo: the sequence ratio's gradient reaches every valid token through the mean,
+//! each valid token taking its row's mean gradient.
+template <class T, class M>
+void spread_sequence_gradient(token_view<T> grad, token_view<const M> mask, const row_ratios& rows) {
+  for (std::size_t b = 0; b < grad.rows(); ++b) {
+    if (rows.nrow[b] == 0) continue;
+    double s = 0;
+    for (std::size_t t = 0; t < grad.cols(); ++t) s += mask(b, t) != M(0) ? static_cast<double>(grad(b, t)) : 0.0;
+    for (std::size_t t = 0; t < grad.cols(); ++t)
+      if (mask(b, t) != M(0)) grad(b, t) = static_cast<T>(s / rows.nrow[b]);
+  }
+}
+
+//! Adds the separate KL term to the gradient and returns {β-weighted aggregated KL, the estimate's
+//! sum over the valid tokens}. k3 per token; luspo: over every position with weight n_b / (B T GA);
+//! else as the objective. use_bias_correction_kl: k3 times the ratio iw, exp(logp − old) at the
+//! token level (luspo), else exp(ω_b), whose gradient reaches the row's valid tokens through the
+//! mean (1/n_b each).
+struct kl_sums {
+  double loss = 0, valid_sum = 0;
+};
+template <class T, class M>
+kl_sums add_separate_kl(token_view<T> grad, token_view<const T> lp, token_view<const T> old, token_view<const M> mask,
+                        const row_ratios& rows, const kl_terms<T>& k, const agg_normalizer& norm, const grpo_loss_options& o,
+                        const plan& p) {
+  const std::size_t B = lp.rows(), Tn = lp.cols(), BT = B * Tn;
+  const bool bias = o.use_bias_correction_kl;
+  const double beta = o.beta;
+  kl_sums s;
+  for (std::size_t b = 0; b < B; ++b) {
+    const double row_w = p.luspo ? rows.nrow[b] / (static_cast<double>(BT) * o.gradient_accumulation_steps)
+                                 : row_weight(norm, static_cast<std::size_t>(rows.nrow[b]));
+    const double row_ratio = bias && p.seq ? std::exp(rows.omega[b]) : 1.0;
+    double to_mean = 0;  // d loss / d ω_b
+    for (std::size_t t = 0; t < Tn; ++t) {
+      const bool valid = mask(b, t) != M(0);
+      if (!p.luspo && !valid) continue;
+      const double iw = bias && !p.seq ? std::exp(static_cast<double>(lp(b, t)) - static_cast<double>(old(b, t))) : row_ratio;
+      const double c = row_w * beta, kv = static_cast<double>(k.value[b * Tn + t]) * iw;
+      double g = c * static_cast<double>(k.grad[b * Tn + t]) * iw;
+      if (bias && p.seq) to_mean += c * kv;
+      else if (bias) g += c * kv;
+      s.loss += c * kv;
+      grad(b, t) = static_cast<T>(static_cast<double>(grad(b, t)) + g);
+      s.valid_sum += valid ? kv : 0.0;
+    }
+    if (to_mean != 0.0 && rows.nrow[b] > 0)
+      for (std::size_t t = 0; t < Tn; ++t)
+        if (mask(b, t) != M(0)) grad(b, t) = static_cast<T>(static_cast<double>(grad(b, t)) + to_mean / rows.nrow[b]);
+  }
+  return s;
+}
+
+//! The entropy bonus -coef · TRL's entropy mean over the tokens it covers, its gradient written to
+//! grad_entropies; without a bonus, given grad_entropies are zeros.
+template <class T, class M>
+[[nodiscard]] double entropy_bonus(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out, token_view<const M> mask,
+                                   const multipliers<T>& m, double coef, const std::optional<agg_normalizer>& norm) {
+  if (coef != 0.0) {
+    const std::size_t B = in.per_token_logps.rows(), Tn = in.per_token_logps.cols();
+    return m.emask.empty() ? ::ulorl::entropy_loss(in.entropies, mask, out.grad_entropies, coef, *norm)
+                           : ::ulorl::entropy_loss(in.entropies, detail_trl::padded_scratch<const T>(m.emask, B, Tn),
+                                                   out.grad_entropies, coef, *norm);
+  }
+  for (std::size_t b = 0; b < out.grad_entropies.rows(); ++b)
+    for (std::size_t t = 0; t < out.grad_entropies.row_size(b); ++t) out.grad_entropies(b, t) = T(0);
+  return 0.0;
+}
+
+// TRL's metrics: a single-column quantity (sequence level, or T = 1) is averaged over all B rows,
+// ignoring the mask. At T = 1 below the sequence level, the masked rows' own flags and KL join the
+// valid tokens' (policy_loss counts valid tokens only); a masked row's ratio is exp(logp − old) at
+// the token level and exp(ω_b) = 1 for GSPO-token (no valid token: ω_b = 0).
+
+//! A masked row's ratio at T = 1 (see above).
+template <class T>
+[[nodiscard]] double masked_row_ratio(token_view<const T> lp, token_view<const T> old, const row_ratios& rows, const plan& p,
+                                      std::size_t b) {
+  return p.level == importance_sampling_kind::token ? std::exp(static_cast<double>(lp(b, 0)) - static_cast<double>(old(b, 0)))
+                                                    : std::exp(rows.omega[b]);
+}
+
+//! The clip metrics TRL logs for the loss type (clip_ratio/*, cispo_clip_ratio) and vespo's
+//! phi_seq_mean, into r.
+template <class T, class M>
+void logged_clip_metrics(grpo_loss_result& r, const grpo_loss_inputs<T, M>& in, token_view<const M> mask, const row_ratios& rows,
+                         const multipliers<T>& m, const plan& p) {
+  using LT = loss_type_kind;
+  const token_view<const T>& lp = in.per_token_logps;
+  const std::size_t B = lp.rows();
+  const bool single_token_column = lp.cols() == 1 && !p.seq;
   const double rows_d = static_cast<double>(B);
-  const auto masked_row_ratio = [&](std::size_t b) {
-    return level == IS::token ? std::exp(static_cast<double>(lp(b, 0)) - static_cast<double>(old(b, 0))) : std::exp(omega[b]);
-  };
-  switch (loss_type) {
+  const objective_config& obj = p.objective;
+  switch (p.loss_type) {
     case LT::grpo:
     case LT::bnpo:
     case LT::dr_grpo:
     case LT::dapo:
     case LT::luspo: {
-      clip_metrics clip = clip_ratios(r.metrics, level);
+      clip_metrics clip = clip_ratios(r.metrics, p.level);
       if (single_token_column) {
         double low = r.metrics.clipped_low, high = r.metrics.clipped_high;
         for (std::size_t b = 0; b < B; ++b) {
           if (mask(b, 0) != M(0)) continue;
-          double c1 = masked_row_ratio(b);
+          double c1 = masked_row_ratio(lp, in.old_per_token_logps, rows, p, b);
           if (obj.delta > 0.0) c1 = std::min(c1, obj.delta);
           low += (c1 < 1.0 - obj.eps_low && in.advantages[b] < T(0)) ? 1.0 : 0.0;
           high += (c1 > 1.0 + obj.eps_high && in.advantages[b] > T(0)) ? 1.0 : 0.0;
@@ -823,14 +925,15 @@ template <class T, class M, class Exec>
     }
     case LT::cispo: {
       const double cap = 1.0 + obj.eps_high;
-      if (seq) {
+      if (p.seq) {
         double n = 0;
-        for (std::size_t b = 0; b < B; ++b) n += (std::exp(omega[b]) > cap && in.advantages[b] > T(0)) ? 1.0 : 0.0;
+        for (std::size_t b = 0; b < B; ++b) n += (std::exp(rows.omega[b]) > cap && in.advantages[b] > T(0)) ? 1.0 : 0.0;
         r.cispo_clip_ratio = n / rows_d;
       } else if (single_token_column) {
         double n = r.metrics.clipped_high;
         for (std::size_t b = 0; b < B; ++b)
-          if (mask(b, 0) == M(0)) n += (masked_row_ratio(b) > cap && in.advantages[b] > T(0)) ? 1.0 : 0.0;
+          if (mask(b, 0) == M(0))
+            n += (masked_row_ratio(lp, in.old_per_token_logps, rows, p, b) > cap && in.advantages[b] > T(0)) ? 1.0 : 0.0;
         r.cispo_clip_ratio = n / rows_d;
       } else {
         r.cispo_clip_ratio = r.metrics.clip_high_fraction();
@@ -839,60 +942,136 @@ template <class T, class M, class Exec>
     }
     case LT::vespo: {
       double s = 0;
-      for (double v : phi) s += v;
+      for (double v : m.phi) s += v;
       r.vespo_phi_seq_mean = s / static_cast<double>(B);
       break;
     }
     case LT::sapo: break;
   }
-  if (has_entropies) {
-    const bool single = Tn == 1;
-    double s = 0;
-    for (std::size_t b = 0; b < B; ++b)
-      for (std::size_t t = 0; t < Tn; ++t) s += (single || mask(b, t) != M(0)) ? static_cast<double>(in.entropies(b, t)) : 0.0;
-    r.entropy_mean = single ? s / static_cast<double>(B) : (counts.tokens > 0 ? s / counts.tokens : 0.0);
+}
+
+//! TRL's entropy mean: over the valid tokens, or over every row at T = 1.
+template <class T, class M>
+[[nodiscard]] double logged_entropy_mean(token_view<const T> entropies, token_view<const M> mask, const batch_counts& counts) {
+  const std::size_t B = entropies.rows(), Tn = entropies.cols();
+  const bool single = Tn == 1;
+  double s = 0;
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < Tn; ++t) s += (single || mask(b, t) != M(0)) ? static_cast<double>(entropies(b, t)) : 0.0;
+  return single ? s / static_cast<double>(B) : (counts.tokens > 0 ? s / counts.tokens : 0.0);
+}
+
+//! TRL's KL mean: k3 (times the bias correction's ratio) over the valid tokens, or at T = 1 over
+//! every row (a masked row's sequence ratio is exp(0) = 1). The valid tokens' estimate is the
+//! separate KL term's sum `separate_sum` when it ran, else policy_loss's metrics `pl`.
+template <class T, class M>
+[[nodiscard]] double logged_kl_mean(const grpo_loss_inputs<T, M>& in, token_view<const M> mask, const row_ratios& rows,
+                                    const plan& p, const grpo_loss_options& o, const batch_counts& counts,
+                                    const loss_metrics& pl, std::optional<double> separate_sum) {
+  const token_view<const T>& lp = in.per_token_logps;
+  if (lp.cols() != 1) return !separate_sum ? pl.kl_mean() : (counts.tokens > 0 ? *separate_sum / counts.tokens : 0.0);
+  const std::size_t B = lp.rows();
+  double s = separate_sum ? *separate_sum : pl.kl_sum;
+  for (std::size_t b = 0; b < B; ++b) {
+    if (mask(b, 0) != M(0)) continue;
+    const double d = static_cast<double>(in.ref_per_token_logps(b, 0)) - static_cast<double>(lp(b, 0));
+    const double k = std::expm1(d) - d;
+    s += o.use_bias_correction_kl ? k * (p.seq ? 1.0 : masked_row_ratio(lp, in.old_per_token_logps, rows, p, b)) : k;
   }
-  if (beta != 0.0) {
-    if (Tn == 1) {
-      // κ [B, 1]: every row's k3, times the unclamped ratio with use_bias_correction_kl (a masked
-      // row's sequence ratio is exp(0) = 1).
-      double s = kl_tok.empty() ? res.metrics.kl_sum : kl_valid_sum;
-      for (std::size_t b = 0; b < B; ++b) {
-        if (mask(b, 0) != M(0)) continue;
-        const double d = static_cast<double>(in.ref_per_token_logps(b, 0)) - static_cast<double>(lp(b, 0));
-        const double k = std::expm1(d) - d;
-        s += o.use_bias_correction_kl ? k * (seq ? 1.0 : masked_row_ratio(b)) : k;
-      }
-      r.kl_mean = s / rows_d;
-    } else {
-      r.kl_mean = kl_tok.empty() ? res.metrics.kl_mean() : (counts.tokens > 0 ? kl_valid_sum / counts.tokens : 0.0);
-    }
-  }
-  // The terms added after policy_loss (the separate KL's gradient, the sequence spread, the
-  // entropy bonus) are checked here as policy_loss checks its own: a result beyond its type's
-  // range is an error naming it, and the gradient outputs are then set to 0.
-  if (cfg.check_values) {
-    const auto fail = [&](std::string_view what, std::int64_t at, double value, bool in_t) {
-      for (const token_view<T>* v : {&grad, &out.grad_entropies})
-        for (std::size_t b = 0; b < v->rows(); ++b)
-          for (std::size_t t = 0; t < v->row_size(b); ++t) (*v)(b, t) = T(0);
-      if (in_t) require_result_in_range<T>(fn, what, at, value, "the gradient outputs are set to 0");
-      require_result_in_range<double>(fn, what, at, value, "the gradient outputs are set to 0");
-    };
-    for (const auto& [name, v] : {std::pair<std::string_view, const token_view<T>*>{"grad_per_token_logps", &grad},
-                                  std::pair<std::string_view, const token_view<T>*>{"grad_entropies", &out.grad_entropies}})
+  return s / static_cast<double>(B);
+}
+
+//! The terms added after policy_loss (the separate KL's gradient, the sequence spread, the entropy
+//! bonus) are checked as policy_loss checks its own: a result beyond its type's range is an error
+//! naming it, and the gradient outputs are then set to 0.
+template <class T>
+void require_results_in_range(const grpo_loss_result& r, const token_view<T>& grad, const token_view<T>& grad_entropies) {
+  const auto fail = [&](std::string_view what, std::int64_t at, double value, bool in_t) {
+    for (const token_view<T>* v : {&grad, &grad_entropies})
       for (std::size_t b = 0; b < v->rows(); ++b)
-        for (std::size_t t = 0; t < v->row_size(b); ++t)
-          if (!std::isfinite((*v)(b, t))) fail(name, static_cast<std::int64_t>(v->flat_index(b, t)), static_cast<double>((*v)(b, t)), true);
-    const double max_t = static_cast<double>(std::numeric_limits<T>::max());
-    for (const auto& [name, value] : {std::pair<std::string_view, double>{"kl_loss", r.kl_loss}, {"entropy_loss", r.entropy_loss},
-                                      {"loss", r.loss}})
-      if (!(std::fabs(value) <= max_t)) fail(name, -1, value, true);
-    for (const auto& [name, value] : {std::pair<std::string_view, double>{"kl_mean", r.kl_mean.value_or(0.0)},
-                                      {"entropy_mean", r.entropy_mean.value_or(0.0)},
-                                      {"vespo_phi_seq_mean", r.vespo_phi_seq_mean.value_or(0.0)}})
-      if (!std::isfinite(value)) fail(name, -1, value, false);
+        for (std::size_t t = 0; t < v->row_size(b); ++t) (*v)(b, t) = T(0);
+    if (in_t) require_result_in_range<T>(fn, what, at, value, "the gradient outputs are set to 0");
+    require_result_in_range<double>(fn, what, at, value, "the gradient outputs are set to 0");
+  };
+  for (const auto& [name, v] : {std::pair<std::string_view, const token_view<T>*>{"grad_per_token_logps", &grad},
+                                std::pair<std::string_view, const token_view<T>*>{"grad_entropies", &grad_entropies}})
+    for (std::size_t b = 0; b < v->rows(); ++b)
+      for (std::size_t t = 0; t < v->row_size(b); ++t)
+        if (!std::isfinite((*v)(b, t))) fail(name, static_cast<std::int64_t>(v->flat_index(b, t)), static_cast<double>((*v)(b, t)), true);
+  const double max_t = static_cast<double>(std::numeric_limits<T>::max());
+  for (const auto& [name, value] : {std::pair<std::string_view, double>{"kl_loss", r.kl_loss}, {"entropy_loss", r.entropy_loss},
+                                    {"loss", r.loss}})
+    if (!(std::fabs(value) <= max_t)) fail(name, -1, value, true);
+  for (const auto& [name, value] : {std::pair<std::string_view, double>{"kl_mean", r.kl_mean.value_or(0.0)},
+                                    {"entropy_mean", r.entropy_mean.value_or(0.0)},
+                                    {"vespo_phi_seq_mean", r.vespo_phi_seq_mean.value_or(0.0)}})
+    if (!std::isfinite(value)) fail(name, -1, value, false);
+}
+
+}  // namespace detail_grpo
+
+//! TRL's loss of one micro-batch (the composition above): writes d loss / d per_token_logps and,
+//! when given, d loss / d entropies; returns the loss, its parts and the metrics. Everything is
+//! validated before anything is written (ulorl::error naming the function, the argument and the
+//! index): the options (sequence_token with use_bias_correction_kl or an entropy bonus, which
+//! TRL's GSPO-token trainer does not have; top_entropy_quantile outside [0, 1]), the padded layout
+//! and the shapes, the required inputs and outputs, the values. `exec` runs policy_loss's rows (the
+//! results are the same bits for every executor).
+template <class T, class M, class Exec>
+[[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out,
+                                         const grpo_loss_options& o, const Exec& exec) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "presets::trl::grpo_loss: T must be float or double");
+  namespace G = detail_grpo;
+  // Checks, then what needs scratch only, before the first write to the outputs.
+  const G::plan p = G::plan_of(o);
+  const token_view<const M> mask = G::require_shapes(in, out, o, p);
+  G::require_values(in, mask, o);
+  const token_view<const T>& lp = in.per_token_logps;
+  const token_view<const T>& old = in.old_per_token_logps;
+  const token_view<T>& grad = out.grad_per_token_logps;
+  const std::size_t B = lp.rows(), Tn = lp.cols();
+  const batch_counts counts = count_batch(mask);
+  const G::row_ratios rows = G::row_log_ratios(lp, old, mask);
+  const G::multipliers<T> mult = G::policy_multipliers(in, mask, o, p);
+  const std::vector<T> weights = G::policy_weights(mult, rows, p, B, Tn);
+  const std::vector<T> adv = G::token_advantages(in.advantages, Tn);
+  const std::vector<T> old_derived = p.derived_seq ? G::derived_old_log_probs(lp, rows) : std::vector<T>{};
+  policy_loss_inputs<T, M> pin{lp, p.derived_seq ? detail_trl::padded_scratch<const T>(old_derived, B, Tn) : old,
+                               detail_trl::padded_scratch<const T>(adv, B, Tn),
+                               p.luspo_tokens ? token_view<const M>{} : mask};  // luspo tokens: every position
+  pin.ref_log_prob = in.ref_per_token_logps;
+  if (!weights.empty()) pin.weights = detail_trl::padded_scratch<const T>(weights, B, Tn);
+  const normalizer_options nopt = G::normalizer_options_of(o, p, Tn);
+  const policy_loss_config cfg = G::policy_config(o, p, nopt, counts);
+  std::optional<loss_metrics> luspo_metrics;
+  if (p.luspo_tokens) luspo_metrics = G::luspo_valid_metrics(pin, mask, mult, cfg, exec);
+  const G::kl_terms<T> kl =
+      p.separate_kl && o.beta != 0.0 ? G::separate_kl_terms(lp, in.ref_per_token_logps) : G::kl_terms<T>{};
+  std::optional<agg_normalizer> entropy_norm;
+  if (o.entropy_coef != 0.0) entropy_norm = G::bonus_normalizer(nopt, counts, mult, B, Tn);
+
+  // The loss (policy_loss validates its configuration before writing), then the terms added to it.
+  const policy_loss_result res = ::ulorl::policy_loss(pin, grad, token_view<T>{}, cfg, exec);
+  grpo_loss_result r;
+  r.pg_loss = res.pg_loss;
+  r.kl_loss = res.kl_loss;
+  r.metrics = luspo_metrics ? *luspo_metrics : res.metrics;
+  if (p.sapo_seq) G::spread_sequence_gradient(grad, mask, rows);
+  std::optional<double> separate_kl_sum;  // the separate KL estimate's sum over the valid tokens
+  if (!kl.value.empty()) {
+    const G::kl_sums s = G::add_separate_kl(grad, lp, old, mask, rows, kl, cfg.normalizer, o, p);
+    r.kl_loss += s.loss;
+    r.metrics.kl_sum = s.valid_sum;
+    separate_kl_sum = s.valid_sum;
   }
+  r.entropy_loss = G::entropy_bonus(in, out, mask, mult, o.entropy_coef, entropy_norm);
+  r.loss = r.pg_loss + r.kl_loss + r.entropy_loss;
+
+  // The metrics TRL logs, then the check of what was added after policy_loss.
+  G::logged_clip_metrics(r, in, mask, rows, mult, p);
+  if (!in.entropies.empty()) r.entropy_mean = G::logged_entropy_mean(in.entropies, mask, counts);
+  if (o.beta != 0.0) r.kl_mean = G::logged_kl_mean(in, mask, rows, p, o, counts, res.metrics, separate_kl_sum);
+  if (cfg.check_values) G::require_results_in_range(r, grad, out.grad_entropies);
   return r;
 }
 
@@ -904,5 +1083,6 @@ template <class T, class M>
 }
 
 }  // namespace ULORL_ISA
+
 }  // namespace presets::trl
 ULORL_NAMESPACE_END
