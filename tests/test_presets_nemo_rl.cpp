@@ -1,5 +1,6 @@
 // Tests of ulorl/presets/nemo_rl.hpp: NeMo-RL's config keys map to the documented parameters of
-// the advantage and loss areas; unknown names are rejected. (ClippedPGLossFn's pieces against an
+// the advantage and loss areas, the KL defaults are one set shared by kl_options and
+// clipped_pg_loss_options, and unknown names are rejected. (ClippedPGLossFn's pieces against an
 // oracle: test_loss_policy_modes.cpp; the rollout correction: test_loss_rollout_correction.cpp.)
 #include <ulorl/presets/nemo_rl.hpp>
 
@@ -16,7 +17,7 @@
 namespace P = ulorl::presets;
 
 TEST_CASE("nemo_rl presets") {
-  const auto nk = P::nemo_rl::kl({.kl_input_clamp_value = 20.0});
+  const auto nk = P::nemo_rl::kl({.kl_input_clamp_value = 20.0, .kl_output_clamp_value = std::nullopt});
   REQUIRE(nk.estimator == ulorl::kl_estimator::k3);
   REQUIRE(nk.input_clamp == 20.0);
   REQUIRE(nk.output_clamp == ulorl::no_limit);
@@ -31,6 +32,17 @@ TEST_CASE("nemo_rl presets") {
   o.use_on_policy_kl_approximation = true;
   REQUIRE(P::nemo_rl::reference_policy_kl(o).weight == ulorl::kl_importance_weight::rollout_policy);
   REQUIRE_THROWS_AS(P::nemo_rl::reference_policy_kl({.reference_policy_kl_type = ulorl::kl_estimator::abs}), ulorl::error);
+}
+
+TEST_CASE("nemo_rl: the KL defaults are one set (calculate_kl's and ClippedPGLossConfig's)", "[presets][defaults]") {
+  namespace D = P::nemo_rl::defaults;
+  const P::nemo_rl::kl_options k;
+  const P::nemo_rl::clipped_pg_loss_options c;
+  REQUIRE((k.reference_policy_kl_type == D::reference_policy_kl_type && c.reference_policy_kl_type == D::reference_policy_kl_type));
+  REQUIRE((*k.kl_input_clamp_value == D::kl_input_clamp_value && *c.kl_input_clamp_value == D::kl_input_clamp_value));
+  REQUIRE((*k.kl_output_clamp_value == D::kl_output_clamp_value && *c.kl_output_clamp_value == D::kl_output_clamp_value));
+  const auto kc = P::nemo_rl::kl({});
+  REQUIRE((kc.estimator == ulorl::kl_estimator::k3 && kc.input_clamp == 20.0 && kc.output_clamp == 10.0));
 }
 
 TEST_CASE("nemo_rl: a NaN option is rejected even where the preset does not use it", "[presets][nan]") {

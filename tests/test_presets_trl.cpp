@@ -1,8 +1,8 @@
 // Tests of ulorl/presets/trl.hpp: TRL's option names map to the documented parameters of the
-// advantage and loss areas; unknown names and enum values are rejected. (grpo_loss:
-// test_presets_trl_grpo_loss.cpp; the loss types against an oracle: test_loss_trl_loss_types.cpp;
-// the masks and the adaptive entropy bonus: test_masking_off_policy.cpp,
-// test_control_entropy_controller.cpp.)
+// advantage and loss areas, GRPOConfig's defaults are one set shared by every options struct, and
+// unknown names and enum values are rejected. (grpo_loss: test_presets_trl_grpo_loss.cpp; the loss
+// types against an oracle: test_loss_trl_loss_types.cpp; the masks and the adaptive entropy bonus:
+// test_masking_off_policy.cpp, test_control_entropy_controller.cpp.)
 #include <ulorl/presets/trl.hpp>
 
 #include <cmath>
@@ -57,10 +57,30 @@ TEST_CASE("trl presets") {
                          .importance_sampling_level = T::importance_sampling_kind::sequence}, c).denominator == c.rows);
   REQUIRE(T::entropy_normalizer({.loss_type = T::loss_type_kind::grpo, .gradient_accumulation_steps = 2}, c, 3.0).denominator == 3.0);
   REQUIRE(T::entropy_normalizer({.loss_type = T::loss_type_kind::dapo}, c, 3.0).denominator == c.tokens);
-  // One default loss_type, TRL's GRPOConfig's (dapo), for the objective, the normaliser and grpo_loss.
-  REQUIRE(T::objective_options{}.loss_type == T::loss_type_kind::dapo);
-  REQUIRE(T::normalizer_options{}.loss_type == T::loss_type_kind::dapo);
-  REQUIRE(T::grpo_loss_options{}.loss_type == T::loss_type_kind::dapo);
+}
+
+TEST_CASE("trl: GRPOConfig's defaults are one set, shared by every options struct", "[presets][defaults]") {
+  namespace T = P::trl;
+  namespace D = P::trl::defaults;
+  static_assert(D::loss_type == T::loss_type_kind::dapo);  // TRL f2cd5771's GRPOConfig
+  const T::objective_options ob;
+  const T::normalizer_options no;
+  const T::grpo_loss_options gl;
+  REQUIRE((ob.loss_type == D::loss_type && no.loss_type == D::loss_type && gl.loss_type == D::loss_type));
+  REQUIRE((ob.epsilon == D::epsilon && gl.epsilon == D::epsilon));
+  REQUIRE((ob.importance_sampling_level == D::importance_sampling_level && no.importance_sampling_level == D::importance_sampling_level &&
+           gl.importance_sampling_level == D::importance_sampling_level));
+  REQUIRE((ob.sapo_temperature_pos == D::sapo_temperature_pos && gl.sapo_temperature_pos == D::sapo_temperature_pos));
+  REQUIRE((ob.sapo_temperature_neg == D::sapo_temperature_neg && gl.sapo_temperature_neg == D::sapo_temperature_neg));
+  REQUIRE((no.max_completion_length == D::max_completion_length && gl.max_completion_length == D::max_completion_length));
+  REQUIRE((no.gradient_accumulation_steps == D::gradient_accumulation_steps &&
+           gl.gradient_accumulation_steps == D::gradient_accumulation_steps));
+  REQUIRE((no.num_processes == D::num_processes && gl.num_processes == D::num_processes));
+  REQUIRE((T::kl_options{}.use_bias_correction_kl == D::use_bias_correction_kl &&
+           gl.use_bias_correction_kl == D::use_bias_correction_kl));
+  REQUIRE((T::adaptive_entropy_params{}.entropy_coef == D::entropy_coef && gl.entropy_coef == D::entropy_coef));
+  REQUIRE(T::multi_reward_options{}.scale_rewards == D::scale_rewards);
+  REQUIRE(T::advantage().group.scale == T::advantage(D::scale_rewards).group.scale);
 }
 
 TEST_CASE("trl: a NaN option is rejected even where the preset does not use it", "[presets][nan]") {

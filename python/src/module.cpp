@@ -251,8 +251,9 @@ void bind_presets(py::module_& m) {
       "loss_mode"_a, "clip_ratio_low"_a, "clip_ratio_high"_a, "clip_ratio_c"_a, "tau_pos"_a, "tau_neg"_a,
       "loss_agg_mode"_a, "counts"_a, "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a, "loss_scale_factor"_a,
       "padded_length"_a, "kl_penalty"_a, "kl_coef"_a, "entropy_coeff"_a, "dro_beta"_a = py::none(),
-      "kl_cov_ratio"_a = 0.0002, "ppo_kl_coef"_a = 0.1, "clip_cov_ratio"_a = 0.0002, "clip_cov_lb"_a = 1.0,
-      "clip_cov_ub"_a = 5.0);
+      "kl_cov_ratio"_a = P::verl::objective_options{}.kl_cov_ratio, "ppo_kl_coef"_a = P::verl::objective_options{}.ppo_kl_coef,
+      "clip_cov_ratio"_a = P::verl::objective_options{}.clip_cov_ratio, "clip_cov_lb"_a = P::verl::objective_options{}.clip_cov_lb,
+      "clip_cov_ub"_a = P::verl::objective_options{}.clip_cov_ub);
   m.def(
       "_verl_metrics",
       [](const std::string& loss_mode, const ulorl::policy_loss_result& r, double pg_clipfrac, double pg_clipfrac_lower,

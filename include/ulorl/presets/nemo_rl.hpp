@@ -190,11 +190,19 @@ struct rollout_correction_metrics {
 
 // ---- policy loss ----------------------------------------------------------------------------------
 
-//! `reference_policy_kl_type` k1 / k2 / k3 with optional input and output clamps.
+//! The KL options' defaults (calculate_kl's and ClippedPGLossConfig's), written once for kl_options
+//! and clipped_pg_loss_options.
+namespace defaults {
+inline constexpr kl_estimator reference_policy_kl_type = kl_estimator::k3;
+inline constexpr double kl_input_clamp_value = 20.0;
+inline constexpr double kl_output_clamp_value = 10.0;
+}  // namespace defaults
+
+//! `reference_policy_kl_type` k1 / k2 / k3 with optional input and output clamps (absent: none).
 struct kl_options {
-  kl_estimator reference_policy_kl_type = kl_estimator::k3;
-  std::optional<double> kl_input_clamp_value{};
-  std::optional<double> kl_output_clamp_value{};
+  kl_estimator reference_policy_kl_type = defaults::reference_policy_kl_type;
+  std::optional<double> kl_input_clamp_value = defaults::kl_input_clamp_value;
+  std::optional<double> kl_output_clamp_value = defaults::kl_output_clamp_value;
 };
 [[nodiscard]] inline kl_estimator kl_type_from_name(std::string_view name) {
   static constexpr detail_presets::name_entry<kl_estimator> table[] = {
@@ -233,9 +241,9 @@ struct clipped_pg_loss_options {
   std::optional<double> truncated_importance_sampling_ratio{};
   std::optional<double> truncated_importance_sampling_ratio_min{};
   double reference_policy_kl_penalty = 0.01;  //!< beta; 0: no KL term
-  kl_estimator reference_policy_kl_type = kl_estimator::k3;
-  std::optional<double> kl_input_clamp_value = 20.0;
-  std::optional<double> kl_output_clamp_value = 10.0;
+  kl_estimator reference_policy_kl_type = defaults::reference_policy_kl_type;
+  std::optional<double> kl_input_clamp_value = defaults::kl_input_clamp_value;
+  std::optional<double> kl_output_clamp_value = defaults::kl_output_clamp_value;
   bool use_on_policy_kl_approximation = false;  //!< KL weight exp(logp - rollout_log_prob) instead of exp(logp - sg(logp))
 };
 

@@ -11,7 +11,8 @@
 //   masks and   off_policy_mask_threshold (masking/off_policy.hpp), use_adaptive_entropy
 //   control     (control/entropy_controller.hpp)
 //
-// Presets only choose parameters of the advantage, loss, masking and control areas
+// GRPOConfig's defaults are written once (namespace defaults) and every options struct takes them
+// from there. Presets only choose parameters of the advantage, loss, masking and control areas
 // (and, where TRL genuinely differs, a named variant); TRL's *local* normalisers (a micro-batch
 // divides by its own counts unless the caller passes the global ones) are reproduced for
 // compatibility. Mirrored by python/ulorl/presets/trl.py; docs/presets/trl.md maps TRL's functions,
@@ -56,7 +57,7 @@
 ULORL_NAMESPACE_BEGIN
 namespace presets::trl {
 
-// ---- option names ---------------------------------------------------------------------------------
+// ---- option names and GRPOConfig's defaults -------------------------------------------------------
 //! `importance_sampling_level`.
 //! `sequence_token` is GSPO-token (`trl.experimental.gspo_token`): the sequence ratio with the
 //! gradient to each token itself.
@@ -83,6 +84,22 @@ enum class loss_type_kind { grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo
 //! `scale_rewards`.
 enum class scale_rewards { group, batch, none };
 
+//! GRPOConfig's defaults (TRL f2cd5771), written once: every options struct below takes them from
+//! here (num_processes: a single process).
+namespace defaults {
+inline constexpr loss_type_kind loss_type = loss_type_kind::dapo;
+inline constexpr double epsilon = 0.2;
+inline constexpr importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
+inline constexpr double sapo_temperature_pos = 1.0;
+inline constexpr double sapo_temperature_neg = 1.05;
+inline constexpr double max_completion_length = 256;
+inline constexpr double gradient_accumulation_steps = 1;
+inline constexpr double num_processes = 1;
+inline constexpr bool use_bias_correction_kl = false;
+inline constexpr double entropy_coef = 0.0;
+inline constexpr trl::scale_rewards scale_rewards = trl::scale_rewards::group;
+}  // namespace defaults
+
 namespace detail_trl {
 inline void require_loss_type(std::string_view fn, loss_type_kind t) {
   require_known(fn, "loss_type", t, loss_type_kind::grpo, loss_type_kind::bnpo, loss_type_kind::dr_grpo,
@@ -99,7 +116,7 @@ inline void require_level(std::string_view fn, importance_sampling_kind l) {
 
 //! TRL GRPOTrainer advantages (`scale_rewards`), contiguous groups of num_generations. Throws
 //! ulorl::error on an unknown `scale`.
-[[nodiscard]] constexpr advantage_preset advantage(scale_rewards scale = scale_rewards::group) {
+[[nodiscard]] constexpr advantage_preset advantage(scale_rewards scale = defaults::scale_rewards) {
   require_known("presets::trl::advantage", "scale", scale, scale_rewards::group, scale_rewards::batch,
                 scale_rewards::none);
   advantage_preset p{{.baseline = baseline_kind::group_mean,
@@ -119,7 +136,7 @@ inline void require_level(std::string_view fn, importance_sampling_kind l) {
 enum class multi_objective_aggregation { sum_then_normalize, normalize_then_sum };
 //! TRL GRPOConfig options of several reward functions.
 struct multi_reward_options {
-  trl::scale_rewards scale_rewards = trl::scale_rewards::group;  //!< used by sum_then_normalize only
+  trl::scale_rewards scale_rewards = defaults::scale_rewards;  //!< used by sum_then_normalize only
   trl::multi_objective_aggregation multi_objective_aggregation = trl::multi_objective_aggregation::sum_then_normalize;
 };
 //! TRL advantages from reward components (reward_weights are the call's weights):
@@ -142,14 +159,15 @@ struct multi_reward_options {
 
 // ---- policy loss ----------------------------------------------------------------------------------
 
+//! The objective's options (defaults: GRPOConfig's).
 struct objective_options {
-  double epsilon = 0.2;
+  double epsilon = defaults::epsilon;
   std::optional<double> epsilon_high{};  //!< absent: epsilon (cispo: the cap of the ratio itself)
   std::optional<double> delta{};         //!< upper cap of the ratio (two-sided GRPO); absent: none
-  importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
-  loss_type_kind loss_type = loss_type_kind::dapo;  //!< TRL's GRPOConfig default, as normalizer_options'
-  double sapo_temperature_pos = 1.0;
-  double sapo_temperature_neg = 1.05;
+  importance_sampling_kind importance_sampling_level = defaults::importance_sampling_level;
+  loss_type_kind loss_type = defaults::loss_type;
+  double sapo_temperature_pos = defaults::sapo_temperature_pos;
+  double sapo_temperature_neg = defaults::sapo_temperature_neg;
 };
 
 //! GRPOTrainer's objective of a token. grpo / bnpo / dr_grpo / dapo / luspo: importance weight
@@ -214,20 +232,21 @@ struct objective_options {
 
 //! beta * k3 (unclamped); with use_bias_correction_kl the estimate is multiplied by the ratio.
 struct kl_options {
-  bool use_bias_correction_kl = false;
+  bool use_bias_correction_kl = defaults::use_bias_correction_kl;
 };
 [[nodiscard]] inline kl_config kl(const kl_options& o) {
   return {.estimator = kl_estimator::k3, .importance_weighted = o.use_bias_correction_kl};
 }
 
+//! The normalisers' options (defaults: GRPOConfig's; num_processes: a single process).
 struct normalizer_options {
-  loss_type_kind loss_type = loss_type_kind::dapo;
-  importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;  //!< luspo
-  std::size_t padded_length = 0;             //!< luspo at token level: T of the padded batch
-  double max_completion_length = 256;        //!< dr_grpo
-  double gradient_accumulation_steps = 1;    //!< grpo, bnpo, dr_grpo
-  std::optional<double> num_items_in_batch{};  //!< dapo; absent: this batch's N
-  double num_processes = 1;                  //!< dapo
+  loss_type_kind loss_type = defaults::loss_type;
+  importance_sampling_kind importance_sampling_level = defaults::importance_sampling_level;  //!< luspo
+  std::size_t padded_length = 0;                                            //!< luspo at token level: T of the padded batch
+  double max_completion_length = defaults::max_completion_length;              //!< dr_grpo
+  double gradient_accumulation_steps = defaults::gradient_accumulation_steps;  //!< grpo, bnpo, dr_grpo
+  std::optional<double> num_items_in_batch{};                                //!< dapo; absent: this batch's N
+  double num_processes = defaults::num_processes;                            //!< dapo
 };
 
 //! loss_type normalisers: grpo, sapo (1/B) sum_b mean_t / GA; bnpo sum / max(N, 1) / GA;
@@ -362,11 +381,11 @@ struct rollout_correction_options {
 
 //! TRL GRPOConfig's adaptive entropy fields, under TRL's names and with its defaults.
 struct adaptive_entropy_params {
-  double entropy_coef = 0.0;          //!< initial coefficient c
-  double entropy_target = 0.2;        //!< target mean token entropy (nats)
-  double entropy_coef_delta = 0.005;  //!< step of c per optimizer step
-  double entropy_coef_min = 0.0;      //!< lower bound of c
-  double entropy_coef_max = 1.0;      //!< upper bound of c
+  double entropy_coef = defaults::entropy_coef;  //!< initial coefficient c
+  double entropy_target = 0.2;                   //!< target mean token entropy (nats)
+  double entropy_coef_delta = 0.005;             //!< step of c per optimizer step
+  double entropy_coef_min = 0.0;                 //!< lower bound of c
+  double entropy_coef_max = 1.0;                 //!< upper bound of c
 };
 //! TRL `use_adaptive_entropy` (golden README §4.11): each optimizer step applies
 //! alpha = c · [H_prev <= target] (H_prev = +inf before the first step: bonus()), then
@@ -432,26 +451,26 @@ struct grpo_loss_inputs {
 
 //! GRPOConfig's loss options by TRL's names, with TRL's defaults.
 struct grpo_loss_options {
-  loss_type_kind loss_type = loss_type_kind::dapo;
-  double epsilon = 0.2;
+  loss_type_kind loss_type = defaults::loss_type;
+  double epsilon = defaults::epsilon;
   std::optional<double> epsilon_high{};  //!< absent: epsilon
   std::optional<double> delta{};         //!< upper cap of the ratio; absent: none
   double beta = 0.0;
-  importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
-  bool use_bias_correction_kl = false;
-  double max_completion_length = 256;    //!< dr_grpo's normaliser
-  double gradient_accumulation_steps = 1;
+  importance_sampling_kind importance_sampling_level = defaults::importance_sampling_level;
+  bool use_bias_correction_kl = defaults::use_bias_correction_kl;
+  double max_completion_length = defaults::max_completion_length;  //!< dr_grpo's normaliser
+  double gradient_accumulation_steps = defaults::gradient_accumulation_steps;
   std::optional<double> num_items_in_batch{};  //!< dapo / cispo / vespo; absent: this batch's valid tokens
-  double num_processes = 1;
-  double sapo_temperature_pos = 1.0;
-  double sapo_temperature_neg = 1.05;
+  double num_processes = defaults::num_processes;
+  double sapo_temperature_pos = defaults::sapo_temperature_pos;
+  double sapo_temperature_neg = defaults::sapo_temperature_neg;
   double vespo_k_pos = 2.0;
   double vespo_lambda_pos = 3.0;
   double vespo_k_neg = 3.0;
   double vespo_lambda_neg = 2.0;
   std::optional<double> off_policy_mask_threshold{};  //!< absent: no off-policy mask
   double top_entropy_quantile = 1.0;
-  double entropy_coef = 0.0;  //!< the coefficient applied this step (adaptive_entropy)
+  double entropy_coef = defaults::entropy_coef;  //!< the coefficient applied this step (adaptive_entropy)
   //! ulorl's, not TRL's: false skips the scans of the mask (0/1) and of per_token_logps,
   //! old_per_token_logps, advantages and ref_per_token_logps (finite), here and in policy_loss
   //! (policy_loss_config::check_values). The entropies and the IS ratio are always checked, and the
