@@ -3,7 +3,7 @@
 // sampling, overlong shaping), loss (ratios, objectives, KL, aggregation), logits (fused CPU
 // kernels), masking (UloRL MPT), control (KL/entropy controllers, ProRL resets), rollout (UloRL
 // segment scheduler), and above them the framework presets (verl, TRL, OpenRLHF, NeMo-RL,
-// Open-Instruct, slime).
+// Open-Instruct, slime, Liger).
 #pragma once
 
 #include "ulorl/core.hpp"

@@ -4,9 +4,9 @@
 // token baseline), aggregation and the element-wise KL penalty (value and gradient, for the Python
 // autograd wrapper), the off-policy sequence mask, the token selections of verl's dppo_* / kl_cov /
 // clip_cov (ulorl/loss/token_selection.hpp), OpenRLHF's vLLM IS plan, NeMo-RL's ClippedPGLossFn
-// pieces (its reference KL: ulorl/loss/weighted_kl.hpp) and TRL's GRPO loss. Every function calls
-// the C++ function of the same name on views of the tensors; every check is the library's
-// (ulorl::error, raised before any output exists). No formula is restated here.
+// pieces (its reference KL: ulorl/loss/weighted_kl.hpp), TRL's GRPO loss and Liger's plan of a fused
+// GRPO call. Every function calls the C++ function of the same name on views of the tensors; every
+// check is the library's (ulorl::error, raised before any output exists). No formula is restated here.
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/stl.h>
@@ -528,7 +528,7 @@ void bind_terms(py::module_& m) {
       "offsets"_a = py::none());
 }
 
-// ---- verl's token selections, OpenRLHF's IS plan, NeMo-RL's and TRL's loss pieces -------------------------
+// ---- verl's token selections, OpenRLHF's IS plan, NeMo-RL's, TRL's and Liger's loss pieces -----------------
 // What a token selection counts, under verl's metric names (presets::verl::metrics reads them back).
 py::dict stats_dict(const ulorl::token_selection_stats& s) {
   return py::dict("pg_clipfrac"_a = s.dropped_fraction, "pg_clipfrac_lower"_a = s.capped_fraction,
@@ -796,6 +796,52 @@ void bind_loss_passes(py::module_& m) {
       "sapo_temperature_pos"_a, "sapo_temperature_neg"_a, "vespo_k_pos"_a, "vespo_lambda_pos"_a, "vespo_k_neg"_a,
       "vespo_lambda_neg"_a, "off_policy_mask_threshold"_a, "top_entropy_quantile"_a, "entropy_coef"_a,
       "check_values"_a = true);
+
+  // Liger's LigerFusedLinearGRPOLoss: its options (validated) and the plan of a call
+  // (presets::liger::fused_linear_grpo): the fused pass's configuration and the adjustments of its
+  // inputs, or (luspo, vespo) the num_items_in_batch of TRL's loss.
+  using LO = P::liger::fused_linear_grpo_options;
+  py::class_<LO>(m, "LigerFusedLinearGRPOOptions",
+                 "Liger's LigerFusedLinearGRPOLoss options (presets::liger::fused_linear_grpo_options).")
+      .def_property_readonly("uses_num_items", [](const LO& o) { return P::liger::uses_num_items(o); },
+                             "Whether the loss type divides by num_items_in_batch (dapo, cispo, luspo, vespo).");
+  m.def(
+      "_liger_fused_linear_grpo_options",
+      [](double beta, bool use_ref_model, double epsilon_low, double epsilon_high, const std::string& loss_type,
+         opt max_completion_length, const std::string& importance_sampling_level, double sapo_temperature_pos,
+         double sapo_temperature_neg, double temperature, opt delta, bool use_bias_correction_kl, double vespo_k_pos,
+         double vespo_lambda_pos, double vespo_k_neg, double vespo_lambda_neg) {
+        const LO o{.beta = beta,
+                   .use_ref_model = use_ref_model,
+                   .epsilon_low = epsilon_low,
+                   .epsilon_high = epsilon_high,
+                   .loss_type = P::liger::loss_type_from_name(loss_type),
+                   .max_completion_length = max_completion_length,
+                   .importance_sampling_level = P::liger::importance_sampling_level_from_name(importance_sampling_level),
+                   .sapo_temperature_pos = sapo_temperature_pos,
+                   .sapo_temperature_neg = sapo_temperature_neg,
+                   .temperature = temperature,
+                   .delta = delta,
+                   .use_bias_correction_kl = use_bias_correction_kl,
+                   .vespo_k_pos = vespo_k_pos,
+                   .vespo_lambda_pos = vespo_lambda_pos,
+                   .vespo_k_neg = vespo_k_neg,
+                   .vespo_lambda_neg = vespo_lambda_neg};
+        P::liger::validate(o);
+        return o;
+      },
+      "beta"_a, "use_ref_model"_a, "epsilon_low"_a, "epsilon_high"_a, "loss_type"_a, "max_completion_length"_a,
+      "importance_sampling_level"_a, "sapo_temperature_pos"_a, "sapo_temperature_neg"_a, "temperature"_a, "delta"_a,
+      "use_bias_correction_kl"_a, "vespo_k_pos"_a, "vespo_lambda_pos"_a, "vespo_k_neg"_a, "vespo_lambda_neg"_a);
+  m.def(
+      "_liger_fused_linear_grpo",
+      [](const LO& o, const ulorl::batch_counts& counts, opt num_items_in_batch, double world_size) {
+        const auto p = P::liger::fused_linear_grpo(o, counts, num_items_in_batch, world_size);
+        return py::dict("fused"_a = p.fused, "config"_a = p.config, "old_log_prob_shift"_a = p.old_log_prob_shift,
+                        "weight_scale"_a = p.weight_scale, "kl_mean_scale"_a = p.kl_mean_scale,
+                        "num_items_in_batch"_a = p.trl_options.num_items_in_batch);
+      },
+      "options"_a, "counts"_a, "num_items_in_batch"_a, "world_size"_a);
 
 }
 

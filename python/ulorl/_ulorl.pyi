@@ -103,6 +103,9 @@ def rollout_correction_finalize(statistics: RolloutCorrectionStatistics,
 
 class NemoRLClippedPGLossOptions: ...
 
+class LigerFusedLinearGRPOOptions:
+    uses_num_items: bool
+
 class KLController:
     value: float
     updates: int
@@ -330,6 +333,14 @@ def _trl_grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Ten
                    vespo_lambda_neg: float, off_policy_mask_threshold: Optional[float], top_entropy_quantile: float,
                    entropy_coef: float, check_values: bool = True
                    ) -> Tuple[float, torch.Tensor, Optional[torch.Tensor], Dict[str, float]]: ...
+def _liger_fused_linear_grpo_options(beta: float, use_ref_model: bool, epsilon_low: float, epsilon_high: float,
+                                     loss_type: str, max_completion_length: Optional[float],
+                                     importance_sampling_level: str, sapo_temperature_pos: float,
+                                     sapo_temperature_neg: float, temperature: float, delta: Optional[float],
+                                     use_bias_correction_kl: bool, vespo_k_pos: float, vespo_lambda_pos: float,
+                                     vespo_k_neg: float, vespo_lambda_neg: float) -> LigerFusedLinearGRPOOptions: ...
+def _liger_fused_linear_grpo(options: LigerFusedLinearGRPOOptions, counts: BatchCounts,
+                             num_items_in_batch: Optional[float], world_size: float) -> Dict[str, Any]: ...
 def _trl_adaptive_entropy(entropy_coef: float, entropy_target: float, entropy_coef_delta: float,
                           entropy_coef_min: float, entropy_coef_max: float) -> EntropyController: ...
 def _logits_statistics(logits: torch.Tensor, labels: torch.Tensor, temperature: float,
