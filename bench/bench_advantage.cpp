@@ -3,6 +3,7 @@
 // one-pass E[x^2]-E[x]^2 std) run in the same process; `x_vs_ref` is the speed-up, and the
 // BigO fit shows the scaling.
 #include <ulorl/advantage.hpp>
+#include <ulorl/presets/verl.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -18,8 +18,9 @@
 #include <benchmark/benchmark.h>
 
 #include <ulorl/loss/policy_loss.hpp>
-#include <ulorl/loss/presets.hpp>
 #include <ulorl/loss/rollout_correction.hpp>
+#include <ulorl/presets/trl.hpp>
+#include <ulorl/presets/verl.hpp>
 
 #include "bench_common.hpp"
 

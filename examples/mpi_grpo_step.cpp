@@ -19,6 +19,8 @@
 
 #include <ulorl/advantage.hpp>
 #include <ulorl/loss.hpp>
+#include <ulorl/presets/trl.hpp>
+#include <ulorl/presets/verl.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,9 @@
 // frameworks' presets (verl GDPO, TRL multi-objective aggregation, NeMo-RL GDPO), padded and packed
 // layouts, and every rejection rule with the outputs untouched.
 #include <ulorl/advantage/multi_reward.hpp>
-#include <ulorl/advantage/presets.hpp>
+#include <ulorl/presets/nemo_rl.hpp>
+#include <ulorl/presets/trl.hpp>
+#include <ulorl/presets/verl.hpp>
 
 #include <cmath>
 #include <cstdint>

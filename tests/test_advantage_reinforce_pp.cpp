@@ -1,8 +1,8 @@
 // Tests for ulorl/advantage/reinforce_pp.hpp against the oracle: returns with reset after EOS,
 // unbiased masked whitening, the baseline variant (verl's and NeMo-RL's), the variance floor and
 // unmasked output, both layouts.
-#include <ulorl/advantage/presets.hpp>
 #include <ulorl/advantage/reinforce_pp.hpp>
+#include <ulorl/presets/nemo_rl.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ulorl/control/entropy_controller.hpp>
+#include <ulorl/presets/trl.hpp>
 
 #include "catch.hpp"
 #include "support/rejection.hpp"

@@ -3,7 +3,8 @@
 // mode, TRL's loss types through the presets against TRL's own formulas, the partition property,
 // layouts, float vs double, bad input, extreme input and properties.
 #include <ulorl/loss/policy_loss.hpp>
-#include <ulorl/loss/presets.hpp>
+#include <ulorl/presets/nemo_rl.hpp>
+#include <ulorl/presets/trl.hpp>
 
 #include <algorithm>
 #include <iomanip>

@@ -8,6 +8,8 @@
 // outputs untouched).
 #include <ulorl/loss/policy_loss.hpp>
 #include <ulorl/loss/rollout_correction.hpp>
+#include <ulorl/presets/openrlhf.hpp>
+#include <ulorl/presets/trl.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -4,6 +4,7 @@
 // partition-exact, the presets' mappings and parsers, every rejection rule (ulorl::error naming the
 // function and argument, outputs untouched) and unknown enum values.
 #include <ulorl/loss/rollout_correction.hpp>
+#include <ulorl/presets.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -1131,19 +1132,19 @@ TEST_CASE("rollout_correction presets: typed options map onto the configuration;
   REQUIRE(arg_of([] { (void)po::rollout_correction({.vllm_is_truncated_threshold = {2.0, 1.0}}); }) == "vllm_is_truncated_threshold");
   REQUIRE(arg_of([] { (void)po::rollout_correction({.vllm_is_correction_type = static_cast<rc::is_weighting>(8)}); }) == "vllm_is_correction_type");
   // NeMo-RL
-  const auto n = pn::rollout_correction({.truncated_importance_sampling_type = rc::is_weighting::truncate, .truncated_importance_sampling_ratio = 2.0});
+  const auto n = pn::rollout_correction(pn::rollout_correction_options{.truncated_importance_sampling_type = rc::is_weighting::truncate, .truncated_importance_sampling_ratio = 2.0});
   REQUIRE(n.importance.lower == 0.0);
   REQUIRE(n.importance.overflow == rc::ratio_overflow::zero);
-  REQUIRE(pn::rollout_correction({}).importance.upper == rc::unbounded);
-  REQUIRE(arg_of([] { (void)pn::rollout_correction({.truncated_importance_sampling_ratio = 2.0}); }) == "truncated_importance_sampling_ratio");
-  REQUIRE(arg_of([] { (void)pn::rollout_correction({.truncated_importance_sampling_type = rc::is_weighting::mask,
+  REQUIRE(pn::rollout_correction(pn::rollout_correction_options{}).importance.upper == rc::unbounded);
+  REQUIRE(arg_of([] { (void)pn::rollout_correction(pn::rollout_correction_options{.truncated_importance_sampling_ratio = 2.0}); }) == "truncated_importance_sampling_ratio");
+  REQUIRE(arg_of([] { (void)pn::rollout_correction(pn::rollout_correction_options{.truncated_importance_sampling_type = rc::is_weighting::mask,
                                                      .truncated_importance_sampling_ratio = 2.0}); }) == "truncated_importance_sampling_ratio_min");
-  REQUIRE(arg_of([] { (void)pn::rollout_correction({.truncated_importance_sampling_type = rc::is_weighting::truncate}); }) ==
+  REQUIRE(arg_of([] { (void)pn::rollout_correction(pn::rollout_correction_options{.truncated_importance_sampling_type = rc::is_weighting::truncate}); }) ==
           "truncated_importance_sampling_ratio");
-  REQUIRE(arg_of([] { (void)pn::rollout_correction({.truncated_importance_sampling_type = rc::is_weighting::truncate,
+  REQUIRE(arg_of([] { (void)pn::rollout_correction(pn::rollout_correction_options{.truncated_importance_sampling_type = rc::is_weighting::truncate,
                                                      .truncated_importance_sampling_ratio = 2.0, .truncated_importance_sampling_ratio_min = 3.0}); }) ==
           "truncated_importance_sampling_ratio_min");
-  REQUIRE(arg_of([] { (void)pn::rollout_correction({.truncated_importance_sampling_type = rc::is_weighting::geometric_gate,
+  REQUIRE(arg_of([] { (void)pn::rollout_correction(pn::rollout_correction_options{.truncated_importance_sampling_type = rc::is_weighting::geometric_gate,
                                                      .truncated_importance_sampling_ratio = 1.002, .truncated_importance_sampling_ratio_min = 0.999,
                                                      .sequence_level_importance_ratios = true}); }) == "sequence_level_importance_ratios");
   // NeMo-RL's logged metrics with global normalisers.

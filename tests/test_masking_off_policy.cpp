@@ -12,6 +12,8 @@
 #include <vector>
 
 #include <ulorl/masking.hpp>
+#include <ulorl/presets/slime.hpp>
+#include <ulorl/presets/trl.hpp>
 
 #include "catch.hpp"
 #include "support/rejection.hpp"

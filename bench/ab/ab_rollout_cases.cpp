@@ -19,6 +19,7 @@
 //   ./bench_rollout_ab --ab_paired
 #include <ulorl/loss/policy_loss.hpp>
 #include <ulorl/loss/rollout_correction.hpp>
+#include <ulorl/presets/trl.hpp>
 
 #include "ab_common.hpp"
 

@@ -54,6 +54,7 @@
 #include <ulorl/adapters/torch.hpp>
 #include <ulorl/control/kl_controller.hpp>
 #include <ulorl/control/reference_reset.hpp>
+#include <ulorl/presets/verl.hpp>
 
 #include "batching.hpp"
 #include "checkpoint.hpp"

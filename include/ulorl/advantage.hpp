@@ -1,4 +1,4 @@
-// ulorl/advantage.hpp — the advantage area: scores, groups, GRPO-family estimators and presets,
+// ulorl/advantage.hpp — the advantage area: scores, groups, GRPO-family estimators,
 // REINFORCE++, GPG/OPO baselines, multi-reward (GDPO) aggregation, the optimal token baseline,
 // token broadcast, DAPO dynamic sampling, overlong shaping.
 #pragma once
@@ -10,7 +10,6 @@
 #include "ulorl/advantage/multi_reward.hpp"
 #include "ulorl/advantage/optimal_token_baseline.hpp"
 #include "ulorl/advantage/overlong.hpp"
-#include "ulorl/advantage/presets.hpp"
 #include "ulorl/advantage/reinforce_pp.hpp"
 #include "ulorl/advantage/scores.hpp"
 #include "ulorl/advantage/token_broadcast.hpp"

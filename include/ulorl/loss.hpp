@@ -1,7 +1,8 @@
 // ulorl/loss.hpp — umbrella of the policy-loss area: importance ratio and rollout correction,
 // objectives (PPO clip / clip-higher / dual clip / delta, GSPO, CISPO, GMPO, SAPO, policy gradient),
-// KL estimators, entropy bonus, partition-exact aggregation, metrics, the fused policy loss and the
-// framework presets (verl, OpenRLHF, NeMo-RL, TRL) and TRL's GRPO loss composed in one call.
+// KL estimators and the weighted KL term, entropy bonus, partition-exact aggregation, metrics, the
+// token selections (DPPO, KL-Cov, Clip-Cov), VESPO's weights and the fused policy loss. The
+// frameworks' presets are ulorl/presets.hpp.
 #pragma once
 
 #include "ulorl/loss/aggregation.hpp"
@@ -10,8 +11,8 @@
 #include "ulorl/loss/metrics.hpp"
 #include "ulorl/loss/objectives.hpp"
 #include "ulorl/loss/policy_loss.hpp"
-#include "ulorl/loss/presets.hpp"
 #include "ulorl/loss/ratio.hpp"
 #include "ulorl/loss/rollout_correction.hpp"
-#include "ulorl/loss/trl_grpo_loss.hpp"
+#include "ulorl/loss/token_selection.hpp"
 #include "ulorl/loss/vespo.hpp"
+#include "ulorl/loss/weighted_kl.hpp"

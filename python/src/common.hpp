@@ -14,10 +14,10 @@
 #include <string_view>
 #include <utility>
 
-#include <ulorl/advantage/presets.hpp>
 #include <ulorl/core/error.hpp>
 #include <ulorl/loss/policy_loss.hpp>
-#include <ulorl/loss/presets.hpp>
+#include <ulorl/presets/trl.hpp>
+#include <ulorl/presets/verl.hpp>
 
 namespace ulorl_py {
 

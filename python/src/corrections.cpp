@@ -2,10 +2,11 @@
 // the rollout correction (ulorl/loss/rollout_correction.hpp) with the frameworks' presets, the
 // advantage estimators beyond group statistics (GPG, OPO, REINFORCE++, multi-reward / GDPO, optimal
 // token baseline), aggregation and the element-wise KL penalty (value and gradient, for the Python
-// autograd wrapper), the off-policy sequence mask, verl's batch passes of dppo_* / kl_cov / clip_cov,
-// OpenRLHF's vLLM IS plan, NeMo-RL's ClippedPGLossFn pieces and TRL's GRPO loss. Every function
-// calls the C++ function of the same name on views of the tensors; every check is the library's (ulorl::error,
-// raised before any output exists). No formula is restated here.
+// autograd wrapper), the off-policy sequence mask, the token selections of verl's dppo_* / kl_cov /
+// clip_cov (ulorl/loss/token_selection.hpp), OpenRLHF's vLLM IS plan, NeMo-RL's ClippedPGLossFn
+// pieces (its reference KL: ulorl/loss/weighted_kl.hpp), TRL's GRPO loss and Liger's plan of a fused
+// GRPO call. Every function calls the C++ function of the same name on views of the tensors; every
+// check is the library's (ulorl::error, raised before any output exists). No formula is restated here.
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/stl.h>
@@ -22,10 +23,11 @@
 #include <ulorl/loss/entropy.hpp>
 #include <ulorl/loss/fields.hpp>
 #include <ulorl/loss/kl.hpp>
-#include <ulorl/loss/presets.hpp>
 #include <ulorl/loss/rollout_correction.hpp>
-#include <ulorl/loss/trl_grpo_loss.hpp>
+#include <ulorl/loss/token_selection.hpp>
+#include <ulorl/loss/weighted_kl.hpp>
 #include <ulorl/masking/off_policy.hpp>
+#include <ulorl/presets.hpp>
 
 #include "common.hpp"
 
@@ -413,9 +415,11 @@ void bind_terms(py::module_& m) {
       "offsets"_a = py::none());
 }
 
-// ---- verl's batch passes, OpenRLHF's IS plan, NeMo-RL's loss pieces ----------------------------------------
-py::dict stats_dict(const P::verl::mode_stats& s) {
-  return py::dict("pg_clipfrac"_a = s.pg_clipfrac, "pg_clipfrac_lower"_a = s.pg_clipfrac_lower, "ppo_kl"_a = s.ppo_kl);
+// ---- verl's token selections, OpenRLHF's IS plan, NeMo-RL's, TRL's and Liger's loss pieces -----------------
+// What a token selection counts, under verl's metric names (presets::verl::metrics reads them back).
+py::dict stats_dict(const ulorl::token_selection_stats& s) {
+  return py::dict("pg_clipfrac"_a = s.dropped_fraction, "pg_clipfrac_lower"_a = s.capped_fraction,
+                  "ppo_kl"_a = s.mean_abs_log_ratio);
 }
 
 void bind_loss_passes(py::module_& m) {
@@ -424,7 +428,7 @@ void bind_loss_passes(py::module_& m) {
       [](const std::string& loss_mode, double low, double high, double c, const at::Tensor& old_log_prob,
          const at::Tensor& log_prob, const at::Tensor& advantages, const opt_tensor& mask, const opt_tensor& rollout_is_weights,
          const opt_tensor& offsets) {
-        constexpr std::string_view fn = "presets::verl::dppo_weights";
+        constexpr std::string_view fn = "dppo_weights";
         const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_from_name(loss_mode), .clip_ratio_low = low,
                                            .clip_ratio_high = high, .clip_ratio_c = c};
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
@@ -433,10 +437,11 @@ void bind_loss_passes(py::module_& m) {
           const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
           const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
           at::Tensor w = empty_like_of(log_prob);
-          const auto st = P::verl::dppo_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
-                                                th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
-                                                optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp),
-                                                th::tokens_of<T>(fn, "weights", w, off), o);
+          const ulorl::dppo_config cfg = P::verl::dppo(o);
+          const auto st = ulorl::dppo_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
+                                              th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
+                                              optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp),
+                                              th::tokens_of<T>(fn, "weights", w, off), cfg);
           return py::make_tuple(w, stats_dict(st));
         });
       },
@@ -448,7 +453,7 @@ void bind_loss_passes(py::module_& m) {
       [](double kl_cov_ratio, double ppo_kl_coef, const at::Tensor& old_log_prob, const at::Tensor& log_prob,
          const at::Tensor& advantages, const opt_tensor& mask, const opt_tensor& rollout_is_weights,
          const opt_tensor& offsets) {
-        constexpr std::string_view fn = "presets::verl::kl_cov_selection";
+        constexpr std::string_view fn = "kl_cov_selection";
         const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_kind::kl_cov, .kl_cov_ratio = kl_cov_ratio,
                                            .ppo_kl_coef = ppo_kl_coef};
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
@@ -458,9 +463,10 @@ void bind_loss_passes(py::module_& m) {
           const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
           (void)optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp);
           at::Tensor sel = empty_like_of(log_prob);
-          const auto st = P::verl::kl_cov_selection(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
-                                                    th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
-                                                    th::tokens_of<T>(fn, "selected", sel, off), o);
+          const ulorl::kl_cov_config cfg = P::verl::kl_cov(o);
+          const auto st = ulorl::kl_cov_selection(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
+                                                  th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
+                                                  th::tokens_of<T>(fn, "selected", sel, off), cfg);
           // The selected tokens take the objective with the |x| penalty (weights w sel), the others
           // the objective without it (weights w (1 - sel)), under one normaliser.
           at::Tensor w_sel = sel, w_rest = at::ones_like(sel) - sel;
@@ -476,7 +482,7 @@ void bind_loss_passes(py::module_& m) {
       [](double low, double high, double clip_cov_ratio, double clip_cov_lb, double clip_cov_ub, const at::Tensor& old_log_prob,
          const at::Tensor& log_prob, const at::Tensor& advantages, const opt_tensor& mask, const at::Tensor& selection,
          const opt_tensor& rollout_is_weights, const opt_tensor& offsets) {
-        constexpr std::string_view fn = "presets::verl::clip_cov_weights";
+        constexpr std::string_view fn = "clip_cov_weights";
         const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_kind::clip_cov, .clip_ratio_low = low,
                                            .clip_ratio_high = high, .clip_cov_ratio = clip_cov_ratio,
                                            .clip_cov_lb = clip_cov_lb, .clip_cov_ub = clip_cov_ub};
@@ -487,10 +493,11 @@ void bind_loss_passes(py::module_& m) {
           const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
           const mask_bytes sv = optional_mask_of<T>(fn, "clip_cov_selection", selection, off, "log_prob", lp);
           at::Tensor w = empty_like_of(log_prob);
-          const auto st = P::verl::clip_cov_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
-                                                    th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view, sv.view,
-                                                    optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp),
-                                                    th::tokens_of<T>(fn, "weights", w, off), o);
+          const ulorl::clip_cov_config cfg = P::verl::clip_cov(o);
+          const auto st = ulorl::clip_cov_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
+                                                  th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view, sv.view,
+                                                  optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp),
+                                                  th::tokens_of<T>(fn, "weights", w, off), cfg);
           return py::make_tuple(w, stats_dict(st));
         });
       },
@@ -550,19 +557,20 @@ void bind_loss_passes(py::module_& m) {
       "options"_a, "counts"_a, "global_valid_toks"_a, "global_valid_seqs"_a);
   m.def("_nemo_rl_importance_config", [](const O& o) { return P::nemo_rl::rollout_correction(o); }, "options"_a);
   m.def(
-      "_nemo_rl_kl_penalty_term",
+      "_nemo_rl_reference_policy_kl",
       [](const O& o, const at::Tensor& log_prob, const at::Tensor& ref_log_prob, const opt_tensor& rollout_log_prob,
          const opt_tensor& mask, const ulorl::agg_normalizer& norm, const opt_tensor& offsets) {
-        constexpr std::string_view fn = "presets::nemo_rl::kl_penalty_term";
+        constexpr std::string_view fn = "weighted_kl_loss";
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
           using T = decltype(tag);
           const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
           const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
           at::Tensor grad = at::zeros(log_prob.sizes(), at::TensorOptions().dtype(log_prob.scalar_type()));
-          const double kl = P::nemo_rl::kl_penalty_term(lp, th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off),
-                                                        optional_tokens_of<const T>(fn, "rollout_log_prob", rollout_log_prob, off, "log_prob", lp),
-                                                        mv.view, th::tokens_of<T>(fn, "grad", grad, off), o, norm);
+          const ulorl::weighted_kl_config cfg = P::nemo_rl::reference_policy_kl(o);
+          const double kl = ulorl::weighted_kl_loss(lp, th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off),
+                                                    optional_tokens_of<const T>(fn, "rollout_log_prob", rollout_log_prob, off, "log_prob", lp),
+                                                    mv.view, th::tokens_of<T>(fn, "grad", grad, off), cfg, norm);
           // NeMo-RL logs the penalty without its coefficient (kl_penalty).
           const double unscaled = kl == 0.0 ? 0.0 : kl / o.reference_policy_kl_penalty;
           return py::make_tuple(kl, unscaled, grad);
@@ -587,7 +595,7 @@ void bind_loss_passes(py::module_& m) {
       },
       "options"_a, "log_prob"_a, "prev_log_prob"_a, "mask"_a, "global_valid_toks"_a, "offsets"_a = py::none());
 
-  // TRL GRPOTrainer._compute_loss: presets::trl::grpo_loss (ulorl/loss/trl_grpo_loss.hpp) on CPU
+  // TRL GRPOTrainer._compute_loss: presets::trl::grpo_loss (ulorl/presets/trl.hpp) on CPU
   // tensors. Returns (loss, d loss / d per_token_logps, d loss / d entropies or None, metrics):
   // policy_loss's metric names and TRL's (clip_ratio/low_mean, ..., cispo_clip_ratio,
   // vespo_phi_seq_mean, entropy, kl) where TRL logs them.
@@ -675,6 +683,52 @@ void bind_loss_passes(py::module_& m) {
       "sapo_temperature_pos"_a, "sapo_temperature_neg"_a, "vespo_k_pos"_a, "vespo_lambda_pos"_a, "vespo_k_neg"_a,
       "vespo_lambda_neg"_a, "off_policy_mask_threshold"_a, "top_entropy_quantile"_a, "entropy_coef"_a,
       "check_values"_a = true);
+
+  // Liger's LigerFusedLinearGRPOLoss: its options (validated) and the plan of a call
+  // (presets::liger::fused_linear_grpo): the fused pass's configuration and the adjustments of its
+  // inputs, or (luspo, vespo) the num_items_in_batch of TRL's loss.
+  using LO = P::liger::fused_linear_grpo_options;
+  py::class_<LO>(m, "LigerFusedLinearGRPOOptions",
+                 "Liger's LigerFusedLinearGRPOLoss options (presets::liger::fused_linear_grpo_options).")
+      .def_property_readonly("uses_num_items", [](const LO& o) { return P::liger::uses_num_items(o); },
+                             "Whether the loss type divides by num_items_in_batch (dapo, cispo, luspo, vespo).");
+  m.def(
+      "_liger_fused_linear_grpo_options",
+      [](double beta, bool use_ref_model, double epsilon_low, double epsilon_high, const std::string& loss_type,
+         opt max_completion_length, const std::string& importance_sampling_level, double sapo_temperature_pos,
+         double sapo_temperature_neg, double temperature, opt delta, bool use_bias_correction_kl, double vespo_k_pos,
+         double vespo_lambda_pos, double vespo_k_neg, double vespo_lambda_neg) {
+        const LO o{.beta = beta,
+                   .use_ref_model = use_ref_model,
+                   .epsilon_low = epsilon_low,
+                   .epsilon_high = epsilon_high,
+                   .loss_type = P::liger::loss_type_from_name(loss_type),
+                   .max_completion_length = max_completion_length,
+                   .importance_sampling_level = P::liger::importance_sampling_level_from_name(importance_sampling_level),
+                   .sapo_temperature_pos = sapo_temperature_pos,
+                   .sapo_temperature_neg = sapo_temperature_neg,
+                   .temperature = temperature,
+                   .delta = delta,
+                   .use_bias_correction_kl = use_bias_correction_kl,
+                   .vespo_k_pos = vespo_k_pos,
+                   .vespo_lambda_pos = vespo_lambda_pos,
+                   .vespo_k_neg = vespo_k_neg,
+                   .vespo_lambda_neg = vespo_lambda_neg};
+        P::liger::validate(o);
+        return o;
+      },
+      "beta"_a, "use_ref_model"_a, "epsilon_low"_a, "epsilon_high"_a, "loss_type"_a, "max_completion_length"_a,
+      "importance_sampling_level"_a, "sapo_temperature_pos"_a, "sapo_temperature_neg"_a, "temperature"_a, "delta"_a,
+      "use_bias_correction_kl"_a, "vespo_k_pos"_a, "vespo_lambda_pos"_a, "vespo_k_neg"_a, "vespo_lambda_neg"_a);
+  m.def(
+      "_liger_fused_linear_grpo",
+      [](const LO& o, const ulorl::batch_counts& counts, opt num_items_in_batch, double world_size) {
+        const auto p = P::liger::fused_linear_grpo(o, counts, num_items_in_batch, world_size);
+        return py::dict("fused"_a = p.fused, "config"_a = p.config, "old_log_prob_shift"_a = p.old_log_prob_shift,
+                        "weight_scale"_a = p.weight_scale, "kl_mean_scale"_a = p.kl_mean_scale,
+                        "num_items_in_batch"_a = p.trl_options.num_items_in_batch);
+      },
+      "options"_a, "counts"_a, "num_items_in_batch"_a, "world_size"_a);
 
 }
 

@@ -1,5 +1,5 @@
 // python/src/module.cpp — the `ulorl._ulorl` extension: ulorl.Error, the loss configuration, the
-// frameworks' presets (ulorl/loss/presets.hpp, ulorl/advantage/presets.hpp), the controllers
+// frameworks' presets (ulorl/presets/<framework>.hpp), the controllers
 // (ulorl/control/), the segment scheduler and its provenance queries (ulorl/rollout/) and the
 // overlong shaping (ulorl/advantage/overlong.hpp). No torch header here: the tensor functions are
 // in losses.cpp and logits.cpp. Presets are the C++ presets called with the frameworks' option
@@ -20,11 +20,10 @@
 #include <ulorl/advantage/fields.hpp>
 #include <ulorl/advantage/group_advantage.hpp>
 #include <ulorl/advantage/overlong.hpp>
-#include <ulorl/advantage/presets.hpp>
 #include <ulorl/control/entropy_controller.hpp>
 #include <ulorl/control/kl_controller.hpp>
 #include <ulorl/control/reference_reset.hpp>
-#include <ulorl/loss/presets.hpp>
+#include <ulorl/presets.hpp>
 #include <ulorl/rollout/checkpoint.hpp>
 #include <ulorl/rollout/provenance.hpp>
 #include <ulorl/rollout/segment_scheduler.hpp>
@@ -253,14 +252,16 @@ void bind_presets(py::module_& m) {
       "loss_mode"_a, "clip_ratio_low"_a, "clip_ratio_high"_a, "clip_ratio_c"_a, "tau_pos"_a, "tau_neg"_a,
       "loss_agg_mode"_a, "counts"_a, "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a, "loss_scale_factor"_a,
       "padded_length"_a, "kl_penalty"_a, "kl_coef"_a, "entropy_coeff"_a, "dro_beta"_a = py::none(),
-      "kl_cov_ratio"_a = 0.0002, "ppo_kl_coef"_a = 0.1, "clip_cov_ratio"_a = 0.0002, "clip_cov_lb"_a = 1.0,
-      "clip_cov_ub"_a = 5.0);
+      "kl_cov_ratio"_a = P::verl::objective_options{}.kl_cov_ratio, "ppo_kl_coef"_a = P::verl::objective_options{}.ppo_kl_coef,
+      "clip_cov_ratio"_a = P::verl::objective_options{}.clip_cov_ratio, "clip_cov_lb"_a = P::verl::objective_options{}.clip_cov_lb,
+      "clip_cov_ub"_a = P::verl::objective_options{}.clip_cov_ub);
   m.def(
       "_verl_metrics",
       [](const std::string& loss_mode, const ulorl::policy_loss_result& r, double pg_clipfrac, double pg_clipfrac_lower,
          double ppo_kl) {
         const auto x = P::verl::metrics(P::verl::loss_mode_from_name(loss_mode), r.metrics,
-                                        {.pg_clipfrac = pg_clipfrac, .pg_clipfrac_lower = pg_clipfrac_lower, .ppo_kl = ppo_kl});
+                                        {.dropped_fraction = pg_clipfrac, .capped_fraction = pg_clipfrac_lower,
+                                         .mean_abs_log_ratio = ppo_kl});
         return py::dict("pg_clipfrac"_a = x.pg_clipfrac, "ppo_kl"_a = x.ppo_kl, "pg_clipfrac_lower"_a = x.pg_clipfrac_lower);
       },
       "loss_mode"_a, "result"_a, "pg_clipfrac"_a = 0.0, "pg_clipfrac_lower"_a = 0.0, "ppo_kl"_a = 0.0,
@@ -288,10 +289,10 @@ void bind_presets(py::module_& m) {
       "policy_loss_type"_a, "clip_eps_low"_a, "clip_eps_high"_a, "dual_clip"_a, "token_level_loss"_a, "counts"_a,
       "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a, "kl_estimator"_a, "kl_coef"_a);
 
-  // Advantage presets (ulorl/advantage/presets.hpp) as an opaque value for group_advantages.
+  // Advantage presets (ulorl/presets/<framework>.hpp) as an opaque value for group_advantages.
   py::class_<ulorl::advantage_preset>(m, "AdvantagePreset",
                                       "How per-response advantages are computed (group statistics) and how they reach "
-                                      "the tokens (placement): one framework's choice (ulorl/advantage/presets.hpp).")
+                                      "the tokens (placement): one framework's choice (ulorl/presets/<framework>.hpp).")
       .def_property_readonly(
           "group_config", [](const ulorl::advantage_preset& p) { return ulorl::encode_fields(p.group); },
           "The group statistics as the `float[] config` of torch.ops.ulorl.group_advantages.")

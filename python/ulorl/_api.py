@@ -342,7 +342,7 @@ def advantage_preset(
     placement: str = "masked",
     allow_empty_rows: bool = False,
 ) -> AdvantagePreset:
-    """A framework's advantage semantics (ulorl/advantage/presets.hpp), by the framework's names:
+    """A framework's advantage semantics (ulorl/presets/<framework>.hpp), by the framework's names:
 
     * ``verl``: estimator ``grpo`` (epsilon, norm_adv_by_std = False is Dr. GRPO) or ``rloo``;
     * ``trl``: scale_rewards ``group`` / ``batch`` / ``none``;

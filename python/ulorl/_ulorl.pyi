@@ -80,7 +80,7 @@ class PolicyLossResult:
     def as_dict(self) -> Dict[str, float]: ...
 
 class AdvantagePreset:
-    """How advantages are computed and reach the tokens (ulorl/advantage/presets.hpp)."""
+    """How advantages are computed and reach the tokens (ulorl/presets/<framework>.hpp)."""
 
     group_config: List[float]  # the float[] config of torch.ops.ulorl.group_advantages
     broadcast_config: List[float]  # the float[] config of torch.ops.ulorl.broadcast_to_tokens
@@ -107,6 +107,9 @@ def rollout_correction_finalize(statistics: RolloutCorrectionStatistics,
                                 config: RolloutCorrectionConfig) -> Dict[str, float]: ...
 
 class NemoRLClippedPGLossOptions: ...
+
+class LigerFusedLinearGRPOOptions:
+    uses_num_items: bool
 
 class KLController:
     value: float
@@ -320,10 +323,10 @@ def _nemo_rl_clipped_pg_loss_options(*args: Any) -> NemoRLClippedPGLossOptions: 
 def _nemo_rl_loss_config(options: NemoRLClippedPGLossOptions, counts: BatchCounts, global_valid_toks: Optional[float],
                          global_valid_seqs: Optional[float]) -> PolicyLossConfig: ...
 def _nemo_rl_importance_config(options: NemoRLClippedPGLossOptions) -> RolloutCorrectionConfig: ...
-def _nemo_rl_kl_penalty_term(options: NemoRLClippedPGLossOptions, log_prob: torch.Tensor, ref_log_prob: torch.Tensor,
-                             rollout_log_prob: Optional[torch.Tensor], mask: Optional[torch.Tensor],
-                             normalizer: Normalizer, offsets: Optional[torch.Tensor] = None
-                             ) -> Tuple[float, float, torch.Tensor]: ...
+def _nemo_rl_reference_policy_kl(options: NemoRLClippedPGLossOptions, log_prob: torch.Tensor,
+                                 ref_log_prob: torch.Tensor, rollout_log_prob: Optional[torch.Tensor],
+                                 mask: Optional[torch.Tensor], normalizer: Normalizer,
+                                 offsets: Optional[torch.Tensor] = None) -> Tuple[float, float, torch.Tensor]: ...
 def _nemo_rl_logged_ratios(options: NemoRLClippedPGLossOptions, log_prob: torch.Tensor, prev_log_prob: torch.Tensor,
                            mask: Optional[torch.Tensor], global_valid_toks: Optional[float],
                            offsets: Optional[torch.Tensor] = None) -> Dict[str, float]: ...
@@ -338,6 +341,14 @@ def _trl_grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Ten
                    vespo_lambda_neg: float, off_policy_mask_threshold: Optional[float], top_entropy_quantile: float,
                    entropy_coef: float, check_values: bool = True
                    ) -> Tuple[float, torch.Tensor, Optional[torch.Tensor], Dict[str, float]]: ...
+def _liger_fused_linear_grpo_options(beta: float, use_ref_model: bool, epsilon_low: float, epsilon_high: float,
+                                     loss_type: str, max_completion_length: Optional[float],
+                                     importance_sampling_level: str, sapo_temperature_pos: float,
+                                     sapo_temperature_neg: float, temperature: float, delta: Optional[float],
+                                     use_bias_correction_kl: bool, vespo_k_pos: float, vespo_lambda_pos: float,
+                                     vespo_k_neg: float, vespo_lambda_neg: float) -> LigerFusedLinearGRPOOptions: ...
+def _liger_fused_linear_grpo(options: LigerFusedLinearGRPOOptions, counts: BatchCounts,
+                             num_items_in_batch: Optional[float], world_size: float) -> Dict[str, Any]: ...
 def _trl_adaptive_entropy(entropy_coef: float, entropy_target: float, entropy_coef_delta: float,
                           entropy_coef_min: float, entropy_coef_max: float) -> EntropyController: ...
 def _logits_statistics(logits: torch.Tensor, labels: torch.Tensor, temperature: float,

@@ -1,6 +1,7 @@
 // Conformance ops `advantage` and `overlong_penalty` (golden README §4.1 with its added estimators, §4.8): JSON -> the public
-// advantage API -> JSON. No formula lives here; presets come from ulorl/advantage/presets.hpp.
+// advantage API -> JSON. No formula lives here; presets come from ulorl/presets/<framework>.hpp.
 #include <ulorl/advantage.hpp>
+#include <ulorl/presets.hpp>
 
 #include "conformance/registry.hpp"
 

@@ -3,7 +3,8 @@
 #include <optional>
 
 #include <ulorl/loss/aggregation.hpp>
-#include <ulorl/loss/presets.hpp>
+#include <ulorl/presets/openrlhf.hpp>
+#include <ulorl/presets/verl.hpp>
 
 #include "conformance/registry.hpp"
 

@@ -3,6 +3,7 @@
 // `applied` is the coefficient of that step's loss (bonus(), before the update) and `values` the
 // coefficient after folding the step's entropy in.
 #include <ulorl/control/entropy_controller.hpp>
+#include <ulorl/presets/trl.hpp>
 
 #include "conformance/registry.hpp"
 

@@ -3,7 +3,9 @@
 #include <optional>
 
 #include <ulorl/loss/kl.hpp>
-#include <ulorl/loss/presets.hpp>
+#include <ulorl/presets/nemo_rl.hpp>
+#include <ulorl/presets/openrlhf.hpp>
+#include <ulorl/presets/verl.hpp>
 
 #include "conformance/registry.hpp"
 

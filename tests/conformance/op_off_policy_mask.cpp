@@ -2,6 +2,8 @@
 // slime (per-token advantages, opsm_clipfrac) — JSON to ulorl::off_policy_mask in the `factor` form
 // (the frameworks' mask tensor: 1 - drop at every position). `delta` is required.
 #include <ulorl/masking/off_policy.hpp>
+#include <ulorl/presets/slime.hpp>
+#include <ulorl/presets/trl.hpp>
 
 #include "conformance/registry.hpp"
 

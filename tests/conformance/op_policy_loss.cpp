@@ -7,8 +7,12 @@
 #include <utility>
 
 #include <ulorl/loss/policy_loss.hpp>
-#include <ulorl/loss/presets.hpp>
 #include <ulorl/loss/rollout_correction.hpp>
+#include <ulorl/loss/token_selection.hpp>
+#include <ulorl/loss/weighted_kl.hpp>
+#include <ulorl/presets/nemo_rl.hpp>
+#include <ulorl/presets/openrlhf.hpp>
+#include <ulorl/presets/verl.hpp>
 
 #include "conformance/registry.hpp"
 
@@ -63,24 +67,26 @@ json run_verl(const json& params, const inputs_t& base, const std::optional<conf
   if (selection && mode != K::clip_cov) throw conformance::reject("policy_loss: clip_cov_selection is a clip_cov input");
 
   gradient grad(lp);
-  P::verl::mode_stats stats;
+  ulorl::token_selection_stats stats;
   ulorl::policy_loss_result res;
   conformance::matrix w = lp;  // the weights the batch passes write
   if (mode == K::dppo_tv || mode == K::dppo_kl) {
-    stats = P::verl::dppo_weights(in.old_log_prob, in.log_prob, in.advantages, in.mask, in.weights, conformance::padded_view(w), oo);
+    stats = ulorl::dppo_weights(in.old_log_prob, in.log_prob, in.advantages, in.mask, in.weights, conformance::padded_view(w),
+                                P::verl::dppo(oo));
     in.weights = conformance::padded_view(std::as_const(w));
     res = ulorl::policy_loss(in, grad.v(), cfg);
   } else if (mode == K::clip_cov) {
     if (!selection) throw conformance::reject("policy_loss: clip_cov needs the input clip_cov_selection");
-    stats = P::verl::clip_cov_weights(in.old_log_prob, in.log_prob, in.advantages, in.mask, view_of(selection), in.weights,
-                                      conformance::padded_view(w), oo);
+    stats = ulorl::clip_cov_weights(in.old_log_prob, in.log_prob, in.advantages, in.mask, view_of(selection), in.weights,
+                                    conformance::padded_view(w), P::verl::clip_cov(oo));
     in.weights = conformance::padded_view(std::as_const(w));
     res = ulorl::policy_loss(in, grad.v(), cfg);
   } else if (mode == K::kl_cov) {
     // Selected tokens: objective with the |x| penalty, weights w sel; the others: without it,
     // weights w (1 - sel); one normaliser, the sums add.
     conformance::matrix sel = lp;
-    stats = P::verl::kl_cov_selection(in.old_log_prob, in.log_prob, in.advantages, in.mask, conformance::padded_view(sel), oo);
+    stats = ulorl::kl_cov_selection(in.old_log_prob, in.log_prob, in.advantages, in.mask, conformance::padded_view(sel),
+                                    P::verl::kl_cov(oo));
     conformance::matrix w_sel = lp, w_rest = lp;
     for (std::size_t i = 0; i < sel.data.size(); ++i) {
       const double wi = weights ? weights->data[i] : 1.0;
@@ -203,20 +209,21 @@ json run_nemo_rl(const json& params, const inputs_t& base, const std::optional<c
                             RC::outputs<double, double>{.weights = conformance::padded_view(w)}, rc_cfg);
   if (o.use_importance_sampling_correction) in.weights = conformance::padded_view(std::as_const(w));
   gradient grad(lp);
-  // Validate the KL's inputs before anything is written (kl_penalty_term validates again).
+  // Validate the KL's inputs before anything is written (weighted_kl_loss validates again).
   if (with_kl) {
     ulorl::require_same_shape("policy_loss", "ref_log_prob", view_of(ref), "log_prob", base.log_prob);
     ulorl::require_all_finite("policy_loss", "ref_log_prob", view_of(ref));
   }
   if (o.use_on_policy_kl_approximation && with_kl) {
-    conformance::matrix probe = lp;  // kl_penalty_term's checks on a scratch gradient
-    (void)P::nemo_rl::kl_penalty_term(base.log_prob, view_of(ref), view_of(rollout), base.mask, conformance::padded_view(probe), o,
-                                      cfg.normalizer);
+    conformance::matrix probe = lp;  // weighted_kl_loss's checks on a scratch gradient
+    (void)ulorl::weighted_kl_loss(base.log_prob, view_of(ref), view_of(rollout), base.mask, conformance::padded_view(probe),
+                                  P::nemo_rl::reference_policy_kl(o), cfg.normalizer);
   }
   const auto res = ulorl::policy_loss(in, grad.v(), cfg);
   double kl = 0;
   if (with_kl)
-    kl = P::nemo_rl::kl_penalty_term(base.log_prob, view_of(ref), view_of(rollout), base.mask, grad.v(), o, cfg.normalizer);
+    kl = ulorl::weighted_kl_loss(base.log_prob, view_of(ref), view_of(rollout), base.mask, grad.v(), P::nemo_rl::reference_policy_kl(o),
+                                 cfg.normalizer);
   const auto logged = P::nemo_rl::rollout_correction_logged(rm, {.truncated_importance_sampling_type = o.truncated_importance_sampling_type},
                                                             global);
   const auto ratios = P::nemo_rl::logged_ratios(base.log_prob, base.old_log_prob, base.mask, o, global);

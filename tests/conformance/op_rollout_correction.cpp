@@ -6,6 +6,7 @@
 #include <string>
 
 #include <ulorl/loss/rollout_correction.hpp>
+#include <ulorl/presets.hpp>
 
 #include "conformance/registry.hpp"
 

@@ -1,10 +1,10 @@
 // Conformance op `trl_grpo_loss` (golden README §4.5, TRL GRPOTrainer._compute_loss) — JSON to
-// ulorl::presets::trl::grpo_loss (ulorl/loss/trl_grpo_loss.hpp) and its result back to JSON.
+// ulorl::presets::trl::grpo_loss (ulorl/presets/trl.hpp) and its result back to JSON.
 // Absent params take grpo_loss_options' defaults (TRL's).
 #include <optional>
 #include <string>
 
-#include <ulorl/loss/trl_grpo_loss.hpp>
+#include <ulorl/presets/trl.hpp>
 
 #include "conformance/registry.hpp"
 

@@ -17,6 +17,7 @@
 
 #include "fuzz_common.hpp"
 #include "ulorl/advantage.hpp"
+#include "ulorl/presets.hpp"
 
 namespace {
 

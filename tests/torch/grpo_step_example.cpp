@@ -4,6 +4,7 @@
 // [grpo-step]
 #include <torch/torch.h>
 #include <ulorl/adapters/torch.hpp>
+#include <ulorl/presets/verl.hpp>
 
 // One GRPO step on a rollout of B responses of up to T tokens; row b * T + t of `hidden` is token t
 // of response b. Returns the clip fraction (one of the metrics trainers log).

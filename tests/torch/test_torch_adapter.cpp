@@ -8,6 +8,9 @@
 // torch's own formula. One translation unit: each one that includes the adapter compiles every
 // kernel instantiation again.
 #include <ulorl/adapters/torch.hpp>
+#include <ulorl/presets/nemo_rl.hpp>
+#include <ulorl/presets/trl.hpp>
+#include <ulorl/presets/verl.hpp>
 
 #include <torch/csrc/autograd/autograd.h>
 

@@ -10,7 +10,8 @@
 // (TRL: (a - mean)/(std + 1e-4); NeMo-RL: (a - mean)/std when std > 0), or of the tokens (verl:
 // REINFORCE++'s masked whitening). Every step is an existing piece: `group_advantages` for each
 // component, the weighted sum and the batch, `broadcast_to_tokens`, `masked_whiten`. The frameworks'
-// parameter sets are in presets.hpp; docs/advantages.md has the formulas side by side.
+// parameter sets are in ulorl/presets/<framework>.hpp; docs/advantages.md has the formulas side by
+// side.
 #pragma once
 
 #include <cmath>

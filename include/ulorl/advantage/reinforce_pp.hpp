@@ -7,7 +7,8 @@
 //             a singleton by default), then whitened.
 // Matches verl's `compute_reinforce_plus_plus_outcome_advantage` and `..._baseline_...`; with a
 // biased variance floored at eps (sqrt(max(v, eps))) and the output left unmasked it is NeMo-RL's
-// `ReinforcePlusPlusAdvantageEstimator` (presets.hpp). Statistics are two-pass in double.
+// `ReinforcePlusPlusAdvantageEstimator` (ulorl/presets/nemo_rl.hpp). Statistics are two-pass in
+// double.
 #pragma once
 
 #include <algorithm>

@@ -4,11 +4,13 @@
 //   through_last    adv[i,t] = a_i for t <= e_i (last valid t), 0 after; holes before e_i keep a_i
 //                   (OpenRLHF; a row without valid tokens is all 0)
 //   every_position  adv[i,t] = a_i for every t, mask ignored    (NeMo-RL)
+// advantage_preset pairs a group_advantage_config with the broadcast_config of its framework.
 #pragma once
 
 #include <cstddef>
 #include <span>
 
+#include "ulorl/advantage/group_advantage.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/ragged.hpp"
@@ -65,5 +67,12 @@ void broadcast_to_tokens(std::span<const T> advantages, token_view<const M> mask
     }
   }
 }
+
+//! How per-response advantages are computed and how they reach the tokens: the value every
+//! framework preset of the advantages returns (ulorl/presets/<framework>.hpp), or a custom pair.
+struct advantage_preset {
+  group_advantage_config group;
+  broadcast_config broadcast;
+};
 
 ULORL_NAMESPACE_END

@@ -9,16 +9,17 @@
 //   applied:       alpha = c · [H <= target]  when gate_above_target, else alpha = c
 // The gate is Skywork-OR1's: the bonus only acts while entropy is at or below the target, so the
 // controller never pushes entropy up past it. Two typed options give TRL's `use_adaptive_entropy`
-// (presets::trl::adaptive_entropy): `gate_source = last_update` gates on the entropy of the last
-// update instead of the batch's own (closed before the first update: TRL's H_prev = +inf), and
-// `raise_at_target` makes H == target - tolerance raise c (TRL: c <- min(c + delta, max) when
-// H <= target, else c <- max(c - delta, min)). Every number of the configuration and every measured
-// entropy has magnitude <= entropy_controller_limit (1e6), so each update is finite. Each update
-// bounds c on the side it moves (TRL's min(c + delta, max) / max(c - delta, min)): from init_coef
-// in [min_coef, max_coef] the coefficient stays there (the same as clamping to both bounds); from
-// an init_coef outside, which TRL accepts, it moves towards the range by one step per update and
-// stays in [min(init_coef, min_coef), max(init_coef, max_coef)]. Small explicit state machine; its state checkpoints
-// exactly (core/checkpoint.hpp's envelope, payload in docs/checkpoints.md).
+// (presets::trl::adaptive_entropy in ulorl/presets/trl.hpp): `gate_source = last_update` gates on
+// the entropy of the last update instead of the batch's own (closed before the first update:
+// TRL's H_prev = +inf), and `raise_at_target` makes H == target - tolerance raise c (TRL:
+// c <- min(c + delta, max) when H <= target, else c <- max(c - delta, min)). Every number of the
+// configuration and every measured entropy has magnitude <= entropy_controller_limit (1e6), so each
+// update is finite. Each update bounds c on the side it moves (TRL's min(c + delta, max) /
+// max(c - delta, min)): from init_coef in [min_coef, max_coef] the coefficient stays there (the
+// same as clamping to both bounds); from an init_coef outside, which TRL accepts, it moves towards
+// the range by one step per update and stays in [min(init_coef, min_coef), max(init_coef,
+// max_coef)]. Small explicit state machine; its state checkpoints exactly (core/checkpoint.hpp's
+// envelope, payload in docs/checkpoints.md).
 #pragma once
 
 #include <cmath>
@@ -263,37 +264,5 @@ class entropy_controller {
   entropy_controller_config config_;
   entropy_controller_state state_;
 };
-
-namespace presets::trl {
-//! TRL GRPOConfig's adaptive entropy fields, under TRL's names and with its defaults.
-struct adaptive_entropy_params {
-  double entropy_coef = 0.0;          //!< initial coefficient c
-  double entropy_target = 0.2;        //!< target mean token entropy (nats)
-  double entropy_coef_delta = 0.005;  //!< step of c per optimizer step
-  double entropy_coef_min = 0.0;      //!< lower bound of c
-  double entropy_coef_max = 1.0;      //!< upper bound of c
-};
-//! TRL `use_adaptive_entropy` (golden README §4.11): each optimizer step applies
-//! alpha = c · [H_prev <= target] (H_prev = +inf before the first step: bonus()), then
-//! update(H) sets c <- min(c + delta, max) if H <= target, else c <- max(c - delta, min).
-//! The step rule with step_up = step_down = delta, no dead band, raise_at_target and a gate on
-//! the last update's entropy. An entropy_coef outside [min, max] is accepted, as TRL does: each
-//! update bounds only the side it moves towards. The controller's checks apply (every value in
-//! [0, 1e6], entropy_coef in [-1e6, 1e6]).
-[[nodiscard]] constexpr entropy_controller_config adaptive_entropy(const adaptive_entropy_params& p = {}) noexcept {
-  return {.rule = entropy_control_rule::step,
-          .target_entropy = p.entropy_target,
-          .init_coef = p.entropy_coef,
-          .step_up = p.entropy_coef_delta,
-          .step_down = p.entropy_coef_delta,
-          .gain = 0.0,
-          .tolerance = 0.0,
-          .min_coef = p.entropy_coef_min,
-          .max_coef = p.entropy_coef_max,
-          .gate_above_target = true,
-          .gate_source = entropy_gate_source::last_update,
-          .raise_at_target = true};
-}
-}  // namespace presets::trl
 
 ULORL_NAMESPACE_END

@@ -13,7 +13,8 @@
 // gradient exactly (in real arithmetic; 1e-12 relative in float64). `scale` is the host's
 // reduction convention: 1 when gradients are summed, the data-parallel size when DDP averages them
 // (verl and OpenRLHF multiply by dp_size). The peers' local normalisers (each micro-batch divides
-// by its own count) are available only through the presets (presets.hpp) for compatibility.
+// by its own count) are available only through the presets (ulorl/presets/<framework>.hpp), for
+// compatibility.
 #pragma once
 
 #include <array>

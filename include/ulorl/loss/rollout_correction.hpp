@@ -2,7 +2,7 @@
 // mismatch: importance-sampling weights (token / sequence level; truncated "TIS", masked "IcePop",
 // sequence-gated "seq-mask-tis"; optional batch normalisation), rejection-sampling keep-masks
 // (token / sequence sum / mean / max of the k1, k2, k3 divergences, chained) and the mismatch
-// diagnostics, with presets for verl, TRL, OpenRLHF and NeMo-RL.
+// diagnostics. The frameworks' settings are in ulorl/presets/<framework>.hpp.
 //
 //   x = old_log_prob - rollout_log_prob,  rho = exp(clamp(x or sum_t x m)),  w = weighting(rho)
 //
@@ -11,9 +11,7 @@
 // keep-mask feeds policy_loss_inputs::mask. docs/rollout_correction.md has every formula.
 //   config.hpp   enums, their *_from_name parsers, the typed configuration and its validation
 //   compute.hpp  apply() and the partition-exact accumulate() / finalize() / normalize_weights()
-//   presets.hpp  presets::{verl, trl, openrlhf, nemo_rl}::rollout_correction(options)
 #pragma once
 
 #include "ulorl/loss/rollout_correction/compute.hpp"
 #include "ulorl/loss/rollout_correction/config.hpp"
-#include "ulorl/loss/rollout_correction/presets.hpp"

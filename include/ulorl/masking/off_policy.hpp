@@ -6,8 +6,10 @@
 //   keep[b,t]  = 1 - drop[b,t]                        (or m[b,t] · (1 - drop[b,t]), see off_policy_mask_form)
 // A is the response's advantage A_b (TRL `get_off_policy_mask`, `off_policy_mask_threshold`: keep
 // = [A_b >= 0 or kl_b <= delta]) or the token's A[b,t] (slime `compute_opsm_mask`, `--use-opsm`,
-// `--opsm-delta`). slime's metric opsm_clipfrac = Σ_b (Σ_t drop[b,t]) / max(n_b, 1): a sum of
-// per-row fractions whose numerator counts every position of the row, valid or not.
+// `--opsm-delta`); their configurations are presets::trl::off_policy_mask and
+// presets::slime::off_policy_mask (ulorl/presets/trl.hpp, slime.hpp). slime's metric
+// opsm_clipfrac = Σ_b (Σ_t drop[b,t]) / max(n_b, 1): a sum of per-row fractions whose numerator
+// counts every position of the row, valid or not.
 // Both frameworks multiply the mask into the per-token policy-gradient loss and keep their
 // normaliser and the KL term as they are: with ulorl::policy_loss that is the `factor` form
 // multiplied into `weights` (the objective's per-token weight). The `loss_mask` form, given as
@@ -200,20 +202,5 @@ off_policy_mask_stats off_policy_mask(const off_policy_mask_inputs<T, M, A>& in,
                                       const off_policy_mask_config& cfg) {
   return off_policy_mask(in, keep, std::span<double>{}, cfg);
 }
-
-namespace presets::trl {
-//! TRL GRPOTrainer `off_policy_mask_threshold` (`get_off_policy_mask`): one advantage per
-//! completion; keep the row iff A_b >= 0 or kl_b <= threshold. TRL has no default threshold.
-[[nodiscard]] constexpr off_policy_mask_config off_policy_mask(double off_policy_mask_threshold) noexcept {
-  return {.delta = off_policy_mask_threshold, .advantage = off_policy_advantage_level::sequence};
-}
-}  // namespace presets::trl
-
-namespace presets::slime {
-//! slime `--use-opsm --opsm-delta` (`compute_opsm_mask`): per-token advantages, default delta 1e-4.
-[[nodiscard]] constexpr off_policy_mask_config off_policy_mask(double opsm_delta = 1e-4) noexcept {
-  return {.delta = opsm_delta, .advantage = off_policy_advantage_level::token};
-}
-}  // namespace presets::slime
 
 ULORL_NAMESPACE_END

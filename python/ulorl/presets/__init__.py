@@ -1,6 +1,6 @@
 """Drop-in presets: the frameworks' loss calls with their own option names, mapped onto ulorl's C++
-presets (ulorl/loss/presets.hpp, ulorl/advantage/presets.hpp). A preset only chooses parameters
-(and the few genuine formula variants the C++ presets name); the formulas are ulorl's kernels.
+presets (ulorl/presets/<framework>.hpp). A preset only chooses parameters (and the few genuine
+formula variants the C++ presets name); the formulas are ulorl's kernels.
 
 The frameworks' default normalisers are *local* (each micro-batch divides by its own token or
 sequence count): partition-exact only when the global counts are passed (verl ``batch_num_tokens`` /

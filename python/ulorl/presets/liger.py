@@ -12,12 +12,12 @@ gradients come from one pass. Loss types ``grpo``, ``bnpo``, ``dr_grpo``, ``dapo
 ``sapo`` (token level; the first four also at sequence level, GSPO) are one fused call. ``luspo`` and
 ``vespo`` are TRL's loss types (:func:`ulorl.presets.trl.grpo_loss`) applied to log-probs that the fused
 head computes and differentiates (its forward pass, then its backward pass with the incoming
-gradient).
+gradient). The mapping of Liger's arguments to the loss (objective, KL, normaliser, the cispo cap's
+adjustments) and Liger's checks are the C++ preset's (ulorl/presets/liger.hpp).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional, Tuple
 
 import torch
@@ -28,7 +28,6 @@ from . import _common
 from . import trl as _trl
 
 _FN = "presets::liger::LigerFusedLinearGRPOFunction"
-_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 _HEAD_DTYPES = (torch.float32, torch.float64)
 
 
@@ -79,22 +78,21 @@ class _HeadLogProb(torch.autograd.Function):
         return tuple(next(grads) if need else None for need in wanted) + (None, None)
 
 
-def _dapo_denominator(tokens: float, num_items_in_batch: Any, device: torch.device) -> float:
-    """Liger's dapo / cispo / vespo divisor: ``num_items_in_batch`` (else this batch's valid tokens,
-    summed over the process group) divided by the world size, at least 1."""
+def _num_items(tokens: float, num_items_in_batch: Any, device: torch.device) -> Tuple[float, int]:
+    """The count Liger's dapo / cispo / vespo divide by the world size, and the world size:
+    ``num_items_in_batch``, else this batch's valid tokens summed over the process group."""
     world = 1
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         world = dist.get_world_size()
     if num_items_in_batch is not None:
-        n = float(num_items_in_batch)
-    else:
-        n = tokens
-        if world > 1:
-            t = torch.tensor(n, dtype=torch.float32, device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-            n = float(t)
-    return max(n / world, 1.0)
+        return float(num_items_in_batch), world
+    n = tokens
+    if world > 1:
+        t = torch.tensor(n, dtype=torch.float32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        n = float(t)
+    return n, world
 
 
 def liger_fused_linear_grpo(
@@ -147,18 +145,11 @@ def liger_fused_linear_grpo(
     tokens whose ratio is clipped against the advantage's sign (cispo: above ``epsilon_high``; sapo
     and vespo: 0), both over the valid tokens.
     """
-    if loss_type not in _LOSS_TYPES:
-        raise _fail(_FN, "loss_type", f"unknown name '{loss_type}' (expected one of {', '.join(_LOSS_TYPES)})")
-    if importance_sampling_level not in ("token", "sequence"):
-        raise _fail(_FN, "importance_sampling_level",
-                    f"unknown name '{importance_sampling_level}' (expected 'token' or 'sequence')")
-    sequence = importance_sampling_level == "sequence"
-    if sequence and loss_type in ("cispo", "sapo", "vespo"):
-        raise _fail(_FN, "importance_sampling_level",
-                    f"Sequence-level importance sampling is not supported for loss_type='{loss_type}'. "
-                    "Use importance_sampling_level='token' instead.")
-    if loss_type == "dr_grpo" and max_completion_length is None:
-        raise _fail(_FN, "max_completion_length", "required for loss_type 'dr_grpo'")
+    # The options, checked as Liger checks them (ulorl/presets/liger.hpp).
+    o = _ulorl._liger_fused_linear_grpo_options(
+        beta, use_ref_model, epsilon_low, epsilon_high, loss_type, max_completion_length, importance_sampling_level,
+        sapo_temperature_pos, sapo_temperature_neg, temperature, delta, use_bias_correction_kl, vespo_k_pos,
+        vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg)
     if _input.dim() != 3:
         raise _fail(_FN, "_input", f"has shape {tuple(_input.shape)}: must be [B, T, H]")
     B, T = int(_input.shape[0]), int(_input.shape[1])
@@ -174,7 +165,7 @@ def liger_fused_linear_grpo(
     labels = selected_token_ids.reshape(-1).to(torch.int64).contiguous()
     temperature = float(temperature)
     mask = attention_mask if attention_mask.dtype in (torch.bool, torch.uint8, f32) else attention_mask.to(f32)
-    tokens = _common.counts(mask).tokens
+    counts = _common.counts(mask)
     adv = advantages.detach().to(f32)
     kl_on = beta != 0.0 and use_ref_model
     ref = None
@@ -197,21 +188,22 @@ def liger_fused_linear_grpo(
         ratio = q
     h, w, b = _head_operands(_input, weight, bias)
     device = _input.device
+    items, world = _num_items(counts.tokens, num_items_in_batch, device) if o.uses_num_items else (None, 1)
+    plan = _ulorl._liger_fused_linear_grpo(o, counts, items, float(world))
 
-    if loss_type in ("luspo", "vespo"):
+    if not plan["fused"]:
         logp = _HeadLogProb.apply(h, w, b, labels, temperature).reshape(B, T)
         if ratio is not None and ratio.shape[1] == 1 and T > 1:
             # A [B, 1] ratio: the policy term's factor on every position (luspo); vespo sums log q over
             # its one column, which [q, 1, ..., 1] reproduces.
             ratio = ratio.expand(B, T) if loss_type == "luspo" else torch.cat(
                 [ratio, torch.ones(B, T - 1, dtype=f32, device=ratio.device)], dim=1)
-        denominator = _dapo_denominator(tokens, num_items_in_batch, device)
         loss, m = _trl.grpo_loss(
             logp, None if old_per_token_logps is None else old_per_token_logps.detach().to(f32), adv, mask,
             ref_per_token_logps=ref, loss_type=loss_type, epsilon=epsilon_low, epsilon_high=epsilon_high,
             delta=delta, beta=beta if kl_on else 0.0, importance_sampling_level=importance_sampling_level,
             use_bias_correction_kl=use_bias_correction_kl, max_completion_length=max_completion_length,
-            num_items_in_batch=denominator, vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos,
+            num_items_in_batch=plan["num_items_in_batch"], vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos,
             vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg, importance_sampling_ratio=ratio)
         kl = m["kl"] if kl_on else 0.0
         clip = 0.0 if loss_type == "vespo" else m["clip_region_fraction"]
@@ -221,44 +213,17 @@ def liger_fused_linear_grpo(
         else:
             with torch.no_grad():
                 old = _head_log_prob(h, w, b, labels, temperature).reshape(B, T).to(f32)
-        options: dict = dict(log_ratio_clamp=math.inf, kl_coef=beta if kl_on else 0.0, kl_estimator="k3",
-                             kl_importance_weighted=bool(use_bias_correction_kl))
-        kl_scale = 1.0
+        # The configuration and, for a cispo cap below 1, the adjusted inputs: the plan's.
         weights = None if ratio is None else ratio.expand(B, T)
-        if loss_type == "sapo":
-            options.update(objective="sapo", tau_pos=sapo_temperature_pos, tau_neg=sapo_temperature_neg)
-        elif loss_type == "cispo":
-            # Liger's cap min(r, epsilon_high): ulorl's cispo clamp(r, 1 - eps_low, 1 + eps_high) with
-            # eps_low = 1 (no floor); a cap c < 1 measures the ratio against old + log c (cap 1) and
-            # multiplies the term by c (the importance-weighted KL's ratio then carries 1/c: kl_coef
-            # times c, its mean times c).
-            cap = float(epsilon_high)
-            if not cap > 0.0:
-                raise _fail(_FN, "epsilon_high", f"= {cap}: the cispo cap must be > 0")
-            options.update(objective="cispo", eps_low=1.0, eps_high=max(cap - 1.0, 0.0))
-            if cap < 1.0:
-                old = old + math.log(cap)
-                weights = torch.full((B, T), cap, dtype=f32, device=device) if weights is None else weights * cap
-                if use_bias_correction_kl:
-                    kl_scale = cap
-                    options["kl_coef"] *= cap
-        else:
-            options.update(objective="gspo" if sequence else "ppo_clip", eps_low=epsilon_low, eps_high=epsilon_high,
-                           delta=0.0 if delta is None else delta)
-            if sequence:
-                options.update(seq_gradient="through_mean", seq_log_ratio_max=math.inf)
-        if loss_type in ("grpo", "sapo"):
-            normalizer = _ulorl.Normalizer("seq_mean_token_mean", float(B))
-        elif loss_type == "bnpo":
-            normalizer = _ulorl.Normalizer("token_mean", max(tokens, 1.0))
-        elif loss_type == "dr_grpo":
-            normalizer = _ulorl.Normalizer("constant", float(B * max_completion_length))
-        else:
-            normalizer = _ulorl.Normalizer("token_mean", _dapo_denominator(tokens, num_items_in_batch, device))
+        if plan["old_log_prob_shift"] != 0.0:
+            old = old + plan["old_log_prob_shift"]
+        if plan["weight_scale"] != 1.0:
+            scale = plan["weight_scale"]
+            weights = torch.full((B, T), scale, dtype=f32, device=device) if weights is None else weights * scale
         loss, m = linear_head_policy_loss(h, w, b, labels, old, adv.unsqueeze(1).expand(B, T), mask,
                                           temperature=temperature, ref_log_prob=ref, weights=weights,
-                                          normalizer=normalizer, **options)
-        kl = m["kl_mean"] * kl_scale if kl_on else 0.0
+                                          config=plan["config"])
+        kl = m["kl_mean"] * plan["kl_mean_scale"] if kl_on else 0.0
         clip = 0.0 if loss_type == "sapo" else m["clip_region_fraction"]
 
     metrics = [torch.tensor(clip, dtype=f32, device=device)]

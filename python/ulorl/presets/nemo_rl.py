@@ -5,7 +5,7 @@ batch), ``calculate_kl`` and the truncated importance-sampling weights, with NeM
 Drop-ins with NeMo-RL's names and call forms (nemo_rl.algorithms.loss, nemo_rl.algorithms.utils):
 :class:`ClippedPGLossFn` (``ClippedPGLossFn(cfg)(next_token_logprobs, data, global_valid_seqs,
 global_valid_toks)``), :class:`ClippedPGLossConfig` and :func:`calculate_kl`. The keyword form
-:func:`clipped_pg_loss` covers the options of the C++ preset (ulorl/loss/presets.hpp) and returns
+:func:`clipped_pg_loss` covers the options of the C++ preset (ulorl/presets/nemo_rl.hpp) and returns
 ulorl's metrics besides NeMo-RL's."""
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ def clipped_pg_loss(
             extra["is_oob_ratio"] = logged["is_oob_ratio"]
     kl_term = None
     if with_kl:
-        kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_kl_penalty_term(o, lp, reference_policy_logprobs,
-                                                                   generation_logprobs, token_mask, cfg.normalizer)
+        kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_reference_policy_kl(o, lp, reference_policy_logprobs,
+                                                                       generation_logprobs, token_mask, cfg.normalizer)
         kl_term = _with_gradient(next_token_logprobs, kl, kl_grad, "presets::nemo_rl::clipped_pg_loss")
         extra["kl_penalty"] = kl_unscaled
     extra.update(_ulorl._nemo_rl_logged_ratios(o, lp, prev_logprobs, token_mask, global_valid_toks))
@@ -419,7 +419,7 @@ class ClippedPGLossFn:
             if self.use_on_policy_kl_approximation:
                 # exp(logp - (-inf)) is NeMo-RL's weight 0 (nan_to_num): exp(logp - 1e30) is 0 too.
                 gen_kl = torch.where(neg, torch.full_like(gen, 1e30), gen) if bool(neg.any()) else gen
-            kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_kl_penalty_term(
+            kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_reference_policy_kl(
                 self._options, lp_kl.detach(), data["reference_policy_logprobs"][:, 1:], gen_kl, mask,
                 cfg.normalizer)
             loss = loss + _with_gradient(lp_kl, kl, kl_grad, _FN)

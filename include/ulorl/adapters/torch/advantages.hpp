@@ -31,7 +31,7 @@
 #include "ulorl/adapters/torch/ops.hpp"
 #include "ulorl/adapters/torch/tensor_views.hpp"
 #include "ulorl/advantage/fields.hpp"
-#include "ulorl/advantage/presets.hpp"
+#include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/loss/fields.hpp"

@@ -1,12 +1,18 @@
-// Tests of the 2025-2026 policy-loss modes (objectives.hpp's penalized_pg, presets.hpp's verl
-// dppo_tv / dppo_kl / dro / kl_cov / clip_cov batch passes, OpenRLHF's vLLM IS plan, NeMo-RL's
-// ClippedPGLossFn pieces and the ProRL v2 / v2.1 presets): each against a float64 oracle written
-// here from the formulas of docs/losses.md §13, central finite differences of the loss for every
-// new objective x KL estimator x aggregation mode, the partition property (two micro-batches with
-// the global normaliser give the whole batch), and each rejection rule with outputs untouched.
+// Tests of the policy-loss modes of verl 1dda039b and NeMo-RL 7ea279ab: objectives.hpp's
+// penalized_pg; token_selection.hpp's dppo_weights / kl_cov_selection / clip_cov_weights with
+// verl's dppo_tv / dppo_kl / dro / kl_cov / clip_cov presets; weighted_kl.hpp's weighted_kl_loss
+// with NeMo-RL's reference KL; OpenRLHF's vLLM IS plan, NeMo-RL's ClippedPGLossFn pieces and the
+// ProRL v2 / v2.1 presets. Each against a float64 oracle written here from the formulas of
+// docs/losses.md §13, central finite differences of the loss for every new objective x KL estimator
+// x aggregation mode, the partition property (two micro-batches with the global normaliser give the
+// whole batch), and each rejection rule with outputs untouched.
 #include <ulorl/loss/policy_loss.hpp>
-#include <ulorl/loss/presets.hpp>
 #include <ulorl/loss/rollout_correction.hpp>
+#include <ulorl/loss/token_selection.hpp>
+#include <ulorl/loss/weighted_kl.hpp>
+#include <ulorl/presets/nemo_rl.hpp>
+#include <ulorl/presets/openrlhf.hpp>
+#include <ulorl/presets/verl.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +22,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -147,7 +154,7 @@ const agg_mode modes[] = {agg_mode::token_mean, agg_mode::seq_mean_token_sum, ag
 
 TEST_CASE("penalized_pg (dro, kl_cov forms): float64 oracle and finite differences x KL estimator x aggregation") {
   const std::uint64_t seed = 20250901;
-  std::printf("test_loss_objectives_2025 penalized_pg seed %llu\n", static_cast<unsigned long long>(seed));
+  std::printf("test_loss_policy_modes penalized_pg seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   const penalty_case cases[] = {{ulorl::pg_surrogate::log_prob, 0.0, 0.3},   // dro, beta 0.3
                                 {ulorl::pg_surrogate::ratio, 0.1, 0.0},      // kl_cov, selected tokens
@@ -330,12 +337,12 @@ TEST_CASE("verl kl_cov: the selection, the two-part loss and its partition prope
     const double ratio = 0.05 + 0.1 * trial;
     const P::verl::objective_options oo{.loss_mode = K::kl_cov, .kl_cov_ratio = ratio, .ppo_kl_coef = 0.2};
     std::vector<double> sel(p.lp.size(), -1.0);
-    const auto st = P::verl::kl_cov_selection(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                                              view(sel, p.B, p.T), oo);
+    const auto st = ulorl::kl_cov_selection(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
+                                            view(sel, p.B, p.T), P::verl::kl_cov(oo));
     REQUIRE(sel == oracle_kl_cov_selection(p, ratio));
     double sx = 0;
     for (std::size_t i = 0; i < p.lp.size(); ++i) sx += p.mask[i] * std::fabs(p.lp[i] - p.old[i]);
-    REQUIRE(st.ppo_kl == Approx(sx / c.N).epsilon(1e-13));
+    REQUIRE(st.mean_abs_log_ratio == Approx(sx / c.N).epsilon(1e-13));
     // Loss of the two calls == the oracle ℓ = (-A r + sel κ |x|) w.
     for (const agg_mode mode : modes) {
       ulorl::policy_loss_config cfg;
@@ -386,10 +393,9 @@ TEST_CASE("verl dppo_tv / dppo_kl: weights, loss, metrics against the oracle; pa
       const P::verl::objective_options oo{.loss_mode = mode, .clip_ratio_low = dl, .clip_ratio_high = dh, .clip_ratio_c = cap};
       std::vector<double> w(p.lp.size(), -5.0);
       const bool with_rollout_w = trial % 2 == 1;
-      const auto st = P::verl::dppo_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                                            with_rollout_w ? cview(p.w, p.B, p.T) : ulorl::token_view<const double>{},
-                                            view(w, p.B, p.T),
-                                            oo);
+      const auto st = ulorl::dppo_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
+                                          with_rollout_w ? cview(p.w, p.B, p.T) : ulorl::token_view<const double>{},
+                                          view(w, p.B, p.T), P::verl::dppo(oo));
       double outside = 0, capped = 0, want = 0;
       std::vector<double> want_grad(p.lp.size(), 0.0);
       for (std::size_t b = 0; b < p.B; ++b)
@@ -412,8 +418,8 @@ TEST_CASE("verl dppo_tv / dppo_kl: weights, loss, metrics against the oracle; pa
           want += -A * wi * lp / c.N;
           want_grad[i] = -A * wi / c.N;
         }
-      REQUIRE(st.pg_clipfrac == Approx(outside / c.N));
-      REQUIRE(st.pg_clipfrac_lower == Approx(capped / c.N));
+      REQUIRE(st.dropped_fraction == Approx(outside / c.N));
+      REQUIRE(st.capped_fraction == Approx(capped / c.N));
       ulorl::policy_loss_config cfg;
       cfg.objective = P::verl::objective(oo);
       cfg.normalizer = normalizer_of(agg_mode::token_mean, c, 0);
@@ -421,8 +427,8 @@ TEST_CASE("verl dppo_tv / dppo_kl: weights, loss, metrics against the oracle; pa
       REQUIRE(out.res.pg_loss == Approx(want).epsilon(1e-12).margin(1e-15));
       for (std::size_t i = 0; i < p.lp.size(); ++i) REQUIRE(out.grad[i] == Approx(want_grad[i]).epsilon(1e-12).margin(1e-15));
       const auto m = P::verl::metrics(mode, out.res.metrics, st);
-      REQUIRE(m.pg_clipfrac == st.pg_clipfrac);
-      REQUIRE(m.pg_clipfrac_lower == st.pg_clipfrac_lower);
+      REQUIRE(m.pg_clipfrac == st.dropped_fraction);
+      REQUIRE(m.pg_clipfrac_lower == st.capped_fraction);
       // Partition over rows with the global normaliser.
       double parts = 0;
       for (std::size_t r0 : {std::size_t{0}, std::size_t{1}}) {
@@ -439,18 +445,42 @@ TEST_CASE("verl dppo_tv / dppo_kl: weights, loss, metrics against the oracle; pa
   std::mt19937_64 r2(5);
   problem p = random_problem(r2, 2, 4);
   std::vector<double> w(p.lp.size(), -7.0);
-  auto call = [&](const P::verl::objective_options& oo) {
-    return P::verl::dppo_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                                 ulorl::token_view<const double>{}, view(w, p.B, p.T), oo);
+  auto call = [&](const ulorl::dppo_config& c) {
+    return ulorl::dppo_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
+                               ulorl::token_view<const double>{}, view(w, p.B, p.T), c);
   };
-  REQUIRE_THROWS_AS(call({.loss_mode = K::dppo_tv, .clip_ratio_low = -0.1}), ulorl::error);
-  REQUIRE_THROWS_AS(call({.loss_mode = K::dppo_kl, .clip_ratio_high = std::nan("")}), ulorl::error);
-  REQUIRE_THROWS_AS(call({.loss_mode = K::vanilla}), ulorl::error);
-  REQUIRE_THROWS_AS(call({.loss_mode = K::dppo_tv, .clip_ratio_c = -1.0}), ulorl::error);
+  // verl's options are checked under verl's names by the mapping, the configuration by dppo_weights.
+  const auto verl_arg = [](const P::verl::objective_options& oo) {
+    try {
+      (void)P::verl::dppo(oo);
+    } catch (const ulorl::error& e) {
+      return std::string(e.argument());
+    }
+    return std::string();
+  };
+  CHECK(verl_arg({.loss_mode = K::dppo_tv, .clip_ratio_low = -0.1}) == "clip_ratio_low");
+  CHECK(verl_arg({.loss_mode = K::dppo_kl, .clip_ratio_high = std::nan("")}) == "clip_ratio_high");
+  CHECK(verl_arg({.loss_mode = K::vanilla}) == "loss_mode");
+  CHECK(verl_arg({.loss_mode = K::dppo_tv, .clip_ratio_c = -1.0}) == "clip_ratio_c");
+  const ulorl::dppo_config ok = P::verl::dppo({.loss_mode = K::dppo_tv});
+  REQUIRE(ok.divergence == ulorl::dppo_divergence::total_variation);
+  REQUIRE((ok.delta_low == 0.2 && ok.delta_high == 0.2 && ok.ratio_cap == 3.0));
+  REQUIRE(P::verl::dppo({.loss_mode = K::dppo_kl}).divergence == ulorl::dppo_divergence::binary_kl);
+  REQUIRE_THROWS_AS(call({.delta_low = -0.1, .delta_high = 0.2}), ulorl::error);
+  REQUIRE_THROWS_AS(call({.divergence = ulorl::dppo_divergence::binary_kl, .delta_high = std::nan("")}), ulorl::error);
+  REQUIRE_THROWS_AS(call({.divergence = static_cast<ulorl::dppo_divergence>(7)}), ulorl::error);
+  REQUIRE_THROWS_AS(call({.ratio_cap = -1.0}), ulorl::error);
+  try {
+    (void)call({.ratio_cap = 0.0});
+    FAIL("no error");
+  } catch (const ulorl::error& e) {
+    CHECK(e.function() == "dppo_weights");
+    CHECK(e.argument() == "ratio_cap");
+  }
   p.mask[1] = 2.0;
-  REQUIRE_THROWS_AS(call({.loss_mode = K::dppo_tv}), ulorl::error);
+  REQUIRE_THROWS_AS(call(ok), ulorl::error);
   p.mask[1] = 1.0, p.lp[2] = std::numeric_limits<double>::infinity();
-  REQUIRE_THROWS_AS(call({.loss_mode = K::dppo_tv}), ulorl::error);
+  REQUIRE_THROWS_AS(call(ok), ulorl::error);
   REQUIRE(std::all_of(w.begin(), w.end(), [](double v) { return v == -7.0; }));
 }
 
@@ -482,9 +512,9 @@ TEST_CASE("verl clip_cov: candidate check, weights, loss against the oracle; par
     std::vector<double> sel(p.lp.size(), 0.0);
     for (std::size_t j = 0; j < want_n; ++j) sel[cand[j]] = 1.0;
     std::vector<double> w(p.lp.size(), -3.0);
-    const auto st = P::verl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                                              cview(sel, p.B, p.T), cview(p.w, p.B, p.T), view(w, p.B, p.T), oo);
-    REQUIRE(st.pg_clipfrac == Approx(static_cast<double>(want_n) / c.N));
+    const auto st = ulorl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
+                                            cview(sel, p.B, p.T), cview(p.w, p.B, p.T), view(w, p.B, p.T), P::verl::clip_cov(oo));
+    REQUIRE(st.dropped_fraction == Approx(static_cast<double>(want_n) / c.N));
     for (const agg_mode mode : modes) {
       ulorl::policy_loss_config cfg;
       cfg.objective = P::verl::objective(oo);
@@ -516,9 +546,9 @@ TEST_CASE("verl clip_cov: candidate check, weights, loss against the oracle; par
     // Rejections: one too few, a non-candidate, a value 2, a wrong shape; weights untouched.
     std::vector<double> w2(p.lp.size(), -3.0);
     auto call = [&](const std::vector<double>& s, std::size_t rows) {
-      return P::verl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
-                                       cview(p.mask, p.B, p.T), cview(s, rows, p.T), ulorl::token_view<const double>{},
-                                       view(w2, p.B, p.T), oo);
+      return ulorl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
+                                     cview(p.mask, p.B, p.T), cview(s, rows, p.T), ulorl::token_view<const double>{},
+                                     view(w2, p.B, p.T), P::verl::clip_cov(oo));
     };
     std::vector<double> bad = sel;
     bad[cand[0]] = 0.0;
@@ -567,7 +597,7 @@ double oracle_nemo_k(kl_estimator e, double lp, double ref, double rollout, bool
   return std::clamp(omega * kappa, -out, out);
 }
 
-TEST_CASE("nemo_rl kl_penalty_term: value and gradient (incl. the weight's derivative) against the oracle") {
+TEST_CASE("weighted_kl_loss with nemo_rl's reference KL: value and gradient (incl. the weight's derivative) against the oracle") {
   std::mt19937_64 rng(4242);
   int fd_checked = 0;
   for (const kl_estimator e : {kl_estimator::k1, kl_estimator::k2, kl_estimator::k3})
@@ -595,8 +625,8 @@ TEST_CASE("nemo_rl kl_penalty_term: value and gradient (incl. the weight's deriv
             return 0.3 * s;
           };
           std::vector<double> g(p.lp.size(), 0.5);
-          const double kl = P::nemo_rl::kl_penalty_term(cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T),
-                                                        cview(p.mask, p.B, p.T), view(g, p.B, p.T), o, norm);
+          const double kl = ulorl::weighted_kl_loss(cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T),
+                                                    cview(p.mask, p.B, p.T), view(g, p.B, p.T), P::nemo_rl::reference_policy_kl(o), norm);
           REQUIRE(kl == Approx(value(p.lp)).epsilon(1e-12).margin(1e-15));
           for (std::size_t i = 0; i < p.lp.size(); ++i) {
             if (p.mask[i] == 0) {
@@ -685,14 +715,14 @@ TEST_CASE("nemo_rl ClippedPGLossFn options: objective, normaliser, rejections, P
   (void)P::nemo_rl::rollout_correction(v21);
 }
 
-TEST_CASE("nemo_rl kl_penalty_term: rejections leave the gradient untouched") {
+TEST_CASE("weighted_kl_loss with nemo_rl's reference KL: rejections leave the gradient untouched") {
   std::mt19937_64 rng(8);
   problem p = random_problem(rng, 2, 3);
   const auto norm = ulorl::agg_normalizer{agg_mode::token_mean, 4.0, 1.0};
   std::vector<double> g(p.lp.size(), 1.25);
   auto call = [&](const P::nemo_rl::clipped_pg_loss_options& o) {
-    return P::nemo_rl::kl_penalty_term(cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T), cview(p.mask, p.B, p.T),
-                                       view(g, p.B, p.T), o, norm);
+    return ulorl::weighted_kl_loss(cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T), cview(p.mask, p.B, p.T),
+                                   view(g, p.B, p.T), P::nemo_rl::reference_policy_kl(o), norm);
   };
   P::nemo_rl::clipped_pg_loss_options on{.reference_policy_kl_penalty = 0.1};
   on.use_on_policy_kl_approximation = true;
@@ -712,7 +742,7 @@ TEST_CASE("nemo_rl kl_penalty_term: rejections leave the gradient untouched") {
     (void)call({.reference_policy_kl_penalty = 1e308});
     FAIL("no error");
   } catch (const ulorl::error& e) {
-    CHECK(e.function() == "presets::nemo_rl::kl_penalty_term");
+    CHECK(e.function() == "weighted_kl_loss");
     CHECK((e.argument() == "grad_log_prob" || e.argument() == "kl_penalty"));
     CHECK(std::string(e.what()).find("overflows float64") != std::string::npos);
   }
@@ -721,7 +751,7 @@ TEST_CASE("nemo_rl kl_penalty_term: rejections leave the gradient untouched") {
 
 }  // namespace
 
-TEST_CASE("verl batch passes and NeMo-RL terms: an absent mask is an all-ones mask, bit for bit, in both layouts", "[mask]") {
+TEST_CASE("token selections and the weighted KL term: an absent mask is an all-ones mask, bit for bit, in both layouts", "[mask]") {
   using K = P::verl::loss_mode_kind;
   std::mt19937_64 rng(777);
   for (const auto& lay : absent_mask::layouts(rng, 5, 9)) {
@@ -736,26 +766,29 @@ TEST_CASE("verl batch passes and NeMo-RL terms: an absent mask is an all-ones ma
     for (const K mode : {K::dppo_tv, K::dppo_kl}) {
       const P::verl::objective_options o{.loss_mode = mode, .clip_ratio_low = 0.2, .clip_ratio_high = 0.3};
       std::vector<double> w(lay.size(), 9.0), wa(lay.size(), 9.0);
-      const auto st = P::verl::dppo_weights(lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.cview(isw), lay.mview(w), o);
-      const auto sa = P::verl::dppo_weights(lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.cview(isw), lay.mview(wa), o);
+      const ulorl::dppo_config c = P::verl::dppo(o);
+      const auto st = ulorl::dppo_weights(lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.cview(isw), lay.mview(w), c);
+      const auto sa = ulorl::dppo_weights(lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.cview(isw), lay.mview(wa), c);
       REQUIRE(absent_mask::same_bits(wa, w));
-      REQUIRE((absent_mask::same_bits(sa.pg_clipfrac, st.pg_clipfrac) && absent_mask::same_bits(sa.pg_clipfrac_lower, st.pg_clipfrac_lower)));
+      REQUIRE((absent_mask::same_bits(sa.dropped_fraction, st.dropped_fraction) &&
+               absent_mask::same_bits(sa.capped_fraction, st.capped_fraction)));
     }
     {
       const P::verl::objective_options o{.loss_mode = K::kl_cov};
       std::vector<double> sel(lay.size(), 9.0), sela(lay.size(), 9.0);
-      const auto st = P::verl::kl_cov_selection(lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.mview(sel), o);
-      const auto sa = P::verl::kl_cov_selection(lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.mview(sela), o);
+      const auto st = ulorl::kl_cov_selection(lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.mview(sel), P::verl::kl_cov(o));
+      const auto sa = ulorl::kl_cov_selection(lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.mview(sela), P::verl::kl_cov(o));
       REQUIRE(absent_mask::same_bits(sela, sel));
-      REQUIRE(absent_mask::same_bits(sa.ppo_kl, st.ppo_kl));
+      REQUIRE(absent_mask::same_bits(sa.mean_abs_log_ratio, st.mean_abs_log_ratio));
     }
     for (const bool token_level : {true, false}) {
       P::nemo_rl::clipped_pg_loss_options o{.token_level_loss = token_level, .reference_policy_kl_penalty = 0.3};
       o.use_on_policy_kl_approximation = !token_level;
       const auto norm = P::nemo_rl::normalizer(o, {}, ulorl::count_batch(absent, lay.cview(lp)));
       std::vector<double> g(lay.size(), 0.5), ga(lay.size(), 0.5);
-      const double kl = P::nemo_rl::kl_penalty_term(lay.cview(lp), lay.cview(ref), lay.cview(rollout), lay.cview(ones), lay.mview(g), o, norm);
-      const double ka = P::nemo_rl::kl_penalty_term(lay.cview(lp), lay.cview(ref), lay.cview(rollout), absent, lay.mview(ga), o, norm);
+      const ulorl::weighted_kl_config kc = P::nemo_rl::reference_policy_kl(o);
+      const double kl = ulorl::weighted_kl_loss(lay.cview(lp), lay.cview(ref), lay.cview(rollout), lay.cview(ones), lay.mview(g), kc, norm);
+      const double ka = ulorl::weighted_kl_loss(lay.cview(lp), lay.cview(ref), lay.cview(rollout), absent, lay.mview(ga), kc, norm);
       REQUIRE(absent_mask::same_bits(ka, kl));
       REQUIRE(absent_mask::same_bits(ga, g));
       const auto r1 = P::nemo_rl::logged_ratios(lay.cview(lp), lay.cview(old), lay.cview(ones), o, {.global_valid_toks = 40.0});
@@ -763,4 +796,45 @@ TEST_CASE("verl batch passes and NeMo-RL terms: an absent mask is an all-ones ma
       REQUIRE((absent_mask::same_bits(ra.probs_ratio, r1.probs_ratio) && absent_mask::same_bits(ra.probs_ratio_clamped, r1.probs_ratio_clamped)));
     }
   }
+}
+
+TEST_CASE("token selections: a bad configuration is an error naming the function and the field, nothing written") {
+  std::mt19937_64 rng(99);
+  const problem p = random_problem(rng, 2, 5);
+  std::vector<double> out(p.lp.size(), -2.0), sel(p.lp.size(), 0.0);
+  const auto error_of = [](auto&& f) -> std::pair<std::string, std::string> {
+    try {
+      (void)f();
+    } catch (const ulorl::error& e) {
+      return {std::string(e.function()), std::string(e.argument())};
+    }
+    return {};
+  };
+  const auto kl_cov = [&](const ulorl::kl_cov_config& c) {
+    return ulorl::kl_cov_selection(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
+                                   view(out, p.B, p.T), c);
+  };
+  const auto clip_cov = [&](const ulorl::clip_cov_config& c) {
+    return ulorl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
+                                   cview(sel, p.B, p.T), ulorl::token_view<const double>{}, view(out, p.B, p.T), c);
+  };
+  using E = std::pair<std::string, std::string>;
+  CHECK(error_of([&] { return kl_cov({.fraction = 0.0}); }) == E{"kl_cov_selection", "fraction"});
+  CHECK(error_of([&] { return kl_cov({.fraction = std::numeric_limits<double>::infinity()}); }) == E{"kl_cov_selection", "fraction"});
+  CHECK(error_of([&] { return clip_cov({.fraction = -1.0}); }) == E{"clip_cov_weights", "fraction"});
+  CHECK(error_of([&] { return clip_cov({.cov_lower = std::nan("")}); }) == E{"clip_cov_weights", "cov_lower"});
+  CHECK(error_of([&] { return clip_cov({.cov_upper = std::numeric_limits<double>::infinity()}); }) == E{"clip_cov_weights", "cov_upper"});
+  CHECK(error_of([&] { return clip_cov({.eps_low = 1.0}); }) == E{"clip_cov_weights", "eps_low"});
+  CHECK(error_of([&] { return clip_cov({.eps_high = -0.5}); }) == E{"clip_cov_weights", "eps_high"});
+  REQUIRE(std::all_of(out.begin(), out.end(), [](double v) { return v == -2.0; }));
+  // verl's options map one to one (clip_cov's band is verl's clip ratios).
+  using K = P::verl::loss_mode_kind;
+  REQUIRE(P::verl::kl_cov({.loss_mode = K::kl_cov, .kl_cov_ratio = 0.01}).fraction == 0.01);
+  const ulorl::clip_cov_config cc = P::verl::clip_cov({.loss_mode = K::clip_cov, .clip_ratio_low = 0.1, .clip_ratio_high = 0.3,
+                                                       .clip_cov_ratio = 0.02, .clip_cov_lb = -1.0, .clip_cov_ub = 2.0});
+  REQUIRE((cc.eps_low == 0.1 && cc.eps_high == 0.3 && cc.fraction == 0.02 && cc.cov_lower == -1.0 && cc.cov_upper == 2.0));
+  CHECK(error_of([&] { return P::verl::kl_cov({.loss_mode = K::clip_cov}); }) == E{"presets::verl::kl_cov", "loss_mode"});
+  CHECK(error_of([&] { return P::verl::clip_cov({.loss_mode = K::kl_cov}); }) == E{"presets::verl::clip_cov", "loss_mode"});
+  CHECK(error_of([&] { return P::verl::kl_cov({.loss_mode = K::kl_cov, .kl_cov_ratio = 0.0}); }) ==
+        E{"presets::verl::objective", "kl_cov_ratio"});
 }

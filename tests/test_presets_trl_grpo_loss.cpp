@@ -1,4 +1,4 @@
-// Tests of ulorl::presets::trl::grpo_loss (ulorl/loss/trl_grpo_loss.hpp), TRL's
+// Tests of ulorl::presets::trl::grpo_loss (ulorl/presets/trl.hpp), TRL's
 // GRPOTrainer._compute_loss in one call. The oracle below is TRL's loss written here in float64
 // from the golden README's §4.5 (not from the library): every loss type and importance-sampling
 // level, the off-policy mask, the top-entropy mask, the vLLM IS ratio, VESPO's phi, the KL term
@@ -6,7 +6,7 @@
 // against the oracle, the gradients against central finite differences of the oracle (detached
 // quantities held at the point), float against double, thread counts, and hostile inputs
 // (ulorl::error naming function, argument and index; nothing written).
-#include <ulorl/loss/trl_grpo_loss.hpp>
+#include <ulorl/presets/trl.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// Tests of TRL's 2025 GRPOTrainer loss additions (golden README §4.5 *(added)*): the
+// Tests of TRL's GRPOTrainer loss types beyond PPO clip (golden README §4.5 *(added)*): the
 // top-entropy-quantile mask (ulorl/masking/entropy_quantile.hpp), VESPO's sequence weight
 // (ulorl/loss/vespo.hpp), and the presets::trl compositions run through ulorl::policy_loss:
 // cispo (ratio cap), sapo, vespo (policy gradient weighted by phi), luspo (row weight n_b over
@@ -9,9 +9,9 @@
 // normaliser, and bad inputs for ulorl::error with outputs untouched.
 #include <ulorl/loss/entropy.hpp>
 #include <ulorl/loss/policy_loss.hpp>
-#include <ulorl/loss/presets.hpp>
 #include <ulorl/loss/vespo.hpp>
 #include <ulorl/masking/entropy_quantile.hpp>
+#include <ulorl/presets/trl.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -275,9 +275,9 @@ constexpr kl_setting kl_settings[] = {{0.0, false}, {0.04, false}, {0.1, true}};
 
 }  // namespace
 
-TEST_CASE("trl 2025 objectives match the float64 oracle and finite differences") {
+TEST_CASE("trl loss types match the float64 oracle and finite differences") {
   const std::uint64_t seed = 20250;
-  std::printf("test_loss_trl_2025 seed %llu\n", static_cast<unsigned long long>(seed));
+  std::printf("test_loss_trl_loss_types seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   const std::size_t shapes[][2] = {{1, 5}, {3, 4}, {5, 9}};
   for (auto lt : {LT::cispo, LT::sapo, LT::vespo, LT::luspo, LT::grpo, LT::bnpo, LT::dapo}) {
@@ -377,7 +377,7 @@ TEST_CASE("top_entropy_mask and vespo_weights reject bad input and write nothing
   REQUIRE(ulorl::vespo_phi(1e300, 1.0, {}) == 0.0);
 }
 
-TEST_CASE("trl 2025: cispo / sapo configurations are validated; policy_loss writes nothing on error") {
+TEST_CASE("trl loss types: cispo / sapo configurations are validated; policy_loss writes nothing on error") {
   using T = P::trl::importance_sampling_kind;
   REQUIRE_THROWS_AS(P::trl::objective({.epsilon_high = -0.5, .loss_type = LT::cispo}), ulorl::error);
   // A ratio cap below 1 is TRL's too: min(r, 0.5), lo = 0.
@@ -408,7 +408,7 @@ TEST_CASE("trl 2025: cispo / sapo configurations are validated; policy_loss writ
   REQUIRE(std::all_of(g.begin(), g.end(), [](double v) { return v == 4.0; }));
 }
 
-TEST_CASE("trl 2025 token-level modes are partition-exact with the global normaliser") {
+TEST_CASE("trl loss types: token-level modes are partition-exact with the global normaliser") {
   std::mt19937_64 rng(11);
   for (auto lt : {LT::cispo, LT::sapo, LT::vespo}) {
     const problem p = random_problem(rng, 6, 7);
