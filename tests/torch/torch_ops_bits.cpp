@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ulorl/adapters/torch.hpp"
+#include "ulorl/presets/verl.hpp"
 
 namespace {
 
