@@ -89,16 +89,29 @@ namespace detail {
 
 using ulorl::detail::fail;
 
-//! Token dtype dispatch: float32 -> f(float{}), float64 -> f(double{}).
+//! Value dtype dispatch on any device (the Meta kernels' too): float32 -> f(float{}), float64 ->
+//! f(double{}); an undefined tensor or another dtype is ulorl::error naming `arg`.
 template <class F>
-decltype(auto) with_token_type(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
-  require_cpu(fn, arg, t, -1);
+decltype(auto) with_value_dtype(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
+  if (!t.defined()) fail(fn, arg, "is an undefined tensor");
   switch (t.scalar_type()) {
     case c10::ScalarType::Float: return f(float{});
     case c10::ScalarType::Double: return f(double{});
     default:
       fail(fn, arg, std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be float32 or float64");
   }
+}
+
+//! The float32 / float64 dtype of a value tensor (what the Meta kernels allocate).
+inline c10::ScalarType value_dtype(std::string_view fn, std::string_view arg, const at::Tensor& t) {
+  return with_value_dtype(fn, arg, t, [](auto tag) { return scalar_type_of<decltype(tag)>(); });
+}
+
+//! Token dtype dispatch of a CPU tensor: float32 -> f(float{}), float64 -> f(double{}).
+template <class F>
+decltype(auto) with_token_type(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
+  require_cpu(fn, arg, t, -1);
+  return with_value_dtype(fn, arg, t, std::forward<F>(f));
 }
 
 //! Logits dtype dispatch: float32, float64, bfloat16 or float16 storage.

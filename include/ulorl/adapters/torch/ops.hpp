@@ -145,11 +145,7 @@ inline policy_loss_config config_of(std::string_view fn, c10::ArrayRef<double> c
 
 //! The token dtype of log_prob, for the Meta kernels (the CPU kernels check it through the views).
 inline c10::ScalarType token_dtype(std::string_view fn, const at::Tensor& t, std::string_view arg = "log_prob") {
-  if (!t.defined()) fail(fn, arg, "is an undefined tensor");
-  const auto st = t.scalar_type();
-  if (st != c10::ScalarType::Float && st != c10::ScalarType::Double)
-    fail(fn, arg, std::string("has dtype ") + c10::toString(st) + " but must be float32 or float64");
-  return st;
+  return th::detail::value_dtype(fn, arg, t);
 }
 
 inline at::Tensor result_tensor(const at::Tensor& like) {

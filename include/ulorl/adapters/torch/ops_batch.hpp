@@ -96,7 +96,9 @@ using opt_tensor = c10::optional<at::Tensor>;
 using opt_int = c10::optional<std::int64_t>;
 using th::detail::byte_mask;
 using th::detail::require_cpu;
+using th::detail::value_dtype;
 using th::detail::with_token_type;
+using th::detail::with_value_dtype;
 using ulorl::detail::fail;
 
 inline at::Tensor given(const opt_tensor& t) { return t.has_value() ? *t : at::Tensor(); }
@@ -116,22 +118,6 @@ at::Tensor record_tensor(const R* r) {
 template <class R>
 at::Tensor meta_record_tensor() {
   return at::empty({static_cast<std::int64_t>(encoded_size_of<R>)}, at::TensorOptions().dtype(at::kDouble).device(at::kMeta));
-}
-
-//! float32 -> f(float{}), float64 -> f(double{}) for per-response / per-token value tensors (any device).
-template <class F>
-decltype(auto) with_value_dtype(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
-  if (!t.defined()) fail(fn, arg, "is an undefined tensor");
-  switch (t.scalar_type()) {
-    case c10::ScalarType::Float: return f(float{});
-    case c10::ScalarType::Double: return f(double{});
-    default: fail(fn, arg, std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be float32 or float64");
-  }
-}
-
-//! The dtype of a value tensor (Meta kernels; the CPU kernels check through the views).
-inline c10::ScalarType value_dtype(std::string_view fn, std::string_view arg, const at::Tensor& t) {
-  return with_value_dtype(fn, arg, t, [&](auto tag) { return scalar_type_of<decltype(tag)>(); });
 }
 
 //! A per-response tensor's length B (1-D), for the Meta kernels.
