@@ -1,37 +1,55 @@
-# ulorl_add_kernel_library(name): a static library of the policy-loss kernels of the common (value,
-# mask) pairs (ulorl/loss/extern_kernels.hpp), one object per pair; linking it defines
-# ULORL_EXTERN_KERNELS. Included by the top-level project and the fuzz project; links ulorl::ulorl where
-# that target exists (else the caller sets the include directories). Not installed: a build-time helper.
-# The pairs extern_kernels.hpp declares (ULORL_POLICY_LOSS_COMMON_PAIRS_): keep the two lists in step.
-set(ULORL_KERNEL_PAIRS "float,float" "float,std::uint8_t" "float,bool" "double,double" "double,std::uint8_t" "double,bool")
-# ulorl_add_kernel_library(name [MASK type | VALUE_MASKS]): with MASK, only the pairs of that mask
-# type (defines ULORL_EXTERN_KERNELS_MASK for the targets that link it); with VALUE_MASKS, only
-# float / float and double / double (defines ULORL_EXTERN_KERNELS_VALUE_MASKS).
+# ulorl_add_kernel_library(name [MASK type | VALUE_MASKS]): a static library of the policy-loss
+# kernels, compiled once for every target that links it instead of in each translation unit that
+# calls the loss (one object per (value, mask) pair, so that they build in parallel). The pairs are
+# those of include/ulorl/loss/kernel_pairs.hpp (read here: the one list); with MASK, only the pairs
+# of that mask type; with VALUE_MASKS, only those whose mask type is the value type. Linking the
+# library defines ULORL_EXTERN_KERNELS and ULORL_EXTERN_KERNEL_PAIRS (the library's pairs), so that
+# loss/policy_loss.hpp declares exactly those pairs extern. The library property
+# ULORL_KERNEL_DEFINITIONS holds the two definitions for sources that use the library's file
+# instead of the target. Links ulorl::ulorl where that target exists (else the caller sets the
+# include directories). Included by the top-level project and the fuzz project.
+set(ULORL_KERNEL_PAIRS_HEADER ${CMAKE_CURRENT_LIST_DIR}/../include/ulorl/loss/kernel_pairs.hpp)
+file(READ ${ULORL_KERNEL_PAIRS_HEADER} ULORL_KERNEL_PAIRS_TEXT)
+string(REGEX MATCH "// pairs: begin.*// pairs: end" ULORL_KERNEL_PAIRS_TEXT "${ULORL_KERNEL_PAIRS_TEXT}")
+string(REGEX MATCHALL "ULORL_PAIR\\([^)]+\\)" ULORL_KERNEL_PAIR_ITEMS "${ULORL_KERNEL_PAIRS_TEXT}")
+set(ULORL_KERNEL_PAIRS)
+foreach(item IN LISTS ULORL_KERNEL_PAIR_ITEMS)
+  string(REGEX REPLACE "^ULORL_PAIR\\(([^,]+), *([^)]+)\\)$" "\\1,\\2" pair "${item}")
+  list(APPEND ULORL_KERNEL_PAIRS "${pair}")
+endforeach()
+if(NOT ULORL_KERNEL_PAIRS)
+  message(FATAL_ERROR "ulorl_kernels.cmake: no ULORL_PAIR(value, mask) line in ${ULORL_KERNEL_PAIRS_HEADER}")
+endif()
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${ULORL_KERNEL_PAIRS_HEADER})
+
 function(ulorl_add_kernel_library name)
   cmake_parse_arguments(arg "VALUE_MASKS" "MASK" "" ${ARGN})
-  set(pairs ${ULORL_KERNEL_PAIRS})
   if(arg_MASK AND arg_VALUE_MASKS)
     message(FATAL_ERROR "ulorl_add_kernel_library(${name}): MASK and VALUE_MASKS exclude each other")
-  elseif(arg_MASK)
-    set(pairs "float,${arg_MASK}" "double,${arg_MASK}")
-  elseif(arg_VALUE_MASKS)
-    set(pairs "float,float" "double,double")
   endif()
   set(tus)
-  foreach(pair IN LISTS pairs)
+  set(pairs_macro)
+  foreach(pair IN LISTS ULORL_KERNEL_PAIRS)
+    string(REPLACE "," ";" types "${pair}")
+    list(GET types 0 value)
+    list(GET types 1 mask)
+    if((arg_MASK AND NOT mask STREQUAL arg_MASK) OR (arg_VALUE_MASKS AND NOT mask STREQUAL value))
+      continue()
+    endif()
     string(MAKE_C_IDENTIFIER ${pair} id)
     set(tu ${CMAKE_CURRENT_BINARY_DIR}/${name}/policy_loss_${id}.cpp)
-    file(CONFIGURE OUTPUT ${tu} CONTENT "#include <ulorl/loss/extern_kernels.hpp>\nULORL_INSTANTIATE_POLICY_LOSS(${pair})\n")
+    file(CONFIGURE OUTPUT ${tu} CONTENT "#include <ulorl/loss/policy_loss.hpp>\nULORL_INSTANTIATE_POLICY_LOSS(${pair})\n")
     list(APPEND tus ${tu})
+    string(APPEND pairs_macro "ULORL_PAIR(${pair})")
   endforeach()
+  if(NOT tus)
+    message(FATAL_ERROR "ulorl_add_kernel_library(${name}): no pair of kernel_pairs.hpp matches")
+  endif()
   add_library(${name} STATIC ${tus})
   if(TARGET ulorl::ulorl)
     target_link_libraries(${name} PUBLIC ulorl::ulorl)
   endif()
-  target_compile_definitions(${name} PUBLIC ULORL_EXTERN_KERNELS)
-  if(arg_MASK)
-    target_compile_definitions(${name} PUBLIC ULORL_EXTERN_KERNELS_MASK=${arg_MASK})
-  elseif(arg_VALUE_MASKS)
-    target_compile_definitions(${name} PUBLIC ULORL_EXTERN_KERNELS_VALUE_MASKS)
-  endif()
+  set(defs ULORL_EXTERN_KERNELS "ULORL_EXTERN_KERNEL_PAIRS=${pairs_macro}")
+  target_compile_definitions(${name} PUBLIC ${defs})
+  set_target_properties(${name} PROPERTIES ULORL_KERNEL_DEFINITIONS "${defs}")
 endfunction()

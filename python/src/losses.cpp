@@ -86,31 +86,14 @@ bool use_avx2_kernels() {
 #endif
 }
 
-//! Run-time instruction-set dispatch of the policy loss: the AVX2 + FMA kernels where
-//! use_avx2_kernels(). Returns the instruction set used: "avx2" or "default".
-std::string install_policy_loss_kernels(bool avx2) {
+//! Run-time instruction-set dispatch of the policy-loss and logits kernels (kernels_avx2.hpp): the
+//! AVX2 + FMA kernels where use_avx2_kernels(). Returns the instruction set used: "avx2" or "default".
+std::string install_kernels(bool avx2) {
 #if defined(ULORL_PY_AVX2_KERNELS)
   if (avx2) {
-    ulorl::install_policy_loss_kernel<float, std::uint8_t>(ulorl_py_avx2_policy_loss_f32());
-    ulorl::install_policy_loss_kernel<double, std::uint8_t>(ulorl_py_avx2_policy_loss_f64());
-    return "avx2";
-  }
-#endif
-  (void)avx2;
-  return "default";
-}
-
-//! The same for logits_forward and logits_backward of every element-type combination the adapter
-//! instantiates (kernels_avx2.hpp): logits_stats, policy_loss_from_logits, the linear head.
-std::string install_logits_kernels(bool avx2) {
-#if defined(ULORL_PY_AVX2_KERNELS)
-  if (avx2) {
-#define ULORL_PY_INSTALL_FORWARD_(NAME, L, I, S) ulorl::install_logits_forward_kernel<L, I, S>(NAME());
-#define ULORL_PY_INSTALL_BACKWARD_(NAME, L, I, S, D) ulorl::install_logits_backward_kernel<L, I, S, D, L>(NAME());
-    ULORL_PY_LOGITS_FORWARD_KERNELS(ULORL_PY_INSTALL_FORWARD_)
-    ULORL_PY_LOGITS_BACKWARD_KERNELS(ULORL_PY_INSTALL_BACKWARD_)
-#undef ULORL_PY_INSTALL_FORWARD_
-#undef ULORL_PY_INSTALL_BACKWARD_
+#define ULORL_PY_INSTALL_(OP, ...) ulorl::install_kernel_of<ulorl_py_avx2, ulorl::isa_op::OP, __VA_ARGS__>();
+    ULORL_PY_AVX2_KERNEL_LIST(ULORL_PY_INSTALL_)
+#undef ULORL_PY_INSTALL_
     return "avx2";
   }
 #endif
@@ -143,8 +126,9 @@ auto for_record(const std::string& name, F f, record_list<R...>) {
 
 void bind_losses(py::module_& m) {
   const bool avx2 = use_avx2_kernels();
-  m.attr("policy_loss_isa") = install_policy_loss_kernels(avx2);
-  m.attr("logits_isa") = install_logits_kernels(avx2);
+  const std::string isa = install_kernels(avx2);
+  m.attr("policy_loss_isa") = isa;
+  m.attr("logits_isa") = isa;
   m.def("count_batch", &count_mask, "mask"_a = py::none(), "offsets"_a = py::none(), py::kw_only(),
         "tokens"_a = py::none(),
         "Valid tokens, non-empty rows and rows of a 0/1 mask ([B, T], or [total] with offsets[B+1]); checked to be "

@@ -36,7 +36,7 @@ struct result {
 result portable(const problem& p, types ty, bool threaded);  // default flags
 result avx2(const problem& p, types ty, bool threaded);      // -mavx2 -mfma
 
-//! ulorl::install_logits_forward_kernel / install_logits_backward_kernel of every `types` entry
+//! ulorl::install_kernel of every `types` entry
 //! with this TU's kernels (on) or nullptr (off): every TU's logits kernels of those types then run
 //! this TU's.
 void install_avx2(bool on);

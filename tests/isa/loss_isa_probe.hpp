@@ -26,7 +26,7 @@ paths portable(const problem& p, const ulorl::policy_loss_config& cfg, types ty,
 paths avx2(const problem& p, const ulorl::policy_loss_config& cfg, types ty, bool weights, bool entropy);      // -mavx2 -mfma
 paths avx512(const problem& p, const ulorl::policy_loss_config& cfg, types ty, bool weights, bool entropy);    // -mavx512f/bw/dq/vl -mfma
 
-//! ulorl::install_policy_loss_kernel of this TU's two (value, mask) pairs (on), or nullptr (off):
+//! ulorl::install_kernel of this TU's two (value, mask) pairs (on), or nullptr (off):
 //! every TU's policy_loss of those pairs then runs this TU's kernels.
 void install_portable(bool on);
 void install_avx2(bool on);

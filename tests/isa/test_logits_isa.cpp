@@ -1,5 +1,5 @@
 // test_logits_isa — run-time instruction-set dispatch of the logits kernels: with the AVX2 + FMA
-// probe's kernels installed (ulorl::install_logits_forward_kernel / install_logits_backward_kernel),
+// probe's kernels installed (ulorl::install_kernel),
 // the default-flags probe's logits_forward and logits_backward, and its policy_loss_from_logits,
 // give the AVX2 probe's bits; uninstalled, their own again. The builds' bits differ (8 float lanes
 // against 4 change the order of the partial sums; FMA changes the backward's log p), so a call that
@@ -63,7 +63,7 @@ bool same_forward(const logits_isa::result& a, const logits_isa::result& b) {
 
 }  // namespace
 
-TEST_CASE("logits isa: install_logits_*_kernel routes every unit's logits_forward / logits_backward") {
+TEST_CASE("logits isa: install_kernel routes every unit's logits_forward / logits_backward") {
   if (!cpu_has_avx2_fma()) {
     WARN("CPU without AVX2/FMA: the -mavx2 logits kernels cannot be installed here (not checked)");
     return;
@@ -80,13 +80,13 @@ TEST_CASE("logits isa: install_logits_*_kernel routes every unit's logits_forwar
     for (std::size_t t = 0; t < 4; ++t)
       for (const bool threaded : {false, true}) {
         INFO(names[t] << " V=" << v << " threaded=" << threaded);
-        REQUIRE(ulorl::installed_logits_forward_kernel<float, std::int64_t, float>() == nullptr);
-        REQUIRE((ulorl::installed_logits_backward_kernel<float, std::int64_t, float, float, float>() == nullptr));
+        REQUIRE(ulorl::installed_kernel<ulorl::isa_op::logits_forward, float, std::int64_t, float>() == nullptr);
+        REQUIRE((ulorl::installed_kernel<ulorl::isa_op::logits_backward, float, std::int64_t, float, float, float>() == nullptr));
         const auto own = logits_isa::portable(p, all[t], false);
         const auto wide = logits_isa::avx2(p, all[t], false);
         logits_isa::install_avx2(true);
-        CHECK(ulorl::installed_logits_forward_kernel<float, std::int64_t, float>() != nullptr);
-        CHECK((ulorl::installed_logits_backward_kernel<ulorl::bf16, std::int64_t, double, float, ulorl::bf16>() != nullptr));
+        CHECK(ulorl::installed_kernel<ulorl::isa_op::logits_forward, float, std::int64_t, float>() != nullptr);
+        CHECK((ulorl::installed_kernel<ulorl::isa_op::logits_backward, ulorl::bf16, std::int64_t, double, float, ulorl::bf16>() != nullptr));
         const auto routed = logits_isa::portable(p, all[t], threaded);
         logits_isa::install_avx2(false);
         const auto again = logits_isa::portable(p, all[t], threaded);
@@ -99,7 +99,7 @@ TEST_CASE("logits isa: install_logits_*_kernel routes every unit's logits_forwar
         ++runs;
       }
   }
-  std::printf("install_logits_*_kernel: of %d runs, %d forward and %d backward results differ between the default "
+  std::printf("install_kernel: of %d runs, %d forward and %d backward results differ between the default "
               "and AVX2 kernels\n",
               runs, forward_differs, backward_differs);
   CHECK(forward_differs > 0);

@@ -111,7 +111,7 @@ TEST_CASE("loss isa: the AVX-512 build (mask registers) equals its strided loop 
   check_isa("avx512", &loss_isa::avx512, &loss_isa::scan_avx512);
 }
 
-TEST_CASE("loss isa: install_policy_loss_kernel routes every unit's policy_loss to the installed kernel") {
+TEST_CASE("loss isa: install_kernel routes every unit's policy_loss to the installed kernel") {
   if (!cpu_has_avx2_fma()) {
     WARN("CPU without AVX2/FMA: the -mavx2 loss kernel cannot be installed here (not checked)");
     return;
@@ -134,8 +134,8 @@ TEST_CASE("loss isa: install_policy_loss_kernel routes every unit's policy_loss 
     for (const char* obj : {"ppo", "gspo_own", "gmpo"}) {
       const auto p = loss_paths::random_problem(rng, 5, 203);
       const auto cfg = make_combo(obj, "k3", "seq_mean", 37.0).cfg;
-      REQUIRE(ulorl::installed_policy_loss_kernel<double, std::uint8_t>() == nullptr);
-      REQUIRE(ulorl::installed_policy_loss_kernel<float, std::uint8_t>() == nullptr);
+      REQUIRE(ulorl::installed_kernel<ulorl::isa_op::policy_loss, double, std::uint8_t>() == nullptr);
+      REQUIRE(ulorl::installed_kernel<ulorl::isa_op::policy_loss, float, std::uint8_t>() == nullptr);
       const auto own = loss_isa::portable(p, cfg, c.ty, true, true);
       const auto wide = c.probe(p, cfg, c.ty, true, true);
       c.install(true);
@@ -153,7 +153,7 @@ TEST_CASE("loss isa: install_policy_loss_kernel routes every unit's policy_loss 
       differed += (own.fast.res.loss != wide.fast.res.loss || own.fast.grad != wide.fast.grad) ? 1 : 0;
     }
     // The builds' bits differ somewhere (vector widths change partial sums): the routing is seen.
-    std::printf("install_policy_loss_kernel, %s: %d of 3 problems differ between the default and wider kernels\n", c.name,
+    std::printf("install_kernel, %s: %d of 3 problems differ between the default and wider kernels\n", c.name,
                 differed);
     CHECK(differed > 0);
   }

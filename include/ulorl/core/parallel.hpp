@@ -51,7 +51,7 @@ struct thread_executor {
 
 //! A non-owning reference to an executor, itself an executor. The kernels' dispatch takes one, so
 //! that it is compiled once per value and mask type, not once per executor type (and can be
-//! instantiated once for a whole program: ulorl/loss/extern_kernels.hpp). One indirect call per
+//! instantiated once for a whole program: ULORL_EXTERN_KERNELS in ulorl/loss/policy_loss.hpp). One indirect call per
 //! block of rows. A reference to sequential_executor stays sequential (`sequential()` is true: the
 //! kernels then fold rows as they go, allocating nothing). The referenced executor must outlive it.
 class executor_ref {

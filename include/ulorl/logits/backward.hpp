@@ -11,7 +11,6 @@
 // more read of that row), so a tiny or huge temperature costs no digits.
 #pragma once
 
-#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +21,7 @@
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/isa_dispatch.hpp"
 #include "ulorl/core/views.hpp"
 #include "ulorl/logits/bf16.hpp"
 #include "ulorl/logits/f16.hpp"
@@ -140,7 +140,7 @@ namespace detail {
 inline namespace ULORL_ISA {
 //! logits_backward's body: validation and the rows. It depends on the element types only (the
 //! executor is referenced), so a translation unit built with other instruction-set flags can
-//! compile it for install_logits_backward_kernel.
+//! compile it for install_kernel (core/isa_dispatch.hpp).
 template <class L, class I, class S, class D, class G>
 void logits_backward_dispatch(matrix_view<const L> logits, std::span<const I> labels, vector_view<const S> lse,
                               vector_view<const S> entropy, vector_view<const D> grad_log_prob,
@@ -179,38 +179,18 @@ void logits_backward_dispatch(matrix_view<const L> logits, std::span<const I> la
 }  // namespace ULORL_ISA
 }  // namespace detail
 
-//! A compiled logits_backward body for logits L, labels I, statistics S, row gradients D and
-//! logits gradient G: detail::logits_backward_dispatch of one instruction set.
-template <class L, class I, class S, class D, class G>
-using logits_backward_kernel = void (*)(matrix_view<const L>, std::span<const I>, vector_view<const S>,
-                                        vector_view<const S>, vector_view<const D>, vector_view<const D>,
-                                        matrix_view<G>, const logits_config&, executor_ref);
-
-namespace detail {
-template <class L, class I, class S, class D, class G>
-inline std::atomic<logits_backward_kernel<L, I, S, D, G>> logits_backward_installed{nullptr};
-}  // namespace detail
-
-//! Run-time instruction-set dispatch of logits_backward<L, I, S, D, G>, as
-//! install_logits_forward_kernel (ulorl/logits/forward.hpp) is of the forward: every call of the
-//! program, policy_loss_from_logits's and the torch adapter's included, runs `kernel`; nullptr
-//! restores each unit's own. The gradients are the kernel's (FMA changes the last bits of p).
-template <class L, class I, class S, class D, class G>
-void install_logits_backward_kernel(logits_backward_kernel<L, I, S, D, G> kernel) noexcept {
-  detail::logits_backward_installed<L, I, S, D, G>.store(kernel, std::memory_order_release);
-}
-//! The kernel installed for (L, I, S, D, G), or nullptr (each translation unit's own).
-template <class L, class I, class S, class D, class G>
-[[nodiscard]] logits_backward_kernel<L, I, S, D, G> installed_logits_backward_kernel() noexcept {
-  return detail::logits_backward_installed<L, I, S, D, G>.load(std::memory_order_acquire);
-}
-
-//! As ULORL_LOGITS_FORWARD_KERNEL_GETTER (same rules: call after the CPU check, link the unit
-//! last): defines `NAME()`, this unit's logits_backward body for (L, I, S, D, G).
-#define ULORL_LOGITS_BACKWARD_KERNEL_GETTER(NAME, L, I, S, D, G)                 \
-  ::ulorl::logits_backward_kernel<L, I, S, D, G> NAME() noexcept {               \
-    return &::ulorl::detail::logits_backward_dispatch<L, I, S, D, G>;            \
-  }
+//! The run-time instruction-set dispatch of logits_backward (core/isa_dispatch.hpp): its body for
+//! logits L, labels I, statistics S, row gradients D and logits gradient G is
+//! detail::logits_backward_dispatch<L, I, S, D, G> of one instruction set. Installed, it runs every
+//! logits_backward of the program, policy_loss_from_logits's and the torch adapter's included.
+struct isa_op::logits_backward {
+  template <class L, class I, class S, class D, class G>
+  struct kernel {
+    using type = void (*)(matrix_view<const L>, std::span<const I>, vector_view<const S>, vector_view<const S>,
+                          vector_view<const D>, vector_view<const D>, matrix_view<G>, const logits_config&,
+                          executor_ref);
+  };
+};
 
 inline namespace ULORL_ISA {
 
@@ -220,7 +200,7 @@ inline namespace ULORL_ISA {
 //! `grad_logits` [N, V] (float, double, bf16 or f16; any non-overlapping strides) may be the logits
 //! buffer itself (same type and strides): the backward then runs in place.
 //! Throws ulorl::error before writing anything (non-finite statistics or gradients name their row).
-//! Runs the kernel installed for (L, I, S, D, G), if any (install_logits_backward_kernel), else this
+//! Runs the kernel installed for (L, I, S, D, G), if any (core/isa_dispatch.hpp), else this
 //! translation unit's.
 template <class L, class I, class S, class D, class G, class Exec = sequential_executor>
 void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vector_view<const S> lse,
@@ -229,7 +209,7 @@ void logits_backward(matrix_view<const L> logits, std::span<const I> labels, vec
                      Exec&& exec = {}) {
   static_assert(std::is_floating_point_v<S> && std::is_floating_point_v<D>, "statistics are float or double");
   static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double, ulorl::bf16 or ulorl::f16");
-  if (const logits_backward_kernel<L, I, S, D, G> k = installed_logits_backward_kernel<L, I, S, D, G>()) [[unlikely]]
+  if (const auto k = installed_kernel<isa_op::logits_backward, L, I, S, D, G>()) [[unlikely]]
     return k(logits, labels, lse, entropy, grad_log_prob, grad_entropy, grad_logits, cfg, executor_ref(exec));
   detail::logits_backward_dispatch<L, I, S, D, G>(logits, labels, lse, entropy, grad_log_prob, grad_entropy, grad_logits,
                                                   cfg, executor_ref(exec));

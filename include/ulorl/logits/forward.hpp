@@ -17,7 +17,6 @@
 // torch does.
 #pragma once
 
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -32,6 +31,7 @@
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/isa_dispatch.hpp"
 #include "ulorl/core/views.hpp"
 #include "ulorl/logits/bf16.hpp"
 #include "ulorl/logits/f16.hpp"
@@ -375,7 +375,7 @@ namespace detail {
 inline namespace ULORL_ISA {
 //! logits_forward's body: validation and the rows. It depends on the element types only (the
 //! executor is referenced, not a template parameter), so a translation unit built with other
-//! instruction-set flags can compile it for install_logits_forward_kernel.
+//! instruction-set flags can compile it for install_kernel (core/isa_dispatch.hpp).
 template <class L, class I, class S>
 void logits_forward_dispatch(matrix_view<const L> logits, std::span<const I> labels, const logits_outputs<S>& out,
                              const logits_config& cfg, executor_ref exec) {
@@ -446,44 +446,16 @@ void logits_forward_dispatch(matrix_view<const L> logits, std::span<const I> lab
 }  // namespace ULORL_ISA
 }  // namespace detail
 
-//! A compiled logits_forward body for logits L, labels I and statistics S:
-//! detail::logits_forward_dispatch of one instruction set.
-template <class L, class I, class S>
-using logits_forward_kernel = void (*)(matrix_view<const L>, std::span<const I>, const logits_outputs<S>&,
-                                       const logits_config&, executor_ref);
-
-namespace detail {
-template <class L, class I, class S>
-inline std::atomic<logits_forward_kernel<L, I, S>> logits_forward_installed{nullptr};
-}  // namespace detail
-
-//! Run-time instruction-set dispatch, as install_policy_loss_kernel (ulorl/loss/policy_loss.hpp):
-//! routes every logits_forward<L, I, S> call of the program (every translation unit, whatever its
-//! flags; policy_loss_from_logits and the torch adapter's included) to `kernel`, or with nullptr
-//! back to each unit's own kernels. `kernel` is the logits_forward body of a translation unit built
-//! with wider vectors (ULORL_LOGITS_FORWARD_KERNEL_GETTER below), installed at start-up after a CPU
-//! check (e.g. __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")). The statistics are
-//! the kernel's: bits may differ from another instruction set's in the last places (vector widths
-//! change the order of partial sums). Install before any thread calls logits_forward.
-template <class L, class I, class S>
-void install_logits_forward_kernel(logits_forward_kernel<L, I, S> kernel) noexcept {
-  detail::logits_forward_installed<L, I, S>.store(kernel, std::memory_order_release);
-}
-//! The kernel installed for (L, I, S), or nullptr (each translation unit's own).
-template <class L, class I, class S>
-[[nodiscard]] logits_forward_kernel<L, I, S> installed_logits_forward_kernel() noexcept {
-  return detail::logits_forward_installed<L, I, S>.load(std::memory_order_acquire);
-}
-
-//! In a translation unit built with other instruction-set flags (e.g. -mavx2 -mfma): defines
-//! `NAME()` (at global scope), which returns that unit's logits_forward body for (L, I, S), for
-//! ulorl::install_logits_forward_kernel. Call NAME only after the CPU check (its unit's code may
-//! use the wider instructions anywhere). Link this unit after the default-flags code (last in the
-//! link line): functions that both define outside the ISA-tagged namespaces (the standard
-//! library's, ulorl's validation and bf16 conversions) then keep the default build's copy, which the
-//! linker picks first. ULORL_LOGITS_BACKWARD_KERNEL_GETTER (ulorl/logits/backward.hpp) is its twin.
-#define ULORL_LOGITS_FORWARD_KERNEL_GETTER(NAME, L, I, S) \
-  ::ulorl::logits_forward_kernel<L, I, S> NAME() noexcept { return &::ulorl::detail::logits_forward_dispatch<L, I, S>; }
+//! The run-time instruction-set dispatch of logits_forward (core/isa_dispatch.hpp): its body for
+//! (L, I, S) is detail::logits_forward_dispatch<L, I, S> of one instruction set. Installed, it runs
+//! every logits_forward of the program, policy_loss_from_logits's and the torch adapter's included.
+struct isa_op::logits_forward {
+  template <class L, class I, class S>
+  struct kernel {
+    using type = void (*)(matrix_view<const L>, std::span<const I>, const logits_outputs<S>&, const logits_config&,
+                          executor_ref);
+  };
+};
 
 inline namespace ULORL_ISA {
 
@@ -491,12 +463,12 @@ inline namespace ULORL_ISA {
 //! probabilities of logits / temperature. `logits` [N, V] (float, double, bf16 or f16; any strides),
 //! `labels` [N] in [0, V). `exec` runs rows in parallel (see parallel.hpp). Throws ulorl::error
 //! before writing anything. Runs the kernel installed for (L, I, S), if any
-//! (install_logits_forward_kernel), else this translation unit's.
+//! (core/isa_dispatch.hpp), else this translation unit's.
 template <class L, class I, class S, class Exec = sequential_executor>
 void logits_forward(matrix_view<const L> logits, std::span<const I> labels, const logits_outputs<S>& out,
                     const logits_config& cfg = {}, Exec&& exec = {}) {
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
-  if (const logits_forward_kernel<L, I, S> k = installed_logits_forward_kernel<L, I, S>()) [[unlikely]]
+  if (const auto k = installed_kernel<isa_op::logits_forward, L, I, S>()) [[unlikely]]
     return k(logits, labels, out, cfg, executor_ref(exec));
   detail::logits_forward_dispatch<L, I, S>(logits, labels, out, cfg, executor_ref(exec));
 }

@@ -37,6 +37,8 @@
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/numerics.hpp"
 #include "ulorl/core/simd.hpp"
+#include "ulorl/loss/aggregation.hpp"
+#include "ulorl/loss/kl.hpp"
 #include "ulorl/loss/ratio.hpp"
 
 ULORL_NAMESPACE_BEGIN
@@ -430,42 +432,6 @@ struct penalized_pg_objective : detail::builtin_objective<objective_kind::penali
   }
 };
 
-//! GSPO: the clipped surrogate on the sequence ratio (loss/detail/gspo_rows.hpp).
-struct gspo_objective : detail::builtin_objective<objective_kind::gspo> {
-  static constexpr std::string_view name = "gspo";
-  static constexpr objective_level level = objective_level::sequence;
-};
-
-//! GMPO: -mean_t(A) exp(mean_t y) per row (loss/detail/gmpo_rows.hpp).
-struct gmpo_objective : detail::builtin_objective<objective_kind::gmpo> {
-  static constexpr std::string_view name = "gmpo";
-  static constexpr objective_level level = objective_level::sequence;
-};
-
-//! Every built-in objective: the only list run-time dispatch consults.
-using objective_registry = descriptor_list<ppo_clip_objective, gspo_objective, cispo_objective, gmpo_objective,
-                                           sapo_objective, policy_gradient_objective, penalized_pg_objective>;
-
-//! The objectives' names ({name, kind}, from the registry's descriptors).
-inline constexpr auto objective_names = name_table(objective_registry{});
-//! The names of sequence_gradient and pg_surrogate.
-inline constexpr std::array<std::pair<std::string_view, sequence_gradient>, 2> sequence_gradient_names{
-    {{"own_token", sequence_gradient::own_token}, {"through_mean", sequence_gradient::through_mean}}};
-inline constexpr std::array<std::pair<std::string_view, pg_surrogate>, 2> pg_surrogate_names{
-    {{"ratio", pg_surrogate::ratio}, {"log_prob", pg_surrogate::log_prob}}};
-
-//! Calls f(descriptor) with the built-in descriptor of c.kind (holding c); an unknown kind throws
-//! ulorl::error naming `fn` and the argument "kind".
-template <class F>
-decltype(auto) visit_objective(std::string_view fn, const objective_config& c, F&& f) {
-  return detail::visit_kind(fn, "kind", c.kind, c, f, objective_registry{});
-}
-
-//! Throws ulorl::error for an invalid objective configuration (an unknown kind included).
-inline void validate_objective(std::string_view fn, const objective_config& c) {
-  visit_objective(fn, c, [&](const auto& d) { d.validate(fn); });
-}
-
 // ---- scalar forms (tests, presets, callers with one token) -----------------------------------------
 
 //! The clipped surrogate of one token (the plain form when delta and dual clip are off).
@@ -516,6 +482,215 @@ template <class T>
 [[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr gmpo_token<T> gmpo_log_ratio(T x, T adv, const objective_params<T>& p) noexcept {
   const auto g = gmpo_log_ratio_lanes<simd::scalar_lanes<T>>(x, adv, p);
   return {g.y, g.dy, flag_bits(g.flags)};
+}
+
+
+// ---- sequence-level objectives --------------------------------------------------------------------
+//
+// A sequence-level descriptor (level == sequence) adds three steps to the protocol, which one row
+// driver runs on the CPU (loss/detail/sequence_rows.hpp) and on the device (kernels/.../policy_loss.cuh):
+//   static sequence_sums row_token(T lp, T old, T adv, T w, bool has_w, const P<T>& p);
+//       one valid token's part of its row's sums (summed in double, in token order on the CPU, by a
+//       fixed tree on the device); w is the rollout weight (1 without weights)
+//   static sequence_row_terms<T> row(const sequence_sums& s, double nd, bool has_w,
+//                                    const agg_normalizer& norm, const P<T>& p);
+//       the row's terms from its sums over nd valid tokens (nd 0: a row without valid tokens)
+//   static sequence_token<T> token(T lp, T old, T adv, T w, T ref, bool valid, double wd,
+//                                  const sequence_row_terms<T>& row, const token_loss_params<T, P>& p,
+//                                  bool has_ref);
+//       one token's loss terms, gradient parts, metrics inputs and flags (wd: the row's
+//       aggregation weight)
+
+//! A row's sums over its valid tokens (what each objective puts in a, b and c is its own).
+struct sequence_sums {
+  double a = 0.0, b = 0.0, c = 0.0;
+  ULORL_HD ULORL_ALWAYS_INLINE constexpr void add(const sequence_sums& t) noexcept { a += t.a, b += t.b, c += t.c; }
+};
+
+//! A row's terms, from its sums.
+template <class T>
+struct sequence_row_terms {
+  T ratio;                     //!< the row's ratio (the surrogate's, and the metrics')
+  T dratio;                    //!< its derivative (0 where the token step does not use it)
+  double coef = 0.0;           //!< d loss / d (token statistic) for every valid token (gmpo)
+  double pg_direct = 0.0;      //!< the row's objective term, when the row carries it (has_direct)
+  bool has_direct = false;     //!< the objective is the row's (tokens add 0 to the objective sum)
+  bool through_mean = false;   //!< spread the row's gradient sum (to_row_*) over its valid tokens
+  bool sequence_clip = false;  //!< report the row's clip flags (seq_clipped_low / _high)
+};
+
+//! One token's contribution to its row: the objective and KL terms for the row sums, the ratio and
+//! flags for the metrics, and the token's gradient parts.
+template <class T>
+struct sequence_token {
+  T pg;                                        //!< weight * objective (0 where the row carries it)
+  T kl;                                        //!< KL estimate (weighted when importance-weighted)
+  ratio_lanes<simd::scalar_lanes<T>> ratio;    //!< for fold_token's metrics
+  clip_flags<simd::scalar_lanes<T>> flags;     //!< for fold_token's metrics
+  double grad;                                 //!< d loss / d logp of the token itself (agg weight included)
+  //! through_mean: this token's parts of d loss / d (row statistic) (objective, KL weight), which
+  //! the row sums in this order
+  double to_row_pg, to_row_kl;
+};
+
+namespace detail {
+//! The KL term of one token of a sequence-level row: the estimate, d kl / d logp through the
+//! estimate, and, importance-weighted by `iw` (derivative `diw`), the part through the weight, which
+//! the caller routes (to the token itself or spread over the row).
+template <class T>
+struct sequence_kl {
+  T value;  //!< kl (times iw when importance-weighted)
+  T grad;   //!< d kl / d logp through the estimate
+  T via_w;  //!< kl * d iw / d logp (0 without importance weighting)
+};
+template <class T, class LP>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr sequence_kl<T> sequence_token_kl(T lp, T ref, T iw, T diw,
+                                                                                      const LP& p) noexcept {
+  const auto k = kl_term(lp, ref, p.kl);
+  if (!p.kl.importance_weighted) return {k.value, k.grad, T(0)};
+  return {k.value * iw, k.grad * iw, k.value * diw};
+}
+//! The token flags as clip_flags of one scalar lane.
+template <class T>
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr clip_flags<simd::scalar_lanes<T>> scalar_flags(unsigned f,
+                                                                                                   bool dual = true) noexcept {
+  return {(f & flag_clipped) != 0, (f & flag_clipped_low) != 0, (f & flag_clipped_high) != 0,
+          dual && (f & flag_dual_clipped) != 0};
+}
+}  // namespace detail
+
+//! GSPO (Zheng et al. 2025): the clipped surrogate of every token on the row's ratio
+//! exp(min(mean_t x, seq_max)), x = logp - old; its gradient reaches the token itself (verl) or,
+//! through_mean, every valid token through the mean log-ratio (OpenRLHF, TRL); the KL term is
+//! importance-weighted by the row's ratio (TRL).
+struct gspo_objective : detail::builtin_objective<objective_kind::gspo> {
+  static constexpr std::string_view name = "gspo";
+  static constexpr objective_level level = objective_level::sequence;
+
+  //! a: the token's log-ratio.
+  template <class T>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_sums row_token(T lp, T old, T, T, bool,
+                                                                                      const objective_params<T>&) noexcept {
+    return {static_cast<double>(lp) - static_cast<double>(old), 0.0, 0.0};
+  }
+  template <class T>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_row_terms<T> row(const sequence_sums& s, double nd, bool,
+                                                                                       const agg_normalizer&,
+                                                                                       const objective_params<T>& op) noexcept {
+    const T st = static_cast<T>(s.a / (nd > 0 ? nd : 1.0));
+    const T rho = st > op.seq_max ? op.seq_max : st;
+    const T r = loss_exp(rho);
+    sequence_row_terms<T> t{r, st <= op.seq_max ? r : T(0)};
+    t.through_mean = op.seq_gradient == sequence_gradient::through_mean;
+    t.sequence_clip = true;
+    return t;
+  }
+  template <class T, class LP>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_token<T> token(T lp, T old, T adv, T wt, T ref, bool valid,
+                                                                                     double wd, const sequence_row_terms<T>& row,
+                                                                                     const LP& p, bool has_ref) noexcept {
+    const auto& op = p.objective;
+    const T x = lp - old;
+    const auto o = clipped_surrogate(row.ratio, row.dratio, adv, op);
+    sequence_token<T> s{};
+    T own = T(0);  // d loss / d logp_t through this token's own terms (before the agg weight)
+    if (!row.through_mean) own += wt * o.dloss;
+    else s.to_row_pg = valid ? wd * static_cast<double>(wt * o.dloss) : 0.0;
+    if (has_ref) {
+      const auto k = detail::sequence_token_kl(lp, ref, row.ratio, row.dratio, p);
+      s.kl = k.value;
+      if (row.through_mean) {
+        s.to_row_kl = valid ? wd * static_cast<double>(p.kl_coef * k.via_w) : 0.0;
+        own += p.kl_coef * k.grad;
+      } else {
+        own += p.kl_coef * (k.grad + k.via_w);
+      }
+    }
+    const T xc = clamp(x, -op.bound, op.bound);
+    s.ratio = {x, xc, row.ratio, row.dratio, exp_minus_one_minus_x(xc)};
+    s.flags = detail::scalar_flags<T>(o.flags);
+    s.pg = wt * o.loss;
+    s.grad = wd * static_cast<double>(own);
+    return s;
+  }
+};
+
+//! GMPO (Zhao et al. 2025): the row's loss L_b = -mean_t(A) exp(mean_t y) w_b over the normaliser,
+//! y the sign-aware clipped log-ratio of each valid token (gmpo_log_ratio) and w_b the geometric
+//! mean of the row's rollout weights; every token's gradient goes through mean_t y. The KL term is
+//! importance-weighted by the token's own clamped ratio.
+struct gmpo_objective : detail::builtin_objective<objective_kind::gmpo> {
+  static constexpr std::string_view name = "gmpo";
+  static constexpr objective_level level = objective_level::sequence;
+
+  //! A rollout weight's term of the row's log-weight sum (the geometric mean's log).
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE double log_weight(double w) noexcept { return std::log(w + 1e-10); }
+  //! a: y, b: the advantage, c: the log rollout weight.
+  template <class T>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE sequence_sums row_token(T lp, T old, T adv, T w, bool has_w,
+                                                                            const objective_params<T>& op) noexcept {
+    return {static_cast<double>(gmpo_log_ratio<T>(lp - old, adv, op).y), static_cast<double>(adv),
+            has_w ? log_weight(static_cast<double>(w)) : 0.0};
+  }
+  template <class T>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE sequence_row_terms<T> row(const sequence_sums& s, double nd, bool has_w,
+                                                                             const agg_normalizer& norm,
+                                                                             const objective_params<T>&) noexcept {
+    if (!(nd > 0)) return {T(1), T(0)};
+    const double ratio_b = loss_exp(s.a / nd), adv_b = s.b / nd, wb = has_w ? loss_exp(s.c / nd) : 1.0;
+    const double lb = -adv_b * ratio_b * wb;
+    sequence_row_terms<T> t{static_cast<T>(ratio_b), T(0)};
+    t.coef = norm.scale / norm.denominator * lb / nd;
+    t.pg_direct = norm.scale / norm.denominator * lb;
+    t.has_direct = true;
+    return t;
+  }
+  template <class T, class LP>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_token<T> token(T lp, T old, T adv, T, T ref, bool, double wd,
+                                                                                     const sequence_row_terms<T>& row,
+                                                                                     const LP& p, bool has_ref) noexcept {
+    const auto& op = p.objective;
+    const T x = lp - old;
+    const auto gt = gmpo_log_ratio<T>(x, adv, op);
+    sequence_token<T> s{};
+    T own = T(0);  // d loss / d logp_t through the KL term (before the agg weight)
+    if (has_ref) {
+      const auto tr = p.kl.importance_weighted ? clamped_ratio(lp, old, op.bound) : ratio_value<T>{T(0), T(1), T(0)};
+      const auto k = detail::sequence_token_kl(lp, ref, tr.ratio, tr.dratio, p);
+      s.kl = k.value;
+      own += p.kl_coef * (k.grad + k.via_w);
+    }
+    const T xc = clamp(x, -op.bound, op.bound);
+    s.ratio = {x, xc, row.ratio, T(0), exp_minus_one_minus_x(xc)};
+    s.flags = detail::scalar_flags<T>(gt.flags, false);
+    s.pg = T(0);
+    s.grad = wd * static_cast<double>(own) + row.coef * static_cast<double>(gt.dy);
+    return s;
+  }
+};
+
+//! Every built-in objective: the only list run-time dispatch consults.
+using objective_registry = descriptor_list<ppo_clip_objective, gspo_objective, cispo_objective, gmpo_objective,
+                                           sapo_objective, policy_gradient_objective, penalized_pg_objective>;
+
+//! The objectives' names ({name, kind}, from the registry's descriptors).
+inline constexpr auto objective_names = name_table(objective_registry{});
+//! The names of sequence_gradient and pg_surrogate.
+inline constexpr std::array<std::pair<std::string_view, sequence_gradient>, 2> sequence_gradient_names{
+    {{"own_token", sequence_gradient::own_token}, {"through_mean", sequence_gradient::through_mean}}};
+inline constexpr std::array<std::pair<std::string_view, pg_surrogate>, 2> pg_surrogate_names{
+    {{"ratio", pg_surrogate::ratio}, {"log_prob", pg_surrogate::log_prob}}};
+
+//! Calls f(descriptor) with the built-in descriptor of c.kind (holding c); an unknown kind throws
+//! ulorl::error naming `fn` and the argument "kind".
+template <class F>
+decltype(auto) visit_objective(std::string_view fn, const objective_config& c, F&& f) {
+  return detail::visit_kind(fn, "kind", c.kind, c, f, objective_registry{});
+}
+
+//! Throws ulorl::error for an invalid objective configuration (an unknown kind included).
+inline void validate_objective(std::string_view fn, const objective_config& c) {
+  visit_objective(fn, c, [&](const auto& d) { d.validate(fn); });
 }
 
 ULORL_NAMESPACE_END

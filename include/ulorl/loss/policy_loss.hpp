@@ -12,7 +12,7 @@
 // This header is the front end: the entry points, validation and the dispatch from the run-time
 // configuration to compile-time kernels (through the objective and estimator registries: an unknown
 // kind is an error, never a fallback). The rows are in loss/detail/: token_rows.hpp (token-level
-// objectives: the SIMD row kernel and the strided loop), gspo_rows.hpp, gmpo_rows.hpp, and
+// objectives: the SIMD row kernel and the strided loop), sequence_rows.hpp (sequence-level ones), and
 // value_scan.hpp (check_values). Every one of them evaluates the formulas of objectives.hpp and
 // kl.hpp through detail/token_loss.hpp; none restates one.
 //
@@ -21,7 +21,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -36,13 +35,14 @@
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/isa_dispatch.hpp"
+#include "ulorl/loss/kernel_pairs.hpp"
 #include "ulorl/core/parallel.hpp"
 #include "ulorl/core/ragged.hpp"
 #include "ulorl/core/simd.hpp"
 #include "ulorl/core/views.hpp"
 #include "ulorl/loss/aggregation.hpp"
-#include "ulorl/loss/detail/gmpo_rows.hpp"
-#include "ulorl/loss/detail/gspo_rows.hpp"
+#include "ulorl/loss/detail/sequence_rows.hpp"
 #include "ulorl/loss/detail/token_loss.hpp"
 #include "ulorl/loss/detail/token_rows.hpp"
 #include "ulorl/loss/detail/value_scan.hpp"
@@ -433,7 +433,7 @@ namespace detail {
 inline namespace ULORL_ISA {
 //! policy_loss's body: validation and the dispatch to every objective's and estimator's rows. It
 //! depends on the value and mask types only (the executor is referenced, not a template parameter),
-//! so ulorl/loss/extern_kernels.hpp can compile it once per program for the common types.
+//! so it can be compiled once per program for the common types (ULORL_EXTERN_KERNELS, end of this header).
 template <class T, class M>
 [[nodiscard]] policy_loss_result policy_loss_dispatch(const policy_loss_inputs<T, M>& given, token_view<T> grad_log_prob,
                                                       token_view<T> grad_entropy, const policy_loss_config& cfg,
@@ -447,11 +447,7 @@ template <class T, class M>
                        using D = std::remove_cvref_t<decltype(obj)>;
                        using E = std::remove_cvref_t<decltype(est)>;
                        if constexpr (D::level == objective_level::sequence) {
-                         const auto p = make_token_loss_params<T>(cfg);
-                         if constexpr (std::is_same_v<D, gspo_objective>)
-                           detail::gspo_rows<T, M>(part, cfg.normalizer, p, g, ge, res, exec);
-                         else
-                           detail::gmpo_rows<T, M>(part, cfg.normalizer, p, g, ge, res, exec);
+                         detail::sequence_rows<D>(obj, part, cfg, g, ge, res, exec);
                        } else {
                          detail::token_rows_into<D, E>(obj, part, cfg, g, ge, exec, res);
                        }
@@ -461,32 +457,17 @@ template <class T, class M>
 }  // namespace ULORL_ISA
 }  // namespace detail
 
-//! A compiled policy_loss body for (T, M): detail::policy_loss_dispatch of one instruction set.
+//! The run-time instruction-set dispatch of policy_loss (core/isa_dispatch.hpp): its body for
+//! (T, M) is detail::policy_loss_dispatch<T, M> of one instruction set.
+struct isa_op::policy_loss {
+  template <class T, class M>
+  struct kernel {
+    using type = policy_loss_result (*)(const policy_loss_inputs<T, M>&, token_view<T>, token_view<T>,
+                                        const policy_loss_config&, executor_ref);
+  };
+};
 template <class T, class M>
-using policy_loss_kernel = policy_loss_result (*)(const policy_loss_inputs<T, M>&, token_view<T>, token_view<T>,
-                                                  const policy_loss_config&, executor_ref);
-
-namespace detail {
-template <class T, class M>
-inline std::atomic<policy_loss_kernel<T, M>> policy_loss_installed{nullptr};
-}  // namespace detail
-
-//! Run-time instruction-set dispatch: routes every policy_loss<T, M> call of the program (every
-//! translation unit, whatever its flags) to `kernel`, or with nullptr back to each unit's own
-//! kernels. `kernel` is the policy_loss body of a translation unit built with wider vectors
-//! (ULORL_POLICY_LOSS_KERNEL_GETTER in ulorl/loss/extern_kernels.hpp), installed at start-up after
-//! a CPU check (e.g. __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")). The
-//! results are the kernel's: bits may differ from another instruction set's in the last places
-//! (vector widths change the order of partial sums). Install before any thread calls the loss.
-template <class T, class M>
-void install_policy_loss_kernel(policy_loss_kernel<T, M> kernel) noexcept {
-  detail::policy_loss_installed<T, M>.store(kernel, std::memory_order_release);
-}
-//! The kernel installed for (T, M), or nullptr (each translation unit's own).
-template <class T, class M>
-[[nodiscard]] policy_loss_kernel<T, M> installed_policy_loss_kernel() noexcept {
-  return detail::policy_loss_installed<T, M>.load(std::memory_order_acquire);
-}
+using policy_loss_kernel = isa_kernel<isa_op::policy_loss, T, M>;
 
 inline namespace ULORL_ISA {
 
@@ -508,7 +489,7 @@ template <class T, class M, class Exec>
 [[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, token_view<T> grad_log_prob,
                                              token_view<T> grad_entropy, const policy_loss_config& cfg, const Exec& exec) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "policy_loss: T must be float or double");
-  if (const policy_loss_kernel<T, M> k = installed_policy_loss_kernel<T, M>()) [[unlikely]]
+  if (const policy_loss_kernel<T, M> k = installed_kernel<isa_op::policy_loss, T, M>()) [[unlikely]]
     return k(in, grad_log_prob, grad_entropy, cfg, executor_ref(exec));
   return detail::policy_loss_dispatch<T, M>(in, grad_log_prob, grad_entropy, cfg, executor_ref(exec));
 }
@@ -527,13 +508,13 @@ template <class T, class M>
   return policy_loss(in, grad_log_prob, token_view<T>{}, cfg, sequential_executor{});
 }
 
-//! The policy loss of a token-level objective descriptor `obj` defined outside the library (see
-//! objectives.hpp for the interface; its parameters must have `bound`, the token log-ratio clamp),
-//! with the built-in estimator of cfg.kl; cfg.objective is not read. Same contract as policy_loss.
+//! The policy loss of an objective descriptor `obj` defined outside the library (see
+//! objectives.hpp for the interface, token or sequence level; a token-level one's parameters must
+//! have `bound`, the token log-ratio clamp), with the built-in estimator of cfg.kl; cfg.objective is
+//! not read. Same contract as policy_loss.
 template <class Obj, class T, class M, class Exec>
 [[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& given, token_view<T> grad_log_prob,
                                                   token_view<T> grad_entropy, const policy_loss_config& cfg, const Exec& exec) {
-  static_assert(Obj::level == objective_level::token, "policy_loss_with: a token-level objective descriptor");
   constexpr std::string_view fn = "policy_loss_with";
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] {
@@ -542,13 +523,17 @@ template <class Obj, class T, class M, class Exec>
   });
   return detail::loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec),
                            [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
-                             if (cfg.kl_coef == 0.0) return detail::token_rows_into<Obj, no_kl>(obj, part, cfg, g, ge, exec, res);
-                             visit_kl_estimator(fn, cfg.kl, [&](const auto& est) {
-                               using E = std::remove_cvref_t<decltype(est)>;
-                               if (cfg.kl.importance_weighted)
-                                 return detail::token_rows_into<Obj, importance_weighted<E>>(obj, part, cfg, g, ge, exec, res);
-                               detail::token_rows_into<Obj, E>(obj, part, cfg, g, ge, exec, res);
-                             });
+                             if constexpr (Obj::level == objective_level::sequence) {
+                               detail::sequence_rows<Obj>(obj, part, cfg, g, ge, res, exec);
+                             } else {
+                               if (cfg.kl_coef == 0.0) return detail::token_rows_into<Obj, no_kl>(obj, part, cfg, g, ge, exec, res);
+                               visit_kl_estimator(fn, cfg.kl, [&](const auto& est) {
+                                 using E = std::remove_cvref_t<decltype(est)>;
+                                 if (cfg.kl.importance_weighted)
+                                   return detail::token_rows_into<Obj, importance_weighted<E>>(obj, part, cfg, g, ge, exec, res);
+                                 detail::token_rows_into<Obj, E>(obj, part, cfg, g, ge, exec, res);
+                               });
+                             }
                            });
 }
 
@@ -598,7 +583,32 @@ template <class Obj, class Est, class T, class M>
 
 ULORL_NAMESPACE_END
 
-// ULORL_EXTERN_KERNELS: the common instantiations are compiled elsewhere (extern_kernels.hpp).
+// Compiled once per program: the explicit instantiations of the body of one (value, mask) pair.
+//   ULORL_INSTANTIATE_POLICY_LOSS(T, M)  defines them (in exactly one translation unit);
+//   ULORL_EXTERN_POLICY_LOSS(T, M)       declares them as defined elsewhere.
+// With ULORL_EXTERN_KERNELS defined (linking a library of cmake/ulorl_kernels.cmake defines it),
+// every unit that includes this header declares the pairs of ULORL_EXTERN_KERNEL_PAIRS (the
+// library's pairs, set by that library) or else of ULORL_POLICY_LOSS_PAIRS (loss/kernel_pairs.hpp)
+// extern, and only calls them. The declarations belong to the ISA tag of the unit's flags: a unit
+// built with other instruction-set flags must not define ULORL_EXTERN_KERNELS.
+#define ULORL_POLICY_LOSS_INSTANCE_(EXTERN, T, M)                                                                  \
+  ULORL_NAMESPACE_BEGIN namespace detail {                                                                         \
+  inline namespace ULORL_ISA {                                                                                     \
+  EXTERN template policy_loss_result policy_loss_dispatch<T, M>(const policy_loss_inputs<T, M>&, token_view<T>,    \
+                                                                token_view<T>, const policy_loss_config&,          \
+                                                                executor_ref);                                     \
+  }                                                                                                                \
+  }                                                                                                                \
+  ULORL_NAMESPACE_END
+#define ULORL_INSTANTIATE_POLICY_LOSS(T, M) ULORL_POLICY_LOSS_INSTANCE_(, T, M)
+#define ULORL_EXTERN_POLICY_LOSS(T, M) ULORL_POLICY_LOSS_INSTANCE_(extern, T, M)
+
 #if defined(ULORL_EXTERN_KERNELS)
-#include "ulorl/loss/extern_kernels.hpp"
+#define ULORL_PAIR ULORL_EXTERN_POLICY_LOSS
+#if defined(ULORL_EXTERN_KERNEL_PAIRS)
+ULORL_EXTERN_KERNEL_PAIRS
+#else
+ULORL_POLICY_LOSS_PAIRS
+#endif
+#undef ULORL_PAIR
 #endif

@@ -22,7 +22,7 @@
 // configuration before launching anything (cudaErrorInvalidValue; cudaErrorNotSupported for what the
 // device path does not implement: in-pass rollout correction (policy_loss_config::rollout); pass
 // rollout-correction weights as `weights` instead). Sequence-level objectives (GSPO, GMPO) run one
-// block per row through sequence_tokens.hpp's row and token steps, as the CPU's rows do.
+// block per row through the descriptor's row and token steps (loss/objectives.hpp), as the CPU's rows do.
 // Values on the device are checked on the device: with policy_loss_config::check_values (default
 // true) a NaN/Inf input or a mask value other than 0/1 anywhere in the arrays' extent (padded: the
 // gaps beyond each row excepted), and in the packed layout always a bad
@@ -46,7 +46,6 @@
 #include "ulorl/kernels/policy_loss_config.hpp"
 #include "ulorl/loss/aggregation.hpp"
 #include "ulorl/loss/detail/row_sums.hpp"
-#include "ulorl/loss/detail/sequence_tokens.hpp"
 #include "ulorl/loss/detail/token_loss.hpp"
 #include "ulorl/loss/metrics.hpp"
 #include "ulorl/loss/policy_loss_types.hpp"
@@ -286,69 +285,55 @@ struct row_stats {
 };
 __device__ __forceinline__ void merge(row_stats& x, const row_stats& y) { x.n += y.n, x.a += y.a, x.b += y.b, x.c += y.c; }
 
-//! The rows of a sequence-level objective (Gspo: GSPO, else GMPO), as gspo_rows.hpp and gmpo_rows.hpp
-//! compute them on the CPU, with sequence_tokens.hpp's row and token steps: a pass for the row's
-//! statistics (fixed tree), the tokens, and for GSPO through the mean a pass spreading the row's
-//! gradient over its valid tokens.
-template <bool Gspo, class T, class M, class TL, class P>
+//! The rows of a sequence-level objective descriptor, as loss/detail/sequence_rows.hpp computes them
+//! on the CPU, with the descriptor's row and token steps: a pass for the row's sums (fixed tree),
+//! the tokens, and, where the row spreads its gradient through the mean, a pass adding the row's
+//! gradient to its valid tokens.
+template <class Obj, class T, class M, class TL, class P>
 __global__ void __launch_bounds__(loss_threads)
     sequence_rows_kernel(token_layout lay, policy_loss_inputs<T, M, TL> in, policy_loss_outputs out, token_loss_params<float, P> p,
                          agg_normalizer norm, const unsigned long long* status, row_record* records) {
   if (*status != ~0ull) return;
   const auto& op = p.objective;
   const bool has_ref = p.kl_coef != 0.0f, has_w = in.weights != nullptr, has_ent = p.entropy_coef != 0.0f;
-  const bool through_mean = Gspo && op.seq_gradient == sequence_gradient::through_mean;
   for (int64_t b = blockIdx.x; b < lay.rows; b += gridDim.x) {
     int64_t begin = 0, n = 0;
     row_extent(lay, b, begin, n);
-    // The row's statistics over its valid tokens: count, then GSPO sum x; GMPO sums y, A, log w.
+    // The row's statistics over its valid tokens: the count and the descriptor's sums.
     row_stats st{0.0, 0.0, 0.0, 0.0};
     for (int64_t t = threadIdx.x; t < n; t += loss_threads) {
       const int64_t i = begin + t;
       if (in.mask != nullptr && in.mask[i] == M(0)) continue;
-      const float lp = ld(in.log_prob, i), old = ld(in.old_log_prob, i);
-      st.n += 1.0;
-      if constexpr (Gspo) {
-        st.a += static_cast<double>(lp) - static_cast<double>(old);
-      } else {
-        const float adv = ld(in.advantages, i);
-        st.a += static_cast<double>(gmpo_log_ratio<float>(lp - old, adv, op).y);
-        st.b += static_cast<double>(adv);
-        if (has_w) st.c += ulorl::detail::gmpo_log_weight(static_cast<double>(ld(in.weights, i)));
-      }
+      const float lp = ld(in.log_prob, i), old = ld(in.old_log_prob, i), adv = ld(in.advantages, i);
+      const float w = has_w ? ld(in.weights, i) : 1.0f;
+      const sequence_sums k = Obj::row_token(lp, old, adv, w, has_w, op);
+      st.n += 1.0, st.a += k.a, st.b += k.b, st.c += k.c;
     }
     st = block_merge_all(st);
     const double wd = row_weight(norm, static_cast<std::size_t>(st.n));
     const float gent = static_cast<float>(-wd * static_cast<double>(p.entropy_coef));
-    const ulorl::detail::gspo_row<float> ratio = ulorl::detail::gspo_row_ratio<float>(st.a, st.n, op);
-    const ulorl::detail::gmpo_row<float> terms = Gspo ? ulorl::detail::gmpo_row<float>{false, 0.0, 0.0, 1.0f}
-                                                      : ulorl::detail::gmpo_row_terms<float>(st.a, st.b, st.c, st.n, has_w, norm);
+    const sequence_row_terms<float> terms = Obj::row(sequence_sums{st.a, st.b, st.c}, st.n, has_w, norm, op);
     ulorl::detail::row_sums s;
     row_stats flags{0.0, 0.0, 0.0, 0.0};  // n: row gradient (through_mean), a: low, b: high
     for (int64_t t = threadIdx.x; t < n; t += loss_threads) {
       const int64_t i = begin + t;
       const bool valid = in.mask == nullptr || in.mask[i] != M(0);
       const float lp = ld(in.log_prob, i), old = ld(in.old_log_prob, i), adv = ld(in.advantages, i);
+      const float wt = has_w ? ld(in.weights, i) : 1.0f;
       const float ref = has_ref ? ld(in.ref_log_prob, i) : 0.0f;
       const float e = has_ent ? ld(in.entropy, i) : 0.0f;
-      ulorl::detail::sequence_token<float> k;
-      if constexpr (Gspo) {
-        const float wt = has_w ? ld(in.weights, i) : 1.0f;
-        k = ulorl::detail::gspo_token(lp, old, adv, wt, ref, valid, wd, ratio, p, has_ref);
-        flags.n += k.to_row_pg;
-        flags.n += k.to_row_kl;
-        flags.a += valid && k.flags.low ? 1.0 : 0.0;
-        flags.b += valid && k.flags.high ? 1.0 : 0.0;
-      } else {
-        k = ulorl::detail::gmpo_token(lp, old, adv, ref, wd, terms, p, has_ref);
-      }
+      const sequence_token<float> k = Obj::token(lp, old, adv, wt, ref, valid, wd, terms, p, has_ref);
+      flags.n += k.to_row_pg;
+      flags.n += k.to_row_kl;
+      flags.a += valid && k.flags.low ? 1.0 : 0.0;
+      flags.b += valid && k.flags.high ? 1.0 : 0.0;
       out.grad_log_prob[i] = valid ? static_cast<float>(k.grad) : 0.0f;
       if (out.grad_entropy != nullptr) out.grad_entropy[i] = valid ? gent : 0.0f;
       ulorl::detail::fold_token(s, valid, k.pg, k.kl, k.ratio, k.flags, lp, old, e);
     }
     s = block_merge(s);
     flags = block_merge_all(flags);
-    if (through_mean) {
+    if (terms.through_mean) {
       const double spread = st.n > 0 ? flags.n / st.n : 0.0;
       if (st.n > 0)  // each thread adds to the tokens it wrote
         for (int64_t t = threadIdx.x; t < n; t += loss_threads) {
@@ -360,7 +345,7 @@ __global__ void __launch_bounds__(loss_threads)
     if (threadIdx.x == 0) {
       row_record rec;
       rec.s = s, rec.w = wd, rec.tokens = static_cast<std::size_t>(st.n);
-      rec.gspo = Gspo, rec.seq_low = flags.a > 0, rec.seq_high = flags.b > 0;
+      rec.sequence_clip = terms.sequence_clip, rec.seq_low = flags.a > 0, rec.seq_high = flags.b > 0;
       rec.has_direct = terms.has_direct, rec.pg_direct = terms.pg_direct;
       records[b] = rec;
     }
@@ -504,9 +489,7 @@ cudaError_t launch_loss(void* d_temp_storage, std::size_t& temp_storage_bytes, c
     if (lay.rows == 0) return cudaSuccess;
     const auto grid = static_cast<unsigned>(blocks);
     if constexpr (Obj::level == objective_level::sequence) {
-      constexpr bool gspo = std::is_same_v<Obj, gspo_objective>;
-      static_assert(gspo || std::is_same_v<Obj, gmpo_objective>, "a sequence-level objective without device rows");
-      sequence_rows_kernel<gspo, T, M, TL, P><<<grid, loss_threads, 0, stream>>>(lay, in, o, p, cfg.normalizer, status, records);
+      sequence_rows_kernel<Obj, T, M, TL, P><<<grid, loss_threads, 0, stream>>>(lay, in, o, p, cfg.normalizer, status, records);
     } else {
       rows_kernel<Obj, Est, T, M, TL, P><<<grid, loss_threads, 0, stream>>>(lay, in, o, p, cfg.normalizer, status, records);
     }

@@ -77,9 +77,9 @@ struct row_out {
   row_sums s;
   double w = 0;
   std::size_t tokens = 0;
-  // Sequence-level objectives only: gmpo's row loss (added to pg_loss before the row's fold) and
-  // gspo's row flags.
-  bool has_direct = false, gspo = false, seq_low = false, seq_high = false;
+  // Sequence-level objectives only (sequence_row_terms): the row's objective term, added to pg_loss
+  // before the row's fold (gmpo), and the row's clip flags, where the objective reports them (gspo).
+  bool has_direct = false, sequence_clip = false, seq_low = false, seq_high = false;
   double pg_direct = 0;
   //! The row's written gradient may hold a non-finite value (a cheap test of the pass: exact for
   //! the scalar rows, a sum of the stored values for the vector rows, which may also overflow).
@@ -89,7 +89,7 @@ struct row_out {
 template <class R>
 ULORL_HD constexpr void fold_out(R& res, const row_out& o, double kl_coef, double ent_coef) noexcept {
   if (o.has_direct) res.pg_loss += o.pg_direct;
-  if (o.gspo) {
+  if (o.sequence_clip) {
     res.metrics.seq_clipped_low += o.seq_low;
     res.metrics.seq_clipped_high += o.seq_high;
     res.metrics.seq_clipped_region += o.seq_low || o.seq_high;
