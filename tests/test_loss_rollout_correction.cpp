@@ -339,7 +339,7 @@ void compare_with_oracle(const batch& x, const rc::config& c, const run_result<d
 
 // ---- the row scan's paths: vectors (the build's ISA) and one lane (the scalar build's code) --------
 
-//! The lane type of the scalar build (ULORL_NO_SIMD): detail_rc::apply_in with it runs the scalar
+//! The lane type of the scalar build (ULORL_NO_SIMD): detail::apply_in with it runs the scalar
 //! path of this translation unit.
 using scalar_path = ulorl::simd::scalar_lanes<double>;
 
@@ -350,7 +350,7 @@ struct layout_options {
 };
 
 //! apply() with value type T and mask type M, through the public function (L = void) or
-//! detail_rc::apply_in<L>. Strided outputs: the elements between must stay -9.
+//! detail::apply_in<L>. Strided outputs: the elements between must stay -9.
 template <class T, class M = T, class L = void>
 run_result<T> run_apply_as(const batch& x, const rc::config& c, layout_options opt = {}) {
   const std::size_t n = x.s.size(), step = opt.strided ? 2 : 1;
@@ -371,7 +371,7 @@ run_result<T> run_apply_as(const batch& x, const rc::config& c, layout_options o
   const rc::outputs<T, M> out{view(w.data()), view(keep.get())};
   run_result<T> res;
   if constexpr (std::is_same_v<L, void>) res.m = rc::apply(in, out, c);
-  else res.m = rc::detail_rc::apply_in<L>("rollout_correction::apply", in, c, out);
+  else res.m = rc::detail::apply_in<L>("rollout_correction::apply", in, c, out);
   for (std::size_t i = 0; i < n; ++i) res.w.push_back(w[i * step]), res.keep.push_back(static_cast<T>(keep[i * step]));
   for (std::size_t i = 0; opt.strided && i < n; ++i) {
     REQUIRE(w[2 * i + 1] == T(-9));
@@ -1032,18 +1032,18 @@ TEST_CASE("rollout_correction: a row whose log-ratios sum past the double range 
 }
 
 TEST_CASE("rollout_correction: the lane-wise checks of a finite weight in float and double match the scalar ones") {
-  using V = rc::detail_rc::scan_lanes;
+  using V = rc::detail::scan_lanes;
   const float fmax = std::numeric_limits<float>::max();
   const double mid = 0x1.ffffffp127;  // halfway between FLT_MAX and 2^128
   const std::vector<double> ws = {0.0, 1.0, static_cast<double>(fmax), std::nextafter(mid, 0.0), mid, std::nextafter(mid, inf), 0x1p128,
                                   std::numeric_limits<double>::max(), inf, -static_cast<double>(fmax), -mid, -inf, std::nan("")};
   for (const double w : ws) {
     INFO("w = " << w);
-    const bool in_float = rc::detail_rc::lane<V>(rc::detail_rc::representable_lanes<V, float>(V::splat(w)), 0) != 0;
-    const bool in_double = rc::detail_rc::lane<V>(rc::detail_rc::representable_lanes<V, double>(V::splat(w)), 0) != 0;
-    REQUIRE(in_float == rc::detail_rc::representable<float>(w));
-    REQUIRE(in_double == rc::detail_rc::representable<double>(w));
-    REQUIRE(rc::detail_rc::representable_lanes<scalar_path, float>(w) == rc::detail_rc::representable<float>(w));
+    const bool in_float = rc::detail::lane<V>(rc::detail::representable_lanes<V, float>(V::splat(w)), 0) != 0;
+    const bool in_double = rc::detail::lane<V>(rc::detail::representable_lanes<V, double>(V::splat(w)), 0) != 0;
+    REQUIRE(in_float == rc::detail::representable<float>(w));
+    REQUIRE(in_double == rc::detail::representable<double>(w));
+    REQUIRE(rc::detail::representable_lanes<scalar_path, float>(w) == rc::detail::representable<float>(w));
   }
 }
 

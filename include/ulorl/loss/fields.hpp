@@ -30,7 +30,7 @@ namespace rollout_correction {
 //! rejection chain is its size and then all `capacity` criteria (the unused ones too), so the table
 //! has a fixed length.
 template <class C, class F>
-  requires detail::record_of<C, config>
+  requires ulorl::detail::record_of<C, config>
 constexpr void visit_fields(C& c, F&& f) {
   auto& is = c.importance;
   f("importance.level", is.level), f("importance.weighting", is.weighting), f("importance.lower", is.lower);
@@ -38,7 +38,7 @@ constexpr void visit_fields(C& c, F&& f) {
   f("importance.overflow", is.overflow), f("importance.masked", is.masked), f("importance.empty_rows", is.empty_rows);
   f("importance.batch_normalize", is.batch_normalize);
   auto& rs = c.rejection;
-  bounded_count<detail::like_const<C, std::size_t>, rejection_chain::capacity> size{rs.chain.size};
+  bounded_count<ulorl::detail::like_const<C, std::size_t>, rejection_chain::capacity> size{rs.chain.size};
   f("rejection.chain.size", size);
   for (auto& k : rs.chain.criteria) {
     f("rejection.chain.statistic", k.statistic), f("rejection.chain.estimator", k.estimator);
@@ -51,7 +51,7 @@ constexpr void visit_fields(C& c, F&& f) {
 
 //! f(name, double&) for every field of statistics (core/fields.hpp), in memory order.
 template <class S, class F>
-  requires detail::record_of<S, statistics>
+  requires ulorl::detail::record_of<S, statistics>
 constexpr void visit_fields(S& s, F&& f) {
   f("rows", s.rows), f("tokens", s.tokens), f("nonempty_rows", s.nonempty_rows);
   f("weight_sum", s.weight_sum), f("capped_weight_sum", s.capped_weight_sum);
@@ -73,7 +73,7 @@ constexpr void visit_fields(S& s, F&& f) {
 
 //! f(name, field&) for every field of a KL configuration (the names policy_loss_config's table uses).
 template <class C, class F>
-  requires detail::record_of<C, kl_config>
+  requires ulorl::detail::record_of<C, kl_config>
 constexpr void visit_fields(C& c, F&& f) {
   f("kl_estimator", c.estimator), f("kl_straight_through", c.straight_through);
   f("kl_input_clamp", c.input_clamp), f("kl_output_clamp", c.output_clamp);
@@ -82,7 +82,7 @@ constexpr void visit_fields(C& c, F&& f) {
 
 //! f(name, field&) for every field of an aggregation normaliser.
 template <class C, class F>
-  requires detail::record_of<C, agg_normalizer>
+  requires ulorl::detail::record_of<C, agg_normalizer>
 constexpr void visit_fields(C& c, F&& f) {
   f("agg_mode", c.mode), f("denominator", c.denominator), f("scale", c.scale);
 }
@@ -91,7 +91,7 @@ constexpr void visit_fields(C& c, F&& f) {
 //! bool, an enum, std::size_t (a count) or std::optional of a double or of a rollout correction
 //! configuration (visited as a whole: f(name, std::optional<rollout_correction::config>&)).
 template <class C, class F>
-  requires detail::record_of<C, policy_loss_config>
+  requires ulorl::detail::record_of<C, policy_loss_config>
 constexpr void visit_fields(C& c, F&& f) {
   auto& o = c.objective;
   f("objective", o.kind), f("eps_low", o.eps_low), f("eps_high", o.eps_high), f("dual_clip", o.dual_clip);
@@ -109,7 +109,7 @@ constexpr void visit_fields(C& c, F&& f) {
 //! statistics, visited whole): the loss and its parts, the loss metrics' sums, the statistics
 //! ("rollout.*") and nonfinite_grad_rows.
 template <class R, class F>
-  requires detail::record_of<R, policy_loss_result>
+  requires ulorl::detail::record_of<R, policy_loss_result>
 constexpr void visit_fields(R& r, F&& f) {
   f("loss", r.loss), f("pg_loss", r.pg_loss), f("kl_loss", r.kl_loss), f("entropy_loss", r.entropy_loss);
   auto& m = r.metrics;

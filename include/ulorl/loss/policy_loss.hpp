@@ -214,8 +214,8 @@ void validate_rollout_inputs(std::string_view fn, const policy_loss_inputs<T, M>
   }
   const double divisor = cfg.rollout_batch_norm_factor.value_or(1.0);
   require_divisor(fn, "rollout_batch_norm_factor", divisor);
-  const auto bound = rollout_correction::detail_rc::bound_of(rc.importance);
-  if (bound.nan_possible || !rollout_correction::detail_rc::representable<T>(bound.max / divisor))
+  const auto bound = rollout_correction::detail::bound_of(rc.importance);
+  if (bound.nan_possible || !rollout_correction::detail::representable<T>(bound.max / divisor))
     detail::fail(fn, "rollout",
                  "its importance weights are not finite in the element type by construction (largest weight " +
                      std::to_string(bound.max / divisor) +
@@ -259,7 +259,7 @@ void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T
   validate_descriptors();
   validate_loss_scalars<T>(fn, cfg);
   if (!cfg.check_values) return;
-  if (cfg.rollout) rollout_correction::detail_rc::validate_values(fn, rollout_inputs_of(in));
+  if (cfg.rollout) rollout_correction::detail::validate_values(fn, rollout_inputs_of(in));
 #if defined(ULORL_SIMD)
   // Unit-stride rows: one vectorised pass over all arrays per row, on `exec`; the exact checks
   // below (which throw with the index) run only when it finds a problem or the layout is strided.
@@ -305,7 +305,7 @@ void rollout_corrected_rows(std::string_view fn, const policy_loss_inputs<T, M>&
   rc.importance.masked = rollout_correction::masked_positions::zero;  // the loss ignores masked weights
   const double divisor = cfg.rollout_batch_norm_factor.value_or(1.0);
   const auto rin = rollout_inputs_of(in);
-  const auto chain = rollout_correction::detail_rc::plan_chain(rc.rejection);
+  const auto chain = rollout_correction::detail::plan_chain(rc.rejection);
   const std::size_t rows = in.log_prob.rows();
   const bool packed = in.log_prob.kind() == layout::packed;
   std::unique_ptr<T[]> wbuf;
@@ -338,7 +338,7 @@ void rollout_corrected_rows(std::string_view fn, const policy_loss_inputs<T, M>&
     stats.assign(n, {});
     exec(n, [&](std::size_t a, std::size_t z) {
       for (std::size_t r = a; r < z; ++r)
-        (void)rollout_correction::detail_rc::scan_row<true, true>(fn, rin, rc, chain, lo + r, divisor, stats[r], w.row(r), m.row(r));
+        (void)rollout_correction::detail::scan_row<true, true>(fn, rin, rc, chain, lo + r, divisor, stats[r], w.row(r), m.row(r));
     });
     for (const auto& st : stats) res.rollout += st;
     policy_loss_inputs<T, M> part{in.log_prob.slice(lo, hi), in.old_log_prob.slice(lo, hi), in.advantages.slice(lo, hi),

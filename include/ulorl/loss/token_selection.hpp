@@ -39,7 +39,7 @@ struct token_selection_stats {
   double mean_abs_log_ratio = 0;  //!< kl_cov_selection: mean |logp - old|
 };
 
-namespace detail_token_selection {
+namespace detail::token_selection {
 //! Validates the batch; returns the mask, an absent one as log_prob's all-valid mask.
 template <class T, class M>
 [[nodiscard]] token_view<const M> require_batch(std::string_view fn, token_view<const T> old_log_prob, token_view<const T> log_prob,
@@ -63,7 +63,7 @@ template <class T>
   return w.empty() ? 1.0 : static_cast<double>(w(b, t));
 }
 [[nodiscard]] inline double mean_of(double sum, double n) noexcept { return n > 0 ? sum / n : 0.0; }
-}  // namespace detail_token_selection
+}  // namespace detail::token_selection
 
 // ---- DPPO -------------------------------------------------------------------------------------------
 
@@ -95,7 +95,7 @@ token_selection_stats dppo_weights(token_view<const T> old_log_prob, token_view<
   if (!(c.delta_high >= 0.0 && std::isfinite(c.delta_high)))
     detail::fail_value(fn, "delta_high", c.delta_high, "must be finite and >= 0 (a divergence threshold)");
   if (!(c.ratio_cap > 0.0)) detail::fail_value(fn, "ratio_cap", c.ratio_cap, "must be > 0 (the cap of the detached ratio)");
-  mask = detail_token_selection::require_batch(fn, old_log_prob, log_prob, advantages, mask, rollout_is_weights);
+  mask = detail::token_selection::require_batch(fn, old_log_prob, log_prob, advantages, mask, rollout_is_weights);
   require_same_shape(fn, "weights", weights, "log_prob", log_prob);
   const bool tv = c.divergence == dppo_divergence::total_variation;
   const double cap = c.ratio_cap, dl = c.delta_low, dh = c.delta_high;
@@ -113,11 +113,11 @@ token_selection_stats dppo_weights(token_view<const T> old_log_prob, token_view<
         keep_pos = d <= dh || p <= p0, keep_neg = d <= dl || p >= p0;
       }
       const bool v = advantages(b, t) > T(0) ? keep_pos : keep_neg;
-      const double wt = detail_token_selection::weight_at(rollout_is_weights, b, t) * std::min(r, cap) * (v ? 1.0 : 0.0);
+      const double wt = detail::token_selection::weight_at(rollout_is_weights, b, t) * std::min(r, cap) * (v ? 1.0 : 0.0);
       weights(b, t) = static_cast<T>(wt);
       if (mask(b, t) != M(0)) n += 1, outside += v ? 0.0 : 1.0, capped += (r > cap && v) ? 1.0 : 0.0;
     }
-  return {detail_token_selection::mean_of(outside, n), detail_token_selection::mean_of(capped, n), 0.0};
+  return {detail::token_selection::mean_of(outside, n), detail::token_selection::mean_of(capped, n), 0.0};
 }
 
 // ---- KL-Cov -----------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ token_selection_stats kl_cov_selection(token_view<const T> old_log_prob, token_v
                                        token_view<const M> mask, token_view<T> selected, const kl_cov_config& c) {
   constexpr std::string_view fn = "kl_cov_selection";
   if (!(c.fraction > 0.0 && std::isfinite(c.fraction))) detail::fail_value(fn, "fraction", c.fraction, "must be finite and > 0");
-  mask = detail_token_selection::require_batch(fn, old_log_prob, log_prob, advantages, mask, token_view<const T>{});
+  mask = detail::token_selection::require_batch(fn, old_log_prob, log_prob, advantages, mask, token_view<const T>{});
   require_same_shape(fn, "selected", selected, "log_prob", log_prob);
   struct token {
     std::size_t b, t;
@@ -154,7 +154,7 @@ token_selection_stats kl_cov_selection(token_view<const T> old_log_prob, token_v
         sx += std::fabs(static_cast<double>(log_prob(b, t)) - static_cast<double>(old_log_prob(b, t)));
       }
   const double n = static_cast<double>(valid.size());
-  const double ma = detail_token_selection::mean_of(sa, n), ml = detail_token_selection::mean_of(sl, n);
+  const double ma = detail::token_selection::mean_of(sa, n), ml = detail::token_selection::mean_of(sl, n);
   for (auto& v : valid)
     v.cov = (static_cast<double>(advantages(v.b, v.t)) - ma) * (static_cast<double>(log_prob(v.b, v.t)) - ml);
   std::size_t k = 0;
@@ -166,7 +166,7 @@ token_selection_stats kl_cov_selection(token_view<const T> old_log_prob, token_v
   for (std::size_t b = 0; b < log_prob.rows(); ++b)
     for (std::size_t t = 0; t < log_prob.row_size(b); ++t) selected(b, t) = T(0);
   for (std::size_t i = 0; i < k; ++i) selected(valid[i].b, valid[i].t) = T(1);
-  return {0.0, 0.0, detail_token_selection::mean_of(sx, n)};
+  return {0.0, 0.0, detail::token_selection::mean_of(sx, n)};
 }
 
 // ---- Clip-Cov ---------------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ token_selection_stats clip_cov_weights(token_view<const T> old_log_prob, token_v
   if (!(c.fraction > 0.0 && std::isfinite(c.fraction))) detail::fail_value(fn, "fraction", c.fraction, "must be finite and > 0");
   if (!std::isfinite(c.cov_lower)) detail::fail_value(fn, "cov_lower", c.cov_lower, "must be finite");
   if (!std::isfinite(c.cov_upper)) detail::fail_value(fn, "cov_upper", c.cov_upper, "must be finite");
-  mask = detail_token_selection::require_batch(fn, old_log_prob, log_prob, advantages, mask, rollout_is_weights);
+  mask = detail::token_selection::require_batch(fn, old_log_prob, log_prob, advantages, mask, rollout_is_weights);
   require_same_shape(fn, "clip_cov_selection", clip_cov_selection, "log_prob", log_prob);
   require_same_shape(fn, "weights", weights, "log_prob", log_prob);
   require_binary_mask(fn, "clip_cov_selection", clip_cov_selection);
@@ -204,7 +204,7 @@ token_selection_stats clip_cov_weights(token_view<const T> old_log_prob, token_v
   for (std::size_t b = 0; b < log_prob.rows(); ++b)
     for (std::size_t t = 0; t < log_prob.row_size(b); ++t)
       if (mask(b, t) != M(0)) n += 1, sa += static_cast<double>(advantages(b, t)), sl += static_cast<double>(log_prob(b, t));
-  const double ma = detail_token_selection::mean_of(sa, n), ml = detail_token_selection::mean_of(sl, n);
+  const double ma = detail::token_selection::mean_of(sa, n), ml = detail::token_selection::mean_of(sl, n);
   const double lo = 1.0 - c.eps_low, hi = 1.0 + c.eps_high;
   double candidates = 0, marked = 0;
   for (std::size_t b = 0; b < log_prob.rows(); ++b)
@@ -228,8 +228,8 @@ token_selection_stats clip_cov_weights(token_view<const T> old_log_prob, token_v
                            " tokens");
   for (std::size_t b = 0; b < log_prob.rows(); ++b)
     for (std::size_t t = 0; t < log_prob.row_size(b); ++t)
-      weights(b, t) = static_cast<T>(clip_cov_selection(b, t) != S(0) ? 0.0 : detail_token_selection::weight_at(rollout_is_weights, b, t));
-  return {detail_token_selection::mean_of(marked, n), 0.0, 0.0};
+      weights(b, t) = static_cast<T>(clip_cov_selection(b, t) != S(0) ? 0.0 : detail::token_selection::weight_at(rollout_is_weights, b, t));
+  return {detail::token_selection::mean_of(marked, n), 0.0, 0.0};
 }
 
 ULORL_NAMESPACE_END

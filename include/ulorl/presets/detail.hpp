@@ -19,7 +19,7 @@
 #include "ulorl/loss/kl.hpp"
 
 ULORL_NAMESPACE_BEGIN
-namespace presets::detail_presets {
+namespace presets::detail {
 
 template <class E>
 struct name_entry {
@@ -34,7 +34,7 @@ template <class E, std::size_t N>
 //! The subset of KL estimators a framework offers.
 inline void require_estimator(std::string_view fn, std::string_view arg, kl_estimator e, bool offered) {
   require_known(fn, arg, e, kl_estimator::k1, kl_estimator::abs, kl_estimator::k2, kl_estimator::k3);
-  if (!offered) detail::fail_value(fn, arg, static_cast<int>(e), "this framework does not offer that estimator");
+  if (!offered) ulorl::detail::fail_value(fn, arg, static_cast<int>(e), "this framework does not offer that estimator");
 }
 
 //! `s` without leading and trailing blanks (space, tab, newline, carriage return).
@@ -69,5 +69,5 @@ inline void require_estimator(std::string_view fn, std::string_view arg, kl_esti
   return std::string(buf.data(), r.ptr);
 }
 
-}  // namespace presets::detail_presets
+}  // namespace presets::detail
 ULORL_NAMESPACE_END

@@ -43,15 +43,15 @@ using importance_sampling_kind = trl::importance_sampling_kind;
 
 [[nodiscard]] inline loss_type_kind loss_type_from_name(std::string_view name) {
   using L = loss_type_kind;
-  static constexpr detail_presets::name_entry<L> table[] = {
+  static constexpr presets::detail::name_entry<L> table[] = {
       {"grpo", L::grpo}, {"bnpo", L::bnpo},   {"dr_grpo", L::dr_grpo}, {"dapo", L::dapo},
       {"cispo", L::cispo}, {"sapo", L::sapo}, {"luspo", L::luspo},     {"vespo", L::vespo}};
-  return detail_presets::parse("presets::liger::loss_type_from_name", "loss_type", name, table);
+  return presets::detail::parse("presets::liger::loss_type_from_name", "loss_type", name, table);
 }
 [[nodiscard]] inline importance_sampling_kind importance_sampling_level_from_name(std::string_view name) {
-  static constexpr detail_presets::name_entry<importance_sampling_kind> table[] = {
+  static constexpr presets::detail::name_entry<importance_sampling_kind> table[] = {
       {"token", importance_sampling_kind::token}, {"sequence", importance_sampling_kind::sequence}};
-  return detail_presets::parse("presets::liger::importance_sampling_level_from_name", "importance_sampling_level", name,
+  return presets::detail::parse("presets::liger::importance_sampling_level_from_name", "importance_sampling_level", name,
                                table);
 }
 
@@ -88,13 +88,13 @@ inline void validate(const fused_linear_grpo_options& o) {
                 importance_sampling_kind::sequence);
   const char* token_only = o.loss_type == L::cispo ? "cispo" : o.loss_type == L::sapo ? "sapo" : o.loss_type == L::vespo ? "vespo" : nullptr;
   if (o.importance_sampling_level == importance_sampling_kind::sequence && token_only)
-    detail::fail(fn, "importance_sampling_level",
+    ulorl::detail::fail(fn, "importance_sampling_level",
                  std::string("Sequence-level importance sampling is not supported for loss_type='") + token_only +
                      "'. Use importance_sampling_level='token' instead.");
   if (o.loss_type == L::dr_grpo && !o.max_completion_length)
-    detail::fail(fn, "max_completion_length", "required for loss_type 'dr_grpo'");
+    ulorl::detail::fail(fn, "max_completion_length", "required for loss_type 'dr_grpo'");
   if (o.loss_type == L::cispo && !(o.epsilon_high > 0.0))
-    detail::fail_value(fn, "epsilon_high", o.epsilon_high, "the cispo cap must be > 0");
+    ulorl::detail::fail_value(fn, "epsilon_high", o.epsilon_high, "the cispo cap must be > 0");
 }
 
 //! Whether the loss type divides by num_items_in_batch (dapo, cispo, luspo, vespo), which the caller

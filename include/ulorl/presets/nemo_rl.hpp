@@ -126,20 +126,20 @@ struct rollout_correction_options {
                           .masked = masked_positions::as_valid,
                           .empty_rows = empty_row_gate::ratio_one}};
   if (!type) {
-    if (hi) detail::fail_value(fn, "truncated_importance_sampling_ratio", *hi, "set without truncated_importance_sampling_type");
-    if (lo) detail::fail_value(fn, "truncated_importance_sampling_ratio_min", *lo, "set without truncated_importance_sampling_type");
+    if (hi) ulorl::detail::fail_value(fn, "truncated_importance_sampling_ratio", *hi, "set without truncated_importance_sampling_type");
+    if (lo) ulorl::detail::fail_value(fn, "truncated_importance_sampling_ratio_min", *lo, "set without truncated_importance_sampling_type");
   } else {
     require_known(fn, "truncated_importance_sampling_type", *type, is_weighting::truncate, is_weighting::mask,
                   is_weighting::geometric_gate);
-    if (!hi) detail::fail(fn, "truncated_importance_sampling_ratio", "required with truncated_importance_sampling_type");
+    if (!hi) ulorl::detail::fail(fn, "truncated_importance_sampling_ratio", "required with truncated_importance_sampling_type");
     require_positive(fn, "truncated_importance_sampling_ratio", *hi);
     if (lo) require_non_negative(fn, "truncated_importance_sampling_ratio_min", *lo);
     if (lo && *lo > *hi)
-      detail::fail_value(fn, "truncated_importance_sampling_ratio_min", *lo, "exceeds truncated_importance_sampling_ratio");
+      ulorl::detail::fail_value(fn, "truncated_importance_sampling_ratio_min", *lo, "exceeds truncated_importance_sampling_ratio");
     if (*type != is_weighting::truncate && !lo)
-      detail::fail(fn, "truncated_importance_sampling_ratio_min", "required by icepop and seq-mask-tis");
+      ulorl::detail::fail(fn, "truncated_importance_sampling_ratio_min", "required by icepop and seq-mask-tis");
     if (*type == is_weighting::geometric_gate && o.sequence_level_importance_ratios)
-      detail::fail(fn, "sequence_level_importance_ratios", "seq-mask-tis works on token-level ratios");
+      ulorl::detail::fail(fn, "sequence_level_importance_ratios", "seq-mask-tis works on token-level ratios");
     c.importance.weighting = *type, c.importance.upper = *hi, c.importance.lower = lo.value_or(0.0);
   }
   validate(fn, c);
@@ -205,12 +205,12 @@ struct kl_options {
   std::optional<double> kl_output_clamp_value = defaults::kl_output_clamp_value;
 };
 [[nodiscard]] inline kl_estimator kl_type_from_name(std::string_view name) {
-  static constexpr detail_presets::name_entry<kl_estimator> table[] = {
+  static constexpr presets::detail::name_entry<kl_estimator> table[] = {
       {"k1", kl_estimator::k1}, {"k2", kl_estimator::k2}, {"k3", kl_estimator::k3}};
-  return detail_presets::parse("presets::nemo_rl::kl_type_from_name", "reference_policy_kl_type", name, table);
+  return presets::detail::parse("presets::nemo_rl::kl_type_from_name", "reference_policy_kl_type", name, table);
 }
 [[nodiscard]] inline kl_config kl(const kl_options& o) {
-  detail_presets::require_estimator("presets::nemo_rl::kl", "reference_policy_kl_type", o.reference_policy_kl_type,
+  presets::detail::require_estimator("presets::nemo_rl::kl", "reference_policy_kl_type", o.reference_policy_kl_type,
                                     o.reference_policy_kl_type != kl_estimator::abs);
   return {.estimator = o.reference_policy_kl_type,
           .input_clamp = o.kl_input_clamp_value.value_or(no_limit),
@@ -260,18 +260,18 @@ inline void validate(const clipped_pg_loss_options& o) {
   require_not_nan(fn, "kl_input_clamp_value", o.kl_input_clamp_value);
   require_not_nan(fn, "kl_output_clamp_value", o.kl_output_clamp_value);
   if (o.ratio_clip_c && !(*o.ratio_clip_c > 1.0 && std::isfinite(*o.ratio_clip_c)))
-    detail::fail_value(fn, "ratio_clip_c", *o.ratio_clip_c, "must be finite and > 1 (dual clip)");
+    ulorl::detail::fail_value(fn, "ratio_clip_c", *o.ratio_clip_c, "must be finite and > 1 (dual clip)");
   if (o.truncated_importance_sampling_type && !o.use_importance_sampling_correction)
-    detail::fail(fn, "truncated_importance_sampling_type", "needs use_importance_sampling_correction");
+    ulorl::detail::fail(fn, "truncated_importance_sampling_type", "needs use_importance_sampling_correction");
   if (o.disable_ppo_ratio && !o.force_on_policy_ratio && o.ratio_clip_c)
-    detail::fail(fn, "ratio_clip_c", "disable_ppo_ratio with a dual clip is not modelled");
+    ulorl::detail::fail(fn, "ratio_clip_c", "disable_ppo_ratio with a dual clip is not modelled");
   require_finite(fn, "reference_policy_kl_penalty", o.reference_policy_kl_penalty);
-  detail_presets::require_estimator(fn, "reference_policy_kl_type", o.reference_policy_kl_type,
+  presets::detail::require_estimator(fn, "reference_policy_kl_type", o.reference_policy_kl_type,
                                     o.reference_policy_kl_type != kl_estimator::abs);
   if (o.kl_input_clamp_value && !(*o.kl_input_clamp_value > 0.0))
-    detail::fail_value(fn, "kl_input_clamp_value", *o.kl_input_clamp_value, "must be > 0");
+    ulorl::detail::fail_value(fn, "kl_input_clamp_value", *o.kl_input_clamp_value, "must be > 0");
   if (o.kl_output_clamp_value && !(*o.kl_output_clamp_value > 0.0))
-    detail::fail_value(fn, "kl_output_clamp_value", *o.kl_output_clamp_value, "must be > 0");
+    ulorl::detail::fail_value(fn, "kl_output_clamp_value", *o.kl_output_clamp_value, "must be > 0");
 }
 
 //! The objective of the actor loss: PPO clip (ratio_clip_min / max) on the unclamped ratio, with

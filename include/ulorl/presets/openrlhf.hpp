@@ -64,9 +64,9 @@ enum class advantage_estimator { group_norm, rloo, dr_grpo };
 //! `policy_loss_type`.
 enum class policy_loss_kind { ppo, gspo };
 [[nodiscard]] inline policy_loss_kind policy_loss_type_from_name(std::string_view name) {
-  static constexpr detail_presets::name_entry<policy_loss_kind> table[] = {{"ppo", policy_loss_kind::ppo},
+  static constexpr presets::detail::name_entry<policy_loss_kind> table[] = {{"ppo", policy_loss_kind::ppo},
                                                                            {"gspo", policy_loss_kind::gspo}};
-  return detail_presets::parse("presets::openrlhf::policy_loss_type_from_name", "policy_loss_type", name, table);
+  return presets::detail::parse("presets::openrlhf::policy_loss_type_from_name", "policy_loss_type", name, table);
 }
 
 struct objective_options {
@@ -112,7 +112,7 @@ struct vllm_is_plan {
       break;
   }
   if (o.dual_clip) {
-    if (!(*o.dual_clip > 1.0)) detail::fail_value(fn, "dual_clip", *o.dual_clip, "must be > 1");
+    if (!(*o.dual_clip > 1.0)) ulorl::detail::fail_value(fn, "dual_clip", *o.dual_clip, "must be > 1");
     c.dual_clip = *o.dual_clip;
   }
   return c;
@@ -123,12 +123,12 @@ struct kl_options {
   ulorl::kl_estimator kl_estimator = ulorl::kl_estimator::k1;
 };
 [[nodiscard]] inline kl_estimator kl_estimator_from_name(std::string_view name) {
-  static constexpr detail_presets::name_entry<ulorl::kl_estimator> table[] = {
+  static constexpr presets::detail::name_entry<ulorl::kl_estimator> table[] = {
       {"k1", ulorl::kl_estimator::k1}, {"k2", ulorl::kl_estimator::k2}, {"k3", ulorl::kl_estimator::k3}};
-  return detail_presets::parse("presets::openrlhf::kl_estimator_from_name", "kl_estimator", name, table);
+  return presets::detail::parse("presets::openrlhf::kl_estimator_from_name", "kl_estimator", name, table);
 }
 [[nodiscard]] inline kl_config kl(const kl_options& o) {
-  detail_presets::require_estimator("presets::openrlhf::kl", "kl_estimator", o.kl_estimator,
+  presets::detail::require_estimator("presets::openrlhf::kl", "kl_estimator", o.kl_estimator,
                                     o.kl_estimator != ulorl::kl_estimator::abs);
   return {.estimator = o.kl_estimator, .output_clamp = 10.0};
 }
@@ -184,7 +184,7 @@ struct rollout_correction_options {
   const auto [lo, hi] = o.vllm_is_truncated_threshold;
   require_non_negative(fn, "vllm_is_truncated_threshold", lo);
   require_positive(fn, "vllm_is_truncated_threshold", hi);
-  if (!(lo <= hi)) detail::fail_value(fn, "vllm_is_truncated_threshold", lo, "the lower bound exceeds the upper bound");
+  if (!(lo <= hi)) ulorl::detail::fail_value(fn, "vllm_is_truncated_threshold", lo, "the lower bound exceeds the upper bound");
   config c{.importance = {.level = is_level::token,
                           .weighting = o.vllm_is_correction_type,
                           .lower = lo,

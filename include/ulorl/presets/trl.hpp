@@ -63,22 +63,22 @@ namespace presets::trl {
 //! gradient to each token itself.
 enum class importance_sampling_kind { token, sequence, sequence_token };
 [[nodiscard]] inline importance_sampling_kind importance_sampling_level_from_name(std::string_view name) {
-  static constexpr detail_presets::name_entry<importance_sampling_kind> table[] = {
+  static constexpr presets::detail::name_entry<importance_sampling_kind> table[] = {
       {"token", importance_sampling_kind::token},
       {"sequence", importance_sampling_kind::sequence},
       {"sequence_token", importance_sampling_kind::sequence_token}};
-  return detail_presets::parse("presets::trl::importance_sampling_level_from_name", "importance_sampling_level", name,
+  return presets::detail::parse("presets::trl::importance_sampling_level_from_name", "importance_sampling_level", name,
                                table);
 }
 
 //! `loss_type`.
 enum class loss_type_kind { grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo };
 [[nodiscard]] inline loss_type_kind loss_type_from_name(std::string_view name) {
-  static constexpr detail_presets::name_entry<loss_type_kind> table[] = {
+  static constexpr presets::detail::name_entry<loss_type_kind> table[] = {
       {"grpo", loss_type_kind::grpo},   {"bnpo", loss_type_kind::bnpo}, {"dr_grpo", loss_type_kind::dr_grpo},
       {"dapo", loss_type_kind::dapo},   {"cispo", loss_type_kind::cispo}, {"sapo", loss_type_kind::sapo},
       {"luspo", loss_type_kind::luspo}, {"vespo", loss_type_kind::vespo}};
-  return detail_presets::parse("presets::trl::loss_type_from_name", "loss_type", name, table);
+  return presets::detail::parse("presets::trl::loss_type_from_name", "loss_type", name, table);
 }
 
 //! `scale_rewards`.
@@ -100,7 +100,7 @@ inline constexpr double entropy_coef = 0.0;
 inline constexpr trl::scale_rewards scale_rewards = trl::scale_rewards::group;
 }  // namespace defaults
 
-namespace detail_trl {
+namespace detail {
 inline void require_loss_type(std::string_view fn, loss_type_kind t) {
   require_known(fn, "loss_type", t, loss_type_kind::grpo, loss_type_kind::bnpo, loss_type_kind::dr_grpo,
                 loss_type_kind::dapo, loss_type_kind::cispo, loss_type_kind::sapo, loss_type_kind::luspo,
@@ -110,7 +110,7 @@ inline void require_level(std::string_view fn, importance_sampling_kind l) {
   require_known(fn, "importance_sampling_level", l, importance_sampling_kind::token, importance_sampling_kind::sequence,
                 importance_sampling_kind::sequence_token);
 }
-}  // namespace detail_trl
+}  // namespace detail
 
 // ---- advantages -----------------------------------------------------------------------------------
 
@@ -181,13 +181,13 @@ struct objective_options {
 //! grpo / bnpo / dr_grpo / dapo.
 [[nodiscard]] inline objective_config objective(const objective_options& o) {
   constexpr const char* fn = "presets::trl::objective";
-  detail_trl::require_level(fn, o.importance_sampling_level);
+  detail::require_level(fn, o.importance_sampling_level);
   require_not_nan(fn, "epsilon", o.epsilon);
   require_not_nan(fn, "epsilon_high", o.epsilon_high);
   require_not_nan(fn, "delta", o.delta);
   require_not_nan(fn, "sapo_temperature_pos", o.sapo_temperature_pos);
   require_not_nan(fn, "sapo_temperature_neg", o.sapo_temperature_neg);
-  detail_trl::require_loss_type(fn, o.loss_type);
+  detail::require_loss_type(fn, o.loss_type);
   const auto level = o.importance_sampling_level;
   objective_config c{.eps_low = o.epsilon, .eps_high = o.epsilon_high.value_or(o.epsilon), .delta = o.delta.value_or(0.0),
                      .log_ratio_clamp = no_limit, .seq_log_ratio_max = no_limit,
@@ -199,7 +199,7 @@ struct objective_options {
     case loss_type_kind::dapo:
     case loss_type_kind::luspo:
       if (level == importance_sampling_kind::sequence_token && o.loss_type == loss_type_kind::luspo)
-        detail::fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only");
+        ulorl::detail::fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only");
       c.kind = level == importance_sampling_kind::token ? objective_kind::ppo_clip : objective_kind::gspo;
       if (level == importance_sampling_kind::sequence_token) c.seq_gradient = sequence_gradient::own_token;
       return c;
@@ -208,12 +208,12 @@ struct objective_options {
     case loss_type_kind::vespo: break;
   }
   if (level == importance_sampling_kind::sequence_token)
-    detail::fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only");
+    ulorl::detail::fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only");
   c.delta = 0.0;
   switch (o.loss_type) {
     case loss_type_kind::cispo: {
       const double cap = o.epsilon_high.value_or(o.epsilon);
-      if (!(cap >= 0.0)) detail::fail_value(fn, "epsilon_high", cap, "cispo: the ratio cap must be >= 0");
+      if (!(cap >= 0.0)) ulorl::detail::fail_value(fn, "epsilon_high", cap, "cispo: the ratio cap must be >= 0");
       c.kind = objective_kind::cispo, c.eps_low = 1.0, c.eps_high = cap - 1.0;
       break;
     }
@@ -256,12 +256,12 @@ struct normalizer_options {
 //! (constant B T: pass an all-ones mask and n_b in `weights`, docs/losses.md §13).
 [[nodiscard]] inline agg_normalizer normalizer(const normalizer_options& o, const batch_counts& local) {
   constexpr const char* fn = "presets::trl::normalizer";
-  detail_trl::require_loss_type(fn, o.loss_type);
+  detail::require_loss_type(fn, o.loss_type);
   require_not_nan(fn, "max_completion_length", o.max_completion_length);
   require_not_nan(fn, "gradient_accumulation_steps", o.gradient_accumulation_steps);
   require_not_nan(fn, "num_items_in_batch", o.num_items_in_batch);
   require_not_nan(fn, "num_processes", o.num_processes);
-  detail_trl::require_level(fn, o.importance_sampling_level);
+  detail::require_level(fn, o.importance_sampling_level);
   const double ga = o.gradient_accumulation_steps;
   switch (o.loss_type) {
     case loss_type_kind::luspo:
@@ -287,7 +287,7 @@ struct clip_metrics {
   double low_mean, high_mean, region_mean;
 };
 [[nodiscard]] inline clip_metrics clip_ratios(const loss_metrics& m, importance_sampling_kind importance_sampling_level) {
-  detail_trl::require_level("presets::trl::clip_ratios", importance_sampling_level);
+  detail::require_level("presets::trl::clip_ratios", importance_sampling_level);
   if (importance_sampling_level == importance_sampling_kind::sequence) {
     const double b = m.rows > 0 ? m.rows : 1.0;
     return {m.seq_clipped_low / b, m.seq_clipped_high / b, m.seq_clipped_region / b};
@@ -301,7 +301,7 @@ struct clip_metrics {
 [[nodiscard]] inline agg_normalizer entropy_normalizer(const normalizer_options& o, const batch_counts& local,
                                                        double entropy_tokens) {
   constexpr const char* fn = "presets::trl::entropy_normalizer";
-  detail_trl::require_loss_type(fn, o.loss_type);
+  detail::require_loss_type(fn, o.loss_type);
   switch (o.loss_type) {
     case loss_type_kind::cispo:
     case loss_type_kind::vespo:
@@ -328,7 +328,7 @@ enum class importance_sampling_mode { token_truncate, token_mask, sequence_trunc
 [[nodiscard]] inline importance_sampling_mode importance_sampling_mode_from_name(
     std::string_view name, std::string_view argument = "vllm_importance_sampling_mode") {
   using M = importance_sampling_mode;
-  return rollout_correction::detail_rc::from_name<M, 4>(
+  return rollout_correction::detail::from_name<M, 4>(
       "presets::trl::importance_sampling_mode_from_name", argument, name,
       {{{"token_truncate", M::token_truncate}, {"token_mask", M::token_mask}, {"sequence_truncate", M::sequence_truncate},
         {"sequence_mask", M::sequence_mask}}});
@@ -355,10 +355,10 @@ struct rollout_correction_options {
   if (lo) require_non_negative(fn, "vllm_importance_sampling_clip_min", *lo);
   if (hi) require_positive(fn, "vllm_importance_sampling_clip_max", *hi);
   if (lo && hi && !(*lo < *hi))
-    detail::fail_value(fn, "vllm_importance_sampling_clip_min", *lo, "must be < vllm_importance_sampling_clip_max");
+    ulorl::detail::fail_value(fn, "vllm_importance_sampling_clip_min", *lo, "must be < vllm_importance_sampling_clip_max");
   const bool truncate = mode == M::token_truncate || mode == M::sequence_truncate;
   if (truncate && !lo && !hi)
-    detail::fail(fn, "vllm_importance_sampling_clip_max", "a *_truncate mode needs clip_min or clip_max");
+    ulorl::detail::fail(fn, "vllm_importance_sampling_clip_max", "a *_truncate mode needs clip_min or clip_max");
   config c{.importance = {.level = mode == M::token_truncate || mode == M::token_mask ? is_level::token : is_level::sequence,
                           .weighting = truncate ? is_weighting::truncate : is_weighting::mask,
                           .lower = lo.value_or(0.0),
@@ -504,7 +504,7 @@ struct grpo_loss_result {
   std::optional<double> kl_mean{};                 //!< beta != 0
 };
 
-namespace detail_trl {
+namespace detail {
 //! A padded [rows, cols] view of scratch `v` (a std::vector, const for a view of const T).
 template <class T, class V>
 [[nodiscard]] token_view<T> padded_scratch(V& v, std::size_t rows, std::size_t cols) {
@@ -516,16 +516,15 @@ void require_finite_non_negative(std::string_view fn, std::string_view arg, cons
   require_all_finite(fn, arg, v);
   for (std::size_t b = 0; b < v.rows(); ++b)
     for (std::size_t t = 0; t < v.row_size(b); ++t)
-      if (v(b, t) < T(0)) detail::fail_at(fn, arg, static_cast<std::int64_t>(v.flat_index(b, t)), v(b, t), "must be >= 0");
+      if (v(b, t) < T(0)) ulorl::detail::fail_at(fn, arg, static_cast<std::int64_t>(v.flat_index(b, t)), v(b, t), "must be >= 0");
 }
-}  // namespace detail_trl
+}  // namespace detail
 
 // The entry point instantiates policy_loss's ISA-dependent kernels: it and its steps are tagged
 // like them (core/simd.hpp).
-inline namespace ULORL_ISA {
-
 // The steps of grpo_loss, in the order it runs them. Each reports an error under grpo_loss's name.
-namespace detail_grpo {
+namespace detail {
+inline namespace ULORL_ISA {
 
 inline constexpr std::string_view fn = "presets::trl::grpo_loss";
 
@@ -552,8 +551,8 @@ struct plan {
 [[nodiscard]] inline plan plan_of(const grpo_loss_options& o) {
   using LT = loss_type_kind;
   using IS = importance_sampling_kind;
-  detail_trl::require_loss_type(fn, o.loss_type);
-  detail_trl::require_level(fn, o.importance_sampling_level);
+  detail::require_loss_type(fn, o.loss_type);
+  detail::require_level(fn, o.importance_sampling_level);
   plan p{.loss_type = o.loss_type,
          .level = o.importance_sampling_level,
          .objective = trl::objective({.epsilon = o.epsilon,
@@ -574,11 +573,11 @@ struct plan {
   const double rho = o.top_entropy_quantile;
   require_finite(fn, "beta", o.beta);
   require_finite(fn, "entropy_coef", o.entropy_coef);
-  if (!(rho >= 0.0 && rho <= 1.0)) detail::fail_value(fn, "top_entropy_quantile", rho, "must be in [0, 1]");
+  if (!(rho >= 0.0 && rho <= 1.0)) ulorl::detail::fail_value(fn, "top_entropy_quantile", rho, "must be in [0, 1]");
   if (p.level == IS::sequence_token) {
     if (o.use_bias_correction_kl)
-      detail::fail(fn, "use_bias_correction_kl", "sequence_token (GSPO-token) has no bias-corrected KL");
-    if (o.entropy_coef != 0.0) detail::fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus");
+      ulorl::detail::fail(fn, "use_bias_correction_kl", "sequence_token (GSPO-token) has no bias-corrected KL");
+    if (o.entropy_coef != 0.0) ulorl::detail::fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus");
   }
   if (o.off_policy_mask_threshold) require_finite(fn, "off_policy_mask_threshold", *o.off_policy_mask_threshold);
   require_divisor(fn, "gradient_accumulation_steps", o.gradient_accumulation_steps);
@@ -594,38 +593,38 @@ template <class T, class M>
 [[nodiscard]] token_view<const M> require_shapes(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out,
                                                  const grpo_loss_options& o, const plan& p) {
   const token_view<const T>& lp = in.per_token_logps;
-  if (lp.kind() != layout::padded) detail::fail(fn, "per_token_logps", "must be the padded layout [B, T]");
-  if (lp.rows() == 0) detail::fail(fn, "per_token_logps", "empty batch (B = 0): at least one completion is required");
+  if (lp.kind() != layout::padded) ulorl::detail::fail(fn, "per_token_logps", "must be the padded layout [B, T]");
+  if (lp.rows() == 0) ulorl::detail::fail(fn, "per_token_logps", "empty batch (B = 0): at least one completion is required");
   const std::size_t B = lp.rows(), Tn = lp.cols();
   const token_view<const M> mask = mask_or_all_valid(in.completion_mask, lp);
   require_same_shape(fn, "old_per_token_logps", in.old_per_token_logps, "per_token_logps", lp);
   require_same_shape(fn, "completion_mask", mask, "per_token_logps", lp);
   require_same_size(fn, "advantages", in.advantages.size(), "per_token_logps rows", B);
-  if (o.beta != 0.0 && in.ref_per_token_logps.empty()) detail::fail(fn, "ref_per_token_logps", "required when beta != 0");
+  if (o.beta != 0.0 && in.ref_per_token_logps.empty()) ulorl::detail::fail(fn, "ref_per_token_logps", "required when beta != 0");
   if (!in.ref_per_token_logps.empty())
     require_same_shape(fn, "ref_per_token_logps", in.ref_per_token_logps, "per_token_logps", lp);
   if (!in.sampling_per_token_logps.empty())
     require_same_shape(fn, "sampling_per_token_logps", in.sampling_per_token_logps, "per_token_logps", lp);
   if ((o.top_entropy_quantile < 1.0 || o.entropy_coef != 0.0) && in.entropies.empty())
-    detail::fail(fn, "entropies", "required when top_entropy_quantile < 1 or entropy_coef != 0");
+    ulorl::detail::fail(fn, "entropies", "required when top_entropy_quantile < 1 or entropy_coef != 0");
   if (!in.entropies.empty()) require_same_shape(fn, "entropies", in.entropies, "per_token_logps", lp);
   const token_view<const T>& q = in.importance_sampling_ratio;
   if (!q.empty()) {
-    if (q.kind() != layout::padded) detail::fail(fn, "importance_sampling_ratio", "must be the padded layout [B, T] or [B, 1]");
+    if (q.kind() != layout::padded) ulorl::detail::fail(fn, "importance_sampling_ratio", "must be the padded layout [B, T] or [B, 1]");
     require_same_size(fn, "importance_sampling_ratio rows", q.rows(), "per_token_logps rows", B);
     if (q.cols() != Tn && q.cols() != 1)
-      detail::fail_value(fn, "importance_sampling_ratio", static_cast<double>(q.cols()), "must have T columns or 1");
-    if (p.vespo && q.cols() != Tn) detail::fail(fn, "importance_sampling_ratio", "vespo needs a token-level ratio [B, T]");
+      ulorl::detail::fail_value(fn, "importance_sampling_ratio", static_cast<double>(q.cols()), "must have T columns or 1");
+    if (p.vespo && q.cols() != Tn) ulorl::detail::fail(fn, "importance_sampling_ratio", "vespo needs a token-level ratio [B, T]");
   }
   const token_view<T>& grad = out.grad_per_token_logps;
-  if (grad.empty()) detail::fail(fn, "grad_per_token_logps", "required");
+  if (grad.empty()) ulorl::detail::fail(fn, "grad_per_token_logps", "required");
   require_same_shape(fn, "grad_per_token_logps", grad, "per_token_logps", lp);
-  detail::require_distinct_tokens(fn, "grad_per_token_logps", grad);
-  if (o.entropy_coef != 0.0 && out.grad_entropies.empty()) detail::fail(fn, "grad_entropies", "required when entropy_coef != 0");
+  ulorl::detail::require_distinct_tokens(fn, "grad_per_token_logps", grad);
+  if (o.entropy_coef != 0.0 && out.grad_entropies.empty()) ulorl::detail::fail(fn, "grad_entropies", "required when entropy_coef != 0");
   if (!out.grad_entropies.empty()) {
     require_same_shape(fn, "grad_entropies", out.grad_entropies, "per_token_logps", lp);
-    detail::require_distinct_tokens(fn, "grad_entropies", out.grad_entropies);
-    detail::require_disjoint_tokens(fn, "grad_entropies", out.grad_entropies, "grad_per_token_logps", grad);
+    ulorl::detail::require_distinct_tokens(fn, "grad_entropies", out.grad_entropies);
+    ulorl::detail::require_disjoint_tokens(fn, "grad_entropies", out.grad_entropies, "grad_per_token_logps", grad);
   }
   return mask;
 }
@@ -640,14 +639,14 @@ void require_values(const grpo_loss_inputs<T, M>& in, token_view<const M> mask, 
     require_all_finite(fn, "old_per_token_logps", in.old_per_token_logps);
     for (std::size_t b = 0; b < in.advantages.size(); ++b)
       if (!std::isfinite(static_cast<double>(in.advantages[b])))
-        detail::fail_at(fn, "advantages", static_cast<std::int64_t>(b), in.advantages[b], "must be finite");
+        ulorl::detail::fail_at(fn, "advantages", static_cast<std::int64_t>(b), in.advantages[b], "must be finite");
     if (o.beta != 0.0) require_all_finite(fn, "ref_per_token_logps", in.ref_per_token_logps);
     if (!in.sampling_per_token_logps.empty() && o.off_policy_mask_threshold)
       require_all_finite(fn, "sampling_per_token_logps", in.sampling_per_token_logps);
   }
-  if (!in.entropies.empty()) detail_trl::require_finite_non_negative(fn, "entropies", in.entropies);
+  if (!in.entropies.empty()) detail::require_finite_non_negative(fn, "entropies", in.entropies);
   if (!in.importance_sampling_ratio.empty())
-    detail_trl::require_finite_non_negative(fn, "importance_sampling_ratio", in.importance_sampling_ratio);
+    detail::require_finite_non_negative(fn, "importance_sampling_ratio", in.importance_sampling_ratio);
 }
 
 //! Each row's valid tokens n_b and sequence log-ratio ω_b = Σ_t (logp − old) m / max(n_b, 1).
@@ -697,12 +696,12 @@ template <class T, class M>
     const bool has_sampling = !in.sampling_per_token_logps.empty();
     const off_policy_mask_inputs<T, M, T> oin{lp, has_sampling ? in.sampling_per_token_logps : in.old_per_token_logps, mask, {},
                                               in.advantages};
-    (void)::ulorl::off_policy_mask(oin, detail_trl::padded_scratch<T>(m.keep, B, Tn), trl::off_policy_mask(*o.off_policy_mask_threshold));
+    (void)::ulorl::off_policy_mask(oin, detail::padded_scratch<T>(m.keep, B, Tn), trl::off_policy_mask(*o.off_policy_mask_threshold));
   }
   if (o.top_entropy_quantile < 1.0) {
     m.emask.assign(BT, T(0));
     std::vector<double> sorted(entropy_quantile_workspace(mask));
-    (void)::ulorl::top_entropy_mask(in.entropies, mask, detail_trl::padded_scratch<T>(m.emask, B, Tn),
+    (void)::ulorl::top_entropy_mask(in.entropies, mask, detail::padded_scratch<T>(m.emask, B, Tn),
                                     entropy_quantile_config{.quantile = o.top_entropy_quantile}, std::span<double>(sorted));
   }
   if (p.vespo) {
@@ -794,11 +793,11 @@ template <class T, class M, class Exec>
     factors.resize(B * Tn);
     for (std::size_t b = 0; b < B; ++b)
       for (std::size_t t = 0; t < Tn; ++t) factors[b * Tn + t] = static_cast<T>(m.at(b, t));
-    valid_only.weights = detail_trl::padded_scratch<const T>(factors, B, Tn);
+    valid_only.weights = detail::padded_scratch<const T>(factors, B, Tn);
   }
   policy_loss_config mcfg = cfg;
   mcfg.kl_coef = 0.0;
-  return ::ulorl::policy_loss(valid_only, detail_trl::padded_scratch<T>(scratch_grad, B, Tn), token_view<T>{}, mcfg, exec).metrics;
+  return ::ulorl::policy_loss(valid_only, detail::padded_scratch<T>(scratch_grad, B, Tn), token_view<T>{}, mcfg, exec).metrics;
 }
 
 //! The element-wise k3 and its gradient [B, T] of the separately added KL term (before any write).
@@ -810,7 +809,7 @@ template <class T>
 [[nodiscard]] kl_terms<T> separate_kl_terms(token_view<const T> lp, token_view<const T> ref) {
   const std::size_t B = lp.rows(), Tn = lp.cols();
   kl_terms<T> k{std::vector<T>(B * Tn), std::vector<T>(B * Tn)};
-  ::ulorl::kl_penalty<T>(lp, ref, detail_trl::padded_scratch<T>(k.value, B, Tn), detail_trl::padded_scratch<T>(k.grad, B, Tn),
+  ::ulorl::kl_penalty<T>(lp, ref, detail::padded_scratch<T>(k.value, B, Tn), detail::padded_scratch<T>(k.grad, B, Tn),
                          trl::kl({}));
   return k;
 }
@@ -820,7 +819,7 @@ template <class T>
 template <class T>
 [[nodiscard]] agg_normalizer bonus_normalizer(const normalizer_options& nopt, const batch_counts& counts, const multipliers<T>& m,
                                               std::size_t B, std::size_t Tn) {
-  const double bonus_tokens = m.emask.empty() ? counts.tokens : count_batch(detail_trl::padded_scratch<const T>(m.emask, B, Tn)).tokens;
+  const double bonus_tokens = m.emask.empty() ? counts.tokens : count_batch(detail::padded_scratch<const T>(m.emask, B, Tn)).tokens;
   const agg_normalizer norm = trl::entropy_normalizer(nopt, counts, bonus_tokens);
   validate_normalizer(fn, norm);
   return norm;
@@ -887,7 +886,7 @@ template <class T, class M>
   if (coef != 0.0) {
     const std::size_t B = in.per_token_logps.rows(), Tn = in.per_token_logps.cols();
     return m.emask.empty() ? ::ulorl::entropy_loss(in.entropies, mask, out.grad_entropies, coef, *norm)
-                           : ::ulorl::entropy_loss(in.entropies, detail_trl::padded_scratch<const T>(m.emask, B, Tn),
+                           : ::ulorl::entropy_loss(in.entropies, detail::padded_scratch<const T>(m.emask, B, Tn),
                                                    out.grad_entropies, coef, *norm);
   }
   for (std::size_t b = 0; b < out.grad_entropies.rows(); ++b)
@@ -1027,7 +1026,10 @@ void require_results_in_range(const grpo_loss_result& r, const token_view<T>& gr
     if (!std::isfinite(value)) fail(name, -1, value, false);
 }
 
-}  // namespace detail_grpo
+}  // namespace ULORL_ISA
+}  // namespace detail
+
+inline namespace ULORL_ISA {
 
 //! TRL's loss of one micro-batch (the composition above): writes d loss / d per_token_logps and,
 //! when given, d loss / d entropies; returns the loss, its parts and the metrics. Everything is
@@ -1040,7 +1042,7 @@ template <class T, class M, class Exec>
 [[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out,
                                          const grpo_loss_options& o, const Exec& exec) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "presets::trl::grpo_loss: T must be float or double");
-  namespace G = detail_grpo;
+  namespace G = detail;
   // Checks, then what needs scratch only, before the first write to the outputs.
   const G::plan p = G::plan_of(o);
   const token_view<const M> mask = G::require_shapes(in, out, o, p);
@@ -1055,11 +1057,11 @@ template <class T, class M, class Exec>
   const std::vector<T> weights = G::policy_weights(mult, rows, p, B, Tn);
   const std::vector<T> adv = G::token_advantages(in.advantages, Tn);
   const std::vector<T> old_derived = p.derived_seq ? G::derived_old_log_probs(lp, rows) : std::vector<T>{};
-  policy_loss_inputs<T, M> pin{lp, p.derived_seq ? detail_trl::padded_scratch<const T>(old_derived, B, Tn) : old,
-                               detail_trl::padded_scratch<const T>(adv, B, Tn),
+  policy_loss_inputs<T, M> pin{lp, p.derived_seq ? detail::padded_scratch<const T>(old_derived, B, Tn) : old,
+                               detail::padded_scratch<const T>(adv, B, Tn),
                                p.luspo_tokens ? token_view<const M>{} : mask};  // luspo tokens: every position
   pin.ref_log_prob = in.ref_per_token_logps;
-  if (!weights.empty()) pin.weights = detail_trl::padded_scratch<const T>(weights, B, Tn);
+  if (!weights.empty()) pin.weights = detail::padded_scratch<const T>(weights, B, Tn);
   const normalizer_options nopt = G::normalizer_options_of(o, p, Tn);
   const policy_loss_config cfg = G::policy_config(o, p, nopt, counts);
   std::optional<loss_metrics> luspo_metrics;

@@ -106,20 +106,20 @@ struct optimal_token_baseline_options {
 //! `actor.policy_loss.loss_mode`. dppo_tv, dppo_kl, dro, kl_cov, clip_cov: verl-project/verl 1dda039b.
 enum class loss_mode_kind { vanilla, gspo, cispo, geo_mean, sapo, gpg, dppo_tv, dppo_kl, dro, kl_cov, clip_cov };
 [[nodiscard]] inline loss_mode_kind loss_mode_from_name(std::string_view name) {
-  static constexpr detail_presets::name_entry<loss_mode_kind> table[] = {
+  static constexpr presets::detail::name_entry<loss_mode_kind> table[] = {
       {"vanilla", loss_mode_kind::vanilla}, {"gspo", loss_mode_kind::gspo},       {"cispo", loss_mode_kind::cispo},
       {"geo_mean", loss_mode_kind::geo_mean}, {"sapo", loss_mode_kind::sapo},     {"gpg", loss_mode_kind::gpg},
       {"dppo_tv", loss_mode_kind::dppo_tv}, {"dppo_kl", loss_mode_kind::dppo_kl}, {"dro", loss_mode_kind::dro},
       {"kl_cov", loss_mode_kind::kl_cov},   {"clip_cov", loss_mode_kind::clip_cov}};
-  return detail_presets::parse("presets::verl::loss_mode_from_name", "loss_mode", name, table);
+  return presets::detail::parse("presets::verl::loss_mode_from_name", "loss_mode", name, table);
 }
-namespace detail_verl {
+namespace detail {
 inline void require_loss_mode(std::string_view fn, loss_mode_kind m) {
   require_known(fn, "loss_mode", m, loss_mode_kind::vanilla, loss_mode_kind::gspo, loss_mode_kind::cispo,
                 loss_mode_kind::geo_mean, loss_mode_kind::sapo, loss_mode_kind::gpg, loss_mode_kind::dppo_tv,
                 loss_mode_kind::dppo_kl, loss_mode_kind::dro, loss_mode_kind::kl_cov, loss_mode_kind::clip_cov);
 }
-}  // namespace detail_verl
+}  // namespace detail
 
 //! The policy-loss options of verl's actor config (defaults: verl's).
 struct objective_options {
@@ -147,7 +147,7 @@ struct objective_options {
 //!  * clip_cov: ppo_clip without dual clip or clamp; clip_cov_weights(clip_cov(o)) writes w (1 - selection).
 [[nodiscard]] inline objective_config objective(const objective_options& o) {
   constexpr const char* fn = "presets::verl::objective";
-  detail_verl::require_loss_mode(fn, o.loss_mode);
+  detail::require_loss_mode(fn, o.loss_mode);
   require_not_nan(fn, "clip_ratio_low", o.clip_ratio_low);
   require_not_nan(fn, "clip_ratio_high", o.clip_ratio_high);
   require_not_nan(fn, "clip_ratio_c", o.clip_ratio_c);
@@ -162,7 +162,7 @@ struct objective_options {
   objective_config c{.eps_low = o.clip_ratio_low, .eps_high = o.clip_ratio_high, .log_ratio_clamp = 20.0};
   switch (o.loss_mode) {
     case loss_mode_kind::vanilla:
-      if (!(o.clip_ratio_c > 1.0)) detail::fail_value(fn, "clip_ratio_c", o.clip_ratio_c, "must be > 1 (dual clip)");
+      if (!(o.clip_ratio_c > 1.0)) ulorl::detail::fail_value(fn, "clip_ratio_c", o.clip_ratio_c, "must be > 1 (dual clip)");
       c.kind = objective_kind::ppo_clip, c.dual_clip = o.clip_ratio_c;
       break;
     case loss_mode_kind::gspo:
@@ -175,26 +175,26 @@ struct objective_options {
     case loss_mode_kind::dppo_tv:
     case loss_mode_kind::dppo_kl:
       if (!(o.clip_ratio_c > 0.0 && std::isfinite(o.clip_ratio_c)))
-        detail::fail_value(fn, "clip_ratio_c", o.clip_ratio_c, "must be finite and > 0 (the cap of the detached ratio)");
+        ulorl::detail::fail_value(fn, "clip_ratio_c", o.clip_ratio_c, "must be finite and > 0 (the cap of the detached ratio)");
       c.kind = objective_kind::policy_gradient;
       break;
     case loss_mode_kind::dro:
-      if (!o.dro_beta) detail::fail(fn, "dro_beta", "dro needs dro_beta (> 0)");
-      if (!(*o.dro_beta > 0.0 && std::isfinite(*o.dro_beta))) detail::fail_value(fn, "dro_beta", *o.dro_beta, "must be finite and > 0");
+      if (!o.dro_beta) ulorl::detail::fail(fn, "dro_beta", "dro needs dro_beta (> 0)");
+      if (!(*o.dro_beta > 0.0 && std::isfinite(*o.dro_beta))) ulorl::detail::fail_value(fn, "dro_beta", *o.dro_beta, "must be finite and > 0");
       c.kind = objective_kind::penalized_pg, c.surrogate = pg_surrogate::log_prob, c.square_penalty = *o.dro_beta;
       c.log_ratio_clamp = no_limit;
       break;
     case loss_mode_kind::kl_cov:
-      if (!(o.kl_cov_ratio > 0.0 && std::isfinite(o.kl_cov_ratio))) detail::fail_value(fn, "kl_cov_ratio", o.kl_cov_ratio, "must be finite and > 0");
-      if (!(o.ppo_kl_coef >= 0.0 && std::isfinite(o.ppo_kl_coef))) detail::fail_value(fn, "ppo_kl_coef", o.ppo_kl_coef, "must be finite and >= 0");
+      if (!(o.kl_cov_ratio > 0.0 && std::isfinite(o.kl_cov_ratio))) ulorl::detail::fail_value(fn, "kl_cov_ratio", o.kl_cov_ratio, "must be finite and > 0");
+      if (!(o.ppo_kl_coef >= 0.0 && std::isfinite(o.ppo_kl_coef))) ulorl::detail::fail_value(fn, "ppo_kl_coef", o.ppo_kl_coef, "must be finite and >= 0");
       c.kind = objective_kind::penalized_pg, c.surrogate = pg_surrogate::ratio, c.abs_penalty = o.ppo_kl_coef;
       c.log_ratio_clamp = no_limit;
       break;
     case loss_mode_kind::clip_cov:
       if (!(o.clip_cov_ratio > 0.0 && std::isfinite(o.clip_cov_ratio)))
-        detail::fail_value(fn, "clip_cov_ratio", o.clip_cov_ratio, "must be finite and > 0");
-      if (!std::isfinite(o.clip_cov_lb)) detail::fail_value(fn, "clip_cov_lb", o.clip_cov_lb, "must be finite");
-      if (!std::isfinite(o.clip_cov_ub)) detail::fail_value(fn, "clip_cov_ub", o.clip_cov_ub, "must be finite");
+        ulorl::detail::fail_value(fn, "clip_cov_ratio", o.clip_cov_ratio, "must be finite and > 0");
+      if (!std::isfinite(o.clip_cov_lb)) ulorl::detail::fail_value(fn, "clip_cov_lb", o.clip_cov_lb, "must be finite");
+      if (!std::isfinite(o.clip_cov_ub)) ulorl::detail::fail_value(fn, "clip_cov_ub", o.clip_cov_ub, "must be finite");
       c.kind = objective_kind::ppo_clip, c.log_ratio_clamp = no_limit;
       break;
   }
@@ -209,7 +209,7 @@ struct kl_options {
   bool straight_through = false;
 };
 [[nodiscard]] inline kl_options kl_penalty_from_name(std::string_view name) {
-  static constexpr detail_presets::name_entry<kl_estimator> table[] = {
+  static constexpr presets::detail::name_entry<kl_estimator> table[] = {
       {"kl", kl_estimator::k1},  {"k1", kl_estimator::k1},         {"abs", kl_estimator::abs},
       {"mse", kl_estimator::k2}, {"k2", kl_estimator::k2},         {"low_var_kl", kl_estimator::k3},
       {"k3", kl_estimator::k3}};
@@ -217,11 +217,11 @@ struct kl_options {
   const bool plus = !base.empty() && base.back() == '+';
   if (plus) base.remove_suffix(1);
   if (plus && base.empty()) base = name;  // "+" alone: reported as the name given
-  return {.kl_penalty = detail_presets::parse("presets::verl::kl_penalty_from_name", "kl_penalty", base, table),
+  return {.kl_penalty = presets::detail::parse("presets::verl::kl_penalty_from_name", "kl_penalty", base, table),
           .straight_through = plus};
 }
 [[nodiscard]] inline kl_config kl(const kl_options& o) {
-  detail_presets::require_estimator("presets::verl::kl", "kl_penalty", o.kl_penalty, true);
+  presets::detail::require_estimator("presets::verl::kl", "kl_penalty", o.kl_penalty, true);
   kl_config c{.estimator = o.kl_penalty, .straight_through = o.straight_through};
   if (o.kl_penalty == kl_estimator::k3) c.input_clamp = 20.0, c.output_clamp = 10.0;
   return c;
@@ -230,13 +230,13 @@ struct kl_options {
 //! `loss_agg_mode` names; verl's "token-sum" (the masked sum times dp_size) is agg_mode::constant
 //! with the constant 1.
 [[nodiscard]] inline agg_mode loss_agg_mode_from_name(std::string_view name) {
-  static constexpr detail_presets::name_entry<agg_mode> table[] = {
+  static constexpr presets::detail::name_entry<agg_mode> table[] = {
       {"token-mean", agg_mode::token_mean},
       {"token-sum", agg_mode::constant},
       {"seq-mean-token-sum", agg_mode::seq_mean_token_sum},
       {"seq-mean-token-mean", agg_mode::seq_mean_token_mean},
       {"seq-mean-token-sum-norm", agg_mode::seq_mean_token_sum_norm}};
-  return detail_presets::parse("presets::verl::loss_agg_mode_from_name", "loss_agg_mode", name, table);
+  return presets::detail::parse("presets::verl::loss_agg_mode_from_name", "loss_agg_mode", name, table);
 }
 
 //! verl `agg_loss`'s options. Absent optionals take this batch's own counts (verl's local default).
@@ -283,7 +283,7 @@ struct normalizer_options {
 //! averages its per-sequence losses over the batch's rows and ignores every agg option.
 [[nodiscard]] inline agg_normalizer policy_normalizer(loss_mode_kind loss_mode, normalizer_options o,
                                                       const batch_counts& local) {
-  detail_verl::require_loss_mode("presets::verl::policy_normalizer", loss_mode);
+  detail::require_loss_mode("presets::verl::policy_normalizer", loss_mode);
   if (loss_mode == loss_mode_kind::geo_mean) return {agg_mode::seq_mean_token_sum, local.rows, 1.0};
   if (loss_mode == loss_mode_kind::gspo || loss_mode == loss_mode_kind::sapo)
     o.loss_agg_mode = agg_mode::seq_mean_token_mean;
@@ -297,7 +297,7 @@ struct policy_metrics {
 //! `stats`: what dppo_weights / kl_cov_selection / clip_cov_weights (loss/token_selection.hpp) returned
 //! for dppo_*, kl_cov and clip_cov (the other modes ignore it).
 [[nodiscard]] inline policy_metrics metrics(loss_mode_kind loss_mode, const loss_metrics& m, const token_selection_stats& stats = {}) {
-  detail_verl::require_loss_mode("presets::verl::metrics", loss_mode);
+  detail::require_loss_mode("presets::verl::metrics", loss_mode);
   switch (loss_mode) {
     case loss_mode_kind::dppo_tv:
     case loss_mode_kind::dppo_kl: return {stats.dropped_fraction, m.approx_kl_k1_clamped(), stats.capped_fraction};
@@ -319,24 +319,24 @@ struct policy_metrics {
 // the selection that policy_loss reads; these map verl's options to their configurations, checking
 // the options under verl's names first.
 
-namespace detail_verl {
+namespace detail {
 //! `o` is valid for objective() and its loss_mode is `a` or `b`.
 inline void require_mode(std::string_view fn, const objective_options& o, loss_mode_kind a, loss_mode_kind b, std::string_view what) {
   require_loss_mode(fn, o.loss_mode);
-  if (o.loss_mode != a && o.loss_mode != b) detail::fail_value(fn, "loss_mode", static_cast<int>(o.loss_mode), what);
+  if (o.loss_mode != a && o.loss_mode != b) ulorl::detail::fail_value(fn, "loss_mode", static_cast<int>(o.loss_mode), what);
   (void)objective(o);
 }
-}  // namespace detail_verl
+}  // namespace detail
 
 //! dppo_tv / dppo_kl (DPPO Binary-TV / Binary-KL): the trust region of dppo_weights, δl, δh =
 //! clip_ratio_low / high (finite, >= 0) and the ratio cap c = clip_ratio_c.
 [[nodiscard]] inline dppo_config dppo(const objective_options& o) {
   constexpr std::string_view fn = "presets::verl::dppo";
-  detail_verl::require_mode(fn, o, loss_mode_kind::dppo_tv, loss_mode_kind::dppo_kl, "must be dppo_tv or dppo_kl");
+  detail::require_mode(fn, o, loss_mode_kind::dppo_tv, loss_mode_kind::dppo_kl, "must be dppo_tv or dppo_kl");
   if (!(o.clip_ratio_low >= 0.0 && std::isfinite(o.clip_ratio_low)))
-    detail::fail_value(fn, "clip_ratio_low", o.clip_ratio_low, "must be finite and >= 0 (a divergence threshold)");
+    ulorl::detail::fail_value(fn, "clip_ratio_low", o.clip_ratio_low, "must be finite and >= 0 (a divergence threshold)");
   if (!(o.clip_ratio_high >= 0.0 && std::isfinite(o.clip_ratio_high)))
-    detail::fail_value(fn, "clip_ratio_high", o.clip_ratio_high, "must be finite and >= 0 (a divergence threshold)");
+    ulorl::detail::fail_value(fn, "clip_ratio_high", o.clip_ratio_high, "must be finite and >= 0 (a divergence threshold)");
   return {.divergence = o.loss_mode == loss_mode_kind::dppo_tv ? dppo_divergence::total_variation : dppo_divergence::binary_kl,
           .delta_low = o.clip_ratio_low,
           .delta_high = o.clip_ratio_high,
@@ -346,14 +346,14 @@ inline void require_mode(std::string_view fn, const objective_options& o, loss_m
 //! kl_cov: kl_cov_selection's fraction, kl_cov_ratio. The selected tokens take objective(o), the
 //! others the same objective with abs_penalty = 0 (one normaliser).
 [[nodiscard]] inline kl_cov_config kl_cov(const objective_options& o) {
-  detail_verl::require_mode("presets::verl::kl_cov", o, loss_mode_kind::kl_cov, loss_mode_kind::kl_cov, "must be kl_cov");
+  detail::require_mode("presets::verl::kl_cov", o, loss_mode_kind::kl_cov, loss_mode_kind::kl_cov, "must be kl_cov");
   return {.fraction = o.kl_cov_ratio};
 }
 
 //! clip_cov: clip_cov_weights' candidates (the clip band clip_ratio_low / high, clip_cov_lb < cov <
 //! clip_cov_ub) and share clip_cov_ratio; verl draws the selection with torch.randperm among them.
 [[nodiscard]] inline clip_cov_config clip_cov(const objective_options& o) {
-  detail_verl::require_mode("presets::verl::clip_cov", o, loss_mode_kind::clip_cov, loss_mode_kind::clip_cov, "must be clip_cov");
+  detail::require_mode("presets::verl::clip_cov", o, loss_mode_kind::clip_cov, loss_mode_kind::clip_cov, "must be clip_cov");
   return {.eps_low = o.clip_ratio_low,
           .eps_high = o.clip_ratio_high,
           .fraction = o.clip_cov_ratio,
@@ -373,20 +373,20 @@ struct is_threshold {
 //! l <= 0, l > u.
 [[nodiscard]] inline is_threshold parse_rollout_is_threshold(std::string_view text) {
   constexpr std::string_view fn = "presets::verl::parse_rollout_is_threshold", arg = "rollout_is_threshold";
-  const auto parts = detail_presets::split(text, '_');
-  if (parts.size() > 2) detail::fail(fn, arg, "'" + std::string(text) + "' is neither \"u\" nor \"l_u\"");
+  const auto parts = presets::detail::split(text, '_');
+  if (parts.size() > 2) ulorl::detail::fail(fn, arg, "'" + std::string(text) + "' is neither \"u\" nor \"l_u\"");
   std::array<double, 2> v{};
   for (std::size_t i = 0; i < parts.size(); ++i) {
-    const auto x = detail_presets::number(parts[i]);
-    if (!x) detail::fail(fn, arg, "'" + std::string(text) + "' is not a number nor \"l_u\"");
+    const auto x = presets::detail::number(parts[i]);
+    if (!x) ulorl::detail::fail(fn, arg, "'" + std::string(text) + "' is not a number nor \"l_u\"");
     v[i] = *x;
   }
   is_threshold th;
   if (parts.size() == 2) th.lower = v[0], th.upper = v[1];
   else th.upper = v[0];
-  if (!(th.upper > 0)) detail::fail_value(fn, arg, th.upper, "the upper bound must be > 0");
-  if (th.lower && !(*th.lower > 0)) detail::fail_value(fn, arg, *th.lower, "the lower bound must be > 0");
-  if (th.lower && *th.lower > th.upper) detail::fail_value(fn, arg, *th.lower, "the lower bound exceeds the upper bound");
+  if (!(th.upper > 0)) ulorl::detail::fail_value(fn, arg, th.upper, "the upper bound must be > 0");
+  if (th.lower && !(*th.lower > 0)) ulorl::detail::fail_value(fn, arg, *th.lower, "the lower bound must be > 0");
+  if (th.lower && *th.lower > th.upper) ulorl::detail::fail_value(fn, arg, *th.lower, "the lower bound exceeds the upper bound");
   return th;
 }
 
@@ -401,8 +401,8 @@ struct is_threshold {
                                                              "seq_sum_k2",  "seq_sum_k3",  "seq_mean_k1", "seq_mean_k2",
                                                              "seq_mean_k3", "seq_max_k2",  "seq_max_k3"};
   std::vector<std::string_view> names;
-  for (auto item : detail_presets::split(rollout_rs, ',')) {
-    item = detail_presets::strip(item);
+  for (auto item : presets::detail::split(rollout_rs, ',')) {
+    item = presets::detail::strip(item);
     if (item.empty()) continue;
     bool is_known = false;
     for (auto k : known) is_known = is_known || k == item;
@@ -410,17 +410,17 @@ struct is_threshold {
       std::string what = "unknown option '" + std::string(item) + "' (known:";
       const char* sep = " ";
       for (auto k : known) what += sep + std::string(k), sep = ", ";
-      detail::fail(fn, "rollout_rs", what + ")");
+      ulorl::detail::fail(fn, "rollout_rs", what + ")");
     }
     bool repeat = false;
     for (auto n : names) repeat = repeat || n == item;
     if (!repeat) names.push_back(item);
   }
-  if (names.empty()) detail::fail(fn, "rollout_rs", "no option in '" + std::string(rollout_rs) + "'");
-  if (!rollout_rs_threshold) detail::fail(fn, "rollout_rs_threshold", "required with rollout_rs");
-  auto values = detail_presets::split(*rollout_rs_threshold, ',');
+  if (names.empty()) ulorl::detail::fail(fn, "rollout_rs", "no option in '" + std::string(rollout_rs) + "'");
+  if (!rollout_rs_threshold) ulorl::detail::fail(fn, "rollout_rs_threshold", "required with rollout_rs");
+  auto values = presets::detail::split(*rollout_rs_threshold, ',');
   if (values.size() != 1 && values.size() != names.size())
-    detail::fail(fn, "rollout_rs_threshold",
+    ulorl::detail::fail(fn, "rollout_rs_threshold",
                  std::to_string(values.size()) + " thresholds for " + std::to_string(names.size()) + " rollout_rs options");
   rollout_correction::rejection_chain chain;
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -429,21 +429,21 @@ struct is_threshold {
     rollout_correction::rejection_criterion c{
         .statistic = rollout_correction::rs_statistic_from_name(name.substr(0, cut), "rollout_rs"),
         .estimator = rollout_correction::rs_estimator_from_name(name.substr(cut + 1), "rollout_rs")};
-    const auto parts = detail_presets::split(text, '_');
+    const auto parts = presets::detail::split(text, '_');
     auto bad = [&](const std::string& why) {
-      detail::fail(fn, "rollout_rs_threshold", "'" + std::string(text) + "' for " + std::string(name) + ": " + why);
+      ulorl::detail::fail(fn, "rollout_rs_threshold", "'" + std::string(text) + "' for " + std::string(name) + ": " + why);
     };
     if (c.estimator == rollout_correction::rs_estimator::k1) {
       if (parts.size() > 2) bad("k1 takes \"l_u\" or \"u\"");
-      const auto a = detail_presets::number(parts[0]);
-      const auto u = detail_presets::number(parts.back());
+      const auto a = presets::detail::number(parts[0]);
+      const auto u = presets::detail::number(parts.back());
       if (!a || !u) bad("not a number");
       c.upper = *u;
       c.lower = parts.size() == 2 ? *a : 1.0 / *u;
       if (!(c.lower > 0 && c.lower <= c.upper) || !std::isfinite(c.lower)) bad("needs 0 < lower <= upper");
     } else {
       if (parts.size() != 1) bad("takes a single upper bound");
-      const auto u = detail_presets::number(parts[0]);
+      const auto u = presets::detail::number(parts[0]);
       if (!u) bad("not a number");
       if (!(*u > 0)) bad("the upper bound must be > 0");
       c.upper = *u;
@@ -454,7 +454,7 @@ struct is_threshold {
 }
 //! The same with a numeric `rollout_rs_threshold` (verl reads its Python str).
 [[nodiscard]] inline rollout_correction::rejection_chain parse_rollout_rs(std::string_view rollout_rs, double rollout_rs_threshold) {
-  const std::string text = detail_presets::text_of(rollout_rs_threshold);
+  const std::string text = presets::detail::text_of(rollout_rs_threshold);
   return parse_rollout_rs(rollout_rs, std::optional<std::string_view>(text));
 }
 
@@ -486,10 +486,10 @@ struct rollout_correction_options {
   if (c.importance.level != is_level::none) {
     const auto& th = *o.rollout_is_threshold;
     if (!(th.upper > 0) || !std::isfinite(th.upper))
-      detail::fail_value(fn, "rollout_is_threshold", th.upper, "the upper bound must be finite and > 0");
+      ulorl::detail::fail_value(fn, "rollout_is_threshold", th.upper, "the upper bound must be finite and > 0");
     if (th.lower) {
-      if (!(*th.lower > 0)) detail::fail_value(fn, "rollout_is_threshold", *th.lower, "the lower bound must be > 0");
-      if (*th.lower > th.upper) detail::fail_value(fn, "rollout_is_threshold", *th.lower, "the lower bound exceeds the upper bound");
+      if (!(*th.lower > 0)) ulorl::detail::fail_value(fn, "rollout_is_threshold", *th.lower, "the lower bound must be > 0");
+      if (*th.lower > th.upper) ulorl::detail::fail_value(fn, "rollout_is_threshold", *th.lower, "the lower bound exceeds the upper bound");
       c.importance.weighting = is_weighting::mask, c.importance.lower = *th.lower;
     } else {
       c.importance.weighting = is_weighting::truncate, c.importance.lower = 0.0;

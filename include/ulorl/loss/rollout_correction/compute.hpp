@@ -98,7 +98,7 @@ struct metrics {
   statistics totals{};  //!< the statistics these metrics were computed from
 };
 
-namespace detail_rc {
+namespace detail {
 
 [[nodiscard]] inline double per(double num, double den) noexcept { return den > 0 ? num / den : 0.0; }
 
@@ -538,11 +538,11 @@ void validate_values(std::string_view fn, const inputs<T, M>& in) {
     const auto o = in.old_log_prob.row(b), r = in.rollout_log_prob.row(b);
     for (std::size_t t = 0; t < o.size(); ++t)
       if (!std::isfinite(static_cast<double>(o[t]) - static_cast<double>(r[t])))
-        detail::fail_at(fn, "rollout_log_prob", static_cast<std::int64_t>(in.rollout_log_prob.flat_index(b, t)), r[t],
+        ulorl::detail::fail_at(fn, "rollout_log_prob", static_cast<std::int64_t>(in.rollout_log_prob.flat_index(b, t)), r[t],
                         "old_log_prob - rollout_log_prob overflows");
     const double sum = row_log_ratio_sum(reader_of<L>(in, b));
     if (!std::isfinite(sum))
-      detail::fail_at(fn, "rollout_log_prob", static_cast<std::int64_t>(in.rollout_log_prob.flat_index(b, 0)), sum,
+      ulorl::detail::fail_at(fn, "rollout_log_prob", static_cast<std::int64_t>(in.rollout_log_prob.flat_index(b, 0)), sum,
                       "the row's sum of old_log_prob - rollout_log_prob overflows (row " + std::to_string(b) + ")");
   }
 }
@@ -718,7 +718,7 @@ double scan_row(std::string_view fn, const inputs<T, M>& in, const config& c, co
   using S = simd::scalar_lanes<double>;
   const auto& is = c.importance;
   const auto reject_weight = [&](std::size_t t, double w) {
-    detail::fail_at(fn, "rollout_log_prob", static_cast<std::int64_t>(in.rollout_log_prob.flat_index(b, t)),
+    ulorl::detail::fail_at(fn, "rollout_log_prob", static_cast<std::int64_t>(in.rollout_log_prob.flat_index(b, t)),
                     t < in.rollout_log_prob.row_size(b) ? static_cast<double>(in.rollout_log_prob(b, t)) : 0.0,
                     "the importance weight (" + std::to_string(w) +
                         ") is not finite in the element type: exp(old_log_prob - rollout_log_prob) overflows and the "
@@ -853,7 +853,7 @@ double scan(std::string_view fn, const inputs<T, M>& in, const config& c, const 
 
 inline metrics finalize_in(std::string_view fn, const statistics& s, const config& c) {
   validate(fn, c);
-  if (c.reject_empty_batch && !(s.tokens > 0)) detail::fail(fn, "mask", "no valid token in the batch");
+  if (c.reject_empty_batch && !(s.tokens > 0)) ulorl::detail::fail(fn, "mask", "no valid token in the batch");
   metrics m;
   m.totals = s, m.tokens = s.tokens, m.rows = s.rows;
   const auto& is = c.importance;
@@ -866,7 +866,7 @@ inline metrics finalize_in(std::string_view fn, const statistics& s, const confi
         m.effective_sample_size = d * d * s.tokens / s.capped_weight_sq_sum;
       } else {
         if (c.require_effective_sample_size)
-          detail::fail(fn, "weights", "every importance weight is 0: the effective sample size 1 / 0 is undefined");
+          ulorl::detail::fail(fn, "weights", "every importance weight is 0: the effective sample size 1 / 0 is undefined");
         m.effective_sample_size = std::numeric_limits<double>::infinity();
       }
     }
@@ -908,9 +908,9 @@ inline metrics finalize_in(std::string_view fn, const statistics& s, const confi
   return m;
 }
 
-}  // namespace detail_rc
+}  // namespace detail
 
-namespace detail_rc {
+namespace detail {
 inline namespace ULORL_ISA {
 //! accumulate() with the row scan's lane type `L` (the scalar one: the scalar build's results).
 template <class L = scan_lanes, class T, class M>
@@ -929,12 +929,12 @@ metrics apply_in(std::string_view fn, const inputs<T, M>& in, const config& c, c
   const double weight_max = scan<true, false, L>(fn, in, c, out, 1.0, st);
   const metrics m = finalize_in(fn, st, c);
   if (!representable<T>(weight_max / m.batch_norm_factor))
-    detail::fail_value(fn, "batch_norm_factor", m.batch_norm_factor, "the largest weight divided by it overflows");
+    ulorl::detail::fail_value(fn, "batch_norm_factor", m.batch_norm_factor, "the largest weight divided by it overflows");
   if (!out.weights.empty() || !out.mask.empty()) (void)scan<false, true, L>(fn, in, c, out, m.batch_norm_factor, again);
   return m;
 }
 }  // namespace ULORL_ISA
-}  // namespace detail_rc
+}  // namespace detail
 
 // The batch functions run the row scan compiled with the including translation unit's ISA: tagged
 // (core/simd.hpp).
@@ -944,7 +944,7 @@ inline namespace ULORL_ISA {
 //! batch-normalised) and keep-mask and returns its statistics. Nothing is written on error.
 template <class T, class M>
 [[nodiscard]] statistics accumulate(const inputs<T, M>& in, const outputs<T, M>& out, const config& c) {
-  return detail_rc::accumulate_in("rollout_correction::accumulate", in, c, out);
+  return detail::accumulate_in("rollout_correction::accumulate", in, c, out);
 }
 
 }  // namespace ULORL_ISA
@@ -952,7 +952,7 @@ template <class T, class M>
 //! Phase 2: the metrics of summed statistics (and the batch-normalisation divisor). Throws for an
 //! empty batch (config::reject_empty_batch) or all-zero weights (config::require_effective_sample_size).
 [[nodiscard]] inline metrics finalize(const statistics& total, const config& c) {
-  return detail_rc::finalize_in("rollout_correction::finalize", total, c);
+  return detail::finalize_in("rollout_correction::finalize", total, c);
 }
 
 //! Phase 3: divides every weight of a part by m.batch_norm_factor (nothing to do when it is 1).
@@ -967,8 +967,8 @@ void normalize_weights(token_view<T> weights, const metrics& m) {
   for (std::size_t b = 0; b < weights.rows(); ++b) {
     const auto w = weights.row(b);
     for (std::size_t t = 0; t < w.size(); ++t)
-      if (!detail_rc::representable<std::remove_cv_t<T>>(static_cast<double>(w[t]) / f))
-        detail::fail_at(fn, "weights", static_cast<std::int64_t>(weights.flat_index(b, t)), w[t], "weight / batch_norm_factor overflows");
+      if (!detail::representable<std::remove_cv_t<T>>(static_cast<double>(w[t]) / f))
+        ulorl::detail::fail_at(fn, "weights", static_cast<std::int64_t>(weights.flat_index(b, t)), w[t], "weight / batch_norm_factor overflows");
   }
   for (std::size_t b = 0; b < weights.rows(); ++b) {
     const auto w = weights.row(b);
@@ -982,7 +982,7 @@ inline namespace ULORL_ISA {
 //! Validates everything and computes the metrics before writing: nothing is written on error.
 template <class T, class M>
 metrics apply(const inputs<T, M>& in, const outputs<T, M>& out, const config& c) {
-  return detail_rc::apply_in("rollout_correction::apply", in, c, out);
+  return detail::apply_in("rollout_correction::apply", in, c, out);
 }
 
 }  // namespace ULORL_ISA

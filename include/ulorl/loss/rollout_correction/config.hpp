@@ -72,24 +72,24 @@ enum class rs_statistic {
 //! estimators with u = x^): k1 = -x^, k2 = x^2 / 2, k3 = exp(x^) - 1 - x^.
 enum class rs_estimator { k1, k2, k3 };
 
-namespace detail_rc {
+namespace detail {
 template <class E, std::size_t N>
 [[nodiscard]] E from_name(std::string_view fn, std::string_view argument, std::string_view name,
                           const std::array<std::pair<std::string_view, E>, N>& table) {
   return value_of_name(fn, argument, name, table);
 }
-}  // namespace detail_rc
+}  // namespace detail
 
 //! "none", "token", "sequence".
 [[nodiscard]] inline is_level is_level_from_name(std::string_view name, std::string_view argument = "name") {
-  return detail_rc::from_name<is_level, 3>(
+  return detail::from_name<is_level, 3>(
       "rollout_correction::is_level_from_name", argument, name,
       {{{"none", is_level::none}, {"token", is_level::token}, {"sequence", is_level::sequence}}});
 }
 //! "truncate" / "tis", "mask" / "icepop", "geometric_gate" / "seq-mask-tis" (OpenRLHF's and
 //! NeMo-RL's names are accepted).
 [[nodiscard]] inline is_weighting is_weighting_from_name(std::string_view name, std::string_view argument = "name") {
-  return detail_rc::from_name<is_weighting, 6>(
+  return detail::from_name<is_weighting, 6>(
       "rollout_correction::is_weighting_from_name", argument, name,
       {{{"truncate", is_weighting::truncate}, {"tis", is_weighting::truncate}, {"mask", is_weighting::mask},
         {"icepop", is_weighting::mask}, {"geometric_gate", is_weighting::geometric_gate},
@@ -97,32 +97,32 @@ template <class E, std::size_t N>
 }
 //! "zero", "neutral", "as_valid".
 [[nodiscard]] inline masked_positions masked_positions_from_name(std::string_view name, std::string_view argument = "name") {
-  return detail_rc::from_name<masked_positions, 3>(
+  return detail::from_name<masked_positions, 3>(
       "rollout_correction::masked_positions_from_name", argument, name,
       {{{"zero", masked_positions::zero}, {"neutral", masked_positions::neutral}, {"as_valid", masked_positions::as_valid}}});
 }
 //! "infinity", "zero", "nan_when_masked".
 [[nodiscard]] inline ratio_overflow ratio_overflow_from_name(std::string_view name, std::string_view argument = "name") {
-  return detail_rc::from_name<ratio_overflow, 3>(
+  return detail::from_name<ratio_overflow, 3>(
       "rollout_correction::ratio_overflow_from_name", argument, name,
       {{{"infinity", ratio_overflow::infinity}, {"zero", ratio_overflow::zero},
         {"nan_when_masked", ratio_overflow::nan_when_masked}}});
 }
 //! "drop", "ratio_one".
 [[nodiscard]] inline empty_row_gate empty_row_gate_from_name(std::string_view name, std::string_view argument = "name") {
-  return detail_rc::from_name<empty_row_gate, 2>("rollout_correction::empty_row_gate_from_name", argument, name,
+  return detail::from_name<empty_row_gate, 2>("rollout_correction::empty_row_gate_from_name", argument, name,
                                                  {{{"drop", empty_row_gate::drop}, {"ratio_one", empty_row_gate::ratio_one}}});
 }
 //! "token", "seq_sum", "seq_mean", "seq_max" (verl's prefixes of its rollout_rs options).
 [[nodiscard]] inline rs_statistic rs_statistic_from_name(std::string_view name, std::string_view argument = "name") {
-  return detail_rc::from_name<rs_statistic, 4>(
+  return detail::from_name<rs_statistic, 4>(
       "rollout_correction::rs_statistic_from_name", argument, name,
       {{{"token", rs_statistic::token}, {"seq_sum", rs_statistic::sequence_sum}, {"seq_mean", rs_statistic::sequence_mean},
         {"seq_max", rs_statistic::sequence_max}}});
 }
 //! "k1", "k2", "k3".
 [[nodiscard]] inline rs_estimator rs_estimator_from_name(std::string_view name, std::string_view argument = "name") {
-  return detail_rc::from_name<rs_estimator, 3>("rollout_correction::rs_estimator_from_name", argument, name,
+  return detail::from_name<rs_estimator, 3>("rollout_correction::rs_estimator_from_name", argument, name,
                                                {{{"k1", rs_estimator::k1}, {"k2", rs_estimator::k2}, {"k3", rs_estimator::k3}}});
 }
 
@@ -168,7 +168,7 @@ struct rejection_chain {
   [[nodiscard]] constexpr const rejection_criterion* end() const noexcept { return criteria.data() + size; }
   //! Appends a criterion; throws ulorl::error when the chain is full.
   constexpr void push_back(const rejection_criterion& c) {
-    if (size == capacity) detail::fail_value("rollout_correction::rejection_chain::push_back", "size", size, "the chain is full");
+    if (size == capacity) ulorl::detail::fail_value("rollout_correction::rejection_chain::push_back", "size", size, "the chain is full");
     criteria[size++] = c;
   }
 };
@@ -191,11 +191,11 @@ struct config {
   bool require_effective_sample_size = false;
 };
 
-namespace detail_rc {
+namespace detail {
 inline void require_clamp(std::string_view fn, std::string_view arg, double c) {
-  if (!(c > 0)) detail::fail_value(fn, arg, c, "must be > 0 (unbounded: no clamp)");
+  if (!(c > 0)) ulorl::detail::fail_value(fn, arg, c, "must be > 0 (unbounded: no clamp)");
 }
-}  // namespace detail_rc
+}  // namespace detail
 
 //! Throws ulorl::error naming the field (as "importance.upper", "rejection.chain.upper"[i], ...) for
 //! an unknown enum value or an inconsistent setting.
@@ -207,16 +207,16 @@ inline void validate(std::string_view fn, const config& c) {
   require_known(fn, "importance.masked", is.masked, masked_positions::zero, masked_positions::neutral, masked_positions::as_valid);
   require_known(fn, "importance.empty_rows", is.empty_rows, empty_row_gate::drop, empty_row_gate::ratio_one);
   require_non_negative(fn, "importance.lower", is.lower);
-  if (!(is.upper > 0)) detail::fail_value(fn, "importance.upper", is.upper, "must be > 0 (unbounded: no upper bound)");
-  if (!(is.lower <= is.upper)) detail::fail_value(fn, "importance.lower", is.lower, "must be <= importance.upper");
-  detail_rc::require_clamp(fn, "importance.log_ratio_clamp", is.log_ratio_clamp);
+  if (!(is.upper > 0)) ulorl::detail::fail_value(fn, "importance.upper", is.upper, "must be > 0 (unbounded: no upper bound)");
+  if (!(is.lower <= is.upper)) ulorl::detail::fail_value(fn, "importance.lower", is.lower, "must be <= importance.upper");
+  detail::require_clamp(fn, "importance.log_ratio_clamp", is.log_ratio_clamp);
   if (is.level == is_level::sequence && is.weighting == is_weighting::geometric_gate)
-    detail::fail(fn, "importance.weighting", "geometric_gate weighs token ratios: it needs importance.level token");
-  detail_rc::require_clamp(fn, "rejection.log_ratio_clamp", c.rejection.log_ratio_clamp);
-  detail_rc::require_clamp(fn, "diagnostic_log_ratio_clamp", c.diagnostic_log_ratio_clamp);
+    ulorl::detail::fail(fn, "importance.weighting", "geometric_gate weighs token ratios: it needs importance.level token");
+  detail::require_clamp(fn, "rejection.log_ratio_clamp", c.rejection.log_ratio_clamp);
+  detail::require_clamp(fn, "diagnostic_log_ratio_clamp", c.diagnostic_log_ratio_clamp);
   const auto& chain = c.rejection.chain;
   if (chain.size > rejection_chain::capacity)
-    detail::fail_value(fn, "rejection.chain.size", chain.size, "exceeds the capacity " + std::to_string(rejection_chain::capacity));
+    ulorl::detail::fail_value(fn, "rejection.chain.size", chain.size, "exceeds the capacity " + std::to_string(rejection_chain::capacity));
   for (std::size_t i = 0; i < chain.size; ++i) {
     const auto& r = chain.criteria[i];
     const auto at = static_cast<std::int64_t>(i);
@@ -225,19 +225,19 @@ inline void validate(std::string_view fn, const config& c) {
     require_known_at(fn, "rejection.chain.estimator", at, r.estimator, rs_estimator::k1, rs_estimator::k2, rs_estimator::k3);
     if (r.estimator == rs_estimator::k1) {
       if (r.statistic == rs_statistic::sequence_max)
-        detail::fail_at(fn, "rejection.chain.estimator", at, "k1", "sequence_max takes k2 or k3 (k1 is signed)");
+        ulorl::detail::fail_at(fn, "rejection.chain.estimator", at, "k1", "sequence_max takes k2 or k3 (k1 is signed)");
       if (!(r.lower > 0) || !std::isfinite(r.lower))
-        detail::fail_at(fn, "rejection.chain.lower", at, r.lower, "k1 needs a finite lower ratio bound > 0");
-      if (!std::isfinite(r.upper)) detail::fail_at(fn, "rejection.chain.upper", at, r.upper, "must be finite");
-      if (!(r.lower <= r.upper)) detail::fail_at(fn, "rejection.chain.lower", at, r.lower, "must be <= upper");
+        ulorl::detail::fail_at(fn, "rejection.chain.lower", at, r.lower, "k1 needs a finite lower ratio bound > 0");
+      if (!std::isfinite(r.upper)) ulorl::detail::fail_at(fn, "rejection.chain.upper", at, r.upper, "must be finite");
+      if (!(r.lower <= r.upper)) ulorl::detail::fail_at(fn, "rejection.chain.lower", at, r.lower, "must be <= upper");
     } else {
       if (!(r.upper > 0) || !std::isfinite(r.upper))
-        detail::fail_at(fn, "rejection.chain.upper", at, r.upper, "must be finite and > 0");
-      if (r.lower != 0) detail::fail_at(fn, "rejection.chain.lower", at, r.lower, "k2 / k3 take an upper bound only (lower must be 0)");
+        ulorl::detail::fail_at(fn, "rejection.chain.upper", at, r.upper, "must be finite and > 0");
+      if (r.lower != 0) ulorl::detail::fail_at(fn, "rejection.chain.lower", at, r.lower, "k2 / k3 take an upper bound only (lower must be 0)");
     }
     for (std::size_t j = 0; j < i; ++j)
       if (chain.criteria[j].statistic == r.statistic && chain.criteria[j].estimator == r.estimator)
-        detail::fail_at(fn, "rejection.chain", at, static_cast<long long>(j), "repeats the criterion at this index");
+        ulorl::detail::fail_at(fn, "rejection.chain", at, static_cast<long long>(j), "repeats the criterion at this index");
   }
 }
 
