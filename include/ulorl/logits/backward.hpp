@@ -124,9 +124,9 @@ void row_backward(vector_view<const L> row, vector_view<G> out, std::size_t labe
 }
 
 template <class S>
-void check_stat(const char* fn, const char* arg, vector_view<const S> v, std::size_t rows) {
+void require_stat(const char* fn, const char* arg, vector_view<const S> v, std::size_t rows) {
   require_same_size(fn, arg, v.size(), "logits rows", rows);
-  check_pointer(fn, arg, v.data(), v.size());
+  require_pointer(fn, arg, v.data(), v.size());
   for (std::size_t r = 0; r < v.size(); ++r)
     if (!std::isfinite(static_cast<double>(v[r])))
       detail::fail_at(fn, arg, static_cast<std::int64_t>(r), static_cast<double>(v[r]),
@@ -149,21 +149,21 @@ void logits_backward_dispatch(matrix_view<const L> logits, std::span<const I> la
   static_assert(std::is_floating_point_v<S> && std::is_floating_point_v<D>, "statistics are float or double");
   static_assert(detail::logits::is_storage_v<G>, "grad_logits must be float, double, ulorl::bf16 or ulorl::f16");
   constexpr const char* fn = "logits_backward";
-  detail::logits::check_common<S>(fn, logits, labels, cfg);
-  if (cfg.check_values) detail::logits::check_logits<detail::logits::range_t<L, S>>(fn, logits, cfg.temperature);
+  detail::logits::validate_common<S>(fn, logits, labels, cfg);
+  if (cfg.check_values) detail::logits::require_logits<detail::logits::range_t<L, S>>(fn, logits, cfg.temperature);
   const std::size_t n = logits.rows();
   const bool with_entropy = grad_entropy.size() != 0;
-  detail::logits::check_stat(fn, "lse", lse, n);
-  detail::logits::check_stat(fn, "grad_log_prob", grad_log_prob, n);
+  detail::logits::require_stat(fn, "lse", lse, n);
+  detail::logits::require_stat(fn, "grad_log_prob", grad_log_prob, n);
   if (with_entropy) {
-    detail::logits::check_stat(fn, "grad_entropy", grad_entropy, n);
-    detail::logits::check_stat(fn, "entropy", entropy, n);
+    detail::logits::require_stat(fn, "grad_entropy", grad_entropy, n);
+    detail::logits::require_stat(fn, "entropy", entropy, n);
   }
   if (grad_logits.rows() != logits.rows() || grad_logits.cols() != logits.cols())
     detail::fail(fn, "grad_logits",
                  "has shape [" + std::to_string(grad_logits.rows()) + ", " + std::to_string(grad_logits.cols()) +
                      "] but 'logits' has [" + std::to_string(logits.rows()) + ", " + std::to_string(logits.cols()) + "]");
-  detail::logits::check_pointer(fn, "grad_logits", grad_logits.data(), grad_logits.size());
+  detail::logits::require_pointer(fn, "grad_logits", grad_logits.data(), grad_logits.size());
   require_distinct_elements(fn, "grad_logits", grad_logits);
   const double tau = cfg.temperature;
   exec(n, [&](std::size_t begin, std::size_t end) {

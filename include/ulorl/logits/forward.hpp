@@ -225,7 +225,7 @@ constexpr const char* type_name() noexcept {
 //! temperature >= ~5.6e-309). A subnormal temperature such as 1e-320 has 1 / t = inf, which makes
 //! every scaled logit +-inf or NaN.
 template <class C>
-void check_temperature(const char* fn, double temperature) {
+void require_temperature(const char* fn, double temperature) {
   require_divisor<C>(fn, "temperature", temperature);  // else every scaled logit would be +-inf or NaN
 }
 
@@ -239,7 +239,7 @@ template <class R>
   return std::fabs(x) * inv_tau <= static_cast<double>(std::numeric_limits<R>::max()) / 2;
 }
 template <class R>
-void check_scaled_row(const char* fn, std::size_t row, std::size_t cols, std::size_t col, double x, double inv_tau,
+void require_scaled_row(const char* fn, std::size_t row, std::size_t cols, std::size_t col, double x, double inv_tau,
                       double temperature) {
   const double limit = static_cast<double>(std::numeric_limits<R>::max()) / 2;
   if (scaled_in_range<R>(x, inv_tau)) return;
@@ -268,10 +268,10 @@ template <class R, class V>
 }
 
 //! The value scan of row r, element by element: NaN / +inf logits and an all -inf row are errors
-//! (-inf marks a masked vocabulary entry), then the scaled row range of check_scaled_row; the
+//! (-inf marks a masked vocabulary entry), then the scaled row range of require_scaled_row; the
 //! message names the first offending column.
 template <class R, class L>
-void check_logits_row(const char* fn, matrix_view<const L> logits, std::size_t r, double temperature) {
+void require_logits_row(const char* fn, matrix_view<const L> logits, std::size_t r, double temperature) {
   const double inv_tau = 1.0 / temperature;
   bool any_finite = false;
   double biggest = 0;
@@ -295,25 +295,25 @@ void check_logits_row(const char* fn, matrix_view<const L> logits, std::size_t r
     detail::fail_at(fn, "logits", static_cast<std::int64_t>(r * logits.cols() + at), static_cast<double>(widen(logits(r, at))),
                     "row " + std::to_string(r) + ": |logit| exceeds half the range of " + type_name<C>() +
                         ", so differences of logits would overflow at any temperature");
-  check_scaled_row<R>(fn, r, logits.cols(), at, static_cast<double>(widen(logits(r, at))), inv_tau, temperature);
+  require_scaled_row<R>(fn, r, logits.cols(), at, static_cast<double>(widen(logits(r, at))), inv_tau, temperature);
 }
 
-//! The value scan of every row, before anything is written (check_logits_row's rules). A
+//! The value scan of every row, before anything is written (require_logits_row's rules). A
 //! unit-stride row takes one vectorised pass first (simd::max_abs_bits); only a row with a
 //! non-finite entry or out of range, or a strided row, takes the element-wise loop.
 template <class R, class L>
-void check_logits(const char* fn, matrix_view<const L> logits, double temperature) {
+void require_logits(const char* fn, matrix_view<const L> logits, double temperature) {
   const double inv_tau = 1.0 / temperature;
   const bool unit = logits.col_stride() == 1 || logits.cols() == 1;
   for (std::size_t r = 0; r < logits.rows(); ++r) {
     if (unit && logits.cols() > 0 && row_passes<R, L>(simd::max_abs_bits(&logits(r, 0), logits.cols()), inv_tau))
       continue;
-    check_logits_row<R>(fn, logits, r, temperature);
+    require_logits_row<R>(fn, logits, r, temperature);
   }
 }
 
 template <class T>
-void check_pointer(const char* fn, const char* arg, const T* p, std::size_t n) {
+void require_pointer(const char* fn, const char* arg, const T* p, std::size_t n) {
   if (n == 0) return;
   if (p == nullptr) detail::fail(fn, arg, "is null but has " + std::to_string(n) + " elements");
   if (reinterpret_cast<std::uintptr_t>(p) % alignof(T) != 0)
@@ -326,15 +326,15 @@ using range_t = std::conditional_t<(sizeof(compute_t<L>) < sizeof(S)), compute_t
 
 //! Shape, pointers, labels and temperature: everything O(N) is checked before any output is written.
 //! S is the statistics type (outputs of the forward, saved inputs of the backward). The value scan
-//! (cfg.check_values) is the caller's: a separate pass (check_logits) or inside the forward's read.
+//! (cfg.check_values) is the caller's: a separate pass (require_logits) or inside the forward's read.
 template <class S, class L, class I>
-void check_common(const char* fn, matrix_view<const L> logits, std::span<const I> labels, const logits_config& cfg) {
+void validate_common(const char* fn, matrix_view<const L> logits, std::span<const I> labels, const logits_config& cfg) {
   static_assert(is_storage_v<L>, "logits must be float, double, ulorl::bf16 or ulorl::f16");
   static_assert(std::is_integral_v<I>, "labels must be integers");
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
-  check_temperature<compute_t<L>>(fn, cfg.temperature);
+  require_temperature<compute_t<L>>(fn, cfg.temperature);
   if (logits.rows() > 0 && logits.cols() == 0) detail::fail(fn, "logits", "has V = 0 columns: no vocabulary");
-  check_pointer(fn, "logits", logits.data(), logits.size());
+  require_pointer(fn, "logits", logits.data(), logits.size());
   require_same_size(fn, "labels", labels.size(), "logits rows", logits.rows());
   const auto v = static_cast<std::uint64_t>(logits.cols());
   for (std::size_t r = 0; r < labels.size(); ++r) {
@@ -346,10 +346,10 @@ void check_common(const char* fn, matrix_view<const L> logits, std::span<const I
 }
 
 template <class S>
-void check_output(const char* fn, const char* arg, vector_view<S> out, std::size_t rows, bool optional) {
+void require_output(const char* fn, const char* arg, vector_view<S> out, std::size_t rows, bool optional) {
   if (optional && out.size() == 0) return;
   require_same_size(fn, arg, out.size(), "logits rows", rows);
-  check_pointer(fn, arg, out.data(), out.size());
+  require_pointer(fn, arg, out.data(), out.size());
   require_distinct_elements(fn, arg, out);
 }
 
@@ -381,14 +381,14 @@ void logits_forward_dispatch(matrix_view<const L> logits, std::span<const I> lab
                              const logits_config& cfg, executor_ref exec) {
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
   constexpr const char* fn = "logits_forward";
-  detail::logits::check_common<S>(fn, logits, labels, cfg);
+  detail::logits::validate_common<S>(fn, logits, labels, cfg);
   const std::size_t n = logits.rows();
   // Named copies, not a structured binding: clang 14 cannot capture bindings in a lambda.
   const vector_view<S> log_prob = out.log_prob, entropy = out.entropy, lse = out.lse, sum_sq = out.sum_pi_squared;
-  detail::logits::check_output(fn, "log_prob", log_prob, n, false);
-  detail::logits::check_output(fn, "entropy", entropy, n, true);
-  detail::logits::check_output(fn, "lse", lse, n, true);
-  detail::logits::check_output(fn, "sum_pi_squared", sum_sq, n, true);
+  detail::logits::require_output(fn, "log_prob", log_prob, n, false);
+  detail::logits::require_output(fn, "entropy", entropy, n, true);
+  detail::logits::require_output(fn, "lse", lse, n, true);
+  detail::logits::require_output(fn, "sum_pi_squared", sum_sq, n, true);
   require_disjoint(fn, "entropy", entropy, "log_prob", log_prob);
   require_disjoint(fn, "lse", lse, "log_prob", log_prob);
   require_disjoint(fn, "lse", lse, "entropy", entropy);
@@ -440,7 +440,7 @@ void logits_forward_dispatch(matrix_view<const L> logits, std::span<const I> lab
   }
   all_rows.template operator()<true>();
   for (std::size_t r = 0; r < n; ++r)
-    if (!tmp[r].passes) detail::logits::check_logits_row<R>(fn, logits, r, cfg.temperature);
+    if (!tmp[r].passes) detail::logits::require_logits_row<R>(fn, logits, r, cfg.temperature);
   for (std::size_t r = 0; r < n; ++r) put(r, tmp[r].st, tmp[r].q);
 }
 }  // namespace ULORL_ISA

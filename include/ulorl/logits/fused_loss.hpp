@@ -75,7 +75,7 @@ matrix_view<G> token_rows(matrix_view<G> m, std::size_t first, std::size_t count
 //! or entropies (they are computed from `source`), `buf` matches the token layout. Returns the
 //! number of tokens.
 template <class T, class M>
-std::size_t check_loss_buffers(const char* fn, const char* source, const policy_loss_inputs<T, M>& in,
+std::size_t validate_loss_buffers(const char* fn, const char* source, const policy_loss_inputs<T, M>& in,
                                const policy_loss_config& cfg, const logits_loss_buffers<T>& buf) {
   const std::string from = std::string("must be empty: it is computed from the ") + source;
   if (!in.log_prob.empty()) detail::fail(fn, "log_prob", from);
@@ -149,7 +149,7 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
                                                          matrix_view<G> grad_logits, const policy_loss_config& cfg,
                                                          const logits_config& lcfg = {}, Exec&& exec = {}, Hook&& hook = {}) {
   constexpr const char* fn = "policy_loss_from_logits";
-  const std::size_t n = detail::logits::check_loss_buffers(fn, "logits", in, cfg, buf);
+  const std::size_t n = detail::logits::validate_loss_buffers(fn, "logits", in, cfg, buf);
   const token_view<const T>& ref = in.old_log_prob;
   if (logits.rows() != n)
     detail::fail(fn, "logits",
@@ -159,7 +159,7 @@ template <class L, class I, class T, class M, class G, class Exec = sequential_e
   if (grad_logits.rows() != logits.rows() || grad_logits.cols() != logits.cols())
     detail::fail(fn, "grad_logits", "must have the shape of 'logits'");
   require_distinct_elements(fn, "grad_logits", grad_logits);
-  detail::logits::check_common<T>(fn, logits, labels, lcfg);
+  detail::logits::validate_common<T>(fn, logits, labels, lcfg);
   // The value scan of lcfg.check_values runs inside the forward's read of the logits (step 1), which
   // throws before the loss and the backward run; the backward reads logits it has seen.
   logits_config bcfg = lcfg;

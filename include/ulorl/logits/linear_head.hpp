@@ -247,8 +247,8 @@ void gemm_nn(const T* a, idx ams, idx aks, std::size_t m, const T* b, idx ldb, s
 // ---- validation -----------------------------------------------------------------------------------
 
 template <class T>
-void check_matrix(const char* fn, const char* arg, matrix_view<T> m) {
-  logits::check_pointer(fn, arg, m.data(), m.size());
+void require_matrix(const char* fn, const char* arg, matrix_view<T> m) {
+  logits::require_pointer(fn, arg, m.data(), m.size());
 }
 
 //! The largest |m(r, c)| of a matrix whose every element is finite; a non-finite element raises
@@ -280,10 +280,10 @@ double finite_max_abs(const char* fn, const char* arg, matrix_view<const T> m) {
 }
 
 template <class T, class I>
-void check_inputs(const char* fn, const linear_head_inputs<T>& in, std::span<const I> labels, double temperature) {
+void validate_inputs(const char* fn, const linear_head_inputs<T>& in, std::span<const I> labels, double temperature) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "hidden and weight are float or double");
   static_assert(std::is_integral_v<I>, "labels must be integers");
-  logits::check_temperature<T>(fn, temperature);
+  logits::require_temperature<T>(fn, temperature);
   const std::size_t n = in.hidden.rows(), h = in.hidden.cols(), v = in.weight.rows();
   if (v == 0) detail::fail(fn, "weight", "has V = 0 rows: no vocabulary");
   if (h == 0) detail::fail(fn, "hidden", "has H = 0 columns");
@@ -291,11 +291,11 @@ void check_inputs(const char* fn, const linear_head_inputs<T>& in, std::span<con
     detail::fail(fn, "weight",
                  "has " + std::to_string(in.weight.cols()) + " columns but 'hidden' has H = " + std::to_string(h) +
                      " (weight is [V, H], the unembedding as stored by torch's nn.Linear)");
-  check_matrix(fn, "hidden", in.hidden);
-  check_matrix(fn, "weight", in.weight);
+  require_matrix(fn, "hidden", in.hidden);
+  require_matrix(fn, "weight", in.weight);
   if (in.bias.size() != 0) {
     require_same_size(fn, "bias", in.bias.size(), "weight rows", v);
-    logits::check_pointer(fn, "bias", in.bias.data(), in.bias.size());
+    logits::require_pointer(fn, "bias", in.bias.data(), in.bias.size());
   }
   require_same_size(fn, "labels", labels.size(), "hidden rows", n);
   for (std::size_t r = 0; r < n; ++r) {
@@ -310,7 +310,7 @@ void check_inputs(const char* fn, const linear_head_inputs<T>& in, std::span<con
 //! that bound over the temperature beyond half the range of T (logits_forward's value-scan rule):
 //! after this no logit, no scaled logit, and so no statistic can be non-finite.
 template <class T>
-void check_values(const char* fn, const linear_head_inputs<T>& in, double temperature) {
+void validate_values(const char* fn, const linear_head_inputs<T>& in, double temperature) {
   const double mh = finite_max_abs(fn, "hidden", in.hidden), mw = finite_max_abs(fn, "weight", in.weight);
   double mb = 0;
   for (std::size_t j = 0; j < in.bias.size(); ++j) {
@@ -336,22 +336,22 @@ void check_values(const char* fn, const linear_head_inputs<T>& in, double temper
 }
 
 template <class T>
-void check_grad_matrix(const char* fn, const char* arg, matrix_view<T> g, std::size_t rows, std::size_t cols,
+void require_grad_matrix(const char* fn, const char* arg, matrix_view<T> g, std::size_t rows, std::size_t cols,
                        const char* shape) {
   if (g.size() == 0 && g.data() == nullptr) return;
   if (g.rows() != rows || g.cols() != cols)
     detail::fail(fn, arg,
                  "has shape [" + std::to_string(g.rows()) + ", " + std::to_string(g.cols()) + "] but must be " +
                      shape + " = [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
-  logits::check_pointer(fn, arg, g.data(), g.size());
+  logits::require_pointer(fn, arg, g.data(), g.size());
   require_distinct_elements(fn, arg, g);
 }
 
 template <class S>
-void check_stat_output(const char* fn, const char* arg, vector_view<S> out, std::size_t n, bool optional) {
+void require_stat_output(const char* fn, const char* arg, vector_view<S> out, std::size_t n, bool optional) {
   if (optional && out.size() == 0) return;
   require_same_size(fn, arg, out.size(), "hidden rows", n);
-  logits::check_pointer(fn, arg, out.data(), out.size());
+  logits::require_pointer(fn, arg, out.data(), out.size());
 }
 
 // ---- workspace ------------------------------------------------------------------------------------
@@ -615,13 +615,13 @@ void run(const char* fn, const linear_head_inputs<T>& in, std::span<const I> lab
 }
 
 template <class T>
-void check_grads(const char* fn, const linear_head_inputs<T>& in, const linear_head_grads<T>& g) {
+void validate_grads(const char* fn, const linear_head_inputs<T>& in, const linear_head_grads<T>& g) {
   const std::size_t n = in.hidden.rows(), h = in.hidden.cols(), v = in.weight.rows();
-  check_grad_matrix(fn, "grad_hidden", g.hidden, n, h, "[N, H]");
-  check_grad_matrix(fn, "grad_weight", g.weight, v, h, "[V, H]");
+  require_grad_matrix(fn, "grad_hidden", g.hidden, n, h, "[N, H]");
+  require_grad_matrix(fn, "grad_weight", g.weight, v, h, "[V, H]");
   if (g.bias.size() != 0) {
     require_same_size(fn, "grad_bias", g.bias.size(), "weight rows", v);
-    logits::check_pointer(fn, "grad_bias", g.bias.data(), g.bias.size());
+    logits::require_pointer(fn, "grad_bias", g.bias.data(), g.bias.size());
   }
 }
 
@@ -724,12 +724,12 @@ void linear_head_forward(const linear_head_inputs<T>& in, std::span<const I> lab
                          std::span<std::byte> workspace = {}, Exec&& exec = {}, Gemm&& gemm = {}) {
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
   constexpr const char* fn = "linear_head_forward";
-  detail::head::check_inputs(fn, in, labels, cfg.temperature);
+  detail::head::validate_inputs(fn, in, labels, cfg.temperature);
   const std::size_t n = in.hidden.rows();
-  detail::head::check_stat_output(fn, "log_prob", log_prob, n, false);
-  detail::head::check_stat_output(fn, "entropy", entropy, n, true);
-  detail::head::check_stat_output(fn, "lse", lse, n, true);
-  if (cfg.check_values) detail::head::check_values(fn, in, cfg.temperature);
+  detail::head::require_stat_output(fn, "log_prob", log_prob, n, false);
+  detail::head::require_stat_output(fn, "entropy", entropy, n, true);
+  detail::head::require_stat_output(fn, "lse", lse, n, true);
+  if (cfg.check_values) detail::head::validate_values(fn, in, cfg.temperature);
   detail::head::no_grad none;
   detail::head::run(fn, in, labels, detail::head::stats_sink<S>{log_prob, entropy, lse}, none, linear_head_grads<T>{},
                     cfg, workspace, exec, gemm);
@@ -753,13 +753,13 @@ void linear_head_forward_backward(const linear_head_inputs<T>& in, std::span<con
                                   Exec&& exec = {}, Gemm&& gemm = {}) {
   static_assert(std::is_floating_point_v<S>, "statistics are float or double");
   constexpr const char* fn = "linear_head_forward_backward";
-  detail::head::check_inputs(fn, in, labels, cfg.temperature);
+  detail::head::validate_inputs(fn, in, labels, cfg.temperature);
   const std::size_t n = in.hidden.rows();
-  detail::head::check_stat_output(fn, "log_prob", log_prob, n, true);
-  detail::head::check_stat_output(fn, "entropy", entropy, n, true);
-  detail::head::check_stat_output(fn, "lse", lse, n, true);
-  detail::head::check_grads(fn, in, grads);
-  if (cfg.check_values) detail::head::check_values(fn, in, cfg.temperature);
+  detail::head::require_stat_output(fn, "log_prob", log_prob, n, true);
+  detail::head::require_stat_output(fn, "entropy", entropy, n, true);
+  detail::head::require_stat_output(fn, "lse", lse, n, true);
+  detail::head::validate_grads(fn, in, grads);
+  if (cfg.check_values) detail::head::validate_values(fn, in, cfg.temperature);
   detail::head::run(fn, in, labels, detail::head::stats_sink<S>{log_prob, entropy, lse}, grad_fn, grads, cfg, workspace,
                     exec, gemm);
 }
@@ -774,19 +774,19 @@ void linear_head_backward(const linear_head_inputs<T>& in, std::span<const I> la
                           std::span<std::byte> workspace = {}, Exec&& exec = {}, Gemm&& gemm = {}) {
   static_assert(std::is_floating_point_v<D>, "gradients are float or double");
   constexpr const char* fn = "linear_head_backward";
-  detail::head::check_inputs(fn, in, labels, cfg.temperature);
+  detail::head::validate_inputs(fn, in, labels, cfg.temperature);
   const std::size_t n = in.hidden.rows();
   const auto check = [&](const char* arg, vector_view<const D> g) {
     require_same_size(fn, arg, g.size(), "hidden rows", n);
-    detail::logits::check_pointer(fn, arg, g.data(), g.size());
+    detail::logits::require_pointer(fn, arg, g.data(), g.size());
     for (std::size_t r = 0; r < n; ++r)
       if (!std::isfinite(static_cast<double>(g[r])))
         detail::fail_at(fn, arg, static_cast<std::int64_t>(r), static_cast<double>(g[r]), "must be finite");
   };
   check("grad_log_prob", grad_log_prob);
   if (grad_entropy.size() != 0) check("grad_entropy", grad_entropy);
-  detail::head::check_grads(fn, in, grads);
-  if (cfg.check_values) detail::head::check_values(fn, in, cfg.temperature);
+  detail::head::validate_grads(fn, in, grads);
+  if (cfg.check_values) detail::head::validate_values(fn, in, cfg.temperature);
   auto copy = [&](std::size_t r0, std::span<const double>, std::span<const double>, std::span<double> glp,
                   std::span<double> gent) {
     for (std::size_t i = 0; i < glp.size(); ++i) {
@@ -819,17 +819,17 @@ template <class T, class I, class P, class M, class Exec = sequential_executor, 
                                                          std::span<std::byte> workspace = {}, Exec&& exec = {},
                                                          Gemm&& gemm = {}, Hook&& hook = {}) {
   constexpr const char* fn = "policy_loss_from_hidden";
-  const std::size_t n = detail::logits::check_loss_buffers(fn, "hidden states", in, cfg, buf);
+  const std::size_t n = detail::logits::validate_loss_buffers(fn, "hidden states", in, cfg, buf);
   if (!buf.sum_pi_squared.empty())
     detail::fail(fn, "buf.sum_pi_squared", "must be empty: the linear head does not compute sum_v p_v^2");
-  detail::head::check_inputs(fn, head, labels, hcfg.temperature);
+  detail::head::validate_inputs(fn, head, labels, hcfg.temperature);
   if (head.hidden.rows() != n)
     detail::fail(fn, "hidden",
                  "has " + std::to_string(head.hidden.rows()) + " rows but the token layout has " + std::to_string(n) +
                      " tokens (row i of hidden is token flat_index i)");
   const bool with_entropy = cfg.entropy_coef != 0.0, entropy_out = !buf.entropy.empty();
-  detail::head::check_grads(fn, head, grads);
-  if (hcfg.check_values) detail::head::check_values(fn, head, hcfg.temperature);
+  detail::head::validate_grads(fn, head, grads);
+  if (hcfg.check_values) detail::head::validate_values(fn, head, hcfg.temperature);
 
   detail::head::token_cursor<P> lp_at{&buf.log_prob}, ent_at{&buf.entropy};
   const vector_view<P> lse_out = buf.lse;

@@ -202,8 +202,8 @@ cudaError_t check_head(const T* hidden, int64_t tokens, int64_t hidden_size, con
     return cudaErrorInvalidValue;
   // The layout: row i of hidden is the token of flat index i (a padded layout must be dense).
   if (fused_tokens(lay) != tokens) return cudaErrorInvalidValue;  // tokens >= 0 checked above
-  // The temperature and the split count (check_common with no rows reads no pointer).
-  if (cudaError_t e = check_common(static_cast<const float*>(nullptr), 0, vocab, vocab, nullptr, lcfg); e != cudaSuccess)
+  // The temperature and the split count (validate_common with no rows reads no pointer).
+  if (cudaError_t e = validate_common(static_cast<const float*>(nullptr), 0, vocab, vocab, nullptr, lcfg); e != cudaSuccess)
     return e;
   if (in.log_prob != nullptr || in.entropy != nullptr) return cudaErrorInvalidValue;  // computed here
   if (tokens > 0 && (hidden == nullptr || weight == nullptr || labels == nullptr)) return cudaErrorInvalidValue;

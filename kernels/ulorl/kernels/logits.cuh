@@ -366,7 +366,7 @@ inline cudaError_t choose_splits(int64_t rows, int64_t cols, const logits_config
 }
 
 template <class T>
-cudaError_t check_common(const T* logits, int64_t rows, int64_t cols, int64_t row_stride, const int64_t* labels,
+cudaError_t validate_common(const T* logits, int64_t rows, int64_t cols, int64_t row_stride, const int64_t* labels,
                          const logits_config& cfg) {
   if (rows < 0 || rows > 0x7fffffff || cols < 0) return cudaErrorInvalidValue;
   if (rows > 0 && cols == 0) return cudaErrorInvalidValue;  // V = 0: no vocabulary
@@ -401,7 +401,7 @@ cudaError_t logits_forward(void* d_temp_storage, std::size_t& temp_storage_bytes
                            int64_t cols, int64_t row_stride, const int64_t* labels, float* log_prob, float* entropy,
                            float* lse, const logits_config& cfg = {}, cudaStream_t stream = nullptr) {
   static_assert(detail::is_logit_v<T>, "logits must be float, __half or __nv_bfloat16");
-  if (cudaError_t e = detail::check_common(logits, rows, cols, row_stride, labels, cfg); e != cudaSuccess) return e;
+  if (cudaError_t e = detail::validate_common(logits, rows, cols, row_stride, labels, cfg); e != cudaSuccess) return e;
   std::size_t need = 0;
   if (cudaError_t e = logits_forward_workspace_bytes(rows, cols, need, cfg); e != cudaSuccess) return e;
   if (d_temp_storage == nullptr) {
@@ -445,7 +445,7 @@ cudaError_t logits_backward(const T* logits, int64_t rows, int64_t cols, int64_t
                             const float* grad_entropy, T* grad, int64_t grad_row_stride,
                             const logits_config& cfg = {}, cudaStream_t stream = nullptr) {
   static_assert(detail::is_logit_v<T>, "logits must be float, __half or __nv_bfloat16");
-  if (cudaError_t e = detail::check_common(logits, rows, cols, row_stride, labels, cfg); e != cudaSuccess) return e;
+  if (cudaError_t e = detail::validate_common(logits, rows, cols, row_stride, labels, cfg); e != cudaSuccess) return e;
   if (rows == 0) return cudaSuccess;
   if (lse == nullptr || grad_log_prob == nullptr || grad == nullptr || !detail::aligned<T>(grad))
     return cudaErrorInvalidValue;
