@@ -26,6 +26,21 @@ struct recording_executor {
   }
 };
 
+//! Every index in [0, n) covered exactly once by the body's calls, each of them a non-empty range;
+//! no call at all for n = 0.
+template <class Exec>
+void covers_once(const Exec& exec, std::size_t n) {
+  std::vector<std::atomic<int>> hits(n);
+  std::atomic<int> calls{0};
+  exec(n, [&](std::size_t b, std::size_t e) {
+    REQUIRE(b < e);
+    ++calls;
+    for (std::size_t i = b; i < e; ++i) ++hits[i];
+  });
+  for (std::size_t i = 0; i < n; ++i) REQUIRE(hits[i] == 1);
+  if (n == 0) CHECK(calls == 0);
+}
+
 //! Every index in [0, n) covered exactly once by the body's calls.
 template <class Exec>
 std::vector<int> coverage(const Exec& exec, std::size_t n) {
@@ -39,6 +54,13 @@ std::vector<int> coverage(const Exec& exec, std::size_t n) {
 }
 
 }  // namespace
+
+TEST_CASE("executors cover every index exactly once with disjoint, non-empty ranges") {
+  for (std::size_t n : {0u, 1u, 2u, 3u, 7u, 1000u}) {
+    covers_once(ulorl::sequential_executor{}, n);
+    for (unsigned t : {0u, 1u, 2u, 3u, 16u}) covers_once(ulorl::thread_executor{t}, n);
+  }
+}
 
 TEST_CASE("executor_ref: a sequential_executor stays sequential, one block on the calling thread") {
   const ulorl::sequential_executor seq;

@@ -3,7 +3,7 @@
 // verl's dppo_tv / dppo_kl / dro / kl_cov / clip_cov presets; weighted_kl.hpp's weighted_kl_loss
 // with NeMo-RL's reference KL; OpenRLHF's vLLM IS plan, NeMo-RL's ClippedPGLossFn pieces and the
 // ProRL v2 / v2.1 presets. Each against a float64 oracle written here from the formulas of
-// docs/losses.md §13, central finite differences of the loss for every new objective x KL estimator
+// docs/presets/{verl,openrlhf,nemo_rl}.md, central finite differences of the loss for every new objective x KL estimator
 // x aggregation mode, the partition property (two micro-batches with the global normaliser give the
 // whole batch), and each rejection rule with outputs untouched.
 #include <ulorl/loss/policy_loss.hpp>

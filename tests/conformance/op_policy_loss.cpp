@@ -1,7 +1,7 @@
 // Conformance op `policy_loss` (golden README §4.3): presets verl (vanilla, gspo, cispo, geo_mean,
 // sapo, gpg; dppo_tv, dppo_kl, dro, kl_cov, clip_cov), openrlhf (ppo, gspo, dual clip, vLLM IS
 // correction) and nemo_rl (ClippedPGLossFn) — JSON to ulorl::policy_loss with the presets, composed
-// as docs/losses.md §13 describes.
+// as docs/presets/{verl,openrlhf,nemo_rl}.md describe.
 #include <optional>
 #include <string>
 #include <utility>

@@ -14,7 +14,7 @@
 // ulorl/presets/verl.hpp.) Each validates every input before writing; `rollout_is_weights` may be
 // empty (1), and so may `mask` (every token of log_prob valid). Each returns the fractions it counts
 // over the valid tokens (token_selection_stats), which policy_loss's metrics cannot see.
-// docs/losses.md §13 gives the formulas.
+// docs/presets/verl.md gives the formulas.
 #pragma once
 
 #include <algorithm>

@@ -222,7 +222,7 @@ struct kl_options {
 //! NeMo's false / 0): sequence_level_importance_ratios, use_cispo, positive_example_nll_weight,
 //! use_kl_in_reward.
 //!
-//! One step is composed of the existing pieces (docs/losses.md §13):
+//! One step is composed of the existing pieces (docs/presets/nemo_rl.md):
 //!  * w = rollout_correction::apply(rollout_correction(o)) on (prev, rollout_log_prob), prev =
 //!    log_prob under force_on_policy_ratio, else old_log_prob; policy_loss weights u = w when
 //!    use_importance_sampling_correction;

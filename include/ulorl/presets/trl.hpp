@@ -15,8 +15,8 @@
 // from there. Presets only choose parameters of the advantage, loss, masking and control areas
 // (and, where TRL genuinely differs, a named variant); TRL's *local* normalisers (a micro-batch
 // divides by its own counts unless the caller passes the global ones) are reproduced for
-// compatibility. Mirrored by python/ulorl/presets/trl.py; docs/presets/trl.md maps TRL's functions,
-// docs/losses.md §13 gives every formula.
+// compatibility. Mirrored by python/ulorl/presets/trl.py; docs/presets/trl.md maps TRL's functions
+// and gives every formula of its loss types and masks.
 #pragma once
 
 #include <algorithm>
@@ -177,7 +177,7 @@ struct objective_options {
 //! cispo: -sg(min(r, epsilon_high)) A logp (cispo with lo = 0, hi = epsilon_high >= 0; no delta);
 //! sapo: the sapo temperatures; vespo: the policy gradient (its weight phi_b: vespo.hpp). For cispo
 //! and sapo the configuration is the token-level one: at the sequence level the caller gives the
-//! sequence log-ratio as each token's log-ratio (docs/losses.md §13). sequence_token admits only
+//! sequence log-ratio as each token's log-ratio (docs/presets/trl.md). sequence_token admits only
 //! grpo / bnpo / dr_grpo / dapo.
 [[nodiscard]] inline objective_config objective(const objective_options& o) {
   constexpr const char* fn = "presets::trl::objective";
@@ -253,7 +253,7 @@ struct normalizer_options {
 //! dr_grpo sum / (B max_completion_length) / GA; dapo, cispo, vespo sum / (max(num_items_in_batch,
 //! 1) / P). luspo weighs row b by n_b: sequence level sum_b l_b n_b / B / GA (constant B over the
 //! valid tokens); token level sum_bt l[b,t] n_b / (B T) / GA over every position, padding included
-//! (constant B T: pass an all-ones mask and n_b in `weights`, docs/losses.md §13).
+//! (constant B T: pass an all-ones mask and n_b in `weights`, docs/presets/trl.md).
 [[nodiscard]] inline agg_normalizer normalizer(const normalizer_options& o, const batch_counts& local) {
   constexpr const char* fn = "presets::trl::normalizer";
   detail::require_loss_type(fn, o.loss_type);
@@ -427,7 +427,7 @@ struct adaptive_entropy_params {
 // by n_b: at the token level over every position, padding included (an all-ones mask), its KL term
 // likewise (at both levels); its clip metrics are those of the valid tokens. GSPO-token
 // (sequence_token) is the clipped surrogate on exp(ω_b) with each token's own gradient, delta
-// included. docs/losses.md §13 gives every formula.
+// included. docs/presets/trl.md gives every formula.
 //
 // Scratch: the call allocates its intermediate arrays (std::vector): [B, T] arrays of T for the
 // broadcast advantages and, as the options need them, the product of the multipliers, the
