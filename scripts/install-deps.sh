@@ -16,6 +16,7 @@ packages=(
   nlohmann-json3-dev        # the golden conformance runner reads JSON
   libbenchmark-dev          # microbenchmarks (Google Benchmark)
   libeigen3-dev             # the end-to-end demo's model (optional adapter)
+  libxtensor-dev            # the optional xtensor adapter (ulorl::xtensor; xtensor 0.24 on Debian 12)
   clang-14 libfuzzer-14-dev libclang-rt-14-dev  # fuzz targets (tests/fuzz: libFuzzer, ASan, UBSan)
   libopenmpi-dev openmpi-bin  # exactness across processes (tests/mpi)
   libtorch-dev libopenblas0-pthread  # ulorl::torch (tests/torch); OpenBLAS so torch's GEMMs are fair
