@@ -7,8 +7,12 @@
 # loss/policy_loss.hpp declares exactly those pairs extern. The library property
 # ULORL_KERNEL_DEFINITIONS holds the two definitions for sources that use the library's file
 # instead of the target. Links ulorl::ulorl where that target exists (else the caller sets the
-# include directories). Included by the top-level project and the fuzz project.
-set(ULORL_KERNEL_PAIRS_HEADER ${CMAKE_CURRENT_LIST_DIR}/../include/ulorl/loss/kernel_pairs.hpp)
+# include directories). Included by the top-level project, the fuzz project and the installed
+# package config (find_package(ulorl) provides the function to consumers).
+# ULORL_KERNEL_PAIRS_HEADER: set by the installed package config; else the source tree's header.
+if(NOT ULORL_KERNEL_PAIRS_HEADER)
+  set(ULORL_KERNEL_PAIRS_HEADER ${CMAKE_CURRENT_LIST_DIR}/../include/ulorl/loss/kernel_pairs.hpp)
+endif()
 file(READ ${ULORL_KERNEL_PAIRS_HEADER} ULORL_KERNEL_PAIRS_TEXT)
 string(REGEX MATCH "// pairs: begin.*// pairs: end" ULORL_KERNEL_PAIRS_TEXT "${ULORL_KERNEL_PAIRS_TEXT}")
 string(REGEX MATCHALL "ULORL_PAIR\\([^)]+\\)" ULORL_KERNEL_PAIR_ITEMS "${ULORL_KERNEL_PAIRS_TEXT}")
