@@ -70,51 +70,44 @@ def _check_nan_options(module_globals: Dict[str, Any], prefix: str = "") -> None
             module_globals[name] = _nan_checked(prefix + name, f)
 
 
-def policy_loss_config(
-    *,
-    objective: str = "ppo_clip",
-    eps_low: float = 0.2,
-    eps_high: Optional[float] = None,
-    dual_clip: float = 0.0,
-    delta: float = 0.0,
-    log_ratio_clamp: float = 20.0,
-    seq_log_ratio_max: float = 10.0,
-    seq_gradient: str = "own_token",
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    kl_input_clamp: float = math.inf,
-    kl_output_clamp: float = math.inf,
-    kl_straight_through: bool = False,
-    kl_importance_weighted: bool = False,
-    entropy_coef: float = 0.0,
-    normalizer: Optional[Normalizer] = None,
-    check_values: bool = True,
-) -> PolicyLossConfig:
-    """A :class:`PolicyLossConfig` (ulorl::policy_loss_config) from keyword arguments.
+def _policy_loss_options() -> Dict[str, Any]:
+    """Every option of :class:`PolicyLossConfig` (its settable attributes but the normaliser) with
+    its default: the C++ defaults of ulorl::policy_loss_config, read from a default-made config."""
+    default = PolicyLossConfig()
+    names = [n for n, v in vars(PolicyLossConfig).items() if isinstance(v, property) and v.fset is not None]
+    return {n: getattr(default, n) for n in names if n != "normalizer"}
+
+
+_POLICY_LOSS_OPTIONS = _policy_loss_options()
+
+
+def policy_loss_config(*, eps_high: Optional[float] = None, normalizer: Optional[Normalizer] = None,
+                       **options: Any) -> PolicyLossConfig:
+    """A :class:`PolicyLossConfig` (ulorl::policy_loss_config) from keyword arguments, each one of its
+    attributes; an option not given keeps the C++ default (the signature shows them).
 
     objective: ``ppo_clip`` (clip-higher when eps_high > eps_low, dual clip c > 1, TRL's delta cap),
-    ``gspo``, ``cispo``, ``gmpo``, ``sapo``, ``policy_gradient`` or ``penalized_pg`` (its ``surrogate``,
-    ``abs_penalty`` and ``square_penalty`` are the config's attributes); eps_high defaults to eps_low.
+    ``gspo``, ``cispo``, ``gmpo``, ``sapo``, ``policy_gradient`` or ``penalized_pg`` (with
+    ``surrogate``, ``abs_penalty`` and ``square_penalty``); eps_high defaults to eps_low.
     kl_estimator: ``k1``, ``abs``, ``k2``, ``k3`` with optional input / output clamps. The values are
     checked by the loss call (ulorl.Error naming the field).
     """
     c = PolicyLossConfig()
-    c.objective = objective
-    c.eps_low = eps_low
-    c.eps_high = eps_low if eps_high is None else eps_high
-    c.dual_clip, c.delta = dual_clip, delta
-    c.log_ratio_clamp, c.seq_log_ratio_max, c.seq_gradient = log_ratio_clamp, seq_log_ratio_max, seq_gradient
-    c.tau_pos, c.tau_neg = tau_pos, tau_neg
-    c.kl_coef, c.kl_estimator = kl_coef, kl_estimator
-    c.kl_input_clamp, c.kl_output_clamp = kl_input_clamp, kl_output_clamp
-    c.kl_straight_through, c.kl_importance_weighted = kl_straight_through, kl_importance_weighted
-    c.entropy_coef = entropy_coef
+    for name, value in options.items():
+        if name not in _POLICY_LOSS_OPTIONS:
+            raise TypeError(f"policy_loss_config() got an unexpected keyword argument '{name}'")
+        setattr(c, name, value)
+    c.eps_high = c.eps_low if eps_high is None else eps_high
     if normalizer is not None:
         c.normalizer = normalizer
-    c.check_values = check_values
     return c
+
+
+policy_loss_config.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None if n == "eps_high" else d)
+     for n, d in _POLICY_LOSS_OPTIONS.items()]
+    + [inspect.Parameter("normalizer", inspect.Parameter.KEYWORD_ONLY, default=None)],
+    return_annotation=PolicyLossConfig)
 
 
 def _config(fn: str, config: Optional[PolicyLossConfig], options: Dict[str, Any], normalizer: Optional[Normalizer],
