@@ -251,6 +251,20 @@ void bind_advantages(py::module_& m) {
       "scores"_a, "group_ids"_a, "group_size"_a, "f_norm"_a);
 
   m.def(
+      "_dapo_overlong_penalties",
+      [](const at::Tensor& lengths, double max_length, double buffer_length, double penalty_factor) {
+        return th::dapo_overlong_penalties(
+            lengths, {.max_length = max_length, .buffer_length = buffer_length, .penalty_factor = penalty_factor});
+      },
+      "lengths"_a, "max_length"_a, "buffer_length"_a, "penalty_factor"_a);
+  m.def(
+      "_soft_overlong_penalties",
+      [](const at::Tensor& lengths, double max_length, double cache_length) {
+        return th::soft_overlong_penalties(lengths, {.max_length = max_length, .cache_length = cache_length});
+      },
+      "lengths"_a, "max_length"_a, "cache_length"_a);
+
+  m.def(
       "_opo_advantages",
       [](const at::Tensor& scores, const at::Tensor& mask, const opt_tensor& group_ids, std::optional<std::int64_t> group_size,
          const opt_tensor& offsets) {

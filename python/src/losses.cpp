@@ -189,7 +189,8 @@ void bind_losses(py::module_& m) {
                                            group_advantage_config, broadcast_config, dynamic_sampling_config,
                                            dynamic_sampling_result, gpg_config, reinforce_pp_baseline_config,
                                            multi_reward_config, optimal_token_baseline_config, mpt_config, mpt_stats,
-                                           off_policy_mask_config, off_policy_mask_stats>{});
+                                           off_policy_mask_config, off_policy_mask_stats, dapo_overlong_config,
+                                           soft_overlong_config>{});
   };
   m.def(
       "record_fields",

@@ -1,8 +1,7 @@
 // python/src/module.cpp — the `ulorl._ulorl` extension: ulorl.Error, the loss configuration, the
 // frameworks' presets (ulorl/presets/<framework>.hpp), the controllers
-// (ulorl/control/), the segment scheduler and its provenance queries (ulorl/rollout/) and the
-// overlong shaping (ulorl/advantage/overlong.hpp). No torch header here: the tensor functions are
-// in losses.cpp and logits.cpp. Presets are the C++ presets called with the frameworks' option
+// (ulorl/control/), the segment scheduler and its provenance queries (ulorl/rollout/). No torch
+// header here: the tensor functions are in losses.cpp, corrections.cpp and logits.cpp. Presets are the C++ presets called with the frameworks' option
 // names; no formula is restated here.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -19,7 +18,6 @@
 
 #include <ulorl/advantage/fields.hpp>
 #include <ulorl/advantage/group_advantage.hpp>
-#include <ulorl/advantage/overlong.hpp>
 #include <ulorl/control/entropy_controller.hpp>
 #include <ulorl/control/kl_controller.hpp>
 #include <ulorl/control/reference_reset.hpp>
@@ -362,38 +360,6 @@ void bind_presets(py::module_& m) {
       },
       "baseline"_a, "scale"_a, "std"_a, "eps"_a, "eps_at"_a, "singleton"_a, "zero_std"_a, "placement"_a,
       "allow_empty_rows"_a);
-}
-
-// ---- overlong shaping ----------------------------------------------------------------------------------
-using f64_array = py::array_t<double, py::array::c_style | py::array::forcecast>;
-
-std::span<const double> span1d(std::string_view fn, std::string_view arg, const f64_array& a) {
-  if (a.ndim() != 1) ulorl::detail::fail(fn, arg, "must be 1-D (got " + std::to_string(a.ndim()) + " dimensions)");
-  return {a.data(), static_cast<std::size_t>(a.shape(0))};
-}
-
-void bind_overlong(py::module_& m) {
-  m.def(
-      "_dapo_overlong_penalties",
-      [](const f64_array& lengths, double max_length, double buffer_length, double penalty_factor) {
-        const auto l = span1d("dapo_overlong_penalties", "lengths", lengths);
-        f64_array out(static_cast<py::ssize_t>(l.size()));
-        ulorl::dapo_overlong_penalties(l, std::span<double>(out.mutable_data(), l.size()),
-                                       {.max_length = max_length, .buffer_length = buffer_length,
-                                        .penalty_factor = penalty_factor});
-        return out;
-      },
-      "lengths"_a, "max_length"_a, "buffer_length"_a, "penalty_factor"_a);
-  m.def(
-      "_soft_overlong_penalties",
-      [](const f64_array& lengths, double max_length, double cache_length) {
-        const auto l = span1d("soft_overlong_penalties", "lengths", lengths);
-        f64_array out(static_cast<py::ssize_t>(l.size()));
-        ulorl::soft_overlong_penalties(l, std::span<double>(out.mutable_data(), l.size()),
-                                       {.max_length = max_length, .cache_length = cache_length});
-        return out;
-      },
-      "lengths"_a, "max_length"_a, "cache_length"_a);
 }
 
 // ---- controllers ------------------------------------------------------------------------------------------
@@ -773,7 +739,6 @@ PYBIND11_MODULE(_ulorl, m) {
   });
   ulorl_py::bind_config(m);
   ulorl_py::bind_presets(m);
-  ulorl_py::bind_overlong(m);
   ulorl_py::bind_controllers(m);
   ulorl_py::bind_scheduler(m);
   ulorl_py::bind_losses(m);

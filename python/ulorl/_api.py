@@ -441,18 +441,21 @@ def overlong_penalty(
     Tensors in give a float64 tensor; numpy arrays or sequences give a numpy array.
     """
     is_tensor = isinstance(lengths, torch.Tensor)
-    arr = lengths.detach().cpu().double().numpy() if is_tensor else np.asarray(lengths, dtype=np.float64)
+    t = lengths.detach().cpu() if is_tensor else torch.as_tensor(np.asarray(lengths, dtype=np.float64))
+    if t.dtype not in (torch.int64, torch.int32, torch.float32, torch.float64):
+        t = t.double()
+    t = t.contiguous()
     if preset == "dapo":
         if buffer_length is None:
             raise _fail("overlong_penalty", "buffer_length", "required for preset 'dapo'")
-        out = _ulorl._dapo_overlong_penalties(arr, max_length, buffer_length, penalty_factor)
+        out = _ulorl._dapo_overlong_penalties(t, max_length, buffer_length, penalty_factor)
     elif preset == "trl":
         if cache_length is None:
             raise _fail("overlong_penalty", "cache_length", "required for preset 'trl'")
-        out = _ulorl._soft_overlong_penalties(arr, max_length, cache_length)
+        out = _ulorl._soft_overlong_penalties(t, max_length, cache_length)
     else:
         raise _fail("overlong_penalty", "preset", f"unknown name '{preset}' (expected 'dapo' or 'trl')")
-    return torch.from_numpy(out) if is_tensor else out
+    return out if is_tensor else out.numpy()
 
 
 def mpt_mask(

@@ -1,5 +1,5 @@
 """The batch operators of torch.ops.ulorl (ulorl/adapters/torch/ops_batch.hpp: advantages, token
-broadcast, masks, filters, rollout correction). Each is registered with its schema; called directly
+broadcast, masks, filters, rollout correction, overlong shaping). Each is registered with its schema; called directly
 it gives the same bits as the ulorl function that wraps it (whose values the other test files check
 against float64 oracles); on meta tensors it gives the CPU call's shapes and dtypes; its outputs
 never require grad; a malformed config is an error naming the field; the records it carries are
@@ -36,6 +36,7 @@ def _data(seed=0, dtype=torch.float64):
         "tok_rewards": torch.randn(B, T, generator=g, dtype=dtype),
         "components": torch.rand(B, 3, generator=g, dtype=dtype),
         "spp": torch.rand(B, T, generator=g, dtype=dtype),
+        "lengths": torch.tensor([10, 79, 80, 95, 100, 130]),
     }
 
 
@@ -73,6 +74,11 @@ def _cases(d):
           _config("optimal_token_baseline_config")),
          ulorl.optimal_token_baseline_advantages(d["tok_rewards"], d["mask"], d["ids"], old_log_prob=d["old"],
                                                  sum_pi_squared=d["spp"])),
+        ("dapo_overlong_penalties",
+         (d["lengths"], _config("dapo_overlong_config", max_length=100, buffer_length=20, penalty_factor=0.5)),
+         (ulorl.overlong_penalty(d["lengths"], "dapo", max_length=100, buffer_length=20, penalty_factor=0.5),)),
+        ("soft_overlong_penalties", (d["lengths"], _config("soft_overlong_config", max_length=100, cache_length=20)),
+         (ulorl.overlong_penalty(d["lengths"], "trl", max_length=100, cache_length=20),)),
     ]
 
 
@@ -84,7 +90,7 @@ def _as_tuple(x):
 
 
 def test_every_batch_operator_is_registered_with_its_schema():
-    assert len(CASES) == 12
+    assert len(CASES) == 14
     for name in CASES:
         schema = str(getattr(torch.ops.ulorl, name).default._schema)
         assert schema.startswith(f"ulorl::{name}(")
@@ -200,3 +206,25 @@ def test_a_grpo_step_from_rewards_compiles_with_fullgraph_and_gives_the_eager_lo
         return loss.detach(), result, keep, lp.grad
 
     compiles_like_eager(step, run)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float64])
+def test_overlong_penalties_take_the_lengths_dtypes_users_have(dtype):
+    lengths = torch.tensor([10, 85, 100, 101]).to(dtype)
+    # DAPO: min(-(L - 80) / 20 * 1, 0); TRL: 0 up to 80, (80 - L) / 20 to 100, -1 beyond.
+    dapo = torch.ops.ulorl.dapo_overlong_penalties(lengths, _config("dapo_overlong_config", max_length=100,
+                                                                    buffer_length=20, penalty_factor=1.0))
+    trl = torch.ops.ulorl.soft_overlong_penalties(lengths, _config("soft_overlong_config", max_length=100,
+                                                                   cache_length=20))
+    assert dapo.dtype == torch.float64 and dapo.tolist() == [0.0, -0.25, -1.0, -1.05]
+    assert trl.dtype == torch.float64 and trl.tolist() == [0.0, -0.25, -1.0, -1.0]
+
+
+def test_overlong_penalties_name_a_bad_length_and_a_bad_dtype():
+    enc = _config("dapo_overlong_config", max_length=100, buffer_length=20)
+    with pytest.raises(ValueError, match=r"argument 'lengths'\[1\] = -3: must be finite and >= 0"):
+        torch.ops.ulorl.dapo_overlong_penalties(torch.tensor([5, -3]), enc)
+    with pytest.raises(ValueError, match="argument 'lengths': must be int64, int32, float32 or float64"):
+        torch.ops.ulorl.dapo_overlong_penalties(torch.tensor([5, 3], dtype=torch.uint8), enc)
+    with pytest.raises(ValueError, match="config.buffer_length"):
+        torch.ops.ulorl.dapo_overlong_penalties(torch.tensor([5, 3]), _config("dapo_overlong_config", max_length=100))

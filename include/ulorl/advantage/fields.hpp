@@ -1,7 +1,8 @@
 // ulorl/advantage/fields.hpp — the field tables (core/fields.hpp) of the advantage area's
 // configurations and results, the records its operators carry (ulorl/adapters/torch/ops_batch.hpp):
 // group_advantage_config, broadcast_config, dynamic_sampling_config / _result, gpg_config,
-// whiten_config, reinforce_pp_baseline_config, multi_reward_config, optimal_token_baseline_config.
+// whiten_config, reinforce_pp_baseline_config, multi_reward_config, optimal_token_baseline_config,
+// dapo_overlong_config, soft_overlong_config.
 // Each table is the only list of its struct's fields outside the struct.
 #pragma once
 
@@ -12,6 +13,7 @@
 #include "ulorl/advantage/group_advantage.hpp"
 #include "ulorl/advantage/multi_reward.hpp"
 #include "ulorl/advantage/optimal_token_baseline.hpp"
+#include "ulorl/advantage/overlong.hpp"
 #include "ulorl/advantage/reinforce_pp.hpp"
 #include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
@@ -78,6 +80,18 @@ constexpr void visit_fields(C& c, F&& f) {
   f("align", c.align), f("handle_zero_tail", c.handle_zero_tail), f("eps", c.eps);
 }
 
+template <class C, class F>
+  requires detail::record_of<C, dapo_overlong_config>
+constexpr void visit_fields(C& c, F&& f) {
+  f("max_length", c.max_length), f("buffer_length", c.buffer_length), f("penalty_factor", c.penalty_factor);
+}
+
+template <class C, class F>
+  requires detail::record_of<C, soft_overlong_config>
+constexpr void visit_fields(C& c, F&& f) {
+  f("max_length", c.max_length), f("cache_length", c.cache_length);
+}
+
 template <>
 inline constexpr std::string_view record_name<group_advantage_config> = "group_advantage_config";
 template <>
@@ -94,5 +108,9 @@ template <>
 inline constexpr std::string_view record_name<multi_reward_config> = "multi_reward_config";
 template <>
 inline constexpr std::string_view record_name<optimal_token_baseline_config> = "optimal_token_baseline_config";
+template <>
+inline constexpr std::string_view record_name<dapo_overlong_config> = "dapo_overlong_config";
+template <>
+inline constexpr std::string_view record_name<soft_overlong_config> = "soft_overlong_config";
 
 ULORL_NAMESPACE_END

@@ -44,7 +44,7 @@ ULORL_HD constexpr double soft_overlong_penalty(double length, const soft_overlo
 
 namespace detail {
 template <class L>
-void check_lengths(std::string_view fn, std::span<const L> lengths) {
+void require_lengths(std::string_view fn, std::span<const L> lengths) {
   if (lengths.empty()) fail(fn, "lengths", "empty batch: at least one response is required");
   for (std::size_t i = 0; i < lengths.size(); ++i)
     if (!(lengths[i] >= L(0)) || !std::isfinite(static_cast<double>(lengths[i])))
@@ -56,7 +56,7 @@ void check_lengths(std::string_view fn, std::span<const L> lengths) {
 template <class L, class T>
 void dapo_overlong_penalties(std::span<const L> lengths, std::span<T> penalties, const dapo_overlong_config& cfg) {
   constexpr std::string_view fn = "dapo_overlong_penalties";
-  detail::check_lengths(fn, lengths);
+  detail::require_lengths(fn, lengths);
   require_same_size(fn, "penalties", penalties.size(), "lengths", lengths.size());
   require_divisor(fn, "config.buffer_length", cfg.buffer_length);
   if (!std::isfinite(cfg.max_length) || cfg.max_length < cfg.buffer_length)
@@ -73,7 +73,7 @@ void dapo_overlong_penalties(std::span<const L> lengths, std::span<T> penalties,
 template <class L, class T>
 void soft_overlong_penalties(std::span<const L> lengths, std::span<T> penalties, const soft_overlong_config& cfg) {
   constexpr std::string_view fn = "soft_overlong_penalties";
-  detail::check_lengths(fn, lengths);
+  detail::require_lengths(fn, lengths);
   require_same_size(fn, "penalties", penalties.size(), "lengths", lengths.size());
   if (!(cfg.cache_length >= 0) || !std::isfinite(cfg.cache_length))
     detail::fail_value(fn, "config.cache_length", cfg.cache_length, "must be finite and >= 0");

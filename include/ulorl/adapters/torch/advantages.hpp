@@ -11,6 +11,7 @@
 //   off_policy_mask(log_prob, old_log_prob, advantages, mask, cfg, offsets) -> keep, seq_kl, stats
 //   rollout_correction(old_log_prob, rollout_log_prob, mask, cfg, offsets) -> weights, keep, metrics
 //   gpg_advantages, opo_advantages, reinforce_pp_advantages, reinforce_pp_baseline_advantages,
+//   dapo_overlong_penalties, soft_overlong_penalties,
 //   multi_reward_advantages, optimal_token_baseline_advantages (advantage/*.hpp on tensors)
 //   logits_stats_torch_rounding(logits, labels) -> 16-bit log-probs and entropy as torch's CPU rounds them
 // `groups` is group_ids [B] (int64 or int32, any ids >= 0, any order) or a group size (contiguous
@@ -189,6 +190,18 @@ struct rollout_correction_output {
   const auto opt = ops::detail::optional;
   return detail::batch_op<detail::tensor_sig>("ulorl::gpg_advantages")
       .call(scores, opt(groups.ids), detail::size_of(groups), encode_fields(cfg));
+}
+
+//! DAPO's overlong penalties (advantage/overlong.hpp) of response lengths [B] (int64, int32,
+//! float32 or float64): float64 [B].
+[[nodiscard]] inline at::Tensor dapo_overlong_penalties(const at::Tensor& lengths, const dapo_overlong_config& cfg) {
+  using sig = at::Tensor(const at::Tensor&, c10::ArrayRef<double>);
+  return detail::batch_op<sig>("ulorl::dapo_overlong_penalties").call(lengths, encode_fields(cfg));
+}
+//! TRL's soft overlong punishment (advantage/overlong.hpp) of response lengths [B]: float64 [B].
+[[nodiscard]] inline at::Tensor soft_overlong_penalties(const at::Tensor& lengths, const soft_overlong_config& cfg) {
+  using sig = at::Tensor(const at::Tensor&, c10::ArrayRef<double>);
+  return detail::batch_op<sig>("ulorl::soft_overlong_penalties").call(lengths, encode_fields(cfg));
 }
 
 //! OPO advantages (advantage/baselines.hpp) of scores [B], response lengths from the mask.

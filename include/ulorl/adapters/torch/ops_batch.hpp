@@ -23,6 +23,9 @@
 //       config: multi_reward_config) -> mask's shape
 //   optimal_token_baseline_advantages(token_level_rewards, mask?, group_ids, old_log_prob?,
 //       sum_pi_squared?, rollout_is_weights?, offsets?, config) -> (advantages, returns)
+//   dapo_overlong_penalties(lengths, config: dapo_overlong_config) -> [B] float64
+//   soft_overlong_penalties(lengths, config: soft_overlong_config) -> [B] float64
+//       (advantage/overlong.hpp; lengths [B] int64, int32, float32 or float64)
 //   logits_stats_torch_rounding(logits [N, V] bf16 | f16, labels [N, K]) -> (log_prob [N, K], entropy [N])
 //       (logits/torch_rounding.hpp: torch's CPU rounding steps, for the frameworks' 16-bit values)
 // Groups are group_ids [B] (int64 / int32, any ids >= 0) or contiguous blocks of group_size, one of
@@ -87,6 +90,8 @@ namespace ops {
       "optimal_token_baseline_advantages(Tensor token_level_rewards, Tensor? mask, Tensor group_ids, "
       "Tensor? old_log_prob, Tensor? sum_pi_squared, Tensor? rollout_is_weights, Tensor? offsets, float[] config) "
       "-> (Tensor advantages, Tensor returns)",
+      "dapo_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
+      "soft_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
       "logits_stats_torch_rounding(Tensor logits, Tensor labels) -> (Tensor log_prob, Tensor entropy)"};
 }
 
@@ -584,6 +589,47 @@ std::tuple<at::Tensor, at::Tensor> logits_stats_torch_rounding(const at::Tensor&
   }
 }
 
+// ---- overlong shaping ------------------------------------------------------------------------------------
+
+//! Per-response penalties [B] float64 from lengths [B] (int64, int32, float32 or float64):
+//! penalties(std::span<const L> lengths, std::span<double> out).
+template <bool Meta, class F>
+at::Tensor per_length(std::string_view fn, const at::Tensor& lengths, F&& penalties) {
+  const auto st = lengths.scalar_type();
+  if (st != c10::ScalarType::Long && st != c10::ScalarType::Int && st != c10::ScalarType::Float &&
+      st != c10::ScalarType::Double)
+    fail(fn, "lengths", std::string("must be int64, int32, float32 or float64 (got ") + c10::toString(st) + ")");
+  if constexpr (Meta) {
+    return new_meta({responses_of(fn, "lengths", lengths)}, c10::ScalarType::Double);
+  } else {
+    const auto run = [&](auto tag) {
+      using L = decltype(tag);
+      const auto l = span_of<const L>(fn, "lengths", lengths);
+      at::Tensor out = new_tensor({lengths.size(0)}, c10::ScalarType::Double);
+      penalties(l, span_of<double>(fn, "out", out));
+      return out;
+    };
+    if (st == c10::ScalarType::Long) return run(std::int64_t{});
+    if (st == c10::ScalarType::Int) return run(std::int32_t{});
+    if (st == c10::ScalarType::Float) return run(float{});
+    return run(double{});
+  }
+}
+
+template <bool Meta>
+at::Tensor dapo_overlong_penalties(const at::Tensor& lengths, c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "dapo_overlong_penalties";
+  const auto cfg = record_of<dapo_overlong_config>(fn, config);
+  return per_length<Meta>(fn, lengths, [&](auto l, std::span<double> out) { ulorl::dapo_overlong_penalties(l, out, cfg); });
+}
+
+template <bool Meta>
+at::Tensor soft_overlong_penalties(const at::Tensor& lengths, c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "soft_overlong_penalties";
+  const auto cfg = record_of<soft_overlong_config>(fn, config);
+  return per_length<Meta>(fn, lengths, [&](auto l, std::span<double> out) { ulorl::soft_overlong_penalties(l, out, cfg); });
+}
+
 //! Registers the batch operators' CPU and Meta kernels (the schemas are batch_schemas(); autograd
 //! passes them by; their CUDA key is ops.hpp's error kernel). Called once, by register_ops().
 inline void register_batch_kernels(torch::Library& cpu, torch::Library& meta) {
@@ -605,6 +651,8 @@ inline void register_batch_kernels(torch::Library& cpu, torch::Library& meta) {
   both("multi_reward_advantages", &multi_reward_advantages<false>, &multi_reward_advantages<true>);
   both("optimal_token_baseline_advantages", &optimal_token_baseline_advantages<false>,
        &optimal_token_baseline_advantages<true>);
+  both("dapo_overlong_penalties", &dapo_overlong_penalties<false>, &dapo_overlong_penalties<true>);
+  both("soft_overlong_penalties", &soft_overlong_penalties<false>, &soft_overlong_penalties<true>);
   both("logits_stats_torch_rounding", &logits_stats_torch_rounding<false>, &logits_stats_torch_rounding<true>);
 }
 
