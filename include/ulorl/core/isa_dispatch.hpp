@@ -29,7 +29,8 @@
 ULORL_NAMESPACE_BEGIN
 
 //! The ops with run-time instruction-set dispatch: tags whose member `kernel<A...>::type` is the
-//! function-pointer type of the op's body for element types A... (defined beside each op:
+//! function-pointer type of the op's body for element types A... (a variadic member template
+//! specialised for the op's arity, so that a pack expands into it; defined beside each op:
 //! loss/policy_loss.hpp, logits/forward.hpp, logits/backward.hpp).
 namespace isa_op {
 struct policy_loss;

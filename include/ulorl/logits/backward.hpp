@@ -184,8 +184,10 @@ void logits_backward_dispatch(matrix_view<const L> logits, std::span<const I> la
 //! detail::logits_backward_dispatch<L, I, S, D, G> of one instruction set. Installed, it runs every
 //! logits_backward of the program, policy_loss_from_logits's and the torch adapter's included.
 struct isa_op::logits_backward {
+  template <class... A>
+  struct kernel;
   template <class L, class I, class S, class D, class G>
-  struct kernel {
+  struct kernel<L, I, S, D, G> {
     using type = void (*)(matrix_view<const L>, std::span<const I>, vector_view<const S>, vector_view<const S>,
                           vector_view<const D>, vector_view<const D>, matrix_view<G>, const logits_config&,
                           executor_ref);

@@ -450,8 +450,10 @@ void logits_forward_dispatch(matrix_view<const L> logits, std::span<const I> lab
 //! (L, I, S) is detail::logits_forward_dispatch<L, I, S> of one instruction set. Installed, it runs
 //! every logits_forward of the program, policy_loss_from_logits's and the torch adapter's included.
 struct isa_op::logits_forward {
+  template <class... A>
+  struct kernel;
   template <class L, class I, class S>
-  struct kernel {
+  struct kernel<L, I, S> {
     using type = void (*)(matrix_view<const L>, std::span<const I>, const logits_outputs<S>&, const logits_config&,
                           executor_ref);
   };

@@ -460,8 +460,10 @@ template <class T, class M>
 //! The run-time instruction-set dispatch of policy_loss (core/isa_dispatch.hpp): its body for
 //! (T, M) is detail::policy_loss_dispatch<T, M> of one instruction set.
 struct isa_op::policy_loss {
+  template <class... A>
+  struct kernel;
   template <class T, class M>
-  struct kernel {
+  struct kernel<T, M> {
     using type = policy_loss_result (*)(const policy_loss_inputs<T, M>&, token_view<T>, token_view<T>,
                                         const policy_loss_config&, executor_ref);
   };
