@@ -252,6 +252,11 @@ TEST_CASE("pinned checkpoint: a scheduler mid-step saves these bytes and restore
   const auto r = ulorl::restore_scheduler(golden);
   CHECK(r.state() == st);
   CHECK(ulorl::save_scheduler(r) == golden);
+  // The fewest bytes of an element, which bound each count against the bytes left.
+  STATIC_REQUIRE(ulorl::detail::min_field_bytes<ulorl::group_record>() == 29);
+  STATIC_REQUIRE(ulorl::detail::min_field_bytes<ulorl::response_record>() == 37);
+  STATIC_REQUIRE(ulorl::detail::min_field_bytes<ulorl::version_span>() == 24);
+  STATIC_REQUIRE(ulorl::detail::min_field_bytes<ulorl::plan_item>() == 44);
 }
 
 TEST_CASE("states that break an invariant are rejected on restore", "[rollout][checkpoint]") {
