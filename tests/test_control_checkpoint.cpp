@@ -2,7 +2,8 @@
 // truncation and an appended byte of a checkpoint of each controller are rejected; payloads built by
 // hand from the layout in docs/checkpoints.md, each with a valid checksum and one field out of its
 // documented range or one invariant broken, are rejected naming that field; counters at their
-// limits make the call that would pass them fail and leave the state unchanged.
+// limits make the call that would pass them fail and leave the state unchanged; pinned checkpoints
+// of each controller (hexadecimal in this file) are what save() gives and restore() reads back.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <ulorl/control/reference_reset.hpp>
 
 #include "catch.hpp"
+#include "support/golden_bytes.hpp"
 #include "support/rejection.hpp"
 
 namespace {
@@ -484,5 +486,79 @@ TEST_CASE("counters at their limits reject the call that would pass them and cha
     CHECK(p.state().kl_over_steps == i64_max);
     CHECK(p.cooldown_remaining() == 3);  // 2^63 - 1 - (2^63 - 1 - 3), no overflow
     CHECK_NOTHROW(ulorl::reference_reset_policy::restore(p.save()));
+  }
+}
+
+namespace {
+
+//! `golden` is what `m` saves, and restores to a machine that saves it again; returns that machine.
+template <class Machine>
+Machine require_pinned(const Machine& m, const std::vector<std::byte>& golden) {
+  CHECK(m.save() == golden);
+  auto r = Machine::restore(golden);
+  CHECK(r.save() == golden);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("pinned checkpoints: each controller saves these bytes and restores them", "[control][checkpoint][golden]") {
+  SECTION("KL controller") {
+    ulorl::kl_controller k({.type = ulorl::kl_control_type::adaptive, .init_coef = 0.05, .target_kl = 0.08,
+                            .horizon = 2000, .min_coef = 1e-4, .max_coef = 2.0});
+    k.update(0.1, 256);
+    k.update(0.02, 128);
+    const auto r = require_pinned(k, from_hex(
+      "554c4f524c434b5001000100010000005100000000000000019a9999999999a93f7b14ae47e17ab43f0000000000409f"
+      "409a9999999999c93f2d431cebe2361a3f0000000000000040632240ae56eba93f02000000000000007b14ae47e17a94"
+      "3f9a9999999999c9bf56cb7b639ebc4d55"));
+    CHECK((r.state().coef == k.state().coef && r.state().updates == 2));
+  }
+  SECTION("entropy controller") {
+    ulorl::entropy_controller e({.rule = ulorl::entropy_control_rule::proportional, .target_entropy = 0.3,
+                                 .init_coef = 0.01, .gain = 0.5, .tolerance = 0.01, .max_coef = 0.2,
+                                 .gate_source = ulorl::entropy_gate_source::last_update, .raise_at_target = true});
+    e.update(0.1);
+    e.update(0.5);
+    const auto r = require_pinned(e, from_hex(
+      "554c4f524c434b5001000200020000005c0000000000000001333333333333d33f7b14ae47e17a843f7b14ae47e17a74"
+      "3f7b14ae47e17a743f000000000000e03f7b14ae47e17a843f00000000000000009a9999999999c93f0101017014ae47"
+      "e17a843f0200000000000000000000000000e03f0ebc2f5aba6e9734"));
+    CHECK((r.config().gate_source == ulorl::entropy_gate_source::last_update && r.config().raise_at_target));
+    CHECK(r.state().coef == e.state().coef);
+  }
+  SECTION("entropy controller, payload version 1") {
+    // The seed tests/fuzz/corpus/fuzz_controller_restore/entropy-proportional, without its mode byte.
+    const auto r = ulorl::entropy_controller::restore(from_hex(
+      "554c4f524c434b5001000200010000005a00000000000000019a9999999999c93f7b14ae47e17a843f7b14ae47e17a74"
+      "3f7b14ae47e17a743f9a9999999999a93f000000000000000000000000000000009a9999999999b93f017c14ae47e17a"
+      "843f05000000000000009a9999999999d93fee4e05712ff3c33f"));
+    CHECK(r.config().rule == ulorl::entropy_control_rule::proportional);
+    CHECK(r.config().gate_source == ulorl::entropy_gate_source::current_batch);
+    CHECK_FALSE(r.config().raise_at_target);
+    CHECK((r.state().updates == 5 && r.state().last_entropy == 0.4));
+    // Saved again, it is payload version 2: the same fields with gate_source and raise_at_target.
+    (void)require_pinned(r, from_hex(
+      "554c4f524c434b5001000200020000005c00000000000000019a9999999999c93f7b14ae47e17a843f7b14ae47e17a74"
+      "3f7b14ae47e17a743f9a9999999999a93f000000000000000000000000000000009a9999999999b93f0100007c14ae47"
+      "e17a843f05000000000000009a9999999999d93fc8798bdec6228900"));
+  }
+  SECTION("reference reset policy") {
+    ulorl::reference_reset_policy p({.every_n_steps = 4, .patience = 2, .min_delta = 0.01, .on_drop = true,
+                                     .max_drop = 0.2, .on_kl_share = true, .max_kl_share = 0.6,
+                                     .kl_share_patience = 2, .cooldown_steps = 1});
+    for (int i = 0; i < 6; ++i) {
+      (void)p.observe_step(i, 0.1, 1.0);
+      (void)p.observe_validation(i, 0.5 + 0.001 * i);
+    }
+    (void)p.observe_step(6, 3.0, 1.0);
+    REQUIRE(p.state().resets == 2);
+    REQUIRE(p.state().last_event.trigger == ulorl::reset_trigger::plateau);
+    const auto r = require_pinned(p, from_hex(
+      "554c4f524c434b500100030001000000920000000000000004000000000000000102000000000000007b14ae47e17a84"
+      "3f01019a9999999999c93f01333333333333e33f02000000000000000100000000000000000101060000000000000004"
+      "000000000000000101000000000000e03f01000000000000000100000000000000060000000000000002000000000000"
+      "0004000000000000000254e3a59bc420e03f02000000000000009e24748388e20447"));
+    CHECK((r.state().last_event.step == p.state().last_event.step && r.state().kl_over_steps == 1));
   }
 }

@@ -1,7 +1,9 @@
 // Tests of ulorl/rollout/checkpoint.hpp: exact save/restore (idle and mid-step, after failures),
 // a restored scheduler continues exactly like the original, every corrupted buffer is rejected, the
 // bytes are core/checkpoint.hpp's envelope, states that break an invariant are rejected by the
-// validating constructor, and checkpoint files round-trip (a FIFO is refused without blocking).
+// validating constructor, checkpoint files round-trip (a FIFO is refused without blocking), and a
+// pinned checkpoint (hexadecimal in this file) is what save_scheduler gives and restore_scheduler
+// reads back.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 
 #include "catch.hpp"
 #include "support/fifo_watchdog.hpp"
+#include "support/golden_bytes.hpp"
 #include "support/rejection.hpp"
 #include "ulorl/rollout/checkpoint.hpp"
 
@@ -202,6 +205,58 @@ TEST_CASE("checkpoint layout: the core envelope of kind segment_scheduler", "[ro
     CHECK(e.function() == "restore_scheduler");
     CHECK(e.argument() == "active_responses");
   }
+}
+
+TEST_CASE("pinned checkpoint: a scheduler mid-step saves these bytes and restores them", "[rollout][checkpoint][golden]") {
+  // Every vector of the state is non-empty: a released group's free slot, groups ready and live, a
+  // response with two version spans, an open plan with one item reported.
+  segment_scheduler s({.group_size = 2, .max_response_tokens = 4, .num_segments = 2, .release_batch_groups = 1,
+                       .max_staleness = 1});
+  s.offer_prompts(3);
+  for (const auto& it : s.plan().items) {
+    const auto r = it.response_id;
+    if (r == 2) s.report(r, 2, decode_outcome::segment_end);
+    else if (r == 3) s.report(r, 1, decode_outcome::failed);
+    else s.report(r, r % 2 == 0 ? 1 : 2, decode_outcome::eos);
+  }
+  (void)s.end_step();
+  (void)s.take_experience();
+  s.update_policy(1);
+  const auto p = s.plan();
+  s.report(p.items[1].response_id, p.items[1].max_new_tokens, decode_outcome::segment_end);
+  const auto& st = s.state();
+  REQUIRE((st.free_slots.size() == 1 && st.ready.size() == 2 && st.plan.size() == 2 && st.responses[3].spans.size() == 2));
+  const auto golden = from_hex(
+      "554c4f524c434b500100040002000000a603000000000000020000000400000000000000020000000004000000000000"
+      "000000000000000000000000000000000001000000000000000100000000000000000101000000000000000100000000"
+      "000000030000000000000003000000000000000200000000000000030000000000000000000000000000000002000000"
+      "00000000000000000000000000000000010000000000000001000000000000000000000000ffffffffffffffff020000"
+      "000000000002020000000000000000000000000000000000000006000000000000000501000000000000000000000000"
+      "0000000000000001000000ffffffff010000000000000000000000000000000100000000000000000000000000000005"
+      "020000000000000000000000000000000000000001000000ffffffff0100000000000000000000000000000002000000"
+      "000000000000000000000000010200000000000000ffffffffffffffff00000000010000000000000001000000000000"
+      "00000000000000000002000000000000000000000000000000020200000000000000ffffffffffffffff010000000200"
+      "000001000000020000000000000000000000000000000100000000000000000000000000000001000000000000000200"
+      "000000000000010000000000000003010000000000000000000000000000000000000001000000ffffffff0100000000"
+      "000000000000000000000001000000000000000000000000000000030200000000000000000000000000000000000000"
+      "01000000ffffffff01000000000000000000000000000000020000000000000000000000000000000100000000000000"
+      "000000000200000000000000010000000200000002000000000000000000000002000000010000000000000002000000"
+      "000000000200000000000000010000000000000000000000020000000000000002000000000000000100000000000000"
+      "030000000000000001000000000000000100000001000000000000000100000000000000010000000000000002000000"
+      "000000000001010000000000000002000000000000000100000000000000000000000000000000000000000000000000"
+      "000000000000000000000000000001000000000000000000000000000000030000000000000003000000000000000100"
+      "000000000000020000000000000004000000000000000000000000000000080000000000000007000000000000000100"
+      "000000000000000000000000000000000000000000000a000000000000000300000000000000000000000000000088af"
+      "5d81cfb8c491");
+  CHECK(ulorl::save_scheduler(s) == golden);
+  const auto r = ulorl::restore_scheduler(golden);
+  CHECK(r.state() == st);
+  CHECK(ulorl::save_scheduler(r) == golden);
+  // The fewest bytes of an element, which bound each count against the bytes left.
+  STATIC_REQUIRE(ulorl::detail::min_field_bytes<ulorl::group_record>() == 29);
+  STATIC_REQUIRE(ulorl::detail::min_field_bytes<ulorl::response_record>() == 37);
+  STATIC_REQUIRE(ulorl::detail::min_field_bytes<ulorl::version_span>() == 24);
+  STATIC_REQUIRE(ulorl::detail::min_field_bytes<ulorl::plan_item>() == 44);
 }
 
 TEST_CASE("states that break an invariant are rejected on restore", "[rollout][checkpoint]") {

@@ -22,6 +22,7 @@
 // envelope, payload in docs/checkpoints.md).
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +33,7 @@
 #include "ulorl/control/checkpoint.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/fields.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -74,6 +76,28 @@ struct entropy_controller_state {
   std::uint64_t updates = 0;  //!< update() calls so far, <= 2^63 - 1
   double last_entropy = 0.0;  //!< H of the last update (0 before the first)
 };
+
+//! The field tables (core/fields.hpp) of the configuration and the state: a checkpoint's payload is
+//! the configuration's fields and then the state's, in these orders (docs/checkpoints.md §3).
+template <class C, class F>
+  requires detail::record_of<C, entropy_controller_config>
+constexpr void visit_fields(C& c, F&& f) {
+  f("rule", c.rule), f("target_entropy", c.target_entropy), f("init_coef", c.init_coef), f("step_up", c.step_up);
+  f("step_down", c.step_down), f("gain", c.gain), f("tolerance", c.tolerance), f("min_coef", c.min_coef);
+  f("max_coef", c.max_coef), f("gate_above_target", c.gate_above_target), f("gate_source", c.gate_source);
+  f("raise_at_target", c.raise_at_target);
+}
+template <class S, class F>
+  requires detail::record_of<S, entropy_controller_state>
+constexpr void visit_fields(S& s, F&& f) {
+  f("coef", s.coef), f("updates", s.updates), f("last_entropy", s.last_entropy);
+}
+
+namespace detail {
+//! The configuration fields that payload version 1 does not hold (restored at their defaults,
+//! current_batch and false: what a version 1 controller behaved as).
+inline constexpr std::array<std::string_view, 2> entropy_controller_v1_absent{"gate_source", "raise_at_target"};
+}  // namespace detail
 
 inline void validate(const entropy_controller_config& c, std::string_view fn = "entropy_controller") {
   constexpr double L = entropy_controller_limit;
@@ -173,9 +197,16 @@ inline void require_entropy(std::string_view fn, double entropy) {
   return s;
 }
 
-class entropy_controller {
+//! A configuration plus its state, with checkpointing (config(), state(), save(): the shared
+//! detail::controller_base; restore below).
+class entropy_controller
+    : public detail::controller_base<entropy_controller, entropy_controller_config, entropy_controller_state> {
  public:
-  explicit entropy_controller(const entropy_controller_config& c = {}) : config_(c), state_(initial_state(c)) {}
+  //! Its checkpoint: kind, payload version, and the function restore's errors name.
+  static constexpr detail::controller_format checkpoint_format{
+      checkpoint_kind::entropy_controller, entropy_controller_payload_version, "entropy_controller::restore"};
+
+  explicit entropy_controller(const entropy_controller_config& c = {}) : controller_base(c, initial_state(c)) {}
 
   //! alpha for a batch of mean entropy H, before this batch's update.
   [[nodiscard]] double bonus(double entropy) const { return entropy_bonus(config_, state_, entropy); }
@@ -187,82 +218,25 @@ class entropy_controller {
     return state_.coef;
   }
   [[nodiscard]] double value() const noexcept { return state_.coef; }
-  [[nodiscard]] const entropy_controller_config& config() const noexcept { return config_; }
-  [[nodiscard]] const entropy_controller_state& state() const noexcept { return state_; }
 
-  //! Appends configuration and state to `out` as one checkpoint (core/checkpoint.hpp's envelope,
-  //! kind entropy_controller, payload version entropy_controller_payload_version).
-  void save(std::vector<std::byte>& out) const {
-    const auto at =
-        detail::begin_checkpoint(out, checkpoint_kind::entropy_controller, entropy_controller_payload_version);
-    detail::byte_writer w(out);
-    w.u8(static_cast<std::uint8_t>(config_.rule));
-    w.f64(config_.target_entropy);
-    w.f64(config_.init_coef);
-    w.f64(config_.step_up);
-    w.f64(config_.step_down);
-    w.f64(config_.gain);
-    w.f64(config_.tolerance);
-    w.f64(config_.min_coef);
-    w.f64(config_.max_coef);
-    w.boolean(config_.gate_above_target);
-    w.u8(static_cast<std::uint8_t>(config_.gate_source));
-    w.boolean(config_.raise_at_target);
-    w.f64(state_.coef);
-    w.u64(state_.updates);
-    w.f64(state_.last_entropy);
-    detail::finish_checkpoint(out, at);
-  }
-  [[nodiscard]] std::vector<std::byte> save() const {
-    std::vector<std::byte> out;
-    save(out);
-    return out;
-  }
   //! Rebuilds a controller from exactly one checkpoint written by `save`. A damaged envelope, a
   //! field out of its documented range or a state that breaks an invariant throws ulorl::error
   //! naming the field. Payload version 1 (written before gate_source and raise_at_target existed)
   //! is read too, with those two at their defaults (current_batch, false): what it behaved as.
   [[nodiscard]] static entropy_controller restore(std::span<const std::byte> bytes) {
-    constexpr std::string_view fn = "entropy_controller::restore";
+    constexpr std::string_view fn = checkpoint_format.restore_fn;
     // The payload version sits at header offset 12 (u32, little-endian); open_checkpoint then
     // checks the whole envelope, checksum first, against the version read here.
     std::uint32_t version = entropy_controller_payload_version;
+    std::span<const std::string_view> absent;
     if (bytes.size() >= detail::checkpoint_header_bytes) {
       std::uint32_t pv = 0;
       for (std::size_t i = 0; i < 4; ++i) pv |= static_cast<std::uint32_t>(bytes[12 + i]) << (8 * i);
-      if (pv == 1) version = 1;
+      if (pv == 1) version = 1, absent = detail::entropy_controller_v1_absent;
     }
-    auto r = detail::open_checkpoint(bytes, checkpoint_kind::entropy_controller, version, fn);
-    entropy_controller_config c;
-    c.rule = static_cast<entropy_control_rule>(r.u8("rule"));
-    c.target_entropy = r.f64("target_entropy");
-    c.init_coef = r.f64("init_coef");
-    c.step_up = r.f64("step_up");
-    c.step_down = r.f64("step_down");
-    c.gain = r.f64("gain");
-    c.tolerance = r.f64("tolerance");
-    c.min_coef = r.f64("min_coef");
-    c.max_coef = r.f64("max_coef");
-    c.gate_above_target = r.boolean("gate_above_target");
-    if (version >= 2) {
-      c.gate_source = static_cast<entropy_gate_source>(r.u8("gate_source"));
-      c.raise_at_target = r.boolean("raise_at_target");
-    }
-    entropy_controller_state s;
-    s.coef = r.f64("state.coef");
-    s.updates = r.u64("state.updates");
-    s.last_entropy = r.f64("state.last_entropy");
-    detail::close_checkpoint(r, fn);
-    validate(c, fn);
-    validate(c, s, fn);
-    entropy_controller e(c);
-    e.state_ = s;
-    return e;
+    return restored(detail::restore_controller<entropy_controller_config, entropy_controller_state>(
+        bytes, checkpoint_format.kind, version, fn, absent));
   }
-
- private:
-  entropy_controller_config config_;
-  entropy_controller_state state_;
 };
 
 ULORL_NAMESPACE_END

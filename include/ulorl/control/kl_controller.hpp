@@ -20,6 +20,7 @@
 #include "ulorl/control/checkpoint.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/fields.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -56,6 +57,20 @@ struct kl_controller_state {
   double last_kl = 0.0;       //!< KL of the last update (0 before the first)
   double last_error = 0.0;    //!< clipped proportional error of the last update (0 when fixed)
 };
+
+//! The field tables (core/fields.hpp) of the configuration and the state: a checkpoint's payload is
+//! the configuration's fields and then the state's, in these orders (docs/checkpoints.md §3).
+template <class C, class F>
+  requires detail::record_of<C, kl_controller_config>
+constexpr void visit_fields(C& c, F&& f) {
+  f("type", c.type), f("init_coef", c.init_coef), f("target_kl", c.target_kl), f("horizon", c.horizon);
+  f("max_error", c.max_error), f("min_coef", c.min_coef), f("max_coef", c.max_coef);
+}
+template <class S, class F>
+  requires detail::record_of<S, kl_controller_state>
+constexpr void visit_fields(S& s, F&& f) {
+  f("coef", s.coef), f("updates", s.updates), f("last_kl", s.last_kl), f("last_error", s.last_error);
+}
 
 //! Throws ulorl::error naming the offending field. Adaptive-only fields are checked only when
 //! adaptive (a fixed controller never reads them; the golden fixed case passes null for them).
@@ -131,10 +146,15 @@ inline void validate(const kl_controller_config& c, const kl_controller_state& s
   return s;
 }
 
-//! A configuration plus its state, with checkpointing. No I/O, no clocks: the host drives updates.
-class kl_controller {
+//! A configuration plus its state, with checkpointing (config(), state(), save(), restore(): the
+//! shared detail::controller_base). No I/O, no clocks: the host drives updates.
+class kl_controller : public detail::controller_base<kl_controller, kl_controller_config, kl_controller_state> {
  public:
-  explicit kl_controller(const kl_controller_config& c = {}) : config_(c), state_(initial_state(c)) {}
+  //! Its checkpoint: kind, payload version, and the function restore's errors name.
+  static constexpr detail::controller_format checkpoint_format{checkpoint_kind::kl_controller,
+                                                               kl_controller_payload_version, "kl_controller::restore"};
+
+  explicit kl_controller(const kl_controller_config& c = {}) : controller_base(c, initial_state(c)) {}
 
   //! One update; returns the new beta.
   double update(double current_kl, std::int64_t n_steps) {
@@ -142,62 +162,6 @@ class kl_controller {
     return state_.coef;
   }
   [[nodiscard]] double value() const noexcept { return state_.coef; }
-  [[nodiscard]] const kl_controller_config& config() const noexcept { return config_; }
-  [[nodiscard]] const kl_controller_state& state() const noexcept { return state_; }
-
-  //! Appends configuration and state to `out` as one checkpoint (core/checkpoint.hpp's envelope,
-  //! kind kl_controller, payload version kl_controller_payload_version; docs/checkpoints.md).
-  void save(std::vector<std::byte>& out) const {
-    const auto at = detail::begin_checkpoint(out, checkpoint_kind::kl_controller, kl_controller_payload_version);
-    detail::byte_writer w(out);
-    w.u8(static_cast<std::uint8_t>(config_.type));
-    w.f64(config_.init_coef);
-    w.f64(config_.target_kl);
-    w.f64(config_.horizon);
-    w.f64(config_.max_error);
-    w.f64(config_.min_coef);
-    w.f64(config_.max_coef);
-    w.f64(state_.coef);
-    w.u64(state_.updates);
-    w.f64(state_.last_kl);
-    w.f64(state_.last_error);
-    detail::finish_checkpoint(out, at);
-  }
-  [[nodiscard]] std::vector<std::byte> save() const {
-    std::vector<std::byte> out;
-    save(out);
-    return out;
-  }
-  //! Rebuilds a controller from exactly one checkpoint written by `save`. A damaged envelope, a
-  //! field out of its documented range or a state that breaks an invariant throws ulorl::error
-  //! naming the field ("state.coef", "horizon", ...).
-  [[nodiscard]] static kl_controller restore(std::span<const std::byte> bytes) {
-    constexpr std::string_view fn = "kl_controller::restore";
-    auto r = detail::open_checkpoint(bytes, checkpoint_kind::kl_controller, kl_controller_payload_version, fn);
-    kl_controller_config c;
-    c.type = static_cast<kl_control_type>(r.u8("type"));
-    c.init_coef = r.f64("init_coef");
-    c.target_kl = r.f64("target_kl");
-    c.horizon = r.f64("horizon");
-    c.max_error = r.f64("max_error");
-    c.min_coef = r.f64("min_coef");
-    c.max_coef = r.f64("max_coef");
-    kl_controller_state s;
-    s.coef = r.f64("state.coef");
-    s.updates = r.u64("state.updates");
-    s.last_kl = r.f64("state.last_kl");
-    s.last_error = r.f64("state.last_error");
-    detail::close_checkpoint(r, fn);
-    validate(c, fn);
-    validate(c, s, fn);
-    kl_controller k(c);
-    k.state_ = s;
-    return k;
-  }
-
- private:
-  kl_controller_config config_;
-  kl_controller_state state_;
 };
 
 ULORL_NAMESPACE_END

@@ -31,6 +31,7 @@
 #include "ulorl/control/checkpoint.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/fields.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -107,6 +108,32 @@ struct reference_reset_state {
   std::uint64_t resets = 0;              //!< resets so far
   reset_event last_event;                //!< the last reset (step -1 before the first)
 };
+
+//! The field tables (core/fields.hpp) of the configuration, an event and the state: a checkpoint's
+//! payload is the configuration's fields and then the state's, in these orders, the state's
+//! last_event as its own fields (docs/checkpoints.md §3).
+template <class C, class F>
+  requires detail::record_of<C, reference_reset_config>
+constexpr void visit_fields(C& c, F&& f) {
+  f("every_n_steps", c.every_n_steps), f("on_plateau", c.on_plateau), f("patience", c.patience);
+  f("min_delta", c.min_delta), f("higher_is_better", c.higher_is_better), f("on_drop", c.on_drop);
+  f("max_drop", c.max_drop), f("on_kl_share", c.on_kl_share), f("max_kl_share", c.max_kl_share);
+  f("kl_share_patience", c.kl_share_patience), f("cooldown_steps", c.cooldown_steps);
+  f("manual_ignores_cooldown", c.manual_ignores_cooldown), f("reset_optimizer", c.reset_optimizer);
+}
+template <class E, class F>
+  requires detail::record_of<E, reset_event>
+constexpr void visit_fields(E& e, F&& f) {
+  f("step", e.step), f("trigger", e.trigger), f("value", e.value), f("index", e.index);
+}
+template <class S, class F>
+  requires detail::record_of<S, reference_reset_state>
+constexpr void visit_fields(S& s, F&& f) {
+  f("has_step", s.has_step), f("last_step", s.last_step), f("anchor_step", s.anchor_step);
+  f("has_reset", s.has_reset), f("has_best", s.has_best), f("best", s.best);
+  f("evals_without_improvement", s.evals_without_improvement), f("kl_over_steps", s.kl_over_steps);
+  f("evaluations", s.evaluations), f("resets", s.resets), f("last_event", s.last_event);
+}
 
 inline void validate(const reference_reset_config& c, std::string_view fn = "reference_reset_policy") {
   if (c.every_n_steps < 0) detail::fail_value(fn, "every_n_steps", c.every_n_steps, "must be >= 0 (0 = off)");
@@ -215,9 +242,16 @@ inline void validate(const reference_reset_config& c, const reference_reset_stat
   }
 }
 
-class reference_reset_policy {
+//! A configuration plus its state, with checkpointing (config(), state(), save(), restore(): the
+//! shared detail::controller_base). No I/O, no clocks: the host reports steps and validation results.
+class reference_reset_policy
+    : public detail::controller_base<reference_reset_policy, reference_reset_config, reference_reset_state> {
  public:
-  explicit reference_reset_policy(const reference_reset_config& c = {}) : config_(c) { validate(c); }
+  //! Its checkpoint: kind, payload version, and the function restore's errors name.
+  static constexpr detail::controller_format checkpoint_format{
+      checkpoint_kind::reference_reset, reference_reset_payload_version, "reference_reset_policy::restore"};
+
+  explicit reference_reset_policy(const reference_reset_config& c = {}) : controller_base(c, {}) { validate(c); }
 
   //! Reports training step `step` and its loss terms (the KL term as added to the loss, beta · KL,
   //! and the policy-gradient term). Checks the kl_share and periodic triggers, in that order.
@@ -291,96 +325,12 @@ class reference_reset_policy {
     return a;
   }
 
-  [[nodiscard]] const reference_reset_config& config() const noexcept { return config_; }
-  [[nodiscard]] const reference_reset_state& state() const noexcept { return state_; }
   //! Steps left before a trigger may reset again (0 when none). The invariants keep
   //! 0 <= last_step - last_event.step, so the difference cannot overflow.
   [[nodiscard]] std::int64_t cooldown_remaining() const noexcept {
     if (!state_.has_reset) return 0;
     const std::int64_t left = config_.cooldown_steps - (state_.last_step - state_.last_event.step);
     return left > 0 ? left : 0;
-  }
-
-  //! Appends configuration and state to `out` as one checkpoint (core/checkpoint.hpp's envelope,
-  //! kind reference_reset, payload version reference_reset_payload_version).
-  void save(std::vector<std::byte>& out) const {
-    const auto at = detail::begin_checkpoint(out, checkpoint_kind::reference_reset, reference_reset_payload_version);
-    detail::byte_writer w(out);
-    w.i64(config_.every_n_steps);
-    w.boolean(config_.on_plateau);
-    w.i64(config_.patience);
-    w.f64(config_.min_delta);
-    w.boolean(config_.higher_is_better);
-    w.boolean(config_.on_drop);
-    w.f64(config_.max_drop);
-    w.boolean(config_.on_kl_share);
-    w.f64(config_.max_kl_share);
-    w.i64(config_.kl_share_patience);
-    w.i64(config_.cooldown_steps);
-    w.boolean(config_.manual_ignores_cooldown);
-    w.boolean(config_.reset_optimizer);
-    w.boolean(state_.has_step);
-    w.i64(state_.last_step);
-    w.i64(state_.anchor_step);
-    w.boolean(state_.has_reset);
-    w.boolean(state_.has_best);
-    w.f64(state_.best);
-    w.i64(state_.evals_without_improvement);
-    w.i64(state_.kl_over_steps);
-    w.u64(state_.evaluations);
-    w.u64(state_.resets);
-    w.i64(state_.last_event.step);
-    w.u8(static_cast<std::uint8_t>(state_.last_event.trigger));
-    w.f64(state_.last_event.value);
-    w.u64(state_.last_event.index);
-    detail::finish_checkpoint(out, at);
-  }
-  [[nodiscard]] std::vector<std::byte> save() const {
-    std::vector<std::byte> out;
-    save(out);
-    return out;
-  }
-  //! Rebuilds a policy from exactly one checkpoint written by `save`. A damaged envelope, a field
-  //! out of its documented range or a state that breaks an invariant throws ulorl::error naming the
-  //! field.
-  [[nodiscard]] static reference_reset_policy restore(std::span<const std::byte> bytes) {
-    constexpr std::string_view fn = "reference_reset_policy::restore";
-    auto r = detail::open_checkpoint(bytes, checkpoint_kind::reference_reset, reference_reset_payload_version, fn);
-    reference_reset_config c;
-    c.every_n_steps = r.i64("every_n_steps");
-    c.on_plateau = r.boolean("on_plateau");
-    c.patience = r.i64("patience");
-    c.min_delta = r.f64("min_delta");
-    c.higher_is_better = r.boolean("higher_is_better");
-    c.on_drop = r.boolean("on_drop");
-    c.max_drop = r.f64("max_drop");
-    c.on_kl_share = r.boolean("on_kl_share");
-    c.max_kl_share = r.f64("max_kl_share");
-    c.kl_share_patience = r.i64("kl_share_patience");
-    c.cooldown_steps = r.i64("cooldown_steps");
-    c.manual_ignores_cooldown = r.boolean("manual_ignores_cooldown");
-    c.reset_optimizer = r.boolean("reset_optimizer");
-    reference_reset_state s;
-    s.has_step = r.boolean("state.has_step");
-    s.last_step = r.i64("state.last_step");
-    s.anchor_step = r.i64("state.anchor_step");
-    s.has_reset = r.boolean("state.has_reset");
-    s.has_best = r.boolean("state.has_best");
-    s.best = r.f64("state.best");
-    s.evals_without_improvement = r.i64("state.evals_without_improvement");
-    s.kl_over_steps = r.i64("state.kl_over_steps");
-    s.evaluations = r.u64("state.evaluations");
-    s.resets = r.u64("state.resets");
-    s.last_event.step = r.i64("state.last_event.step");
-    s.last_event.trigger = static_cast<reset_trigger>(r.u8("state.last_event.trigger"));  // checked by validate
-    s.last_event.value = r.f64("state.last_event.value");
-    s.last_event.index = r.u64("state.last_event.index");
-    detail::close_checkpoint(r, fn);
-    validate(c, fn);
-    validate(c, s, fn);
-    reference_reset_policy p(c);
-    p.state_ = s;
-    return p;
   }
 
  private:
@@ -421,8 +371,6 @@ class reference_reset_policy {
     return a;
   }
 
-  reference_reset_config config_;
-  reference_reset_state state_;
 };
 
 ULORL_NAMESPACE_END

@@ -5,7 +5,10 @@
 // bool, an enum, a std::size_t (a count up to 2^53), a bounded_count (a count up to its bound), a
 // std::optional<double>, a record (visited whole: its fields follow in its own table's order) or a
 // std::optional of a record. The table is the only list of the struct's fields outside the struct:
-// the encodings, the operators' schemas and the Python surface are derived from it.
+// the encodings, the operators' schemas and the Python surface are derived from it. The
+// checkpoints write and read the same tables as bytes (core/serialize.hpp's write_fields /
+// read_fields), where a field may also be a fixed-width integer or a std::vector; the functions
+// below take the field kinds listed here.
 //   encoded_size_of<R>        number of doubles of R's encoding
 //   encode_fields(r)          the doubles (numbers as they are, enums as their values, bools 0 / 1,
 //                             an optional as 0 / 1 and then its value's fields)

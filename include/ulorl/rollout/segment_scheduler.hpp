@@ -239,7 +239,9 @@ struct response_record {
   friend bool operator==(const response_record&, const response_record&) = default;
 };
 
-//! The whole checkpointable state. Everything else in the scheduler is derived from it.
+//! The whole checkpointable state. Everything else in the scheduler is derived from it. The
+//! checkpoint writes and reads it through the field tables in rollout/checkpoint.hpp (one for this
+//! struct and one for each record it holds): a new member goes in its table too.
 struct segment_scheduler_state {
   segment_scheduler_config config{};
   scheduler_phase phase = scheduler_phase::idle;
