@@ -664,7 +664,7 @@ struct gmpo_objective : detail::builtin_objective<objective_kind::gmpo> {
     s.ratio = {x, xc, row.ratio, T(0), exp_minus_one_minus_x(xc)};
     s.flags = detail::scalar_flags<T>(gt.flags, false);
     s.pg = T(0);
-    s.grad = wd * static_cast<double>(own) + row.coef * static_cast<double>(gt.dy);
+    s.grad = row.coef * static_cast<double>(gt.dy) + wd * static_cast<double>(own);
     return s;
   }
 };
