@@ -389,6 +389,28 @@ TEST_CASE("logits_backward at huge temperatures: finite gradients (T >= 1e40 flo
   }
 }
 
+TEST_CASE("logits_backward: an anchor lse * T past half of float's range does not overflow x - c") {
+  // T ~ 1e38 and logits of order +-6e37 (scaled logits ~0.6, lse ~ 3.55): lse * T ~ 3.3e38 is a
+  // finite float, but x_j - c for negative x_j is past float's range; the anchor must come from the
+  // row, or those p_j (a third of the gradient) come out 0.
+  const std::size_t cols = 33;
+  std::vector<double> x(2 * cols);
+  for (std::size_t j = 0; j < x.size(); ++j) x[j] = (j % 2 ? -1.0 : 1.0) * 6e37 * static_cast<double>(j % cols) / cols;
+  const std::vector<std::int64_t> y{6, 7};
+  const std::vector<double> glp{-1.1, 0.7}, gent{0.0, 0.4};
+  for (double tau : {9e37, 9.5e37})
+    for (bool fast : {false, true}) {
+      INFO("tau " << tau << " fast " << fast);
+      const auto ff = temperature_check::run<float, float, float>(x, 2, cols, y, glp, gent, tau, fast);
+      const auto fd = temperature_check::run<float, double, float>(x, 2, cols, y, glp, gent, tau, fast);
+      const auto bf = temperature_check::run<bf16, float, float>(x, 2, cols, y, glp, gent, tau, fast);
+      REQUIRE(!(ff.refused || fd.refused || bf.refused));
+      CHECK(ff.grad_err < 3e-4);
+      CHECK(fd.grad_err < 3e-4);
+      CHECK(bf.grad_err < 3e-4);
+    }
+}
+
 namespace {
 // max_j |d entropy / d x_j| of the row x (label y) from logits_forward's statistics (type S).
 template <class L, class S>

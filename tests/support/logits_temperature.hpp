@@ -2,7 +2,10 @@
 // temperature and measures them against the long-double oracle (logits_oracle.hpp): the worst
 // normwise gradient error per row, max_j |g_j - exact_j| / max_j s_j (s_j: the sum of |terms| of
 // exact_j, oracle::logits_row_grad_scale), less two of the output type's smallest subnormals (an
-// output near the bottom of its range cannot hold more), and the worst error of the statistics
+// output near the bottom of its range cannot hold more) and less what the stored lse carries: the
+// backward places log p from the lse of type S, known to |lse| eps(S) (while |lse| is within
+// lse_anchor_limit<S>; past it the row is read again), which moves element j by up to
+// |lse| eps(S) (|exact_j| + |g_ent| p_j / T); and the worst error of the statistics
 // (log_prob, entropy, lse relative to 1 + their size). A batch the kernels refuse (ulorl::error)
 // reports `refused` and leaves the errors at 0. Shared by the temperature sweep test and the
 // temperature fuzz target.
@@ -96,10 +99,15 @@ result run(const std::vector<double>& x, std::size_t rows, std::size_t cols, con
     const oracle::row_stats st = oracle::logits_row(row, y, tau);
     long double gmax = 0;
     for (auto v : sc) gmax = std::max(gmax, v);
+    const std::vector<long double> lps = oracle::log_softmax_row(row, tau);
+    const long double lse_digits =
+        2 * std::min(std::fabs(static_cast<long double>(lse[r])), static_cast<long double>(lse_anchor_limit<S>())) *
+        static_cast<long double>(std::numeric_limits<S>::epsilon());
     double e = 0;
     for (std::size_t j = 0; j < cols; ++j) {
       const long double d = std::fabs(static_cast<long double>(as_double(g[r * cols + j])) - ex[j]);
-      const long double over = d - floor2;
+      const long double carried = lse_digits * (std::fabs(ex[j]) + std::fabs(ge) * std::exp(lps[j]) / tau);
+      const long double over = d - floor2 - carried;
       if (over > 0) e = std::max(e, gmax > 0 ? static_cast<double>(over / gmax) : std::numeric_limits<double>::infinity());
       if (std::isnan(as_double(g[r * cols + j]))) e = std::numeric_limits<double>::infinity();
     }

@@ -123,12 +123,14 @@ template <class S>
 
 //! The anchor from a stored lse (of type S, here widened to A), with the anchor rounded to the
 //! logits' arithmetic type C; `ok` is false when the stored lse cannot place log p (|lse| past
-//! lse_anchor_limit<S>, or lse * tau outside C's range at a huge temperature): then the anchor
-//! must come from the row itself, anchor_of_row.
+//! lse_anchor_limit<S>), or when |lse * tau| exceeds half of C's range at a huge temperature: the
+//! logits stay within half of that range (the value scan), so x_j - c, evaluated in C, cannot
+//! overflow while |c| does too. Then the anchor must come from the row itself, anchor_of_row.
 template <class S, class C, class A>
 [[nodiscard]] ULORL_HD log_softmax_anchor<A> anchor_of_lse(A lse, A tau, A inv_tau, bool& ok) noexcept {
   const A c = static_cast<A>(static_cast<C>(lse * tau));
-  ok = std::fabs(lse) <= static_cast<A>(lse_anchor_limit<S>()) && std::isfinite(c);
+  ok = std::fabs(lse) <= static_cast<A>(lse_anchor_limit<S>()) &&
+       std::fabs(c) <= static_cast<A>(std::numeric_limits<C>::max() / 2);
   return {c, lse - c * inv_tau};
 }
 
