@@ -4,7 +4,7 @@ eager (forward + backward), in one process, on bench_torch.cpp's data: [B, T] = 
 (1M tokens), clip-higher 0.2 / 0.28 + k3 KL (0.05) + entropy (0.01), token-mean over the batch.
 The variants alternate (ulorl, torch, ulorl, torch, ...) and each reports its best round. The
 Python call overhead is measured on a [1, 16] batch, where the kernel costs almost nothing.
-logits_stats (ulorl.logprobs_from_logits with entropies) is timed the same way against
+logits_statistics (ulorl.logprobs_from_logits with entropies) is timed the same way against
 log_softmax + gather + entropy on bench_torch.cpp's logits, [N, V] = [256, 151936] float32, forward
 + backward of lp * a + entropy * c. The header line names the kernels' instruction sets
 (ulorl._ulorl.policy_loss_isa / logits_isa; ULORL_PYTHON_ISA=default selects the baseline ones).
@@ -13,7 +13,7 @@ With --bench-torch PATH (a built bench/bench_torch), the C++ adapter's policy_lo
 same run are printed beside the Python ones (the ratio Python / C++ is the binding's cost).
 
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=python:build/release/python python3 bench/bench_python.py \\
-        [--rounds 7] [--only policy_loss|logits_stats] [--logits-n 256] [--bench-torch build/release/bench/bench_torch]
+        [--rounds 7] [--only policy_loss|logits_statistics] [--logits-n 256] [--bench-torch build/release/bench/bench_torch]
 """
 
 import argparse
@@ -92,17 +92,17 @@ def cxx_numbers(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--only", choices=("policy_loss", "logits_stats"), help="time one of the two functions")
-    ap.add_argument("--logits-n", type=int, default=256, help="logits rows of logits_stats (V = 151936)")
+    ap.add_argument("--only", choices=("policy_loss", "logits_statistics"), help="time one of the two functions")
+    ap.add_argument("--logits-n", type=int, default=256, help="logits rows of logits_statistics (V = 151936)")
     ap.add_argument("--bench-torch", help="path of a built bench_torch, for the C++ numbers of this run")
     args = ap.parse_args()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(7)
     print(f"kernels: policy_loss {ulorl._ulorl.policy_loss_isa}, logits {ulorl._ulorl.logits_isa}")
-    if args.only != "logits_stats":
+    if args.only != "logits_statistics":
         bench_policy_loss(args, gen)
     if args.only != "policy_loss":
-        bench_logits_stats(args, gen)
+        bench_logits_statistics(args, gen)
 
 
 def bench_policy_loss(args, gen):
@@ -131,7 +131,7 @@ def bench_policy_loss(args, gen):
         print(f"  Python ulorl / C++ ulorl = {ours / cu:.3f}   Python torch / C++ torch = {theirs / ct:.3f}")
 
 
-def bench_logits_stats(args, gen):
+def bench_logits_statistics(args, gen):
     n, vocab = args.logits_n, 151936
     s = (torch.randn(n, vocab, generator=gen) * 2, torch.randint(0, vocab, (n,), generator=gen),
          torch.randn(n, generator=gen), torch.randn(n, generator=gen))
@@ -142,7 +142,7 @@ def bench_logits_stats(args, gen):
     torch.testing.assert_close(ent, tent, rtol=1e-4, atol=1e-4)
 
     ours, theirs = best_of(args.rounds, 1, [lambda: run_stats(True, s), lambda: run_stats(False, s)])
-    print("logits_stats forward + backward, float32, one intra-op thread, best of %d rounds" % args.rounds)
+    print("logits_statistics forward + backward, float32, one intra-op thread, best of %d rounds" % args.rounds)
     print(f"  [{n}, {vocab}]: ulorl (Python) {ours * 1e3:8.2f} ms   torch eager {theirs * 1e3:8.2f} ms"
           f"   torch / ulorl = {theirs / ours:.2f}x")
 

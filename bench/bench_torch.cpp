@@ -5,12 +5,12 @@
 // bytes of live tensors above those alive before the call, minus the gradients both paths must
 // return (logits.grad, weight.grad, hidden.grad); the inputs exist before and are not counted.
 //   policy_loss           [B, T] = [256, 4096] float32, clip-higher + k3 KL + entropy, token-mean
-//   logits_stats          [N, V] = [256, 151936] float32 (memory at ULORL_BENCH_TORCH_MEM_N = 1024)
+//   logits_statistics          [N, V] = [256, 151936] float32 (memory at ULORL_BENCH_TORCH_MEM_N = 1024)
 //   policy_loss_from_logits  same logits, in place
 //   linear_head           V = 151936, H = 1024, N = 64 (memory at N = ULORL_BENCH_TORCH_MEM_N)
 // One intra-op thread (at::set_num_threads(1)); run with OPENBLAS_NUM_THREADS=1 for one BLAS
 // thread too (OpenBLAS reads it when it loads). Targets: >= 5x torch for policy_loss and
-// logits_stats, >= 10x less peak memory for logits_stats and the linear head, linear head >= 1.0x.
+// logits_statistics, >= 10x less peak memory for logits_statistics and the linear head, linear head >= 1.0x.
 #include <benchmark/benchmark.h>
 
 #include <ulorl/adapters/torch.hpp>
@@ -118,7 +118,7 @@ std::int64_t run_stats(bool ours, const at::Tensor& logits, const at::Tensor& y,
                        const at::Tensor& c) {
   at::Tensor z = logits.detach().requires_grad_();
   {
-    auto [lp, ent] = ours ? th::logits_stats(z, y) : ref_stats(z, y);
+    auto [lp, ent] = ours ? th::logits_statistics(z, y) : ref_stats(z, y);
     (lp * a + ent * c).sum().backward();
   }
   const std::int64_t g = z.grad().nbytes();
@@ -133,8 +133,8 @@ std::int64_t run_from_logits(bool ours, const at::Tensor& logits, const at::Tens
     at::Tensor z = leaf.view(logits.sizes());
     const std::int64_t b = d.old.size(0), t = d.old.size(1);
     if (ours) {
-      th::policy_loss_from_logits(z, y, d.old, d.adv, d.mask, loss_config(d.n), {.extra = {.ref_log_prob = d.ref},
-                                                                                 .in_place = true})
+      th::policy_loss_from_logits(z, y, d.old, d.adv, d.mask, loss_config(d.n),
+                                  {.extra = {.ref_log_prob = d.ref}, .in_place = true})
           .loss.backward();
     } else {
       auto [lp, ent] = ref_stats(z, y);
@@ -204,8 +204,8 @@ const logits_set& logits_data() {
   return s;
 }
 const head_data& head() {
-  static head_data d = make_head(bench::env_size("ULORL_BENCH_TORCH_HEAD_N", 64),
-                                 bench::env_size("ULORL_BENCH_HEAD_H", 1024));
+  static head_data d =
+      make_head(bench::env_size("ULORL_BENCH_TORCH_HEAD_N", 64), bench::env_size("ULORL_BENCH_HEAD_H", 1024));
   return d;
 }
 
@@ -214,9 +214,9 @@ void BM_policy_loss(benchmark::State& state, bool ours) {
   timed(state, std::string("policy_loss/") + (ours ? "ulorl" : "torch"), d.lp.numel(), d.lp.numel() * 4 * 5,
         [&] { run_loss(ours, d); });
 }
-void BM_logits_stats(benchmark::State& state, bool ours) {
+void BM_logits_statistics(benchmark::State& state, bool ours) {
   const auto& s = logits_data();
-  timed(state, std::string("logits_stats/") + (ours ? "ulorl" : "torch"), s.z.numel(), s.z.numel() * 4 * 2,
+  timed(state, std::string("logits_statistics/") + (ours ? "ulorl" : "torch"), s.z.numel(), s.z.numel() * 4 * 2,
         [&] { run_stats(ours, s.z, s.y, s.a, s.c); });
 }
 void BM_from_logits(benchmark::State& state, bool ours) {
@@ -227,8 +227,8 @@ void BM_from_logits(benchmark::State& state, bool ours) {
 }
 void BM_linear_head(benchmark::State& state, bool ours) {
   const auto& d = head();
-  timed(state, std::string("linear_head/") + (ours ? "ulorl" : "torch"), d.hidden.size(0) * vocab,
-        d.weight.nbytes(), [&] { run_head(ours, d); });
+  timed(state, std::string("linear_head/") + (ours ? "ulorl" : "torch"), d.hidden.size(0) * vocab, d.weight.nbytes(),
+        [&] { run_head(ours, d); });
 }
 
 void register_all() {
@@ -237,22 +237,26 @@ void register_all() {
     for (bool ours : {true, false}) {
       const std::string who = ours ? "/ulorl" : "/torch";
       benchmark::RegisterBenchmark(("policy_loss" + who + r).c_str(), BM_policy_loss, ours)
-          ->Unit(benchmark::kMillisecond)->MinTime(0.5);
+          ->Unit(benchmark::kMillisecond)
+          ->MinTime(0.5);
     }
     for (bool ours : {true, false}) {
       const std::string who = ours ? "/ulorl" : "/torch";
-      benchmark::RegisterBenchmark(("logits_stats" + who + r).c_str(), BM_logits_stats, ours)
-          ->Unit(benchmark::kMillisecond)->MinTime(0.5);
+      benchmark::RegisterBenchmark(("logits_statistics" + who + r).c_str(), BM_logits_statistics, ours)
+          ->Unit(benchmark::kMillisecond)
+          ->MinTime(0.5);
     }
     for (bool ours : {true, false}) {
       const std::string who = ours ? "/ulorl" : "/torch";
       benchmark::RegisterBenchmark(("policy_loss_from_logits" + who + r).c_str(), BM_from_logits, ours)
-          ->Unit(benchmark::kMillisecond)->MinTime(0.5);
+          ->Unit(benchmark::kMillisecond)
+          ->MinTime(0.5);
     }
     for (bool ours : {true, false}) {
       const std::string who = ours ? "/ulorl" : "/torch";
       benchmark::RegisterBenchmark(("linear_head" + who + r).c_str(), BM_linear_head, ours)
-          ->Unit(benchmark::kMillisecond)->Iterations(3);
+          ->Unit(benchmark::kMillisecond)
+          ->Iterations(3);
     }
   }
 }
@@ -267,7 +271,7 @@ void memory_summary() {
     const at::Tensor a = at::randn({n}), c = at::randn({n});
     const std::int64_t ours = extra_peak([&] { return run_stats(true, z, y, a, c); });
     const std::int64_t theirs = extra_peak([&] { return run_stats(false, z, y, a, c); });
-    std::printf("  logits_stats  N=%lld V=%lld: ulorl %.3f MB, torch %.1f MB: %.0fx less ([N,V] = %.1f MB)\n",
+    std::printf("  logits_statistics  N=%lld V=%lld: ulorl %.3f MB, torch %.1f MB: %.0fx less ([N,V] = %.1f MB)\n",
                 static_cast<long long>(n), static_cast<long long>(vocab), static_cast<double>(ours) / 1e6,
                 static_cast<double>(theirs) / 1e6, static_cast<double>(theirs) / static_cast<double>(ours),
                 static_cast<double>(z.nbytes()) / 1e6);
@@ -285,10 +289,9 @@ void memory_summary() {
 
 void time_summary() {
   std::printf("\ntime, forward + backward, best round (torch eager / ulorl):\n");
-  for (const char* k : {"policy_loss", "logits_stats", "policy_loss_from_logits", "linear_head"}) {
+  for (const char* k : {"policy_loss", "logits_statistics", "policy_loss_from_logits", "linear_head"}) {
     const double u = best_seconds()[std::string(k) + "/ulorl"], t = best_seconds()[std::string(k) + "/torch"];
-    if (u > 0 && t > 0)
-      std::printf("  %-24s ulorl %9.2f ms  torch %9.2f ms  %.2fx\n", k, u * 1e3, t * 1e3, t / u);
+    if (u > 0 && t > 0) std::printf("  %-24s ulorl %9.2f ms  torch %9.2f ms  %.2fx\n", k, u * 1e3, t * 1e3, t / u);
   }
 }
 

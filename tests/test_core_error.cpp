@@ -28,8 +28,10 @@ TEST_CASE("error messages name function, argument, index and value", "[error]") 
   REQUIRE_THROWS_WITH(ulorl::detail::fail("f", "x", "empty"), Catch::Equals("ulorl::f: argument 'x': empty"));
   REQUIRE_THROWS_WITH(ulorl::require_positive("f", "eps", 0.0), Catch::Contains("'eps' = 0"));
   REQUIRE_THROWS_WITH(ulorl::require_non_negative("f", "c", -1), Catch::Contains("'c' = -1"));
-  REQUIRE_THROWS_WITH(ulorl::require_finite("f", "beta", std::numeric_limits<float>::infinity()), Catch::Contains("'beta' = inf"));
-  REQUIRE_THROWS_WITH(ulorl::require_same_size("f", "b", 3, "a", 4), Catch::Contains("'b': has 3 elements but 'a' has 4"));
+  REQUIRE_THROWS_WITH(ulorl::require_finite("f", "beta", std::numeric_limits<float>::infinity()),
+                      Catch::Contains("'beta' = inf"));
+  REQUIRE_THROWS_WITH(ulorl::require_same_size("f", "b", 3, "a", 4),
+                      Catch::Contains("'b': has 3 elements but 'a' has 4"));
   REQUIRE_NOTHROW(ulorl::require_positive("f", "eps", 1e-300));
   // ulorl::error is a std::invalid_argument, so generic handlers catch it.
   REQUIRE_THROWS_AS(ulorl::detail::fail("f", "x", "y"), std::invalid_argument);
@@ -60,7 +62,7 @@ TEST_CASE("require_known and require_known_at name the value and the known value
 TEST_CASE("unknown enum values are rejected at validation in every area", "[error][enum]") {
   using namespace ulorl;
   REQUIRE(arg_of([] { validate_objective("f", {.kind = static_cast<objective_kind>(42)}); }) == "kind");
-  REQUIRE(arg_of([] { validate_objective("f", {.seq_gradient = static_cast<sequence_gradient>(2)}); }) ==
+  REQUIRE(arg_of([] { validate_objective("f", {.gspo = {.seq_gradient = static_cast<sequence_gradient>(2)}}); }) ==
           "seq_gradient");
   REQUIRE(arg_of([] { validate_kl("f", {.estimator = static_cast<kl_estimator>(9)}); }) == "estimator");
   REQUIRE(arg_of([] { validate_objective("f", {}); }) == "<no error>");

@@ -45,7 +45,8 @@ saved<L> forward(const std::vector<L>& x, std::size_t rows, std::size_t cols, co
 
 template <class L, class G>
 std::vector<G> backward(const std::vector<L>& x, std::size_t rows, std::size_t cols, const std::vector<std::int64_t>& y,
-                        const std::vector<double>& glp, const std::vector<double>& gent, double tau, bool fast = false) {
+                        const std::vector<double>& glp, const std::vector<double>& gent, double tau,
+                        bool fast = false) {
   const auto s = forward(x, rows, cols, y, tau);
   std::vector<G> g(rows * cols);
   logits_backward(matrix_view<const L>(x.data(), rows, cols), std::span<const std::int64_t>(y),
@@ -238,8 +239,8 @@ TEST_CASE("logits_backward rejects bad input before writing") {
   auto call = [&](matrix_view<float> out, std::vector<std::int64_t> labels = {1, 2}) {
     logits_backward(matrix_view<const float>(x.data(), rows, v), std::span<const std::int64_t>(labels),
                     vector_view<const double>(lse.data(), lse.size()), vector_view<const double>(h.data(), h.size()),
-                    vector_view<const double>(glp.data(), glp.size()), vector_view<const double>(gent.data(), gent.size()),
-                    out);
+                    vector_view<const double>(glp.data(), glp.size()),
+                    vector_view<const double>(gent.data(), gent.size()), out);
   };
   const matrix_view<float> out(g.data(), rows, v);
   CHECK_THROWS_WITH(call(out, {1, 5}), Catch::Matchers::Contains("row 1"));
@@ -267,7 +268,8 @@ TEST_CASE("logits_backward rejects bad input before writing") {
   CHECK(g != std::vector<float>(rows * v, 42.0f));
 }
 
-TEST_CASE("logits_backward: the temperature rule of logits_forward (finite reciprocal; scaled rows with the value scan)") {
+TEST_CASE(
+    "logits_backward: the temperature rule of logits_forward (finite reciprocal; scaled rows with the value scan)") {
   const std::size_t rows = 2, v = 2;
   std::vector<double> x{1.0, 0.0, -3.0, 2.0}, g(rows * v, 42.0);
   std::vector<double> lse{1.0, 1.0}, h{0.5, 0.5}, glp{1.0, 1.0}, gent{0.1, 0.1};
@@ -287,13 +289,15 @@ TEST_CASE("logits_backward: the temperature rule of logits_forward (finite recip
     CHECK(std::string(e.what()).find("reciprocal") != std::string::npos);
   }
   std::vector<float> xf(x.begin(), x.end()), gf(rows * v, 42.0f);
-  CHECK_THROWS_WITH(logits_backward(matrix_view<const float>(xf.data(), rows, v), std::span<const std::int64_t>(y),
-                                    vector_view<const double>(lse.data(), rows), vector_view<const double>(h.data(), rows),
-                                    vector_view<const double>(glp.data(), rows), vector_view<const double>(gent.data(), rows),
-                                    matrix_view<float>(gf.data(), rows, v), {.temperature = 1e-300}),
-                    Catch::Matchers::Contains("'temperature'"));
+  CHECK_THROWS_WITH(
+      logits_backward(matrix_view<const float>(xf.data(), rows, v), std::span<const std::int64_t>(y),
+                      vector_view<const double>(lse.data(), rows), vector_view<const double>(h.data(), rows),
+                      vector_view<const double>(glp.data(), rows), vector_view<const double>(gent.data(), rows),
+                      matrix_view<float>(gf.data(), rows, v), {.temperature = 1e-300}),
+      Catch::Matchers::Contains("'temperature'"));
   std::vector<double> big{1e10, 0.0, 1.0, 2.0};
-  CHECK_THROWS_WITH(call(big, 1e-300, true), Catch::Matchers::Contains("'logits'") && Catch::Matchers::Contains("row 0"));
+  CHECK_THROWS_WITH(call(big, 1e-300, true),
+                    Catch::Matchers::Contains("'logits'") && Catch::Matchers::Contains("row 0"));
   CHECK(g == std::vector<double>(rows * v, 42.0));
   CHECK(gf == std::vector<float>(rows * v, 42.0f));
 }
@@ -444,8 +448,7 @@ TEST_CASE("logits_backward: the entropy gradient of a one-hot row at a tiny temp
         CHECK(entropy_grad_max<double, double>(x, y, tau) == 0.0);
         CHECK(entropy_grad_max<float, double>(x, y, tau) == 0.0);
       }
-      for (double tau : {1e-8, 1e-10, 1e-13, 1e-20})
-        CHECK(entropy_grad_max<float, float>(x, y, tau) == 0.0);
+      for (double tau : {1e-8, 1e-10, 1e-13, 1e-20}) CHECK(entropy_grad_max<float, float>(x, y, tau) == 0.0);
     }
 }
 
@@ -456,7 +459,8 @@ TEST_CASE("logits_backward: huge incoming gradients on a row with p_j = 0 give 0
   const std::vector<std::int64_t> y{0};
   std::vector<double> lp(1), h(1), lse(1);
   logits_forward(matrix_view<const double>(x.data(), 1, 2), std::span<const std::int64_t>(y),
-                 vector_view<double>(lp.data(), 1), vector_view<double>(h.data(), 1), vector_view<double>(lse.data(), 1));
+                 vector_view<double>(lp.data(), 1), vector_view<double>(h.data(), 1),
+                 vector_view<double>(lse.data(), 1));
   REQUIRE(h[0] == 0.0);
   for (const double ge : {-3.21679719686385e+306, 1e308, 0.0}) {
     INFO("grad_entropy " << ge);
@@ -530,9 +534,10 @@ TEST_CASE("logits_backward: temperature sweep 1e-30 .. 1e308 against the oracle 
         worst[k] = std::max(worst[k], res[k].grad_err);
       }
     }
-  std::printf("  temperature sweep: %d batches checked, %d refused; worst gradient error f64 %.3g, f32 %.3g, "
-              "f32/f32 stats %.3g, bf16 %.3g, bf16->bf16 %.3g, f32 fast %.3g\n",
-              checked, refused, worst[0], worst[1], worst[2], worst[3], worst[4], worst[5]);
+  std::printf(
+      "  temperature sweep: %d batches checked, %d refused; worst gradient error f64 %.3g, f32 %.3g, "
+      "f32/f32 stats %.3g, bf16 %.3g, bf16->bf16 %.3g, f32 fast %.3g\n",
+      checked, refused, worst[0], worst[1], worst[2], worst[3], worst[4], worst[5]);
 }
 
 TEST_CASE("logits_forward / logits_backward refuse logits beyond half their type's range at any temperature") {

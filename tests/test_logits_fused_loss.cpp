@@ -50,15 +50,20 @@ double fused_padded(const problem& p, const std::vector<double>& x, const policy
   const auto tv = [&](const std::vector<double>& v) {
     return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
   };
-  policy_loss_inputs<double> in{.log_prob = {}, .old_log_prob = tv(p.old), .advantages = tv(p.adv), .mask = tv(p.mask),
+  policy_loss_inputs<double> in{.log_prob = {},
+                                .old_log_prob = tv(p.old),
+                                .advantages = tv(p.adv),
+                                .mask = tv(p.mask),
                                 .ref_log_prob = tv(p.ref)};
   if (rollout_log_prob) in.rollout_log_prob = tv(*rollout_log_prob);
   std::vector<double> lp(n), ent(n), glp(n), gent(n), lse(n), g(n * p.v);
-  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
+  const auto out = [&](std::vector<double>& v) {
+    return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t));
+  };
   const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)};
-  const auto res = policy_loss_from_logits(matrix_view<const double>(x.data(), n, p.v),
-                                           std::span<const std::int64_t>(p.labels), in, buf, matrix_view<double>(g.data(), n, p.v),
-                                           cfg, {.temperature = tau, .check_values = check_values});
+  const auto res = policy_loss_from_logits(
+      matrix_view<const double>(x.data(), n, p.v), std::span<const std::int64_t>(p.labels), in, buf,
+      matrix_view<double>(g.data(), n, p.v), cfg, {.temperature = tau, .check_values = check_values});
   if (grad) *grad = g;
   if (logp) *logp = lp;
   return res.loss;
@@ -100,9 +105,12 @@ TEST_CASE("policy_loss_from_logits: value equals policy_loss on the oracle's log
   const auto tv = [&](const std::vector<double>& v) {
     return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
   };
-  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
-  const auto res = policy_loss(policy_loss_inputs<double>{tv(olp), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref), {}, tv(oent)},
-                               out(glp), out(gent), cfg);
+  const auto out = [&](std::vector<double>& v) {
+    return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t));
+  };
+  const auto res =
+      policy_loss(policy_loss_inputs<double>{tv(olp), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref), {}, tv(oent)},
+                  out(glp), out(gent), cfg);
   CHECK(std::fabs(loss - res.loss) < 1e-12);
   // Masked tokens' logits get no gradient.
   for (std::size_t i = 0; i < n; ++i)
@@ -121,7 +129,7 @@ TEST_CASE("policy_loss_from_logits: gradient agrees with central finite differen
   gspo.normalizer = agg_normalizer{agg_mode::seq_mean_token_mean, 3.0, 1.0};
   // verl's own_token gradient is not the derivative of the value (the mean is detached); the
   // through_mean one (OpenRLHF / TRL) is, so finite differences can check it.
-  gspo.objective.seq_gradient = sequence_gradient::through_mean;
+  gspo.objective.gspo.seq_gradient = sequence_gradient::through_mean;
   for (const auto& cfg : {ppo, gspo}) {
     std::vector<double> g;
     fused_padded(p, p.x, cfg, 0.8, &g);
@@ -140,8 +148,9 @@ TEST_CASE("policy_loss_from_logits: gradient agrees with central finite differen
   }
 }
 
-TEST_CASE("policy_loss_from_logits with the rollout correction in the loss pass: policy_loss on the oracle's log-probs, "
-          "and d loss / d logits agrees with finite differences") {
+TEST_CASE(
+    "policy_loss_from_logits with the rollout correction in the loss pass: policy_loss on the oracle's log-probs, "
+    "and d loss / d logits agrees with finite differences") {
   std::mt19937_64 rng(seed + 7);
   const auto p = make(rng);
   const std::size_t n = p.b * p.t;
@@ -160,7 +169,9 @@ TEST_CASE("policy_loss_from_logits with the rollout correction in the loss pass:
   const auto tv = [&](const std::vector<double>& v) {
     return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
   };
-  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
+  const auto out = [&](std::vector<double>& v) {
+    return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t));
+  };
   for (const auto& rc : {tis, icepop, seq}) {
     auto cfg = ppo_config(p);
     cfg.rollout = rc;
@@ -198,8 +209,9 @@ TEST_CASE("policy_loss_from_logits with the rollout correction in the loss pass:
     }
     double gmax = 0;
     for (double v : g) gmax = std::max(gmax, std::fabs(v));
-    std::printf("  rollout correction (weighting %d, level %d): max |grad - finite difference| %.2g (max |grad| %.2g)\n",
-                static_cast<int>(rc.importance.weighting), static_cast<int>(rc.importance.level), worst, gmax);
+    std::printf(
+        "  rollout correction (weighting %d, level %d): max |grad - finite difference| %.2g (max |grad| %.2g)\n",
+        static_cast<int>(rc.importance.weighting), static_cast<int>(rc.importance.level), worst, gmax);
   }
 }
 
@@ -230,8 +242,12 @@ TEST_CASE("policy_loss_from_logits: packed layout with float logits matches the 
   }
   const std::size_t n = old.size();
   const std::span<const std::int64_t> off(offsets);
-  const auto tv = [&](const std::vector<double>& v) { return token_view<const double>::packed(vector_view<const double>(v.data(), n), off); };
-  const auto out = [&](std::vector<double>& v) { return token_view<double>::packed(vector_view<double>(v.data(), n), off); };
+  const auto tv = [&](const std::vector<double>& v) {
+    return token_view<const double>::packed(vector_view<const double>(v.data(), n), off);
+  };
+  const auto out = [&](std::vector<double>& v) {
+    return token_view<double>::packed(vector_view<double>(v.data(), n), off);
+  };
   std::vector<double> lp(n), ent(n), glp(n), gent(n), lse(n);
   std::vector<float> g(n * p.v);
   const auto res = policy_loss_from_logits(
@@ -258,8 +274,8 @@ TEST_CASE("policy_loss_from_logits rejects bad input before writing the gradient
   p.adv[2] = 0.5;
   auto x = p.x;
   x[3 * p.v + 1] = std::nan("");  // the logits' value scan names the entry
-  CHECK_THROWS_WITH(fused_padded(p, x, cfg, 1.0, &g), Catch::Matchers::Contains("'logits'[34] = nan") &&
-                                                          Catch::Matchers::Contains("row 3, column 1"));
+  CHECK_THROWS_WITH(fused_padded(p, x, cfg, 1.0, &g),
+                    Catch::Matchers::Contains("'logits'[34] = nan") && Catch::Matchers::Contains("row 3, column 1"));
   // Without the logits' scan, token 3's log-prob becomes NaN and the policy loss names it.
   CHECK_THROWS_WITH(fused_padded(p, x, cfg, 1.0, &g, nullptr, false), Catch::Matchers::Contains("log_prob"));
   // Giving log_prob yourself is an error: it comes from the logits.
@@ -268,23 +284,28 @@ TEST_CASE("policy_loss_from_logits rejects bad input before writing the gradient
   const auto tv = [&](const std::vector<double>& v) {
     return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
   };
-  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
-  CHECK_THROWS_WITH(policy_loss_from_logits(
-      matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
-      policy_loss_inputs<double>{tv(p.old), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref)},
-      logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)},
-      matrix_view<double>(gl.data(), n, p.v), cfg),
-                    Catch::Matchers::Contains("computed from the logits"));
-  CHECK_THROWS_WITH(policy_loss_from_logits(
-      matrix_view<const double>(p.x.data(), n - 1, p.v), std::span<const std::int64_t>(p.labels.data(), n - 1),
-      policy_loss_inputs<double>{{}, tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref)},
-      logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)},
-      matrix_view<double>(gl.data(), n - 1, p.v), cfg),
-                    Catch::Matchers::Contains("rows"));
+  const auto out = [&](std::vector<double>& v) {
+    return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t));
+  };
+  CHECK_THROWS_WITH(
+      policy_loss_from_logits(
+          matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
+          policy_loss_inputs<double>{tv(p.old), tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref)},
+          logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)},
+          matrix_view<double>(gl.data(), n, p.v), cfg),
+      Catch::Matchers::Contains("computed from the logits"));
+  CHECK_THROWS_WITH(
+      policy_loss_from_logits(
+          matrix_view<const double>(p.x.data(), n - 1, p.v), std::span<const std::int64_t>(p.labels.data(), n - 1),
+          policy_loss_inputs<double>{{}, tv(p.old), tv(p.adv), tv(p.mask), tv(p.ref)},
+          logits_loss_buffers<double>{out(lp), out(ent), out(glp), out(gent), vector_view<double>(lse.data(), n)},
+          matrix_view<double>(gl.data(), n - 1, p.v), cfg),
+      Catch::Matchers::Contains("rows"));
   CHECK(gl == std::vector<double>(n * p.v, 7.0));
 }
 
-TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's statistics and sets the mask the loss uses") {
+TEST_CASE(
+    "policy_loss_from_logits: the statistics hook sees every token's statistics and sets the mask the loss uses") {
   // The hook masks the valid tokens whose entropy is above the batch's mean (an entropy-based token
   // selection, computed from what the hook is given); the fused result must equal the fused call
   // with that mask given up front (no hook), and the statistics the hook saw the oracle's.
@@ -296,7 +317,9 @@ TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's stati
   const auto tv = [&](const std::vector<double>& v) {
     return token_view<const double>::padded(matrix_view<const double>(v.data(), p.b, p.t));
   };
-  const auto out = [&](std::vector<double>& v) { return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t)); };
+  const auto out = [&](std::vector<double>& v) {
+    return token_view<double>::padded(matrix_view<double>(v.data(), p.b, p.t));
+  };
   std::vector<double> mask = p.mask;  // the caller's mask memory, written by the hook
   std::vector<double> lp(n), ent(n, -1.0), glp(n), lse(n), g(n * p.v), seen_lse(n), sq(n, -1.0), seen_sq(n);
   int calls = 0;
@@ -315,12 +338,12 @@ TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's stati
         mask[b * p.t + t] = p.mask[b * p.t + t] != 0 && st.entropy(b, t) <= sum / cnt ? 1.0 : 0.0;
     for (std::size_t i = 0; i < n; ++i) seen_lse[i] = st.lse[i];
   };
-  const policy_loss_inputs<double> in{.log_prob = {}, .old_log_prob = tv(p.old), .advantages = tv(p.adv), .mask = tv(mask),
-                                      .ref_log_prob = tv(p.ref)};
+  const policy_loss_inputs<double> in{
+      .log_prob = {}, .old_log_prob = tv(p.old), .advantages = tv(p.adv), .mask = tv(mask), .ref_log_prob = tv(p.ref)};
   const logits_loss_buffers<double> buf{out(lp), out(ent), out(glp), {}, vector_view<double>(lse.data(), n), out(sq)};
-  const auto res = policy_loss_from_logits(matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
-                                           in, buf, matrix_view<double>(g.data(), n, p.v), cfg, {.temperature = 0.8},
-                                           sequential_executor{}, hook);
+  const auto res = policy_loss_from_logits(
+      matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels), in, buf,
+      matrix_view<double>(g.data(), n, p.v), cfg, {.temperature = 0.8}, sequential_executor{}, hook);
   REQUIRE(calls == 1);
   double kept = 0, valid = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -338,11 +361,12 @@ TEST_CASE("policy_loss_from_logits: the statistics hook sees every token's stati
   REQUIRE(res.metrics.tokens == kept);
   // The same call with the hook's mask given up front.
   std::vector<double> lp2(n), glp2(n), lse2(n), g2(n * p.v);
-  const policy_loss_inputs<double> in2{.log_prob = {}, .old_log_prob = tv(p.old), .advantages = tv(p.adv), .mask = tv(mask),
-                                       .ref_log_prob = tv(p.ref)};
+  const policy_loss_inputs<double> in2{
+      .log_prob = {}, .old_log_prob = tv(p.old), .advantages = tv(p.adv), .mask = tv(mask), .ref_log_prob = tv(p.ref)};
   const logits_loss_buffers<double> buf2{out(lp2), {}, out(glp2), {}, vector_view<double>(lse2.data(), n)};
-  const auto res2 = policy_loss_from_logits(matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
-                                            in2, buf2, matrix_view<double>(g2.data(), n, p.v), cfg, {.temperature = 0.8});
+  const auto res2 =
+      policy_loss_from_logits(matrix_view<const double>(p.x.data(), n, p.v), std::span<const std::int64_t>(p.labels),
+                              in2, buf2, matrix_view<double>(g2.data(), n, p.v), cfg, {.temperature = 0.8});
   REQUIRE(res.loss == res2.loss);
   REQUIRE(g == g2);
 }
@@ -369,18 +393,20 @@ TEST_CASE("policy_loss_from_logits in float32 at tiny temperatures: d loss / d l
       return token_view<const float>::padded(matrix_view<const float>(s.data(), b, t));
     };
     std::vector<float> lp(n), ent(n), glp(n), gent(n), lse(n), g(n * v);
-    const auto out = [&](std::vector<float>& s) { return token_view<float>::padded(matrix_view<float>(s.data(), b, t)); };
+    const auto out = [&](std::vector<float>& s) {
+      return token_view<float>::padded(matrix_view<float>(s.data(), b, t));
+    };
     policy_loss_config cfg;
     cfg.kl.estimator = kl_estimator::k3;
     cfg.kl_coef = 0.1;
     cfg.entropy_coef = 0.01;
     cfg.normalizer = agg_normalizer{agg_mode::token_mean, static_cast<double>(n), 1.0};
-    (void)policy_loss_from_logits(matrix_view<const float>(x.data(), n, v), std::span<const std::int64_t>(labels),
-                                  policy_loss_inputs<float>{.log_prob = {}, .old_log_prob = tv(old), .advantages = tv(adv),
-                                                            .mask = tv(mask), .ref_log_prob = tv(ref)},
-                                  logits_loss_buffers<float>{out(lp), out(ent), out(glp), out(gent),
-                                                             vector_view<float>(lse.data(), n)},
-                                  matrix_view<float>(g.data(), n, v), cfg, {.temperature = tau});
+    (void)policy_loss_from_logits(
+        matrix_view<const float>(x.data(), n, v), std::span<const std::int64_t>(labels),
+        policy_loss_inputs<float>{
+            .log_prob = {}, .old_log_prob = tv(old), .advantages = tv(adv), .mask = tv(mask), .ref_log_prob = tv(ref)},
+        logits_loss_buffers<float>{out(lp), out(ent), out(glp), out(gent), vector_view<float>(lse.data(), n)},
+        matrix_view<float>(g.data(), n, v), cfg, {.temperature = tau});
     for (std::size_t i = 0; i < n; ++i) {
       const std::vector<double> row(x.begin() + static_cast<std::ptrdiff_t>(i * v),
                                     x.begin() + static_cast<std::ptrdiff_t>((i + 1) * v));

@@ -52,7 +52,7 @@ TEST_CASE("fields: every field of the configuration survives encode / decode wit
   REQUIRE(enc.size() == ulorl::encoded_config_size);
   const ulorl::policy_loss_config back = ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", enc);
   REQUIRE(ulorl::encode_fields(back) == enc);
-  REQUIRE(back.objective.square_penalty == cfg.objective.square_penalty);
+  REQUIRE(back.objective.penalized_pg.square_penalty == cfg.objective.penalized_pg.square_penalty);
   REQUIRE(back.objective.surrogate == ulorl::pg_surrogate::log_prob);
   REQUIRE(back.rollout.has_value());
   REQUIRE(back.rollout->rejection.chain.size == 2);
@@ -66,7 +66,8 @@ TEST_CASE("fields: every field of the configuration survives encode / decode wit
   REQUIRE(std::adjacent_find(doubles.begin(), doubles.end()) == doubles.end());
   // Absent optionals decode as absent.
   const ulorl::policy_loss_config plain;
-  const ulorl::policy_loss_config plain_back = ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", ulorl::encode_fields(plain));
+  const ulorl::policy_loss_config plain_back =
+      ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", ulorl::encode_fields(plain));
   REQUIRE_FALSE(plain_back.rollout.has_value());
   REQUIRE_FALSE(plain_back.rollout_batch_norm_factor.has_value());
   REQUIRE(ulorl::field_names<ulorl::policy_loss_config>().front() == "objective");
@@ -82,8 +83,10 @@ TEST_CASE("fields: the result's table is its memory order, and encode / decode r
     ++i;
   };
   ulorl::visit_fields(r, [&](std::string_view, auto& x) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(x)>, double>) number(x);
-    else visit_fields(x, [&](std::string_view, double& y) { number(y); });
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(x)>, double>)
+      number(x);
+    else
+      visit_fields(x, [&](std::string_view, double& y) { number(y); });
   });
   REQUIRE(i == ulorl::encoded_result_size);
   REQUIRE(sizeof(r) == i * sizeof(double));
@@ -130,8 +133,11 @@ TEST_CASE("fields: a malformed encoding is an error naming the field and its ind
 }
 
 TEST_CASE("fields: kl_config and agg_normalizer round-trip and take policy_loss_config's names") {
-  const ulorl::kl_config kl{.estimator = ulorl::kl_estimator::k2, .straight_through = true, .input_clamp = 20.0,
-                            .output_clamp = 10.0, .importance_weighted = false};
+  const ulorl::kl_config kl{.estimator = ulorl::kl_estimator::k2,
+                            .straight_through = true,
+                            .input_clamp = 20.0,
+                            .output_clamp = 10.0,
+                            .importance_weighted = false};
   const auto k = ulorl::decode_fields<ulorl::kl_config>("f", "config", ulorl::encode_fields(kl));
   REQUIRE((k.estimator == kl.estimator && k.straight_through && k.input_clamp == 20.0 && k.output_clamp == 10.0 &&
            !k.importance_weighted));

@@ -33,8 +33,10 @@ TEST_CASE("clipped_surrogate: value and derivative match the textbook objective 
         const auto o = ulorl::clipped_surrogate(r, r, a, p);  // d/dx
         REQUIRE(o.loss == Approx(ppo_ref(r, a, 0.8, 1.28, c, delta)).epsilon(1e-14));
         const double h = 1e-6;
-        const double f1 = ppo_ref(std::exp(x + h), a, 0.8, 1.28, c, delta), f0 = ppo_ref(std::exp(x - h), a, 0.8, 1.28, c, delta);
-        const double f1b = ppo_ref(std::exp(x + 1e-4), a, 0.8, 1.28, c, delta), f0b = ppo_ref(std::exp(x - 1e-4), a, 0.8, 1.28, c, delta);
+        const double f1 = ppo_ref(std::exp(x + h), a, 0.8, 1.28, c, delta),
+                     f0 = ppo_ref(std::exp(x - h), a, 0.8, 1.28, c, delta);
+        const double f1b = ppo_ref(std::exp(x + 1e-4), a, 0.8, 1.28, c, delta),
+                     f0b = ppo_ref(std::exp(x - 1e-4), a, 0.8, 1.28, c, delta);
         const double fd = (f1 - f0) / (2 * h), fdb = (f1b - f0b) / 2e-4;
         if (std::fabs(fd - fdb) > 1e-5 * (1 + std::fabs(fd))) continue;  // next to a kink
         REQUIRE(o.dloss == Approx(fd).epsilon(1e-6).margin(1e-9));
@@ -77,7 +79,8 @@ TEST_CASE("clipped_surrogate without delta and dual clip (the plain form): torch
   }
   // The plain form gives the general form's values on a grid of kinks (the general form reached
   // with a delta and a dual clip too large to bind).
-  const auto g = ulorl::make_objective_params<double>({.eps_low = 0.25, .eps_high = 0.5, .dual_clip = 1e300, .delta = 1e300});
+  const auto g =
+      ulorl::make_objective_params<double>({.eps_low = 0.25, .eps_high = 0.5, .dual_clip = 1e300, .delta = 1e300});
   for (double r : {0.5, 0.75, 0.75000000001, 1.0, 1.4999999999, 1.5, 1.75})
     for (double a : {-2.0, -1e-300, 0.0, 1e-300, 3.0}) {
       const auto x = ulorl::clipped_surrogate(r, r, a, g), y = ulorl::clipped_surrogate(r, r, a, p);
@@ -88,7 +91,8 @@ TEST_CASE("clipped_surrogate without delta and dual clip (the plain form): torch
 }
 
 TEST_CASE("clipped_surrogate: torch's conventions at exact kinks") {
-  const auto p = ulorl::make_objective_params<double>({.eps_low = 0.25, .eps_high = 0.5, .dual_clip = 3.0, .delta = 2.0});
+  const auto p =
+      ulorl::make_objective_params<double>({.eps_low = 0.25, .eps_high = 0.5, .dual_clip = 3.0, .delta = 2.0});
   // r at the upper clip bound, A > 0: clamp passes (closed interval), L1 == L2: full gradient.
   auto o = ulorl::clipped_surrogate(1.5, 1.5, 1.0, p);
   REQUIRE(o.dloss == -1.5);
@@ -121,7 +125,8 @@ TEST_CASE("clipped_surrogate: torch's conventions at exact kinks") {
 }
 
 TEST_CASE("cispo, sapo, policy_gradient, gmpo_log_ratio") {
-  const auto p = ulorl::make_objective_params<double>({.eps_low = 0.2, .eps_high = 0.28, .tau_pos = 1.0, .tau_neg = 1.05});
+  const auto p = ulorl::make_objective_params<double>(
+      {.eps_low = 0.2, .eps_high = 0.28, .sapo = {.tau_pos = 1.0, .tau_neg = 1.05}});
   auto c = ulorl::cispo(-2.0, 1.5, 0.7, p);
   REQUIRE(c.loss == Approx(-1.28 * 0.7 * -2.0));
   REQUIRE(c.dloss == Approx(-1.28 * 0.7));
@@ -159,6 +164,7 @@ TEST_CASE("validate_objective rejects bad parameters") {
   REQUIRE_THROWS_AS(ulorl::validate_objective("f", {.dual_clip = 1.0}), ulorl::error);
   REQUIRE_THROWS_AS(ulorl::validate_objective("f", {.delta = 1.0}), ulorl::error);
   REQUIRE_THROWS_AS(ulorl::validate_objective("f", {.log_ratio_clamp = 0}), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::validate_objective("f", {.kind = ulorl::objective_kind::sapo, .tau_pos = 0}), ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::validate_objective("f", {.kind = ulorl::objective_kind::sapo, .sapo = {.tau_pos = 0}}),
+                    ulorl::error);
   REQUIRE_NOTHROW(ulorl::validate_objective("f", {.eps_low = 0.2, .eps_high = 0.28, .dual_clip = 3}));
 }

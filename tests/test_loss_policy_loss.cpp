@@ -7,15 +7,15 @@
 #include <ulorl/presets/trl.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <iomanip>
 #include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <optional>
 #include <random>
 #include <span>
@@ -112,26 +112,28 @@ run_out run(const problem& p, const ulorl::policy_loss_config& cfg) {
 
 namespace {
 
-const char* const all_objectives[] = {"ppo", "ppo_sym", "ppo_prorl", "ppo_dual", "ppo_delta", "gspo_own",
-                                      "gspo_mean", "cispo", "gmpo", "sapo", "pg"};
-const char* const all_kls[] = {"none", "k1", "abs", "k2", "k3", "k3_st", "k3_iw", "k1_st", "abs_st", "k2_st", "k3_st_clamp",
-                               "k1_clamp", "abs_clamp", "k2_clamp", "k1_iclamp", "abs_iclamp", "k2_iclamp"};
+const char* const all_objectives[] = {"ppo",       "ppo_sym", "ppo_prorl", "ppo_dual", "ppo_delta", "gspo_own",
+                                      "gspo_mean", "cispo",   "gmpo",      "sapo",     "pg"};
+const char* const all_kls[] = {"none",      "k1",       "abs",       "k2",         "k3",          "k3_st",
+                               "k3_iw",     "k1_st",    "abs_st",    "k2_st",      "k3_st_clamp", "k1_clamp",
+                               "abs_clamp", "k2_clamp", "k1_iclamp", "abs_iclamp", "k2_iclamp"};
 const char* const all_aggs[] = {"token_mean", "seq_sum", "seq_mean", "seq_sum_norm", "constant"};
 
 //! Compares a gradient with the central differences fd (step h) and fd2 (step 10 h); where the two
 //! disagree the point sits next to a kink (clamp bound, min/max switch): the derivative is
 //! one-sided there and FD cannot judge it. Counts checked and skipped elements.
-void require_grad_matches_fd(const std::vector<double>& grad, const std::vector<double>& fd, const std::vector<double>& fd2,
-                             const problem& p, std::size_t& checked, std::size_t& skipped) {
+void require_grad_matches_fd(const std::vector<double>& grad, const std::vector<double>& fd,
+                             const std::vector<double>& fd2, const problem& p, std::size_t& checked,
+                             std::size_t& skipped) {
   REQUIRE(grad.size() == fd.size());
   for (std::size_t i = 0; i < fd.size(); ++i) {
     if (std::fabs(fd[i] - fd2[i]) > 1e-6 * (1 + std::fabs(fd[i]))) {
       ++skipped;
       continue;
     }
-    INFO(std::setprecision(17) << "token " << i << " lp " << p.lp[i] << " old " << p.old[i] << " adv " << p.adv[i] << " ref "
-                               << p.ref[i] << " mask " << p.mask[i] << " w " << (p.w.empty() ? 1.0 : p.w[i]) << " fd " << fd[i]
-                               << " fd2 " << fd2[i]);
+    INFO(std::setprecision(17) << "token " << i << " lp " << p.lp[i] << " old " << p.old[i] << " adv " << p.adv[i]
+                               << " ref " << p.ref[i] << " mask " << p.mask[i] << " w " << (p.w.empty() ? 1.0 : p.w[i])
+                               << " fd " << fd[i] << " fd2 " << fd2[i]);
     REQUIRE(grad[i] == Approx(fd[i]).epsilon(1e-6).margin(1e-8));
     ++checked;
   }
@@ -182,20 +184,21 @@ TEST_CASE("policy_loss: value and gradient vs oracle + finite differences, every
           for (std::size_t i = 0; i < B * T; ++i) {
             if (p.mask[i] == 0) continue;
             const double u = p.ref[i] - p.lp[i];
-            const bool ib = std::fabs(u) > c.s.kl_in, obd = std::fabs(oracle::kl_value(unclamped, p.lp[i], p.ref[i])) > c.s.kl_out;
+            const bool ib = std::fabs(u) > c.s.kl_in,
+                       obd = std::fabs(oracle::kl_value(unclamped, p.lp[i], p.ref[i])) > c.s.kl_out;
             cb.in += ib, cb.out += obd, cb.neither += !ib && !obd;
           }
         }
         ++triples;
       }
-  std::printf("  %zu objective x KL x aggregation triples; gradient elements checked %zu, skipped next to kinks %zu\n", triples,
-              checked, skipped);
+  std::printf("  %zu objective x KL x aggregation triples; gradient elements checked %zu, skipped next to kinks %zu\n",
+              triples, checked, skipped);
   REQUIRE(triples == std::size(all_objectives) * std::size(all_kls) * std::size(all_aggs));
   REQUIRE(skipped * 20 < checked);
   REQUIRE(clamp_binds.size() == 8);  // k3, k3_st_clamp, {k1, abs, k2} x {_clamp, _iclamp}
   for (const auto& [kl, cb] : clamp_binds) {
-    std::printf("  %s: valid tokens where the input clamp binds %zu, the output clamp %zu, neither %zu\n", kl.c_str(), cb.in, cb.out,
-                cb.neither);
+    std::printf("  %s: valid tokens where the input clamp binds %zu, the output clamp %zu, neither %zu\n", kl.c_str(),
+                cb.in, cb.out, cb.neither);
     INFO(kl);
     if (cb.has_in) REQUIRE(cb.in >= 10);
     if (cb.has_out) REQUIRE(cb.out >= 10);
@@ -231,13 +234,15 @@ problem trl_problem(std::mt19937_64& rng, std::size_t B, std::size_t T) {
 
 }  // namespace
 
-TEST_CASE("policy_loss: TRL presets (grpo, bnpo, dr_grpo, dapo x token, sequence x beta) vs TRL's formulas + finite differences") {
+TEST_CASE(
+    "policy_loss: TRL presets (grpo, bnpo, dr_grpo, dapo x token, sequence x beta) vs TRL's formulas + finite "
+    "differences") {
   std::mt19937_64 rng(seed + 41);
   std::printf("TRL presets seed %llu\n", static_cast<unsigned long long>(seed + 41));
   std::size_t checked = 0, skipped = 0, cases = 0;
   for (const char* loss_type : {"grpo", "bnpo", "dr_grpo", "dapo"})
     for (const char* level : {"token", "sequence"})
-      for (int kl_variant = 0; kl_variant < 3; ++kl_variant)  // beta 0; beta 0.04; beta 0.04 + bias correction
+      for (int kl_variant = 0; kl_variant < 3; ++kl_variant)          // beta 0; beta 0.04; beta 0.04 + bias correction
         for (int clip_variant = 0; clip_variant < 2; ++clip_variant)  // epsilon 0.2; 0.2 / 0.28 + delta 1.5
           for (int rep = 0; rep < 3; ++rep) {
             const std::size_t B = 1 + rng() % 5, T = 1 + rng() % 9;
@@ -256,17 +261,18 @@ TEST_CASE("policy_loss: TRL presets (grpo, bnpo, dr_grpo, dapo x token, sequence
             for (double m : p.mask) n_local += m;
             // num_items_in_batch counts the tokens of every micro-batch of the step on every process
             // (rep 2: zero items, where dapo's normaliser is max(items, 1) / P).
-            ts.num_items_in_batch = rep == 2 ? 0.0 : n_local * ts.ga * ts.num_processes + static_cast<double>(rng() % 7);
+            ts.num_items_in_batch =
+                rep == 2 ? 0.0 : n_local * ts.ga * ts.num_processes + static_cast<double>(rng() % 7);
 
             std::vector<double> mask = p.mask;
             const auto counts = ulorl::count_batch(cview(mask, B, T));
             ulorl::policy_loss_config cfg;
             namespace trl = ulorl::presets::trl;
-            cfg.objective = trl::objective(
-                {.epsilon = 0.2,
-                 .epsilon_high = clip_variant == 0 ? std::nullopt : std::optional<double>(0.28),
-                 .delta = clip_variant == 0 ? std::nullopt : std::optional<double>(1.5),
-                 .importance_sampling_level = trl::importance_sampling_level_from_name(level)});
+            cfg.objective =
+                trl::objective({.epsilon = 0.2,
+                                .epsilon_high = clip_variant == 0 ? std::nullopt : std::optional<double>(0.28),
+                                .delta = clip_variant == 0 ? std::nullopt : std::optional<double>(1.5),
+                                .importance_sampling_level = trl::importance_sampling_level_from_name(level)});
             cfg.kl = trl::kl({.use_bias_correction_kl = ts.bias_correction_kl});
             cfg.kl_coef = ts.beta;
             cfg.normalizer = trl::normalizer({.loss_type = trl::loss_type_from_name(loss_type),
@@ -276,9 +282,9 @@ TEST_CASE("policy_loss: TRL presets (grpo, bnpo, dr_grpo, dapo x token, sequence
                                               .num_processes = ts.num_processes},
                                              counts);
             INFO("loss_type " << loss_type << " level " << level << " beta " << ts.beta << " bias_correction "
-                              << ts.bias_correction_kl << " eps_high " << ts.epsilon_high << " delta " << ts.delta << " B " << B
-                              << " T " << T << " GA " << ts.ga << " max_len " << ts.max_completion_length << " items "
-                              << ts.num_items_in_batch << " P " << ts.num_processes);
+                              << ts.bias_correction_kl << " eps_high " << ts.epsilon_high << " delta " << ts.delta
+                              << " B " << B << " T " << T << " GA " << ts.ga << " max_len " << ts.max_completion_length
+                              << " items " << ts.num_items_in_batch << " P " << ts.num_processes);
             problem q = p;
             if (ts.beta == 0) q.ref.assign(q.ref.size(), std::numeric_limits<double>::quiet_NaN());
             q.ent.clear();
@@ -338,8 +344,9 @@ TEST_CASE("policy_loss: partition-exact over random splits into micro-batches an
         // Random split of the rows into parts (micro-batches of random ranks).
         std::vector<std::size_t> cuts{0, B};
         const std::size_t parts = 1 + rng() % std::min<std::size_t>(B, 6);
-        while (cuts.size() < parts + 1) cuts.push_back(1 + rng() % (B - 1)), std::sort(cuts.begin(), cuts.end()),
-            cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+        while (cuts.size() < parts + 1)
+          cuts.push_back(1 + rng() % (B - 1)), std::sort(cuts.begin(), cuts.end()),
+              cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
         double loss = 0;
         ulorl::loss_metrics merged;
         ulorl::batch_counts part_counts;
@@ -362,7 +369,8 @@ TEST_CASE("policy_loss: partition-exact over random splits into micro-batches an
         REQUIRE(part_counts.tokens == counts.tokens);
         REQUIRE(part_counts.sequences == counts.sequences);
         REQUIRE(loss == Approx(full.res.loss).epsilon(1e-12).margin(1e-14));
-        for (std::size_t i = 0; i < grad.size(); ++i) REQUIRE(grad[i] == Approx(full.grad[i]).epsilon(1e-12).margin(1e-15));
+        for (std::size_t i = 0; i < grad.size(); ++i)
+          REQUIRE(grad[i] == Approx(full.grad[i]).epsilon(1e-12).margin(1e-15));
         REQUIRE(merged.tokens == full.res.metrics.tokens);
         REQUIRE(merged.clipped == full.res.metrics.clipped);
         REQUIRE(merged.kl_sum == Approx(full.res.metrics.kl_sum).epsilon(1e-12).margin(1e-14));
@@ -392,11 +400,15 @@ TEST_CASE("policy_loss: packed layout, strided views and float agree with padded
                                                      std::span<const std::int64_t>(off));
     };
     std::vector<double> g(B * T, -7), ge(B * T, -7);
-    ulorl::policy_loss_inputs<double, double> in{pk(p.lp), pk(p.old), pk(p.adv), pk(p.mask), pk(p.ref), pk(p.w), pk(p.ent)};
-    const auto r = ulorl::policy_loss(
-        in, ulorl::token_view<double>::packed(ulorl::vector_view<double>(g.data(), g.size()), std::span<const std::int64_t>(off)),
-        ulorl::token_view<double>::packed(ulorl::vector_view<double>(ge.data(), ge.size()), std::span<const std::int64_t>(off)),
-        c.cfg);
+    ulorl::policy_loss_inputs<double, double> in{pk(p.lp),  pk(p.old), pk(p.adv), pk(p.mask),
+                                                 pk(p.ref), pk(p.w),   pk(p.ent)};
+    const auto r =
+        ulorl::policy_loss(in,
+                           ulorl::token_view<double>::packed(ulorl::vector_view<double>(g.data(), g.size()),
+                                                             std::span<const std::int64_t>(off)),
+                           ulorl::token_view<double>::packed(ulorl::vector_view<double>(ge.data(), ge.size()),
+                                                             std::span<const std::int64_t>(off)),
+                           c.cfg);
     REQUIRE(r.loss == Approx(ref.res.loss).epsilon(1e-14));
     for (std::size_t i = 0; i < g.size(); ++i) REQUIRE(g[i] == Approx(ref.grad[i]).epsilon(1e-14).margin(1e-300));
 
@@ -413,10 +425,9 @@ TEST_CASE("policy_loss: packed layout, strided views and float agree with padded
     };
     std::vector<double> sg(2 * B * T, 5.0), sge(2 * B * T, 5.0);
     ulorl::policy_loss_inputs<double, double> sin{sv(slp), sv(sold), sv(sadv), sv(smask), sv(sref), sv(sw), sv(sent)};
-    const auto sr = ulorl::policy_loss(sin,
-                                       ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sg.data(), B, T, 2 * T, 2)),
-                                       ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sge.data(), B, T, 2 * T, 2)),
-                                       c.cfg);
+    const auto sr = ulorl::policy_loss(
+        sin, ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sg.data(), B, T, 2 * T, 2)),
+        ulorl::token_view<double>::padded(ulorl::matrix_view<double>(sge.data(), B, T, 2 * T, 2)), c.cfg);
     REQUIRE(sr.loss == Approx(ref.res.loss).epsilon(1e-14));
     for (std::size_t i = 0; i < B * T; ++i) {
       REQUIRE(sg[2 * i] == Approx(ref.grad[i]).epsilon(1e-14).margin(1e-300));
@@ -429,7 +440,8 @@ TEST_CASE("policy_loss: packed layout, strided views and float agree with padded
     std::vector<std::uint8_t> fm(p.mask.begin(), p.mask.end());
     std::vector<float> fg(B * T), fge(B * T);
     ulorl::policy_loss_inputs<float, std::uint8_t> fin{cview(flp, B, T), cview(fold, B, T), cview(fadv, B, T),
-                                                       cview(fm, B, T), cview(fref, B, T), cview(fw, B, T), cview(fent, B, T)};
+                                                       cview(fm, B, T),  cview(fref, B, T), cview(fw, B, T),
+                                                       cview(fent, B, T)};
     const auto fr = ulorl::policy_loss(fin, mview(fg, B, T), mview(fge, B, T), c.cfg);
     // Inputs were rounded to float: compare against double on the rounded inputs.
     problem pf = p;
@@ -469,8 +481,12 @@ shape_outcome call_with_shapes(const std::string& which, const shape& good, cons
     buf.emplace_back(shapes.back() ? shapes.back()->size() : 0, fill[a]);
   }
   for (std::size_t i = 0; i < buf[LP].size(); ++i) buf[LP][i] -= 0.01 * static_cast<double>(i);
-  const auto c = [&](int a) { return shapes[a] ? view_of<const double>(buf[a].data(), *shapes[a]) : ulorl::token_view<const double>{}; };
-  const auto m = [&](int a) { return shapes[a] ? view_of<double>(buf[a].data(), *shapes[a]) : ulorl::token_view<double>{}; };
+  const auto c = [&](int a) {
+    return shapes[a] ? view_of<const double>(buf[a].data(), *shapes[a]) : ulorl::token_view<const double>{};
+  };
+  const auto m = [&](int a) {
+    return shapes[a] ? view_of<double>(buf[a].data(), *shapes[a]) : ulorl::token_view<double>{};
+  };
   ulorl::policy_loss_inputs<double, double> in{c(LP), c(OLD), c(ADV), c(MASK), c(REF), c(W), c(ENT)};
   shape_outcome o;
   try {
@@ -497,7 +513,8 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
     std::vector<double> adv = p.adv;
     adv.resize(B * advT, 0.5);
     ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, T),   cview(p.old, B, T), cview(adv, B, advT),
-                                                 cview(p.mask, B, T), cview(p.ref, B, T), cview(p.w, B, T), cview(p.ent, B, T)};
+                                                 cview(p.mask, B, T), cview(p.ref, B, T), cview(p.w, B, T),
+                                                 cview(p.ent, B, T)};
     INFO("argument " << argument);
     try {
       (void)ulorl::policy_loss(in, mview(g, B, T), mview(ge, B, T), cfg);
@@ -514,8 +531,8 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
   // Shape mismatches: every other argument against log_prob, a row count and a column count off
   // by one either way; packed offsets that differ; padded against packed with the same element
   // count. The argument named is the mismatching one; neither gradient is written.
-  const char* const others[] = {"old_log_prob", "advantages", "mask", "ref_log_prob",
-                                "weights", "entropy", "grad_log_prob", "grad_entropy"};
+  const char* const others[] = {"old_log_prob", "advantages", "mask",          "ref_log_prob",
+                                "weights",      "entropy",    "grad_log_prob", "grad_entropy"};
   const shape padded{B, T, {}};
   const shape packed{0, 0, {0, 3, 7, 12}};
   {
@@ -536,10 +553,10 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
       {padded, {B - 1, T, {}}},
       {padded, {B, T + 1, {}}},
       {padded, {B, T - 1, {}}},
-      {padded, {0, 0, {0, 4, 8, 12}}},   // the same B x T elements, packed
-      {packed, {0, 0, {0, 4, 7, 12}}},   // same B and token count, other offsets
-      {packed, {0, 0, {0, 3, 7, 11}}},   // one token fewer in the last row
-      {packed, {0, 0, {0, 7, 12}}},      // one row fewer, same token count
+      {padded, {0, 0, {0, 4, 8, 12}}},  // the same B x T elements, packed
+      {packed, {0, 0, {0, 4, 7, 12}}},  // same B and token count, other offsets
+      {packed, {0, 0, {0, 3, 7, 11}}},  // one token fewer in the last row
+      {packed, {0, 0, {0, 7, 12}}},     // one row fewer, same token count
       {packed, {B, T, {}}},             // the same 12 elements, padded
   };
   std::size_t shape_cases = 0;
@@ -556,8 +573,9 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
     }
   REQUIRE(shape_cases == std::size(mismatches) * std::size(others));
   // Missing inputs the configuration needs.
-  const std::pair<const char*, shape> missing[] = {{"ref_log_prob", padded}, {"entropy", padded}, {"grad_entropy", padded},
-                                                       {"ref_log_prob", packed}, {"entropy", packed}, {"grad_entropy", packed}};
+  const std::pair<const char*, shape> missing[] = {{"ref_log_prob", padded}, {"entropy", padded},
+                                                   {"grad_entropy", padded}, {"ref_log_prob", packed},
+                                                   {"entropy", packed},      {"grad_entropy", packed}};
   for (const auto& [which, good] : missing) {
     const auto o = call_with_shapes(which, good, std::nullopt, c0.cfg);
     INFO("missing " << which);
@@ -582,9 +600,9 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
     // A NaN option the objective does not read (sapo's temperatures, the dual clip of ppo) is an error.
     for (const char* which : {"tau_pos", "tau_neg", "square_penalty"}) {
       auto bad_cfg = cfg;
-      (std::string(which) == "tau_pos"   ? bad_cfg.objective.tau_pos
-       : std::string(which) == "tau_neg" ? bad_cfg.objective.tau_neg
-                                         : bad_cfg.objective.square_penalty) = std::nan("");
+      (std::string(which) == "tau_pos"   ? bad_cfg.objective.sapo.tau_pos
+       : std::string(which) == "tau_neg" ? bad_cfg.objective.sapo.tau_neg
+                                         : bad_cfg.objective.penalized_pg.square_penalty) = std::nan("");
       const auto o = call_with_shapes("", padded, padded, bad_cfg);
       INFO("NaN " << which);
       REQUIRE(o.threw);
@@ -611,15 +629,17 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
     for (double bad : {std::nan(""), double(INFINITY), -double(INFINITY)}) {
       problem p = p0;
       const std::string w = which;
-      auto& v = w == "log_prob" ? p.lp
+      auto& v = w == "log_prob"       ? p.lp
                 : w == "old_log_prob" ? p.old
-                : w == "advantages" ? p.adv
+                : w == "advantages"   ? p.adv
                 : w == "ref_log_prob" ? p.ref
-                : w == "weights" ? p.w : p.ent;
+                : w == "weights"      ? p.w
+                                      : p.ent;
       v[6] = bad;
       std::vector<double> g(B * T, 42.0), ge(B * T, 43.0);
       ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, T),   cview(p.old, B, T), cview(p.adv, B, T),
-                                                   cview(p.mask, B, T), cview(p.ref, B, T), cview(p.w, B, T), cview(p.ent, B, T)};
+                                                   cview(p.mask, B, T), cview(p.ref, B, T), cview(p.w, B, T),
+                                                   cview(p.ent, B, T)};
       INFO(which << "[6] = " << bad);
       try {
         (void)ulorl::policy_loss(in, mview(g, B, T), mview(ge, B, T), c0.cfg);
@@ -652,7 +672,8 @@ TEST_CASE("policy_loss: bad input throws ulorl::error and leaves the outputs unt
   problem pz = p0;
   std::fill(pz.mask.begin(), pz.mask.end(), 0.0);
   const auto counts = ulorl::count_batch(cview(pz.mask, B, T));
-  expect_rejected(pz, with([&](auto& c) { c.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean, counts); }),
+  expect_rejected(pz,
+                  with([&](auto& c) { c.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean, counts); }),
                   "normalizer.denominator");
 }
 
@@ -674,7 +695,7 @@ TEST_CASE("policy_loss: extreme valid inputs give finite loss and gradient") {
         // The worst case: no log-ratio clamp at all (TRL). In float, exp(50) * k3 = e^100 overflows
         // float for the importance-weighted KL (as in torch), so that one keeps the default clamp.
         c.cfg.objective.log_ratio_clamp = ulorl::no_limit;
-        c.cfg.objective.seq_log_ratio_max = ulorl::no_limit;
+        c.cfg.objective.gspo.seq_log_ratio_max = ulorl::no_limit;
         c.s.bound = c.s.seq_max = oracle::inf;
         INFO(obj << " " << kl << " " << agg);
         for (int prec = 0; prec < 2; ++prec) {
@@ -692,12 +713,15 @@ TEST_CASE("policy_loss: extreme valid inputs give finite loss and gradient") {
             REQUIRE(std::isfinite(expect));
             REQUIRE(o.res.loss == Approx(expect).epsilon(1e-10).margin(1e-13 * magnitude));
           } else {
-            if (std::string(kl) == "k3_iw") c.cfg.objective.log_ratio_clamp = 20, c.cfg.objective.seq_log_ratio_max = 10;
+            if (std::string(kl) == "k3_iw")
+              c.cfg.objective.log_ratio_clamp = 20, c.cfg.objective.gspo.seq_log_ratio_max = 10;
             auto f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
-            const auto flp = f(p.lp), fold = f(p.old), fadv = f(p.adv), fm = f(p.mask), fref = f(p.ref), fw = f(p.w), fent = f(p.ent);
+            const auto flp = f(p.lp), fold = f(p.old), fadv = f(p.adv), fm = f(p.mask), fref = f(p.ref), fw = f(p.w),
+                       fent = f(p.ent);
             std::vector<float> fg(B * T), fge(B * T);
-            ulorl::policy_loss_inputs<float, float> in{cview(flp, B, T), cview(fold, B, T), cview(fadv, B, T), cview(fm, B, T),
-                                                       cview(fref, B, T), cview(fw, B, T), cview(fent, B, T)};
+            ulorl::policy_loss_inputs<float, float> in{cview(flp, B, T), cview(fold, B, T), cview(fadv, B, T),
+                                                       cview(fm, B, T),  cview(fref, B, T), cview(fw, B, T),
+                                                       cview(fent, B, T)};
             const auto r = ulorl::policy_loss(in, mview(fg, B, T), mview(fge, B, T), c.cfg);
             REQUIRE(std::isfinite(r.loss));
             for (float g : fg) REQUIRE(std::isfinite(g));
@@ -723,7 +747,8 @@ TEST_CASE("policy_loss: properties - ratio 1 leaves clipping inactive, masked to
     REQUIRE(o.res.metrics.ratio_min == 1.0);
     REQUIRE(o.res.metrics.ratio_max == 1.0);
     if (std::string(obj) == "ppo" || std::string(obj) == "ppo_dual")  // unclipped: gradient is -A w
-      for (std::size_t i = 0; i < B * T; ++i) REQUIRE(o.grad[i] == Approx(-p.adv[i] * p.mask[i] * 1.5 / 9).margin(1e-15));
+      for (std::size_t i = 0; i < B * T; ++i)
+        REQUIRE(o.grad[i] == Approx(-p.adv[i] * p.mask[i] * 1.5 / 9).margin(1e-15));
   }
   // Changing masked tokens (values of any size) changes nothing.
   const problem q0 = random_problem(rng, B, T, true);
@@ -766,8 +791,8 @@ namespace {
 //! Runs policy_loss on unit-stride rows (the vectorised fast path) and on the same data
 //! interleaved with junk (column stride 2: the generic view loop) and compares everything.
 template <class T, class M>
-void fast_vs_generic(std::mt19937_64& rng, std::size_t B, std::size_t Tn, const ulorl::policy_loss_config& cfg, bool weights,
-                     bool entropy, double tol) {
+void fast_vs_generic(std::mt19937_64& rng, std::size_t B, std::size_t Tn, const ulorl::policy_loss_config& cfg,
+                     bool weights, bool entropy, double tol) {
   const auto p = loss_paths::random_problem(rng, B, Tn);
   const auto r = loss_paths::run_both<T, M>(p, cfg, weights, entropy);
   REQUIRE(r.generic.gaps_untouched);
@@ -798,22 +823,28 @@ TEST_CASE("policy_loss: the vectorised unit-stride path equals the generic strid
       }
 }
 
-TEST_CASE("policy_loss: rows at every alignment (the kernel's peel) equal the strided path and write only their tokens") {
+TEST_CASE(
+    "policy_loss: rows at every alignment (the kernel's peel) equal the strided path and write only their tokens") {
   // Under the sanitisers an access outside the arrays is an error as well.
   std::mt19937_64 rng(seed + 12);
   const int runs = loss_compare::require_every_alignment(
       rng, "default build", [](const loss_paths::problem& p, const ulorl::policy_loss_config& cfg, int t, bool full) {
         switch (t) {
-          case 0: return loss_paths::run_both<double, double>(p, cfg, full, full);
-          case 1: return loss_paths::run_both<double, std::uint8_t>(p, cfg, full, full);
-          case 2: return loss_paths::run_both<float, std::uint8_t>(p, cfg, full, full);
-          default: return loss_paths::run_both<float, float>(p, cfg, full, full);
+          case 0:
+            return loss_paths::run_both<double, double>(p, cfg, full, full);
+          case 1:
+            return loss_paths::run_both<double, std::uint8_t>(p, cfg, full, full);
+          case 2:
+            return loss_paths::run_both<float, std::uint8_t>(p, cfg, full, full);
+          default:
+            return loss_paths::run_both<float, float>(p, cfg, full, full);
         }
       });
   std::printf("rows at every alignment: %d runs\n", runs);
 }
 
-TEST_CASE("policy_loss: metrics equal an independent float64 reference (clip fractions, approx KL, ratio, KL, entropy)") {
+TEST_CASE(
+    "policy_loss: metrics equal an independent float64 reference (clip fractions, approx KL, ratio, KL, entropy)") {
   // Reference written from the definitions in docs/losses.md §6 (not from the kernel): tokens are
   // drawn from the old policy, r = exp(clamp(logp - old)), so the k3 estimate of KL(old || new) is
   // (r - 1) - log r (Schulman's "approx KL", mean zero bias under the sampling distribution).
@@ -821,7 +852,8 @@ TEST_CASE("policy_loss: metrics equal an independent float64 reference (clip fra
   std::printf("metrics reference seed %llu\n", static_cast<unsigned long long>(seed + 23));
   for (const std::size_t Tn : {std::size_t{1}, std::size_t{17}, std::size_t{300}}) {
     problem p = random_problem(rng, 7, Tn, false);
-    std::fill(p.mask.begin() + 2 * static_cast<std::ptrdiff_t>(Tn), p.mask.begin() + 3 * static_cast<std::ptrdiff_t>(Tn), 0.0);  // an empty row
+    std::fill(p.mask.begin() + 2 * static_cast<std::ptrdiff_t>(Tn),
+              p.mask.begin() + 3 * static_cast<std::ptrdiff_t>(Tn), 0.0);  // an empty row
     auto c = make_combo("ppo_dual", "k3", "token", 50.0);
     const auto out = run(p, c.cfg);
     const auto& m = out.res.metrics;
@@ -847,10 +879,12 @@ TEST_CASE("policy_loss: metrics equal an independent float64 reference (clip fra
     // Rows and sequences (rows with at least one valid token), counted from the mask.
     double seqs = 0;
     for (std::size_t b = 0; b < p.B; ++b)
-      seqs += std::any_of(p.mask.begin() + static_cast<std::ptrdiff_t>(b * Tn), p.mask.begin() + static_cast<std::ptrdiff_t>((b + 1) * Tn),
-                          [](double v) { return v != 0; });
+      seqs += std::any_of(p.mask.begin() + static_cast<std::ptrdiff_t>(b * Tn),
+                          p.mask.begin() + static_cast<std::ptrdiff_t>((b + 1) * Tn), [](double v) { return v != 0; });
     INFO("T = " << Tn << ", valid tokens " << n << ", sequences " << seqs);
-    const auto near = [](double got, double want) { return std::fabs(got - want) <= 1e-12 * std::max(1.0, std::fabs(want)); };
+    const auto near = [](double got, double want) {
+      return std::fabs(got - want) <= 1e-12 * std::max(1.0, std::fabs(want));
+    };
     REQUIRE(m.tokens == n);
     CHECK(m.rows == static_cast<double>(p.B));
     CHECK(m.sequences == seqs);
@@ -960,10 +994,10 @@ void require_identical(const run_out& a, const run_out& b) {
   for (auto f : {&ulorl::loss_metrics::tokens, &ulorl::loss_metrics::sequences, &ulorl::loss_metrics::rows,
                  &ulorl::loss_metrics::clipped, &ulorl::loss_metrics::clipped_low, &ulorl::loss_metrics::clipped_high,
                  &ulorl::loss_metrics::dual_clipped, &ulorl::loss_metrics::neg_log_ratio,
-                 &ulorl::loss_metrics::neg_log_ratio_clamped, &ulorl::loss_metrics::approx_kl_k3, &ulorl::loss_metrics::ratio_sum,
-                 &ulorl::loss_metrics::ratio_min, &ulorl::loss_metrics::ratio_max, &ulorl::loss_metrics::kl_sum,
-                 &ulorl::loss_metrics::entropy_sum, &ulorl::loss_metrics::seq_clipped_low, &ulorl::loss_metrics::seq_clipped_high,
-                 &ulorl::loss_metrics::seq_clipped_region})
+                 &ulorl::loss_metrics::neg_log_ratio_clamped, &ulorl::loss_metrics::approx_kl_k3,
+                 &ulorl::loss_metrics::ratio_sum, &ulorl::loss_metrics::ratio_min, &ulorl::loss_metrics::ratio_max,
+                 &ulorl::loss_metrics::kl_sum, &ulorl::loss_metrics::entropy_sum, &ulorl::loss_metrics::seq_clipped_low,
+                 &ulorl::loss_metrics::seq_clipped_high, &ulorl::loss_metrics::seq_clipped_region})
     REQUIRE(same_bits(m.*f, n.*f));
   REQUIRE(a.grad.size() == b.grad.size());
   for (std::size_t i = 0; i < a.grad.size(); ++i) REQUIRE(same_bits(a.grad[i], b.grad[i]));
@@ -1008,8 +1042,9 @@ TEST_CASE("policy_loss: on an executor, the value scan still finds every bad val
     std::vector<float> ref(p.ref.begin(), p.ref.end()), w(p.w.begin(), p.w.end()), ent(p.ent.begin(), p.ent.end());
     std::vector<std::uint8_t> mask(p.mask.begin(), p.mask.end());
     std::vector<float> g(B * Tn, 42.0f), ge(B * Tn, 43.0f);
-    ulorl::policy_loss_inputs<float, std::uint8_t> in{cview(lp, B, Tn), cview(old, B, Tn), cview(adv, B, Tn), cview(mask, B, Tn),
-                                                      cview(ref, B, Tn), cview(w, B, Tn), cview(ent, B, Tn)};
+    ulorl::policy_loss_inputs<float, std::uint8_t> in{cview(lp, B, Tn),   cview(old, B, Tn), cview(adv, B, Tn),
+                                                      cview(mask, B, Tn), cview(ref, B, Tn), cview(w, B, Tn),
+                                                      cview(ent, B, Tn)};
     INFO(argument << "[" << index << "]");
     try {
       (void)ulorl::policy_loss(in, mview(g, B, Tn), mview(ge, B, Tn), c.cfg, exec);
@@ -1041,7 +1076,8 @@ TEST_CASE("policy_loss: on an executor, the value scan still finds every bad val
 TEST_CASE("policy_loss rejects an empty batch (B = 0), padded and packed") {
   const auto c = make_combo("ppo", "k3", "token", 1.0);
   std::vector<double> none;
-  const auto empty_padded = ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(none.data(), 0, 5));
+  const auto empty_padded =
+      ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(none.data(), 0, 5));
   const auto out_padded = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(none.data(), 0, 5));
   ulorl::policy_loss_inputs<double, double> in{empty_padded, empty_padded, empty_padded, empty_padded,
                                                empty_padded, {},           empty_padded};
@@ -1054,16 +1090,19 @@ TEST_CASE("policy_loss rejects an empty batch (B = 0), padded and packed") {
     CHECK(std::string(e.what()).find("empty batch") != std::string::npos);
   }
   const std::vector<std::int64_t> offsets{0};
-  const auto empty_packed = ulorl::packed(ulorl::vector_view<const double>(none.data(), 0), std::span<const std::int64_t>(offsets));
-  const auto out_packed = ulorl::packed(ulorl::vector_view<double>(none.data(), 0), std::span<const std::int64_t>(offsets));
+  const auto empty_packed =
+      ulorl::packed(ulorl::vector_view<const double>(none.data(), 0), std::span<const std::int64_t>(offsets));
+  const auto out_packed =
+      ulorl::packed(ulorl::vector_view<double>(none.data(), 0), std::span<const std::int64_t>(offsets));
   ulorl::policy_loss_inputs<double, double> pk{empty_packed, empty_packed, empty_packed, empty_packed,
                                                empty_packed, {},           empty_packed};
   CHECK_THROWS_WITH(ulorl::policy_loss(pk, out_packed, out_packed, c.cfg), Catch::Contains("empty batch"));
   // Rows without valid tokens are not an empty batch: B = 2, T = 0 is valid.
-  const auto rows_no_tokens = ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(none.data(), 2, 0));
+  const auto rows_no_tokens =
+      ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(none.data(), 2, 0));
   const auto out_no_tokens = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(none.data(), 2, 0));
-  ulorl::policy_loss_inputs<double, double> nt{rows_no_tokens, rows_no_tokens, rows_no_tokens, rows_no_tokens,
-                                               rows_no_tokens, {},             rows_no_tokens};
+  ulorl::policy_loss_inputs<double, double> nt{
+      rows_no_tokens, rows_no_tokens, rows_no_tokens, rows_no_tokens, rows_no_tokens, {}, rows_no_tokens};
   CHECK(ulorl::policy_loss(nt, out_no_tokens, out_no_tokens, c.cfg).loss == 0.0);
 }
 
@@ -1073,8 +1112,9 @@ TEST_CASE("policy_loss rejects gradient outputs whose strides alias distinct tok
   const problem p = random_problem(rng, B, Tn, false);
   auto c = make_combo("ppo", "k3", "token", 10.0);
   c.cfg.entropy_coef = 0.01;
-  ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, Tn), cview(p.old, B, Tn), cview(p.adv, B, Tn),
-                                               cview(p.mask, B, Tn), cview(p.ref, B, Tn), {}, cview(p.ent, B, Tn)};
+  ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, Tn),   cview(p.old, B, Tn), cview(p.adv, B, Tn),
+                                               cview(p.mask, B, Tn), cview(p.ref, B, Tn), {},
+                                               cview(p.ent, B, Tn)};
   std::vector<double> g(B * Tn, 42.0), ge(B * Tn, 43.0);
   const auto untouched = [&] {
     REQUIRE(std::all_of(g.begin(), g.end(), [](double x) { return x == 42.0; }));
@@ -1097,7 +1137,8 @@ TEST_CASE("policy_loss rejects gradient outputs whose strides alias distinct tok
                     Catch::Contains("'grad_log_prob'"));  // every row is row 0
   CHECK_THROWS_WITH(ulorl::policy_loss(in, padded(g, 2, 1), mview(ge, B, Tn), c.cfg),
                     Catch::Contains("'grad_log_prob'"));  // rows overlap
-  CHECK_THROWS_WITH(ulorl::policy_loss(in, mview(g, B, Tn), padded(ge, 4, 0), c.cfg), Catch::Contains("'grad_entropy'"));
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, mview(g, B, Tn), padded(ge, 4, 0), c.cfg),
+                    Catch::Contains("'grad_entropy'"));
   // Both outputs on the same buffer.
   CHECK_THROWS_WITH(ulorl::policy_loss(in, mview(g, B, Tn), mview(g, B, Tn), c.cfg),
                     Catch::Contains("'grad_entropy'") && Catch::Contains("'grad_log_prob'"));
@@ -1108,10 +1149,11 @@ TEST_CASE("policy_loss rejects gradient outputs whose strides alias distinct tok
   };
   ulorl::policy_loss_inputs<double, double> inp{pk(p.lp), pk(p.old), pk(p.adv), pk(p.mask), pk(p.ref), {}, pk(p.ent)};
   const auto gp = ulorl::packed(ulorl::vector_view<double>(ge.data(), 12), std::span<const std::int64_t>(off));
-  CHECK_THROWS_WITH(ulorl::policy_loss(inp, ulorl::packed(ulorl::vector_view<double>(g.data(), 12, 0),
-                                                                 std::span<const std::int64_t>(off)), gp,
-                                       c.cfg),
-                    Catch::Contains("'grad_log_prob'"));
+  CHECK_THROWS_WITH(
+      ulorl::policy_loss(inp,
+                         ulorl::packed(ulorl::vector_view<double>(g.data(), 12, 0), std::span<const std::int64_t>(off)),
+                         gp, c.cfg),
+      Catch::Contains("'grad_log_prob'"));
   untouched();
   // Column-major (transposed) outputs address distinct tokens and are fine.
   (void)ulorl::policy_loss(in, padded(g, 1, 3), padded(ge, 1, 3), c.cfg);
@@ -1232,7 +1274,7 @@ void absent_mask_cases(std::uint64_t s) {
             for (const bool strided : {false, true})
               for (const bool check : {true, false}) {
                 INFO(obj << " " << kl << " " << agg << " form " << form << (packed ? " packed" : " padded")
-                          << (strided ? " strided" : "") << (check ? "" : " unchecked"));
+                         << (strided ? " strided" : "") << (check ? "" : " unchecked"));
                 c.cfg.check_values = check;
                 require_absent_is_all_ones(laid_out<T, M>(p, len, packed, strided), c.cfg);
               }
@@ -1267,15 +1309,18 @@ TEST_CASE("policy_loss: a broadcast mask (stride 0) is read as its values in the
     // Row b's mask is row_valid[b] at every token: column stride 0.
     const auto expanded =
         ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(row_valid.data(), B, Tn, 1, 0));
-    require_same_bits(run_with(expanded), run_with(ulorl::token_view<const float>::padded(
-                                                  ulorl::matrix_view<const float>(full.data(), B, Tn))));
+    require_same_bits(
+        run_with(expanded),
+        run_with(ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(full.data(), B, Tn))));
     // A broadcast value other than 0 / 1 is rejected by the value scan, naming the mask, as the same
     // value written out in full is; without the scan it reads as valid (mask != 0) in both forms.
     std::vector<float> row2 = row_valid, full2 = full;
     row2[3] = 2;
     std::fill_n(full2.begin() + static_cast<std::ptrdiff_t>(3 * Tn), Tn, 2.0f);
-    const auto expanded2 = ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(row2.data(), B, Tn, 1, 0));
-    const auto full2_view = ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(full2.data(), B, Tn));
+    const auto expanded2 =
+        ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(row2.data(), B, Tn, 1, 0));
+    const auto full2_view =
+        ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(full2.data(), B, Tn));
     CHECK_THROWS_WITH(run_with(expanded2), Catch::Contains("'mask'"));
     CHECK_THROWS_WITH(run_with(full2_view), Catch::Contains("'mask'"));
     c.cfg.check_values = false;
@@ -1290,8 +1335,8 @@ TEST_CASE("policy_loss: an absent mask lifts the mask's shape requirement only",
   const problem p = random_problem(rng, B, Tn, false);
   const auto c = make_combo("ppo", "k3", "token", 10.0);
   std::vector<double> g(B * Tn, 42.0), ge(B * Tn, 43.0);
-  ulorl::policy_loss_inputs<double, double> in{cview(p.lp, B, Tn), cview(p.old, B, Tn), cview(p.adv, B, Tn),
-                                               {},                  cview(p.ref, B, Tn), {}, cview(p.ent, B, Tn)};
+  ulorl::policy_loss_inputs<double, double> in{
+      cview(p.lp, B, Tn), cview(p.old, B, Tn), cview(p.adv, B, Tn), {}, cview(p.ref, B, Tn), {}, cview(p.ent, B, Tn)};
   (void)ulorl::policy_loss(in, mview(g, B, Tn), mview(ge, B, Tn), c.cfg);
   // A given mask must still have log_prob's shape and 0/1 values.
   const std::vector<double> short_mask(B * (Tn - 1), 1.0), bad(B * Tn, 0.5);
@@ -1302,15 +1347,19 @@ TEST_CASE("policy_loss: an absent mask lifts the mask's shape requirement only",
   // The other required inputs stay required.
   in.mask = {};
   in.ref_log_prob = {};
-  CHECK_THROWS_WITH(ulorl::policy_loss(in, mview(g, B, Tn), mview(ge, B, Tn), c.cfg), Catch::Contains("'ref_log_prob'"));
+  CHECK_THROWS_WITH(ulorl::policy_loss(in, mview(g, B, Tn), mview(ge, B, Tn), c.cfg),
+                    Catch::Contains("'ref_log_prob'"));
 }
 
-TEST_CASE("policy_loss rejects a coefficient that the value type rounds to 0 or to inf, and writes nothing", "[errors]") {
+TEST_CASE("policy_loss rejects a coefficient that the value type rounds to 0 or to inf, and writes nothing",
+          "[errors]") {
   // float: 1e-300 rounds to 0 (the term would vanish and grad_entropy stay unwritten), 1e300 to inf.
   const std::size_t B = 2, T = 3;
   std::vector<float> lp(B * T, -1.0f), old(B * T, -1.1f), adv(B * T, 0.5f), mask(B * T, 1.0f), ref(B * T, -1.2f),
       ent(B * T, 0.7f);
-  const auto cv = [&](const std::vector<float>& v) { return ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(v.data(), B, T)); };
+  const auto cv = [&](const std::vector<float>& v) {
+    return ulorl::token_view<const float>::padded(ulorl::matrix_view<const float>(v.data(), B, T));
+  };
   const ulorl::policy_loss_inputs<float, float> in{cv(lp), cv(old), cv(adv), cv(mask), cv(ref), {}, cv(ent)};
   for (const char* arg : {"kl_coef", "entropy_coef"})
     for (const double c : {1e-300, -1e-300, 1e300, -1e300}) {
@@ -1332,13 +1381,16 @@ TEST_CASE("policy_loss rejects a coefficient that the value type rounds to 0 or 
   // The same coefficients in double are ordinary values.
   std::vector<double> lpd(lp.begin(), lp.end()), oldd(old.begin(), old.end()), advd(adv.begin(), adv.end()),
       maskd(mask.begin(), mask.end()), refd(ref.begin(), ref.end()), entd(ent.begin(), ent.end()), g(B * T), ge(B * T);
-  const auto dv = [&](const std::vector<double>& v) { return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), B, T)); };
+  const auto dv = [&](const std::vector<double>& v) {
+    return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), B, T));
+  };
   ulorl::policy_loss_config cfg;
   cfg.normalizer = {ulorl::agg_mode::token_mean, 6.0, 1.0};
   cfg.kl_coef = 1e-300, cfg.entropy_coef = 1e-300;
-  (void)ulorl::policy_loss(ulorl::policy_loss_inputs<double, double>{dv(lpd), dv(oldd), dv(advd), dv(maskd), dv(refd), {}, dv(entd)},
-                           ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), B, T)),
-                           ulorl::token_view<double>::padded(ulorl::matrix_view<double>(ge.data(), B, T)), cfg);
+  (void)ulorl::policy_loss(
+      ulorl::policy_loss_inputs<double, double>{dv(lpd), dv(oldd), dv(advd), dv(maskd), dv(refd), {}, dv(entd)},
+      ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), B, T)),
+      ulorl::token_view<double>::padded(ulorl::matrix_view<double>(ge.data(), B, T)), cfg);
   CHECK(ge[0] == -1e-300 / 6.0);
 }
 
@@ -1349,22 +1401,32 @@ struct overflow_problem {
   std::size_t B, Tn;
   std::vector<T> lp, old, adv, mask, ref, ent, g, ge;
   overflow_problem(std::size_t b, std::size_t t)
-      : B(b), Tn(t), lp(b * t, T(-1)), old(b * t, T(-1)), adv(b * t, T(0.5)), mask(b * t, T(1)), ref(b * t, T(-1)),
-        ent(b * t, T(0.5)), g(b * t, T(42)), ge(b * t, T(43)) {}
+      : B(b),
+        Tn(t),
+        lp(b * t, T(-1)),
+        old(b * t, T(-1)),
+        adv(b * t, T(0.5)),
+        mask(b * t, T(1)),
+        ref(b * t, T(-1)),
+        ent(b * t, T(0.5)),
+        g(b * t, T(42)),
+        ge(b * t, T(43)) {}
   ulorl::token_view<const T> cv(const std::vector<T>& v) const {
     return ulorl::token_view<const T>::padded(ulorl::matrix_view<const T>(v.data(), B, Tn));
   }
   ulorl::policy_loss_result run(const ulorl::policy_loss_config& cfg) {
     const ulorl::policy_loss_inputs<T, T> in{cv(lp), cv(old), cv(adv), cv(mask), cv(ref), {}, cv(ent)};
     return ulorl::policy_loss(in, ulorl::token_view<T>::padded(ulorl::matrix_view<T>(g.data(), B, Tn)),
-                              cfg.entropy_coef != 0.0 ? ulorl::token_view<T>::padded(ulorl::matrix_view<T>(ge.data(), B, Tn))
-                                                      : ulorl::token_view<T>{},
+                              cfg.entropy_coef != 0.0
+                                  ? ulorl::token_view<T>::padded(ulorl::matrix_view<T>(ge.data(), B, Tn))
+                                  : ulorl::token_view<T>{},
                               cfg);
   }
 };
 }  // namespace
 
-TEST_CASE("policy_loss: a result beyond the value type's range is an error naming it, never inf", "[errors][overflow]") {
+TEST_CASE("policy_loss: a result beyond the value type's range is an error naming it, never inf",
+          "[errors][overflow]") {
   SECTION("float: one advantage of 3e38 at ratio e^0.15 makes its objective and gradient overflow float") {
     overflow_problem<float> p(2, 37);
     p.adv[40] = 3e38f;
@@ -1454,14 +1516,15 @@ TEST_CASE("policy_loss: check_values = false lets a result overflow (no range ch
   CHECK(std::isinf(r.entropy_loss));
 }
 
-TEST_CASE("policy_loss: a divisor without a finite reciprocal is rejected (SAPO tau, normaliser, NeMo-RL global counts)",
-          "[errors][divisor]") {
+TEST_CASE(
+    "policy_loss: a divisor without a finite reciprocal is rejected (SAPO tau, normaliser, NeMo-RL global counts)",
+    "[errors][divisor]") {
   overflow_problem<double> p(1, 3);
   for (const auto& [arg, tp, tn] : {std::tuple<const char*, double, double>{"tau_neg", 1.0, 5e-324},
                                     std::tuple<const char*, double, double>{"tau_pos", 1e-310, 1.05}}) {
     ulorl::policy_loss_config cfg;
     cfg.objective.kind = ulorl::objective_kind::sapo;
-    cfg.objective.tau_pos = tp, cfg.objective.tau_neg = tn;
+    cfg.objective.sapo.tau_pos = tp, cfg.objective.sapo.tau_neg = tn;
     cfg.normalizer = {ulorl::agg_mode::token_mean, 3.0, 1.0};
     try {
       (void)p.run(cfg);
@@ -1477,10 +1540,10 @@ TEST_CASE("policy_loss: a divisor without a finite reciprocal is rejected (SAPO 
   overflow_problem<float> f(1, 3);
   ulorl::policy_loss_config cfg;
   cfg.objective.kind = ulorl::objective_kind::sapo;
-  cfg.objective.tau_pos = 1e-39;
+  cfg.objective.sapo.tau_pos = 1e-39;
   cfg.normalizer = {ulorl::agg_mode::token_mean, 3.0, 1.0};
   CHECK_THROWS_WITH(f.run(cfg), Catch::Contains("tau_pos") && Catch::Contains("float32"));
-  cfg.objective.tau_pos = 1.0;
+  cfg.objective.sapo.tau_pos = 1.0;
   cfg.normalizer = {ulorl::agg_mode::token_mean, 5e-324, 1e-300};  // scale / denominator is finite
   CHECK_THROWS_WITH(f.run(cfg), Catch::Contains("normalizer.denominator"));
   // NeMo-RL's global_valid_toks = 5e-324 as the normaliser and in the logged ratios.
@@ -1490,5 +1553,6 @@ TEST_CASE("policy_loss: a divisor without a finite reciprocal is rejected (SAPO 
                     Catch::Contains("global_valid_toks"));
   CHECK_THROWS_WITH(nemo::logged_ratios(p.cv(p.lp), p.cv(p.old), p.cv(p.mask), nemo::clipped_pg_loss_options{}, g),
                     Catch::Contains("global_valid_toks"));
-  CHECK_NOTHROW(nemo::normalizer(nemo::clipped_pg_loss_options{}, nemo::global_counts{.global_valid_toks = 0.0}, {3, 1, 1}));
+  CHECK_NOTHROW(
+      nemo::normalizer(nemo::clipped_pg_loss_options{}, nemo::global_counts{.global_valid_toks = 0.0}, {3, 1, 1}));
 }

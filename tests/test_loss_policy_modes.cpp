@@ -59,7 +59,8 @@ problem random_problem(std::mt19937_64& rng, std::size_t B, std::size_t T, doubl
   return p;
 }
 
-ulorl::token_view<const double> cview(const std::vector<double>& v, std::size_t B, std::size_t T, std::size_t row0 = 0) {
+ulorl::token_view<const double> cview(const std::vector<double>& v, std::size_t B, std::size_t T,
+                                      std::size_t row0 = 0) {
   return ulorl::padded(ulorl::matrix_view<const double>(v.data() + row0 * T, B, T));
 }
 ulorl::token_view<double> view(std::vector<double>& v, std::size_t B, std::size_t T, std::size_t row0 = 0) {
@@ -83,11 +84,15 @@ counts count(const problem& p) {
 //! The oracle's aggregation weight of row b (loss = Σ_b ω_b Σ_t L m).
 double oracle_row_weight(agg_mode mode, const counts& c, std::size_t b, double constant) {
   switch (mode) {
-    case agg_mode::token_mean: return 1.0 / c.N;
-    case agg_mode::seq_mean_token_sum: return 1.0 / c.S;
-    case agg_mode::seq_mean_token_mean: return c.n[b] > 0 ? 1.0 / (c.S * c.n[b]) : 0.0;
+    case agg_mode::token_mean:
+      return 1.0 / c.N;
+    case agg_mode::seq_mean_token_sum:
+      return 1.0 / c.S;
+    case agg_mode::seq_mean_token_mean:
+      return c.n[b] > 0 ? 1.0 / (c.S * c.n[b]) : 0.0;
     case agg_mode::seq_mean_token_sum_norm:
-    case agg_mode::constant: return 1.0 / constant;
+    case agg_mode::constant:
+      return 1.0 / constant;
   }
   return std::numeric_limits<double>::quiet_NaN();
 }
@@ -101,10 +106,14 @@ ulorl::agg_normalizer normalizer_of(agg_mode mode, const counts& c, double const
 double oracle_kl(kl_estimator e, double lp, double ref) {
   const double u = ref - lp;
   switch (e) {
-    case kl_estimator::k1: return -u;
-    case kl_estimator::abs: return std::fabs(u);
-    case kl_estimator::k2: return 0.5 * u * u;
-    case kl_estimator::k3: return std::expm1(u) - u;
+    case kl_estimator::k1:
+      return -u;
+    case kl_estimator::abs:
+      return std::fabs(u);
+    case kl_estimator::k2:
+      return 0.5 * u * u;
+    case kl_estimator::k3:
+      return std::expm1(u) - u;
   }
   return std::numeric_limits<double>::quiet_NaN();
 }
@@ -116,8 +125,8 @@ struct penalty_case {
   double abs_penalty, square_penalty;
 };
 
-double oracle_penalized(const problem& p, const std::vector<double>& lp, const penalty_case& pc, std::optional<kl_estimator> kl,
-                        double beta, bool weighted, agg_mode mode, double constant) {
+double oracle_penalized(const problem& p, const std::vector<double>& lp, const penalty_case& pc,
+                        std::optional<kl_estimator> kl, double beta, bool weighted, agg_mode mode, double constant) {
   const counts c = count(p);
   double loss = 0;
   for (std::size_t b = 0; b < p.B; ++b)
@@ -156,9 +165,9 @@ TEST_CASE("penalized_pg (dro, kl_cov forms): float64 oracle and finite differenc
   const std::uint64_t seed = 20250901;
   std::printf("test_loss_policy_modes penalized_pg seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
-  const penalty_case cases[] = {{ulorl::pg_surrogate::log_prob, 0.0, 0.3},   // dro, beta 0.3
-                                {ulorl::pg_surrogate::ratio, 0.1, 0.0},      // kl_cov, selected tokens
-                                {ulorl::pg_surrogate::ratio, 0.0, 0.0}};     // kl_cov, the other tokens
+  const penalty_case cases[] = {{ulorl::pg_surrogate::log_prob, 0.0, 0.3},  // dro, beta 0.3
+                                {ulorl::pg_surrogate::ratio, 0.1, 0.0},     // kl_cov, selected tokens
+                                {ulorl::pg_surrogate::ratio, 0.0, 0.0}};    // kl_cov, the other tokens
   const std::optional<kl_estimator> estimators[] = {std::nullopt, kl_estimator::k1, kl_estimator::abs, kl_estimator::k2,
                                                     kl_estimator::k3};
   int checked = 0;
@@ -166,15 +175,16 @@ TEST_CASE("penalized_pg (dro, kl_cov forms): float64 oracle and finite differenc
     for (const auto& est : estimators)
       for (const agg_mode mode : modes)
         for (int trial = 0; trial < 2; ++trial) {
-          const problem p = random_problem(rng, 3 + static_cast<std::size_t>(trial), 7 + 2 * static_cast<std::size_t>(trial));
+          const problem p =
+              random_problem(rng, 3 + static_cast<std::size_t>(trial), 7 + 2 * static_cast<std::size_t>(trial));
           const counts c = count(p);
           if (c.N == 0) continue;
           const bool weighted = trial == 1;
           const double constant = static_cast<double>(p.T) * 1.5, beta = 0.05;
           ulorl::policy_loss_config cfg;
           cfg.objective = {.kind = ulorl::objective_kind::penalized_pg, .log_ratio_clamp = ulorl::no_limit};
-          cfg.objective.surrogate = pc.surrogate, cfg.objective.abs_penalty = pc.abs_penalty;
-          cfg.objective.square_penalty = pc.square_penalty;
+          cfg.objective.penalized_pg.surrogate = pc.surrogate, cfg.objective.penalized_pg.abs_penalty = pc.abs_penalty;
+          cfg.objective.penalized_pg.square_penalty = pc.square_penalty;
           if (est) {
             cfg.kl = {.estimator = *est};
             cfg.kl_coef = beta;
@@ -196,7 +206,8 @@ TEST_CASE("penalized_pg (dro, kl_cov forms): float64 oracle and finite differenc
                               (2 * h);
             REQUIRE(out.grad[i] == Approx(fd).epsilon(1e-6).margin(1e-8));
             // The library's own loss, differenced, agrees too.
-            const double fl = (run_lib(p, hi, cfg, weighted).res.loss - run_lib(p, lo, cfg, weighted).res.loss) / (2 * h);
+            const double fl =
+                (run_lib(p, hi, cfg, weighted).res.loss - run_lib(p, lo, cfg, weighted).res.loss) / (2 * h);
             REQUIRE(out.grad[i] == Approx(fl).epsilon(1e-5).margin(1e-8));
             ++checked;
           }
@@ -237,17 +248,19 @@ TEST_CASE("verl dro: two micro-batches with the global normaliser give the whole
 TEST_CASE("penalized_pg: per-token form, float, metrics and the registry") {
   ulorl::policy_loss_config cfg;
   cfg.objective = {.kind = ulorl::objective_kind::penalized_pg, .log_ratio_clamp = ulorl::no_limit};
-  cfg.objective.surrogate = ulorl::pg_surrogate::log_prob, cfg.objective.square_penalty = 0.5;
+  cfg.objective.penalized_pg.surrogate = ulorl::pg_surrogate::log_prob, cfg.objective.penalized_pg.square_penalty = 0.5;
   const auto t = ulorl::policy_token_loss(-1.0, -1.2, 0.0, 0.7, 1.0, 0.0, ulorl::make_token_loss_params<double>(cfg));
   const double x = 0.2;
   REQUIRE(t.pg == Approx(-(-1.0 * 0.7 - 0.5 * x * x / 2)).epsilon(1e-14));
   REQUIRE(t.dlogp == Approx(-(0.7 - 0.5 * x)).epsilon(1e-14));
   // float agrees with double.
-  const auto tf = ulorl::policy_token_loss(-1.0f, -1.2f, 0.0f, 0.7f, 1.0f, 0.0f, ulorl::make_token_loss_params<float>(cfg));
+  const auto tf =
+      ulorl::policy_token_loss(-1.0f, -1.2f, 0.0f, 0.7f, 1.0f, 0.0f, ulorl::make_token_loss_params<float>(cfg));
   REQUIRE(static_cast<double>(tf.pg) == Approx(t.pg).epsilon(1e-6));
   REQUIRE(static_cast<double>(tf.dlogp) == Approx(t.dlogp).epsilon(1e-6));
   // sign(0) = 0: at x = 0 the |x| penalty passes no gradient.
-  cfg.objective.surrogate = ulorl::pg_surrogate::ratio, cfg.objective.square_penalty = 0, cfg.objective.abs_penalty = 0.3;
+  cfg.objective.penalized_pg.surrogate = ulorl::pg_surrogate::ratio, cfg.objective.penalized_pg.square_penalty = 0,
+  cfg.objective.penalized_pg.abs_penalty = 0.3;
   const auto z = ulorl::policy_token_loss(-1.0, -1.0, 0.0, 0.5, 1.0, 0.0, ulorl::make_token_loss_params<double>(cfg));
   REQUIRE(z.pg == Approx(-0.5));
   REQUIRE(z.dlogp == Approx(-0.5));
@@ -265,13 +278,13 @@ TEST_CASE("verl dro and kl_cov presets map to penalized_pg") {
   REQUIRE_THROWS_AS(P::verl::loss_mode_from_name("klcov"), ulorl::error);
   const auto dro = P::verl::objective({.loss_mode = K::dro, .dro_beta = 0.1});
   REQUIRE(dro.kind == ulorl::objective_kind::penalized_pg);
-  REQUIRE(dro.surrogate == ulorl::pg_surrogate::log_prob);
-  REQUIRE(dro.square_penalty == 0.1);
+  REQUIRE(dro.penalized_pg.surrogate == ulorl::pg_surrogate::log_prob);
+  REQUIRE(dro.penalized_pg.square_penalty == 0.1);
   REQUIRE(dro.log_ratio_clamp == ulorl::no_limit);
   const auto klc = P::verl::objective({.loss_mode = K::kl_cov, .ppo_kl_coef = 0.25});
   REQUIRE(klc.kind == ulorl::objective_kind::penalized_pg);
-  REQUIRE(klc.surrogate == ulorl::pg_surrogate::ratio);
-  REQUIRE(klc.abs_penalty == 0.25);
+  REQUIRE(klc.penalized_pg.surrogate == ulorl::pg_surrogate::ratio);
+  REQUIRE(klc.penalized_pg.abs_penalty == 0.25);
   const auto cc = P::verl::objective({.loss_mode = K::clip_cov});
   REQUIRE(cc.kind == ulorl::objective_kind::ppo_clip);
   REQUIRE(cc.dual_clip == 0.0);
@@ -296,10 +309,10 @@ TEST_CASE("penalized_pg: bad parameters are rejected before anything is written"
   for (int which = 0; which < 5; ++which) {
     ulorl::policy_loss_config cfg;
     cfg.objective = {.kind = ulorl::objective_kind::penalized_pg, .log_ratio_clamp = ulorl::no_limit};
-    if (which == 0) cfg.objective.abs_penalty = -0.1;
-    if (which == 1) cfg.objective.square_penalty = std::numeric_limits<double>::infinity();
-    if (which == 2) cfg.objective.surrogate = static_cast<ulorl::pg_surrogate>(5);
-    if (which == 3) cfg.objective.square_penalty = std::nan("");
+    if (which == 0) cfg.objective.penalized_pg.abs_penalty = -0.1;
+    if (which == 1) cfg.objective.penalized_pg.square_penalty = std::numeric_limits<double>::infinity();
+    if (which == 2) cfg.objective.penalized_pg.surrogate = static_cast<ulorl::pg_surrogate>(5);
+    if (which == 3) cfg.objective.penalized_pg.square_penalty = std::nan("");
     if (which == 4) cfg.objective.eps_low = 1.5;
     cfg.normalizer = normalizer_of(agg_mode::token_mean, c, 0);
     std::vector<double> g(p.B * p.T, -42.0);
@@ -323,7 +336,8 @@ std::vector<double> oracle_kl_cov_selection(const problem& p, double ratio) {
   std::vector<std::pair<double, std::size_t>> cov;
   for (const auto i : valid) cov.push_back({-(p.adv[i] - sa / n) * (p.lp[i] - sl / n), i});
   std::sort(cov.begin(), cov.end());
-  const std::size_t k = std::min(valid.size(), std::max<std::size_t>(1, static_cast<std::size_t>(std::floor(n * ratio))));
+  const std::size_t k =
+      std::min(valid.size(), std::max<std::size_t>(1, static_cast<std::size_t>(std::floor(n * ratio))));
   for (std::size_t j = 0; j < k; ++j) sel[cov[j].second] = 1.0;
   return sel;
 }
@@ -337,8 +351,8 @@ TEST_CASE("verl kl_cov: the selection, the two-part loss and its partition prope
     const double ratio = 0.05 + 0.1 * trial;
     const P::verl::objective_options oo{.loss_mode = K::kl_cov, .kl_cov_ratio = ratio, .ppo_kl_coef = 0.2};
     std::vector<double> sel(p.lp.size(), -1.0);
-    const auto st = ulorl::kl_cov_selection(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                                            view(sel, p.B, p.T), P::verl::kl_cov(oo));
+    const auto st = ulorl::kl_cov_selection(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
+                                            cview(p.mask, p.B, p.T), view(sel, p.B, p.T), P::verl::kl_cov(oo));
     REQUIRE(sel == oracle_kl_cov_selection(p, ratio));
     double sx = 0;
     for (std::size_t i = 0; i < p.lp.size(); ++i) sx += p.mask[i] * std::fabs(p.lp[i] - p.old[i]);
@@ -349,7 +363,7 @@ TEST_CASE("verl kl_cov: the selection, the two-part loss and its partition prope
       cfg.objective = P::verl::objective(oo);
       cfg.normalizer = normalizer_of(mode, c, 11.0);
       ulorl::policy_loss_config rest = cfg;
-      rest.objective.abs_penalty = 0;
+      rest.objective.penalized_pg.abs_penalty = 0;
       std::vector<double> ws(p.lp.size()), wr(p.lp.size());
       for (std::size_t i = 0; i < p.lp.size(); ++i) ws[i] = p.w[i] * sel[i], wr[i] = p.w[i] * (1 - sel[i]);
       const auto a = run_lib(p, p.lp, cfg, true, &ws), b = run_lib(p, p.lp, rest, true, &wr);
@@ -359,7 +373,8 @@ TEST_CASE("verl kl_cov: the selection, the two-part loss and its partition prope
           const std::size_t i = bb * p.T + t;
           if (p.mask[i] == 0) continue;
           const double x = p.lp[i] - p.old[i];
-          want += oracle_row_weight(mode, c, bb, 11.0) * (-p.adv[i] * std::exp(x) + sel[i] * 0.2 * std::fabs(x)) * p.w[i];
+          want +=
+              oracle_row_weight(mode, c, bb, 11.0) * (-p.adv[i] * std::exp(x) + sel[i] * 0.2 * std::fabs(x)) * p.w[i];
         }
       REQUIRE(a.res.pg_loss + b.res.pg_loss == Approx(want).epsilon(1e-12));
       // Partition: rows [0, 2) and [2, 4) with the global normaliser.
@@ -369,8 +384,8 @@ TEST_CASE("verl kl_cov: the selection, the two-part loss and its partition prope
         for (const auto* cw : {&cfg, &rest}) {
           const auto& wv = cw == &cfg ? ws : wr;
           std::vector<double> g(2 * p.T, 0.0);
-          ulorl::policy_loss_inputs<double, double> in{cview(p.lp, 2, p.T, r0), cview(p.old, 2, p.T, r0), cview(p.adv, 2, p.T, r0),
-                                                       cview(p.mask, 2, p.T, r0)};
+          ulorl::policy_loss_inputs<double, double> in{cview(p.lp, 2, p.T, r0), cview(p.old, 2, p.T, r0),
+                                                       cview(p.adv, 2, p.T, r0), cview(p.mask, 2, p.T, r0)};
           in.weights = cview(wv, 2, p.T, r0);
           parts += ulorl::policy_loss(in, view(g, 2, p.T), *cw).pg_loss;
         }
@@ -390,10 +405,12 @@ TEST_CASE("verl dppo_tv / dppo_kl: weights, loss, metrics against the oracle; pa
       const problem p = random_problem(rng, 4, 8, 2.0);
       const counts c = count(p);
       const double dl = 0.03 + 0.02 * trial, dh = 0.05, cap = trial == 0 ? 1.3 : 3.0;
-      const P::verl::objective_options oo{.loss_mode = mode, .clip_ratio_low = dl, .clip_ratio_high = dh, .clip_ratio_c = cap};
+      const P::verl::objective_options oo{
+          .loss_mode = mode, .clip_ratio_low = dl, .clip_ratio_high = dh, .clip_ratio_c = cap};
       std::vector<double> w(p.lp.size(), -5.0);
       const bool with_rollout_w = trial % 2 == 1;
-      const auto st = ulorl::dppo_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
+      const auto st = ulorl::dppo_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
+                                          cview(p.mask, p.B, p.T),
                                           with_rollout_w ? cview(p.w, p.B, p.T) : ulorl::token_view<const double>{},
                                           view(w, p.B, p.T), P::verl::dppo(oo));
       double outside = 0, capped = 0, want = 0;
@@ -425,7 +442,8 @@ TEST_CASE("verl dppo_tv / dppo_kl: weights, loss, metrics against the oracle; pa
       cfg.normalizer = normalizer_of(agg_mode::token_mean, c, 0);
       const auto out = run_lib(p, p.lp, cfg, true, &w);
       REQUIRE(out.res.pg_loss == Approx(want).epsilon(1e-12).margin(1e-15));
-      for (std::size_t i = 0; i < p.lp.size(); ++i) REQUIRE(out.grad[i] == Approx(want_grad[i]).epsilon(1e-12).margin(1e-15));
+      for (std::size_t i = 0; i < p.lp.size(); ++i)
+        REQUIRE(out.grad[i] == Approx(want_grad[i]).epsilon(1e-12).margin(1e-15));
       const auto m = P::verl::metrics(mode, out.res.metrics, st);
       REQUIRE(m.pg_clipfrac == st.dropped_fraction);
       REQUIRE(m.pg_clipfrac_lower == st.capped_fraction);
@@ -446,8 +464,8 @@ TEST_CASE("verl dppo_tv / dppo_kl: weights, loss, metrics against the oracle; pa
   problem p = random_problem(r2, 2, 4);
   std::vector<double> w(p.lp.size(), -7.0);
   auto call = [&](const ulorl::dppo_config& c) {
-    return ulorl::dppo_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                               ulorl::token_view<const double>{}, view(w, p.B, p.T), c);
+    return ulorl::dppo_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
+                               cview(p.mask, p.B, p.T), ulorl::token_view<const double>{}, view(w, p.B, p.T), c);
   };
   // verl's options are checked under verl's names by the mapping, the configuration by dppo_weights.
   const auto verl_arg = [](const P::verl::objective_options& oo) {
@@ -493,8 +511,12 @@ TEST_CASE("verl clip_cov: candidate check, weights, loss against the oracle; par
   for (int trial = 0; trial < 12 && runs < 5; ++trial) {
     const problem p = random_problem(rng, 4, 10);
     const counts c = count(p);
-    const P::verl::objective_options oo{.loss_mode = K::clip_cov, .clip_ratio_low = 0.2, .clip_ratio_high = 0.28,
-                                        .clip_cov_ratio = 0.1, .clip_cov_lb = 0.0, .clip_cov_ub = 5.0};
+    const P::verl::objective_options oo{.loss_mode = K::clip_cov,
+                                        .clip_ratio_low = 0.2,
+                                        .clip_ratio_high = 0.28,
+                                        .clip_cov_ratio = 0.1,
+                                        .clip_cov_lb = 0.0,
+                                        .clip_cov_ub = 5.0};
     // The oracle's candidates.
     double sa = 0, sl = 0;
     for (std::size_t i = 0; i < p.lp.size(); ++i) sa += p.mask[i] * p.adv[i], sl += p.mask[i] * p.lp[i];
@@ -505,15 +527,17 @@ TEST_CASE("verl clip_cov: candidate check, weights, loss against the oracle; par
       const bool clipped = -A * std::clamp(r, 0.8, 1.28) > -A * r;
       if (p.mask[i] != 0 && !clipped && 0.0 < cov && cov < 5.0) cand.push_back(i);
     }
-    const std::size_t want_n = std::min<std::size_t>(cand.size(), std::max<std::size_t>(1, static_cast<std::size_t>(std::floor(0.1 * c.N))));
+    const std::size_t want_n =
+        std::min<std::size_t>(cand.size(), std::max<std::size_t>(1, static_cast<std::size_t>(std::floor(0.1 * c.N))));
     if (cand.size() < want_n + 1) continue;
     ++runs;
     std::shuffle(cand.begin(), cand.end(), rng);
     std::vector<double> sel(p.lp.size(), 0.0);
     for (std::size_t j = 0; j < want_n; ++j) sel[cand[j]] = 1.0;
     std::vector<double> w(p.lp.size(), -3.0);
-    const auto st = ulorl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                                            cview(sel, p.B, p.T), cview(p.w, p.B, p.T), view(w, p.B, p.T), P::verl::clip_cov(oo));
+    const auto st = ulorl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
+                                            cview(p.mask, p.B, p.T), cview(sel, p.B, p.T), cview(p.w, p.B, p.T),
+                                            view(w, p.B, p.T), P::verl::clip_cov(oo));
     REQUIRE(st.dropped_fraction == Approx(static_cast<double>(want_n) / c.N));
     for (const agg_mode mode : modes) {
       ulorl::policy_loss_config cfg;
@@ -529,7 +553,8 @@ TEST_CASE("verl clip_cov: candidate check, weights, loss against the oracle; par
           const double l1 = -A * r, l2 = -A * std::clamp(r, 0.8, 1.28);
           want += oracle_row_weight(mode, c, b, 13.0) * std::max(l1, l2) * (1 - sel[i]) * p.w[i];
           const double d = l1 >= l2 ? -A * r : 0.0;  // unclipped branch (ties: both branches equal here)
-          REQUIRE(out.grad[i] == Approx(oracle_row_weight(mode, c, b, 13.0) * d * (1 - sel[i]) * p.w[i]).epsilon(1e-12).margin(1e-15));
+          REQUIRE(out.grad[i] ==
+                  Approx(oracle_row_weight(mode, c, b, 13.0) * d * (1 - sel[i]) * p.w[i]).epsilon(1e-12).margin(1e-15));
         }
       REQUIRE(out.res.pg_loss == Approx(want).epsilon(1e-12));
       double parts = 0;
@@ -590,14 +615,19 @@ TEST_CASE("openrlhf vllm_is_correction plan") {
 double oracle_nemo_k(kl_estimator e, double lp, double ref, double rollout, bool on_policy, double in, double out) {
   const double lam = std::clamp(ref - lp, -in, in);
   double kappa = 0;
-  if (e == kl_estimator::k1) kappa = -lam;
-  else if (e == kl_estimator::k2) kappa = lam * lam / 2;
-  else kappa = std::exp(lam) - 1 - lam;
+  if (e == kl_estimator::k1)
+    kappa = -lam;
+  else if (e == kl_estimator::k2)
+    kappa = lam * lam / 2;
+  else
+    kappa = std::exp(lam) - 1 - lam;
   const double omega = on_policy ? std::exp(lp - rollout) : 1.0;
   return std::clamp(omega * kappa, -out, out);
 }
 
-TEST_CASE("weighted_kl_loss with nemo_rl's reference KL: value and gradient (incl. the weight's derivative) against the oracle") {
+TEST_CASE(
+    "weighted_kl_loss with nemo_rl's reference KL: value and gradient (incl. the weight's derivative) against the "
+    "oracle") {
   std::mt19937_64 rng(4242);
   int fd_checked = 0;
   for (const kl_estimator e : {kl_estimator::k1, kl_estimator::k2, kl_estimator::k3})
@@ -607,12 +637,13 @@ TEST_CASE("weighted_kl_loss with nemo_rl's reference KL: value and gradient (inc
           problem p = random_problem(rng, 3, 6);
           const counts c = count(p);
           const double in = clamps ? 0.25 : 20.0, out = clamps ? 0.03 : 10.0;
-          P::nemo_rl::clipped_pg_loss_options o{.token_level_loss = token_level, .reference_policy_kl_penalty = 0.3,
-                                                .reference_policy_kl_type = e, .kl_input_clamp_value = in,
+          P::nemo_rl::clipped_pg_loss_options o{.token_level_loss = token_level,
+                                                .reference_policy_kl_penalty = 0.3,
+                                                .reference_policy_kl_type = e,
+                                                .kl_input_clamp_value = in,
                                                 .kl_output_clamp_value = out};
           o.use_on_policy_kl_approximation = on_policy;
-          const auto norm = P::nemo_rl::normalizer(o, {},
-                                                   ulorl::count_batch(cview(p.mask, p.B, p.T)));
+          const auto norm = P::nemo_rl::normalizer(o, {}, ulorl::count_batch(cview(p.mask, p.B, p.T)));
           auto value = [&](const std::vector<double>& lp) {
             double s = 0;
             for (std::size_t b = 0; b < p.B; ++b)
@@ -625,8 +656,9 @@ TEST_CASE("weighted_kl_loss with nemo_rl's reference KL: value and gradient (inc
             return 0.3 * s;
           };
           std::vector<double> g(p.lp.size(), 0.5);
-          const double kl = ulorl::weighted_kl_loss(cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T),
-                                                    cview(p.mask, p.B, p.T), view(g, p.B, p.T), P::nemo_rl::reference_policy_kl(o), norm);
+          const double kl = ulorl::weighted_kl_loss(cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T),
+                                                    cview(p.rollout, p.B, p.T), cview(p.mask, p.B, p.T),
+                                                    view(g, p.B, p.T), P::nemo_rl::reference_policy_kl(o), norm);
           REQUIRE(kl == Approx(value(p.lp)).epsilon(1e-12).margin(1e-15));
           for (std::size_t i = 0; i < p.lp.size(); ++i) {
             if (p.mask[i] == 0) {
@@ -636,9 +668,10 @@ TEST_CASE("weighted_kl_loss with nemo_rl's reference KL: value and gradient (inc
             // Skip tokens within 1e-4 of a clamp's edge (the derivative jumps there).
             const double u = p.ref[i] - p.lp[i];
             const double omega = on_policy ? std::exp(p.lp[i] - p.rollout[i]) : 1.0;
-            const double raw = omega * (e == kl_estimator::k1 ? -std::clamp(u, -in, in)
-                                        : e == kl_estimator::k2 ? std::pow(std::clamp(u, -in, in), 2) / 2
-                                                                : std::exp(std::clamp(u, -in, in)) - 1 - std::clamp(u, -in, in));
+            const double raw =
+                omega * (e == kl_estimator::k1   ? -std::clamp(u, -in, in)
+                         : e == kl_estimator::k2 ? std::pow(std::clamp(u, -in, in), 2) / 2
+                                                 : std::exp(std::clamp(u, -in, in)) - 1 - std::clamp(u, -in, in));
             if (std::fabs(std::fabs(u) - in) < 1e-4 || std::fabs(std::fabs(raw) - out) < 1e-4) continue;
             std::vector<double> hi = p.lp, lo = p.lp;
             hi[i] += 1e-7, lo[i] -= 1e-7;
@@ -648,7 +681,9 @@ TEST_CASE("weighted_kl_loss with nemo_rl's reference KL: value and gradient (inc
             if (!on_policy && std::fabs(u) <= in && std::fabs(raw) <= out) {
               const double lam = std::clamp(u, -in, in);
               fd += 0.3 * (token_level ? 1.0 / c.N : 1.0 / (static_cast<double>(p.B) * c.n[i / p.T])) *
-                    (e == kl_estimator::k1 ? -lam : e == kl_estimator::k2 ? lam * lam / 2 : std::exp(lam) - 1 - lam);
+                    (e == kl_estimator::k1   ? -lam
+                     : e == kl_estimator::k2 ? lam * lam / 2
+                                             : std::exp(lam) - 1 - lam);
             }
             // Where a clamp is active NeMo's K carries no derivative at all (ω included).
             if (std::fabs(u) > in || std::fabs(raw) > out) fd = 0.0;
@@ -680,14 +715,16 @@ TEST_CASE("nemo_rl ClippedPGLossFn options: objective, normaliser, rejections, P
   REQUIRE(P::nemo_rl::normalizer({.token_level_loss = false}, {.global_valid_toks = 500.0}, local).denominator == 3);
   // Rejections (NeMo asserts).
   REQUIRE_THROWS_AS(P::nemo_rl::validate({.ratio_clip_c = 1.0}), ulorl::error);
-  REQUIRE_THROWS_AS(P::nemo_rl::validate({.truncated_importance_sampling_type = W::truncate, .truncated_importance_sampling_ratio = 2.0}),
+  REQUIRE_THROWS_AS(P::nemo_rl::validate({.truncated_importance_sampling_type = W::truncate,
+                                          .truncated_importance_sampling_ratio = 2.0}),
                     ulorl::error);
   REQUIRE_THROWS_AS(P::nemo_rl::validate({.kl_input_clamp_value = 0.0}), ulorl::error);
   REQUIRE_THROWS_AS(P::nemo_rl::validate({.reference_policy_kl_type = kl_estimator::abs}), ulorl::error);
-  REQUIRE_THROWS_AS(P::nemo_rl::rollout_correction(P::nemo_rl::clipped_pg_loss_options{
-                        .use_importance_sampling_correction = true, .truncated_importance_sampling_type = W::mask,
-                        .truncated_importance_sampling_ratio = 5.0}),
-                    ulorl::error);  // icepop without ratio_min
+  REQUIRE_THROWS_AS(
+      P::nemo_rl::rollout_correction(P::nemo_rl::clipped_pg_loss_options{.use_importance_sampling_correction = true,
+                                                                         .truncated_importance_sampling_type = W::mask,
+                                                                         .truncated_importance_sampling_ratio = 5.0}),
+      ulorl::error);  // icepop without ratio_min
   // ProRL v2 / v2.1: exactly the documented settings.
   const auto v2 = P::nemo_rl::prorl_v2();
   REQUIRE(v2.ratio_clip_min == 0.2);
@@ -721,8 +758,9 @@ TEST_CASE("weighted_kl_loss with nemo_rl's reference KL: rejections leave the gr
   const auto norm = ulorl::agg_normalizer{agg_mode::token_mean, 4.0, 1.0};
   std::vector<double> g(p.lp.size(), 1.25);
   auto call = [&](const P::nemo_rl::clipped_pg_loss_options& o) {
-    return ulorl::weighted_kl_loss(cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T), cview(p.mask, p.B, p.T),
-                                   view(g, p.B, p.T), P::nemo_rl::reference_policy_kl(o), norm);
+    return ulorl::weighted_kl_loss(cview(p.lp, p.B, p.T), cview(p.ref, p.B, p.T), cview(p.rollout, p.B, p.T),
+                                   cview(p.mask, p.B, p.T), view(g, p.B, p.T), P::nemo_rl::reference_policy_kl(o),
+                                   norm);
   };
   P::nemo_rl::clipped_pg_loss_options on{.reference_policy_kl_penalty = 0.1};
   on.use_on_policy_kl_approximation = true;
@@ -751,7 +789,8 @@ TEST_CASE("weighted_kl_loss with nemo_rl's reference KL: rejections leave the gr
 
 }  // namespace
 
-TEST_CASE("token selections and the weighted KL term: an absent mask is an all-ones mask, bit for bit, in both layouts", "[mask]") {
+TEST_CASE("token selections and the weighted KL term: an absent mask is an all-ones mask, bit for bit, in both layouts",
+          "[mask]") {
   using K = P::verl::loss_mode_kind;
   std::mt19937_64 rng(777);
   for (const auto& lay : absent_mask::layouts(rng, 5, 9)) {
@@ -759,16 +798,20 @@ TEST_CASE("token selections and the weighted KL term: an absent mask is an all-o
     const auto old = absent_mask::uniform(rng, lay.size(), -3, -0.1);
     auto lp = old;
     for (auto& x : lp) x = std::min(-0.01, x + (absent_mask::uniform(rng, 1, -0.6, 0.6)[0]));
-    const auto adv = absent_mask::uniform(rng, lay.size(), -1, 1), ref = absent_mask::uniform(rng, lay.size(), -3, -0.1);
-    const auto rollout = absent_mask::uniform(rng, lay.size(), -3, -0.1), isw = absent_mask::uniform(rng, lay.size(), 0.5, 1.5);
+    const auto adv = absent_mask::uniform(rng, lay.size(), -1, 1),
+               ref = absent_mask::uniform(rng, lay.size(), -3, -0.1);
+    const auto rollout = absent_mask::uniform(rng, lay.size(), -3, -0.1),
+               isw = absent_mask::uniform(rng, lay.size(), 0.5, 1.5);
     const std::vector<std::uint8_t> ones(lay.size(), 1);
     const ulorl::token_view<const std::uint8_t> absent{};
     for (const K mode : {K::dppo_tv, K::dppo_kl}) {
       const P::verl::objective_options o{.loss_mode = mode, .clip_ratio_low = 0.2, .clip_ratio_high = 0.3};
       std::vector<double> w(lay.size(), 9.0), wa(lay.size(), 9.0);
       const ulorl::dppo_config c = P::verl::dppo(o);
-      const auto st = ulorl::dppo_weights(lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.cview(isw), lay.mview(w), c);
-      const auto sa = ulorl::dppo_weights(lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.cview(isw), lay.mview(wa), c);
+      const auto st = ulorl::dppo_weights(lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones),
+                                          lay.cview(isw), lay.mview(w), c);
+      const auto sa =
+          ulorl::dppo_weights(lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.cview(isw), lay.mview(wa), c);
       REQUIRE(absent_mask::same_bits(wa, w));
       REQUIRE((absent_mask::same_bits(sa.dropped_fraction, st.dropped_fraction) &&
                absent_mask::same_bits(sa.capped_fraction, st.capped_fraction)));
@@ -776,8 +819,10 @@ TEST_CASE("token selections and the weighted KL term: an absent mask is an all-o
     {
       const P::verl::objective_options o{.loss_mode = K::kl_cov};
       std::vector<double> sel(lay.size(), 9.0), sela(lay.size(), 9.0);
-      const auto st = ulorl::kl_cov_selection(lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones), lay.mview(sel), P::verl::kl_cov(o));
-      const auto sa = ulorl::kl_cov_selection(lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.mview(sela), P::verl::kl_cov(o));
+      const auto st = ulorl::kl_cov_selection(lay.cview(old), lay.cview(lp), lay.cview(adv), lay.cview(ones),
+                                              lay.mview(sel), P::verl::kl_cov(o));
+      const auto sa = ulorl::kl_cov_selection(lay.cview(old), lay.cview(lp), lay.cview(adv), absent, lay.mview(sela),
+                                              P::verl::kl_cov(o));
       REQUIRE(absent_mask::same_bits(sela, sel));
       REQUIRE(absent_mask::same_bits(sa.mean_abs_log_ratio, st.mean_abs_log_ratio));
     }
@@ -787,13 +832,17 @@ TEST_CASE("token selections and the weighted KL term: an absent mask is an all-o
       const auto norm = P::nemo_rl::normalizer(o, {}, ulorl::count_batch(absent, lay.cview(lp)));
       std::vector<double> g(lay.size(), 0.5), ga(lay.size(), 0.5);
       const ulorl::weighted_kl_config kc = P::nemo_rl::reference_policy_kl(o);
-      const double kl = ulorl::weighted_kl_loss(lay.cview(lp), lay.cview(ref), lay.cview(rollout), lay.cview(ones), lay.mview(g), kc, norm);
-      const double ka = ulorl::weighted_kl_loss(lay.cview(lp), lay.cview(ref), lay.cview(rollout), absent, lay.mview(ga), kc, norm);
+      const double kl = ulorl::weighted_kl_loss(lay.cview(lp), lay.cview(ref), lay.cview(rollout), lay.cview(ones),
+                                                lay.mview(g), kc, norm);
+      const double ka =
+          ulorl::weighted_kl_loss(lay.cview(lp), lay.cview(ref), lay.cview(rollout), absent, lay.mview(ga), kc, norm);
       REQUIRE(absent_mask::same_bits(ka, kl));
       REQUIRE(absent_mask::same_bits(ga, g));
-      const auto r1 = P::nemo_rl::logged_ratios(lay.cview(lp), lay.cview(old), lay.cview(ones), o, {.global_valid_toks = 40.0});
+      const auto r1 =
+          P::nemo_rl::logged_ratios(lay.cview(lp), lay.cview(old), lay.cview(ones), o, {.global_valid_toks = 40.0});
       const auto ra = P::nemo_rl::logged_ratios(lay.cview(lp), lay.cview(old), absent, o, {.global_valid_toks = 40.0});
-      REQUIRE((absent_mask::same_bits(ra.probs_ratio, r1.probs_ratio) && absent_mask::same_bits(ra.probs_ratio_clamped, r1.probs_ratio_clamped)));
+      REQUIRE((absent_mask::same_bits(ra.probs_ratio, r1.probs_ratio) &&
+               absent_mask::same_bits(ra.probs_ratio_clamped, r1.probs_ratio_clamped)));
     }
   }
 }
@@ -811,30 +860,40 @@ TEST_CASE("token selections: a bad configuration is an error naming the function
     return {};
   };
   const auto kl_cov = [&](const ulorl::kl_cov_config& c) {
-    return ulorl::kl_cov_selection(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                                   view(out, p.B, p.T), c);
+    return ulorl::kl_cov_selection(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
+                                   cview(p.mask, p.B, p.T), view(out, p.B, p.T), c);
   };
   const auto clip_cov = [&](const ulorl::clip_cov_config& c) {
-    return ulorl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T), cview(p.mask, p.B, p.T),
-                                   cview(sel, p.B, p.T), ulorl::token_view<const double>{}, view(out, p.B, p.T), c);
+    return ulorl::clip_cov_weights(cview(p.old, p.B, p.T), cview(p.lp, p.B, p.T), cview(p.adv, p.B, p.T),
+                                   cview(p.mask, p.B, p.T), cview(sel, p.B, p.T), ulorl::token_view<const double>{},
+                                   view(out, p.B, p.T), c);
   };
   using E = std::pair<std::string, std::string>;
   CHECK(error_of([&] { return kl_cov({.fraction = 0.0}); }) == E{"kl_cov_selection", "fraction"});
-  CHECK(error_of([&] { return kl_cov({.fraction = std::numeric_limits<double>::infinity()}); }) == E{"kl_cov_selection", "fraction"});
+  CHECK(error_of([&] { return kl_cov({.fraction = std::numeric_limits<double>::infinity()}); }) ==
+        E{"kl_cov_selection", "fraction"});
   CHECK(error_of([&] { return clip_cov({.fraction = -1.0}); }) == E{"clip_cov_weights", "fraction"});
   CHECK(error_of([&] { return clip_cov({.cov_lower = std::nan("")}); }) == E{"clip_cov_weights", "cov_lower"});
-  CHECK(error_of([&] { return clip_cov({.cov_upper = std::numeric_limits<double>::infinity()}); }) == E{"clip_cov_weights", "cov_upper"});
+  CHECK(error_of([&] { return clip_cov({.cov_upper = std::numeric_limits<double>::infinity()}); }) ==
+        E{"clip_cov_weights", "cov_upper"});
   CHECK(error_of([&] { return clip_cov({.eps_low = 1.0}); }) == E{"clip_cov_weights", "eps_low"});
   CHECK(error_of([&] { return clip_cov({.eps_high = -0.5}); }) == E{"clip_cov_weights", "eps_high"});
   REQUIRE(std::all_of(out.begin(), out.end(), [](double v) { return v == -2.0; }));
   // verl's options map one to one (clip_cov's band is verl's clip ratios).
   using K = P::verl::loss_mode_kind;
   REQUIRE(P::verl::kl_cov({.loss_mode = K::kl_cov, .kl_cov_ratio = 0.01}).fraction == 0.01);
-  const ulorl::clip_cov_config cc = P::verl::clip_cov({.loss_mode = K::clip_cov, .clip_ratio_low = 0.1, .clip_ratio_high = 0.3,
-                                                       .clip_cov_ratio = 0.02, .clip_cov_lb = -1.0, .clip_cov_ub = 2.0});
-  REQUIRE((cc.eps_low == 0.1 && cc.eps_high == 0.3 && cc.fraction == 0.02 && cc.cov_lower == -1.0 && cc.cov_upper == 2.0));
-  CHECK(error_of([&] { return P::verl::kl_cov({.loss_mode = K::clip_cov}); }) == E{"presets::verl::kl_cov", "loss_mode"});
-  CHECK(error_of([&] { return P::verl::clip_cov({.loss_mode = K::kl_cov}); }) == E{"presets::verl::clip_cov", "loss_mode"});
+  const ulorl::clip_cov_config cc = P::verl::clip_cov({.loss_mode = K::clip_cov,
+                                                       .clip_ratio_low = 0.1,
+                                                       .clip_ratio_high = 0.3,
+                                                       .clip_cov_ratio = 0.02,
+                                                       .clip_cov_lb = -1.0,
+                                                       .clip_cov_ub = 2.0});
+  REQUIRE(
+      (cc.eps_low == 0.1 && cc.eps_high == 0.3 && cc.fraction == 0.02 && cc.cov_lower == -1.0 && cc.cov_upper == 2.0));
+  CHECK(error_of([&] { return P::verl::kl_cov({.loss_mode = K::clip_cov}); }) ==
+        E{"presets::verl::kl_cov", "loss_mode"});
+  CHECK(error_of([&] { return P::verl::clip_cov({.loss_mode = K::kl_cov}); }) ==
+        E{"presets::verl::clip_cov", "loss_mode"});
   CHECK(error_of([&] { return P::verl::kl_cov({.loss_mode = K::kl_cov, .kl_cov_ratio = 0.0}); }) ==
         E{"presets::verl::objective", "kl_cov_ratio"});
 }

@@ -41,7 +41,8 @@ problem random_problem(std::mt19937_64& rng, std::size_t B, std::size_t T) {
   problem p;
   p.B = B, p.T = T;
   const std::size_t N = B * T;
-  p.lp.resize(N), p.old.resize(N), p.ref.resize(N), p.mask.resize(N), p.ent.resize(N), p.q.resize(N), p.adv_tok.resize(N);
+  p.lp.resize(N), p.old.resize(N), p.ref.resize(N), p.mask.resize(N), p.ent.resize(N), p.q.resize(N),
+      p.adv_tok.resize(N);
   p.adv.resize(B);
   for (std::size_t b = 0; b < B; ++b) {
     p.adv[b] = (u(rng) < 0.5 ? -1.0 : 1.0) * (0.1 + u(rng));
@@ -83,7 +84,8 @@ double oracle_theta(const problem& p, double rho) {
   std::sort(v.begin(), v.end());
   const double pos = (1.0 - rho) * static_cast<double>(v.size() - 1);
   const double fl = std::floor(pos), ce = std::ceil(pos);
-  return v[static_cast<std::size_t>(fl)] + (pos - fl) * (v[static_cast<std::size_t>(ce)] - v[static_cast<std::size_t>(fl)]);
+  return v[static_cast<std::size_t>(fl)] +
+         (pos - fl) * (v[static_cast<std::size_t>(ce)] - v[static_cast<std::size_t>(fl)]);
 }
 
 double oracle_phi(const problem& p, const std::vector<double>& lpd, std::size_t b, bool use_q) {
@@ -120,13 +122,17 @@ double oracle_loss(const problem& p, const mode& md, const std::vector<double>& 
       const double A = p.adv[b], r = std::exp(lp[i] - p.old[i]), rd = std::exp(lpd[i] - p.old[i]);
       double pt = 0;
       switch (md.loss_type) {
-        case LT::cispo: pt = -std::min(rd, md.eps_high) * A * lp[i]; break;
+        case LT::cispo:
+          pt = -std::min(rd, md.eps_high) * A * lp[i];
+          break;
         case LT::sapo: {
           const double tau = A > 0 ? md.tau_pos : md.tau_neg;
           pt = -(1.0 / (1.0 + std::exp(-tau * (r - 1.0)))) * 4.0 / tau * A;
           break;
         }
-        case LT::vespo: pt = -phi * A * lp[i]; break;
+        case LT::vespo:
+          pt = -phi * A * lp[i];
+          break;
         default: {  // grpo, bnpo, dr_grpo, dapo, luspo: PPO clip
           const double rc = std::min(1.0 + md.eps_high, std::max(1.0 - md.eps, r));
           pt = -std::min(r * A, rc * A);
@@ -141,8 +147,10 @@ double oracle_loss(const problem& p, const mode& md, const std::vector<double>& 
         if (md.bias_kl) k *= r;
         pt += md.beta * k;
       }
-      if (md.loss_type == LT::luspo) total += pt * nb[b];  // every position
-      else row[b] += pt * p.mask[i];
+      if (md.loss_type == LT::luspo)
+        total += pt * nb[b];  // every position
+      else
+        row[b] += pt * p.mask[i];
       const double me = p.mask[i] * E;
       me_sum += me, ent_sum += ent[i] * me;
     }
@@ -159,7 +167,9 @@ double oracle_loss(const problem& p, const mode& md, const std::vector<double>& 
       for (double v : row) loss += v;
       loss /= std::max(N, 1.0) * md.ga;
       break;
-    case LT::luspo: loss = total / (static_cast<double>(B * T) * md.ga); break;
+    case LT::luspo:
+      loss = total / (static_cast<double>(B * T) * md.ga);
+      break;
     default:  // dapo, cispo, vespo
       for (double v : row) loss += v;
       loss /= std::max(items, 1.0);
@@ -212,16 +222,22 @@ run_result library_loss(const problem& p, const mode& md) {
     }
     std::fill(mask.begin(), mask.end(), 1.0);
   }
-  ulorl::policy_loss_inputs<double, double> in{view(p.lp, B, T), view(p.old, B, T), view(p.adv_tok, B, T), view(mask, B, T)};
+  ulorl::policy_loss_inputs<double, double> in{view(p.lp, B, T), view(p.old, B, T), view(p.adv_tok, B, T),
+                                               view(mask, B, T)};
   in.ref_log_prob = view(p.ref, B, T);
   in.weights = view(w, B, T);
   const auto counts = ulorl::count_batch(view(p.mask, B, T));
-  const P::trl::normalizer_options no{.loss_type = md.loss_type, .padded_length = T, .max_completion_length = 0,
+  const P::trl::normalizer_options no{.loss_type = md.loss_type,
+                                      .padded_length = T,
+                                      .max_completion_length = 0,
                                       .gradient_accumulation_steps = md.ga,
                                       .num_items_in_batch = md.items > 0 ? md.items : counts.tokens};
   ulorl::policy_loss_config cfg;
-  cfg.objective = P::trl::objective({.epsilon = md.eps, .epsilon_high = md.eps_high, .loss_type = md.loss_type,
-                                     .sapo_temperature_pos = md.tau_pos, .sapo_temperature_neg = md.tau_neg});
+  cfg.objective = P::trl::objective({.epsilon = md.eps,
+                                     .epsilon_high = md.eps_high,
+                                     .loss_type = md.loss_type,
+                                     .sapo_temperature_pos = md.tau_pos,
+                                     .sapo_temperature_neg = md.tau_neg});
   cfg.kl = P::trl::kl({.use_bias_correction_kl = md.bias_kl});
   cfg.kl_coef = md.loss_type == LT::luspo ? 0.0 : md.beta;
   cfg.normalizer = P::trl::normalizer(no, counts);
@@ -235,13 +251,14 @@ run_result library_loss(const problem& p, const mode& md) {
       double nb = 0;
       for (std::size_t t = 0; t < T; ++t) nb += p.mask[b * T + t];
       const double wr = nb / (static_cast<double>(B * T) * md.ga);
-      for (std::size_t t = 0; t < T; ++t) r.loss += wr * md.beta * kl[b * T + t], r.grad[b * T + t] += wr * md.beta * dkl[b * T + t];
+      for (std::size_t t = 0; t < T; ++t)
+        r.loss += wr * md.beta * kl[b * T + t], r.grad[b * T + t] += wr * md.beta * dkl[b * T + t];
     }
   }
   if (md.entropy_coef != 0.0) {
     const double me_tokens = ulorl::count_batch(view(me, B, T)).tokens;
-    r.loss += ulorl::entropy_loss(view(p.ent, B, T), view(me, B, T), mview(r.grad_ent, B, T),
-                                  md.entropy_coef, P::trl::entropy_normalizer(no, counts, me_tokens));
+    r.loss += ulorl::entropy_loss(view(p.ent, B, T), view(me, B, T), mview(r.grad_ent, B, T), md.entropy_coef,
+                                  P::trl::entropy_normalizer(no, counts, me_tokens));
   }
   return r;
 }
@@ -308,14 +325,17 @@ TEST_CASE("trl loss types match the float64 oracle and finite differences") {
 TEST_CASE("top_entropy_mask: the linear quantile of the valid entropies, both layouts") {
   std::mt19937_64 rng(7);
   for (int trial = 0; trial < 20; ++trial) {
-    const problem p = random_problem(rng, 1 + static_cast<std::size_t>(trial % 5), 1 + static_cast<std::size_t>(trial % 7));
+    const problem p =
+        random_problem(rng, 1 + static_cast<std::size_t>(trial % 5), 1 + static_cast<std::size_t>(trial % 7));
     const std::size_t B = p.B, T = p.T;
     for (double rho : {0.0, 0.2, 0.5, 1.0}) {
       std::vector<double> keep(B * T, -1.0), scratch(B * T);
-      const double theta = ulorl::top_entropy_mask(view(p.ent, B, T), view(p.mask, B, T), mview(keep, B, T), {.quantile = rho}, scratch);
+      const double theta =
+          ulorl::top_entropy_mask(view(p.ent, B, T), view(p.mask, B, T), mview(keep, B, T), {.quantile = rho}, scratch);
       const double ref = oracle_theta(p, rho);
       REQUIRE(theta == Approx(ref).epsilon(1e-15));
-      for (std::size_t i = 0; i < keep.size(); ++i) REQUIRE(keep[i] == ((p.mask[i] != 0.0 && p.ent[i] >= ref) ? 1.0 : 0.0));
+      for (std::size_t i = 0; i < keep.size(); ++i)
+        REQUIRE(keep[i] == ((p.mask[i] != 0.0 && p.ent[i] >= ref) ? 1.0 : 0.0));
       if (rho == 1.0)
         for (std::size_t i = 0; i < keep.size(); ++i) REQUIRE(keep[i] == p.mask[i]);
       // Packed: the valid prefix of each row, offsets[B+1].
@@ -326,8 +346,10 @@ TEST_CASE("top_entropy_mask: the linear quantile of the valid entropies, both la
         off.push_back(static_cast<std::int64_t>(pe.size()));
       }
       std::vector<double> pk(pe.size(), -1.0);
-      const auto pev = ulorl::token_view<const double>::packed(ulorl::vector_view<const double>(pe.data(), pe.size()), off);
-      const auto pmv = ulorl::token_view<const double>::packed(ulorl::vector_view<const double>(pm.data(), pm.size()), off);
+      const auto pev =
+          ulorl::token_view<const double>::packed(ulorl::vector_view<const double>(pe.data(), pe.size()), off);
+      const auto pmv =
+          ulorl::token_view<const double>::packed(ulorl::vector_view<const double>(pm.data(), pm.size()), off);
       const auto pkv = ulorl::token_view<double>::packed(ulorl::vector_view<double>(pk.data(), pk.size()), off);
       REQUIRE(ulorl::entropy_quantile_threshold(pev, pmv, {.quantile = rho}, scratch) == theta);
       (void)ulorl::top_entropy_mask(pev, pmv, pkv, {.quantile = rho}, scratch);
@@ -346,33 +368,58 @@ TEST_CASE("top_entropy_mask and vespo_weights reject bad input and write nothing
   const std::vector<double> nan_e{0.5, std::numeric_limits<double>::quiet_NaN(), 1.0};
   std::vector<double> keep{7.0, 7.0, 7.0}, scratch(3), small(1);
   const auto untouched = [&] { REQUIRE(keep == std::vector<double>{7.0, 7.0, 7.0}); };
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 1.5}, scratch), ulorl::error);
+  REQUIRE_THROWS_AS(
+      ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 1.5}, scratch),
+      ulorl::error);
   untouched();
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = -0.1}, scratch), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(neg, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, scratch), ulorl::error);
+  REQUIRE_THROWS_AS(
+      ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = -0.1}, scratch),
+      ulorl::error);
+  REQUIRE_THROWS_AS(
+      ulorl::top_entropy_mask(view(neg, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, scratch),
+      ulorl::error);
   untouched();
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(nan_e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, scratch), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(bad_m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, scratch), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, small), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 3, 1), mview(keep, 1, 3), {.quantile = 0.5}, scratch), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 3, 1), {.quantile = 0.5}, scratch), ulorl::error);
+  REQUIRE_THROWS_AS(
+      ulorl::top_entropy_mask(view(nan_e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, scratch),
+      ulorl::error);
+  REQUIRE_THROWS_AS(
+      ulorl::top_entropy_mask(view(e, 1, 3), view(bad_m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, scratch),
+      ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 1, 3), {.quantile = 0.5}, small),
+                    ulorl::error);
+  REQUIRE_THROWS_AS(
+      ulorl::top_entropy_mask(view(e, 1, 3), view(m, 3, 1), mview(keep, 1, 3), {.quantile = 0.5}, scratch),
+      ulorl::error);
+  REQUIRE_THROWS_AS(
+      ulorl::top_entropy_mask(view(e, 1, 3), view(m, 1, 3), mview(keep, 3, 1), {.quantile = 0.5}, scratch),
+      ulorl::error);
   untouched();
 
   const std::vector<double> lp{-1.0, -0.5, -2.0}, old{-1.1, -0.4, -2.0}, q_neg{1.0, -0.5, 1.0};
   const std::vector<double> adv{1.0}, adv2{1.0, 2.0};
   std::vector<double> phi{9.0};
-  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv, view(q_neg, 1, 3)}, phi, {}),
+  REQUIRE_THROWS_AS(
+      ulorl::vespo_weights(
+          ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv, view(q_neg, 1, 3)}, phi, {}),
+      ulorl::error);
+  REQUIRE_THROWS_AS(
+      ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv2}, phi, {}),
+      ulorl::error);
+  REQUIRE_THROWS_AS(ulorl::vespo_weights(
+                        ulorl::vespo_inputs<double>{view(nan_e, 1, 3), view(old, 1, 3), view(m, 1, 3), adv}, phi, {}),
                     ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv2}, phi, {}), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(nan_e, 1, 3), view(old, 1, 3), view(m, 1, 3), adv}, phi, {}), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(bad_m, 1, 3), adv}, phi, {}), ulorl::error);
-  REQUIRE_THROWS_AS(ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv},
-                                         phi, {.k_pos = std::numeric_limits<double>::infinity()}),
+  REQUIRE_THROWS_AS(ulorl::vespo_weights(
+                        ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(bad_m, 1, 3), adv}, phi, {}),
                     ulorl::error);
+  REQUIRE_THROWS_AS(
+      ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv}, phi,
+                           {.k_pos = std::numeric_limits<double>::infinity()}),
+      ulorl::error);
   REQUIRE(phi == std::vector<double>{9.0});
   // A zero ratio gives log(1e-8) (no -inf), and phi is 0 rather than non-finite for huge weights.
   const std::vector<double> q0{0.0, 1.0, 1.0};
-  ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv, view(q0, 1, 3)}, phi, {});
+  ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(lp, 1, 3), view(old, 1, 3), view(m, 1, 3), adv, view(q0, 1, 3)},
+                       phi, {});
   REQUIRE(std::isfinite(phi[0]));
   REQUIRE(ulorl::vespo_phi(1e300, 1.0, {}) == 0.0);
 }
@@ -384,12 +431,14 @@ TEST_CASE("trl loss types: cispo / sapo configurations are validated; policy_los
   const auto capped = P::trl::objective({.epsilon_high = 0.5, .loss_type = LT::cispo});
   REQUIRE(1.0 + capped.eps_high == 0.5);
   REQUIRE(capped.eps_low == 1.0);
-  REQUIRE_THROWS_AS(P::trl::objective({.importance_sampling_level = T::sequence_token, .loss_type = LT::vespo}), ulorl::error);
+  REQUIRE_THROWS_AS(P::trl::objective({.importance_sampling_level = T::sequence_token, .loss_type = LT::vespo}),
+                    ulorl::error);
   std::mt19937_64 rng(3);
   const problem p = random_problem(rng, 3, 4);
   auto nanlp = p.lp;
   nanlp[5] = std::numeric_limits<double>::quiet_NaN();
-  ulorl::policy_loss_inputs<double, double> in{view(nanlp, 3, 4), view(p.old, 3, 4), view(p.adv_tok, 3, 4), view(p.mask, 3, 4)};
+  ulorl::policy_loss_inputs<double, double> in{view(nanlp, 3, 4), view(p.old, 3, 4), view(p.adv_tok, 3, 4),
+                                               view(p.mask, 3, 4)};
   ulorl::policy_loss_config cfg;
   cfg.objective = P::trl::objective({.epsilon_high = 5.0, .loss_type = LT::cispo});
   cfg.normalizer = P::trl::normalizer({.loss_type = LT::cispo}, ulorl::count_batch(view(p.mask, 3, 4)));
@@ -399,7 +448,7 @@ TEST_CASE("trl loss types: cispo / sapo configurations are validated; policy_los
   in.log_prob = view(p.lp, 3, 4);
   REQUIRE_THROWS_AS(ulorl::policy_loss(in, mview(g, 3, 4), cfg), ulorl::error);
   cfg.objective = P::trl::objective({.loss_type = LT::sapo});
-  cfg.objective.tau_neg = -1.0;
+  cfg.objective.sapo.tau_neg = -1.0;
   REQUIRE_THROWS_AS(ulorl::policy_loss(in, mview(g, 3, 4), cfg), ulorl::error);
   std::vector<double> short_w(11, 1.0);
   cfg.objective = P::trl::objective({.loss_type = LT::vespo});
@@ -421,12 +470,16 @@ TEST_CASE("trl loss types: token-level modes are partition-exact with the global
     cfg.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean, counts);
     // Weights of the whole batch (phi per row; a top-entropy mask of the batch), then split rows.
     std::vector<double> w(p.B * T, 1.0), phi(p.B), keep(p.B * T), scratch(p.B * T);
-    ulorl::vespo_weights(ulorl::vespo_inputs<double>{view(p.lp, p.B, T), view(p.old, p.B, T), view(p.mask, p.B, T), p.adv}, phi, {});
-    (void)ulorl::top_entropy_mask(view(p.ent, p.B, T), view(p.mask, p.B, T), mview(keep, p.B, T), {.quantile = 0.6}, scratch);
+    ulorl::vespo_weights(
+        ulorl::vespo_inputs<double>{view(p.lp, p.B, T), view(p.old, p.B, T), view(p.mask, p.B, T), p.adv}, phi, {});
+    (void)ulorl::top_entropy_mask(view(p.ent, p.B, T), view(p.mask, p.B, T), mview(keep, p.B, T), {.quantile = 0.6},
+                                  scratch);
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = keep[i] * (lt == LT::vespo ? phi[i / T] : p.q[i]);
     const auto run = [&](std::size_t b0, std::size_t b1, std::vector<double>& g) {
       const std::size_t n = b1 - b0, o = b0 * T;
-      const auto v = [&](const std::vector<double>& x) { return ulorl::padded(ulorl::matrix_view<const double>(x.data() + o, n, T)); };
+      const auto v = [&](const std::vector<double>& x) {
+        return ulorl::padded(ulorl::matrix_view<const double>(x.data() + o, n, T));
+      };
       ulorl::policy_loss_inputs<double, double> in{v(p.lp), v(p.old), v(p.adv_tok), v(p.mask)};
       in.ref_log_prob = v(p.ref);
       in.weights = v(w);
@@ -436,11 +489,13 @@ TEST_CASE("trl loss types: token-level modes are partition-exact with the global
     const double full = run(0, p.B, g_full);
     const double split = run(0, 2, g_split) + run(2, 5, g_split) + run(5, 6, g_split);
     REQUIRE(split == Approx(full).epsilon(1e-12));
-    for (std::size_t i = 0; i < g_full.size(); ++i) REQUIRE(g_split[i] == Approx(g_full[i]).epsilon(1e-12).margin(1e-300));
+    for (std::size_t i = 0; i < g_full.size(); ++i)
+      REQUIRE(g_split[i] == Approx(g_full[i]).epsilon(1e-12).margin(1e-300));
   }
 }
 
-TEST_CASE("top_entropy_mask and vespo_weights: an absent mask is an all-ones mask, bit for bit, in both layouts", "[mask]") {
+TEST_CASE("top_entropy_mask and vespo_weights: an absent mask is an all-ones mask, bit for bit, in both layouts",
+          "[mask]") {
   std::mt19937_64 rng(4242);
   for (const auto& lay : absent_mask::layouts(rng, 5, 8)) {
     INFO((lay.packed ? "packed" : "padded"));
@@ -462,7 +517,8 @@ TEST_CASE("top_entropy_mask and vespo_weights: an absent mask is an all-ones mas
     for (const bool with_q : {false, true}) {
       std::vector<double> phi(lay.B), phia(lay.B);
       const auto qv = with_q ? lay.cview(q) : absent;
-      ulorl::vespo_weights(ulorl::vespo_inputs<double>{lay.cview(lp), lay.cview(old), lay.cview(ones), adv, qv}, phi, {});
+      ulorl::vespo_weights(ulorl::vespo_inputs<double>{lay.cview(lp), lay.cview(old), lay.cview(ones), adv, qv}, phi,
+                           {});
       ulorl::vespo_weights(ulorl::vespo_inputs<double>{lay.cview(lp), lay.cview(old), absent, adv, qv}, phia, {});
       REQUIRE(absent_mask::same_bits(phia, phi));
     }

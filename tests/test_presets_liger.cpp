@@ -45,7 +45,8 @@ TEST_CASE("liger: the constructor's names and defaults") {
            o.vespo_lambda_neg == 2.0));
   REQUIRE(L::loss_type_from_name("dr_grpo") == LT::dr_grpo);
   REQUIRE(L::importance_sampling_level_from_name("sequence") == IS::sequence);
-  REQUIRE_THROWS_WITH(L::loss_type_from_name("ppo"), Catch::Matchers::Contains("'loss_type'") && Catch::Matchers::Contains("'ppo'"));
+  REQUIRE_THROWS_WITH(L::loss_type_from_name("ppo"),
+                      Catch::Matchers::Contains("'loss_type'") && Catch::Matchers::Contains("'ppo'"));
   // Liger has no GSPO-token level.
   REQUIRE_THROWS_WITH(L::importance_sampling_level_from_name("sequence_token"),
                       Catch::Matchers::Contains("'importance_sampling_level'"));
@@ -70,14 +71,14 @@ TEST_CASE("liger: Liger's checks") {
 TEST_CASE("liger: the fused pass's configuration of each loss type") {
   // grpo / sapo: mean of row means over B; bnpo: the valid tokens; dr_grpo: B * max_completion_length;
   // dapo / cispo: max(num_items_in_batch / world, 1).
-  const auto norm = [](const L::fused_linear_grpo_options& o, std::optional<double> items = std::nullopt, double world = 1.0) {
-    return L::fused_linear_grpo(o, counts, items, world).config.normalizer;
-  };
+  const auto norm = [](const L::fused_linear_grpo_options& o, std::optional<double> items = std::nullopt,
+                       double world = 1.0) { return L::fused_linear_grpo(o, counts, items, world).config.normalizer; };
   REQUIRE(norm({.loss_type = LT::grpo}).mode == ulorl::agg_mode::seq_mean_token_mean);
   REQUIRE(norm({.loss_type = LT::grpo}).denominator == 4.0);
   REQUIRE(norm({.loss_type = LT::sapo}).denominator == 4.0);
   REQUIRE(norm({.loss_type = LT::bnpo}).denominator == 9.0);
-  REQUIRE(L::fused_linear_grpo({.loss_type = LT::bnpo}, {.tokens = 0.0, .sequences = 0.0, .rows = 2.0}).config.normalizer.denominator == 1.0);
+  REQUIRE(L::fused_linear_grpo({.loss_type = LT::bnpo}, {.tokens = 0.0, .sequences = 0.0, .rows = 2.0})
+              .config.normalizer.denominator == 1.0);
   REQUIRE(norm({.loss_type = LT::dr_grpo, .max_completion_length = 16.0}).mode == ulorl::agg_mode::constant);
   REQUIRE(norm({.loss_type = LT::dr_grpo, .max_completion_length = 16.0}).denominator == 64.0);
   REQUIRE(norm({}).denominator == 9.0);
@@ -86,48 +87,62 @@ TEST_CASE("liger: the fused pass's configuration of each loss type") {
   REQUIRE(L::dapo_denominator(100.0, 8.0) == 12.5);
 
   const auto plan = [](const L::fused_linear_grpo_options& o) { return L::fused_linear_grpo(o, counts); };
-  const auto ppo = plan({.beta = 0.1, .epsilon_low = 0.1, .epsilon_high = 0.3, .delta = 2.0, .use_bias_correction_kl = true});
+  const auto ppo =
+      plan({.beta = 0.1, .epsilon_low = 0.1, .epsilon_high = 0.3, .delta = 2.0, .use_bias_correction_kl = true});
   REQUIRE(ppo.fused);
   REQUIRE((ppo.config.objective.kind == ulorl::objective_kind::ppo_clip && ppo.config.objective.eps_low == 0.1 &&
            ppo.config.objective.eps_high == 0.3 && ppo.config.objective.delta == 2.0));
   REQUIRE(ppo.config.objective.log_ratio_clamp == ulorl::no_limit);
-  REQUIRE((ppo.config.kl.estimator == ulorl::kl_estimator::k3 && ppo.config.kl.importance_weighted && ppo.config.kl_coef == 0.1));
+  REQUIRE((ppo.config.kl.estimator == ulorl::kl_estimator::k3 && ppo.config.kl.importance_weighted &&
+           ppo.config.kl_coef == 0.1));
   REQUIRE(ppo.config.kl.input_clamp == ulorl::no_limit);
   REQUIRE(plan({.use_ref_model = false}).config.kl_coef == 0.0);  // no KL term without the reference model
   const auto gspo = plan({.importance_sampling_level = IS::sequence}).config.objective;
-  REQUIRE((gspo.kind == ulorl::objective_kind::gspo && gspo.seq_gradient == ulorl::sequence_gradient::through_mean &&
-           gspo.seq_log_ratio_max == ulorl::no_limit));
-  const auto sapo = plan({.loss_type = LT::sapo, .sapo_temperature_pos = 0.5, .sapo_temperature_neg = 2.0}).config.objective;
-  REQUIRE((sapo.kind == ulorl::objective_kind::sapo && sapo.tau_pos == 0.5 && sapo.tau_neg == 2.0));
+  REQUIRE((gspo.kind == ulorl::objective_kind::gspo &&
+           gspo.gspo.seq_gradient == ulorl::sequence_gradient::through_mean &&
+           gspo.gspo.seq_log_ratio_max == ulorl::no_limit));
+  const auto sapo =
+      plan({.loss_type = LT::sapo, .sapo_temperature_pos = 0.5, .sapo_temperature_neg = 2.0}).config.objective;
+  REQUIRE((sapo.kind == ulorl::objective_kind::sapo && sapo.sapo.tau_pos == 0.5 && sapo.sapo.tau_neg == 2.0));
 
   // cispo: min(r, c) is cispo with eps_low = 1, eps_high = c - 1; a cap c < 1 moves old by log c,
   // scales the term by c and, with the importance-weighted KL, its coefficient and logged mean by c.
   const auto ci = plan({.beta = 0.2, .epsilon_high = 4.0, .loss_type = LT::cispo});
   REQUIRE((ci.config.objective.kind == ulorl::objective_kind::cispo && ci.config.objective.eps_low == 1.0 &&
            ci.config.objective.eps_high == 3.0));
-  REQUIRE((ci.old_log_prob_shift == 0.0 && ci.weight_scale == 1.0 && ci.kl_mean_scale == 1.0 && ci.config.kl_coef == 0.2));
+  REQUIRE(
+      (ci.old_log_prob_shift == 0.0 && ci.weight_scale == 1.0 && ci.kl_mean_scale == 1.0 && ci.config.kl_coef == 0.2));
   const auto low = plan({.beta = 0.2, .epsilon_high = 0.5, .loss_type = LT::cispo, .use_bias_correction_kl = true});
   REQUIRE(low.config.objective.eps_high == 0.0);
-  REQUIRE((low.old_log_prob_shift == std::log(0.5) && low.weight_scale == 0.5 && low.kl_mean_scale == 0.5 && low.config.kl_coef == 0.1));
+  REQUIRE((low.old_log_prob_shift == std::log(0.5) && low.weight_scale == 0.5 && low.kl_mean_scale == 0.5 &&
+           low.config.kl_coef == 0.1));
   const auto low_plain = plan({.beta = 0.2, .epsilon_high = 0.5, .loss_type = LT::cispo});
   REQUIRE((low_plain.weight_scale == 0.5 && low_plain.kl_mean_scale == 1.0 && low_plain.config.kl_coef == 0.2));
 }
 
 TEST_CASE("liger: luspo and vespo run TRL's loss with the mapped options") {
-  const auto p = L::fused_linear_grpo({.beta = 0.3, .epsilon_low = 0.15, .epsilon_high = 0.25, .loss_type = LT::vespo,
-                                       .use_bias_correction_kl = true, .vespo_k_pos = 1.5, .vespo_lambda_neg = 4.0},
+  const auto p = L::fused_linear_grpo({.beta = 0.3,
+                                       .epsilon_low = 0.15,
+                                       .epsilon_high = 0.25,
+                                       .loss_type = LT::vespo,
+                                       .use_bias_correction_kl = true,
+                                       .vespo_k_pos = 1.5,
+                                       .vespo_lambda_neg = 4.0},
                                       counts, 100.0, 4.0);
   REQUIRE_FALSE(p.fused);
   const T::grpo_loss_options& t = p.trl_options;
-  REQUIRE((t.loss_type == T::loss_type_kind::vespo && t.epsilon == 0.15 && *t.epsilon_high == 0.25 && !t.delta && t.beta == 0.3));
+  REQUIRE((t.loss_type == T::loss_type_kind::vespo && t.epsilon == 0.15 && *t.epsilon_high == 0.25 && !t.delta &&
+           t.beta == 0.3));
   REQUIRE((t.use_bias_correction_kl && t.importance_sampling_level == T::importance_sampling_kind::token));
-  REQUIRE((*t.num_items_in_batch == 25.0 && t.num_processes == 1.0 && t.max_completion_length == T::defaults::max_completion_length));
+  REQUIRE((*t.num_items_in_batch == 25.0 && t.num_processes == 1.0 &&
+           t.max_completion_length == T::defaults::max_completion_length));
   REQUIRE((t.vespo_k_pos == 1.5 && t.vespo_lambda_pos == 3.0 && t.vespo_k_neg == 3.0 && t.vespo_lambda_neg == 4.0));
-  const auto lu = L::fused_linear_grpo({.use_ref_model = false, .loss_type = LT::luspo, .importance_sampling_level = IS::sequence},
-                                       counts);
+  const auto lu = L::fused_linear_grpo(
+      {.use_ref_model = false, .loss_type = LT::luspo, .importance_sampling_level = IS::sequence}, counts);
   REQUIRE((!lu.fused && lu.trl_options.beta == 0.0 && *lu.trl_options.num_items_in_batch == 9.0));
   REQUIRE(lu.trl_options.importance_sampling_level == T::importance_sampling_kind::sequence);
-  REQUIRE((L::uses_num_items({.loss_type = LT::luspo}) && L::uses_num_items({}) && !L::uses_num_items({.loss_type = LT::bnpo})));
+  REQUIRE((L::uses_num_items({.loss_type = LT::luspo}) && L::uses_num_items({}) &&
+           !L::uses_num_items({.loss_type = LT::bnpo})));
 }
 
 TEST_CASE("liger: the fused pass is TRL's loss for the loss types both have, bit for bit") {
@@ -143,7 +158,9 @@ TEST_CASE("liger: the fused pass is TRL's loss for the loss types both have, bit
   }
   for (std::size_t b = 0; b < B; ++b) adv[b] = u(rng) - 0.5;
   for (std::size_t i = 0; i < B * Tn; ++i) adv_tok[i] = adv[i / Tn];
-  const auto cv = [&](const std::vector<double>& v) { return ulorl::padded(ulorl::matrix_view<const double>(v.data(), B, Tn)); };
+  const auto cv = [&](const std::vector<double>& v) {
+    return ulorl::padded(ulorl::matrix_view<const double>(v.data(), B, Tn));
+  };
   const auto mv = [&](std::vector<double>& v) { return ulorl::padded(ulorl::matrix_view<double>(v.data(), B, Tn)); };
   const ulorl::batch_counts local = ulorl::count_batch(cv(mask));
 
@@ -158,16 +175,20 @@ TEST_CASE("liger: the fused pass is TRL's loss for the loss types both have, bit
        {.loss_type = T::loss_type_kind::bnpo, .beta = 0.05, .use_bias_correction_kl = true}},
       {{.beta = 0.0, .loss_type = LT::dr_grpo, .max_completion_length = 32.0},
        {.loss_type = T::loss_type_kind::dr_grpo, .max_completion_length = 32.0}},
-      {{.beta = 0.05, .loss_type = LT::dapo, .delta = 1.5}, {.loss_type = T::loss_type_kind::dapo, .delta = 1.5, .beta = 0.05}},
+      {{.beta = 0.05, .loss_type = LT::dapo, .delta = 1.5},
+       {.loss_type = T::loss_type_kind::dapo, .delta = 1.5, .beta = 0.05}},
       {{.beta = 0.05, .loss_type = LT::dapo, .importance_sampling_level = IS::sequence},
-       {.loss_type = T::loss_type_kind::dapo, .beta = 0.05, .importance_sampling_level = T::importance_sampling_kind::sequence}},
+       {.loss_type = T::loss_type_kind::dapo,
+        .beta = 0.05,
+        .importance_sampling_level = T::importance_sampling_kind::sequence}},
       {{.beta = 0.05, .epsilon_high = 3.0, .loss_type = LT::cispo},
        {.loss_type = T::loss_type_kind::cispo, .epsilon_high = 3.0, .beta = 0.05}},
       {{.beta = 0.05, .loss_type = LT::sapo, .sapo_temperature_neg = 1.3},
        {.loss_type = T::loss_type_kind::sapo, .beta = 0.05, .sapo_temperature_neg = 1.3}},
   };
   for (const pair_case& c : cases) {
-    INFO("loss_type " << static_cast<int>(c.liger.loss_type) << ", level " << static_cast<int>(c.liger.importance_sampling_level));
+    INFO("loss_type " << static_cast<int>(c.liger.loss_type) << ", level "
+                      << static_cast<int>(c.liger.importance_sampling_level));
     const L::fused_linear_grpo_plan p = L::fused_linear_grpo(c.liger, local);
     REQUIRE(p.fused);
     std::vector<double> g_liger(B * Tn, 0.0), g_trl(B * Tn, 0.0);

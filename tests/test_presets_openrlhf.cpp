@@ -16,7 +16,7 @@ namespace P = ulorl::presets;
 TEST_CASE("openrlhf presets") {
   namespace O = P::openrlhf;
   const auto o = O::objective({.policy_loss_type = O::policy_loss_kind::gspo, .clip_eps_high = 0.28, .dual_clip = 3.0});
-  REQUIRE(o.seq_gradient == ulorl::sequence_gradient::through_mean);
+  REQUIRE(o.gspo.seq_gradient == ulorl::sequence_gradient::through_mean);
   REQUIRE(o.dual_clip == 3.0);
   REQUIRE(O::objective({}).dual_clip == 0.0);
   REQUIRE_THROWS_AS(O::objective({.dual_clip = 0.5}), ulorl::error);
@@ -45,8 +45,11 @@ TEST_CASE("openrlhf: a NaN option is rejected even where the preset does not use
   const ulorl::batch_counts local{10.0, 2.0, 2.0};
   // dp_size is unused without batch_num_tokens.
   require_nan_rejected([&] { return P::openrlhf::normalizer({.dp_size = nan}, local); }, "dp_size");
-  require_nan_rejected([&] { return P::openrlhf::policy_normalizer(P::openrlhf::policy_loss_kind::ppo, {.global_batch_size = nan}, local); },
-                       "global_batch_size");
+  require_nan_rejected(
+      [&] {
+        return P::openrlhf::policy_normalizer(P::openrlhf::policy_loss_kind::ppo, {.global_batch_size = nan}, local);
+      },
+      "global_batch_size");
   require_nan_rejected([&] { return P::openrlhf::objective({.clip_eps_high = nan}); }, "clip_eps_high");
   REQUIRE(P::openrlhf::normalizer({}, local).denominator == 10.0);
 }
@@ -55,12 +58,14 @@ TEST_CASE("openrlhf: a NaN option is rejected even where the preset does not use
 
 TEST_CASE("OpenRLHF: singletons rejected, eps 1e-9", "[presets]") {
   using E = ulorl::presets::openrlhf::advantage_estimator;
-  REQUIRE_THROWS_AS(preset_advantages({1.0, 0.0}, {0, 1}, ulorl::presets::openrlhf::advantage(E::group_norm)), ulorl::error);
+  REQUIRE_THROWS_AS(preset_advantages({1.0, 0.0}, {0, 1}, ulorl::presets::openrlhf::advantage(E::group_norm)),
+                    ulorl::error);
   REQUIRE_THROWS_AS(preset_advantages({1.0, 0.0}, {0, 1}, ulorl::presets::openrlhf::advantage(E::rloo)), ulorl::error);
   REQUIRE(preset_advantages({1.0, 0.0}, {0, 1}, ulorl::presets::openrlhf::advantage(E::dr_grpo))[0] == 0.0);
   REQUIRE(preset_advantages({1.0, 0.0}, {0, 0}, ulorl::presets::openrlhf::advantage(E::group_norm))[0] ==
           Approx(0.5 / (std::sqrt(0.5) + 1e-9)).epsilon(1e-14));
-  REQUIRE(ulorl::presets::openrlhf::advantage(E::group_norm).broadcast.placement == ulorl::token_placement::through_last);
+  REQUIRE(ulorl::presets::openrlhf::advantage(E::group_norm).broadcast.placement ==
+          ulorl::token_placement::through_last);
 }
 
 // The preset maps OpenRLHF's option to a configuration: an option value that names none of them is

@@ -23,9 +23,10 @@ TEST_CASE("trl presets") {
   REQUIRE(t.delta == 1.5);
   REQUIRE(t.kind == ulorl::objective_kind::gspo);
   REQUIRE_THROWS_AS(T::importance_sampling_level_from_name("tokens"), ulorl::error);
-  REQUIRE_THROWS_AS(T::objective({.importance_sampling_level = static_cast<T::importance_sampling_kind>(3)}), ulorl::error);
+  REQUIRE_THROWS_AS(T::objective({.importance_sampling_level = static_cast<T::importance_sampling_kind>(3)}),
+                    ulorl::error);
   REQUIRE(T::importance_sampling_level_from_name("sequence_token") == T::importance_sampling_kind::sequence_token);
-  REQUIRE(T::objective({.importance_sampling_level = T::importance_sampling_kind::sequence_token}).seq_gradient ==
+  REQUIRE(T::objective({.importance_sampling_level = T::importance_sampling_kind::sequence_token}).gspo.seq_gradient ==
           ulorl::sequence_gradient::own_token);
   REQUIRE(T::loss_type_from_name("luspo") == T::loss_type_kind::luspo);
   const auto ci = T::objective({.epsilon_high = 5.0, .loss_type = T::loss_type_kind::cispo});
@@ -33,29 +34,36 @@ TEST_CASE("trl presets") {
   REQUIRE(ci.eps_low == 1.0);
   REQUIRE(ci.eps_high == 4.0);
   REQUIRE(T::objective({.loss_type = T::loss_type_kind::vespo}).kind == ulorl::objective_kind::policy_gradient);
-  REQUIRE(T::objective({.loss_type = T::loss_type_kind::sapo, .sapo_temperature_neg = 2.0}).tau_neg == 2.0);
+  REQUIRE(T::objective({.loss_type = T::loss_type_kind::sapo, .sapo_temperature_neg = 2.0}).sapo.tau_neg == 2.0);
   REQUIRE_THROWS_AS(T::objective({.importance_sampling_level = T::importance_sampling_kind::sequence_token,
                                   .loss_type = T::loss_type_kind::cispo}),
                     ulorl::error);
   REQUIRE_THROWS_AS(T::objective({.loss_type = static_cast<T::loss_type_kind>(8)}), ulorl::error);
   REQUIRE(T::kl({.use_bias_correction_kl = true}).importance_weighted);
-  const auto grpo = T::normalizer({.loss_type = T::loss_type_kind::grpo, .max_completion_length = 16, .gradient_accumulation_steps = 4}, c);
+  const auto grpo = T::normalizer(
+      {.loss_type = T::loss_type_kind::grpo, .max_completion_length = 16, .gradient_accumulation_steps = 4}, c);
   REQUIRE(grpo.denominator == 4);
   REQUIRE(grpo.scale == 0.25);
   REQUIRE(T::normalizer({.loss_type = T::loss_type_kind::dr_grpo, .max_completion_length = 16}, c).denominator == 64);
-  REQUIRE(T::normalizer({.loss_type = T::loss_type_kind::dapo, .num_items_in_batch = 1000.0, .num_processes = 4}, c).denominator == 250);
+  REQUIRE(T::normalizer({.loss_type = T::loss_type_kind::dapo, .num_items_in_batch = 1000.0, .num_processes = 4}, c)
+              .denominator == 250);
   REQUIRE(T::normalizer({}, c).denominator == 10);
   REQUIRE_THROWS_AS(T::loss_type_from_name("sum"), ulorl::error);
   REQUIRE_THROWS_AS(T::normalizer({.loss_type = static_cast<T::loss_type_kind>(9)}, c), ulorl::error);
-  REQUIRE(T::normalizer({.loss_type = T::loss_type_kind::cispo, .num_items_in_batch = 1000.0, .num_processes = 4}, c).denominator == 250);
+  REQUIRE(T::normalizer({.loss_type = T::loss_type_kind::cispo, .num_items_in_batch = 1000.0, .num_processes = 4}, c)
+              .denominator == 250);
   REQUIRE(T::normalizer({.loss_type = T::loss_type_kind::sapo}, c).mode == ulorl::agg_mode::seq_mean_token_mean);
-  const auto lu = T::normalizer({.loss_type = T::loss_type_kind::luspo, .padded_length = 7, .gradient_accumulation_steps = 2}, c);
+  const auto lu =
+      T::normalizer({.loss_type = T::loss_type_kind::luspo, .padded_length = 7, .gradient_accumulation_steps = 2}, c);
   REQUIRE(lu.mode == ulorl::agg_mode::constant);
   REQUIRE(lu.denominator == 7 * c.rows);
   REQUIRE(lu.scale == 0.5);
   REQUIRE(T::normalizer({.loss_type = T::loss_type_kind::luspo,
-                         .importance_sampling_level = T::importance_sampling_kind::sequence}, c).denominator == c.rows);
-  REQUIRE(T::entropy_normalizer({.loss_type = T::loss_type_kind::grpo, .gradient_accumulation_steps = 2}, c, 3.0).denominator == 3.0);
+                         .importance_sampling_level = T::importance_sampling_kind::sequence},
+                        c)
+              .denominator == c.rows);
+  REQUIRE(T::entropy_normalizer({.loss_type = T::loss_type_kind::grpo, .gradient_accumulation_steps = 2}, c, 3.0)
+              .denominator == 3.0);
   REQUIRE(T::entropy_normalizer({.loss_type = T::loss_type_kind::dapo}, c, 3.0).denominator == c.tokens);
 }
 
@@ -68,11 +76,13 @@ TEST_CASE("trl: GRPOConfig's defaults are one set, shared by every options struc
   const T::grpo_loss_options gl;
   REQUIRE((ob.loss_type == D::loss_type && no.loss_type == D::loss_type && gl.loss_type == D::loss_type));
   REQUIRE((ob.epsilon == D::epsilon && gl.epsilon == D::epsilon));
-  REQUIRE((ob.importance_sampling_level == D::importance_sampling_level && no.importance_sampling_level == D::importance_sampling_level &&
+  REQUIRE((ob.importance_sampling_level == D::importance_sampling_level &&
+           no.importance_sampling_level == D::importance_sampling_level &&
            gl.importance_sampling_level == D::importance_sampling_level));
   REQUIRE((ob.sapo_temperature_pos == D::sapo_temperature_pos && gl.sapo_temperature_pos == D::sapo_temperature_pos));
   REQUIRE((ob.sapo_temperature_neg == D::sapo_temperature_neg && gl.sapo_temperature_neg == D::sapo_temperature_neg));
-  REQUIRE((no.max_completion_length == D::max_completion_length && gl.max_completion_length == D::max_completion_length));
+  REQUIRE(
+      (no.max_completion_length == D::max_completion_length && gl.max_completion_length == D::max_completion_length));
   REQUIRE((no.gradient_accumulation_steps == D::gradient_accumulation_steps &&
            gl.gradient_accumulation_steps == D::gradient_accumulation_steps));
   REQUIRE((no.num_processes == D::num_processes && gl.num_processes == D::num_processes));
@@ -86,7 +96,8 @@ TEST_CASE("trl: GRPOConfig's defaults are one set, shared by every options struc
 TEST_CASE("trl: a NaN option is rejected even where the preset does not use it", "[presets][nan]") {
   const double nan = std::nan("");
   const ulorl::batch_counts local{10.0, 2.0, 2.0};
-  require_nan_rejected([&] { return P::trl::normalizer({.max_completion_length = nan}, local); }, "max_completion_length");
+  require_nan_rejected([&] { return P::trl::normalizer({.max_completion_length = nan}, local); },
+                       "max_completion_length");
   require_nan_rejected([&] { return P::trl::objective({.sapo_temperature_neg = nan}); }, "sapo_temperature_neg");
 }
 

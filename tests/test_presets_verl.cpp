@@ -23,11 +23,13 @@ TEST_CASE("verl presets") {
   REQUIRE(v.eps_high == 0.28);
   REQUIRE(v.dual_clip == 3.0);
   REQUIRE(v.log_ratio_clamp == 20.0);
-  REQUIRE(P::verl::objective({.loss_mode = loss_mode_kind::gspo}).seq_gradient == ulorl::sequence_gradient::own_token);
-  REQUIRE(P::verl::objective({.loss_mode = P::verl::loss_mode_from_name("geo_mean")}).kind == ulorl::objective_kind::gmpo);
+  REQUIRE(P::verl::objective({.loss_mode = loss_mode_kind::gspo}).gspo.seq_gradient ==
+          ulorl::sequence_gradient::own_token);
+  REQUIRE(P::verl::objective({.loss_mode = P::verl::loss_mode_from_name("geo_mean")}).kind ==
+          ulorl::objective_kind::gmpo);
   const auto s = P::verl::objective({.loss_mode = loss_mode_kind::sapo, .tau_pos = 0.5, .tau_neg = 2.0});
-  REQUIRE(s.tau_pos == 0.5);
-  REQUIRE(s.tau_neg == 2.0);
+  REQUIRE(s.sapo.tau_pos == 0.5);
+  REQUIRE(s.sapo.tau_neg == 2.0);
   REQUIRE_THROWS_AS(P::verl::objective({.clip_ratio_c = 1.0}), ulorl::error);
   // An unknown name lists the known ones; an unknown enum value is rejected as such.
   REQUIRE_THROWS_WITH(P::verl::loss_mode_from_name("nope"), Catch::Matchers::Contains("'loss_mode'") &&
@@ -53,17 +55,26 @@ TEST_CASE("verl presets") {
   auto n = P::verl::normalizer({.dp_size = 2.0, .padded_length = 8}, c);
   REQUIRE(n.denominator == 10);
   REQUIRE(n.scale == 2.0);
-  n = P::verl::normalizer({.loss_agg_mode = ulorl::agg_mode::seq_mean_token_sum_norm, .dp_size = 2.0, .padded_length = 8}, c);
+  n = P::verl::normalizer(
+      {.loss_agg_mode = ulorl::agg_mode::seq_mean_token_sum_norm, .dp_size = 2.0, .padded_length = 8}, c);
   REQUIRE(n.denominator == 24);  // 1dda039b: sequences x horizon, times dp_size
   REQUIRE(n.scale == 2.0);
-  n = P::verl::normalizer({.loss_agg_mode = ulorl::agg_mode::seq_mean_token_sum_norm, .dp_size = 2.0, .global_batch_size = 5.0,
-                           .loss_scale_factor = 7.0, .padded_length = 8}, c);
+  n = P::verl::normalizer({.loss_agg_mode = ulorl::agg_mode::seq_mean_token_sum_norm,
+                           .dp_size = 2.0,
+                           .global_batch_size = 5.0,
+                           .loss_scale_factor = 7.0,
+                           .padded_length = 8},
+                          c);
   REQUIRE(n.denominator == 35);
-  n = P::verl::normalizer({.loss_agg_mode = ulorl::agg_mode::seq_mean_token_sum_norm, .dp_size = 2.0, .padded_length = 8,
-                           .sum_norm_per_sequence = false}, c);
+  n = P::verl::normalizer({.loss_agg_mode = ulorl::agg_mode::seq_mean_token_sum_norm,
+                           .dp_size = 2.0,
+                           .padded_length = 8,
+                           .sum_norm_per_sequence = false},
+                          c);
   REQUIRE(n.denominator == 8);  // b178a3cd: the horizon alone
   REQUIRE(n.scale == 1.0);
-  n = P::verl::normalizer({.loss_agg_mode = P::verl::loss_agg_mode_from_name("token-sum"), .dp_size = 4.0, .padded_length = 8}, c);
+  n = P::verl::normalizer(
+      {.loss_agg_mode = P::verl::loss_agg_mode_from_name("token-sum"), .dp_size = 4.0, .padded_length = 8}, c);
   REQUIRE(n.mode == ulorl::agg_mode::constant);
   REQUIRE(n.denominator == 1.0);
   REQUIRE(n.scale == 4.0);
@@ -107,8 +118,10 @@ TEST_CASE("verl GRPO: unbiased std, eps 1e-6, singleton s/(1+eps)", "[presets]")
   const auto a = preset_advantages(s, ids, ulorl::presets::verl::grpo_advantage());
   const auto o = oracle::grpo(s, ids, 1e-6, true, true, true);
   for (std::size_t i = 0; i < s.size(); ++i) REQUIRE(a[i] == Approx(o[i]).epsilon(1e-12).margin(1e-15));
-  REQUIRE(preset_advantages({3.0}, {4}, ulorl::presets::verl::grpo_advantage())[0] == Approx(3.0 / (1 + 1e-6)).epsilon(1e-15));
-  REQUIRE(preset_advantages({3.0}, {4}, ulorl::presets::verl::grpo_advantage({.norm_adv_by_std_in_grpo = false}))[0] == 3.0);
+  REQUIRE(preset_advantages({3.0}, {4}, ulorl::presets::verl::grpo_advantage())[0] ==
+          Approx(3.0 / (1 + 1e-6)).epsilon(1e-15));
+  REQUIRE(preset_advantages({3.0}, {4}, ulorl::presets::verl::grpo_advantage({.norm_adv_by_std_in_grpo = false}))[0] ==
+          3.0);
   REQUIRE(preset_advantages({3.0}, {4}, ulorl::presets::verl::rloo_advantage())[0] == 3.0);
 }
 
@@ -122,7 +135,8 @@ TEST_CASE("verl presets of the added estimators map verl's option names", "[pres
   constexpr auto gdpo = verl::gdpo_advantage({.norm_adv_by_std_in_grpo = false});
   static_assert(gdpo.group.scale == ulorl::scale_kind::none && gdpo.group.singleton == ulorl::singleton_rule::identity);
   static_assert(gdpo.whiten.unbiased && gdpo.whiten.eps == 1e-8 && gdpo.whiten.mask_output);
-  static_assert(verl::grpo_advantage().group.scale == ulorl::scale_kind::group_std && verl::grpo_advantage().group.eps == 1e-6);
+  static_assert(verl::grpo_advantage().group.scale == ulorl::scale_kind::group_std &&
+                verl::grpo_advantage().group.eps == 1e-6);
   constexpr auto dr = verl::grpo_advantage({.epsilon = 1e-3, .norm_adv_by_std_in_grpo = false});
   static_assert(dr.group.scale == ulorl::scale_kind::none && dr.group.eps == 1e-3);
   // GDPO builds on GRPO's options.

@@ -55,7 +55,8 @@ ulorl::objective_config objective(const std::string& name) {
     o.kind = ulorl::objective_kind::policy_gradient;
   } else if (name == "gspo_own_token" || name == "gspo_through_mean") {
     o.kind = ulorl::objective_kind::gspo, o.eps_low = 3e-4, o.eps_high = 4e-4;  // the GSPO paper's
-    o.seq_gradient = name == "gspo_own_token" ? ulorl::sequence_gradient::own_token : ulorl::sequence_gradient::through_mean;
+    o.gspo.seq_gradient =
+        name == "gspo_own_token" ? ulorl::sequence_gradient::own_token : ulorl::sequence_gradient::through_mean;
   } else if (name == "gmpo") {
     o.kind = ulorl::objective_kind::gmpo, o.eps_low = 0.4, o.eps_high = 0.4;
   } else {
@@ -95,19 +96,26 @@ loss_case make_case(bool f64, const std::string& obj, const std::string& kl, con
   set_kl(c.cfg, kl);
   c.cfg.normalizer.mode = ulorl::agg_mode::token_mean;
   if (obj == "gmpo") c.cfg.normalizer.mode = ulorl::agg_mode::seq_mean_token_mean, c.seq_normalizer = true;
-  if (variant == "packed") c.packed = true;
-  else if (variant == "weights") c.weights = true;
-  else if (variant == "entropy") c.cfg.entropy_coef = 0.001;
-  else if (variant == "unchecked") c.cfg.check_values = false;
-  else if (variant == "seq_mean_token_mean") c.cfg.normalizer.mode = ulorl::agg_mode::seq_mean_token_mean, c.seq_normalizer = true;
-  else if (variant == "16M") c.tokens = std::size_t{1} << 24;
-  else if (!variant.empty()) throw std::invalid_argument("ab_loss_cases: unknown variant " + variant);
+  if (variant == "packed")
+    c.packed = true;
+  else if (variant == "weights")
+    c.weights = true;
+  else if (variant == "entropy")
+    c.cfg.entropy_coef = 0.001;
+  else if (variant == "unchecked")
+    c.cfg.check_values = false;
+  else if (variant == "seq_mean_token_mean")
+    c.cfg.normalizer.mode = ulorl::agg_mode::seq_mean_token_mean, c.seq_normalizer = true;
+  else if (variant == "16M")
+    c.tokens = std::size_t{1} << 24;
+  else if (!variant.empty())
+    throw std::invalid_argument("ab_loss_cases: unknown variant " + variant);
   return c;
 }
 
 std::vector<loss_case> cases() {
-  const std::vector<std::string> objectives = {"ppo_clip", "ppo_dual_clip3", "cispo", "sapo", "policy_gradient",
-                                               "gspo_own_token", "gspo_through_mean", "gmpo"};
+  const std::vector<std::string> objectives = {
+      "ppo_clip", "ppo_dual_clip3", "cispo", "sapo", "policy_gradient", "gspo_own_token", "gspo_through_mean", "gmpo"};
   std::vector<loss_case> v;
   // Padded layout, 1M tokens (128 rows of 8192): every objective without and with verl's k3 KL.
   for (const auto& o : objectives)

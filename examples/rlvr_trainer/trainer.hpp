@@ -6,7 +6,7 @@
 //     carry no group-relative signal and are dropped; nothing left: no update.
 //  2. The kept responses as one padded batch, sorted by length: input = prompt + response without
 //     its last token, position t predicts token t + 1, the loss mask covers the response's tokens.
-//  3. A no-grad pass of the current policy (ulorl::th::logits_stats at the sampling temperature):
+//  3. A no-grad pass of the current policy (ulorl::th::logits_statistics at the sampling temperature):
 //     every token's log-prob and entropy; and of the reference policy: the KL anchor's log-probs.
 //  4. The old log-probs: POIS (UloRL's choice) takes the current policy's (step 3), so every token is
 //     treated as on-policy whatever version sampled it; SAIS takes the engine's sampling log-probs,
@@ -72,24 +72,25 @@ enum class old_policy {
 
 struct trainer_config {
   double lr = 1e-5;  //!< AdamW
-  std::int64_t lr_warmup_steps = 0;  //!< linear learning-rate ramp over the first optimizer steps (after each optimizer reset)
+  std::int64_t lr_warmup_steps =
+      0;  //!< linear learning-rate ramp over the first optimizer steps (after each optimizer reset)
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;
-  double eps_low = 0.2;   //!< clip-higher (DAPO): [1 - eps_low, 1 + eps_high]
+  double eps_low = 0.2;  //!< clip-higher (DAPO): [1 - eps_low, 1 + eps_high]
   double eps_high = 0.28;
   old_policy is = old_policy::pois;
   ulorl::mpt_config mpt{};  //!< mode off / static_mask / dynamic_mask, tau, sigma (masking/mpt.hpp)
   bool dynamic_sampling = true;
-  ulorl::kl_controller_config kl{.type = ulorl::kl_control_type::adaptive, .init_coef = 1e-3, .target_kl = 0.02,
-                                 .horizon = 2000.0};
+  ulorl::kl_controller_config kl{
+      .type = ulorl::kl_control_type::adaptive, .init_coef = 1e-3, .target_kl = 0.02, .horizon = 2000.0};
   ulorl::reference_reset_config resets{.on_plateau = true, .patience = 3, .min_delta = 0.0, .cooldown_steps = 10};
   bool resets_enabled = true;
   //! Loss aggregation over the mini-batch, with its global counts as the normaliser: token_mean
   //! (DAPO) or seq_mean_token_mean (GRPO: each response weighs the same, whatever its length).
   ulorl::agg_mode agg = ulorl::agg_mode::token_mean;
-  std::int64_t mini_batches = 1;                  //!< optimizer steps per released batch
+  std::int64_t mini_batches = 1;                   //!< optimizer steps per released batch
   std::int64_t max_tokens_per_micro_batch = 8192;  //!< padded tokens per forward / backward
-  double temperature = 1.0;                       //!< the engine's sampling temperature
+  double temperature = 1.0;                        //!< the engine's sampling temperature
 };
 
 //! What one train() call did.
@@ -98,17 +99,17 @@ struct train_stats {
   std::int64_t responses = 0;       //!< released
   std::int64_t kept_responses = 0;  //!< after dynamic sampling
   std::int64_t kept_groups = 0;
-  double reward_mean = 0;           //!< over all released responses
-  double tokens = 0;                //!< response tokens of the kept responses
-  double loss_tokens = 0;           //!< of which in the loss (MPT removes mastered positives)
-  double mpt_masked = 0;            //!< tokens MPT removed
-  double entropy_mean = 0;          //!< current policy, over the kept responses' tokens (before the update)
+  double reward_mean = 0;                     //!< over all released responses
+  double tokens = 0;                          //!< response tokens of the kept responses
+  double loss_tokens = 0;                     //!< of which in the loss (MPT removes mastered positives)
+  double mpt_masked = 0;                      //!< tokens MPT removed
+  double entropy_mean = 0;                    //!< current policy, over the kept responses' tokens (before the update)
   double loss = 0, pg_loss = 0, kl_loss = 0;  //!< summed over the mini-batches' updates
-  double kl_mean = 0;               //!< k3 KL to the reference, per loss token
-  double kl_coef = 0;               //!< beta used in this update
+  double kl_mean = 0;                         //!< k3 KL to the reference, per loss token
+  double kl_coef = 0;                         //!< beta used in this update
   double clip_fraction = 0;
   double ratio_max = 0;
-  double grad_norm = 0;             //!< before clipping, last mini-batch
+  double grad_norm = 0;  //!< before clipping, last mini-batch
   double seconds = 0;
 };
 
@@ -121,7 +122,8 @@ class grpo_trainer {
         kl_(config.kl),
         resets_(config.resets) {
     if (c_.mini_batches < 1) throw std::invalid_argument("grpo_trainer: mini_batches must be >= 1");
-    if (c_.max_tokens_per_micro_batch < 1) throw std::invalid_argument("grpo_trainer: max_tokens_per_micro_batch must be >= 1");
+    if (c_.max_tokens_per_micro_batch < 1)
+      throw std::invalid_argument("grpo_trainer: max_tokens_per_micro_batch must be >= 1");
     reference_->to(policy_->dtype());
     load_parameters(reference_, snapshot_parameters(policy_));
     reference_->eval();
@@ -262,9 +264,9 @@ class grpo_trainer {
     torch::Tensor input, labels, attention;  // [B, T] int64, int64, bool
     torch::Tensor mask, loss_mask;           // [B, T] bool: response tokens; of them those in the loss
     torch::Tensor old_log_prob, ref_log_prob, log_prob, entropy;  // [B, T] policy dtype
-    torch::Tensor advantages;                // [B, T] policy dtype (0 off the mask)
-    torch::Tensor rewards, group_ids;        // [B]
-    std::vector<std::int64_t> lengths;       // input length of each row, ascending
+    torch::Tensor advantages;                                     // [B, T] policy dtype (0 off the mask)
+    torch::Tensor rewards, group_ids;                             // [B]
+    std::vector<std::int64_t> lengths;                            // input length of each row, ascending
   };
 
   //! Steps 2-5 for the rows `kept` of `batch`.
@@ -333,8 +335,11 @@ class grpo_trainer {
     if (c_.mpt.mode == ulorl::mpt_mode::off) {
       p.loss_mask = p.mask.clone();
     } else {
-      p.loss_mask = ulorl::th::mpt_mask({.log_prob = p.log_prob, .old_log_prob = p.old_log_prob, .entropy = p.entropy,
-                                         .mask = p.mask, .response_score = p.rewards},
+      p.loss_mask = ulorl::th::mpt_mask({.log_prob = p.log_prob,
+                                         .old_log_prob = p.old_log_prob,
+                                         .entropy = p.entropy,
+                                         .mask = p.mask,
+                                         .response_score = p.rewards},
                                         c_.mpt)
                         .first;
     }
@@ -347,9 +352,13 @@ class grpo_trainer {
     const auto idx = torch::tensor(rows, torch::kInt64);
     prepared q;
     using field = std::pair<torch::Tensor*, const torch::Tensor*>;
-    for (const auto& [dst, src] : std::initializer_list<field>{
-             {&q.input, &p.input}, {&q.labels, &p.labels}, {&q.attention, &p.attention}, {&q.loss_mask, &p.loss_mask},
-             {&q.old_log_prob, &p.old_log_prob}, {&q.ref_log_prob, &p.ref_log_prob}, {&q.advantages, &p.advantages}})
+    for (const auto& [dst, src] : std::initializer_list<field>{{&q.input, &p.input},
+                                                               {&q.labels, &p.labels},
+                                                               {&q.attention, &p.attention},
+                                                               {&q.loss_mask, &p.loss_mask},
+                                                               {&q.old_log_prob, &p.old_log_prob},
+                                                               {&q.ref_log_prob, &p.ref_log_prob},
+                                                               {&q.advantages, &p.advantages}})
       *dst = src->index_select(0, idx);
     for (const auto r : rows) q.lengths.push_back(p.lengths[static_cast<std::size_t>(r)]);
     ulorl::policy_loss_config cfg{.objective = {.eps_low = c_.eps_low, .eps_high = c_.eps_high},
@@ -366,9 +375,11 @@ class grpo_trainer {
       const auto sub = [&](const torch::Tensor& t) { return t.narrow(0, lo, n).narrow(1, 0, tj); };
       const auto logits = policy_->forward(sub(q.input), sub(q.attention));
       const auto flat = logits.view({n * tj, logits.size(2)});
-      auto out = ulorl::th::policy_loss_from_logits(
-          flat, sub(q.labels).reshape({-1}), sub(q.old_log_prob), sub(q.advantages), sub(q.loss_mask), cfg,
-          {.extra = {.ref_log_prob = sub(q.ref_log_prob)}, .logits = {.temperature = c_.temperature}, .in_place = true});
+      auto out = ulorl::th::policy_loss_from_logits(flat, sub(q.labels).reshape({-1}), sub(q.old_log_prob),
+                                                    sub(q.advantages), sub(q.loss_mask), cfg,
+                                                    {.extra = {.ref_log_prob = sub(q.ref_log_prob)},
+                                                     .logits = {.temperature = c_.temperature},
+                                                     .in_place = true});
       out.loss.backward();
       total.loss += out.result.loss;
       total.pg_loss += out.result.pg_loss;
@@ -423,8 +434,8 @@ class grpo_trainer {
                                                 std::int64_t n, std::int64_t tj) {
     const auto sub = [&](const torch::Tensor& t) { return t.narrow(0, lo, n).narrow(1, 0, tj); };
     const auto logits = model->forward(sub(p.input), sub(p.attention));
-    const auto [lp, ent] = ulorl::th::logits_stats(logits.view({n * tj, logits.size(2)}), sub(p.labels).reshape({-1}),
-                                                   c_.temperature);
+    const auto [lp, ent] = ulorl::th::logits_statistics(logits.view({n * tj, logits.size(2)}),
+                                                        sub(p.labels).reshape({-1}), c_.temperature);
     return {lp.view({n, tj}), ent.view({n, tj})};
   }
 
@@ -438,9 +449,10 @@ class grpo_trainer {
       if (rows.empty()) continue;
       policy_->train();
       ++optimizer_steps_;
-      const double ramp = c_.lr_warmup_steps > 0 ? std::min(1.0, static_cast<double>(optimizer_steps_) /
-                                                                     static_cast<double>(c_.lr_warmup_steps))
-                                                 : 1.0;
+      const double ramp =
+          c_.lr_warmup_steps > 0
+              ? std::min(1.0, static_cast<double>(optimizer_steps_) / static_cast<double>(c_.lr_warmup_steps))
+              : 1.0;
       for (auto& g : opt_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(c_.lr * ramp);
       opt_->zero_grad();
       const auto r = loss_and_grad(p, rows);
@@ -534,10 +546,14 @@ class grpo_trainer {
     std::snprintf(rope, sizeof rope, "%.17g", c.rope_base);
     std::string names;
     for (const auto& p : m->named_parameters()) names += p.key() + ";";
-    return {{"vocab_size", std::to_string(c.vocab_size)}, {"d_model", std::to_string(c.d_model)},
-            {"n_heads", std::to_string(c.n_heads)},       {"n_layers", std::to_string(c.n_layers)},
-            {"d_mlp", std::to_string(c.d_mlp)},           {"max_seq", std::to_string(c.max_seq)},
-            {"rope_base", rope},                          {"dtype", std::string(c10::toString(m->dtype()))},
+    return {{"vocab_size", std::to_string(c.vocab_size)},
+            {"d_model", std::to_string(c.d_model)},
+            {"n_heads", std::to_string(c.n_heads)},
+            {"n_layers", std::to_string(c.n_layers)},
+            {"d_mlp", std::to_string(c.d_mlp)},
+            {"max_seq", std::to_string(c.max_seq)},
+            {"rope_base", rope},
+            {"dtype", std::string(c10::toString(m->dtype()))},
             {"parameters", names}};
   }
 
@@ -557,16 +573,16 @@ struct training_loop_config {
 
 //! What one training step did.
 struct step_report {
-  std::int64_t step = 0;               //!< 1, 2, ...
-  std::int64_t rollout_steps = 0;      //!< scheduler steps until a batch was released
+  std::int64_t step = 0;           //!< 1, 2, ...
+  std::int64_t rollout_steps = 0;  //!< scheduler steps until a batch was released
   double rollout_seconds = 0;
-  std::int64_t new_tokens = 0;         //!< decoded by those scheduler steps
-  std::vector<std::int64_t> lengths;   //!< of the released responses (group-major, G per group)
-  std::vector<bool> truncated;         //!< of the released responses: no EOS within L_max
+  std::int64_t new_tokens = 0;        //!< decoded by those scheduler steps
+  std::vector<std::int64_t> lengths;  //!< of the released responses (group-major, G per group)
+  std::vector<bool> truncated;        //!< of the released responses: no EOS within L_max
   train_stats train;
   bool validated = false;
-  double validation = 0;               //!< when validated
-  bool reset = false;                  //!< the validation reset the reference
+  double validation = 0;  //!< when validated
+  bool reset = false;     //!< the validation reset the reference
 };
 
 //! The RL loop (see the top of this file): the driver and the tests run training through step().
@@ -673,7 +689,8 @@ class training_loop {
 
   //! Reads the checkpoint file `path` (checkpoint.hpp's checks), then `extra` (the driver's records;
   //! it runs first, so that a record that does not fit leaves the loop untouched), then load().
-  void load_checkpoint(const std::string& path, const std::function<void(torch::serialize::InputArchive&)>& extra = {}) {
+  void load_checkpoint(const std::string& path,
+                       const std::function<void(torch::serialize::InputArchive&)>& extra = {}) {
     auto a = read_checkpoint_file(path);
     if (extra) extra(a);
     load(a);

@@ -10,6 +10,6 @@
 #include "ulorl/advantage/multi_reward.hpp"
 #include "ulorl/advantage/optimal_token_baseline.hpp"
 #include "ulorl/advantage/overlong.hpp"
-#include "ulorl/advantage/reinforce_pp.hpp"
+#include "ulorl/advantage/reinforce_plus_plus.hpp"
 #include "ulorl/advantage/scores.hpp"
 #include "ulorl/advantage/token_broadcast.hpp"

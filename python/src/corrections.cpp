@@ -273,25 +273,25 @@ void bind_advantages(py::module_& m) {
       "scores"_a, "mask"_a, "group_ids"_a, "group_size"_a, "offsets"_a = py::none());
 
   m.def(
-      "_reinforce_pp_advantages",
+      "_reinforce_plus_plus_advantages",
       [](const at::Tensor& token_rewards, const opt_tensor& mask, double gamma, const opt_tensor& offsets,
          const std::string& scan) {
-        const auto [adv, ret] = th::reinforce_pp_advantages(token_rewards, or_undefined(mask), gamma, scan, or_undefined(offsets));
+        const auto [adv, ret] = th::reinforce_plus_plus_advantages(token_rewards, or_undefined(mask), gamma, scan, or_undefined(offsets));
         return py::make_tuple(adv, ret);
       },
       "token_level_rewards"_a, "mask"_a, "gamma"_a, "offsets"_a = py::none(), "scan"_a = "reset_after_eos");
 
   m.def(
-      "_reinforce_pp_baseline_advantages",
+      "_reinforce_plus_plus_baseline_advantages",
       [](const at::Tensor& scores, const opt_tensor& group_ids, std::optional<std::int64_t> group_size, const at::Tensor& mask,
          const std::string& preset, bool minus_baseline, const opt_tensor& offsets) {
-        constexpr std::string_view fn = "reinforce_pp_baseline_advantages";
+        constexpr std::string_view fn = "reinforce_plus_plus_baseline_advantages";
         enum class which { verl, nemo_rl };
         const which w = parse_name<which>(fn, "preset", preset, {{"verl", which::verl}, {"nemo_rl", which::nemo_rl}});
-        const ulorl::reinforce_pp_baseline_config cfg =
-            w == which::verl ? ulorl::reinforce_pp_baseline_config{}
+        const ulorl::reinforce_plus_plus_baseline_config cfg =
+            w == which::verl ? ulorl::reinforce_plus_plus_baseline_config{}
                              : P::nemo_rl::reinforce_plus_plus_advantage({.minus_baseline = minus_baseline});
-        return th::reinforce_pp_baseline_advantages(scores, groups_of(group_ids, group_size), mask, cfg,
+        return th::reinforce_plus_plus_baseline_advantages(scores, groups_of(group_ids, group_size), mask, cfg,
                                                     or_undefined(offsets));
       },
       "scores"_a, "group_ids"_a, "group_size"_a, "mask"_a, "preset"_a, "minus_baseline"_a, "offsets"_a = py::none());

@@ -5,7 +5,7 @@
 //   policy_loss: float32 / float64 values with std::uint8_t masks (the adapter's masks);
 //   logits_forward (L logits, I labels, S statistics) and logits_backward (S, row gradients D; the
 //   logits gradient has the logits' type):
-//     logits_stats (and the logits statistics of corrections.cpp): S = double for float32, float64,
+//     logits_statistics (and the logits statistics of corrections.cpp): S = double for float32, float64,
 //         bfloat16 and float16 logits; its backward's row gradients D are float32 or float64;
 //     policy_loss_from_logits: S = D = the token dtype (float32 or float64), whatever the logits';
 //     linear_head_policy_loss (float32 / float64 hidden states): S = D = double.

@@ -1,7 +1,7 @@
 // python/src/logits.cpp — the fused logits paths of ulorl::th as autograd functions: the policy
 // loss straight from logits (gradient computed in the forward pass, optionally into the logits' own
 // memory) and the chunked linear head + loss from hidden states; per-row log-prob and entropy from
-// logits through the operator ulorl::logits_stats (ulorl/adapters/torch/ops.hpp).
+// logits through the operator ulorl::logits_statistics (ulorl/adapters/torch/ops.hpp).
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/stl.h>
@@ -24,31 +24,31 @@ using th::or_undefined;
 
 void bind_logits(py::module_& m) {
   m.def(
-      "_logits_stats",
+      "_logits_statistics_op",
       [](const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values, bool fast_backward) {
         const ulorl::logits_config cfg{.temperature = temperature, .check_values = check_values,
                                        .fast_backward = fast_backward};
         std::pair<at::Tensor, at::Tensor> r;
         {
           const py::gil_scoped_release nogil;
-          r = th::logits_stats(logits, labels, cfg);
+          r = th::logits_statistics(logits, labels, cfg);
         }
         return py::make_tuple(r.first, r.second);
       },
       "logits"_a, "labels"_a, "temperature"_a, "check_values"_a, "fast_backward"_a,
-      "th::logits_stats: the operator ulorl::logits_stats called from C++ (no argument boxing).");
+      "th::logits_statistics: the operator ulorl::logits_statistics called from C++ (no argument boxing).");
   m.def(
-      "_logits_stats_torch_rounding",
+      "_logits_statistics_torch_rounding",
       [](const at::Tensor& logits, const at::Tensor& labels) {
         std::pair<at::Tensor, at::Tensor> r;
         {
           const py::gil_scoped_release nogil;
-          r = th::logits_stats_torch_rounding(logits, labels);
+          r = th::logits_statistics_torch_rounding(logits, labels);
         }
         return py::make_tuple(r.first, r.second);
       },
       "logits"_a, "labels"_a,
-      "th::logits_stats_torch_rounding: 16-bit log-probs [N, K] and entropy [N] with torch's CPU rounding steps.");
+      "th::logits_statistics_torch_rounding: 16-bit log-probs [N, K] and entropy [N] with torch's CPU rounding steps.");
 
   m.def(
       "_policy_loss_from_logits",
@@ -56,7 +56,7 @@ void bind_logits(py::module_& m) {
          const at::Tensor& advantages, const opt_tensor& mask, const ulorl::policy_loss_config& cfg,
          const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets, double temperature,
          bool check_values, bool fast_backward, bool in_place) {
-        th::logits_loss_options opt;
+        th::logits_loss_config opt;
         opt.extra = {or_undefined(ref_log_prob), or_undefined(weights), at::Tensor(), or_undefined(offsets)};
         opt.logits = {.temperature = temperature, .check_values = check_values, .fast_backward = fast_backward};
         opt.in_place = in_place;
@@ -77,7 +77,7 @@ void bind_logits(py::module_& m) {
          const ulorl::policy_loss_config& cfg, const opt_tensor& ref_log_prob, const opt_tensor& weights,
          const opt_tensor& offsets, double temperature, std::size_t chunk_rows, std::size_t workspace_budget,
          bool check_values, bool fast_backward) {
-        th::linear_head_loss_options opt;
+        th::linear_head_loss_config opt;
         opt.extra = {or_undefined(ref_log_prob), or_undefined(weights), at::Tensor(), or_undefined(offsets)};
         opt.head.temperature = temperature;
         opt.head.chunk_rows = chunk_rows;

@@ -187,7 +187,7 @@ void bind_losses(py::module_& m) {
     return for_record(name, f, record_list<policy_loss_config, kl_config, agg_normalizer, policy_loss_result,
                                            rollout_correction::config, rollout_correction::statistics,
                                            group_advantage_config, broadcast_config, dynamic_sampling_config,
-                                           dynamic_sampling_result, gpg_config, reinforce_pp_baseline_config,
+                                           dynamic_sampling_result, gpg_config, reinforce_plus_plus_baseline_config,
                                            multi_reward_config, optimal_token_baseline_config, mpt_config, mpt_stats,
                                            off_policy_mask_config, off_policy_mask_stats, dapo_overlong_config,
                                            soft_overlong_config>{});

@@ -151,25 +151,25 @@ void bind_config(py::module_& m) {
           "log_ratio_clamp", [](const C& c) { return c.objective.log_ratio_clamp; },
           [](C& c, double v) { c.objective.log_ratio_clamp = v; })
       .def_property(
-          "seq_log_ratio_max", [](const C& c) { return c.objective.seq_log_ratio_max; },
-          [](C& c, double v) { c.objective.seq_log_ratio_max = v; })
+          "seq_log_ratio_max", [](const C& c) { return c.objective.gspo.seq_log_ratio_max; },
+          [](C& c, double v) { c.objective.gspo.seq_log_ratio_max = v; })
       .def_property(
-          "seq_gradient", [](const C& c) { return name_of(c.objective.seq_gradient); },
-          [](C& c, const std::string& s) { c.objective.seq_gradient = seq_gradient_of(s); })
+          "seq_gradient", [](const C& c) { return name_of(c.objective.gspo.seq_gradient); },
+          [](C& c, const std::string& s) { c.objective.gspo.seq_gradient = seq_gradient_of(s); })
       .def_property(
-          "surrogate", [](const C& c) { return name_of(c.objective.surrogate); },
-          [](C& c, const std::string& s) { c.objective.surrogate = surrogate_of(s); },
+          "surrogate", [](const C& c) { return name_of(c.objective.penalized_pg.surrogate); },
+          [](C& c, const std::string& s) { c.objective.penalized_pg.surrogate = surrogate_of(s); },
           "penalized_pg: g = the ratio ('ratio') or the log-prob ('log_prob').")
       .def_property(
-          "square_penalty", [](const C& c) { return c.objective.square_penalty; },
-          [](C& c, double v) { c.objective.square_penalty = v; }, "penalized_pg: c_sq of c_sq x^2 / 2 (>= 0).")
+          "square_penalty", [](const C& c) { return c.objective.penalized_pg.square_penalty; },
+          [](C& c, double v) { c.objective.penalized_pg.square_penalty = v; }, "penalized_pg: c_sq of c_sq x^2 / 2 (>= 0).")
       .def_property(
-          "abs_penalty", [](const C& c) { return c.objective.abs_penalty; },
-          [](C& c, double v) { c.objective.abs_penalty = v; })
+          "abs_penalty", [](const C& c) { return c.objective.penalized_pg.abs_penalty; },
+          [](C& c, double v) { c.objective.penalized_pg.abs_penalty = v; })
       .def_property(
-          "tau_pos", [](const C& c) { return c.objective.tau_pos; }, [](C& c, double v) { c.objective.tau_pos = v; })
+          "tau_pos", [](const C& c) { return c.objective.sapo.tau_pos; }, [](C& c, double v) { c.objective.sapo.tau_pos = v; })
       .def_property(
-          "tau_neg", [](const C& c) { return c.objective.tau_neg; }, [](C& c, double v) { c.objective.tau_neg = v; })
+          "tau_neg", [](const C& c) { return c.objective.sapo.tau_neg; }, [](C& c, double v) { c.objective.sapo.tau_neg = v; })
       .def_property(
           "kl_estimator", [](const C& c) { return name_of(c.kl.estimator); },
           [](C& c, const std::string& s) { c.kl.estimator = kl_of(s); })
@@ -197,7 +197,7 @@ void bind_config(py::module_& m) {
         const auto f = [&](const char* k, double v) { s += std::string(", ") + k + "=" + py::repr(py::float_(v)).cast<std::string>(); };
         f("eps_low", c.objective.eps_low), f("eps_high", c.objective.eps_high), f("dual_clip", c.objective.dual_clip);
         f("delta", c.objective.delta), f("log_ratio_clamp", c.objective.log_ratio_clamp);
-        f("seq_log_ratio_max", c.objective.seq_log_ratio_max);
+        f("seq_log_ratio_max", c.objective.gspo.seq_log_ratio_max);
         s += std::string(", kl_estimator='") + name_of(c.kl.estimator) + "'";
         f("kl_input_clamp", c.kl.input_clamp), f("kl_output_clamp", c.kl.output_clamp), f("kl_coef", c.kl_coef);
         f("entropy_coef", c.entropy_coef);

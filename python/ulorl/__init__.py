@@ -63,8 +63,8 @@ from ._api import (  # noqa: E402,F401
     policy_loss,
     policy_loss_config,
     policy_loss_from_logits,
-    reinforce_pp_advantages,
-    reinforce_pp_baseline_advantages,
+    reinforce_plus_plus_advantages,
+    reinforce_plus_plus_baseline_advantages,
     rollout_correction,
     rollout_correction_config,
 )
@@ -80,7 +80,7 @@ __all__ = [
     "kl_penalty", "kl_share", "linear_head_policy_loss", "logits_statistics", "logprobs_from_logits", "mpt_mask",
     "multi_reward_advantages", "off_policy_mask", "old_log_prob_plan", "old_log_prob_versions", "opo_advantages",
     "optimal_token_baseline_advantages", "overlong_penalty", "policy_loss", "policy_loss_config",
-    "policy_loss_from_logits", "presets", "recompute_token_count", "reinforce_pp_advantages",
-    "reinforce_pp_baseline_advantages", "rollout_correction", "rollout_correction_config",
+    "policy_loss_from_logits", "presets", "recompute_token_count", "reinforce_plus_plus_advantages",
+    "reinforce_plus_plus_baseline_advantages", "rollout_correction", "rollout_correction_config",
     "rollout_correction_finalize",
 ]

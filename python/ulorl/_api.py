@@ -217,7 +217,7 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature
     ``torch.log_softmax``; 16-bit results are the float32 accumulation rounded once). Differentiable in ``logits`` (backward from the saved O(N) statistics).
     ``check_values`` rejects NaN / +inf logits and all -inf rows.
     """
-    return _ulorl._logits_stats(logits, labels, temperature, check_values, fast_backward)
+    return _ulorl._logits_statistics_op(logits, labels, temperature, check_values, fast_backward)
 
 
 def logits_statistics(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
@@ -630,7 +630,7 @@ def opo_advantages(scores: ArrayLike, mask: torch.Tensor, group_ids: Optional[Ar
                                   offsets)
 
 
-def reinforce_pp_advantages(token_level_rewards: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
+def reinforce_plus_plus_advantages(token_level_rewards: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
                             gamma: float = 1.0, offsets: Optional[torch.Tensor] = None,
                             scan: str = "reset_after_eos") -> Tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted returns, whitened over the batch's valid tokens. ``scan``:
@@ -638,11 +638,11 @@ def reinforce_pp_advantages(token_level_rewards: torch.Tensor, mask: Optional[to
     b178a3cd) or ``"skip_masked"`` (a masked position gets 0 and carries the return through,
     verl 1dda039b's multi-turn scan; ``ulorl.presets.verl`` uses it). Returns ``(advantages,
     returns)`` in the rewards' shape."""
-    adv, ret = _ulorl._reinforce_pp_advantages(token_level_rewards, mask, gamma, offsets, scan)
+    adv, ret = _ulorl._reinforce_plus_plus_advantages(token_level_rewards, mask, gamma, offsets, scan)
     return adv, ret
 
 
-def reinforce_pp_baseline_advantages(scores: ArrayLike, mask: torch.Tensor, group_ids: Optional[ArrayLike] = None, *,
+def reinforce_plus_plus_baseline_advantages(scores: ArrayLike, mask: torch.Tensor, group_ids: Optional[ArrayLike] = None, *,
                                      group_size: Optional[int] = None, preset: str = "verl",
                                      minus_baseline: bool = True,
                                      offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -650,7 +650,7 @@ def reinforce_pp_baseline_advantages(scores: ArrayLike, mask: torch.Tensor, grou
     ``verl`` (``reinforce_plus_plus_baseline``: unbiased variance + 1e-8, masked) or ``nemo_rl``
     (``ReinforcePlusPlusAdvantageEstimator``: ``minus_baseline``, biased variance floored at 1e-8,
     every position)."""
-    return _ulorl._reinforce_pp_baseline_advantages(_tensor(scores, torch.float64), _tensor(group_ids, torch.int64),
+    return _ulorl._reinforce_plus_plus_baseline_advantages(_tensor(scores, torch.float64), _tensor(group_ids, torch.int64),
                                                     group_size, mask, preset, minus_baseline, offsets)
 
 

@@ -210,7 +210,7 @@ def old_log_prob_versions(spans: Sequence[Span], *, current_version: int, mode: 
 
 # The `ulorl` torch operators' encodings (ulorl/loss/fields.hpp) and registration at import:
 # torch.ops.ulorl.policy_loss(log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy,
-# offsets, rollout_log_prob, encode_fields(config)) -> (loss, result); torch.ops.ulorl.logits_stats.
+# offsets, rollout_log_prob, encode_fields(config)) -> (loss, result); torch.ops.ulorl.logits_statistics.
 @overload
 def encode_fields(config: PolicyLossConfig) -> List[float]: ...
 @overload
@@ -227,9 +227,9 @@ def _policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages:
                  weights: Optional[torch.Tensor] = None, entropy: Optional[torch.Tensor] = None,
                  offsets: Optional[torch.Tensor] = None,
                  rollout_log_prob: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, PolicyLossResult]: ...
-def _logits_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float, check_values: bool,
+def _logits_statistics_op(logits: torch.Tensor, labels: torch.Tensor, temperature: float, check_values: bool,
                   fast_backward: bool) -> Tuple[torch.Tensor, torch.Tensor]: ...
-def _logits_stats_torch_rounding(logits: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]: ...
+def _logits_statistics_torch_rounding(logits: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]: ...
 def _policy_loss_from_logits(*args: Any) -> Tuple[torch.Tensor, PolicyLossResult, torch.Tensor,
                                                    Optional[torch.Tensor]]: ...
 def _linear_head_policy_loss(*args: Any) -> Tuple[torch.Tensor, PolicyLossResult, torch.Tensor,
@@ -275,10 +275,10 @@ def _gpg_advantages(scores: torch.Tensor, group_ids: Optional[torch.Tensor], gro
                     f_norm: float) -> torch.Tensor: ...
 def _opo_advantages(scores: torch.Tensor, mask: torch.Tensor, group_ids: Optional[torch.Tensor],
                     group_size: Optional[int], offsets: Optional[torch.Tensor] = None) -> torch.Tensor: ...
-def _reinforce_pp_advantages(token_level_rewards: torch.Tensor, mask: Optional[torch.Tensor], gamma: float,
+def _reinforce_plus_plus_advantages(token_level_rewards: torch.Tensor, mask: Optional[torch.Tensor], gamma: float,
                              offsets: Optional[torch.Tensor] = None,
                              scan: str = "reset_after_eos") -> Tuple[torch.Tensor, torch.Tensor]: ...
-def _reinforce_pp_baseline_advantages(scores: torch.Tensor, group_ids: Optional[torch.Tensor], group_size: Optional[int],
+def _reinforce_plus_plus_baseline_advantages(scores: torch.Tensor, group_ids: Optional[torch.Tensor], group_size: Optional[int],
                                       mask: torch.Tensor, preset: str, minus_baseline: bool,
                                       offsets: Optional[torch.Tensor] = None) -> torch.Tensor: ...
 def _multi_reward_advantages(reward_components: torch.Tensor, reward_weights: Sequence[float],

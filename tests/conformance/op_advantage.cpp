@@ -15,7 +15,8 @@ struct batch {
 };
 
 batch read_batch(const json& in) {
-  batch b{to_matrix(in.at("token_level_rewards"), "token_level_rewards"), to_matrix(in.at("response_mask"), "response_mask"),
+  batch b{to_matrix(in.at("token_level_rewards"), "token_level_rewards"),
+          to_matrix(in.at("response_mask"), "response_mask"),
           in.contains("index") ? to_ints(in["index"], "index") : std::vector<std::int64_t>{}};
   return b;
 }
@@ -42,8 +43,7 @@ ulorl::token_view<const double> optional_tokens(const matrix& m) {
 
 json to_tokens(const batch& b, const std::vector<double>& adv, const ulorl::broadcast_config& placement) {
   matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
-  ulorl::broadcast_to_tokens(std::span<const double>(adv), padded_view(b.mask),
-                             padded_view(out), placement);
+  ulorl::broadcast_to_tokens(std::span<const double>(adv), padded_view(b.mask), padded_view(out), placement);
   return from_matrix(out);
 }
 
@@ -61,7 +61,8 @@ json advantage(const std::string& preset, const json& params, const json& in) {
     return ulorl::group_layout::from_ids(std::span<const std::int64_t>(b.index), "advantage", "index");
   };
   const auto fixed = [&](const char* name) {
-    return ulorl::group_layout::fixed(scores.size(), static_cast<std::size_t>(param_int(params, name, 0, 0)), "advantage", name);
+    return ulorl::group_layout::fixed(scores.size(), static_cast<std::size_t>(param_int(params, name, 0, 0)),
+                                      "advantage", name);
   };
   const auto run = [&](const ulorl::group_layout& g, const ulorl::advantage_preset& p) {
     ulorl::group_advantages(std::span<const double>(scores), g, std::span<double>(adv), p.group);
@@ -84,7 +85,8 @@ json advantage(const std::string& preset, const json& params, const json& in) {
     if (est == "opo") {
       std::vector<double> lengths(scores.size());
       for (std::size_t i = 0; i < lengths.size(); ++i) lengths[i] = static_cast<double>(ulorl::row_tokens(mask, i));
-      ulorl::opo_advantages(std::span<const double>(scores), std::span<const double>(lengths), groups, std::span<double>(adv));
+      ulorl::opo_advantages(std::span<const double>(scores), std::span<const double>(lengths), groups,
+                            std::span<double>(adv));
       return json{{"advantages", to_tokens(b, adv, masked)}};
     }
     matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
@@ -92,10 +94,11 @@ json advantage(const std::string& preset, const json& params, const json& in) {
     if (est == "gdpo") {
       const matrix comp = optional_matrix(in, "reward_components", scores.size());
       const auto weights = reward_weights(params);
-      ulorl::multi_reward_advantages(components_view(comp), std::span<const double>(weights), groups, mask, out_view,
-                                     ulorl::presets::verl::gdpo_advantage(
-                                         {.epsilon = param_double(params, "epsilon", 1e-6),
-                                          .norm_adv_by_std_in_grpo = param_bool(params, "norm_adv_by_std_in_grpo", true)}));
+      ulorl::multi_reward_advantages(
+          components_view(comp), std::span<const double>(weights), groups, mask, out_view,
+          ulorl::presets::verl::gdpo_advantage(
+              {.epsilon = param_double(params, "epsilon", 1e-6),
+               .norm_adv_by_std_in_grpo = param_bool(params, "norm_adv_by_std_in_grpo", true)}));
       return json{{"advantages", from_matrix(out)}};
     }
     if (est == "optimal_token_baseline" || est == "tir_optimal_token_baseline") {
@@ -103,7 +106,8 @@ json advantage(const std::string& preset, const json& params, const json& in) {
       const matrix spp = optional_matrix(in, "sum_pi_squared", scores.size());
       const matrix rho = optional_matrix(in, "rollout_is_weights", scores.size());
       const ulorl::presets::verl::optimal_token_baseline_options o{
-          .handle_zero_tail = param_bool(params, "handle_zero_tail", true), .epsilon = param_double(params, "epsilon", 1e-8)};
+          .handle_zero_tail = param_bool(params, "handle_zero_tail", true),
+          .epsilon = param_double(params, "epsilon", 1e-8)};
       matrix ret = out;
       ulorl::optimal_token_baseline_advantages(
           ulorl::optimal_token_baseline_inputs<double>{.token_rewards = rewards,
@@ -119,24 +123,25 @@ json advantage(const std::string& preset, const json& params, const json& in) {
     if (est == "reinforce_plus_plus") {
       matrix ret = out;
       const auto ret_view = padded_view(ret);
-      ulorl::reinforce_pp_advantages(rewards, mask, ret_view, out_view, param_double(params, "gamma", 1.0));
+      ulorl::reinforce_plus_plus_advantages(rewards, mask, ret_view, out_view, param_double(params, "gamma", 1.0));
       return json{{"advantages", from_matrix(out)}, {"returns", from_matrix(ret)}};
     }
     if (est == "reinforce_plus_plus_baseline") {
-      ulorl::reinforce_pp_baseline_advantages(std::span<const double>(scores), groups, mask, out_view);
+      ulorl::reinforce_plus_plus_baseline_advantages(std::span<const double>(scores), groups, mask, out_view);
       return json{{"advantages", from_matrix(out)}};
     }
   } else if (preset == "trl" && est == "grpo") {
     const std::string s = param_string(params, "scale_rewards", "group");
     if (s != "group" && s != "batch" && s != "none") throw reject("unknown scale_rewards '" + s + "'");
-    const auto scale = s == "group" ? ulorl::presets::trl::scale_rewards::group
+    const auto scale = s == "group"   ? ulorl::presets::trl::scale_rewards::group
                        : s == "batch" ? ulorl::presets::trl::scale_rewards::batch
                                       : ulorl::presets::trl::scale_rewards::none;
     const std::string agg = param_string(params, "multi_objective_aggregation", "sum_then_normalize");
     if (agg != "sum_then_normalize" && agg != "normalize_then_sum")
       throw reject("unknown multi_objective_aggregation '" + agg + "'");
     const bool has_components = in.contains("reward_components") && !in["reward_components"].is_null();
-    if (!has_components && agg == "sum_then_normalize") return run(fixed("num_generations"), ulorl::presets::trl::advantage(scale));
+    if (!has_components && agg == "sum_then_normalize")
+      return run(fixed("num_generations"), ulorl::presets::trl::advantage(scale));
     // Several reward functions (normalize_then_sum without components is rejected by the library).
     using A = ulorl::presets::trl::multi_objective_aggregation;
     const matrix comp = optional_matrix(in, "reward_components", scores.size());
@@ -144,15 +149,17 @@ json advantage(const std::string& preset, const json& params, const json& in) {
     matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
     ulorl::multi_reward_advantages(
         components_view(comp), std::span<const double>(weights), fixed("num_generations"), mask, padded_view(out),
-        ulorl::presets::trl::multi_reward_advantage(
-            {.scale_rewards = scale,
-             .multi_objective_aggregation = agg == "normalize_then_sum" ? A::normalize_then_sum : A::sum_then_normalize}));
+        ulorl::presets::trl::multi_reward_advantage({.scale_rewards = scale,
+                                                     .multi_objective_aggregation = agg == "normalize_then_sum"
+                                                                                        ? A::normalize_then_sum
+                                                                                        : A::sum_then_normalize}));
     return json{{"advantages", from_matrix(out)}};
   } else if (preset == "openrlhf") {
     using E = ulorl::presets::openrlhf::advantage_estimator;
     if (est == "group_norm" || est == "rloo" || est == "dr_grpo")
-      return run(fixed("n_samples_per_prompt"),
-                 ulorl::presets::openrlhf::advantage(est == "group_norm" ? E::group_norm : est == "rloo" ? E::rloo : E::dr_grpo));
+      return run(fixed("n_samples_per_prompt"), ulorl::presets::openrlhf::advantage(est == "group_norm" ? E::group_norm
+                                                                                    : est == "rloo"     ? E::rloo
+                                                                                                        : E::dr_grpo));
   } else if (preset == "nemo_rl" && est == "grpo") {
     return run(by_index(), ulorl::presets::nemo_rl::advantage(
                                {.use_leave_one_out_baseline = param_bool(params, "use_leave_one_out_baseline", true),
@@ -169,14 +176,15 @@ json advantage(const std::string& preset, const json& params, const json& in) {
     return json{{"advantages", from_matrix(out)}};
   } else if (preset == "nemo_rl" && est == "reinforce_plus_plus") {
     matrix out{b.mask.rows, b.mask.cols, std::vector<double>(b.mask.data.size())};
-    ulorl::reinforce_pp_baseline_advantages(
-        std::span<const double>(scores), by_index(), mask, padded_view(out),
-        ulorl::presets::nemo_rl::reinforce_plus_plus_advantage({.minus_baseline = param_bool(params, "minus_baseline", true)}));
+    ulorl::reinforce_plus_plus_baseline_advantages(std::span<const double>(scores), by_index(), mask, padded_view(out),
+                                                   ulorl::presets::nemo_rl::reinforce_plus_plus_advantage(
+                                                       {.minus_baseline = param_bool(params, "minus_baseline", true)}));
     return json{{"advantages", from_matrix(out)}};
   } else if (preset == "open_instruct" && (est == "standard" || est == "centered")) {
     using N = ulorl::presets::open_instruct::advantage_normalization;
     return run(fixed("num_samples_per_prompt_rollout"),
-               ulorl::presets::open_instruct::advantage({.advantage_normalization_type = est == "standard" ? N::standard : N::centered}));
+               ulorl::presets::open_instruct::advantage(
+                   {.advantage_normalization_type = est == "standard" ? N::standard : N::centered}));
   }
   throw reject("unknown preset/estimator '" + preset + "'/'" + est + "'");
 }
@@ -191,7 +199,8 @@ json overlong_penalty(const std::string& preset, const json& params, const json&
                                    {.max_length = param_double(params, "max_resp_len", 0),
                                     .buffer_length = param_double(params, "overlong_buffer_len", 0),
                                     .penalty_factor = param_double(params, "penalty_factor", 1.0)});
-    ulorl::require_all_finite("overlong_penalty", "scores", ulorl::vector_view<const double>(std::span<const double>(scores)));
+    ulorl::require_all_finite("overlong_penalty", "scores",
+                              ulorl::vector_view<const double>(std::span<const double>(scores)));
     for (std::size_t i = 0; i < reward.size(); ++i) reward[i] = scores[i] + penalty[i];
     return json{{"penalty", penalty}, {"reward", reward}};
   }

@@ -102,7 +102,7 @@ void run(cublasHandle_t handle, std::int64_t n, std::int64_t h, std::int64_t v, 
   cfg.objective.eps_high = 0.28;
   cfg.normalizer = {ulorl::agg_mode::token_mean, static_cast<double>(n), 1.0};
   const uc::logits_config lcfg{};
-  uc::linear_head_options opt;
+  uc::linear_head_launch_config opt;
   opt.chunk_rows = chunk;
   std::size_t bytes = 0;
   std::int64_t c = 0;
@@ -115,7 +115,8 @@ void run(cublasHandle_t handle, std::int64_t n, std::int64_t h, std::int64_t v, 
   };
   // The launcher's GEMMs alone, in its order, on its workspace layout (fp32 logits, then bf16 dZ).
   auto* z = static_cast<float*>(ws);
-  auto* dz = reinterpret_cast<bf16*>(static_cast<char*>(ws) + uc::detail::align_up(static_cast<std::size_t>(c * v) * sizeof(float)));
+  auto* dz = reinterpret_cast<bf16*>(static_cast<char*>(ws) +
+                                     uc::detail::align_up(static_cast<std::size_t>(c * v) * sizeof(float)));
   const std::int64_t chunks = (n + c - 1) / c;
   const auto gemms = [&] {
     for (std::int64_t k = 0; k < chunks; ++k) {
@@ -136,11 +137,12 @@ void run(cublasHandle_t handle, std::int64_t n, std::int64_t h, std::int64_t v, 
   CUDA_OK(cudaMemcpy(&st, status, sizeof(st), cudaMemcpyDeviceToHost));
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(v) * static_cast<double>(h) *
                        (3.0 + static_cast<double>(chunks - 1) / static_cast<double>(chunks));
-  std::printf("bf16 N=%-6lld H=%-5lld V=%-7lld chunk=%-5lld (%lld chunks)  fused %9.3f ms  GEMM only %9.3f ms  ratio %5.3f  "
-              "GEMM %6.1f TFLOP/s  workspace %.3f GB%s\n",
-              static_cast<long long>(n), static_cast<long long>(h), static_cast<long long>(v), static_cast<long long>(c),
-              static_cast<long long>(chunks), t_fused, t_gemm, t_fused / t_gemm, flops / (t_gemm * 1e-3) / 1e12,
-              static_cast<double>(bytes) / 1e9, st == 0 ? "" : "  (loss status != 0)");
+  std::printf(
+      "bf16 N=%-6lld H=%-5lld V=%-7lld chunk=%-5lld (%lld chunks)  fused %9.3f ms  GEMM only %9.3f ms  ratio %5.3f  "
+      "GEMM %6.1f TFLOP/s  workspace %.3f GB%s\n",
+      static_cast<long long>(n), static_cast<long long>(h), static_cast<long long>(v), static_cast<long long>(c),
+      static_cast<long long>(chunks), t_fused, t_gemm, t_fused / t_gemm, flops / (t_gemm * 1e-3) / 1e12,
+      static_cast<double>(bytes) / 1e9, st == 0 ? "" : "  (loss status != 0)");
   CUDA_OK(cudaFree(ws));
   CUDA_OK(cudaFree(result));
   CUDA_OK(cudaFree(status));

@@ -28,9 +28,9 @@
 namespace {
 
 namespace uc = ulorl::cuda;
-using ulorl_cuda_test::loss_case;
 using ulorl_cuda_test::expect;
 using ulorl_cuda_test::failures;
+using ulorl_cuda_test::loss_case;
 
 // ---- validation (no GPU needed: every check runs before a launch) ------------------------------------
 
@@ -46,7 +46,7 @@ struct call_args {
   uc::linear_head_outputs<float> out;
   ulorl::policy_loss_config cfg;
   uc::logits_config lcfg;
-  uc::linear_head_options opt;
+  uc::linear_head_launch_config opt;
 };
 
 void validation() {
@@ -67,8 +67,8 @@ void validation() {
                                        a.labels, a.lay, a.in, a.out, a.cfg, a.lcfg, a.opt);
   };
   auto run = [](const call_args& a, void* ws, std::size_t bytes) {
-    return uc::policy_loss_from_hidden(ws, bytes, nullptr, a.hidden, a.tokens, a.hidden_size, a.weight, a.vocab, a.labels,
-                                       a.lay, a.in, a.out, a.cfg, a.lcfg, a.opt);
+    return uc::policy_loss_from_hidden(ws, bytes, nullptr, a.hidden, a.tokens, a.hidden_size, a.weight, a.vocab,
+                                       a.labels, a.lay, a.in, a.out, a.cfg, a.lcfg, a.opt);
   };
   std::size_t need = 0;
   expect(query(base, need) == cudaSuccess && need > 0 && need <= sizeof(fake_ws), "validation: workspace query");
@@ -174,14 +174,15 @@ struct head_case {
 
 //! A case whose old and reference log-probs sit near the current policy's (from a first CPU run), so
 //! that ratios are near 1 and the loss's clipping, KL and entropy terms all take part.
-head_case make_case(ulorl_cuda_test::rng& g, std::int64_t rows, std::int64_t cols, bool packed, std::int64_t hidden_size,
-                    std::int64_t vocab, bool bf16, float temperature) {
+head_case make_case(ulorl_cuda_test::rng& g, std::int64_t rows, std::int64_t cols, bool packed,
+                    std::int64_t hidden_size, std::int64_t vocab, bool bf16, float temperature) {
   head_case h;
   h.rows = rows, h.cols = cols, h.hidden_size = hidden_size, h.vocab = vocab;
   if (packed) {
     h.offsets.push_back(0);
     for (std::int64_t b = 0; b < rows; ++b)
-      h.offsets.push_back(h.offsets.back() + (b == 2 ? 0 : 1 + static_cast<std::int64_t>(g() % static_cast<std::uint64_t>(cols))));
+      h.offsets.push_back(h.offsets.back() +
+                          (b == 2 ? 0 : 1 + static_cast<std::int64_t>(g() % static_cast<std::uint64_t>(cols))));
     h.cols = h.offsets.back();
   }
   h.tokens = packed ? h.cols : rows * cols;
@@ -251,8 +252,15 @@ struct dev_case {
   dev<std::int64_t> labels, offsets;
   dev<float> old, adv, mask, ref, w;
   explicit dev_case(const head_case& h)
-      : hidden(h.hidden.size()), weight(h.weight.size()), labels(h.labels.size()), offsets(h.offsets.size()),
-        old(h.old.size()), adv(h.adv.size()), mask(h.mask.size()), ref(h.ref.size()), w(h.w.size()) {
+      : hidden(h.hidden.size()),
+        weight(h.weight.size()),
+        labels(h.labels.size()),
+        offsets(h.offsets.size()),
+        old(h.old.size()),
+        adv(h.adv.size()),
+        mask(h.mask.size()),
+        ref(h.ref.size()),
+        w(h.w.size()) {
     hidden.put(to_device_type<T>(h.hidden));
     weight.put(to_device_type<T>(h.weight));
     labels.put(h.labels);
@@ -260,7 +268,8 @@ struct dev_case {
     old.put(h.old), adv.put(h.adv), mask.put(h.mask), ref.put(h.ref), w.put(h.w);
   }
   uc::token_layout layout(const head_case& h) const {
-    return h.offsets.empty() ? uc::token_layout::padded(h.rows, h.cols) : uc::token_layout::packed(h.rows, h.cols, offsets.p);
+    return h.offsets.empty() ? uc::token_layout::padded(h.rows, h.cols)
+                             : uc::token_layout::packed(h.rows, h.cols, offsets.p);
   }
   uc::policy_loss_inputs<float, float, float> inputs() const {
     return {nullptr, old.p, adv.p, mask.p, ref.p, w.p, nullptr};
@@ -273,8 +282,11 @@ struct copy_statistics {
   cudaError_t operator()(const uc::device_token_statistics& s, cudaStream_t stream) const {
     const std::size_t bytes = static_cast<std::size_t>(s.tokens) * sizeof(float);
     if (s.tokens == 0) return cudaSuccess;
-    if (cudaError_t e = cudaMemcpyAsync(log_prob, s.log_prob, bytes, cudaMemcpyDeviceToDevice, stream); e != cudaSuccess) return e;
-    if (cudaError_t e = cudaMemcpyAsync(entropy, s.entropy, bytes, cudaMemcpyDeviceToDevice, stream); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaMemcpyAsync(log_prob, s.log_prob, bytes, cudaMemcpyDeviceToDevice, stream);
+        e != cudaSuccess)
+      return e;
+    if (cudaError_t e = cudaMemcpyAsync(entropy, s.entropy, bytes, cudaMemcpyDeviceToDevice, stream); e != cudaSuccess)
+      return e;
     return cudaMemcpyAsync(lse, s.lse, bytes, cudaMemcpyDeviceToDevice, stream);
   }
 };
@@ -290,8 +302,9 @@ struct run_out {
 //! One device call; grad_weight starts as `gw_start` (or 12345 everywhere), grad_hidden as 12345.
 template <class T, class Hook = copy_statistics>
 run_out run_device(cublasHandle_t handle, cudaStream_t stream, const head_case& h, const dev_case<T>& d,
-                   const ulorl::policy_loss_config& cfg, float temperature, int splits, const uc::linear_head_options& opt,
-                   const std::vector<float>* gw_start = nullptr, const Hook* custom_hook = nullptr) {
+                   const ulorl::policy_loss_config& cfg, float temperature, int splits,
+                   const uc::linear_head_launch_config& opt, const std::vector<float>* gw_start = nullptr,
+                   const Hook* custom_hook = nullptr) {
   const auto n = static_cast<std::size_t>(h.tokens);
   dev<T> gh(h.hidden.size());
   dev<float> gw(h.weight.size()), lp(n), ent(n), lse(n);
@@ -332,9 +345,9 @@ run_out run_device(cublasHandle_t handle, cudaStream_t stream, const head_case& 
 
 //! The loss configurations of the comparisons.
 enum class loss_kind {
-  full,       //!< PPO clip-higher with the k3 KL and entropy terms, token mean
-  seq_mean,   //!< PPO clip-higher alone, sequence mean of token means
-  gspo,       //!< GSPO (sequence level) with the KL term, sequence mean of token means
+  full,      //!< PPO clip-higher with the k3 KL and entropy terms, token mean
+  seq_mean,  //!< PPO clip-higher alone, sequence mean of token means
+  gspo,      //!< GSPO (sequence level) with the KL term, sequence mean of token means
 };
 
 ulorl::policy_loss_config loss_config(const head_case& h, loss_kind kind) {
@@ -372,16 +385,17 @@ void compare(cublasHandle_t handle, cudaStream_t stream, ulorl_cuda_test::rng& g
       h.hidden.data(), h.tokens, hidden_size, h.weight.data(), vocab, h.labels.data(), h.view(), cfg, tau,
       static_cast<std::size_t>(chunk > 0 ? chunk : 0), cgh.data(), cgw.data(), clp.data(), cent.data(), clse.data());
   const dev_case<T> d(h);
-  uc::linear_head_options opt;
+  uc::linear_head_launch_config opt;
   opt.chunk_rows = chunk;
   const run_out o = run_device<T>(handle, stream, h, d, cfg, tau, splits, opt);
   const std::string name = std::string(dtype) + (packed ? " packed" : " padded") + " N=" + std::to_string(h.tokens) +
                            " H=" + std::to_string(hidden_size) + " V=" + std::to_string(vocab) +
-                           " chunk=" + std::to_string(chunk) + " splits=" + std::to_string(splits) +
-                           " (" + loss_name(kind) + ")";
+                           " chunk=" + std::to_string(chunk) + " splits=" + std::to_string(splits) + " (" +
+                           loss_name(kind) + ")";
   int bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    const bool ok = close(o.log_prob[i], clp[i], 5e-5) && close(o.entropy[i], cent[i], 5e-5) && close(o.lse[i], clse[i], 5e-5);
+    const bool ok =
+        close(o.log_prob[i], clp[i], 5e-5) && close(o.entropy[i], cent[i], 5e-5) && close(o.lse[i], clse[i], 5e-5);
     if (!ok && bad++ < 3)
       std::printf("  %s token %zu: log_prob %.8g / %.8g, entropy %.8g / %.8g, lse %.8g / %.8g (device / cpu)\n",
                   name.c_str(), i, o.log_prob[i], clp[i], o.entropy[i], cent[i], o.lse[i], clse[i]);
@@ -390,25 +404,26 @@ void compare(cublasHandle_t handle, cudaStream_t stream, ulorl_cuda_test::rng& g
   const auto& b = c.metrics;
   const bool sums = o.err == cudaSuccess && o.status == 0 && o.bad_label_row == 0 && close(o.res.loss, c.loss, 1e-4) &&
                     close(o.res.pg_loss, c.pg_loss, 1e-4) && close(o.res.kl_loss, c.kl_loss, 1e-4) &&
-                    close(o.res.entropy_loss, c.entropy_loss, 1e-4) && a.tokens == b.tokens && a.sequences == b.sequences &&
-                    std::fabs(a.clipped - b.clipped) <= 1 && close(a.ratio_sum, b.ratio_sum, 1e-4) &&
-                    close(a.kl_sum, b.kl_sum, 1e-4) && close(a.entropy_sum, b.entropy_sum, 1e-4);
+                    close(o.res.entropy_loss, c.entropy_loss, 1e-4) && a.tokens == b.tokens &&
+                    a.sequences == b.sequences && std::fabs(a.clipped - b.clipped) <= 1 &&
+                    close(a.ratio_sum, b.ratio_sum, 1e-4) && close(a.kl_sum, b.kl_sum, 1e-4) &&
+                    close(a.entropy_sum, b.entropy_sum, 1e-4);
   if (!sums) {
     ++bad;
     std::printf("  %s: %s, status %lld, bad label row %d\n", name.c_str(), cudaGetErrorName(o.err),
                 static_cast<long long>(o.status), o.bad_label_row);
     std::printf("  %s: device loss %.10g pg %.10g kl %.10g ent %.10g clipped %g tokens %g\n", name.c_str(), o.res.loss,
                 o.res.pg_loss, o.res.kl_loss, o.res.entropy_loss, a.clipped, a.tokens);
-    std::printf("  %s: cpu    loss %.10g pg %.10g kl %.10g ent %.10g clipped %g tokens %g\n", name.c_str(), c.loss, c.pg_loss,
-                c.kl_loss, c.entropy_loss, b.clipped, b.tokens);
+    std::printf("  %s: cpu    loss %.10g pg %.10g kl %.10g ent %.10g clipped %g tokens %g\n", name.c_str(), c.loss,
+                c.pg_loss, c.kl_loss, c.entropy_loss, b.clipped, b.tokens);
   }
   // bf16: dZ is rounded to bf16 for the gradient GEMMs and grad_hidden is stored in bf16.
   const double tol = bf16 ? 1e-2 : 2e-4;
   const double eh = worst_relative(o.grad_hidden, cgh), ew = worst_relative(o.grad_weight, cgw);
   if (!(eh <= tol) || !(ew <= tol)) {
     ++bad;
-    std::printf("  %s: worst relative difference grad_hidden %.3g, grad_weight %.3g (tolerance %.1g)\n", name.c_str(), eh, ew,
-                tol);
+    std::printf("  %s: worst relative difference grad_hidden %.3g, grad_weight %.3g (tolerance %.1g)\n", name.c_str(),
+                eh, ew, tol);
   }
   if (bad) {
     ++failures;
@@ -423,7 +438,7 @@ void determinism(cublasHandle_t handle, cudaStream_t stream, ulorl_cuda_test::rn
   const head_case h = make_case(g, 7, 11, true, 72, 1003, true, 1.0f);
   const dev_case<__nv_bfloat16> d(h);
   const ulorl::policy_loss_config cfg = loss_config(h, loss_kind::full);
-  uc::linear_head_options opt;
+  uc::linear_head_launch_config opt;
   opt.chunk_rows = 16;
   const run_out a = run_device<__nv_bfloat16>(handle, stream, h, d, cfg, 1.0f, 3, opt);
   const run_out b = run_device<__nv_bfloat16>(handle, stream, h, d, cfg, 1.0f, 3, opt);
@@ -436,7 +451,8 @@ void determinism(cublasHandle_t handle, cudaStream_t stream, ulorl_cuda_test::rn
   for (std::size_t i = 0; i < twice.size(); ++i) twice[i] = 2.0f * a.grad_weight[i];
   const double e = worst_relative(c.grad_weight, twice);
   expect(c.err == cudaSuccess && e <= 1e-5 && c.grad_hidden == a.grad_hidden,
-         "accumulate_grad_weight: the gradient added to the previous one (worst relative difference " + std::to_string(e) + ")");
+         "accumulate_grad_weight: the gradient added to the previous one (worst relative difference " +
+             std::to_string(e) + ")");
 }
 
 //! A hook's error is returned; no tokens: zero sums and a zeroed grad_weight; an out-of-range label
@@ -444,7 +460,7 @@ void determinism(cublasHandle_t handle, cudaStream_t stream, ulorl_cuda_test::rn
 void edges(cublasHandle_t handle, cudaStream_t stream, ulorl_cuda_test::rng& g) {
   head_case h = make_case(g, 3, 13, false, 64, 1000, false, 1.0f);
   const ulorl::policy_loss_config cfg = loss_config(h, loss_kind::full);
-  uc::linear_head_options opt;
+  uc::linear_head_launch_config opt;
   opt.chunk_rows = 16;
   {
     const dev_case<float> d(h);
@@ -465,7 +481,8 @@ void edges(cublasHandle_t handle, cudaStream_t stream, ulorl_cuda_test::rng& g) 
     const run_out o = run_device<float>(handle, stream, empty, d, c0, 1.0f, 0, opt);
     bool zeros = true;
     for (float x : o.grad_weight) zeros = zeros && x == 0.0f;
-    expect(o.err == cudaSuccess && o.res.loss == 0.0 && o.status == 0 && zeros, "no tokens: zero loss, grad_weight zeroed");
+    expect(o.err == cudaSuccess && o.res.loss == 0.0 && o.status == 0 && zeros,
+           "no tokens: zero loss, grad_weight zeroed");
   }
   {
     h.labels[20] = h.vocab;  // row 20: in the second chunk

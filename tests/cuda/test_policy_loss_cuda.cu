@@ -27,9 +27,9 @@
 namespace {
 
 namespace uc = ulorl::cuda;
-using ulorl_cuda_test::loss_case;
 using ulorl_cuda_test::expect;
 using ulorl_cuda_test::failures;
+using ulorl_cuda_test::loss_case;
 
 // ---- validation (no GPU needed: every check runs before a launch) ------------------------------------
 
@@ -43,11 +43,14 @@ void validation() {
   ulorl::policy_loss_config cfg;
   cfg.normalizer = {ulorl::agg_mode::token_mean, 6.0, 1.0};
   std::size_t bytes = 0;
-  expect(uc::policy_loss(nullptr, bytes, lay, in, out, cfg) == cudaSuccess && bytes == uc::policy_loss_workspace_bytes(2),
-         "validation: workspace query");
-  auto call_ws = [&](const uc::token_layout& l, const uc::policy_loss_inputs<float, float>& i, const uc::policy_loss_outputs& o,
-                     const ulorl::policy_loss_config& c, std::size_t ws, void* p) { return uc::policy_loss(p, ws, l, i, o, c); };
-  auto call = [&](const uc::token_layout& l, const uc::policy_loss_inputs<float, float>& i, const uc::policy_loss_outputs& o,
+  expect(
+      uc::policy_loss(nullptr, bytes, lay, in, out, cfg) == cudaSuccess && bytes == uc::policy_loss_workspace_bytes(2),
+      "validation: workspace query");
+  auto call_ws = [&](const uc::token_layout& l, const uc::policy_loss_inputs<float, float>& i,
+                     const uc::policy_loss_outputs& o, const ulorl::policy_loss_config& c, std::size_t ws,
+                     void* p) { return uc::policy_loss(p, ws, l, i, o, c); };
+  auto call = [&](const uc::token_layout& l, const uc::policy_loss_inputs<float, float>& i,
+                  const uc::policy_loss_outputs& o,
                   const ulorl::policy_loss_config& c) { return call_ws(l, i, o, c, sizeof(fake_ws), fake_ws); };
   auto invalid = [&](const char* what, cudaError_t e, cudaError_t want = cudaErrorInvalidValue) {
     expect(e == want, std::string("validation: ") + what + " -> " + cudaGetErrorName(e));
@@ -119,7 +122,8 @@ void validation() {
     uc::logits_config lcfg;
     lcfg.splits = 1;  // an explicit split count: the workspace size needs no device
     std::size_t need = 0;
-    expect(uc::policy_loss_from_logits(nullptr, need, fake, 4, 4, labels, lay, fi, fo, cfg, lcfg) == cudaSuccess && need > 0,
+    expect(uc::policy_loss_from_logits(nullptr, need, fake, 4, 4, labels, lay, fi, fo, cfg, lcfg) == cudaSuccess &&
+               need > 0,
            "validation: fused workspace query");
     auto fcall = [&](const uc::token_layout& l, const uc::policy_loss_inputs<float, float, float>& i,
                      const uc::logits_loss_outputs<float>& o, int64_t stride) {
@@ -209,8 +213,14 @@ struct dev_case {
   dev<float> mask;
   dev<std::int64_t> offsets;
   explicit dev_case(const host_case& h)
-      : lp(h.extent()), old(h.extent()), adv(h.extent()), ref(h.extent()), w(h.extent()), ent(h.extent()),
-        mask(h.extent()), offsets(h.offsets.size()) {
+      : lp(h.extent()),
+        old(h.extent()),
+        adv(h.extent()),
+        ref(h.extent()),
+        w(h.extent()),
+        ent(h.extent()),
+        mask(h.extent()),
+        offsets(h.offsets.size()) {
     auto put = [](dev<T>& d, const std::vector<float>& v) {
       std::vector<T> t(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) t[i] = uc::detail::from_float<T>(v[i]);
@@ -236,8 +246,8 @@ struct run_out {
 };
 
 template <class T>
-run_out run_device(const host_case& h, const dev_case<T>& d, const ulorl::policy_loss_config& cfg, bool weights, bool entropy,
-                   int grid, float fill = 12345.0f) {
+run_out run_device(const host_case& h, const dev_case<T>& d, const ulorl::policy_loss_config& cfg, bool weights,
+                   bool entropy, int grid, float fill = 12345.0f) {
   const std::size_t n = h.extent();
   dev<float> g(n), ge(n);
   dev<ulorl::policy_loss_result> r(1);
@@ -250,7 +260,7 @@ run_out run_device(const host_case& h, const dev_case<T>& d, const ulorl::policy
   const uc::policy_loss_outputs out{g.p, entropy ? ge.p : nullptr, r.p, st.p};
   CUDA_OK(uc::policy_loss(nullptr, bytes, lay, in, out, cfg));
   dev<unsigned char> ws(bytes);
-  CUDA_OK(uc::policy_loss(ws.p, bytes, lay, in, out, cfg, uc::policy_loss_options{grid}));
+  CUDA_OK(uc::policy_loss(ws.p, bytes, lay, in, out, cfg, uc::launch_config{grid}));
   CUDA_OK(cudaDeviceSynchronize());
   run_out o;
   o.res = r.get()[0];
@@ -273,8 +283,8 @@ void compare(const std::string& name, const host_case& h, const dev_case<T>& d, 
   for (std::size_t i = 0; i < n; ++i) {
     const bool ok = close(g.grad[i], cg[i], 2e-5) && (!entropy || close(g.gent[i], cge[i], 1e-6));
     if (!ok && bad++ < 3)
-      std::printf("  %s token %zu: grad device %.9g cpu %.9g, grad_entropy device %.9g cpu %.9g\n", name.c_str(), i, g.grad[i], cg[i],
-                  g.gent[i], cge[i]);
+      std::printf("  %s token %zu: grad device %.9g cpu %.9g, grad_entropy device %.9g cpu %.9g\n", name.c_str(), i,
+                  g.grad[i], cg[i], g.gent[i], cge[i]);
   }
   const auto& a = g.res.metrics;
   const auto& b = c.metrics;
@@ -282,17 +292,19 @@ void compare(const std::string& name, const host_case& h, const dev_case<T>& d, 
                     close(g.res.kl_loss, c.kl_loss, 1e-5) && close(g.res.entropy_loss, c.entropy_loss, 1e-5) &&
                     a.tokens == b.tokens && a.sequences == b.sequences && a.rows == b.rows &&
                     std::fabs(a.clipped - b.clipped) <= 2 && std::fabs(a.clipped_low - b.clipped_low) <= 2 &&
-                    std::fabs(a.clipped_high - b.clipped_high) <= 2 && std::fabs(a.dual_clipped - b.dual_clipped) <= 2 &&
-                    close(a.neg_log_ratio, b.neg_log_ratio, 1e-6) && close(a.neg_log_ratio_clamped, b.neg_log_ratio_clamped, 1e-6) &&
+                    std::fabs(a.clipped_high - b.clipped_high) <= 2 &&
+                    std::fabs(a.dual_clipped - b.dual_clipped) <= 2 && close(a.neg_log_ratio, b.neg_log_ratio, 1e-6) &&
+                    close(a.neg_log_ratio_clamped, b.neg_log_ratio_clamped, 1e-6) &&
                     close(a.approx_kl_k3, b.approx_kl_k3, 1e-5) && close(a.ratio_sum, b.ratio_sum, 1e-5) &&
                     close(a.ratio_min, b.ratio_min, 1e-6) && close(a.ratio_max, b.ratio_max, 1e-6) &&
                     close(a.kl_sum, b.kl_sum, 1e-5) && close(a.entropy_sum, b.entropy_sum, 1e-6) && g.status == 0;
   if (!sums) {
     ++bad;
-    std::printf("  %s: device loss %.12g pg %.12g kl %.12g ent %.12g clipped %g tokens %g status %lld\n", name.c_str(), g.res.loss,
-                g.res.pg_loss, g.res.kl_loss, g.res.entropy_loss, a.clipped, a.tokens, static_cast<long long>(g.status));
-    std::printf("  %s: cpu    loss %.12g pg %.12g kl %.12g ent %.12g clipped %g tokens %g\n", name.c_str(), c.loss, c.pg_loss,
-                c.kl_loss, c.entropy_loss, b.clipped, b.tokens);
+    std::printf("  %s: device loss %.12g pg %.12g kl %.12g ent %.12g clipped %g tokens %g status %lld\n", name.c_str(),
+                g.res.loss, g.res.pg_loss, g.res.kl_loss, g.res.entropy_loss, a.clipped, a.tokens,
+                static_cast<long long>(g.status));
+    std::printf("  %s: cpu    loss %.12g pg %.12g kl %.12g ent %.12g clipped %g tokens %g\n", name.c_str(), c.loss,
+                c.pg_loss, c.kl_loss, c.entropy_loss, b.clipped, b.tokens);
   }
   if (bad) {
     ++failures;
@@ -322,12 +334,12 @@ std::vector<objective_case> objectives() {
   c.kind = ulorl::objective_kind::policy_gradient;
   v.push_back({"policy_gradient", c});
   c = {};
-  c.kind = ulorl::objective_kind::penalized_pg, c.abs_penalty = 0.1, c.square_penalty = 0.2;
+  c.kind = ulorl::objective_kind::penalized_pg, c.penalized_pg.abs_penalty = 0.1, c.penalized_pg.square_penalty = 0.2;
   v.push_back({"penalized_pg", c});
   c = {};
   c.kind = ulorl::objective_kind::gspo, c.eps_low = 3e-4, c.eps_high = 4e-4;
   v.push_back({"gspo (own token)", c});
-  c.seq_gradient = ulorl::sequence_gradient::through_mean;
+  c.gspo.seq_gradient = ulorl::sequence_gradient::through_mean;
   v.push_back({"gspo (through the mean)", c});
   c = {};
   c.kind = ulorl::objective_kind::gmpo, c.eps_low = 0.4, c.eps_high = 0.4;
@@ -447,7 +459,8 @@ void value_scan(ulorl_cuda_test::rng& g) {
     cfg.normalizer = {ulorl::agg_mode::token_mean, 10.0, 1.0};
     cfg.check_values = false;
     const run_out o = run_device(p, d, cfg, false, false, 0, 5.0f);
-    expect(o.status == -4 && std::isnan(o.res.loss), "packed offsets: a decreasing row (status " + std::to_string(o.status) + ")");
+    expect(o.status == -4 && std::isnan(o.res.loss),
+           "packed offsets: a decreasing row (status " + std::to_string(o.status) + ")");
   }
 }
 
@@ -465,7 +478,8 @@ void from_logits_case(ulorl_cuda_test::rng& g, bool packed, std::int64_t pad, co
     for (std::int64_t j = 0; j < vocab; ++j) {
       const bool off = j != labels[static_cast<std::size_t>(i)] && g.uniform() < 0.03;
       const float x = off ? -INFINITY : static_cast<float>(g.normal(0.0, 3.0));
-      logits[static_cast<std::size_t>(i * vocab + j)] = uc::detail::to_float(uc::detail::from_float<G>(x));  // G's value
+      logits[static_cast<std::size_t>(i * vocab + j)] =
+          uc::detail::to_float(uc::detail::from_float<G>(x));  // G's value
     }
   ulorl::policy_loss_config cfg;
   cfg.objective.eps_high = 0.28;
@@ -473,12 +487,13 @@ void from_logits_case(ulorl_cuda_test::rng& g, bool packed, std::int64_t pad, co
   cfg.entropy_coef = 0.005;
   cfg.normalizer = ulorl::global_normalizer(ulorl::agg_mode::token_mean, h.counts());
   std::vector<float> cgrad(logits.size());
-  const ulorl::policy_loss_result c =
-      ulorl_cuda_test::cpu_loss_from_logits(logits.data(), vocab, labels.data(), h.view(true, false), cfg, 0.9f, cgrad.data());
+  const ulorl::policy_loss_result c = ulorl_cuda_test::cpu_loss_from_logits(
+      logits.data(), vocab, labels.data(), h.view(true, false), cfg, 0.9f, cgrad.data());
   std::vector<G> strided(static_cast<std::size_t>(n * stride), uc::detail::from_float<G>(0.0f));
   for (std::int64_t i = 0; i < n; ++i)
     for (std::int64_t j = 0; j < vocab; ++j)
-      strided[static_cast<std::size_t>(i * stride + j)] = uc::detail::from_float<G>(logits[static_cast<std::size_t>(i * vocab + j)]);
+      strided[static_cast<std::size_t>(i * stride + j)] =
+          uc::detail::from_float<G>(logits[static_cast<std::size_t>(i * vocab + j)]);
   const dev_case<float> d(h);
   dev<G> dl(strided.size());
   dl.put(strided);
@@ -487,8 +502,8 @@ void from_logits_case(ulorl_cuda_test::rng& g, bool packed, std::int64_t pad, co
   dev<ulorl::policy_loss_result> r(1);
   dev<std::int64_t> st(1);
   const auto in = d.inputs(true, false);
-  const uc::policy_loss_inputs<float, float, float> fin{nullptr, in.old_log_prob, in.advantages, in.mask, in.ref_log_prob, in.weights,
-                                                       nullptr};
+  const uc::policy_loss_inputs<float, float, float> fin{nullptr,         in.old_log_prob, in.advantages, in.mask,
+                                                        in.ref_log_prob, in.weights,      nullptr};
   uc::logits_config lcfg;
   lcfg.temperature = 0.9f;
   const uc::logits_loss_outputs<G> out{dl.p, stride, r.p, st.p};  // in place
@@ -512,8 +527,9 @@ void from_logits_case(ulorl_cuda_test::rng& g, bool packed, std::int64_t pad, co
   const double tol = std::is_same_v<G, float> ? 1e-4 : std::is_same_v<G, __half> ? 2e-3 : 1e-2;
   const bool ok = close(gr.loss, c.loss, 1e-5) && gr.metrics.tokens == c.metrics.tokens && st.get()[0] == 0;
   expect(ok && worst < tol, std::string("from logits (") + gname + (packed ? ", packed" : ", padded") + ", row pad " +
-                                std::to_string(pad) + "): loss device " + std::to_string(gr.loss) + " cpu " + std::to_string(c.loss) +
-                                ", worst gradient difference " + std::to_string(worst) + " of the largest");
+                                std::to_string(pad) + "): loss device " + std::to_string(gr.loss) + " cpu " +
+                                std::to_string(c.loss) + ", worst gradient difference " + std::to_string(worst) +
+                                " of the largest");
 }
 
 void from_logits(ulorl_cuda_test::rng& g) {

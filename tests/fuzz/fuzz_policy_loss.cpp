@@ -91,7 +91,8 @@ void run(FuzzedDataProvider& p) {
     for (std::size_t b = 0; b < s.rows; ++b) s.off64.push_back(at += p.ConsumeIntegralInRange<std::int64_t>(0, 40));
     s.tokens = static_cast<std::size_t>(at);
     if (p.ConsumeIntegralInRange<int>(0, 7) == 0) {  // malformed offsets: the layout check must reject them
-      s.off64[p.ConsumeIntegralInRange<std::size_t>(0, s.off64.size() - 1)] = p.ConsumeIntegralInRange<std::int64_t>(-3, 90);
+      s.off64[p.ConsumeIntegralInRange<std::size_t>(0, s.off64.size() - 1)] =
+          p.ConsumeIntegralInRange<std::int64_t>(-3, 90);
     }
     if (p.ConsumeIntegralInRange<int>(0, 7) == 0) s.tokens = p.ConsumeIntegralInRange<std::size_t>(0, 90);
     for (const auto o : s.off64) s.off32.push_back(static_cast<std::int32_t>(o));
@@ -104,7 +105,7 @@ void run(FuzzedDataProvider& p) {
   const int kind = p.ConsumeIntegralInRange<int>(0, 7);  // 7: not an objective_kind
   o.kind = static_cast<ulorl::objective_kind>(kind);
   const int seq_grad = p.ConsumeIntegralInRange<int>(0, 2);
-  o.seq_gradient = static_cast<ulorl::sequence_gradient>(seq_grad);
+  o.gspo.seq_gradient = static_cast<ulorl::sequence_gradient>(seq_grad);
   const int estimator = p.ConsumeIntegralInRange<int>(0, 4);
   cfg.kl.estimator = static_cast<ulorl::kl_estimator>(estimator);
   cfg.kl.straight_through = p.ConsumeBool();
@@ -118,9 +119,9 @@ void run(FuzzedDataProvider& p) {
     o.dual_clip = p.ConsumeBool() ? 0.0 : p.ConsumeFloatingPointInRange<double>(1.01, 10.0);
     o.delta = p.ConsumeBool() ? 0.0 : p.ConsumeFloatingPointInRange<double>(1.01, 10.0);
     o.log_ratio_clamp = p.ConsumeFloatingPointInRange<double>(0.01, 20.0);
-    o.seq_log_ratio_max = p.ConsumeFloatingPointInRange<double>(-20.0, 20.0);
-    o.tau_pos = p.ConsumeFloatingPointInRange<double>(0.01, 10.0);
-    o.tau_neg = p.ConsumeFloatingPointInRange<double>(0.01, 10.0);
+    o.gspo.seq_log_ratio_max = p.ConsumeFloatingPointInRange<double>(-20.0, 20.0);
+    o.sapo.tau_pos = p.ConsumeFloatingPointInRange<double>(0.01, 10.0);
+    o.sapo.tau_neg = p.ConsumeFloatingPointInRange<double>(0.01, 10.0);
     cfg.kl.input_clamp = p.ConsumeBool() ? ulorl::no_limit : p.ConsumeFloatingPointInRange<double>(0.1, 50.0);
     cfg.kl.output_clamp = p.ConsumeBool() ? ulorl::no_limit : p.ConsumeFloatingPointInRange<double>(0.1, 50.0);
     cfg.kl_coef = p.ConsumeBool() ? 0.0 : p.ConsumeFloatingPointInRange<double>(-10.0, 10.0);
@@ -128,9 +129,9 @@ void run(FuzzedDataProvider& p) {
     cfg.normalizer.denominator = p.ConsumeFloatingPointInRange<double>(1e-3, 1e4);
     cfg.normalizer.scale = p.ConsumeFloatingPointInRange<double>(-10.0, 10.0);
   } else {
-    for (double* x : {&o.eps_low, &o.eps_high, &o.dual_clip, &o.delta, &o.log_ratio_clamp, &o.seq_log_ratio_max, &o.tau_pos,
-                      &o.tau_neg, &cfg.kl.input_clamp, &cfg.kl.output_clamp, &cfg.kl_coef, &cfg.entropy_coef,
-                      &cfg.normalizer.denominator, &cfg.normalizer.scale})
+    for (double* x : {&o.eps_low, &o.eps_high, &o.dual_clip, &o.delta, &o.log_ratio_clamp, &o.gspo.seq_log_ratio_max,
+                      &o.sapo.tau_pos, &o.sapo.tau_neg, &cfg.kl.input_clamp, &cfg.kl.output_clamp, &cfg.kl_coef,
+                      &cfg.entropy_coef, &cfg.normalizer.denominator, &cfg.normalizer.scale})
       if (p.ConsumeBool()) *x = fuzz::any_double(p);
   }
 
@@ -211,13 +212,15 @@ void run(FuzzedDataProvider& p) {
     tokens += valid;
     sequences += valid > 0;
   }
-  FUZZ_CHECK(res.metrics.tokens == tokens && res.metrics.sequences == sequences && res.metrics.rows == static_cast<double>(s.rows));
+  FUZZ_CHECK(res.metrics.tokens == tokens && res.metrics.sequences == sequences &&
+             res.metrics.rows == static_cast<double>(s.rows));
   FUZZ_CHECK(res.metrics.clipped >= 0 && res.metrics.clipped <= tokens);
   if (tokens == 0) FUZZ_CHECK(res.loss == 0.0 && res.pg_loss == 0.0);
   if (cfg.kl_coef == 0.0) FUZZ_CHECK(res.kl_loss == 0.0);
   if (cfg.entropy_coef == 0.0) FUZZ_CHECK(res.entropy_loss == 0.0);
   if (moderate && moderate_cfg && cfg.check_values) {
-    FUZZ_CHECK(std::isfinite(res.loss) && std::isfinite(res.pg_loss) && std::isfinite(res.kl_loss) && std::isfinite(res.entropy_loss));
+    FUZZ_CHECK(std::isfinite(res.loss) && std::isfinite(res.pg_loss) && std::isfinite(res.kl_loss) &&
+               std::isfinite(res.entropy_loss));
     for (const auto i : glp.addr) FUZZ_CHECK(std::isfinite(glp.buf[i]));
     for (const auto i : gent.addr) FUZZ_CHECK(std::isfinite(gent.buf[i]));
     if (tokens > 0) FUZZ_CHECK(res.metrics.ratio_min > 0.0 && res.metrics.ratio_min <= res.metrics.ratio_max);
@@ -228,7 +231,9 @@ void run(FuzzedDataProvider& p) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider p(data, size);
-  if (p.ConsumeBool()) run<double>(p);
-  else run<float>(p);
+  if (p.ConsumeBool())
+    run<double>(p);
+  else
+    run<float>(p);
   return 0;
 }

@@ -21,7 +21,7 @@ struct problem {
 };
 
 //! Element types of one run: logits L, labels I, statistics S, row gradients D (grad_logits: L).
-//! The (L, I, S, D) of the torch adapter: policy_loss_from_logits with float32 tokens, logits_stats
+//! The (L, I, S, D) of the torch adapter: policy_loss_from_logits with float32 tokens, logits_statistics
 //! (double statistics) of bfloat16 and float32 logits, float64 throughout.
 enum class types { f32_i64_f32_f32, bf16_i64_f64_f32, f32_i32_f64_f32, f64_i32_f64_f64 };
 

@@ -82,7 +82,7 @@ def policy_loss(logp, old, adv, mask, *, objective="ppo_clip", eps_low=0.2, eps_
     return aggregate(tok, mask, agg, constant, denominator)
 
 
-def logits_stats(logits, labels, temperature=1.0):
+def logits_statistics(logits, labels, temperature=1.0):
     z = logits / temperature
     lsm = torch.log_softmax(z, dim=-1)
     lp = lsm.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)

@@ -147,7 +147,7 @@ def whiten(x, m):
     return (x - mu) / torch.sqrt(var + 1e-8) * m
 
 
-def reinforce_pp_returns(r, m, gamma):
+def reinforce_plus_plus_returns(r, m, gamma):
     """Returns over the valid tokens only: a masked position gets 0 and passes the return on."""
     out = torch.zeros_like(r)
     for b in range(r.shape[0]):

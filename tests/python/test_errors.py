@@ -106,7 +106,7 @@ def test_zero_size_mask_is_not_an_absent_mask(empty):
                                            log_prob=lp, mask=empty),
         "rollout_correction": lambda: ulorl.rollout_correction(old, lp, empty),
         "off_policy_mask": lambda: ulorl.off_policy_mask(lp, old, adv[:, 0].contiguous(), empty, delta=0.5),
-        "reinforce_pp_advantages": lambda: ulorl.reinforce_pp_advantages(torch.rand(2, 3, dtype=torch.float64), empty),
+        "reinforce_plus_plus_advantages": lambda: ulorl.reinforce_plus_plus_advantages(torch.rand(2, 3, dtype=torch.float64), empty),
         "optimal_token_baseline_advantages": lambda: ulorl.optimal_token_baseline_advantages(
             torch.rand(2, 3, dtype=torch.float64), empty, [0, 0], old_log_prob=old, sum_pi_squared=torch.rand(2, 3, dtype=torch.float64)),
     }
@@ -169,7 +169,7 @@ def _graphs():
         return ulorl.presets.openrlhf.agg_loss(x, mask)
 
     return [("policy_loss", policy_loss, lp0), ("policy_loss_from_logits", from_logits, logits0),
-            ("logits_stats", logprobs, logits0), ("linear_head_policy_loss", head, w0), ("agg_loss", agg, lp0),
+            ("logits_statistics", logprobs, logits0), ("linear_head_policy_loss", head, w0), ("agg_loss", agg, lp0),
             ("kl_penalty", kl, lp0), ("agg_loss", openrlhf_agg, lp0)]  # the preset runs the agg_loss operator
 
 

@@ -201,10 +201,10 @@ def run_advantage(preset, params, inputs):
                 estimator=est, handle_zero_tail=p(params, "handle_zero_tail", True), epsilon=p(params, "epsilon", 1e-8))
             return {"advantages": adv, "returns": ret}
         if est == "reinforce_plus_plus":
-            adv, ret = ulorl.reinforce_pp_advantages(rewards, mask, gamma=p(params, "gamma", 1.0))
+            adv, ret = ulorl.reinforce_plus_plus_advantages(rewards, mask, gamma=p(params, "gamma", 1.0))
             return {"advantages": adv, "returns": ret}
         if est == "reinforce_plus_plus_baseline":
-            return {"advantages": ulorl.reinforce_pp_baseline_advantages(scores, mask, index, preset="verl")}
+            return {"advantages": ulorl.reinforce_plus_plus_baseline_advantages(scores, mask, index, preset="verl")}
         reject("advantage", "estimator", f"unknown verl estimator '{est}'")
     if preset == "nemo_rl" and est == "gdpo":
         return {"advantages": ulorl.multi_reward_advantages(
@@ -212,7 +212,7 @@ def run_advantage(preset, params, inputs):
             use_leave_one_out_baseline=p(params, "use_leave_one_out_baseline", True),
             normalize_rewards=p(params, "normalize_rewards", True))}
     if preset == "nemo_rl" and est == "reinforce_plus_plus":
-        return {"advantages": ulorl.reinforce_pp_baseline_advantages(
+        return {"advantages": ulorl.reinforce_plus_plus_baseline_advantages(
             scores, mask, index, preset="nemo_rl", minus_baseline=p(params, "minus_baseline", True))}
     if preset == "trl":
         agg = p(params, "multi_objective_aggregation", "sum_then_normalize")

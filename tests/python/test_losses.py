@@ -180,14 +180,14 @@ def test_logprobs_from_logits_matches_oracle_and_gradcheck(gen):
     for temp in (1.0, 0.7):
         z = logits.clone().requires_grad_()
         lp, ent = ulorl.logprobs_from_logits(z, labels, temperature=temp)
-        wlp, went = oracles.logits_stats(logits, labels, temp)
+        wlp, went = oracles.logits_statistics(logits, labels, temp)
         torch.testing.assert_close(lp, wlp, rtol=1e-13, atol=1e-13)
         torch.testing.assert_close(ent, went, rtol=1e-13, atol=1e-13)
         g1 = torch.randn(6, generator=gen, dtype=torch.float64)
         g2 = torch.randn(6, generator=gen, dtype=torch.float64)
         (lp * g1 + ent * g2).sum().backward()
         zz = logits.clone().requires_grad_()
-        a, b = oracles.logits_stats(zz, labels, temp)
+        a, b = oracles.logits_statistics(zz, labels, temp)
         (a * g1 + b * g2).sum().backward()
         torch.testing.assert_close(z.grad, zz.grad, rtol=1e-11, atol=1e-13)
     z = logits[:3, :5].clone().requires_grad_()
@@ -209,7 +209,7 @@ def test_policy_loss_from_logits_matches_composition(gen):
     mask = torch.rand(B, T, generator=gen) < 0.8
     mask[0, 0] = True
     z = logits.clone().requires_grad_()
-    lp, _ = oracles.logits_stats(z, labels, 0.8)
+    lp, _ = oracles.logits_statistics(z, labels, 0.8)
     want = oracles.policy_loss(lp.view(B, T), old, adv, mask, eps_low=0.2, eps_high=0.28, ref=ref, kl_coef=0.04,
                                kl_estimator="k3")
     want.backward()
@@ -235,7 +235,7 @@ def test_linear_head_policy_loss_matches_composition(gen):
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[1, 3:] = False
     ps = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
-    lp, _ = oracles.logits_stats(ps[0] @ ps[1].T + ps[2], labels)
+    lp, _ = oracles.logits_statistics(ps[0] @ ps[1].T + ps[2], labels)
     want = oracles.aggregate(oracles.token_objective(lp.view(B, T), old, adv, eps_low=0.2, eps_high=0.28),
                              mask, "seq_mean_token_mean")
     want.backward()
@@ -451,7 +451,7 @@ def test_installed_kernels_instruction_sets(gen):
         (lp * g1.to(dtype) + ent * g2.to(dtype)).sum().backward()
         assert z.grad.dtype == dtype
         zz = x.double().requires_grad_()
-        wlp, went = oracles.logits_stats(zz, labels.long(), 0.7)
+        wlp, went = oracles.logits_statistics(zz, labels.long(), 0.7)
         # the row gradients reach the kernel as the 16-bit values the caller holds
         (wlp * g1.to(dtype).double() + went * g2.to(dtype).double()).sum().backward()
         tol = rounding[dtype] + 2e-5

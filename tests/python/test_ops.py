@@ -16,7 +16,7 @@ import torch
 import ulorl
 from ulorl import _ulorl
 
-OPS = ["policy_loss", "_policy_loss_forward", "logits_stats", "_logits_stats_forward", "_logits_stats_backward",
+OPS = ["policy_loss", "_policy_loss_forward", "logits_statistics", "_logits_statistics_forward", "_logits_statistics_backward",
        "agg_loss", "_agg_loss_forward", "kl_penalty", "_kl_penalty_forward", "policy_loss_from_logits",
        "_policy_loss_from_logits_forward"]
 
@@ -82,13 +82,13 @@ def test_meta_kernels_give_the_cpu_kernels_shapes_dtypes_and_strides(dtype, with
         assert (c.shape, c.dtype, c.stride()) == (m.shape, m.dtype, m.stride())
     z = torch.randn(5, 9, dtype=dtype)
     y = torch.randint(0, 9, (5,))
-    cpu = torch.ops.ulorl._logits_stats_forward(z, y, 1.0, True, False)
-    meta = torch.ops.ulorl._logits_stats_forward(z.to("meta"), y.to("meta"), 1.0, True, False)
+    cpu = torch.ops.ulorl._logits_statistics_forward(z, y, 1.0, True, False)
+    meta = torch.ops.ulorl._logits_statistics_forward(z.to("meta"), y.to("meta"), 1.0, True, False)
     for c, m in zip(cpu, meta):
         assert (c.shape, c.dtype, c.stride(), m.device.type) == (m.shape, m.dtype, m.stride(), "meta")
     args = (z, y, cpu[2], cpu[3], torch.ones(5, dtype=cpu[0].dtype), None, 1.0, False)
-    g_cpu = torch.ops.ulorl._logits_stats_backward(*args)
-    g_meta = torch.ops.ulorl._logits_stats_backward(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
+    g_cpu = torch.ops.ulorl._logits_statistics_backward(*args)
+    g_meta = torch.ops.ulorl._logits_statistics_backward(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
     assert (g_cpu.shape, g_cpu.dtype, g_cpu.stride()) == (g_meta.shape, g_meta.dtype, g_meta.stride())
 
 
@@ -103,8 +103,8 @@ def test_the_public_operators_run_under_inference_mode_and_give_the_autograd_val
     z = torch.randn(4, 6, dtype=torch.float64)
     y = torch.randint(0, 6, (4,))
     with torch.inference_mode():
-        a = torch.ops.ulorl.logits_stats(z, y)
-    b = torch.ops.ulorl.logits_stats(z, y)
+        a = torch.ops.ulorl.logits_statistics(z, y)
+    b = torch.ops.ulorl.logits_statistics(z, y)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
@@ -212,7 +212,7 @@ def test_the_cpp_adapter_and_python_give_the_same_bits():
         logits = z.to(dtype).detach().requires_grad_()
         lp, ent = ulorl.logprobs_from_logits(logits, y, 0.7)
         (lp.sum() + 0.5 * ent.sum()).backward()
-        c = cpp["logits_stats"][name]
+        c = cpp["logits_statistics"][name]
         _same(c["log_prob"], lp)
         _same(c["entropy"], ent)
         _same(c["grad_logits"], logits.grad)
@@ -223,8 +223,8 @@ def test_the_cpp_adapter_and_python_give_the_same_bits():
     c = cpp["batch"]
     _same(c["advantages"], adv)
     _same(c["tokens"], ulorl.broadcast_to_tokens(adv, mask, verl))
-    rpp_adv, rpp_ret = ulorl.reinforce_pp_advantages(adv_tok, mask, gamma=0.9, scan="skip_masked")
-    _same(c["reinforce_pp"], rpp_adv)
+    rpp_adv, rpp_ret = ulorl.reinforce_plus_plus_advantages(adv_tok, mask, gamma=0.9, scan="skip_masked")
+    _same(c["reinforce_plus_plus"], rpp_adv)
     _same(c["returns"], rpp_ret)
     keep, seq_kl, _ = ulorl.off_policy_mask(lp, old, adv, mask, delta=0.01, preset="trl")
     _same(c["opm_keep"], keep)
@@ -275,7 +275,7 @@ def test_a_grpo_step_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradie
     labels = torch.randint(0, 13, (4 * 9,))
 
     def step(logits, lp_bias):
-        lp, ent = torch.ops.ulorl.logits_stats(logits, labels, 1.0, True, False)
+        lp, ent = torch.ops.ulorl.logits_statistics(logits, labels, 1.0, True, False)
         lp = lp.reshape(4, 9) + lp_bias
         loss, result = torch.ops.ulorl.policy_loss(lp, old, adv, mask, ref, None, ent.reshape(4, 9), None, None, enc)
         return loss * 2.0, result
@@ -366,7 +366,7 @@ def test_opcheck_passes_for_the_public_operators():
     enc = _encode(eps_high=0.28, kl_coef=0.05, entropy_coef=0.01)
     cases = [(torch.ops.ulorl.policy_loss.default,
               (lp.requires_grad_(), old, adv, mask, ref, None, ent.requires_grad_(), None, None, enc)),
-             (torch.ops.ulorl.logits_stats.default,
+             (torch.ops.ulorl.logits_statistics.default,
               (torch.randn(6, 11, requires_grad=True), torch.randint(0, 11, (6,)), 0.7, True, False)),
              (torch.ops.ulorl.agg_loss.default,
               (lp.detach().clone().requires_grad_(), mask, None,

@@ -124,10 +124,10 @@ def test_multi_reward_sum_then_normalize_is_the_weighted_sum(gen):
     torch.testing.assert_close(got, want[:, None].expand(8, 4), rtol=1e-12, atol=1e-12)
 
 
-def test_reinforce_pp_returns_and_whitening(gen):
+def test_reinforce_plus_plus_returns_and_whitening(gen):
     rewards = torch.randn(3, 5, generator=gen, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)
-    adv, ret = ulorl.reinforce_pp_advantages(rewards, mask, gamma=0.9)
+    adv, ret = ulorl.reinforce_plus_plus_advantages(rewards, mask, gamma=0.9)
     want = torch.zeros_like(rewards)
     for b in range(3):
         c = 0.0
@@ -147,7 +147,7 @@ def test_advantage_errors(gen):
     scores = torch.randn(4, generator=gen, dtype=torch.float64)
     mask = torch.ones(4, 3, dtype=torch.bool)
     with pytest.raises(ulorl.Error):
-        ulorl.reinforce_pp_baseline_advantages(scores, mask, group_size=2, preset="openrlhf")
+        ulorl.reinforce_plus_plus_baseline_advantages(scores, mask, group_size=2, preset="openrlhf")
     with pytest.raises(ulorl.Error):
         ulorl.multi_reward_advantages(torch.randn(4, 2, dtype=torch.float64), mask, group_size=2, preset="trl",
                                       multi_objective_aggregation="sum_first")

@@ -391,14 +391,14 @@ def test_16bit_values_carry_the_exact_gradient(gen, dtype):
 
 def test_torch_rounding_rejects_what_it_cannot_compute():
     with pytest.raises(ulorl.Error, match="argument 'labels'"):
-        _ulorl._logits_stats_torch_rounding(torch.zeros(2, 4, dtype=torch.bfloat16), torch.tensor([[0], [4]]))
+        _ulorl._logits_statistics_torch_rounding(torch.zeros(2, 4, dtype=torch.bfloat16), torch.tensor([[0], [4]]))
     with pytest.raises(ulorl.Error, match="argument 'logits'.*must be finite or -inf"):
-        _ulorl._logits_stats_torch_rounding(torch.tensor([[0.0, float("nan")]], dtype=torch.bfloat16),
+        _ulorl._logits_statistics_torch_rounding(torch.tensor([[0.0, float("nan")]], dtype=torch.bfloat16),
                                             torch.tensor([[0]]))
     with pytest.raises(ulorl.Error, match="row has no finite logit"):
-        _ulorl._logits_stats_torch_rounding(torch.full((1, 3), float("-inf"), dtype=torch.float16), torch.tensor([[0]]))
+        _ulorl._logits_statistics_torch_rounding(torch.full((1, 3), float("-inf"), dtype=torch.float16), torch.tensor([[0]]))
     with pytest.raises(ulorl.Error, match="must be bfloat16 or float16"):
-        _ulorl._logits_stats_torch_rounding(torch.zeros(2, 4), torch.tensor([[0], [1]]))
+        _ulorl._logits_statistics_torch_rounding(torch.zeros(2, 4), torch.tensor([[0], [1]]))
 
 
 @pytest.mark.parametrize("shape", [(17,), (3, 17), (2, 3, 17)])

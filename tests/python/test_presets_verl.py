@@ -254,12 +254,12 @@ def test_gpg_opo_and_rf_baseline():
     torch.testing.assert_close(adv, O.whiten(O.grpo(s, ids).unsqueeze(-1) * m, m), rtol=1e-10, atol=1e-12)
 
 
-def test_reinforce_pp_skips_observation_spans():
+def test_reinforce_plus_plus_skips_observation_spans():
     m = torch.tensor([[1.0, 1, 0, 0, 1, 1], [1, 0, 1, 1, 0, 0]], dtype=torch.float64)
     r = torch.tensor([[0.0, 0, 3, 0, 0, 1], [0, 4, 0, 2, 0, 0]], dtype=torch.float64)  # masked rewards are dropped
     for gamma in (1.0, 0.5):
         adv, ret = v.compute_reinforce_plus_plus_outcome_advantage(r, m, config=types.SimpleNamespace(gamma=gamma))
-        want = O.reinforce_pp_returns(r, m, gamma)
+        want = O.reinforce_plus_plus_returns(r, m, gamma)
         torch.testing.assert_close(ret, want, rtol=0, atol=1e-15)
         torch.testing.assert_close(adv, O.whiten(want, m), rtol=1e-10, atol=1e-12)
     _, ret = v.compute_reinforce_plus_plus_outcome_advantage(r[:1], m[:1], Cfg(gamma=1.0))

@@ -52,7 +52,8 @@ inline std::vector<double> grpo(const std::vector<double>& s, const std::vector<
 
 //! Leave-one-out: baseline = mean of the others; optional scaling by the pool's unbiased std
 //! (skipped when that std is 0, NeMo-RL); singleton -> 0.
-inline std::vector<double> loo(const std::vector<double>& s, const std::vector<std::int64_t>& ids, bool scale, double eps) {
+inline std::vector<double> loo(const std::vector<double>& s, const std::vector<std::int64_t>& ids, bool scale,
+                               double eps) {
   std::vector<double> out(s.size());
   for (std::size_t i = 0; i < s.size(); ++i) {
     const auto mem = group_members(ids, i);
@@ -71,8 +72,9 @@ inline std::vector<double> loo(const std::vector<double>& s, const std::vector<s
 }
 
 //! Discounted returns with reset after EOS, then unbiased masked whitening (eps in the sqrt).
-inline void reinforce_pp(const std::vector<std::vector<double>>& r, const std::vector<std::vector<int>>& m, double gamma,
-                         std::vector<std::vector<double>>& ret, std::vector<std::vector<double>>& adv) {
+inline void reinforce_plus_plus(const std::vector<std::vector<double>>& r, const std::vector<std::vector<int>>& m,
+                                double gamma, std::vector<std::vector<double>>& ret,
+                                std::vector<std::vector<double>>& adv) {
   ret = r;
   for (std::size_t b = 0; b < r.size(); ++b) {
     long double c = 0;

@@ -29,9 +29,9 @@ namespace temperature_check {
 
 struct result {
   bool refused = false;
-  std::string what;      // the refusal's message
-  double grad_err = 0;   // worst normwise gradient error over the rows
-  double stat_err = 0;   // worst error of log_prob / entropy / lse
+  std::string what;     // the refusal's message
+  double grad_err = 0;  // worst normwise gradient error over the rows
+  double stat_err = 0;  // worst error of log_prob / entropy / lse
   std::size_t worst_row = 0;
 };
 
@@ -108,15 +108,16 @@ result run(const std::vector<double>& x, std::size_t rows, std::size_t cols, con
       const long double d = std::fabs(static_cast<long double>(as_double(g[r * cols + j])) - ex[j]);
       const long double carried = lse_digits * (std::fabs(ex[j]) + std::fabs(ge) * std::exp(lps[j]) / tau);
       const long double over = d - floor2 - carried;
-      if (over > 0) e = std::max(e, gmax > 0 ? static_cast<double>(over / gmax) : std::numeric_limits<double>::infinity());
+      if (over > 0)
+        e = std::max(e, gmax > 0 ? static_cast<double>(over / gmax) : std::numeric_limits<double>::infinity());
       if (std::isnan(as_double(g[r * cols + j]))) e = std::numeric_limits<double>::infinity();
     }
     if (!(e <= res.grad_err)) res.grad_err = e, res.worst_row = r;
     const auto rel = [](double got, long double want) {
       return static_cast<double>(std::fabs(static_cast<long double>(got) - want) / (1 + std::fabs(want)));
     };
-    const double se = std::max({rel(static_cast<double>(lp[r]), st.log_prob), rel(static_cast<double>(h[r]), st.entropy),
-                                rel(static_cast<double>(lse[r]), st.lse)});
+    const double se = std::max({rel(static_cast<double>(lp[r]), st.log_prob),
+                                rel(static_cast<double>(h[r]), st.entropy), rel(static_cast<double>(lse[r]), st.lse)});
     res.stat_err = std::isnan(se) ? std::numeric_limits<double>::infinity() : std::max(res.stat_err, se);
   }
   return res;

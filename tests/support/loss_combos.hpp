@@ -34,20 +34,32 @@ inline combo make_combo(const std::string& objective, const std::string& kl, con
   o.eps_low = s.eps_low = 0.2;
   o.eps_high = s.eps_high = 0.28;
   o.log_ratio_clamp = s.bound = 20;
-  o.seq_log_ratio_max = s.seq_max = 10;
-  if (objective == "ppo") o.kind = ulorl::objective_kind::ppo_clip;
-  else if (objective == "ppo_sym") s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.eps_high = s.eps_high = 0.2;
-  else if (objective == "ppo_prorl") s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.eps_high = s.eps_high = 0.4;
-  else if (objective == "ppo_dual") s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.dual_clip = s.dual_c = 3;
+  o.gspo.seq_log_ratio_max = s.seq_max = 10;
+  if (objective == "ppo")
+    o.kind = ulorl::objective_kind::ppo_clip;
+  else if (objective == "ppo_sym")
+    s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.eps_high = s.eps_high = 0.2;
+  else if (objective == "ppo_prorl")
+    s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.eps_high = s.eps_high = 0.4;
+  else if (objective == "ppo_dual")
+    s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.dual_clip = s.dual_c = 3;
   else if (objective == "ppo_delta")
-    s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.delta = s.delta = 1.5, o.log_ratio_clamp = s.bound = oracle::inf;
-  else if (objective == "gspo_own") o.kind = ulorl::objective_kind::gspo, o.seq_gradient = ulorl::sequence_gradient::own_token;
-  else if (objective == "gspo_mean") o.kind = ulorl::objective_kind::gspo, o.seq_gradient = ulorl::sequence_gradient::through_mean;
-  else if (objective == "cispo") o.kind = ulorl::objective_kind::cispo;
-  else if (objective == "gmpo") o.kind = ulorl::objective_kind::gmpo;
-  else if (objective == "sapo") o.kind = ulorl::objective_kind::sapo;
-  else if (objective == "pg") o.kind = ulorl::objective_kind::policy_gradient;
-  else throw std::invalid_argument("make_combo: unknown objective '" + objective + "'");
+    s.objective = "ppo", o.kind = ulorl::objective_kind::ppo_clip, o.delta = s.delta = 1.5,
+    o.log_ratio_clamp = s.bound = oracle::inf;
+  else if (objective == "gspo_own")
+    o.kind = ulorl::objective_kind::gspo, o.gspo.seq_gradient = ulorl::sequence_gradient::own_token;
+  else if (objective == "gspo_mean")
+    o.kind = ulorl::objective_kind::gspo, o.gspo.seq_gradient = ulorl::sequence_gradient::through_mean;
+  else if (objective == "cispo")
+    o.kind = ulorl::objective_kind::cispo;
+  else if (objective == "gmpo")
+    o.kind = ulorl::objective_kind::gmpo;
+  else if (objective == "sapo")
+    o.kind = ulorl::objective_kind::sapo;
+  else if (objective == "pg")
+    o.kind = ulorl::objective_kind::policy_gradient;
+  else
+    throw std::invalid_argument("make_combo: unknown objective '" + objective + "'");
 
   auto& k = c.cfg.kl;
   if (kl != "none") c.cfg.kl_coef = s.beta = 0.3;
@@ -57,33 +69,51 @@ inline combo make_combo(const std::string& objective, const std::string& kl, con
   s.kl = est;
   if (est == "none") {
     if (!var.empty()) throw std::invalid_argument("make_combo: unknown KL '" + kl + "'");
-  } else if (est == "k1") k.estimator = ulorl::kl_estimator::k1;
-  else if (est == "abs") k.estimator = ulorl::kl_estimator::abs;
-  else if (est == "k2") k.estimator = ulorl::kl_estimator::k2;
-  else if (est == "k3") k.estimator = ulorl::kl_estimator::k3;
-  else throw std::invalid_argument("make_combo: unknown KL '" + kl + "'");
-  if (kl == "k3") k.input_clamp = s.kl_in = 1.5, k.output_clamp = s.kl_out = 1.2;
+  } else if (est == "k1")
+    k.estimator = ulorl::kl_estimator::k1;
+  else if (est == "abs")
+    k.estimator = ulorl::kl_estimator::abs;
+  else if (est == "k2")
+    k.estimator = ulorl::kl_estimator::k2;
+  else if (est == "k3")
+    k.estimator = ulorl::kl_estimator::k3;
+  else
+    throw std::invalid_argument("make_combo: unknown KL '" + kl + "'");
+  if (kl == "k3")
+    k.input_clamp = s.kl_in = 1.5, k.output_clamp = s.kl_out = 1.2;
   else if (var == "" || est == "none") {
-  } else if (var == "st") k.straight_through = s.kl_straight_through = true;
-  else if (var == "iw" && est == "k3") k.importance_weighted = s.kl_importance_weighted = true;
+  } else if (var == "st")
+    k.straight_through = s.kl_straight_through = true;
+  else if (var == "iw" && est == "k3")
+    k.importance_weighted = s.kl_importance_weighted = true;
   else if (var == "st_clamp" && est == "k3")
     k.straight_through = s.kl_straight_through = true, k.input_clamp = s.kl_in = 1.5, k.output_clamp = s.kl_out = 1.2;
-  else if (var == "clamp" && (est == "k1" || est == "abs")) k.input_clamp = s.kl_in = 1.6, k.output_clamp = s.kl_out = 0.8;
-  else if (var == "clamp" && est == "k2") k.input_clamp = s.kl_in = 1.7, k.output_clamp = s.kl_out = 0.5;
-  else if (var == "iclamp" && est != "k3") k.input_clamp = s.kl_in = 0.9;
-  else throw std::invalid_argument("make_combo: unknown KL '" + kl + "'");
+  else if (var == "clamp" && (est == "k1" || est == "abs"))
+    k.input_clamp = s.kl_in = 1.6, k.output_clamp = s.kl_out = 0.8;
+  else if (var == "clamp" && est == "k2")
+    k.input_clamp = s.kl_in = 1.7, k.output_clamp = s.kl_out = 0.5;
+  else if (var == "iclamp" && est != "k3")
+    k.input_clamp = s.kl_in = 0.9;
+  else
+    throw std::invalid_argument("make_combo: unknown KL '" + kl + "'");
   c.cfg.entropy_coef = s.ent_coef = 0.01;
 
   s.agg = agg == "token" ? "token_mean" : agg;
   s.denom = denom;
   s.scale = 1.5;
   ulorl::agg_mode m = ulorl::agg_mode::token_mean;
-  if (agg == "token" || agg == "token_mean") m = ulorl::agg_mode::token_mean;
-  else if (agg == "seq_sum") m = ulorl::agg_mode::seq_mean_token_sum;
-  else if (agg == "seq_mean") m = ulorl::agg_mode::seq_mean_token_mean;
-  else if (agg == "seq_sum_norm") m = ulorl::agg_mode::seq_mean_token_sum_norm;
-  else if (agg == "constant") m = ulorl::agg_mode::constant;
-  else throw std::invalid_argument("make_combo: unknown aggregation '" + agg + "'");
+  if (agg == "token" || agg == "token_mean")
+    m = ulorl::agg_mode::token_mean;
+  else if (agg == "seq_sum")
+    m = ulorl::agg_mode::seq_mean_token_sum;
+  else if (agg == "seq_mean")
+    m = ulorl::agg_mode::seq_mean_token_mean;
+  else if (agg == "seq_sum_norm")
+    m = ulorl::agg_mode::seq_mean_token_sum_norm;
+  else if (agg == "constant")
+    m = ulorl::agg_mode::constant;
+  else
+    throw std::invalid_argument("make_combo: unknown aggregation '" + agg + "'");
   c.cfg.normalizer = {m, denom, 1.5};
   return c;
 }

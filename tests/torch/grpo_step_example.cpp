@@ -43,13 +43,13 @@ TEST_CASE("docs/torch.md GRPO step: one optimizer step raises the log-probs of p
   const torch::Tensor prompt_ids = torch::arange(b, torch::kLong).floor_divide(4);
   const auto log_probs = [&] {
     torch::NoGradGuard ng;
-    return ulorl::th::logits_stats(head(hidden), tokens).first.view({b, t});
+    return ulorl::th::logits_statistics(head(hidden), tokens).first.view({b, t});
   };
   const torch::Tensor before = log_probs();  // on-policy: the rollout policy is the current one
   const double clip = grpo_step(head, opt, hidden, tokens, mask, before, rewards, prompt_ids);
   CHECK(clip == 0.0);  // ratio 1 everywhere
   const auto preset = ulorl::presets::verl::grpo_advantage();
-  const torch::Tensor adv = ulorl::th::broadcast_to_tokens(
-      ulorl::th::group_advantages(rewards, prompt_ids, preset), mask, preset);
+  const torch::Tensor adv =
+      ulorl::th::broadcast_to_tokens(ulorl::th::group_advantages(rewards, prompt_ids, preset), mask, preset);
   CHECK((adv * (log_probs() - before)).sum().item<double>() > 0);
 }

@@ -4,7 +4,7 @@
 // broadcast, MPT masks and the dynamic-sampling filter against plain-torch formulas; bad inputs
 // (dtype, device, rank, sizes, strides, labels out of range, NaN) raise ulorl::error naming the
 // argument and leave outputs untouched; an undefined mask gives the bits of an all-ones mask (losses,
-// metrics, gradients, token broadcast; padded and packed); peak memory of logits_stats forward + backward against
+// metrics, gradients, token broadcast; padded and packed); peak memory of logits_statistics forward + backward against
 // torch's own formula. One translation unit: each one that includes the adapter compiles every
 // kernel instantiation again.
 #include <ulorl/adapters/torch.hpp>
@@ -108,8 +108,10 @@ TEST_CASE("torch policy_loss: packed layout, uint8 and float masks, strided inpu
   CHECK(std::fabs(th::policy_loss(lpt, x.old, x.adv, x.mask, cfg, extra).result.loss - base.result.loss) < 1e-14);
   // Packed: every row's full T tokens, flattened, offsets b * T.
   const at::Tensor off = at::arange(0, 6 * 33, 33, at::TensorOptions().dtype(at::kLong));
-  th::policy_loss_tensors pextra{.ref_log_prob = x.ref.reshape({-1}), .weights = x.w.reshape({-1}),
-                                 .entropy = x.ent.reshape({-1}), .offsets = off};
+  th::policy_loss_tensors pextra{.ref_log_prob = x.ref.reshape({-1}),
+                                 .weights = x.w.reshape({-1}),
+                                 .entropy = x.ent.reshape({-1}),
+                                 .offsets = off};
   at::Tensor lpp = x.lp.reshape({-1}).clone().requires_grad_();
   const auto packed = th::policy_loss(lpp, x.old.reshape({-1}), x.adv.reshape({-1}), x.mask.reshape({-1}), cfg, pextra);
   CHECK(std::fabs(packed.result.loss - base.result.loss) < 1e-14);
@@ -123,7 +125,8 @@ TEST_CASE("torch policy_loss: packed layout, uint8 and float masks, strided inpu
                   base.result.loss) < 1e-14);
 }
 
-TEST_CASE("torch policy_loss with cfg.rollout: the correction inside the loss equals apply() then the loss", "[torch][rollout]") {
+TEST_CASE("torch policy_loss with cfg.rollout: the correction inside the loss equals apply() then the loss",
+          "[torch][rollout]") {
   tsupport::seed(1013);
   namespace rc = ulorl::rollout_correction;
   for (auto dt : {at::kDouble, at::kFloat}) {
@@ -136,23 +139,31 @@ TEST_CASE("torch policy_loss with cfg.rollout: the correction inside the loss eq
     const at::Tensor w = at::empty_like(x.old), keep = at::empty_like(m8);
     const auto tv = [](const at::Tensor& t, auto* p) {
       using E = std::remove_pointer_t<decltype(p)>;
-      return ulorl::token_view<E>::padded(ulorl::matrix_view<E>(p, static_cast<std::size_t>(t.size(0)), static_cast<std::size_t>(t.size(1))));
+      return ulorl::token_view<E>::padded(
+          ulorl::matrix_view<E>(p, static_cast<std::size_t>(t.size(0)), static_cast<std::size_t>(t.size(1))));
     };
     rc::statistics st;
     const auto run_apply = [&](auto tag) {
       using T = decltype(tag);
-      const rc::inputs<T, std::uint8_t> rin{tv(x.old, x.old.data_ptr<T>()), tv(ro, ro.data_ptr<T>()), tv(m8, m8.data_ptr<std::uint8_t>())};
-      st = rc::apply(rin, rc::outputs<T, std::uint8_t>{tv(w, w.data_ptr<T>()), tv(keep, keep.data_ptr<std::uint8_t>())}, c).totals;
+      const rc::inputs<T, std::uint8_t> rin{tv(x.old, x.old.data_ptr<T>()), tv(ro, ro.data_ptr<T>()),
+                                            tv(m8, m8.data_ptr<std::uint8_t>())};
+      st = rc::apply(rin, rc::outputs<T, std::uint8_t>{tv(w, w.data_ptr<T>()), tv(keep, keep.data_ptr<std::uint8_t>())},
+                     c)
+               .totals;
     };
-    if (dt == at::kDouble) run_apply(double{});
-    else run_apply(float{});
+    if (dt == at::kDouble)
+      run_apply(double{});
+    else
+      run_apply(float{});
     const double kept = st.tokens - st.rejected_tokens;
     REQUIRE(st.rejected_tokens > 0);
     auto cfg = full_config(kept);
     at::Tensor lp1 = x.lp.clone().requires_grad_(), lp2 = x.lp.clone().requires_grad_();
-    const auto a = th::policy_loss(lp1, x.old, x.adv, keep, cfg, {.ref_log_prob = x.ref, .weights = w, .entropy = x.ent});
+    const auto a =
+        th::policy_loss(lp1, x.old, x.adv, keep, cfg, {.ref_log_prob = x.ref, .weights = w, .entropy = x.ent});
     cfg.rollout = c;
-    const auto b = th::policy_loss(lp2, x.old, x.adv, x.mask, cfg, {.ref_log_prob = x.ref, .entropy = x.ent, .rollout_log_prob = ro});
+    const auto b = th::policy_loss(lp2, x.old, x.adv, x.mask, cfg,
+                                   {.ref_log_prob = x.ref, .entropy = x.ent, .rollout_log_prob = ro});
     a.loss.backward();
     b.loss.backward();
     CHECK(a.result.loss == b.result.loss);
@@ -162,7 +173,8 @@ TEST_CASE("torch policy_loss with cfg.rollout: the correction inside the loss eq
     // Without cfg.rollout, rollout_log_prob is an error naming it.
     cfg.rollout.reset();
     try {
-      (void)th::policy_loss(x.lp, x.old, x.adv, x.mask, cfg, {.ref_log_prob = x.ref, .entropy = x.ent, .rollout_log_prob = ro});
+      (void)th::policy_loss(x.lp, x.old, x.adv, x.mask, cfg,
+                            {.ref_log_prob = x.ref, .entropy = x.ent, .rollout_log_prob = ro});
       FAIL("no error");
     } catch (const ulorl::error& e) {
       CHECK(e.argument() == "rollout_log_prob");
@@ -186,7 +198,7 @@ TEST_CASE("torch policy_loss: gradients equal central finite differences (float6
   CHECK(tsupport::fd_matches(f, entd, ent.grad()));
 }
 
-TEST_CASE("torch logits_stats matches log_softmax / gather / entropy (values and gradients)", "[torch][logits]") {
+TEST_CASE("torch logits_statistics matches log_softmax / gather / entropy (values and gradients)", "[torch][logits]") {
   tsupport::seed(1004);
   for (auto dt : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
     // 16-bit statistics are rounded once to their dtype (2^-8 and 2^-11 relative).
@@ -197,14 +209,14 @@ TEST_CASE("torch logits_stats matches log_softmax / gather / entropy (values and
         const at::Tensor labels = at::randint(0, v, {n}, at::TensorOptions().dtype(at::kLong));
         const at::Tensor a = at::randn({n}, at::kDouble), c = at::randn({n}, at::kDouble);
         at::Tensor z = base.clone().requires_grad_();
-        auto [lp, ent] = th::logits_stats(z, labels, tau);
+        auto [lp, ent] = th::logits_statistics(z, labels, tau);
         REQUIRE(lp.scalar_type() == dt);
         REQUIRE(ent.scalar_type() == dt);
         (lp.to(at::kDouble) * a + ent.to(at::kDouble) * c).sum().backward();
         // Oracle in float64 on the same (rounded) logit values, with the row gradients as the
         // statistics' dtype carries them back (a and c rounded to 16 bits for 16-bit logits).
         at::Tensor z2 = base.to(at::kDouble).requires_grad_();
-        auto [lp2, ent2] = tsupport::oracle_logits_stats(z2, labels, tau);
+        auto [lp2, ent2] = tsupport::oracle_logits_statistics(z2, labels, tau);
         (lp2 * a.to(dt).to(at::kDouble) + ent2 * c.to(dt).to(at::kDouble)).sum().backward();
         CHECK(close(lp, lp2, tol, tol));
         CHECK(close(ent, ent2, tol, tol));
@@ -215,38 +227,38 @@ TEST_CASE("torch logits_stats matches log_softmax / gather / entropy (values and
   }
 }
 
-TEST_CASE("torch logits_stats: strided logits, int32 labels, one output used", "[torch][logits]") {
+TEST_CASE("torch logits_statistics: strided logits, int32 labels, one output used", "[torch][logits]") {
   tsupport::seed(1005);
   const std::int64_t n = 9, v = 130;
   const at::Tensor zt = at::randn({v, n}, at::kDouble);
   at::Tensor z = zt.t();  // [n, v], strides (1, n): read in place
   z.requires_grad_();
   const at::Tensor y = at::randint(0, v, {n}, at::TensorOptions().dtype(at::kInt));
-  auto [lp, ent] = th::logits_stats(z, y);
+  auto [lp, ent] = th::logits_statistics(z, y);
   ent.sum().backward();  // grad of log_prob undefined
   at::Tensor z2 = zt.t().detach().clone().requires_grad_();
-  auto [lp2, ent2] = tsupport::oracle_logits_stats(z2, y);
+  auto [lp2, ent2] = tsupport::oracle_logits_statistics(z2, y);
   ent2.sum().backward();
   CHECK(close(lp, lp2, 1e-12, 1e-12));
   CHECK(close(z.grad(), z2.grad(), 1e-12, 1e-13));
   at::Tensor z3 = zt.t().detach().clone().requires_grad_();
-  th::logits_stats(z3, y).first.sum().backward();  // grad of entropy undefined
+  th::logits_statistics(z3, y).first.sum().backward();  // grad of entropy undefined
   at::Tensor z4 = zt.t().detach().clone().requires_grad_();
-  tsupport::oracle_logits_stats(z4, y).first.sum().backward();
+  tsupport::oracle_logits_statistics(z4, y).first.sum().backward();
   CHECK(close(z3.grad(), z4.grad(), 1e-12, 1e-13));
 }
 
-TEST_CASE("torch logits_stats: gradients equal central finite differences (float64)", "[torch][logits][fd]") {
+TEST_CASE("torch logits_statistics: gradients equal central finite differences (float64)", "[torch][logits][fd]") {
   tsupport::seed(1006);
   const at::Tensor base = at::randn({4, 11}, at::kDouble) * 2;
   const at::Tensor y = at::randint(0, 11, {4}, at::TensorOptions().dtype(at::kLong));
   const at::Tensor a = at::randn({4}, at::kDouble), c = at::randn({4}, at::kDouble);
   at::Tensor z = base.clone().requires_grad_();
-  auto [lp, ent] = th::logits_stats(z, y, 0.8);
+  auto [lp, ent] = th::logits_statistics(z, y, 0.8);
   (lp * a + ent * c).sum().backward();
   at::Tensor zd = base.clone();
   const auto f = [&] {
-    auto [l, e] = th::logits_stats(zd, y, 0.8);
+    auto [l, e] = th::logits_statistics(zd, y, 0.8);
     return (l * a + e * c).sum().item<double>();
   };
   CHECK(tsupport::fd_matches(f, zd, z.grad()));
@@ -266,13 +278,13 @@ TEST_CASE("torch policy_loss_from_logits matches the plain-torch graph (copy and
       // ulorl: logits = leaf * 1 (a non-leaf, as a model's output), so in place may overwrite it.
       at::Tensor leaf = zb.clone().requires_grad_();
       at::Tensor z = leaf * 1.0;
-      th::logits_loss_options opt{.extra = {.ref_log_prob = x.ref, .weights = x.w}, .in_place = in_place};
+      th::logits_loss_config opt{.extra = {.ref_log_prob = x.ref, .weights = x.w}, .in_place = in_place};
       opt.logits.temperature = 0.9;
       auto out = th::policy_loss_from_logits(z, y, x.old, x.adv, x.mask, cfg, opt);
       (3.0 * out.loss).backward();
       // Plain torch.
       at::Tensor leaf2 = zb.clone().requires_grad_();
-      auto [lp, ent] = tsupport::oracle_logits_stats(leaf2, y, 0.9);
+      auto [lp, ent] = tsupport::oracle_logits_statistics(leaf2, y, 0.9);
       at::Tensor ref = tsupport::oracle_policy_loss(lp.view({b, t}), x.old, x.adv, x.mask, 0.2, 0.28, x.ref, 0.05,
                                                     ent.view({b, t}), 0.01, x.w);
       (3.0 * ref).backward();
@@ -295,14 +307,14 @@ TEST_CASE("torch composed graph: linear layer -> logits -> ulorl loss -> weight 
 
   // Plain torch.
   at::Tensor w2 = w0.clone().requires_grad_(), bias2 = b0.clone().requires_grad_();
-  auto [lp2, ent2] = tsupport::oracle_logits_stats(at::addmm(bias2, hid, w2.t()), y);
+  auto [lp2, ent2] = tsupport::oracle_logits_statistics(at::addmm(bias2, hid, w2.t()), y);
   tsupport::oracle_policy_loss(lp2.view({b, t}), x.old, x.adv, x.mask, 0.2, 0.28, x.ref, 0.05, ent2.view({b, t}), 0.01,
                                x.w)
       .backward();
 
-  SECTION("logits_stats + policy_loss") {
+  SECTION("logits_statistics + policy_loss") {
     at::Tensor w = w0.clone().requires_grad_(), bias = b0.clone().requires_grad_();
-    auto [lp, ent] = th::logits_stats(at::addmm(bias, hid, w.t()), y);
+    auto [lp, ent] = th::logits_statistics(at::addmm(bias, hid, w.t()), y);
     th::policy_loss(lp.view({b, t}), x.old, x.adv, x.mask, cfg,
                     {.ref_log_prob = x.ref, .weights = x.w, .entropy = ent.view({b, t})})
         .loss.backward();
@@ -320,14 +332,14 @@ TEST_CASE("torch composed graph: linear layer -> logits -> ulorl loss -> weight 
   SECTION("linear_head_policy_loss, chunks of 5 rows") {
     at::Tensor w = w0.clone().requires_grad_(), bias = b0.clone().requires_grad_();
     at::Tensor hg = hid.clone().requires_grad_();
-    th::linear_head_loss_options opt{.extra = extra};
+    th::linear_head_loss_config opt{.extra = extra};
     opt.head.chunk_rows = 5;
     auto out = th::linear_head_policy_loss(hg, w, bias, y, x.old, x.adv, x.mask, cfg, opt);
     out.loss.backward();
     CHECK(close(w.grad(), w2.grad(), 1e-10, 1e-13));
     CHECK(close(bias.grad(), bias2.grad(), 1e-10, 1e-13));
     at::Tensor hg2 = hid.clone().requires_grad_();
-    auto [l3, e3] = tsupport::oracle_logits_stats(at::addmm(b0, hg2, w0.t()), y);
+    auto [l3, e3] = tsupport::oracle_logits_statistics(at::addmm(b0, hg2, w0.t()), y);
     tsupport::oracle_policy_loss(l3.view({b, t}), x.old, x.adv, x.mask, 0.2, 0.28, x.ref, 0.05, e3.view({b, t}), 0.01,
                                  x.w)
         .backward();
@@ -343,13 +355,13 @@ TEST_CASE("torch linear_head_policy_loss float32 against plain torch", "[torch][
   const at::Tensor hid = at::randn({b * t, h}), w0 = at::randn({v, h}) * 0.1;
   const at::Tensor y = at::randint(0, v, {b * t}, at::TensorOptions().dtype(at::kLong));
   at::Tensor w = w0.clone().requires_grad_(), hg = hid.clone().requires_grad_();
-  th::linear_head_loss_options opt{.extra = {.ref_log_prob = x.ref, .weights = x.w}};
+  th::linear_head_loss_config opt{.extra = {.ref_log_prob = x.ref, .weights = x.w}};
   opt.head.chunk_rows = 7;
   opt.head.temperature = 1.3;
   auto out = th::linear_head_policy_loss(hg, w, at::Tensor(), y, x.old, x.adv, x.mask, cfg, opt);
   (0.5 * out.loss).backward();
   at::Tensor w2 = w0.clone().requires_grad_(), hg2 = hid.clone().requires_grad_();
-  auto [lp, ent] = tsupport::oracle_logits_stats(at::mm(hg2, w2.t()), y, 1.3);
+  auto [lp, ent] = tsupport::oracle_logits_statistics(at::mm(hg2, w2.t()), y, 1.3);
   at::Tensor ref = tsupport::oracle_policy_loss(lp.view({b, t}), x.old, x.adv, x.mask, 0.2, 0.28, x.ref, 0.05,
                                                 ent.view({b, t}), 0.01, x.w);
   (0.5 * ref).backward();
@@ -433,9 +445,8 @@ TEST_CASE("torch broadcast_to_tokens, mpt_mask and dynamic_sampling_filter match
 
   // MPT, dynamic, response scope: drop valid tokens of positive responses with p >= tau when the
   // response's mean entropy is below sigma.
-  const at::Tensor lp = at::log(at::rand({b, t}, at::kDouble) * 0.05 + 0.95 * at::randint(0, 2, {b, t}, at::kDouble) +
-                                1e-3)
-                            .clamp_max(0);
+  const at::Tensor lp =
+      at::log(at::rand({b, t}, at::kDouble) * 0.05 + 0.95 * at::randint(0, 2, {b, t}, at::kDouble) + 1e-3).clamp_max(0);
   const at::Tensor ent = at::rand({b, t}, at::kDouble) * 0.4;
   const at::Tensor reward = at::randint(0, 2, {b}, at::kDouble);
   ulorl::mpt_config cfg;
@@ -468,8 +479,11 @@ TEST_CASE("torch adapter: bad inputs raise ulorl::error naming the argument, out
                "dtype Float");
   expect_error([&] { (void)th::policy_loss(lp, lp, adv, mask.to(at::kInt), cfg); }, "policy_loss", "mask",
                "bool, uint8 or Double");
-  expect_error([&] { (void)th::policy_loss(lp, lp, adv, at::ones({2, 4}, at::TensorOptions().device(at::kMeta)), cfg); },
-               "policy_loss", "mask", "device meta");
+  expect_error(
+      [&] {
+        (void)th::policy_loss(lp, lp, adv, at::ones({2, 4}, at::TensorOptions().device(at::kMeta)), cfg);
+      },
+      "policy_loss", "mask", "device meta");
   expect_error([&] { (void)th::policy_loss(lp, lp, adv.view({-1}), mask, cfg); }, "policy_loss", "advantages",
                "rank 1");
   expect_error([&] { (void)th::policy_loss(lp, lp, adv.narrow(1, 0, 3), mask, cfg); }, "policy_loss", "advantages",
@@ -479,18 +493,19 @@ TEST_CASE("torch adapter: bad inputs raise ulorl::error naming the argument, out
   bad[1][2] = std::nan("");
   expect_error([&] { (void)th::policy_loss(bad, lp, adv, mask, cfg); }, "policy_loss", "log_prob", "[6]");
 
-  // logits_stats: labels out of range, strided labels, rank, dtype, NaN with the value scan.
+  // logits_statistics: labels out of range, strided labels, rank, dtype, NaN with the value scan.
   const at::Tensor z = at::randn({3, 5}, o);
   const at::Tensor y = at::tensor({0, 4, 5}, at::kLong);
-  expect_error([&] { (void)th::logits_stats(z, y); }, "logits_forward", "labels", "[2] = 5");
-  expect_error([&] { (void)th::logits_stats(z, at::zeros({6}, at::kLong).slice(0, 0, 6, 2)); }, "logits_stats",
-               "labels", "contiguous");
-  expect_error([&] { (void)th::logits_stats(z.view({-1}), y); }, "logits_stats", "logits", "rank 1");
-  expect_error([&] { (void)th::logits_stats(z.to(at::kInt), y); }, "logits_stats", "logits", "float16");
-  expect_error([&] { (void)th::logits_stats(z, y.to(at::kFloat)); }, "logits_stats", "labels", "int64 or int32");
+  expect_error([&] { (void)th::logits_statistics(z, y); }, "logits_forward", "labels", "[2] = 5");
+  expect_error([&] { (void)th::logits_statistics(z, at::zeros({6}, at::kLong).slice(0, 0, 6, 2)); },
+               "logits_statistics", "labels", "contiguous");
+  expect_error([&] { (void)th::logits_statistics(z.view({-1}), y); }, "logits_statistics", "logits", "rank 1");
+  expect_error([&] { (void)th::logits_statistics(z.to(at::kInt), y); }, "logits_statistics", "logits", "float16");
+  expect_error([&] { (void)th::logits_statistics(z, y.to(at::kFloat)); }, "logits_statistics", "labels",
+               "int64 or int32");
   at::Tensor zn = z.clone();
   zn[1][3] = std::nan("");
-  expect_error([&] { (void)th::logits_stats(zn, at::zeros({3}, at::kLong), {.check_values = true}); },
+  expect_error([&] { (void)th::logits_statistics(zn, at::zeros({3}, at::kLong), {.check_values = true}); },
                "logits_forward", "logits", "[8]");
 
   // policy_loss_from_logits in place: an error leaves the logits as they were; a stride-0
@@ -500,25 +515,32 @@ TEST_CASE("torch adapter: bad inputs raise ulorl::error naming the argument, out
   at::Tensor logits = z.clone();
   at::Tensor old_bad = old.clone();
   old_bad[0][1] = std::nan("");
-  expect_error([&] {
-    (void)th::policy_loss_from_logits(logits, at::zeros({3}, at::kLong), old_bad, a3, at::ones({1, 3}, at::kBool), cfg,
-                                      {.in_place = true});
-  }, "policy_loss", "old_log_prob", "[1]");
+  expect_error(
+      [&] {
+        (void)th::policy_loss_from_logits(logits, at::zeros({3}, at::kLong), old_bad, a3, at::ones({1, 3}, at::kBool),
+                                          cfg, {.in_place = true});
+      },
+      "policy_loss", "old_log_prob", "[1]");
   CHECK(at::equal(logits, z));
-  expect_error([&] {
-    (void)th::policy_loss_from_logits(z[0].expand({3, 5}), at::zeros({3}, at::kLong), old, a3,
-                                      at::ones({1, 3}, at::kBool), cfg, {.in_place = true});
-  }, "policy_loss_from_logits", "grad_logits", "overlap");
+  expect_error(
+      [&] {
+        (void)th::policy_loss_from_logits(z[0].expand({3, 5}), at::zeros({3}, at::kLong), old, a3,
+                                          at::ones({1, 3}, at::kBool), cfg, {.in_place = true});
+      },
+      "policy_loss_from_logits", "grad_logits", "overlap");
 
   // Advantages: strided per-response tensors, bad ids.
   const at::Tensor r = at::rand({8}, o);
-  expect_error([&] { (void)th::group_advantages(r.slice(0, 0, 8, 2), std::int64_t{2}); }, "group_advantages",
-               "rewards", "contiguous");
+  expect_error([&] { (void)th::group_advantages(r.slice(0, 0, 8, 2), std::int64_t{2}); }, "group_advantages", "rewards",
+               "contiguous");
   expect_error([&] { (void)th::group_advantages(r, at::full({8}, -1, at::kLong)); }, "group_advantages", "group_ids",
                "must be >= 0");
   expect_error([&] { (void)th::group_advantages(r, std::int64_t{3}); }, "group_advantages", "group_size", "");
-  expect_error([&] { (void)th::broadcast_to_tokens(r.view({2, 4}), mask); }, "broadcast_to_tokens", "advantages",
-               "rank 2");
+  expect_error(
+      [&] {
+        (void)th::broadcast_to_tokens(r.view({2, 4}), mask);
+      },
+      "broadcast_to_tokens", "advantages", "rank 2");
 }
 
 namespace {
@@ -527,8 +549,8 @@ namespace {
 //! double: the results are equal bit for bit when their bytes are.
 bool same_bits(const ulorl::policy_loss_result& a, const ulorl::policy_loss_result& b) {
   if (std::memcmp(&a, &b, sizeof a) == 0) return true;
-  std::printf("results differ: loss %.17g / %.17g, tokens %g / %g, sequences %g / %g, ratio_sum %.17g / %.17g\n", a.loss,
-              b.loss, a.metrics.tokens, b.metrics.tokens, a.metrics.sequences, b.metrics.sequences,
+  std::printf("results differ: loss %.17g / %.17g, tokens %g / %g, sequences %g / %g, ratio_sum %.17g / %.17g\n",
+              a.loss, b.loss, a.metrics.tokens, b.metrics.tokens, a.metrics.sequences, b.metrics.sequences,
               a.metrics.ratio_sum, b.metrics.ratio_sum);
   return false;
 }
@@ -581,7 +603,9 @@ TEST_CASE("torch losses: an undefined mask gives the bits of an all-ones mask (p
         auto rcfg = cfg;
         rcfg.rollout = ulorl::rollout_correction::config{};
         at::Tensor lp1 = tok(x.lp).clone().requires_grad_(), lp2 = tok(x.lp).clone().requires_grad_();
-        th::policy_loss_tensors x1{.ref_log_prob = extra.ref_log_prob, .entropy = tok(x.ent), .offsets = extra.offsets,
+        th::policy_loss_tensors x1{.ref_log_prob = extra.ref_log_prob,
+                                   .entropy = tok(x.ent),
+                                   .offsets = extra.offsets,
                                    .rollout_log_prob = ro};
         const auto with = th::policy_loss(lp1, old, adv, ones, rcfg, x1);
         const auto without = th::policy_loss(lp2, old, adv, at::Tensor(), rcfg, x1);
@@ -596,7 +620,7 @@ TEST_CASE("torch losses: an undefined mask gives the bits of an all-ones mask (p
         const at::Tensor z = at::randn({n, v}, o) * 2;
         const at::Tensor y = at::randint(0, v, {n}, at::TensorOptions().dtype(at::kLong));
         at::Tensor z1 = z.clone().requires_grad_(), z2 = z.clone().requires_grad_();
-        const th::logits_loss_options opt{.extra = extra};
+        const th::logits_loss_config opt{.extra = extra};
         const auto with = th::policy_loss_from_logits(z1, y, old, adv, ones, cfg, opt);
         const auto without = th::policy_loss_from_logits(z2, y, old, adv, at::Tensor(), cfg, opt);
         with.loss.backward();
@@ -610,10 +634,12 @@ TEST_CASE("torch losses: an undefined mask gives the bits of an all-ones mask (p
       {
         const at::Tensor hid = at::randn({n, h}, o), w0 = at::randn({v, h}, o) * 0.3, b0 = at::randn({v}, o) * 0.1;
         const at::Tensor y = at::randint(0, v, {n}, at::TensorOptions().dtype(at::kLong));
-        th::linear_head_loss_options opt{.extra = extra};
+        th::linear_head_loss_config opt{.extra = extra};
         opt.head.chunk_rows = 5;
-        at::Tensor h1 = hid.clone().requires_grad_(), w1 = w0.clone().requires_grad_(), b1 = b0.clone().requires_grad_();
-        at::Tensor h2 = hid.clone().requires_grad_(), w2 = w0.clone().requires_grad_(), b2 = b0.clone().requires_grad_();
+        at::Tensor h1 = hid.clone().requires_grad_(), w1 = w0.clone().requires_grad_(),
+                   b1 = b0.clone().requires_grad_();
+        at::Tensor h2 = hid.clone().requires_grad_(), w2 = w0.clone().requires_grad_(),
+                   b2 = b0.clone().requires_grad_();
         const auto with = th::linear_head_policy_loss(h1, w1, b1, y, old, adv, ones, cfg, opt);
         const auto without = th::linear_head_policy_loss(h2, w2, b2, y, old, adv, at::Tensor(), cfg, opt);
         with.loss.backward();
@@ -641,11 +667,14 @@ TEST_CASE("torch losses: an undefined mask gives the bits of an all-ones mask (p
   }
   expect_error([&] { (void)th::broadcast_to_tokens(a, at::Tensor(), verl); }, "broadcast_to_tokens", "mask",
                "without offsets");
-  expect_error([&] { (void)th::broadcast_to_tokens(a, at::Tensor(), verl, at::tensor({0, 3, 2, 4, 5}, at::kLong)); },
-               "broadcast_to_tokens", "offsets", "must not decrease");
+  expect_error(
+      [&] {
+        (void)th::broadcast_to_tokens(a, at::Tensor(), verl, at::tensor({0, 3, 2, 4, 5}, at::kLong));
+      },
+      "broadcast_to_tokens", "offsets", "must not decrease");
 }
 
-TEST_CASE("torch logits_stats peak memory: at most 1/10 of torch's log_softmax / gather / entropy",
+TEST_CASE("torch logits_statistics peak memory: at most 1/10 of torch's log_softmax / gather / entropy",
           "[torch][memory]") {
   // Counted: bytes of live CPU tensors (a wrapper around torch's CPU allocator) above those alive
   // before the call, during forward + backward, minus the [N, V] gradient of the logits (both
@@ -663,14 +692,14 @@ TEST_CASE("torch logits_stats peak memory: at most 1/10 of torch's log_softmax /
     const std::int64_t before = alloc.current.load();
     alloc.reset_peak();
     {
-      auto [lp, ent] = use_ulorl ? th::logits_stats(z, y) : tsupport::oracle_logits_stats(z, y);
+      auto [lp, ent] = use_ulorl ? th::logits_statistics(z, y) : tsupport::oracle_logits_statistics(z, y);
       (lp * a + ent * c).sum().backward();
     }
     REQUIRE(z.grad().defined());
     return alloc.peak.load() - before - grad_bytes;
   };
   const std::int64_t ours = extra_peak(true), theirs = extra_peak(false);
-  std::printf("logits_stats N=%lld V=%lld: extra peak ulorl %.3f MB, torch %.1f MB (%.0fx); [N,V] = %.1f MB\n",
+  std::printf("logits_statistics N=%lld V=%lld: extra peak ulorl %.3f MB, torch %.1f MB (%.0fx); [N,V] = %.1f MB\n",
               static_cast<long long>(n), static_cast<long long>(v), static_cast<double>(ours) / 1e6,
               static_cast<double>(theirs) / 1e6, static_cast<double>(theirs) / static_cast<double>(ours > 0 ? ours : 1),
               static_cast<double>(grad_bytes) / 1e6);
@@ -705,10 +734,12 @@ TEST_CASE("torch adapter: a defined zero-size optional tensor is present (shape-
   expect_error([&] { (void)th::policy_loss_from_logits(logits, y, x.old, x.adv, empty_rows, plain); },
                "policy_loss_from_logits", "mask", "shape differs");
   const at::Tensor hid = at::randn({b * t, h}, at::kDouble), w = at::randn({v, h}, at::kDouble);
-  expect_error([&] { (void)th::linear_head_policy_loss(hid, w, at::zeros({0}, at::kDouble), y, x.old, x.adv, x.mask, plain); },
-               "linear_head_policy_loss", "bias", "has 0 elements");
+  expect_error(
+      [&] { (void)th::linear_head_policy_loss(hid, w, at::zeros({0}, at::kDouble), y, x.old, x.adv, x.mask, plain); },
+      "linear_head_policy_loss", "bias", "has 0 elements");
   // mpt_mask.
-  th::mpt_tensors mt{.log_prob = x.lp, .entropy = x.ent, .mask = empty_rows, .response_score = at::ones({b}, at::kDouble)};
+  th::mpt_tensors mt{
+      .log_prob = x.lp, .entropy = x.ent, .mask = empty_rows, .response_score = at::ones({b}, at::kDouble)};
   expect_error([&] { (void)th::mpt_mask(mt); }, "mpt_mask", "mask", "shape differs");
   // An undefined mask is still every token valid.
   CHECK(at::equal(th::policy_loss(x.lp, x.old, x.adv, at::Tensor(), plain).loss,
@@ -734,12 +765,13 @@ TEST_CASE("torch autograd functions are differentiable once: differentiating a g
       {"policy_loss",
        [&] {
          at::Tensor lp = x.lp.clone().requires_grad_();
-         return std::pair{th::policy_loss(lp, x.old, x.adv, x.mask, cfg, {.ref_log_prob = x.ref, .entropy = x.ent}).loss, lp};
+         return std::pair{
+             th::policy_loss(lp, x.old, x.adv, x.mask, cfg, {.ref_log_prob = x.ref, .entropy = x.ent}).loss, lp};
        }},
-      {"logits_stats",
+      {"logits_statistics",
        [&] {
          at::Tensor z = logits0.clone().requires_grad_();
-         auto [lp, ent] = th::logits_stats(z, y);
+         auto [lp, ent] = th::logits_statistics(z, y);
          return std::pair{lp.sum() + ent.sum(), z};
        }},
       {"policy_loss_from_logits",
@@ -776,7 +808,8 @@ TEST_CASE("torch autograd functions are differentiable once: differentiating a g
 TEST_CASE("torch broadcast_to_tokens: hostile offsets are rejected before the result is allocated",
           "[torch][errors][alloc]") {
   const at::Tensor adv = at::ones({1}, at::kDouble);
-  const at::Tensor off = at::tensor(std::vector<std::int64_t>{5, std::int64_t{1} << 40}, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor off =
+      at::tensor(std::vector<std::int64_t>{5, std::int64_t{1} << 40}, at::TensorOptions().dtype(at::kLong));
   try {
     (void)th::broadcast_to_tokens(adv, at::Tensor(), ulorl::broadcast_config{}, off);
     FAIL("no error");
@@ -786,8 +819,9 @@ TEST_CASE("torch broadcast_to_tokens: hostile offsets are rejected before the re
     CHECK(e.index() == 0);
   }
   const at::Tensor down = at::tensor(std::vector<std::int32_t>{0, 7, 3}, at::TensorOptions().dtype(at::kInt));
-  expect_error([&] { (void)th::broadcast_to_tokens(at::ones({2}, at::kDouble), at::Tensor(), ulorl::broadcast_config{}, down); },
-               "broadcast_to_tokens", "offsets", "must not decrease");
+  expect_error(
+      [&] { (void)th::broadcast_to_tokens(at::ones({2}, at::kDouble), at::Tensor(), ulorl::broadcast_config{}, down); },
+      "broadcast_to_tokens", "offsets", "must not decrease");
 }
 
 TEST_CASE("torch agg_loss and kl_penalty operators: the core's values and gradients", "[torch][ops]") {
@@ -804,8 +838,8 @@ TEST_CASE("torch agg_loss and kl_penalty operators: the core's values and gradie
   std::vector<double> grad(36);
   const auto tok = [](auto* p) { return ulorl::token_view<std::remove_pointer_t<decltype(p)>>::padded({p, 4, 9}); };
   const ulorl::token_view<const double> xv = tok(static_cast<const double*>(x0.data_ptr<double>()));
-  const double want = ulorl::agg_loss(xv, tok(static_cast<const std::uint8_t*>(m8.data_ptr<std::uint8_t>())),
-                                      tok(grad.data()), norm);
+  const double want =
+      ulorl::agg_loss(xv, tok(static_cast<const std::uint8_t*>(m8.data_ptr<std::uint8_t>())), tok(grad.data()), norm);
   CHECK(loss.item<double>() == want);
   CHECK(at::equal(x.grad(), at::tensor(grad, at::kDouble).reshape({4, 9})));
   const ulorl::kl_config kl{.estimator = ulorl::kl_estimator::k3, .output_clamp = 10.0};
@@ -813,8 +847,8 @@ TEST_CASE("torch agg_loss and kl_penalty operators: the core's values and gradie
   const at::Tensor k = th::kl_penalty(y, ref, kl);
   k.sum().backward();
   std::vector<double> kv(36), kg(36);
-  ulorl::kl_penalty<double>(xv, tok(static_cast<const double*>(ref.data_ptr<double>())), tok(kv.data()),
-                            tok(kg.data()), kl);
+  ulorl::kl_penalty<double>(xv, tok(static_cast<const double*>(ref.data_ptr<double>())), tok(kv.data()), tok(kg.data()),
+                            kl);
   CHECK(at::equal(k, at::tensor(kv, at::kDouble).reshape({4, 9})));
   CHECK(at::equal(y.grad(), at::tensor(kg, at::kDouble).reshape({4, 9})));
   CHECK_THROWS_AS(th::kl_penalty(y, ref.slice(1, 0, 8), kl), ulorl::error);

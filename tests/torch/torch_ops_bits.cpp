@@ -1,4 +1,4 @@
-// torch_ops_bits: the results of th::policy_loss, th::logits_stats and the batch functions
+// torch_ops_bits: the results of th::policy_loss, th::logits_statistics and the batch functions
 // (group advantages and their broadcast, REINFORCE++, the off-policy mask, the rollout correction)
 // on inputs given by integer formulas, printed as JSON with every number in C's hexadecimal float format (exact). The Python
 // test tests/python/test_ops.py builds the same inputs, calls the same operators through `import
@@ -70,37 +70,40 @@ std::string logits_case(c10::ScalarType dtype) {
       z[static_cast<std::size_t>(i * V + v)] = static_cast<double>((i * 31 + v * 17) % 23) / 4.0 - 2.5;
   }
   const at::Tensor logits = at::tensor(z, at::kDouble).reshape({N, V}).to(dtype).requires_grad_(true);
-  auto [lp, ent] = th::logits_stats(logits, at::tensor(y, at::kLong), 0.7);
+  auto [lp, ent] = th::logits_statistics(logits, at::tensor(y, at::kLong), 0.7);
   (lp.sum() + 0.5 * ent.sum()).backward();
-  return "{\"log_prob\":" + hex_list(lp) + ",\"entropy\":" + hex_list(ent) + ",\"grad_logits\":" +
-         hex_list(logits.grad()) + "}";
+  return "{\"log_prob\":" + hex_list(lp) + ",\"entropy\":" + hex_list(ent) +
+         ",\"grad_logits\":" + hex_list(logits.grad()) + "}";
 }
 
 //! The batch functions on the policy-loss inputs (float64), each with its default or a preset's
 //! configuration: rewards r_b = ((b * 3) % 5) / 4 of 3 responses in one group.
 std::string batch_case() {
-  const at::Tensor old = tokens(old_of, at::kDouble), lp = tokens(lp_of, at::kDouble), ref = tokens(ref_of, at::kDouble);
+  const at::Tensor old = tokens(old_of, at::kDouble), lp = tokens(lp_of, at::kDouble),
+                   ref = tokens(ref_of, at::kDouble);
   const at::Tensor mask = tokens(mask_of, at::kDouble).to(at::kBool), adv_tok = tokens(adv_of, at::kDouble);
   const at::Tensor rewards = at::tensor(std::vector<double>{0.0, 0.75, 0.25}, at::kDouble);
   const auto preset = ulorl::presets::verl::grpo_advantage();
   const at::Tensor adv = th::group_advantages(rewards, std::int64_t{3}, preset);
   const at::Tensor tok = th::broadcast_to_tokens(adv, mask, preset);
-  const auto [rpp_adv, rpp_ret] = th::reinforce_pp_advantages(adv_tok, mask, 0.9, "skip_masked");
+  const auto [rpp_adv, rpp_ret] = th::reinforce_plus_plus_advantages(adv_tok, mask, 0.9, "skip_masked");
   const auto opm = th::off_policy_mask(lp, old, adv, mask, {.delta = 0.01});
   const auto rc = th::rollout_correction(old, ref, mask, {});
-  return "{\"advantages\":" + hex_list(adv) + ",\"tokens\":" + hex_list(tok) + ",\"reinforce_pp\":" +
-         hex_list(rpp_adv) + ",\"returns\":" + hex_list(rpp_ret) + ",\"opm_keep\":" + hex_list(opm.keep) +
-         ",\"opm_seq_kl\":" + hex_list(opm.seq_kl) + ",\"rc_weights\":" + hex_list(rc.weights) +
-         ",\"rc_keep\":" + hex_list(rc.keep) + ",\"rc_kl\":" + hex(rc.metrics.kl) + "}";
+  return "{\"advantages\":" + hex_list(adv) + ",\"tokens\":" + hex_list(tok) +
+         ",\"reinforce_plus_plus\":" + hex_list(rpp_adv) + ",\"returns\":" + hex_list(rpp_ret) +
+         ",\"opm_keep\":" + hex_list(opm.keep) + ",\"opm_seq_kl\":" + hex_list(opm.seq_kl) +
+         ",\"rc_weights\":" + hex_list(rc.weights) + ",\"rc_keep\":" + hex_list(rc.keep) +
+         ",\"rc_kl\":" + hex(rc.metrics.kl) + "}";
 }
 
 }  // namespace
 
 int main() {
-  std::printf("{\"policy_loss\":{\"float32\":%s,\"float64\":%s},\"logits_stats\":{\"float32\":%s,\"float64\":%s,"
-              "\"bfloat16\":%s,\"float16\":%s},\"batch\":%s}\n",
-              policy_loss_case(at::kFloat).c_str(), policy_loss_case(at::kDouble).c_str(),
-              logits_case(at::kFloat).c_str(), logits_case(at::kDouble).c_str(), logits_case(at::kBFloat16).c_str(),
-              logits_case(at::kHalf).c_str(), batch_case().c_str());
+  std::printf(
+      "{\"policy_loss\":{\"float32\":%s,\"float64\":%s},\"logits_statistics\":{\"float32\":%s,\"float64\":%s,"
+      "\"bfloat16\":%s,\"float16\":%s},\"batch\":%s}\n",
+      policy_loss_case(at::kFloat).c_str(), policy_loss_case(at::kDouble).c_str(), logits_case(at::kFloat).c_str(),
+      logits_case(at::kDouble).c_str(), logits_case(at::kBFloat16).c_str(), logits_case(at::kHalf).c_str(),
+      batch_case().c_str());
   return 0;
 }

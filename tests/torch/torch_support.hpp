@@ -56,8 +56,8 @@ inline at::Tensor oracle_policy_loss(const at::Tensor& lp, const at::Tensor& old
 }
 
 //! Chosen-token log-prob and entropy of logits / tau with torch's log_softmax.
-inline std::pair<at::Tensor, at::Tensor> oracle_logits_stats(const at::Tensor& logits, const at::Tensor& labels,
-                                                             double tau = 1.0) {
+inline std::pair<at::Tensor, at::Tensor> oracle_logits_statistics(const at::Tensor& logits, const at::Tensor& labels,
+                                                                  double tau = 1.0) {
   const at::Tensor logp = at::log_softmax(logits / tau, -1);
   const at::Tensor lp = logp.gather(1, labels.to(at::kLong).unsqueeze(1)).squeeze(1);
   const at::Tensor ent = -(at::exp(logp) * logp).sum(-1);

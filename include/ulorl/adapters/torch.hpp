@@ -2,8 +2,8 @@
 // ulorl::torch, package component `torch`). Everything lives in namespace ulorl::th:
 //   tensor_views.hpp  tensors -> ulorl views (dtype, device, rank, shape, stride checks; no copies),
 //                     torch_executor (at::parallel_for), torch_gemm (at::mm_out for the linear head)
-//   ops.hpp           the `ulorl` torch library: policy_loss and logits_stats as operators (schemas;
-//                     CPU, Meta, Autograd kernels), th::policy_loss / th::logits_stats through them
+//   ops.hpp           the `ulorl` torch library: policy_loss and logits_statistics as operators (schemas;
+//                     CPU, Meta, Autograd kernels), th::policy_loss / th::logits_statistics through them
 //   autograd.hpp      policy_loss_from_logits, linear_head_policy_loss as torch::autograd::Function
 //                     (exact gradients from ulorl's fused kernels)
 //   advantages.hpp    group_advantages, broadcast_to_tokens, mpt_mask, dynamic_sampling_filter

@@ -20,7 +20,7 @@ ULORL_NAMESPACE_BEGIN
 
 namespace detail {
 template <class T>
-void check_scores(std::string_view fn, std::span<const T> scores, const group_layout& groups, std::size_t out_size) {
+void validate_scores(std::string_view fn, std::span<const T> scores, const group_layout& groups, std::size_t out_size) {
   if (scores.empty()) fail(fn, "scores", "empty batch: at least one response is required");
   require_same_size(fn, "groups", groups.responses(), "scores", scores.size());
   require_same_size(fn, "out", out_size, "scores", scores.size());
@@ -35,9 +35,10 @@ struct gpg_config {
 };
 
 template <class T>
-void gpg_advantages(std::span<const T> scores, const group_layout& groups, std::span<T> out, const gpg_config& cfg = {}) {
+void gpg_advantages(std::span<const T> scores, const group_layout& groups, std::span<T> out,
+                    const gpg_config& cfg = {}) {
   constexpr std::string_view fn = "gpg_advantages";
-  detail::check_scores(fn, scores, groups, out.size());
+  detail::validate_scores(fn, scores, groups, out.size());
   require_divisor(fn, "config.f_norm", cfg.f_norm, /*signed_ok=*/true);
   std::size_t nonzero = 0;
   for (auto s : scores) nonzero += s != T(0);
@@ -49,8 +50,9 @@ void gpg_advantages(std::span<const T> scores, const group_layout& groups, std::
       const auto mem = groups.members(g);
       const moments m = two_pass_moments(mem.size(), [&](std::size_t k) { return scores[mem[k]]; });
       for (auto i : mem)
-        emit(i, mem.size() == 1 ? alpha * static_cast<double>(scores[i]) / cfg.f_norm
-                                : std::ldexp(alpha * m.scaled_deviation(static_cast<double>(scores[i])) / cfg.f_norm, m.exponent));
+        emit(i, mem.size() == 1
+                    ? alpha * static_cast<double>(scores[i]) / cfg.f_norm
+                    : std::ldexp(alpha * m.scaled_deviation(static_cast<double>(scores[i])) / cfg.f_norm, m.exponent));
     }
   };
   each([&](std::size_t i, double a) { require_result_in_range<T>(fn, "out", static_cast<std::int64_t>(i), a); });
@@ -59,9 +61,10 @@ void gpg_advantages(std::span<const T> scores, const group_layout& groups, std::
 
 //! `lengths[i]` is response i's valid-token count (any non-negative arithmetic type).
 template <class T, class L>
-void opo_advantages(std::span<const T> scores, std::span<const L> lengths, const group_layout& groups, std::span<T> out) {
+void opo_advantages(std::span<const T> scores, std::span<const L> lengths, const group_layout& groups,
+                    std::span<T> out) {
   constexpr std::string_view fn = "opo_advantages";
-  detail::check_scores(fn, scores, groups, out.size());
+  detail::validate_scores(fn, scores, groups, out.size());
   require_same_size(fn, "lengths", lengths.size(), "scores", scores.size());
   for (std::size_t i = 0; i < lengths.size(); ++i)
     if (!(lengths[i] >= L(0)) || !std::isfinite(static_cast<double>(lengths[i])))

@@ -1,7 +1,7 @@
 // ulorl/advantage/fields.hpp — the field tables (core/fields.hpp) of the advantage area's
 // configurations and results, the records its operators carry (ulorl/adapters/torch/ops_batch.hpp):
 // group_advantage_config, broadcast_config, dynamic_sampling_config / _result, gpg_config,
-// whiten_config, reinforce_pp_baseline_config, multi_reward_config, optimal_token_baseline_config,
+// whiten_config, reinforce_plus_plus_baseline_config, multi_reward_config, optimal_token_baseline_config,
 // dapo_overlong_config, soft_overlong_config.
 // Each table is the only list of its struct's fields outside the struct.
 #pragma once
@@ -14,7 +14,7 @@
 #include "ulorl/advantage/multi_reward.hpp"
 #include "ulorl/advantage/optimal_token_baseline.hpp"
 #include "ulorl/advantage/overlong.hpp"
-#include "ulorl/advantage/reinforce_pp.hpp"
+#include "ulorl/advantage/reinforce_plus_plus.hpp"
 #include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/fields.hpp"
@@ -30,9 +30,7 @@ constexpr void visit_fields(C& c, F&& f) {
 
 template <class C, class F>
   requires detail::record_of<C, broadcast_config>
-constexpr void visit_fields(C& c, F&& f) {
-  f("placement", c.placement), f("allow_empty_rows", c.allow_empty_rows);
-}
+constexpr void visit_fields(C& c, F&& f) { f("placement", c.placement), f("allow_empty_rows", c.allow_empty_rows); }
 
 template <class C, class F>
   requires detail::record_of<C, dynamic_sampling_config>
@@ -50,9 +48,7 @@ constexpr void visit_fields(R& r, F&& f) {
 
 template <class C, class F>
   requires detail::record_of<C, gpg_config>
-constexpr void visit_fields(C& c, F&& f) {
-  f("f_norm", c.f_norm);
-}
+constexpr void visit_fields(C& c, F&& f) { f("f_norm", c.f_norm); }
 
 template <class C, class F>
   requires detail::record_of<C, whiten_config>
@@ -62,10 +58,8 @@ constexpr void visit_fields(C& c, F&& f) {
 }
 
 template <class C, class F>
-  requires detail::record_of<C, reinforce_pp_baseline_config>
-constexpr void visit_fields(C& c, F&& f) {
-  f("group", c.group), f("whiten", c.whiten);
-}
+  requires detail::record_of<C, reinforce_plus_plus_baseline_config>
+constexpr void visit_fields(C& c, F&& f) { f("group", c.group), f("whiten", c.whiten); }
 
 template <class C, class F>
   requires detail::record_of<C, multi_reward_config>
@@ -88,9 +82,7 @@ constexpr void visit_fields(C& c, F&& f) {
 
 template <class C, class F>
   requires detail::record_of<C, soft_overlong_config>
-constexpr void visit_fields(C& c, F&& f) {
-  f("max_length", c.max_length), f("cache_length", c.cache_length);
-}
+constexpr void visit_fields(C& c, F&& f) { f("max_length", c.max_length), f("cache_length", c.cache_length); }
 
 template <>
 inline constexpr std::string_view record_name<group_advantage_config> = "group_advantage_config";
@@ -103,7 +95,8 @@ inline constexpr std::string_view record_name<dynamic_sampling_result> = "dynami
 template <>
 inline constexpr std::string_view record_name<gpg_config> = "gpg_config";
 template <>
-inline constexpr std::string_view record_name<reinforce_pp_baseline_config> = "reinforce_pp_baseline_config";
+inline constexpr std::string_view record_name<reinforce_plus_plus_baseline_config> =
+    "reinforce_plus_plus_baseline_config";
 template <>
 inline constexpr std::string_view record_name<multi_reward_config> = "multi_reward_config";
 template <>

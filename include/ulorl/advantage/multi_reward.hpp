@@ -25,7 +25,7 @@
 
 #include "ulorl/advantage/group_advantage.hpp"
 #include "ulorl/advantage/groups.hpp"
-#include "ulorl/advantage/reinforce_pp.hpp"
+#include "ulorl/advantage/reinforce_plus_plus.hpp"
 #include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
@@ -65,7 +65,8 @@ inline void validate_multi_reward_config(std::string_view fn, const multi_reward
   validate_group_advantage_config(fn, cfg.group);
   if (cfg.final_norm == final_normalization::responses) validate_group_advantage_config(fn, cfg.batch);
   if (cfg.final_norm == final_normalization::tokens) {
-    require_known(fn, "config.whiten.eps_at", cfg.whiten.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
+    require_known(fn, "config.whiten.eps_at", cfg.whiten.eps_at, whiten_eps::add_to_variance,
+                  whiten_eps::floor_variance);
     require_divisor(fn, "config.whiten.eps", cfg.whiten.eps);
   }
   require_known(fn, "config.broadcast.placement", cfg.broadcast.placement, token_placement::masked,
@@ -94,7 +95,8 @@ template <class T>
 std::vector<double> weighted_sum(std::string_view fn, matrix_view<const T> x, std::span<const double> weights) {
   std::vector<double> s(x.rows(), 0.0);
   for (std::size_t i = 0; i < x.rows(); ++i)
-    for (std::size_t k = 0; k < x.cols(); ++k) s[i] += (weights.empty() ? 1.0 : weights[k]) * static_cast<double>(x(i, k));
+    for (std::size_t k = 0; k < x.cols(); ++k)
+      s[i] += (weights.empty() ? 1.0 : weights[k]) * static_cast<double>(x(i, k));
   for (std::size_t i = 0; i < s.size(); ++i)
     if (!std::isfinite(s[i]))
       fail_at(fn, "components", static_cast<std::int64_t>(i * x.cols()), x(i, 0),
@@ -166,7 +168,8 @@ void multi_reward_advantages(matrix_view<const T> components, std::span<const do
   constexpr std::string_view fn = "multi_reward_advantages";
   detail::validate_multi_reward_config(fn, cfg);
   if (cfg.final_norm == final_normalization::tokens)
-    detail::fail(fn, "config.final_norm", "final_normalization::tokens needs the token overload (a mask and a token output)");
+    detail::fail(fn, "config.final_norm",
+                 "final_normalization::tokens needs the token overload (a mask and a token output)");
   if (components.rows() == 0) detail::fail(fn, "components", "empty batch: at least one response is required");
   detail::validate_components(fn, components, weights, cfg.min_components);
   require_same_size(fn, "groups", groups.responses(), "components rows", components.rows());
@@ -202,13 +205,7 @@ void multi_reward_advantages(matrix_view<const T> components, std::span<const do
     for (std::size_t b = 0; b < mask.rows(); ++b)
       if (row_tokens(mask, b) == 0)
         detail::fail_at(fn, "mask", static_cast<std::int64_t>(b), 0, "row has no valid token (a mask row of zeros)");
-  if (cfg.final_norm == final_normalization::tokens) {
-    std::size_t n = 0;
-    for (std::size_t b = 0; b < mask.rows(); ++b) n += row_tokens(mask, b);
-    if (n < (cfg.whiten.unbiased ? 2u : 1u))
-      detail::fail_value(fn, "mask", n,
-                         cfg.whiten.unbiased ? "whitening needs at least 2 valid tokens" : "whitening needs at least 1 valid token");
-  }
+  if (cfg.final_norm == final_normalization::tokens) detail::require_whiten_tokens(fn, mask, cfg.whiten);
   const std::vector<double> a = detail::aggregate_components(fn, components, weights, groups, cfg);
   detail::require_representable<U>(fn, components, a);
   broadcast_to_tokens(std::span<const double>(a), mask, out, cfg.broadcast);

@@ -40,12 +40,18 @@ enum class reset_trigger : std::uint8_t { none = 0, periodic = 1, plateau = 2, d
 
 [[nodiscard]] constexpr std::string_view to_string(reset_trigger t) noexcept {
   switch (t) {
-    case reset_trigger::none: return "none";
-    case reset_trigger::periodic: return "periodic";
-    case reset_trigger::plateau: return "plateau";
-    case reset_trigger::drop: return "drop";
-    case reset_trigger::kl_share: return "kl_share";
-    case reset_trigger::manual: return "manual";
+    case reset_trigger::none:
+      return "none";
+    case reset_trigger::periodic:
+      return "periodic";
+    case reset_trigger::plateau:
+      return "plateau";
+    case reset_trigger::drop:
+      return "drop";
+    case reset_trigger::kl_share:
+      return "kl_share";
+    case reset_trigger::manual:
+      return "manual";
   }
   return "unknown";
 }
@@ -53,36 +59,36 @@ enum class reset_trigger : std::uint8_t { none = 0, periodic = 1, plateau = 2, d
 //! Defaults: only the plateau trigger (ProRL resets "when validation stagnates"), patience 5.
 //! Limits (checked by validate, which names the field): integers up to 2^63 - 1, doubles finite.
 struct reference_reset_config {
-  std::int64_t every_n_steps = 0;      //!< periodic trigger; 0 = off, else in [1, 2^63 - 1]
+  std::int64_t every_n_steps = 0;  //!< periodic trigger; 0 = off, else in [1, 2^63 - 1]
   bool on_plateau = true;
-  std::int64_t patience = 5;           //!< evaluations without improvement; in [1, 2^63 - 1]
-  double min_delta = 0.0;              //!< an improvement must exceed this; finite >= 0
-  bool higher_is_better = true;        //!< direction of the validation metric
+  std::int64_t patience = 5;     //!< evaluations without improvement; in [1, 2^63 - 1]
+  double min_delta = 0.0;        //!< an improvement must exceed this; finite >= 0
+  bool higher_is_better = true;  //!< direction of the validation metric
   bool on_drop = false;
-  double max_drop = 0.05;              //!< drop trigger threshold below the best; finite >= 0
+  double max_drop = 0.05;  //!< drop trigger threshold below the best; finite >= 0
   bool on_kl_share = false;
   double max_kl_share = 0.5;           //!< in [0, 1)
   std::int64_t kl_share_patience = 1;  //!< consecutive steps above max_kl_share; in [1, 2^63 - 1]
   std::int64_t cooldown_steps = 0;     //!< minimum steps between resets; in [0, 2^63 - 1]
   bool manual_ignores_cooldown = false;
-  bool reset_optimizer = true;         //!< ProRL reinitialises the optimizer with the reference
+  bool reset_optimizer = true;  //!< ProRL reinitialises the optimizer with the reference
 };
 
 //! One reset, as recorded for the host's log.
 struct reset_event {
-  std::int64_t step = -1;               //!< step at which the reset happened
+  std::int64_t step = -1;  //!< step at which the reset happened
   reset_trigger trigger = reset_trigger::none;
-  double value = 0.0;                   //!< the measurement that fired it: metric, KL share, or steps since anchor
-  std::uint64_t index = 0;              //!< 1 for the first reset, 2 for the second, ...
+  double value = 0.0;       //!< the measurement that fired it: metric, KL share, or steps since anchor
+  std::uint64_t index = 0;  //!< 1 for the first reset, 2 for the second, ...
 };
 
 //! What the host must do after a call.
 struct reset_action {
-  bool reset_reference = false;         //!< set pi_ref <- pi_theta
-  bool reset_optimizer = false;         //!< reinitialise the optimizer state
+  bool reset_reference = false;                 //!< set pi_ref <- pi_theta
+  bool reset_optimizer = false;                 //!< reinitialise the optimizer state
   reset_trigger trigger = reset_trigger::none;  //!< the trigger that fired (also when suppressed)
-  bool suppressed_by_cooldown = false;  //!< a trigger fired inside the cooldown: no reset
-  reset_event event;                    //!< the record of this reset (when reset_reference)
+  bool suppressed_by_cooldown = false;          //!< a trigger fired inside the cooldown: no reset
+  reset_event event;                            //!< the record of this reset (when reset_reference)
 };
 
 //! The policy's whole mutable state. Invariants (re-checked by restore; docs/dynamics.md §4):
@@ -97,16 +103,16 @@ struct reset_action {
 //!  * 0 <= kl_over_steps <= 2^63 - 1 (it saturates there), and 0 when on_kl_share is off.
 struct reference_reset_state {
   bool has_step = false;
-  std::int64_t last_step = 0;            //!< last step the host reported (steps never decrease)
-  std::int64_t anchor_step = 0;          //!< step of the last reset, or 0: the periodic trigger counts from here
+  std::int64_t last_step = 0;    //!< last step the host reported (steps never decrease)
+  std::int64_t anchor_step = 0;  //!< step of the last reset, or 0: the periodic trigger counts from here
   bool has_reset = false;
   bool has_best = false;
-  double best = 0.0;                     //!< best validation metric so far (improvements > min_delta only)
+  double best = 0.0;  //!< best validation metric so far (improvements > min_delta only)
   std::int64_t evals_without_improvement = 0;
-  std::int64_t kl_over_steps = 0;        //!< consecutive steps with KL share above max_kl_share
-  std::uint64_t evaluations = 0;         //!< observe_validation calls so far
-  std::uint64_t resets = 0;              //!< resets so far
-  reset_event last_event;                //!< the last reset (step -1 before the first)
+  std::int64_t kl_over_steps = 0;  //!< consecutive steps with KL share above max_kl_share
+  std::uint64_t evaluations = 0;   //!< observe_validation calls so far
+  std::uint64_t resets = 0;        //!< resets so far
+  reset_event last_event;          //!< the last reset (step -1 before the first)
 };
 
 //! The field tables (core/fields.hpp) of the configuration, an event and the state: a checkpoint's
@@ -184,10 +190,12 @@ inline void validate(const reference_reset_config& c, const reference_reset_stat
   const reset_event& e = s.last_event;
   if (s.has_reset) {
     if (e.index != s.resets)
-      detail::fail_value(fn, "state.last_event.index", e.index, "must equal state.resets (" + std::to_string(s.resets) + ")");
+      detail::fail_value(fn, "state.last_event.index", e.index,
+                         "must equal state.resets (" + std::to_string(s.resets) + ")");
     if (e.step != s.anchor_step)
-      detail::fail_value(fn, "state.last_event.step", e.step,
-                         "must equal state.anchor_step (" + std::to_string(s.anchor_step) + "): a reset moves the anchor");
+      detail::fail_value(
+          fn, "state.last_event.step", e.step,
+          "must equal state.anchor_step (" + std::to_string(s.anchor_step) + "): a reset moves the anchor");
     require_finite(fn, "state.last_event.value", e.value);
     switch (e.trigger) {  // exhaustive: an unknown trigger was rejected above
       case reset_trigger::none:
@@ -195,11 +203,13 @@ inline void validate(const reference_reset_config& c, const reference_reset_stat
         break;
       case reset_trigger::periodic:
         if (c.every_n_steps == 0)
-          detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "the periodic trigger is off");
+          detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger),
+                             "the periodic trigger is off");
         if (!(e.value >= static_cast<double>(c.every_n_steps) && e.value <= static_cast<double>(e.step) &&
               e.value == std::floor(e.value)))
-          detail::fail_value(fn, "state.last_event.value", e.value,
-                             "a periodic reset records the whole number of steps since the anchor, in [every_n_steps, step]");
+          detail::fail_value(
+              fn, "state.last_event.value", e.value,
+              "a periodic reset records the whole number of steps since the anchor, in [every_n_steps, step]");
         break;
       case reset_trigger::plateau:
       case reset_trigger::drop:
@@ -211,19 +221,23 @@ inline void validate(const reference_reset_config& c, const reference_reset_stat
         break;
       case reset_trigger::kl_share:
         if (!c.on_kl_share)
-          detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "the kl_share trigger is off");
+          detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger),
+                             "the kl_share trigger is off");
         if (!(e.value > c.max_kl_share && e.value <= 1.0))
-          detail::fail_value(fn, "state.last_event.value", e.value, "a kl_share reset records a share in (max_kl_share, 1]");
+          detail::fail_value(fn, "state.last_event.value", e.value,
+                             "a kl_share reset records a share in (max_kl_share, 1]");
         break;
       case reset_trigger::manual:
         if (e.value != 0.0) detail::fail_value(fn, "state.last_event.value", e.value, "a manual reset records 0");
         break;
     }
   } else {
-    if (s.anchor_step != 0) detail::fail_value(fn, "state.anchor_step", s.anchor_step, "must be 0 before the first reset");
+    if (s.anchor_step != 0)
+      detail::fail_value(fn, "state.anchor_step", s.anchor_step, "must be 0 before the first reset");
     if (e.step != -1) detail::fail_value(fn, "state.last_event.step", e.step, "must be -1 before the first reset");
     if (e.trigger != reset_trigger::none)
-      detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger), "must be none before the first reset");
+      detail::fail_value(fn, "state.last_event.trigger", static_cast<unsigned>(e.trigger),
+                         "must be none before the first reset");
     if (e.value != 0.0) detail::fail_value(fn, "state.last_event.value", e.value, "must be 0 before the first reset");
     if (e.index != 0) detail::fail_value(fn, "state.last_event.index", e.index, "must be 0 before the first reset");
   }
@@ -257,7 +271,7 @@ class reference_reset_policy
   //! and the policy-gradient term). Checks the kl_share and periodic triggers, in that order.
   reset_action observe_step(std::int64_t step, double kl_term, double policy_term) {
     constexpr std::string_view fn = "reference_reset_policy::observe_step";
-    check_clock(fn, step);
+    require_clock(fn, step);
     require_finite(fn, "kl_term", kl_term);
     require_finite(fn, "policy_term", policy_term);
     reference_reset_state s = state_;
@@ -281,7 +295,7 @@ class reference_reset_policy
   //! Reports a validation result measured at step `step`. Checks the drop and plateau triggers.
   reset_action observe_validation(std::int64_t step, double metric) {
     constexpr std::string_view fn = "reference_reset_policy::observe_validation";
-    check_clock(fn, step);
+    require_clock(fn, step);
     require_finite(fn, "metric", metric);
     detail::require_counter_room(fn, "state.evaluations", state_.evaluations);
     reference_reset_state s = state_;
@@ -317,7 +331,7 @@ class reference_reset_policy
   //! A suppressed request is not remembered: the host asks again later.
   reset_action request_manual(std::int64_t step) {
     constexpr std::string_view fn = "reference_reset_policy::request_manual";
-    check_clock(fn, step);
+    require_clock(fn, step);
     reference_reset_state s = state_;
     advance_clock(s, step);
     const reset_action a = fire(fn, s, step, reset_trigger::manual, 0.0, config_.manual_ignores_cooldown);
@@ -335,11 +349,11 @@ class reference_reset_policy
 
  private:
   // Validation never changes the state: a rejected call leaves the policy as it was.
-  void check_clock(std::string_view fn, std::int64_t step) const {
+  void require_clock(std::string_view fn, std::int64_t step) const {
     if (step < 0) detail::fail_value(fn, "step", step, "must be >= 0");
     if (state_.has_step && step < state_.last_step)
-      detail::fail_value(fn, "step", step, "steps must not decrease (last reported step " +
-                                               std::to_string(state_.last_step) + ")");
+      detail::fail_value(fn, "step", step,
+                         "steps must not decrease (last reported step " + std::to_string(state_.last_step) + ")");
   }
   static void advance_clock(reference_reset_state& s, std::int64_t step) noexcept {
     s.has_step = true;
@@ -370,7 +384,6 @@ class reference_reset_policy
     a.event = s.last_event;
     return a;
   }
-
 };
 
 ULORL_NAMESPACE_END

@@ -35,10 +35,10 @@ ULORL_NAMESPACE_BEGIN
 //! torch's CPU rounding steps (see the file comment). Every logit must be finite or -inf and every
 //! row must have a finite logit; labels in [0, V). Checks everything before writing.
 template <class L, class I>
-void logits_stats_torch_rounding(matrix_view<const L> logits, matrix_view<const I> labels, matrix_view<L> log_prob,
-                                 std::span<L> entropy) {
+void logits_statistics_torch_rounding(matrix_view<const L> logits, matrix_view<const I> labels, matrix_view<L> log_prob,
+                                      std::span<L> entropy) {
   static_assert(std::is_same_v<L, bf16> || std::is_same_v<L, f16>, "16-bit logits (bf16 or f16)");
-  constexpr std::string_view fn = "logits_stats_torch_rounding";
+  constexpr std::string_view fn = "logits_statistics_torch_rounding";
   const std::size_t n = logits.rows(), v = logits.cols();
   require_same_size(fn, "labels rows", labels.rows(), "logits rows", n);
   require_same_size(fn, "log_prob rows", log_prob.rows(), "logits rows", n);
@@ -68,7 +68,8 @@ void logits_stats_torch_rounding(matrix_view<const L> logits, matrix_view<const 
     for (std::size_t j = 0; j < v; ++j) s += static_cast<double>(std::exp(logits(i, j).to_float() - m));
     const float lse = r(std::log(r(static_cast<float>(s))));
     const auto lp = [&](std::size_t j) { return r((logits(i, j).to_float() - m) - lse); };
-    for (std::size_t k = 0; k < labels.cols(); ++k) log_prob(i, k) = L::from_float(lp(static_cast<std::size_t>(labels(i, k))));
+    for (std::size_t k = 0; k < labels.cols(); ++k)
+      log_prob(i, k) = L::from_float(lp(static_cast<std::size_t>(labels(i, k))));
     if (entropy.empty()) continue;
     double h = 0.0;
     for (std::size_t j = 0; j < v; ++j) {

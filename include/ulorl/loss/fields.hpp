@@ -23,7 +23,6 @@
 
 ULORL_NAMESPACE_BEGIN
 
-
 namespace rollout_correction {
 
 //! f(name, field&) for every field of a rollout correction configuration (core/fields.hpp); a
@@ -93,11 +92,7 @@ constexpr void visit_fields(C& c, F&& f) {
 template <class C, class F>
   requires ulorl::detail::record_of<C, policy_loss_config>
 constexpr void visit_fields(C& c, F&& f) {
-  auto& o = c.objective;
-  f("objective", o.kind), f("eps_low", o.eps_low), f("eps_high", o.eps_high), f("dual_clip", o.dual_clip);
-  f("delta", o.delta), f("log_ratio_clamp", o.log_ratio_clamp), f("seq_log_ratio_max", o.seq_log_ratio_max);
-  f("seq_gradient", o.seq_gradient), f("tau_pos", o.tau_pos), f("tau_neg", o.tau_neg), f("surrogate", o.surrogate);
-  f("abs_penalty", o.abs_penalty), f("square_penalty", o.square_penalty);
+  visit_fields(c.objective, f);
   visit_fields(c.kl, f);
   f("kl_coef", c.kl_coef), f("entropy_coef", c.entropy_coef);
   visit_fields(c.normalizer, f);
@@ -146,9 +141,7 @@ static_assert(sizeof(policy_loss_result) == encoded_result_size * sizeof(double)
               "policy_loss_result and its visit_fields differ: add the new member to the table");
 
 //! The result as encoded_result_size doubles, in visit_fields' order (`out` holds that many).
-inline void encode_result(const policy_loss_result& r, std::span<double> out) noexcept {
-  encode_fields_into(r, out);
-}
+inline void encode_result(const policy_loss_result& r, std::span<double> out) noexcept { encode_fields_into(r, out); }
 
 //! The inverse of encode_result (`in` holds encoded_result_size doubles).
 [[nodiscard]] inline policy_loss_result decode_result(std::span<const double> in) {

@@ -59,41 +59,134 @@ enum class pg_surrogate {
   log_prob,  //!< g = logp (REINFORCE; d g / d logp = 1)
 };
 
-//! Objective parameters. Defaults: symmetric PPO clip 0.2, log-ratio clamp +-20 before exp.
+// ---- parameters -----------------------------------------------------------------------------------
+//
+// An objective's own parameters are one struct beside it, with their defaults, their field table
+// (visit_fields, as core/fields.hpp reads it: the names the operators, Python and errors use), their checks and their form
+// in the kernels' element type T (`in<T>`, made once per call). objective_config holds the kind,
+// the parameters every ratio objective shares (the clip range and the log-ratio clamp) and one
+// member per objective that has parameters of its own.
+
+namespace detail {
+//! S is T or const T: the records a field table visits (C++17, for the device compilers).
+template <class S, class T>
+inline constexpr bool is_record_v = std::is_same_v<std::remove_const_t<S>, T>;
+}  // namespace detail
+
+//! gspo's own parameters: the sequence log-ratio's upper clamp and where its gradient goes.
+struct gspo_parameters {
+  double seq_log_ratio_max = 10.0;  //!< sequence log-ratio clamped from above (verl: 10); no_limit: none
+  sequence_gradient seq_gradient = sequence_gradient::own_token;
+
+  template <class T>
+  struct in {
+    T seq_max;
+    sequence_gradient seq_gradient;
+  };
+  template <class T>
+  [[nodiscard]] constexpr in<T> to() const noexcept {
+    return {static_cast<T>(seq_log_ratio_max), seq_gradient};
+  }
+  void validate(std::string_view fn) const {
+    require_known(fn, "seq_gradient", seq_gradient, sequence_gradient::own_token, sequence_gradient::through_mean);
+    if (std::isnan(seq_log_ratio_max))
+      detail::fail_value(fn, "seq_log_ratio_max", seq_log_ratio_max, "must not be NaN");
+  }
+};
+template <class C, class F, std::enable_if_t<detail::is_record_v<C, gspo_parameters>, int> = 0>
+constexpr void visit_fields(C& c, F&& f) {
+  f("seq_log_ratio_max", c.seq_log_ratio_max), f("seq_gradient", c.seq_gradient);
+}
+
+//! sapo's own parameters: the sigmoid's temperatures for positive and other advantages (verl).
+struct sapo_parameters {
+  double tau_pos = 1.0;   //!< temperature for A > 0
+  double tau_neg = 1.05;  //!< temperature for A <= 0
+
+  template <class T>
+  struct in {
+    T tau_pos, tau_neg;
+  };
+  template <class T>
+  [[nodiscard]] constexpr in<T> to() const noexcept {
+    return {static_cast<T>(tau_pos), static_cast<T>(tau_neg)};
+  }
+  void validate(std::string_view fn) const {
+    require_divisor(fn, "tau_pos", tau_pos);
+    require_divisor(fn, "tau_neg", tau_neg);
+  }
+};
+template <class C, class F, std::enable_if_t<detail::is_record_v<C, sapo_parameters>, int> = 0>
+constexpr void visit_fields(C& c, F&& f) {
+  f("tau_pos", c.tau_pos), f("tau_neg", c.tau_neg);
+}
+
+//! penalized_pg's own parameters: the surrogate g and the penalties' coefficients.
+struct penalized_pg_parameters {
+  pg_surrogate surrogate = pg_surrogate::ratio;
+  double abs_penalty = 0.0;     //!< c_abs of c_abs |x| (>= 0)
+  double square_penalty = 0.0;  //!< c_sq of c_sq x^2 / 2 (>= 0)
+
+  template <class T>
+  struct in {
+    T abs_penalty, square_penalty;
+    pg_surrogate surrogate;
+  };
+  template <class T>
+  [[nodiscard]] constexpr in<T> to() const noexcept {
+    return {static_cast<T>(abs_penalty), static_cast<T>(square_penalty), surrogate};
+  }
+  void validate(std::string_view fn) const {
+    require_known(fn, "surrogate", surrogate, pg_surrogate::ratio, pg_surrogate::log_prob);
+    if (!(abs_penalty >= 0.0 && std::isfinite(abs_penalty)))
+      detail::fail_value(fn, "abs_penalty", abs_penalty, "must be finite and >= 0");
+    if (!(square_penalty >= 0.0 && std::isfinite(square_penalty)))
+      detail::fail_value(fn, "square_penalty", square_penalty, "must be finite and >= 0");
+  }
+};
+template <class C, class F, std::enable_if_t<detail::is_record_v<C, penalized_pg_parameters>, int> = 0>
+constexpr void visit_fields(C& c, F&& f) {
+  f("surrogate", c.surrogate), f("abs_penalty", c.abs_penalty), f("square_penalty", c.square_penalty);
+}
+
+//! The objective: its kind, the shared ratio parameters, and each objective's own. Defaults:
+//! symmetric PPO clip 0.2, log-ratio clamp +-20 before exp.
 struct objective_config {
   objective_kind kind = objective_kind::ppo_clip;
-  double eps_low = 0.2;              //!< ratio clipped below at 1 - eps_low (0 <= eps_low < 1)
-  double eps_high = 0.2;             //!< ratio clipped above at 1 + eps_high (>= 0); > eps_low: clip-higher
-  double dual_clip = 0.0;            //!< 0: off; else c > 1 bounds the loss of negative advantages by -A c
-  double delta = 0.0;                //!< 0: off; else > 1: ratio capped at delta before the min (TRL)
-  double log_ratio_clamp = 20.0;     //!< |logp - old| clamped before exp (token ratios); no_limit: none
-  double seq_log_ratio_max = 10.0;   //!< gspo: sequence log-ratio clamped from above; no_limit: none
-  sequence_gradient seq_gradient = sequence_gradient::own_token;
-  double tau_pos = 1.0;              //!< sapo temperature for A > 0
-  double tau_neg = 1.05;             //!< sapo temperature for A <= 0
-  pg_surrogate surrogate = pg_surrogate::ratio;  //!< penalized_pg: g = r or logp
-  double abs_penalty = 0.0;          //!< penalized_pg: c_abs of c_abs |x| (>= 0)
-  double square_penalty = 0.0;       //!< penalized_pg: c_sq of c_sq x^2 / 2 (>= 0)
+  double eps_low = 0.2;           //!< ratio clipped below at 1 - eps_low (0 <= eps_low < 1)
+  double eps_high = 0.2;          //!< ratio clipped above at 1 + eps_high (>= 0); > eps_low: clip-higher
+  double dual_clip = 0.0;         //!< 0: off; else c > 1 bounds the loss of negative advantages by -A c
+  double delta = 0.0;             //!< 0: off; else > 1: ratio capped at delta before the min (TRL)
+  double log_ratio_clamp = 20.0;  //!< |logp - old| clamped before exp (token ratios); no_limit: none
+  gspo_parameters gspo{};
+  sapo_parameters sapo{};
+  penalized_pg_parameters penalized_pg{};
 };
 
-//! The configuration converted once to the element type for the inner loops.
+//! f(name, field&) for every field of an objective configuration: the shared ones, then each
+//! objective's own table (the names are flat: an objective's parameter names are unique).
+template <class C, class F, std::enable_if_t<detail::is_record_v<C, objective_config>, int> = 0>
+constexpr void visit_fields(C& c, F&& f) {
+  f("objective", c.kind), f("eps_low", c.eps_low), f("eps_high", c.eps_high), f("dual_clip", c.dual_clip);
+  f("delta", c.delta), f("log_ratio_clamp", c.log_ratio_clamp);
+  visit_fields(c.gspo, f), visit_fields(c.sapo, f), visit_fields(c.penalized_pg, f);
+}
+
+//! The configuration converted once to the element type for the inner loops: the shared
+//! parameters, then each objective's own (its `in<T>`).
 template <class T>
 struct objective_params {
   objective_kind kind;
-  T lo;         //!< 1 - eps_low
-  T hi;         //!< 1 + eps_high
+  T lo;  //!< 1 - eps_low
+  T hi;  //!< 1 + eps_high
   T eps_low;
   T eps_high;
-  T dual_c;     //!< +inf when off
-  T delta;      //!< +inf when off
-  T bound;      //!< token log-ratio clamp (+inf: none)
-  T seq_max;    //!< gspo sequence log-ratio upper clamp
-  T tau_pos;
-  T tau_neg;
-  T abs_penalty;
-  T square_penalty;
-  pg_surrogate surrogate;
-  sequence_gradient seq_gradient;
+  T dual_c;  //!< +inf when off
+  T delta;   //!< +inf when off
+  T bound;   //!< token log-ratio clamp (+inf: none)
+  gspo_parameters::in<T> gspo;
+  sapo_parameters::in<T> sapo;
+  penalized_pg_parameters::in<T> penalized_pg;
 };
 
 template <class T>
@@ -107,13 +200,9 @@ template <class T>
           c.dual_clip > 0.0 ? static_cast<T>(c.dual_clip) : inf,
           c.delta > 0.0 ? static_cast<T>(c.delta) : inf,
           static_cast<T>(c.log_ratio_clamp),
-          static_cast<T>(c.seq_log_ratio_max),
-          static_cast<T>(c.tau_pos),
-          static_cast<T>(c.tau_neg),
-          static_cast<T>(c.abs_penalty),
-          static_cast<T>(c.square_penalty),
-          c.surrogate,
-          c.seq_gradient};
+          c.gspo.template to<T>(),
+          c.sapo.template to<T>(),
+          c.penalized_pg.template to<T>()};
 }
 
 //! Per-token flags reported by the objectives (summed into the metrics).
@@ -131,7 +220,8 @@ struct clip_flags {
 };
 //! The flags of one scalar lane as token_flag bits.
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr unsigned flag_bits(const clip_flags<simd::scalar_lanes<T>>& f) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr unsigned flag_bits(
+    const clip_flags<simd::scalar_lanes<T>>& f) noexcept {
   return (f.clipped ? flag_clipped : 0u) | (f.low ? flag_clipped_low : 0u) | (f.high ? flag_clipped_high : 0u) |
          (f.dual ? flag_dual_clipped : 0u);
 }
@@ -152,7 +242,8 @@ struct objective_value {
   unsigned flags;
 };
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> to_scalar(const objective_lanes<simd::scalar_lanes<T>>& o) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> to_scalar(
+    const objective_lanes<simd::scalar_lanes<T>>& o) noexcept {
   return {o.loss, o.dloss, flag_bits(o.flags)};
 }
 
@@ -267,16 +358,17 @@ template <class L>
 //   template <class T> P<T> params() const;          // the parameters in T, once per call
 //   void validate(std::string_view fn) const;        // throws ulorl::error for bad parameters
 //   template <class L> static objective_lanes<L> token(const token_args<L>&, const P<T>&);  // token level
-// The built-in descriptors hold the objective_config they were made from and have a `kind`; a
-// descriptor defined outside the library (any parameters of its own) runs through
-// policy_loss_with() exactly as the built-in ones run through policy_loss().
+// The built-in descriptors hold the objective_config they were made from and have a `kind`; one
+// with parameters of its own names their struct (`using parameters = ...`, see "parameters" above),
+// which objective_config holds as a member. A descriptor defined outside the library (any
+// parameters of its own) runs through policy_loss_with() exactly as the built-in ones run through
+// policy_loss().
 
 enum class objective_level { token, sequence };
 
 namespace detail {
 //! Checks shared by every built-in objective.
 inline void validate_objective_common(std::string_view fn, const objective_config& c) {
-  require_known(fn, "seq_gradient", c.seq_gradient, sequence_gradient::own_token, sequence_gradient::through_mean);
   if (!(c.eps_low >= 0.0 && c.eps_low < 1.0)) detail::fail_value(fn, "eps_low", c.eps_low, "must be in [0, 1)");
   require_non_negative(fn, "eps_high", c.eps_high);
   if (!(c.dual_clip == 0.0 || (c.dual_clip > 1.0 && std::isfinite(c.dual_clip))))
@@ -284,7 +376,7 @@ inline void validate_objective_common(std::string_view fn, const objective_confi
   if (!(c.delta == 0.0 || (c.delta > 1.0 && std::isfinite(c.delta))))
     detail::fail_value(fn, "delta", c.delta, "must be 0 (off) or a finite delta > 1");
   if (!(c.log_ratio_clamp > 0.0)) detail::fail_value(fn, "log_ratio_clamp", c.log_ratio_clamp, "must be > 0");
-  if (std::isnan(c.seq_log_ratio_max)) detail::fail_value(fn, "seq_log_ratio_max", c.seq_log_ratio_max, "must not be NaN");
+  c.gspo.validate(fn);
 }
 
 //! The part of a built-in descriptor that only depends on objective_config.
@@ -362,10 +454,10 @@ struct cispo_objective : detail::builtin_objective<objective_kind::cispo> {
 struct sapo_objective : detail::builtin_objective<objective_kind::sapo> {
   static constexpr std::string_view name = "sapo";
   static constexpr objective_level level = objective_level::token;
+  using parameters = sapo_parameters;
   void validate(std::string_view fn) const {
     detail::validate_objective_common(fn, config);
-    require_divisor(fn, "tau_pos", config.tau_pos);
-    require_divisor(fn, "tau_neg", config.tau_neg);
+    config.sapo.validate(fn);
   }
   template <class L>
   [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr objective_lanes<L> token(
@@ -374,7 +466,7 @@ struct sapo_objective : detail::builtin_objective<objective_kind::sapo> {
     using V = typename L::V;
     using C = detail::exp_constants<T>;
     const V r = a.ratio.ratio, dr = a.ratio.dratio;
-    const V tau = L::select(a.adv > T(0), L::splat(p.tau_pos), L::splat(p.tau_neg));
+    const V tau = L::select(a.adv > T(0), L::splat(p.sapo.tau_pos), L::splat(p.sapo.tau_neg));
     V em1{};
     const V e = L::exp_in_range(L::clamp(-tau * (r - T(1)), L::splat(C::lo), L::splat(C::hi)), em1);
     const V s = T(1) / (T(1) + e);
@@ -406,13 +498,10 @@ struct policy_gradient_objective : detail::builtin_objective<objective_kind::pol
 struct penalized_pg_objective : detail::builtin_objective<objective_kind::penalized_pg> {
   static constexpr std::string_view name = "penalized_pg";
   static constexpr objective_level level = objective_level::token;
+  using parameters = penalized_pg_parameters;
   void validate(std::string_view fn) const {
     detail::validate_objective_common(fn, config);
-    require_known(fn, "surrogate", config.surrogate, pg_surrogate::ratio, pg_surrogate::log_prob);
-    if (!(config.abs_penalty >= 0.0 && std::isfinite(config.abs_penalty)))
-      detail::fail_value(fn, "abs_penalty", config.abs_penalty, "must be finite and >= 0");
-    if (!(config.square_penalty >= 0.0 && std::isfinite(config.square_penalty)))
-      detail::fail_value(fn, "square_penalty", config.square_penalty, "must be finite and >= 0");
+    config.penalized_pg.validate(fn);
   }
   template <class L>
   [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr objective_lanes<L> token(
@@ -420,14 +509,15 @@ struct penalized_pg_objective : detail::builtin_objective<objective_kind::penali
     using T = typename L::value_type;
     using V = typename L::V;
     const V x = a.ratio.x, zero = L::splat(T(0)), one = L::splat(T(1));
-    const typename L::M on_ratio = L::mask_of(p.surrogate == pg_surrogate::ratio);
+    const auto& pp = p.penalized_pg;
+    const typename L::M on_ratio = L::mask_of(pp.surrogate == pg_surrogate::ratio);
     const V g = L::select(on_ratio, a.ratio.ratio, a.logp);
     const V dg = L::select(on_ratio, a.ratio.dratio, one);
     const V ax = L::select(x < T(0), -x, x);
     const V sx = L::select(x > T(0), one, L::select(x < T(0), -one, zero));
     objective_lanes<L> o;
-    o.loss = -a.adv * g + p.abs_penalty * ax + (T(0.5) * p.square_penalty) * (x * x);
-    o.dloss = -a.adv * dg + p.abs_penalty * sx + p.square_penalty * x;
+    o.loss = -a.adv * g + pp.abs_penalty * ax + (T(0.5) * pp.square_penalty) * (x * x);
+    o.dloss = -a.adv * dg + pp.abs_penalty * sx + pp.square_penalty * x;
     return o;
   }
 };
@@ -436,20 +526,21 @@ struct penalized_pg_objective : detail::builtin_objective<objective_kind::penali
 
 //! The clipped surrogate of one token (the plain form when delta and dual clip are off).
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> clipped_surrogate(T r, T dr, T adv,
-                                                                                        const objective_params<T>& p) noexcept {
-  if (ppo_clip_objective::plain_applies(p)) return to_scalar(clipped_surrogate_plain_lanes<simd::scalar_lanes<T>>(r, dr, adv, p));
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> clipped_surrogate(
+    T r, T dr, T adv, const objective_params<T>& p) noexcept {
+  if (ppo_clip_objective::plain_applies(p))
+    return to_scalar(clipped_surrogate_plain_lanes<simd::scalar_lanes<T>>(r, dr, adv, p));
   return to_scalar(clipped_surrogate_lanes<simd::scalar_lanes<T>>(r, dr, adv, p));
 }
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> clipped_surrogate_plain(T r, T dr, T adv,
-                                                                                              const objective_params<T>& p) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> clipped_surrogate_plain(
+    T r, T dr, T adv, const objective_params<T>& p) noexcept {
   return to_scalar(clipped_surrogate_plain_lanes<simd::scalar_lanes<T>>(r, dr, adv, p));
 }
 namespace detail {
 template <class D, class T>
-[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> token_scalar(T logp, T r, T dr, T adv,
-                                                                                   const objective_params<T>& p) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> token_scalar(
+    T logp, T r, T dr, T adv, const objective_params<T>& p) noexcept {
   using L = simd::scalar_lanes<T>;
   const token_args<L> a{logp, adv, {T(0), T(0), r, dr, T(0)}};
   return to_scalar(D::template token<L>(a, p));
@@ -457,12 +548,14 @@ template <class D, class T>
 }  // namespace detail
 //! CISPO of one token (ratio r); d loss / d logp.
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> cispo(T logp, T r, T adv, const objective_params<T>& p) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> cispo(T logp, T r, T adv,
+                                                                              const objective_params<T>& p) noexcept {
   return detail::token_scalar<cispo_objective>(logp, r, T(0), adv, p);
 }
 //! SAPO of one token (ratio r, d r = dr).
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> sapo(T r, T dr, T adv, const objective_params<T>& p) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr objective_value<T> sapo(T r, T dr, T adv,
+                                                                             const objective_params<T>& p) noexcept {
   return detail::token_scalar<sapo_objective>(T(0), r, dr, adv, p);
 }
 //! Plain policy gradient of one token: L = -A logp, d L / d logp = -A.
@@ -479,11 +572,11 @@ struct gmpo_token {
 };
 //! GMPO's clipped log-ratio of one token (see gmpo_log_ratio_lanes).
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr gmpo_token<T> gmpo_log_ratio(T x, T adv, const objective_params<T>& p) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr gmpo_token<T> gmpo_log_ratio(
+    T x, T adv, const objective_params<T>& p) noexcept {
   const auto g = gmpo_log_ratio_lanes<simd::scalar_lanes<T>>(x, adv, p);
   return {g.y, g.dy, flag_bits(g.flags)};
 }
-
 
 // ---- sequence-level objectives --------------------------------------------------------------------
 //
@@ -523,11 +616,11 @@ struct sequence_row_terms {
 //! flags for the metrics, and the token's gradient parts.
 template <class T>
 struct sequence_token {
-  T pg;                                        //!< weight * objective (0 where the row carries it)
-  T kl;                                        //!< KL estimate (weighted when importance-weighted)
-  ratio_lanes<simd::scalar_lanes<T>> ratio;    //!< for fold_token's metrics
-  clip_flags<simd::scalar_lanes<T>> flags;     //!< for fold_token's metrics
-  double grad;                                 //!< d loss / d logp of the token itself (agg weight included)
+  T pg;                                      //!< weight * objective (0 where the row carries it)
+  T kl;                                      //!< KL estimate (weighted when importance-weighted)
+  ratio_lanes<simd::scalar_lanes<T>> ratio;  //!< for fold_token's metrics
+  clip_flags<simd::scalar_lanes<T>> flags;   //!< for fold_token's metrics
+  double grad;                               //!< d loss / d logp of the token itself (agg weight included)
   //! through_mean: this token's parts of d loss / d (row statistic) (objective, KL weight), which
   //! the row sums in this order
   double to_row_pg, to_row_kl;
@@ -552,8 +645,8 @@ template <class T, class LP>
 }
 //! The token flags as clip_flags of one scalar lane.
 template <class T>
-[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr clip_flags<simd::scalar_lanes<T>> scalar_flags(unsigned f,
-                                                                                                   bool dual = true) noexcept {
+[[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr clip_flags<simd::scalar_lanes<T>> scalar_flags(
+    unsigned f, bool dual = true) noexcept {
   return {(f & flag_clipped) != 0, (f & flag_clipped_low) != 0, (f & flag_clipped_high) != 0,
           dual && (f & flag_dual_clipped) != 0};
 }
@@ -566,36 +659,41 @@ template <class T>
 struct gspo_objective : detail::builtin_objective<objective_kind::gspo> {
   static constexpr std::string_view name = "gspo";
   static constexpr objective_level level = objective_level::sequence;
+  using parameters = gspo_parameters;
 
   //! a: the token's log-ratio.
   template <class T>
-  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_sums row_token(T lp, T old, T, T, bool,
-                                                                                      const objective_params<T>&) noexcept {
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_sums row_token(
+      T lp, T old, T, T, bool, const objective_params<T>&) noexcept {
     return {static_cast<double>(lp) - static_cast<double>(old), 0.0, 0.0};
   }
   template <class T>
-  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_row_terms<T> row(const sequence_sums& s, double nd, bool,
-                                                                                       const agg_normalizer&,
-                                                                                       const objective_params<T>& op) noexcept {
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_row_terms<T> row(
+      const sequence_sums& s, double nd, bool, const agg_normalizer&, const objective_params<T>& op) noexcept {
     const T st = static_cast<T>(s.a / (nd > 0 ? nd : 1.0));
-    const T rho = st > op.seq_max ? op.seq_max : st;
+    const T seq_max = op.gspo.seq_max;
+    const T rho = st > seq_max ? seq_max : st;
     const T r = loss_exp(rho);
-    sequence_row_terms<T> t{r, st <= op.seq_max ? r : T(0)};
-    t.through_mean = op.seq_gradient == sequence_gradient::through_mean;
+    sequence_row_terms<T> t{r, st <= seq_max ? r : T(0)};
+    t.through_mean = op.gspo.seq_gradient == sequence_gradient::through_mean;
     t.sequence_clip = true;
     return t;
   }
   template <class T, class LP>
-  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_token<T> token(T lp, T old, T adv, T wt, T ref, bool valid,
-                                                                                     double wd, const sequence_row_terms<T>& row,
-                                                                                     const LP& p, bool has_ref) noexcept {
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_token<T> token(T lp, T old, T adv, T wt, T ref,
+                                                                                      bool valid, double wd,
+                                                                                      const sequence_row_terms<T>& row,
+                                                                                      const LP& p,
+                                                                                      bool has_ref) noexcept {
     const auto& op = p.objective;
     const T x = lp - old;
     const auto o = clipped_surrogate(row.ratio, row.dratio, adv, op);
     sequence_token<T> s{};
     T own = T(0);  // d loss / d logp_t through this token's own terms (before the agg weight)
-    if (!row.through_mean) own += wt * o.dloss;
-    else s.to_row_pg = valid ? wd * static_cast<double>(wt * o.dloss) : 0.0;
+    if (!row.through_mean)
+      own += wt * o.dloss;
+    else
+      s.to_row_pg = valid ? wd * static_cast<double>(wt * o.dloss) : 0.0;
     if (has_ref) {
       const auto k = detail::sequence_token_kl(lp, ref, row.ratio, row.dratio, p);
       s.kl = k.value;
@@ -633,9 +731,9 @@ struct gmpo_objective : detail::builtin_objective<objective_kind::gmpo> {
             has_w ? log_weight(static_cast<double>(w)) : 0.0};
   }
   template <class T>
-  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE sequence_row_terms<T> row(const sequence_sums& s, double nd, bool has_w,
-                                                                             const agg_normalizer& norm,
-                                                                             const objective_params<T>&) noexcept {
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE sequence_row_terms<T> row(const sequence_sums& s, double nd,
+                                                                              bool has_w, const agg_normalizer& norm,
+                                                                              const objective_params<T>&) noexcept {
     if (!(nd > 0)) return {T(1), T(0)};
     const double ratio_b = loss_exp(s.a / nd), adv_b = s.b / nd, wb = has_w ? loss_exp(s.c / nd) : 1.0;
     const double lb = -adv_b * ratio_b * wb;
@@ -646,9 +744,11 @@ struct gmpo_objective : detail::builtin_objective<objective_kind::gmpo> {
     return t;
   }
   template <class T, class LP>
-  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_token<T> token(T lp, T old, T adv, T, T ref, bool, double wd,
-                                                                                     const sequence_row_terms<T>& row,
-                                                                                     const LP& p, bool has_ref) noexcept {
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_token<T> token(T lp, T old, T adv, T, T ref,
+                                                                                      bool, double wd,
+                                                                                      const sequence_row_terms<T>& row,
+                                                                                      const LP& p,
+                                                                                      bool has_ref) noexcept {
     const auto& op = p.objective;
     const T x = lp - old;
     const auto gt = gmpo_log_ratio<T>(x, adv, op);

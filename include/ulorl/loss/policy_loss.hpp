@@ -36,7 +36,6 @@
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/isa_dispatch.hpp"
-#include "ulorl/loss/kernel_pairs.hpp"
 #include "ulorl/core/parallel.hpp"
 #include "ulorl/core/ragged.hpp"
 #include "ulorl/core/simd.hpp"
@@ -47,6 +46,7 @@
 #include "ulorl/loss/detail/token_rows.hpp"
 #include "ulorl/loss/detail/value_scan.hpp"
 #include "ulorl/loss/entropy.hpp"
+#include "ulorl/loss/kernel_pairs.hpp"
 #include "ulorl/loss/kl.hpp"
 #include "ulorl/loss/metrics.hpp"
 #include "ulorl/loss/objectives.hpp"
@@ -86,14 +86,18 @@ template <class T>
   return {nan, nan, nan, nan, nan, nan, nan, 0u};
 }
 template <class Obj, class T, class E0, class... E>
-[[nodiscard]] ULORL_HD constexpr token_loss<T> token_loss_by_estimator(T logp, T old_logp, T ref, T adv, T weight, T entropy,
-                                                                       const token_loss_params<T>& p, descriptor_list<E0, E...>) noexcept {
+[[nodiscard]] ULORL_HD constexpr token_loss<T> token_loss_by_estimator(T logp, T old_logp, T ref, T adv, T weight,
+                                                                       T entropy, const token_loss_params<T>& p,
+                                                                       descriptor_list<E0, E...>) noexcept {
   if (p.kl.estimator == E0::kind) {
-    if (p.kl.importance_weighted) return one_token_loss<Obj, importance_weighted<E0>>(logp, old_logp, ref, adv, weight, entropy, p);
+    if (p.kl.importance_weighted)
+      return one_token_loss<Obj, importance_weighted<E0>>(logp, old_logp, ref, adv, weight, entropy, p);
     return one_token_loss<Obj, E0>(logp, old_logp, ref, adv, weight, entropy, p);
   }
-  if constexpr (sizeof...(E) == 0) return invalid_token_loss<T>();
-  else return token_loss_by_estimator<Obj>(logp, old_logp, ref, adv, weight, entropy, p, descriptor_list<E...>{});
+  if constexpr (sizeof...(E) == 0)
+    return invalid_token_loss<T>();
+  else
+    return token_loss_by_estimator<Obj>(logp, old_logp, ref, adv, weight, entropy, p, descriptor_list<E...>{});
 }
 template <class Obj, class T>
 [[nodiscard]] ULORL_HD constexpr token_loss<T> token_loss_with_kl(T logp, T old_logp, T ref, T adv, T weight, T entropy,
@@ -102,8 +106,9 @@ template <class Obj, class T>
   return token_loss_by_estimator<Obj>(logp, old_logp, ref, adv, weight, entropy, p, kl_registry{});
 }
 template <class T, class D0, class... D>
-[[nodiscard]] ULORL_HD constexpr token_loss<T> token_loss_by_objective(T logp, T old_logp, T ref, T adv, T weight, T entropy,
-                                                                       const token_loss_params<T>& p, descriptor_list<D0, D...>) noexcept {
+[[nodiscard]] ULORL_HD constexpr token_loss<T> token_loss_by_objective(T logp, T old_logp, T ref, T adv, T weight,
+                                                                       T entropy, const token_loss_params<T>& p,
+                                                                       descriptor_list<D0, D...>) noexcept {
   if (p.objective.kind == D0::kind) {
     if constexpr (D0::level == objective_level::sequence) {
       return invalid_token_loss<T>();
@@ -115,8 +120,10 @@ template <class T, class D0, class... D>
       return token_loss_with_kl<D0>(logp, old_logp, ref, adv, weight, entropy, p);
     }
   }
-  if constexpr (sizeof...(D) == 0) return invalid_token_loss<T>();
-  else return token_loss_by_objective(logp, old_logp, ref, adv, weight, entropy, p, descriptor_list<D...>{});
+  if constexpr (sizeof...(D) == 0)
+    return invalid_token_loss<T>();
+  else
+    return token_loss_by_objective(logp, old_logp, ref, adv, weight, entropy, p, descriptor_list<D...>{});
 }
 }  // namespace ULORL_ISA
 }  // namespace detail
@@ -138,11 +145,12 @@ template <class T>
 //! policy_loss_with computes for the token, before the aggregation weight. Of `cfg`, the KL clamps,
 //! straight_through, importance_weighted and the coefficients are read (not validated).
 template <class Obj, class Est, class T>
-[[nodiscard]] token_loss<T> policy_token_loss_with(const Obj& obj, const Est&, T logp, T old_logp, T ref, T adv, T weight, T entropy,
-                                                   const policy_loss_config& cfg) {
+[[nodiscard]] token_loss<T> policy_token_loss_with(const Obj& obj, const Est&, T logp, T old_logp, T ref, T adv,
+                                                   T weight, T entropy, const policy_loss_config& cfg) {
   static_assert(Obj::level == objective_level::token, "policy_token_loss_with: a token-level objective descriptor");
   const token_loss_params<T, detail::params_of<Obj, T>> p{obj.template params<T>(), make_kl_params<T>(cfg.kl),
-                                                          static_cast<T>(cfg.kl_coef), static_cast<T>(cfg.entropy_coef)};
+                                                          static_cast<T>(cfg.kl_coef),
+                                                          static_cast<T>(cfg.entropy_coef)};
   if (cfg.kl_coef == 0.0) return detail::one_token_loss<Obj, no_kl>(logp, old_logp, ref, adv, weight, entropy, p);
   if constexpr (!std::is_same_v<Est, no_kl>)
     if (cfg.kl.importance_weighted)
@@ -193,7 +201,8 @@ template <class T, class M>
 template <class T, class M>
 void validate_rollout_inputs(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg) {
   if (!cfg.rollout) {
-    if (!in.rollout_log_prob.empty()) detail::fail(fn, "rollout_log_prob", "given without cfg.rollout (the rollout correction it feeds)");
+    if (!in.rollout_log_prob.empty())
+      detail::fail(fn, "rollout_log_prob", "given without cfg.rollout (the rollout correction it feeds)");
     if (cfg.rollout_batch_norm_factor)
       detail::fail_value(fn, "rollout_batch_norm_factor", *cfg.rollout_batch_norm_factor, "given without cfg.rollout");
     return;
@@ -203,12 +212,14 @@ void validate_rollout_inputs(std::string_view fn, const policy_loss_inputs<T, M>
   if (in.rollout_log_prob.empty()) detail::fail(fn, "rollout_log_prob", "required with cfg.rollout");
   require_same_shape(fn, "rollout_log_prob", in.rollout_log_prob, "log_prob", in.log_prob);
   if (!in.weights.empty())
-    detail::fail(fn, "weights", "must be empty with cfg.rollout: the rollout correction's weights are the loss's weights");
+    detail::fail(fn, "weights",
+                 "must be empty with cfg.rollout: the rollout correction's weights are the loss's weights");
   if (rc.importance.batch_normalize != cfg.rollout_batch_norm_factor.has_value()) {
     if (rc.importance.batch_normalize)
-      detail::fail(fn, "rollout_batch_norm_factor",
-                   "required with rollout.importance.batch_normalize: the batch's mean weight, rollout_correction::finalize's "
-                   "batch_norm_factor of the whole batch's statistics");
+      detail::fail(
+          fn, "rollout_batch_norm_factor",
+          "required with rollout.importance.batch_normalize: the batch's mean weight, rollout_correction::finalize's "
+          "batch_norm_factor of the whole batch's statistics");
     detail::fail_value(fn, "rollout_batch_norm_factor", *cfg.rollout_batch_norm_factor,
                        "given without rollout.importance.batch_normalize");
   }
@@ -216,20 +227,21 @@ void validate_rollout_inputs(std::string_view fn, const policy_loss_inputs<T, M>
   require_divisor(fn, "rollout_batch_norm_factor", divisor);
   const auto bound = rollout_correction::detail::bound_of(rc.importance);
   if (bound.nan_possible || !rollout_correction::detail::representable<T>(bound.max / divisor))
-    detail::fail(fn, "rollout",
-                 "its importance weights are not finite in the element type by construction (largest weight " +
-                     std::to_string(bound.max / divisor) +
-                     (bound.nan_possible ? ", NaN where an overflowed ratio is dropped" : "") +
-                     "): bound them (importance.upper, importance.log_ratio_clamp) or run rollout_correction::apply and pass "
-                     "its weights and mask");
+    detail::fail(
+        fn, "rollout",
+        "its importance weights are not finite in the element type by construction (largest weight " +
+            std::to_string(bound.max / divisor) +
+            (bound.nan_possible ? ", NaN where an overflowed ratio is dropped" : "") +
+            "): bound them (importance.upper, importance.log_ratio_clamp) or run rollout_correction::apply and pass "
+            "its weights and mask");
 }
 
 //! The checks of validate_policy_loss; `validate_descriptors()` checks the objective and the
 //! estimator (after the shapes, before the values).
 template <class T, class M, class Exec, class F>
-void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T, M>& given, const policy_loss_config& cfg,
-                                 token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec,
-                                 F&& validate_descriptors) {
+void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T, M>& given,
+                                 const policy_loss_config& cfg, token_view<T> grad_log_prob, token_view<T> grad_entropy,
+                                 const Exec& exec, F&& validate_descriptors) {
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   validate_layout(fn, "log_prob", in.log_prob);
   if (in.log_prob.rows() == 0) detail::fail(fn, "log_prob", "empty batch (B = 0): at least one response is required");
@@ -243,11 +255,13 @@ void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T
   if (cfg.kl_coef != 0.0 || !in.ref_log_prob.empty())
     require_same_shape(fn, "ref_log_prob", in.ref_log_prob, "log_prob", in.log_prob);
   if (!in.weights.empty()) require_same_shape(fn, "weights", in.weights, "log_prob", in.log_prob);
-  if (cfg.entropy_coef == 0.0 && !in.entropy.empty()) require_same_shape(fn, "entropy", in.entropy, "log_prob", in.log_prob);
+  if (cfg.entropy_coef == 0.0 && !in.entropy.empty())
+    require_same_shape(fn, "entropy", in.entropy, "log_prob", in.log_prob);
   if (cfg.entropy_coef != 0.0) {
     if (in.entropy.empty() && !in.log_prob.empty()) detail::fail(fn, "entropy", "required when entropy_coef != 0");
     require_same_shape(fn, "entropy", in.entropy, "log_prob", in.log_prob);
-    if (grad_entropy.empty() && !in.log_prob.empty()) detail::fail(fn, "grad_entropy", "required when entropy_coef != 0");
+    if (grad_entropy.empty() && !in.log_prob.empty())
+      detail::fail(fn, "grad_entropy", "required when entropy_coef != 0");
     require_same_shape(fn, "grad_entropy", grad_entropy, "log_prob", in.log_prob);
   }
   validate_rollout_inputs<T>(fn, in, cfg);
@@ -279,8 +293,9 @@ void validate_policy_loss_inputs(std::string_view fn, const policy_loss_inputs<T
 //! The token rows of descriptor `obj` (parameters in T) with estimator `Est` (or no_kl), folded
 //! into `res` after the rows already in it.
 template <class Obj, class Est, class T, class M, class Exec>
-void token_rows_into(const Obj& obj, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg, token_view<T> grad_log_prob,
-                     token_view<T> grad_entropy, const Exec& exec, policy_loss_result& res) {
+void token_rows_into(const Obj& obj, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
+                     token_view<T> grad_log_prob, token_view<T> grad_entropy, const Exec& exec,
+                     policy_loss_result& res) {
   using P = params_of<Obj, T>;
   const token_loss_params<T, P> p{obj.template params<T>(), make_kl_params<T>(cfg.kl), static_cast<T>(cfg.kl_coef),
                                   static_cast<T>(cfg.entropy_coef)};
@@ -299,8 +314,8 @@ inline constexpr std::size_t rollout_block_tokens = std::size_t{1} << 16;
 //! result is the bits of rollout_correction::apply followed by the loss on its outputs.
 template <class T, class M, class RowsInto>
 void rollout_corrected_rows(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
-                            token_view<T> grad_log_prob, token_view<T> grad_entropy, executor_ref exec, policy_loss_result& res,
-                            RowsInto&& rows_into) {
+                            token_view<T> grad_log_prob, token_view<T> grad_entropy, executor_ref exec,
+                            policy_loss_result& res, RowsInto&& rows_into) {
   rollout_correction::config rc = *cfg.rollout;
   rc.importance.masked = rollout_correction::masked_positions::zero;  // the loss ignores masked weights
   const double divisor = cfg.rollout_batch_norm_factor.value_or(1.0);
@@ -315,7 +330,8 @@ void rollout_corrected_rows(std::string_view fn, const policy_loss_inputs<T, M>&
   std::vector<rollout_correction::statistics> stats;
   for (std::size_t lo = 0, hi = 0; lo < rows; lo = hi) {
     std::size_t tokens = in.log_prob.row_size(lo);
-    for (hi = lo + 1; hi < rows && tokens + in.log_prob.row_size(hi) <= rollout_block_tokens; ++hi) tokens += in.log_prob.row_size(hi);
+    for (hi = lo + 1; hi < rows && tokens + in.log_prob.row_size(hi) <= rollout_block_tokens; ++hi)
+      tokens += in.log_prob.row_size(hi);
     const std::size_t n = hi - lo;
     if (tokens > capacity) {
       capacity = std::max(tokens, rollout_block_tokens);
@@ -338,12 +354,14 @@ void rollout_corrected_rows(std::string_view fn, const policy_loss_inputs<T, M>&
     stats.assign(n, {});
     exec(n, [&](std::size_t a, std::size_t z) {
       for (std::size_t r = a; r < z; ++r)
-        (void)rollout_correction::detail::scan_row<true, true>(fn, rin, rc, chain, lo + r, divisor, stats[r], w.row(r), m.row(r));
+        (void)rollout_correction::detail::scan_row<true, true>(fn, rin, rc, chain, lo + r, divisor, stats[r], w.row(r),
+                                                               m.row(r));
     });
     for (const auto& st : stats) res.rollout += st;
-    policy_loss_inputs<T, M> part{in.log_prob.slice(lo, hi), in.old_log_prob.slice(lo, hi), in.advantages.slice(lo, hi),
-                                  token_view<const M>(m),     in.ref_log_prob.slice(lo, hi), token_view<const T>(w),
-                                  in.entropy.slice(lo, hi),   {}};
+    policy_loss_inputs<T, M> part{in.log_prob.slice(lo, hi),     in.old_log_prob.slice(lo, hi),
+                                  in.advantages.slice(lo, hi),   token_view<const M>(m),
+                                  in.ref_log_prob.slice(lo, hi), token_view<const T>(w),
+                                  in.entropy.slice(lo, hi),      {}};
     rows_into(part, grad_log_prob.slice(lo, hi), grad_entropy.slice(lo, hi), res);
   }
 }
@@ -354,7 +372,8 @@ void rollout_corrected_rows(std::string_view fn, const policy_loss_inputs<T, M>&
 //! given with an entropy term, otherwise empty) are set to 0 before the throw: they were written in
 //! the pass.
 template <class T>
-void check_loss_results(std::string_view fn, policy_loss_result& res, token_view<T> grad_log_prob, token_view<T> grad_entropy) {
+void validate_loss_results(std::string_view fn, policy_loss_result& res, token_view<T> grad_log_prob,
+                           token_view<T> grad_entropy) {
   const auto clear = [&] {
     for (token_view<T>* v : {&grad_log_prob, &grad_entropy})
       for (std::size_t b = 0; b < v->rows(); ++b) {
@@ -371,9 +390,9 @@ void check_loss_results(std::string_view fn, policy_loss_result& res, token_view
           if (!std::isfinite(r[t])) {
             const double value = static_cast<double>(r[t]);
             clear();
-            require_result_in_range<T>(fn, name, static_cast<std::int64_t>(v.flat_index(b, t)), value,
-                                       "row " + std::to_string(b) + ", token " + std::to_string(t) +
-                                           "; the gradient outputs are set to 0");
+            require_result_in_range<T>(
+                fn, name, static_cast<std::int64_t>(v.flat_index(b, t)), value,
+                "row " + std::to_string(b) + ", token " + std::to_string(t) + "; the gradient outputs are set to 0");
           }
       }
     res.nonfinite_grad_rows = 0;  // a float sum of finite values overflowed: every value is finite
@@ -398,17 +417,19 @@ void check_loss_results(std::string_view fn, policy_loss_result& res, token_view
 
 //! Runs `rows_into(inputs, grad_log_prob, grad_entropy, result)` on the whole batch, or through
 //! rollout_corrected_rows with cfg.rollout; then the loss's total, and with cfg.check_values the
-//! results' range check (check_loss_results).
+//! results' range check (validate_loss_results).
 template <class T, class M, class RowsInto>
-[[nodiscard]] policy_loss_result loss_rows(std::string_view fn, const policy_loss_inputs<T, M>& in, const policy_loss_config& cfg,
-                                           token_view<T> grad_log_prob, token_view<T> grad_entropy, executor_ref exec,
-                                           RowsInto&& rows_into) {
+[[nodiscard]] policy_loss_result loss_rows(std::string_view fn, const policy_loss_inputs<T, M>& in,
+                                           const policy_loss_config& cfg, token_view<T> grad_log_prob,
+                                           token_view<T> grad_entropy, executor_ref exec, RowsInto&& rows_into) {
   policy_loss_result res;
-  if (cfg.rollout) rollout_corrected_rows(fn, in, cfg, grad_log_prob, grad_entropy, exec, res, rows_into);
-  else rows_into(in, grad_log_prob, grad_entropy, res);
+  if (cfg.rollout)
+    rollout_corrected_rows(fn, in, cfg, grad_log_prob, grad_entropy, exec, res, rows_into);
+  else
+    rows_into(in, grad_log_prob, grad_entropy, res);
   res.loss = res.pg_loss + res.kl_loss + res.entropy_loss;
   if (cfg.check_values)
-    check_loss_results<T>(fn, res, grad_log_prob, cfg.entropy_coef != 0.0 ? grad_entropy : token_view<T>{});
+    validate_loss_results<T>(fn, res, grad_log_prob, cfg.entropy_coef != 0.0 ? grad_entropy : token_view<T>{});
   return res;
 }
 }  // namespace ULORL_ISA
@@ -435,24 +456,25 @@ inline namespace ULORL_ISA {
 //! depends on the value and mask types only (the executor is referenced, not a template parameter),
 //! so it can be compiled once per program for the common types (ULORL_EXTERN_KERNELS, end of this header).
 template <class T, class M>
-[[nodiscard]] policy_loss_result policy_loss_dispatch(const policy_loss_inputs<T, M>& given, token_view<T> grad_log_prob,
-                                                      token_view<T> grad_entropy, const policy_loss_config& cfg,
-                                                      executor_ref exec) {
+[[nodiscard]] policy_loss_result policy_loss_dispatch(const policy_loss_inputs<T, M>& given,
+                                                      token_view<T> grad_log_prob, token_view<T> grad_entropy,
+                                                      const policy_loss_config& cfg, executor_ref exec) {
   constexpr std::string_view fn = "policy_loss";
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   validate_policy_loss(fn, in, grad_log_prob, grad_entropy, cfg, exec);
-  return loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, exec,
-                   [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
-                     detail::visit_token_loss(fn, cfg, [&](const auto& obj, const auto& est) {
-                       using D = std::remove_cvref_t<decltype(obj)>;
-                       using E = std::remove_cvref_t<decltype(est)>;
-                       if constexpr (D::level == objective_level::sequence) {
-                         detail::sequence_rows<D>(obj, part, cfg, g, ge, res, exec);
-                       } else {
-                         detail::token_rows_into<D, E>(obj, part, cfg, g, ge, exec, res);
-                       }
-                     });
-                   });
+  return loss_rows(
+      fn, in, cfg, grad_log_prob, grad_entropy, exec,
+      [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
+        detail::visit_token_loss(fn, cfg, [&](const auto& obj, const auto& est) {
+          using D = std::remove_cvref_t<decltype(obj)>;
+          using E = std::remove_cvref_t<decltype(est)>;
+          if constexpr (D::level == objective_level::sequence) {
+            detail::sequence_rows<D>(obj, part, cfg, g, ge, res, exec);
+          } else {
+            detail::token_rows_into<D, E>(obj, part, cfg, g, ge, exec, res);
+          }
+        });
+      });
 }
 }  // namespace ULORL_ISA
 }  // namespace detail
@@ -489,7 +511,8 @@ inline namespace ULORL_ISA {
 //! too; the exact checks that name a bad value's index run on the calling thread.
 template <class T, class M, class Exec>
 [[nodiscard]] policy_loss_result policy_loss(const policy_loss_inputs<T, M>& in, token_view<T> grad_log_prob,
-                                             token_view<T> grad_entropy, const policy_loss_config& cfg, const Exec& exec) {
+                                             token_view<T> grad_entropy, const policy_loss_config& cfg,
+                                             const Exec& exec) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "policy_loss: T must be float or double");
   if (const policy_loss_kernel<T, M> k = installed_kernel<isa_op::policy_loss, T, M>()) [[unlikely]]
     return k(in, grad_log_prob, grad_entropy, cfg, executor_ref(exec));
@@ -515,28 +538,30 @@ template <class T, class M>
 //! have `bound`, the token log-ratio clamp), with the built-in estimator of cfg.kl; cfg.objective is
 //! not read. Same contract as policy_loss.
 template <class Obj, class T, class M, class Exec>
-[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& given, token_view<T> grad_log_prob,
-                                                  token_view<T> grad_entropy, const policy_loss_config& cfg, const Exec& exec) {
+[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& given,
+                                                  token_view<T> grad_log_prob, token_view<T> grad_entropy,
+                                                  const policy_loss_config& cfg, const Exec& exec) {
   constexpr std::string_view fn = "policy_loss_with";
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] {
     obj.validate(fn);
     validate_kl(fn, cfg.kl);
   });
-  return detail::loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec),
-                           [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
-                             if constexpr (Obj::level == objective_level::sequence) {
-                               detail::sequence_rows<Obj>(obj, part, cfg, g, ge, res, exec);
-                             } else {
-                               if (cfg.kl_coef == 0.0) return detail::token_rows_into<Obj, no_kl>(obj, part, cfg, g, ge, exec, res);
-                               visit_kl_estimator(fn, cfg.kl, [&](const auto& est) {
-                                 using E = std::remove_cvref_t<decltype(est)>;
-                                 if (cfg.kl.importance_weighted)
-                                   return detail::token_rows_into<Obj, importance_weighted<E>>(obj, part, cfg, g, ge, exec, res);
-                                 detail::token_rows_into<Obj, E>(obj, part, cfg, g, ge, exec, res);
-                               });
-                             }
-                           });
+  return detail::loss_rows(
+      fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec),
+      [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
+        if constexpr (Obj::level == objective_level::sequence) {
+          detail::sequence_rows<Obj>(obj, part, cfg, g, ge, res, exec);
+        } else {
+          if (cfg.kl_coef == 0.0) return detail::token_rows_into<Obj, no_kl>(obj, part, cfg, g, ge, exec, res);
+          visit_kl_estimator(fn, cfg.kl, [&](const auto& est) {
+            using E = std::remove_cvref_t<decltype(est)>;
+            if (cfg.kl.importance_weighted)
+              return detail::token_rows_into<Obj, importance_weighted<E>>(obj, part, cfg, g, ge, exec, res);
+            detail::token_rows_into<Obj, E>(obj, part, cfg, g, ge, exec, res);
+          });
+        }
+      });
 }
 
 //! As above with a KL estimator descriptor `est` defined outside the library (see kl.hpp); of
@@ -550,24 +575,26 @@ template <class Obj, class Est, class T, class M, class Exec>
   const policy_loss_inputs<T, M> in = detail::with_all_valid_mask(given);
   (void)est;
   detail::validate_policy_loss_inputs(fn, in, cfg, grad_log_prob, grad_entropy, exec, [&] { obj.validate(fn); });
-  return detail::loss_rows(fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec),
-                           [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
-                             if (cfg.kl_coef == 0.0) return detail::token_rows_into<Obj, no_kl>(obj, part, cfg, g, ge, exec, res);
-                             if (cfg.kl.importance_weighted)
-                               return detail::token_rows_into<Obj, importance_weighted<Est>>(obj, part, cfg, g, ge, exec, res);
-                             detail::token_rows_into<Obj, Est>(obj, part, cfg, g, ge, exec, res);
-                           });
+  return detail::loss_rows(
+      fn, in, cfg, grad_log_prob, grad_entropy, executor_ref(exec),
+      [&](const policy_loss_inputs<T, M>& part, token_view<T> g, token_view<T> ge, policy_loss_result& res) {
+        if (cfg.kl_coef == 0.0) return detail::token_rows_into<Obj, no_kl>(obj, part, cfg, g, ge, exec, res);
+        if (cfg.kl.importance_weighted)
+          return detail::token_rows_into<Obj, importance_weighted<Est>>(obj, part, cfg, g, ge, exec, res);
+        detail::token_rows_into<Obj, Est>(obj, part, cfg, g, ge, exec, res);
+      });
 }
 
 //! policy_loss_with on the calling thread, with or without `grad_entropy` (as policy_loss's overloads).
 template <class Obj, class T, class M>
-[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& in, token_view<T> grad_log_prob,
-                                                  token_view<T> grad_entropy, const policy_loss_config& cfg) {
+[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& in,
+                                                  token_view<T> grad_log_prob, token_view<T> grad_entropy,
+                                                  const policy_loss_config& cfg) {
   return policy_loss_with(obj, in, grad_log_prob, grad_entropy, cfg, sequential_executor{});
 }
 template <class Obj, class T, class M>
-[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& in, token_view<T> grad_log_prob,
-                                                  const policy_loss_config& cfg) {
+[[nodiscard]] policy_loss_result policy_loss_with(const Obj& obj, const policy_loss_inputs<T, M>& in,
+                                                  token_view<T> grad_log_prob, const policy_loss_config& cfg) {
   return policy_loss_with(obj, in, grad_log_prob, token_view<T>{}, cfg, sequential_executor{});
 }
 template <class Obj, class Est, class T, class M>
@@ -593,14 +620,14 @@ ULORL_NAMESPACE_END
 // library's pairs, set by that library) or else of ULORL_POLICY_LOSS_PAIRS (loss/kernel_pairs.hpp)
 // extern, and only calls them. The declarations belong to the ISA tag of the unit's flags: a unit
 // built with other instruction-set flags must not define ULORL_EXTERN_KERNELS.
-#define ULORL_POLICY_LOSS_INSTANCE_(EXTERN, T, M)                                                                  \
-  ULORL_NAMESPACE_BEGIN namespace detail {                                                                         \
-  inline namespace ULORL_ISA {                                                                                     \
-  EXTERN template policy_loss_result policy_loss_dispatch<T, M>(const policy_loss_inputs<T, M>&, token_view<T>,    \
-                                                                token_view<T>, const policy_loss_config&,          \
-                                                                executor_ref);                                     \
-  }                                                                                                                \
-  }                                                                                                                \
+#define ULORL_POLICY_LOSS_INSTANCE_(EXTERN, T, M)                                                                 \
+  ULORL_NAMESPACE_BEGIN namespace detail {                                                                        \
+    inline namespace ULORL_ISA {                                                                                  \
+    EXTERN template policy_loss_result policy_loss_dispatch<T, M>(const policy_loss_inputs<T, M>&, token_view<T>, \
+                                                                  token_view<T>, const policy_loss_config&,       \
+                                                                  executor_ref);                                  \
+    }                                                                                                             \
+  }                                                                                                               \
   ULORL_NAMESPACE_END
 #define ULORL_INSTANTIATE_POLICY_LOSS(T, M) ULORL_POLICY_LOSS_INSTANCE_(, T, M)
 #define ULORL_EXTERN_POLICY_LOSS(T, M) ULORL_POLICY_LOSS_INSTANCE_(extern, T, M)

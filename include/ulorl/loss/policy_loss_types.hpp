@@ -116,26 +116,25 @@ namespace detail {
 template <class T>
 void validate_loss_scalars(std::string_view fn, const policy_loss_config& cfg) {
   // Every floating field, also those the objective does not read (an unused NaN is a caller's bug).
-  const objective_config& o = cfg.objective;
-  require_not_nan(fn, "eps_low", o.eps_low), require_not_nan(fn, "eps_high", o.eps_high);
-  require_not_nan(fn, "dual_clip", o.dual_clip), require_not_nan(fn, "delta", o.delta);
-  require_not_nan(fn, "log_ratio_clamp", o.log_ratio_clamp), require_not_nan(fn, "seq_log_ratio_max", o.seq_log_ratio_max);
-  require_not_nan(fn, "tau_pos", o.tau_pos), require_not_nan(fn, "tau_neg", o.tau_neg);
-  require_not_nan(fn, "abs_penalty", o.abs_penalty), require_not_nan(fn, "square_penalty", o.square_penalty);
-  require_not_nan(fn, "kl_input_clamp", cfg.kl.input_clamp), require_not_nan(fn, "kl_output_clamp", cfg.kl.output_clamp);
+  visit_fields(cfg.objective, [fn](std::string_view name, const auto& v) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, double>) require_not_nan(fn, name, v);
+  });
+  require_not_nan(fn, "kl_input_clamp", cfg.kl.input_clamp),
+      require_not_nan(fn, "kl_output_clamp", cfg.kl.output_clamp);
   validate_kl_clamps(fn, cfg.kl);
   const auto coefficient = [fn](std::string_view arg, double c) {
     require_finite(fn, arg, c);
     const T in_t = static_cast<T>(c);
-    if (c != 0.0 && in_t == T(0)) fail_value(fn, arg, c, "is not 0 but rounds to 0 in the value type (the term would vanish)");
+    if (c != 0.0 && in_t == T(0))
+      fail_value(fn, arg, c, "is not 0 but rounds to 0 in the value type (the term would vanish)");
     if (!std::isfinite(in_t)) fail_value(fn, arg, c, "overflows the value type");
   };
   coefficient("kl_coef", cfg.kl_coef);
   coefficient("entropy_coef", cfg.entropy_coef);
   validate_normalizer(fn, cfg.normalizer);
   if (cfg.objective.kind == objective_kind::sapo) {  // 4 / tau in T
-    require_divisor<T>(fn, "tau_pos", cfg.objective.tau_pos);
-    require_divisor<T>(fn, "tau_neg", cfg.objective.tau_neg);
+    require_divisor<T>(fn, "tau_pos", cfg.objective.sapo.tau_pos);
+    require_divisor<T>(fn, "tau_neg", cfg.objective.sapo.tau_neg);
   }
 }
 }  // namespace detail

@@ -66,8 +66,8 @@ struct fused_linear_grpo_options {
   loss_type_kind loss_type = loss_type_kind::dapo;
   std::optional<double> max_completion_length{};  //!< required by dr_grpo
   importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
-  double sapo_temperature_pos = 1.0;
-  double sapo_temperature_neg = 1.05;
+  double sapo_temperature_pos = sapo_parameters{}.tau_pos;
+  double sapo_temperature_neg = sapo_parameters{}.tau_neg;
   double temperature = 1.0;
   std::optional<double> delta{};  //!< upper cap of the ratio; absent: none
   bool use_bias_correction_kl = false;
@@ -160,7 +160,7 @@ struct fused_linear_grpo_plan {
   obj.log_ratio_clamp = no_limit;
   switch (o.loss_type) {
     case L::sapo:
-      obj.kind = objective_kind::sapo, obj.tau_pos = o.sapo_temperature_pos, obj.tau_neg = o.sapo_temperature_neg;
+      obj.kind = objective_kind::sapo, obj.sapo.tau_pos = o.sapo_temperature_pos, obj.sapo.tau_neg = o.sapo_temperature_neg;
       break;
     case L::cispo: {
       // min(r, c) is ulorl's cispo clamp(r, 1 - eps_low, 1 + eps_high) with eps_low = 1 (no floor).
@@ -175,7 +175,7 @@ struct fused_linear_grpo_plan {
     default:
       obj.kind = o.importance_sampling_level == importance_sampling_kind::sequence ? objective_kind::gspo : objective_kind::ppo_clip;
       obj.eps_low = o.epsilon_low, obj.eps_high = o.epsilon_high, obj.delta = o.delta.value_or(0.0);
-      if (obj.kind == objective_kind::gspo) obj.seq_gradient = sequence_gradient::through_mean, obj.seq_log_ratio_max = no_limit;
+      if (obj.kind == objective_kind::gspo) obj.gspo.seq_gradient = sequence_gradient::through_mean, obj.gspo.seq_log_ratio_max = no_limit;
       break;
   }
   switch (o.loss_type) {

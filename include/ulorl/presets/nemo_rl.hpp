@@ -2,7 +2,7 @@
 // keys (NVIDIA-NeMo/RL 7ea279abfbeb):
 //
 //   advantages  GRPO (leave-one-out baseline and pool std, eps 1e-6, scaling skipped when the std
-//               is 0, mask not applied), GDPO, REINFORCE++ (reinforce_pp.hpp)
+//               is 0, mask not applied), GDPO, REINFORCE++ (reinforce_plus_plus.hpp)
 //   rollout     truncated_importance_sampling_type tis / icepop / seq-mask-tis, token or sequence
 //   correction  level, and its logged metrics with the global normalisers
 //   loss        ClippedPGLossFn (PPO / dual clip, force_on_policy_ratio, disable_ppo_ratio, IS
@@ -23,7 +23,7 @@
 
 #include "ulorl/advantage/group_advantage.hpp"
 #include "ulorl/advantage/multi_reward.hpp"
-#include "ulorl/advantage/reinforce_pp.hpp"
+#include "ulorl/advantage/reinforce_plus_plus.hpp"
 #include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
@@ -86,7 +86,7 @@ struct reinforce_plus_plus_options {
 //! NeMo-RL `ReinforcePlusPlusAdvantageEstimator`: a_i = s_i - mu_g (group mean with i; 0 for a
 //! singleton) or s_i, at every position, whitened with the biased variance floored at 1e-8, masked
 //! positions included in the output.
-[[nodiscard]] constexpr reinforce_pp_baseline_config reinforce_plus_plus_advantage(
+[[nodiscard]] constexpr reinforce_plus_plus_baseline_config reinforce_plus_plus_advantage(
     const reinforce_plus_plus_options& o = {}) noexcept {
   return {.group = {.baseline = o.minus_baseline ? baseline_kind::group_mean : baseline_kind::none,
                     .scale = scale_kind::none,

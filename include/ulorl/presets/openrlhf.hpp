@@ -46,7 +46,8 @@ enum class advantage_estimator { group_norm, rloo, dr_grpo };
                       .singleton = singleton_rule::reject},
                      {.placement = token_placement::through_last, .allow_empty_rows = true}};
   switch (e) {
-    case advantage_estimator::group_norm: break;
+    case advantage_estimator::group_norm:
+      break;
     case advantage_estimator::rloo:
       p.group.baseline = baseline_kind::leave_one_out;
       p.group.scale = scale_kind::none;
@@ -65,7 +66,7 @@ enum class advantage_estimator { group_norm, rloo, dr_grpo };
 enum class policy_loss_kind { ppo, gspo };
 [[nodiscard]] inline policy_loss_kind policy_loss_type_from_name(std::string_view name) {
   static constexpr presets::detail::name_entry<policy_loss_kind> table[] = {{"ppo", policy_loss_kind::ppo},
-                                                                           {"gspo", policy_loss_kind::gspo}};
+                                                                            {"gspo", policy_loss_kind::gspo}};
   return presets::detail::parse("presets::openrlhf::policy_loss_type_from_name", "policy_loss_type", name, table);
 }
 
@@ -106,9 +107,12 @@ struct vllm_is_plan {
   require_not_nan(fn, "dual_clip", o.dual_clip);
   objective_config c{.eps_low = o.clip_eps_low, .eps_high = o.clip_eps_high, .log_ratio_clamp = 20.0};
   switch (o.policy_loss_type) {
-    case policy_loss_kind::ppo: c.kind = objective_kind::ppo_clip; break;
+    case policy_loss_kind::ppo:
+      c.kind = objective_kind::ppo_clip;
+      break;
     case policy_loss_kind::gspo:
-      c.kind = objective_kind::gspo, c.seq_log_ratio_max = no_limit, c.seq_gradient = sequence_gradient::through_mean;
+      c.kind = objective_kind::gspo, c.gspo.seq_log_ratio_max = no_limit,
+      c.gspo.seq_gradient = sequence_gradient::through_mean;
       break;
   }
   if (o.dual_clip) {
@@ -129,7 +133,7 @@ struct kl_options {
 }
 [[nodiscard]] inline kl_config kl(const kl_options& o) {
   presets::detail::require_estimator("presets::openrlhf::kl", "kl_estimator", o.kl_estimator,
-                                    o.kl_estimator != ulorl::kl_estimator::abs);
+                                     o.kl_estimator != ulorl::kl_estimator::abs);
   return {.estimator = o.kl_estimator, .output_clamp = 10.0};
 }
 
@@ -168,8 +172,9 @@ struct normalizer_options {
 
 //! `--algo.advantage.is_correction_type` options (vLLM importance-sampling correction).
 struct rollout_correction_options {
-  rollout_correction::is_weighting vllm_is_correction_type = rollout_correction::is_weighting::truncate;  //!< tis / icepop / seq-mask-tis
-  std::array<double, 2> vllm_is_truncated_threshold = {0.5, 5.0};                                          //!< [lo, hi]
+  rollout_correction::is_weighting vllm_is_correction_type =
+      rollout_correction::is_weighting::truncate;                  //!< tis / icepop / seq-mask-tis
+  std::array<double, 2> vllm_is_truncated_threshold = {0.5, 5.0};  //!< [lo, hi]
 };
 
 //! OpenRLHF's semantics: e = exp(x) unclamped at every position (masked ones included); tis
@@ -184,7 +189,8 @@ struct rollout_correction_options {
   const auto [lo, hi] = o.vllm_is_truncated_threshold;
   require_non_negative(fn, "vllm_is_truncated_threshold", lo);
   require_positive(fn, "vllm_is_truncated_threshold", hi);
-  if (!(lo <= hi)) ulorl::detail::fail_value(fn, "vllm_is_truncated_threshold", lo, "the lower bound exceeds the upper bound");
+  if (!(lo <= hi))
+    ulorl::detail::fail_value(fn, "vllm_is_truncated_threshold", lo, "the lower bound exceeds the upper bound");
   config c{.importance = {.level = is_level::token,
                           .weighting = o.vllm_is_correction_type,
                           .lower = lo,
@@ -197,7 +203,6 @@ struct rollout_correction_options {
   validate(fn, c);
   return c;
 }
-
 
 }  // namespace presets::openrlhf
 ULORL_NAMESPACE_END

@@ -90,8 +90,8 @@ namespace defaults {
 inline constexpr loss_type_kind loss_type = loss_type_kind::dapo;
 inline constexpr double epsilon = 0.2;
 inline constexpr importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
-inline constexpr double sapo_temperature_pos = 1.0;
-inline constexpr double sapo_temperature_neg = 1.05;
+inline constexpr double sapo_temperature_pos = sapo_parameters{}.tau_pos;
+inline constexpr double sapo_temperature_neg = sapo_parameters{}.tau_neg;
 inline constexpr double max_completion_length = 256;
 inline constexpr double gradient_accumulation_steps = 1;
 inline constexpr double num_processes = 1;
@@ -190,8 +190,8 @@ struct objective_options {
   detail::require_loss_type(fn, o.loss_type);
   const auto level = o.importance_sampling_level;
   objective_config c{.eps_low = o.epsilon, .eps_high = o.epsilon_high.value_or(o.epsilon), .delta = o.delta.value_or(0.0),
-                     .log_ratio_clamp = no_limit, .seq_log_ratio_max = no_limit,
-                     .seq_gradient = sequence_gradient::through_mean};
+                     .log_ratio_clamp = no_limit,
+                     .gspo = {.seq_log_ratio_max = no_limit, .seq_gradient = sequence_gradient::through_mean}};
   switch (o.loss_type) {
     case loss_type_kind::grpo:
     case loss_type_kind::bnpo:
@@ -201,7 +201,7 @@ struct objective_options {
       if (level == importance_sampling_kind::sequence_token && o.loss_type == loss_type_kind::luspo)
         ulorl::detail::fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only");
       c.kind = level == importance_sampling_kind::token ? objective_kind::ppo_clip : objective_kind::gspo;
-      if (level == importance_sampling_kind::sequence_token) c.seq_gradient = sequence_gradient::own_token;
+      if (level == importance_sampling_kind::sequence_token) c.gspo.seq_gradient = sequence_gradient::own_token;
       return c;
     case loss_type_kind::cispo:
     case loss_type_kind::sapo:
@@ -218,7 +218,7 @@ struct objective_options {
       break;
     }
     case loss_type_kind::sapo:
-      c.kind = objective_kind::sapo, c.tau_pos = o.sapo_temperature_pos, c.tau_neg = o.sapo_temperature_neg;
+      c.kind = objective_kind::sapo, c.sapo.tau_pos = o.sapo_temperature_pos, c.sapo.tau_neg = o.sapo_temperature_neg;
       break;
     case loss_type_kind::vespo: c.kind = objective_kind::policy_gradient; break;
     case loss_type_kind::grpo:

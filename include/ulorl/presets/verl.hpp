@@ -107,10 +107,10 @@ struct optimal_token_baseline_options {
 enum class loss_mode_kind { vanilla, gspo, cispo, geo_mean, sapo, gpg, dppo_tv, dppo_kl, dro, kl_cov, clip_cov };
 [[nodiscard]] inline loss_mode_kind loss_mode_from_name(std::string_view name) {
   static constexpr presets::detail::name_entry<loss_mode_kind> table[] = {
-      {"vanilla", loss_mode_kind::vanilla}, {"gspo", loss_mode_kind::gspo},       {"cispo", loss_mode_kind::cispo},
-      {"geo_mean", loss_mode_kind::geo_mean}, {"sapo", loss_mode_kind::sapo},     {"gpg", loss_mode_kind::gpg},
-      {"dppo_tv", loss_mode_kind::dppo_tv}, {"dppo_kl", loss_mode_kind::dppo_kl}, {"dro", loss_mode_kind::dro},
-      {"kl_cov", loss_mode_kind::kl_cov},   {"clip_cov", loss_mode_kind::clip_cov}};
+      {"vanilla", loss_mode_kind::vanilla},   {"gspo", loss_mode_kind::gspo},        {"cispo", loss_mode_kind::cispo},
+      {"geo_mean", loss_mode_kind::geo_mean}, {"sapo", loss_mode_kind::sapo},        {"gpg", loss_mode_kind::gpg},
+      {"dppo_tv", loss_mode_kind::dppo_tv},   {"dppo_kl", loss_mode_kind::dppo_kl},  {"dro", loss_mode_kind::dro},
+      {"kl_cov", loss_mode_kind::kl_cov},     {"clip_cov", loss_mode_kind::clip_cov}};
   return presets::detail::parse("presets::verl::loss_mode_from_name", "loss_mode", name, table);
 }
 namespace detail {
@@ -127,13 +127,13 @@ struct objective_options {
   double clip_ratio_low = 0.2;
   double clip_ratio_high = 0.2;
   double clip_ratio_c = 3.0;  //!< dual clip (vanilla; must be > 1); dppo_*: the cap of the detached ratio (> 0)
-  double tau_pos = 1.0;       //!< sapo
-  double tau_neg = 1.05;      //!< sapo
-  std::optional<double> dro_beta{};  //!< dro: beta of the x^2 / 2 penalty (required, > 0)
-  double kl_cov_ratio = 0.0002;      //!< kl_cov: fraction of the valid tokens penalised (> 0)
-  double ppo_kl_coef = 0.1;          //!< kl_cov: coefficient of |x| on the selected tokens (>= 0)
-  double clip_cov_ratio = 0.0002;    //!< clip_cov: fraction of the valid tokens whose gradient is dropped (> 0)
-  double clip_cov_lb = 1.0;          //!< clip_cov: candidates have clip_cov_lb < cov < clip_cov_ub
+  double tau_pos = sapo_parameters{}.tau_pos;  //!< sapo
+  double tau_neg = sapo_parameters{}.tau_neg;  //!< sapo
+  std::optional<double> dro_beta{};            //!< dro: beta of the x^2 / 2 penalty (required, > 0)
+  double kl_cov_ratio = 0.0002;                //!< kl_cov: fraction of the valid tokens penalised (> 0)
+  double ppo_kl_coef = 0.1;                    //!< kl_cov: coefficient of |x| on the selected tokens (>= 0)
+  double clip_cov_ratio = 0.0002;  //!< clip_cov: fraction of the valid tokens whose gradient is dropped (> 0)
+  double clip_cov_lb = 1.0;        //!< clip_cov: candidates have clip_cov_lb < cov < clip_cov_ub
   double clip_cov_ub = 5.0;
 };
 
@@ -162,32 +162,48 @@ struct objective_options {
   objective_config c{.eps_low = o.clip_ratio_low, .eps_high = o.clip_ratio_high, .log_ratio_clamp = 20.0};
   switch (o.loss_mode) {
     case loss_mode_kind::vanilla:
-      if (!(o.clip_ratio_c > 1.0)) ulorl::detail::fail_value(fn, "clip_ratio_c", o.clip_ratio_c, "must be > 1 (dual clip)");
+      if (!(o.clip_ratio_c > 1.0))
+        ulorl::detail::fail_value(fn, "clip_ratio_c", o.clip_ratio_c, "must be > 1 (dual clip)");
       c.kind = objective_kind::ppo_clip, c.dual_clip = o.clip_ratio_c;
       break;
     case loss_mode_kind::gspo:
-      c.kind = objective_kind::gspo, c.seq_log_ratio_max = 10.0, c.seq_gradient = sequence_gradient::own_token;
+      c.kind = objective_kind::gspo, c.gspo.seq_log_ratio_max = 10.0,
+      c.gspo.seq_gradient = sequence_gradient::own_token;
       break;
-    case loss_mode_kind::cispo: c.kind = objective_kind::cispo; break;
-    case loss_mode_kind::geo_mean: c.kind = objective_kind::gmpo; break;
-    case loss_mode_kind::sapo: c.kind = objective_kind::sapo, c.tau_pos = o.tau_pos, c.tau_neg = o.tau_neg; break;
-    case loss_mode_kind::gpg: c.kind = objective_kind::policy_gradient; break;
+    case loss_mode_kind::cispo:
+      c.kind = objective_kind::cispo;
+      break;
+    case loss_mode_kind::geo_mean:
+      c.kind = objective_kind::gmpo;
+      break;
+    case loss_mode_kind::sapo:
+      c.kind = objective_kind::sapo, c.sapo.tau_pos = o.tau_pos, c.sapo.tau_neg = o.tau_neg;
+      break;
+    case loss_mode_kind::gpg:
+      c.kind = objective_kind::policy_gradient;
+      break;
     case loss_mode_kind::dppo_tv:
     case loss_mode_kind::dppo_kl:
       if (!(o.clip_ratio_c > 0.0 && std::isfinite(o.clip_ratio_c)))
-        ulorl::detail::fail_value(fn, "clip_ratio_c", o.clip_ratio_c, "must be finite and > 0 (the cap of the detached ratio)");
+        ulorl::detail::fail_value(fn, "clip_ratio_c", o.clip_ratio_c,
+                                  "must be finite and > 0 (the cap of the detached ratio)");
       c.kind = objective_kind::policy_gradient;
       break;
     case loss_mode_kind::dro:
       if (!o.dro_beta) ulorl::detail::fail(fn, "dro_beta", "dro needs dro_beta (> 0)");
-      if (!(*o.dro_beta > 0.0 && std::isfinite(*o.dro_beta))) ulorl::detail::fail_value(fn, "dro_beta", *o.dro_beta, "must be finite and > 0");
-      c.kind = objective_kind::penalized_pg, c.surrogate = pg_surrogate::log_prob, c.square_penalty = *o.dro_beta;
+      if (!(*o.dro_beta > 0.0 && std::isfinite(*o.dro_beta)))
+        ulorl::detail::fail_value(fn, "dro_beta", *o.dro_beta, "must be finite and > 0");
+      c.kind = objective_kind::penalized_pg, c.penalized_pg.surrogate = pg_surrogate::log_prob,
+      c.penalized_pg.square_penalty = *o.dro_beta;
       c.log_ratio_clamp = no_limit;
       break;
     case loss_mode_kind::kl_cov:
-      if (!(o.kl_cov_ratio > 0.0 && std::isfinite(o.kl_cov_ratio))) ulorl::detail::fail_value(fn, "kl_cov_ratio", o.kl_cov_ratio, "must be finite and > 0");
-      if (!(o.ppo_kl_coef >= 0.0 && std::isfinite(o.ppo_kl_coef))) ulorl::detail::fail_value(fn, "ppo_kl_coef", o.ppo_kl_coef, "must be finite and >= 0");
-      c.kind = objective_kind::penalized_pg, c.surrogate = pg_surrogate::ratio, c.abs_penalty = o.ppo_kl_coef;
+      if (!(o.kl_cov_ratio > 0.0 && std::isfinite(o.kl_cov_ratio)))
+        ulorl::detail::fail_value(fn, "kl_cov_ratio", o.kl_cov_ratio, "must be finite and > 0");
+      if (!(o.ppo_kl_coef >= 0.0 && std::isfinite(o.ppo_kl_coef)))
+        ulorl::detail::fail_value(fn, "ppo_kl_coef", o.ppo_kl_coef, "must be finite and >= 0");
+      c.kind = objective_kind::penalized_pg, c.penalized_pg.surrogate = pg_surrogate::ratio,
+      c.penalized_pg.abs_penalty = o.ppo_kl_coef;
       c.log_ratio_clamp = no_limit;
       break;
     case loss_mode_kind::clip_cov:
@@ -210,9 +226,8 @@ struct kl_options {
 };
 [[nodiscard]] inline kl_options kl_penalty_from_name(std::string_view name) {
   static constexpr presets::detail::name_entry<kl_estimator> table[] = {
-      {"kl", kl_estimator::k1},  {"k1", kl_estimator::k1},         {"abs", kl_estimator::abs},
-      {"mse", kl_estimator::k2}, {"k2", kl_estimator::k2},         {"low_var_kl", kl_estimator::k3},
-      {"k3", kl_estimator::k3}};
+      {"kl", kl_estimator::k1}, {"k1", kl_estimator::k1},         {"abs", kl_estimator::abs}, {"mse", kl_estimator::k2},
+      {"k2", kl_estimator::k2}, {"low_var_kl", kl_estimator::k3}, {"k3", kl_estimator::k3}};
   std::string_view base = name;
   const bool plus = !base.empty() && base.back() == '+';
   if (plus) base.remove_suffix(1);
@@ -246,7 +261,7 @@ struct normalizer_options {
   std::optional<double> batch_num_tokens{};   //!< token-mean; absent: this batch's N
   std::optional<double> global_batch_size{};  //!< seq modes; absent: this batch's non-empty rows
   std::optional<double> loss_scale_factor{};  //!< seq-mean-token-sum-norm; absent: `padded_length`
-  std::size_t padded_length = 0;            //!< T of the padded batch
+  std::size_t padded_length = 0;              //!< T of the padded batch
   //! seq-mean-token-sum-norm: true (verl 1dda039b) divides the sequence sum by global_batch_size
   //! times loss_scale_factor and multiplies by dp_size; false (verl b178a3cd) divides by
   //! loss_scale_factor alone.
@@ -265,7 +280,8 @@ struct normalizer_options {
   require_not_nan("presets::verl::normalizer", "global_batch_size", o.global_batch_size);
   require_not_nan("presets::verl::normalizer", "loss_scale_factor", o.loss_scale_factor);
   switch (o.loss_agg_mode) {
-    case agg_mode::token_mean: return {o.loss_agg_mode, o.batch_num_tokens.value_or(local.tokens), o.dp_size};
+    case agg_mode::token_mean:
+      return {o.loss_agg_mode, o.batch_num_tokens.value_or(local.tokens), o.dp_size};
     case agg_mode::seq_mean_token_sum:
     case agg_mode::seq_mean_token_mean:
       return {o.loss_agg_mode, o.global_batch_size.value_or(local.sequences), o.dp_size};
@@ -274,7 +290,8 @@ struct normalizer_options {
       if (!o.sum_norm_per_sequence) return {o.loss_agg_mode, horizon, 1.0};
       return {o.loss_agg_mode, o.global_batch_size.value_or(local.sequences) * horizon, o.dp_size};
     }
-    case agg_mode::constant: return {o.loss_agg_mode, 1.0, o.dp_size};
+    case agg_mode::constant:
+      return {o.loss_agg_mode, 1.0, o.dp_size};
   }
   return {};
 }
@@ -296,20 +313,30 @@ struct policy_metrics {
 };
 //! `stats`: what dppo_weights / kl_cov_selection / clip_cov_weights (loss/token_selection.hpp) returned
 //! for dppo_*, kl_cov and clip_cov (the other modes ignore it).
-[[nodiscard]] inline policy_metrics metrics(loss_mode_kind loss_mode, const loss_metrics& m, const token_selection_stats& stats = {}) {
+[[nodiscard]] inline policy_metrics metrics(loss_mode_kind loss_mode, const loss_metrics& m,
+                                            const token_selection_stats& stats = {}) {
   detail::require_loss_mode("presets::verl::metrics", loss_mode);
   switch (loss_mode) {
     case loss_mode_kind::dppo_tv:
-    case loss_mode_kind::dppo_kl: return {stats.dropped_fraction, m.approx_kl_k1_clamped(), stats.capped_fraction};
-    case loss_mode_kind::dro: return {0.0, m.approx_kl_k1(), 0.0};
-    case loss_mode_kind::kl_cov: return {0.0, stats.mean_abs_log_ratio, 0.0};
-    case loss_mode_kind::clip_cov: return {stats.dropped_fraction, m.approx_kl_k1(), 0.0};
-    case loss_mode_kind::vanilla: return {m.clip_fraction(), m.approx_kl_k1_clamped(), m.dual_clip_fraction()};
-    case loss_mode_kind::gspo: return {m.clip_fraction(), m.approx_kl_k1(), 0.0};
-    case loss_mode_kind::cispo: return {m.clip_fraction(), m.approx_kl_k1_clamped(), 0.0};
-    case loss_mode_kind::geo_mean: return {m.clip_high_fraction(), m.approx_kl_k1(), m.clip_low_fraction()};
+    case loss_mode_kind::dppo_kl:
+      return {stats.dropped_fraction, m.approx_kl_k1_clamped(), stats.capped_fraction};
+    case loss_mode_kind::dro:
+      return {0.0, m.approx_kl_k1(), 0.0};
+    case loss_mode_kind::kl_cov:
+      return {0.0, stats.mean_abs_log_ratio, 0.0};
+    case loss_mode_kind::clip_cov:
+      return {stats.dropped_fraction, m.approx_kl_k1(), 0.0};
+    case loss_mode_kind::vanilla:
+      return {m.clip_fraction(), m.approx_kl_k1_clamped(), m.dual_clip_fraction()};
+    case loss_mode_kind::gspo:
+      return {m.clip_fraction(), m.approx_kl_k1(), 0.0};
+    case loss_mode_kind::cispo:
+      return {m.clip_fraction(), m.approx_kl_k1_clamped(), 0.0};
+    case loss_mode_kind::geo_mean:
+      return {m.clip_high_fraction(), m.approx_kl_k1(), m.clip_low_fraction()};
     case loss_mode_kind::sapo:
-    case loss_mode_kind::gpg: return {0.0, m.approx_kl_k1_clamped(), 0.0};
+    case loss_mode_kind::gpg:
+      return {0.0, m.approx_kl_k1_clamped(), 0.0};
   }
   return {};
 }
@@ -321,9 +348,11 @@ struct policy_metrics {
 
 namespace detail {
 //! `o` is valid for objective() and its loss_mode is `a` or `b`.
-inline void require_mode(std::string_view fn, const objective_options& o, loss_mode_kind a, loss_mode_kind b, std::string_view what) {
+inline void require_mode(std::string_view fn, const objective_options& o, loss_mode_kind a, loss_mode_kind b,
+                         std::string_view what) {
   require_loss_mode(fn, o.loss_mode);
-  if (o.loss_mode != a && o.loss_mode != b) ulorl::detail::fail_value(fn, "loss_mode", static_cast<int>(o.loss_mode), what);
+  if (o.loss_mode != a && o.loss_mode != b)
+    ulorl::detail::fail_value(fn, "loss_mode", static_cast<int>(o.loss_mode), what);
   (void)objective(o);
 }
 }  // namespace detail
@@ -334,10 +363,13 @@ inline void require_mode(std::string_view fn, const objective_options& o, loss_m
   constexpr std::string_view fn = "presets::verl::dppo";
   detail::require_mode(fn, o, loss_mode_kind::dppo_tv, loss_mode_kind::dppo_kl, "must be dppo_tv or dppo_kl");
   if (!(o.clip_ratio_low >= 0.0 && std::isfinite(o.clip_ratio_low)))
-    ulorl::detail::fail_value(fn, "clip_ratio_low", o.clip_ratio_low, "must be finite and >= 0 (a divergence threshold)");
+    ulorl::detail::fail_value(fn, "clip_ratio_low", o.clip_ratio_low,
+                              "must be finite and >= 0 (a divergence threshold)");
   if (!(o.clip_ratio_high >= 0.0 && std::isfinite(o.clip_ratio_high)))
-    ulorl::detail::fail_value(fn, "clip_ratio_high", o.clip_ratio_high, "must be finite and >= 0 (a divergence threshold)");
-  return {.divergence = o.loss_mode == loss_mode_kind::dppo_tv ? dppo_divergence::total_variation : dppo_divergence::binary_kl,
+    ulorl::detail::fail_value(fn, "clip_ratio_high", o.clip_ratio_high,
+                              "must be finite and >= 0 (a divergence threshold)");
+  return {.divergence =
+              o.loss_mode == loss_mode_kind::dppo_tv ? dppo_divergence::total_variation : dppo_divergence::binary_kl,
           .delta_low = o.clip_ratio_low,
           .delta_high = o.clip_ratio_high,
           .ratio_cap = o.clip_ratio_c};
@@ -353,7 +385,8 @@ inline void require_mode(std::string_view fn, const objective_options& o, loss_m
 //! clip_cov: clip_cov_weights' candidates (the clip band clip_ratio_low / high, clip_cov_lb < cov <
 //! clip_cov_ub) and share clip_cov_ratio; verl draws the selection with torch.randperm among them.
 [[nodiscard]] inline clip_cov_config clip_cov(const objective_options& o) {
-  detail::require_mode("presets::verl::clip_cov", o, loss_mode_kind::clip_cov, loss_mode_kind::clip_cov, "must be clip_cov");
+  detail::require_mode("presets::verl::clip_cov", o, loss_mode_kind::clip_cov, loss_mode_kind::clip_cov,
+                       "must be clip_cov");
   return {.eps_low = o.clip_ratio_low,
           .eps_high = o.clip_ratio_high,
           .fraction = o.clip_cov_ratio,
@@ -382,11 +415,14 @@ struct is_threshold {
     v[i] = *x;
   }
   is_threshold th;
-  if (parts.size() == 2) th.lower = v[0], th.upper = v[1];
-  else th.upper = v[0];
+  if (parts.size() == 2)
+    th.lower = v[0], th.upper = v[1];
+  else
+    th.upper = v[0];
   if (!(th.upper > 0)) ulorl::detail::fail_value(fn, arg, th.upper, "the upper bound must be > 0");
   if (th.lower && !(*th.lower > 0)) ulorl::detail::fail_value(fn, arg, *th.lower, "the lower bound must be > 0");
-  if (th.lower && *th.lower > th.upper) ulorl::detail::fail_value(fn, arg, *th.lower, "the lower bound exceeds the upper bound");
+  if (th.lower && *th.lower > th.upper)
+    ulorl::detail::fail_value(fn, arg, *th.lower, "the lower bound exceeds the upper bound");
   return th;
 }
 
@@ -394,12 +430,12 @@ struct is_threshold {
 //! items and repeats dropped, the first kept) with `rollout_rs_threshold` (one value for every
 //! option or one per option, comma-separated; k1 options take "l_u" or "u" meaning l = 1/u, the
 //! others one u > 0).
-[[nodiscard]] inline rollout_correction::rejection_chain parse_rollout_rs(std::string_view rollout_rs,
-                                                                          std::optional<std::string_view> rollout_rs_threshold) {
+[[nodiscard]] inline rollout_correction::rejection_chain parse_rollout_rs(
+    std::string_view rollout_rs, std::optional<std::string_view> rollout_rs_threshold) {
   constexpr std::string_view fn = "presets::verl::parse_rollout_rs";
-  static constexpr std::array<std::string_view, 11> known = {"token_k1",    "token_k2",    "token_k3",    "seq_sum_k1",
-                                                             "seq_sum_k2",  "seq_sum_k3",  "seq_mean_k1", "seq_mean_k2",
-                                                             "seq_mean_k3", "seq_max_k2",  "seq_max_k3"};
+  static constexpr std::array<std::string_view, 11> known = {"token_k1",    "token_k2",   "token_k3",    "seq_sum_k1",
+                                                             "seq_sum_k2",  "seq_sum_k3", "seq_mean_k1", "seq_mean_k2",
+                                                             "seq_mean_k3", "seq_max_k2", "seq_max_k3"};
   std::vector<std::string_view> names;
   for (auto item : presets::detail::split(rollout_rs, ',')) {
     item = presets::detail::strip(item);
@@ -420,8 +456,9 @@ struct is_threshold {
   if (!rollout_rs_threshold) ulorl::detail::fail(fn, "rollout_rs_threshold", "required with rollout_rs");
   auto values = presets::detail::split(*rollout_rs_threshold, ',');
   if (values.size() != 1 && values.size() != names.size())
-    ulorl::detail::fail(fn, "rollout_rs_threshold",
-                 std::to_string(values.size()) + " thresholds for " + std::to_string(names.size()) + " rollout_rs options");
+    ulorl::detail::fail(
+        fn, "rollout_rs_threshold",
+        std::to_string(values.size()) + " thresholds for " + std::to_string(names.size()) + " rollout_rs options");
   rollout_correction::rejection_chain chain;
   for (std::size_t i = 0; i < names.size(); ++i) {
     const std::string_view name = names[i], text = values.size() == 1 ? values[0] : values[i];
@@ -431,7 +468,8 @@ struct is_threshold {
         .estimator = rollout_correction::rs_estimator_from_name(name.substr(cut + 1), "rollout_rs")};
     const auto parts = presets::detail::split(text, '_');
     auto bad = [&](const std::string& why) {
-      ulorl::detail::fail(fn, "rollout_rs_threshold", "'" + std::string(text) + "' for " + std::string(name) + ": " + why);
+      ulorl::detail::fail(fn, "rollout_rs_threshold",
+                          "'" + std::string(text) + "' for " + std::string(name) + ": " + why);
     };
     if (c.estimator == rollout_correction::rs_estimator::k1) {
       if (parts.size() > 2) bad("k1 takes \"l_u\" or \"u\"");
@@ -453,7 +491,8 @@ struct is_threshold {
   return chain;
 }
 //! The same with a numeric `rollout_rs_threshold` (verl reads its Python str).
-[[nodiscard]] inline rollout_correction::rejection_chain parse_rollout_rs(std::string_view rollout_rs, double rollout_rs_threshold) {
+[[nodiscard]] inline rollout_correction::rejection_chain parse_rollout_rs(std::string_view rollout_rs,
+                                                                          double rollout_rs_threshold) {
   const std::string text = presets::detail::text_of(rollout_rs_threshold);
   return parse_rollout_rs(rollout_rs, std::optional<std::string_view>(text));
 }
@@ -488,8 +527,10 @@ struct rollout_correction_options {
     if (!(th.upper > 0) || !std::isfinite(th.upper))
       ulorl::detail::fail_value(fn, "rollout_is_threshold", th.upper, "the upper bound must be finite and > 0");
     if (th.lower) {
-      if (!(*th.lower > 0)) ulorl::detail::fail_value(fn, "rollout_is_threshold", *th.lower, "the lower bound must be > 0");
-      if (*th.lower > th.upper) ulorl::detail::fail_value(fn, "rollout_is_threshold", *th.lower, "the lower bound exceeds the upper bound");
+      if (!(*th.lower > 0))
+        ulorl::detail::fail_value(fn, "rollout_is_threshold", *th.lower, "the lower bound must be > 0");
+      if (*th.lower > th.upper)
+        ulorl::detail::fail_value(fn, "rollout_is_threshold", *th.lower, "the lower bound exceeds the upper bound");
       c.importance.weighting = is_weighting::mask, c.importance.lower = *th.lower;
     } else {
       c.importance.weighting = is_weighting::truncate, c.importance.lower = 0.0;
@@ -499,7 +540,6 @@ struct rollout_correction_options {
   validate(fn, c);
   return c;
 }
-
 
 }  // namespace presets::verl
 ULORL_NAMESPACE_END

@@ -14,7 +14,7 @@
 // The token gradients come from the device loss, which runs once on every token's statistics (a
 // hook and the sequence-level objectives need them all), so the backward recomputes the logits:
 // four GEMMs per chunk but the last (three). Memory: the workspace holds one chunk of logits and
-// five floats per token, O(C V + N); C comes from linear_head_options.
+// five floats per token, O(C V + N); C comes from linear_head_launch_config.
 //
 // Precision. T (hidden, weight, grad_hidden) is float or __nv_bfloat16. Every GEMM accumulates in
 // fp32 (CUBLAS_COMPUTE_32F; with float operands the handle's math mode decides whether TF32 tensor
@@ -23,7 +23,7 @@
 // bf16 (a separate [C, V] bf16 buffer) for the two gradient GEMMs, whose operands must share a type.
 // grad_hidden is written in T (one rounding of the fp32 sum over the vocabulary). grad_weight is
 // always fp32 and accumulated in place in the caller's [V, H] array (overwritten by the first chunk
-// of pass 2, or added to with linear_head_options::accumulate_grad_weight): an fp32 [V, H]
+// of pass 2, or added to with linear_head_launch_config::accumulate_grad_weight): an fp32 [V, H]
 // accumulator in the workspace would break the O(C V) bound.
 //
 // GEMM mapping. cuBLAS is column-major; a row-major [r, c] array with leading dimension c is the
@@ -72,21 +72,21 @@ namespace cuda {
 inline namespace ULORL_CUDA_ARCH_NS {
 
 //! Options of policy_loss_from_hidden.
-struct linear_head_options {
+struct linear_head_launch_config {
   //! Rows per chunk C (> 0; at most N is used); 0: automatic, the fewest chunks of equal size whose
   //! logits buffers fit workspace_budget (rounded up to 16 rows where that still fits; at least 1 row).
   int64_t chunk_rows = 0;
   std::size_t workspace_budget = std::size_t{1} << 30;  //!< bytes of logits buffers the automatic C aims at
   //! false: grad_weight = this call's gradient; true: grad_weight += it (micro-batch accumulation).
   bool accumulate_grad_weight = false;
-  policy_loss_options loss{};  //!< launch options of the policy loss
+  launch_config loss{};  //!< launch options of the policy loss
 };
 
 //! The outputs of policy_loss_from_hidden (device pointers).
 template <class T>
 struct linear_head_outputs {
-  T* grad_hidden = nullptr;   //!< [N, H] row-major, overwritten; nullptr: not computed
-  float* grad_weight = nullptr;  //!< [V, H] row-major, fp32 (see the header); nullptr: not computed
+  T* grad_hidden = nullptr;              //!< [N, H] row-major, overwritten; nullptr: not computed
+  float* grad_weight = nullptr;          //!< [V, H] row-major, fp32 (see the header); nullptr: not computed
   policy_loss_result* result = nullptr;  //!< required: one device policy_loss_result
   int64_t* status = nullptr;             //!< optional: as policy_loss_outputs::status
 };
@@ -98,14 +98,22 @@ struct linear_head_outputs {
 //!   MAPPING_ERROR, INTERNAL_ERROR, LICENSE_ERROR and anything else -> cudaErrorUnknown.
 inline cudaError_t cublas_error(cublasStatus_t s) noexcept {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return cudaSuccess;
-    case CUBLAS_STATUS_NOT_INITIALIZED: return cudaErrorInvalidResourceHandle;
-    case CUBLAS_STATUS_ALLOC_FAILED: return cudaErrorMemoryAllocation;
-    case CUBLAS_STATUS_INVALID_VALUE: return cudaErrorInvalidValue;
-    case CUBLAS_STATUS_ARCH_MISMATCH: return cudaErrorNotSupported;
-    case CUBLAS_STATUS_NOT_SUPPORTED: return cudaErrorNotSupported;
-    case CUBLAS_STATUS_EXECUTION_FAILED: return cudaErrorLaunchFailure;
-    default: return cudaErrorUnknown;
+    case CUBLAS_STATUS_SUCCESS:
+      return cudaSuccess;
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return cudaErrorInvalidResourceHandle;
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return cudaErrorMemoryAllocation;
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return cudaErrorInvalidValue;
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return cudaErrorNotSupported;
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return cudaErrorNotSupported;
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return cudaErrorLaunchFailure;
+    default:
+      return cudaErrorUnknown;
   }
 }
 
@@ -133,7 +141,7 @@ struct head_plan {
   std::size_t dz = 0;       // bf16 [C, V] (bf16 operands only)
   std::size_t forward = 0;  // logits_forward's split states (the largest over the chunk sizes)
   std::size_t loss = 0;     // policy_loss's workspace
-  std::size_t floats = 0;   // one [N] float array; five: log_prob, entropy, lse, d loss / d log_prob, d loss / d entropy
+  std::size_t floats = 0;  // one [N] float array; five: log_prob, entropy, lse, d loss / d log_prob, d loss / d entropy
   std::size_t total() const { return logits + dz + forward + loss + 5 * floats; }
 };
 
@@ -142,14 +150,14 @@ inline constexpr int64_t max_elements = int64_t{1} << 58;
 
 template <class T>
 cudaError_t plan_head(int64_t tokens, int64_t vocab, int64_t rows, const logits_config& lcfg,
-                      const linear_head_options& opt, head_plan& plan) {
+                      const linear_head_launch_config& opt, head_plan& plan) {
   int64_t c = opt.chunk_rows;
   if (c == 0) {
     // The fewest chunks that fit the budget, of equal size (no short last chunk), rounded up to 16
     // rows (whole GEMM tiles) where the budget allows.
     const std::size_t rows_fit = opt.workspace_budget / head_row_bytes<T>(vocab);
     int64_t fit = rows_fit > static_cast<std::size_t>(max_elements / vocab) ? max_elements / vocab
-                                                                                    : static_cast<int64_t>(rows_fit);
+                                                                            : static_cast<int64_t>(rows_fit);
     if (fit < 1) fit = 1;
     if (fit >= tokens) {
       c = tokens;
@@ -189,13 +197,13 @@ inline bool overlap(const void* a, std::size_t na, const void* b, std::size_t nb
 }
 
 //! Every host-visible argument of policy_loss_from_hidden but the workspace and the handle (the
-//! loss's through check_loss, before pass 1 launches anything: the log-probs, entropies and token
+//! loss's through validate_loss, before pass 1 launches anything: the log-probs, entropies and token
 //! gradients are the head's own workspace arrays).
 template <class T, class T2, class M>
-cudaError_t check_head(const T* hidden, int64_t tokens, int64_t hidden_size, const T* weight, int64_t vocab,
+cudaError_t validate_head(const T* hidden, int64_t tokens, int64_t hidden_size, const T* weight, int64_t vocab,
                        const int64_t* labels, const token_layout& lay, const policy_loss_inputs<T2, M, float>& in,
                        const linear_head_outputs<T>& out, const policy_loss_config& cfg, const logits_config& lcfg,
-                       const linear_head_options& opt) {
+                       const linear_head_launch_config& opt) {
   if (tokens < 0 || tokens > 0x7fffffff || hidden_size < 1 || hidden_size > 0x7fffffff || vocab < 1 ||
       vocab > 0x7fffffff || opt.chunk_rows < 0 || tokens > max_elements / hidden_size ||
       vocab > max_elements / hidden_size)
@@ -203,7 +211,8 @@ cudaError_t check_head(const T* hidden, int64_t tokens, int64_t hidden_size, con
   // The layout: row i of hidden is the token of flat index i (a padded layout must be dense).
   if (fused_tokens(lay) != tokens) return cudaErrorInvalidValue;  // tokens >= 0 checked above
   // The temperature and the split count (validate_common with no rows reads no pointer).
-  if (cudaError_t e = validate_common(static_cast<const float*>(nullptr), 0, vocab, vocab, nullptr, lcfg); e != cudaSuccess)
+  if (cudaError_t e = validate_common(static_cast<const float*>(nullptr), 0, vocab, vocab, nullptr, lcfg);
+      e != cudaSuccess)
     return e;
   if (in.log_prob != nullptr || in.entropy != nullptr) return cudaErrorInvalidValue;  // computed here
   if (tokens > 0 && (hidden == nullptr || weight == nullptr || labels == nullptr)) return cudaErrorInvalidValue;
@@ -219,7 +228,7 @@ cudaError_t check_head(const T* hidden, int64_t tokens, int64_t hidden_size, con
       overlap(out.grad_weight, gw_bytes, hidden, hid_bytes) || overlap(out.grad_weight, gw_bytes, weight, w_bytes) ||
       overlap(out.grad_hidden, hid_bytes, out.grad_weight, gw_bytes))
     return cudaErrorInvalidValue;
-  return check_loss(lay, in, policy_loss_outputs{nullptr, nullptr, out.result, out.status}, cfg, opt.loss, true);
+  return validate_loss(lay, in, policy_loss_outputs{nullptr, nullptr, out.result, out.status}, cfg, opt.loss, true);
 }
 
 //! Reports every out-of-range label with its row in [0, N) (the chunk calls would see chunk rows).
@@ -231,8 +240,7 @@ __global__ void __launch_bounds__(block_threads)
 }
 
 //! dst[i] = bf16(src[i]) for i < n: 16-byte loads and stores (both buffers 16-byte aligned), then the tail.
-__global__ void __launch_bounds__(block_threads)
-    head_to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
+__global__ void __launch_bounds__(block_threads) head_to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
   constexpr int w = pack<__nv_bfloat16>::n;  // 8 values: two fp32 packs in, one bf16 pack out
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -258,8 +266,8 @@ inline cudaError_t gemm(cublasHandle_t handle, cublasOperation_t ta, cublasOpera
                         int64_t k, const void* a, cudaDataType_t at, int64_t lda, const void* b, cudaDataType_t bt,
                         int64_t ldb, float beta, void* c, cudaDataType_t ct, int64_t ldc) {
   const float alpha = 1.0f;
-  return cublas_error(cublasGemmEx(handle, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha,
-                                   a, at, static_cast<int>(lda), b, bt, static_cast<int>(ldb), &beta, c, ct,
+  return cublas_error(cublasGemmEx(handle, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                   &alpha, a, at, static_cast<int>(lda), b, bt, static_cast<int>(ldb), &beta, c, ct,
                                    static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -322,7 +330,7 @@ class cublas_scope {
 template <class T>
 cudaError_t linear_head_workspace_bytes(int64_t tokens, int64_t vocab, int64_t layout_rows, std::size_t& bytes,
                                         int64_t& chunk_rows, const logits_config& lcfg = {},
-                                        const linear_head_options& opt = {}) {
+                                        const linear_head_launch_config& opt = {}) {
   static_assert(detail::is_head_value_v<T>, "hidden and weight must be float or __nv_bfloat16");
   if (tokens < 0 || tokens > 0x7fffffff || vocab < 1 || vocab > 0x7fffffff || layout_rows < 0 || opt.chunk_rows < 0 ||
       lcfg.splits < 0)
@@ -344,14 +352,15 @@ cudaError_t linear_head_workspace_bytes(int64_t tokens, int64_t vocab, int64_t l
 //! the handle is not needed for the workspace query, nor when N == 0.
 template <class T, class T2, class M, class Hook = no_device_hook>
 cudaError_t policy_loss_from_hidden(void* d_temp_storage, std::size_t& temp_storage_bytes, cublasHandle_t handle,
-                                    const T* hidden, int64_t tokens, int64_t hidden_size, const T* weight, int64_t vocab,
-                                    const int64_t* labels, const token_layout& lay,
+                                    const T* hidden, int64_t tokens, int64_t hidden_size, const T* weight,
+                                    int64_t vocab, const int64_t* labels, const token_layout& lay,
                                     const policy_loss_inputs<T2, M, float>& in, const linear_head_outputs<T>& out,
                                     const policy_loss_config& cfg, const logits_config& lcfg = {},
-                                    const linear_head_options& opt = {}, cudaStream_t stream = nullptr,
+                                    const linear_head_launch_config& opt = {}, cudaStream_t stream = nullptr,
                                     Hook&& hook = {}) {
   static_assert(detail::is_head_value_v<T>, "hidden and weight must be float or __nv_bfloat16");
-  if (cudaError_t e = detail::check_head(hidden, tokens, hidden_size, weight, vocab, labels, lay, in, out, cfg, lcfg, opt);
+  if (cudaError_t e =
+          detail::validate_head(hidden, tokens, hidden_size, weight, vocab, labels, lay, in, out, cfg, lcfg, opt);
       e != cudaSuccess)
     return e;
   detail::head_plan plan{};
@@ -367,11 +376,12 @@ cudaError_t policy_loss_from_hidden(void* d_temp_storage, std::size_t& temp_stor
   char* base = static_cast<char*>(d_temp_storage);
   auto* z = reinterpret_cast<float*>(base);
   [[maybe_unused]] auto* dz16 = reinterpret_cast<T*>(base + plan.logits);  // bf16 operands only
-  void* fw_ws = base + plan.logits + plan.dz;             // non-null even when the forward needs no bytes
+  void* fw_ws = base + plan.logits + plan.dz;  // non-null even when the forward needs no bytes
   void* loss_ws = base + plan.logits + plan.dz + plan.forward;
   const detail::token_arrays arrays =
       detail::carve_token_arrays(base + plan.logits + plan.dz + plan.forward + plan.loss, plan.floats);
-  float *lp = arrays.log_prob, *ent = arrays.entropy, *lse = arrays.lse, *glp = arrays.grad_log_prob, *gent = arrays.grad_entropy;
+  float *lp = arrays.log_prob, *ent = arrays.entropy, *lse = arrays.lse, *glp = arrays.grad_log_prob,
+        *gent = arrays.grad_entropy;
   const bool has_ent = cfg.entropy_coef != 0.0;
   const int64_t hs = hidden_size, C = plan.chunk;
   const int64_t chunks = C > 0 ? (tokens + C - 1) / C : 0;
@@ -383,14 +393,15 @@ cudaError_t policy_loss_from_hidden(void* d_temp_storage, std::size_t& temp_stor
   logits_config chunk_cfg = lcfg;
   chunk_cfg.bad_label_row = nullptr;
   if (tokens > 0 && lcfg.bad_label_row != nullptr) {
-    detail::head_label_scan_kernel<<<detail::grid_for(tokens), detail::block_threads, 0, stream>>>(labels, tokens, vocab,
-                                                                                                   lcfg.bad_label_row);
+    detail::head_label_scan_kernel<<<detail::grid_for(tokens), detail::block_threads, 0, stream>>>(
+        labels, tokens, vocab, lcfg.bad_label_row);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   // 1. Statistics, chunk by chunk (the entropy always: free in the pass, and a hook may want it).
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t r0 = k * C, c = tokens - r0 < C ? tokens - r0 : C;
-    if (cudaError_t e = detail::head_logits(handle, hidden + r0 * hs, c, hs, weight, vocab, z); e != cudaSuccess) return e;
+    if (cudaError_t e = detail::head_logits(handle, hidden + r0 * hs, c, hs, weight, vocab, z); e != cudaSuccess)
+      return e;
     std::size_t fw_bytes = plan.forward;
     if (cudaError_t e = logits_forward(fw_ws, fw_bytes, static_cast<const float*>(z), c, vocab, vocab, labels + r0,
                                        lp + r0, ent + r0, lse + r0, chunk_cfg, stream);
@@ -399,8 +410,8 @@ cudaError_t policy_loss_from_hidden(void* d_temp_storage, std::size_t& temp_stor
   }
   // 2-3. The caller's hook, then the loss on the statistics (a bad value leaves the token gradients
   // NaN, and so the gradients of hidden and weight).
-  if (cudaError_t e =
-          detail::hook_and_loss(loss_ws, plan.loss, lay, tokens, in, arrays, out.result, out.status, cfg, opt.loss, stream, hook);
+  if (cudaError_t e = detail::hook_and_loss(loss_ws, plan.loss, lay, tokens, in, arrays, out.result, out.status, cfg,
+                                            opt.loss, stream, hook);
       e != cudaSuccess)
     return e;
   // 4. The gradients, last chunk first: its logits are still in the workspace.
@@ -436,7 +447,8 @@ cudaError_t policy_loss_from_hidden(void* d_temp_storage, std::size_t& temp_stor
         return e;
     if (out.grad_weight != nullptr) {
       const bool add = opt.accumulate_grad_weight || k != chunks - 1;
-      if (cudaError_t e = detail::head_grad_weight(handle, dz, c, hs, hid, vocab, out.grad_weight, add); e != cudaSuccess)
+      if (cudaError_t e = detail::head_grad_weight(handle, dz, c, hs, hid, vocab, out.grad_weight, add);
+          e != cudaSuccess)
         return e;
     }
   }

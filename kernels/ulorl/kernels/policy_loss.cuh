@@ -15,7 +15,7 @@
 //
 // Determinism: one block per row at a time, a fixed thread count and fixed reduction trees; each
 // row's sums go to the workspace, and one block folds the rows in a fixed order. The result is the
-// same bits on every run and for every grid size (policy_loss_options::grid_blocks).
+// same bits on every run and for every grid size (launch_config::grid_blocks).
 //
 // Launchers are CUB style: with d_temp_storage == nullptr only temp_storage_bytes is set. They take
 // a stream, never allocate or synchronise, and validate every host-visible argument and the
@@ -56,14 +56,18 @@ inline namespace ULORL_CUDA_ARCH_NS {
 
 //! Where the token arrays of the loss live: every array of one call shares this layout.
 struct token_layout {
-  int64_t rows = 0;        //!< B
-  int64_t cols = 0;        //!< padded: T; packed: the arrays' length (tokens)
-  int64_t row_stride = 0;  //!< padded: elements from row b to row b + 1 (>= cols); packed: unused
+  int64_t rows = 0;                  //!< B
+  int64_t cols = 0;                  //!< padded: T; packed: the arrays' length (tokens)
+  int64_t row_stride = 0;            //!< padded: elements from row b to row b + 1 (>= cols); packed: unused
   const int64_t* offsets = nullptr;  //!< packed: device [rows + 1], non-decreasing, within [0, cols]; nullptr: padded
 
   static token_layout padded(int64_t rows, int64_t cols) noexcept { return {rows, cols, cols, nullptr}; }
-  static token_layout padded(int64_t rows, int64_t cols, int64_t row_stride) noexcept { return {rows, cols, row_stride, nullptr}; }
-  static token_layout packed(int64_t rows, int64_t tokens, const int64_t* offsets) noexcept { return {rows, tokens, 0, offsets}; }
+  static token_layout padded(int64_t rows, int64_t cols, int64_t row_stride) noexcept {
+    return {rows, cols, row_stride, nullptr};
+  }
+  static token_layout packed(int64_t rows, int64_t tokens, const int64_t* offsets) noexcept {
+    return {rows, tokens, 0, offsets};
+  }
   [[nodiscard]] __host__ __device__ bool is_packed() const noexcept { return offsets != nullptr; }
   //! Elements an array of this layout spans (padded: to the end of the last row).
   [[nodiscard]] __host__ __device__ int64_t extent() const noexcept {
@@ -88,8 +92,8 @@ struct policy_loss_inputs {
 //! The outputs (device pointers). The gradients are float, in the inputs' layout; masked tokens and
 //! the gaps of a padded layout with row_stride > cols: masked tokens get 0, gaps are not written.
 struct policy_loss_outputs {
-  float* grad_log_prob = nullptr;      //!< required
-  float* grad_entropy = nullptr;       //!< required when entropy_coef != 0 (nullptr otherwise: not written)
+  float* grad_log_prob = nullptr;        //!< required
+  float* grad_entropy = nullptr;         //!< required when entropy_coef != 0 (nullptr otherwise: not written)
   policy_loss_result* result = nullptr;  //!< required: one device policy_loss_result (rollout stays zero)
   //! optional device int64: 0 when the call ran; else (first bad flat token index) + 1 for a bad
   //! value or mask, or -(first bad row + 1) for a bad packed offsets row.
@@ -97,7 +101,7 @@ struct policy_loss_outputs {
 };
 
 //! Launch options (the defaults fill the device).
-struct policy_loss_options {
+struct launch_config {
   int grid_blocks = 0;  //!< blocks of the row pass; 0: automatic. Any count gives the same bits.
 };
 
@@ -234,8 +238,9 @@ __global__ void __launch_bounds__(loss_threads)
 //! runs token_loss_lanes and fold_token; the row's sums (fixed tree) go to records[b].
 template <class Obj, class Est, class T, class M, class TL, class P>
 __global__ void __launch_bounds__(loss_threads)
-    rows_kernel(token_layout lay, policy_loss_inputs<T, M, TL> in, policy_loss_outputs out, token_loss_params<float, P> p,
-                agg_normalizer norm, const unsigned long long* status, row_record* records) {
+    rows_kernel(token_layout lay, policy_loss_inputs<T, M, TL> in, policy_loss_outputs out,
+                token_loss_params<float, P> p, agg_normalizer norm, const unsigned long long* status,
+                row_record* records) {
   using L = ulorl::simd::scalar_lanes<float>;
   constexpr bool has_kl = !std::is_same_v<Est, ulorl::no_kl>;
   if (*status != ~0ull) return;  // the scan found a bad value: nothing is written
@@ -283,7 +288,9 @@ __global__ void __launch_bounds__(loss_threads)
 struct row_stats {
   double n, a, b, c;
 };
-__device__ __forceinline__ void merge(row_stats& x, const row_stats& y) { x.n += y.n, x.a += y.a, x.b += y.b, x.c += y.c; }
+__device__ __forceinline__ void merge(row_stats& x, const row_stats& y) {
+  x.n += y.n, x.a += y.a, x.b += y.b, x.c += y.c;
+}
 
 //! The rows of a sequence-level objective descriptor, as loss/detail/sequence_rows.hpp computes them
 //! on the CPU, with the descriptor's row and token steps: a pass for the row's sums (fixed tree),
@@ -291,8 +298,9 @@ __device__ __forceinline__ void merge(row_stats& x, const row_stats& y) { x.n +=
 //! gradient to its valid tokens.
 template <class Obj, class T, class M, class TL, class P>
 __global__ void __launch_bounds__(loss_threads)
-    sequence_rows_kernel(token_layout lay, policy_loss_inputs<T, M, TL> in, policy_loss_outputs out, token_loss_params<float, P> p,
-                         agg_normalizer norm, const unsigned long long* status, row_record* records) {
+    sequence_rows_kernel(token_layout lay, policy_loss_inputs<T, M, TL> in, policy_loss_outputs out,
+                         token_loss_params<float, P> p, agg_normalizer norm, const unsigned long long* status,
+                         row_record* records) {
   if (*status != ~0ull) return;
   const auto& op = p.objective;
   const bool has_ref = p.kl_coef != 0.0f, has_w = in.weights != nullptr, has_ent = p.entropy_coef != 0.0f;
@@ -384,8 +392,8 @@ bool aligned_or_null(const void* p) {
   return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % alignof(T) == 0;
 }
 
-//! The configuration as the device path runs it; ulorl::error for what policy_loss_check_config rejects.
-inline void check_config(const policy_loss_config& cfg) { check_policy_loss_config("cuda::policy_loss", cfg); }
+//! The configuration as the device path runs it; ulorl::error for what policy_loss_validate_config rejects.
+inline void validate_config(const policy_loss_config& cfg) { validate_policy_loss_config("cuda::policy_loss", cfg); }
 
 inline std::size_t align_up(std::size_t x) { return (x + 255) / 256 * 256; }
 
@@ -393,7 +401,7 @@ inline std::size_t align_up(std::size_t x) { return (x + 255) / 256 * 256; }
 
 //! Throws ulorl::error (naming the argument) for a configuration the device loss rejects with
 //! cudaErrorInvalidValue; the launchers call it and return that code instead of throwing.
-inline void policy_loss_check_config(const policy_loss_config& cfg) { detail::check_config(cfg); }
+inline void policy_loss_validate_config(const policy_loss_config& cfg) { detail::validate_config(cfg); }
 
 //! Workspace of policy_loss for `rows` rows.
 inline std::size_t policy_loss_workspace_bytes(int64_t rows) {
@@ -407,8 +415,8 @@ namespace detail {
 //! aligned). `computed`: the fused paths' call, whose log-probs, entropies and token gradients are
 //! their own (in.log_prob and in.entropy must be null; out's gradient pointers are not read).
 template <class T, class M, class TL>
-cudaError_t check_loss(const token_layout& lay, const policy_loss_inputs<T, M, TL>& in, const policy_loss_outputs& out,
-                       const policy_loss_config& cfg, const policy_loss_options& opt, bool computed) {
+cudaError_t validate_loss(const token_layout& lay, const policy_loss_inputs<T, M, TL>& in, const policy_loss_outputs& out,
+                       const policy_loss_config& cfg, const launch_config& opt, bool computed) {
   static_assert(is_loss_value_v<T> && is_loss_value_v<TL>, "inputs must be float or __nv_bfloat16");
   if (lay.rows < 0 || lay.rows > 0x7fffffff || lay.cols < 0 || opt.grid_blocks < 0) return cudaErrorInvalidValue;
   if (!lay.is_packed() && lay.rows > 1 &&
@@ -416,7 +424,7 @@ cudaError_t check_loss(const token_layout& lay, const policy_loss_inputs<T, M, T
     return cudaErrorInvalidValue;
 #if !defined(ULORL_NO_EXCEPTIONS)
   try {
-    check_config(cfg);
+    validate_config(cfg);
   } catch (const ulorl::error&) {
     return cudaErrorInvalidValue;
   }
@@ -429,7 +437,8 @@ cudaError_t check_loss(const token_layout& lay, const policy_loss_inputs<T, M, T
              (has_ent && (in.entropy == nullptr || out.grad_entropy == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  if (in.old_log_prob == nullptr || in.advantages == nullptr || out.result == nullptr || (has_kl && in.ref_log_prob == nullptr))
+  if (in.old_log_prob == nullptr || in.advantages == nullptr || out.result == nullptr ||
+      (has_kl && in.ref_log_prob == nullptr))
     return cudaErrorInvalidValue;
   if (!aligned_or_null<TL>(in.log_prob) || !aligned_or_null<T>(in.old_log_prob) || !aligned_or_null<T>(in.advantages) ||
       !aligned_or_null<M>(in.mask) || !aligned_or_null<T>(in.ref_log_prob) || !aligned_or_null<T>(in.weights) ||
@@ -445,19 +454,21 @@ cudaError_t check_loss(const token_layout& lay, const policy_loss_inputs<T, M, T
 template <class T, class M, class TL>
 cudaError_t launch_loss(void* d_temp_storage, std::size_t& temp_storage_bytes, const token_layout& lay,
                         const policy_loss_inputs<T, M, TL>& in, const policy_loss_outputs& out,
-                        const policy_loss_config& cfg, const policy_loss_options& opt, cudaStream_t stream, bool cover) {
+                        const policy_loss_config& cfg, const launch_config& opt, cudaStream_t stream, bool cover) {
   if (lay.rows < 0 || lay.rows > 0x7fffffff) return cudaErrorInvalidValue;
   const std::size_t need = policy_loss_workspace_bytes(lay.rows);
   if (d_temp_storage == nullptr) {
     temp_storage_bytes = need;
     return cudaSuccess;
   }
-  if (temp_storage_bytes < need || reinterpret_cast<std::uintptr_t>(d_temp_storage) % 16 != 0) return cudaErrorInvalidValue;
-  if (cudaError_t e = check_loss(lay, in, out, cfg, opt, false); e != cudaSuccess) return e;
+  if (temp_storage_bytes < need || reinterpret_cast<std::uintptr_t>(d_temp_storage) % 16 != 0)
+    return cudaErrorInvalidValue;
+  if (cudaError_t e = validate_loss(lay, in, out, cfg, opt, false); e != cudaSuccess) return e;
   const bool has_kl = cfg.kl_coef != 0.0, has_ent = cfg.entropy_coef != 0.0;
 
   auto* status = static_cast<unsigned long long*>(d_temp_storage);
-  auto* records = reinterpret_cast<row_record*>(static_cast<char*>(d_temp_storage) + align_up(sizeof(unsigned long long)));
+  auto* records =
+      reinterpret_cast<row_record*>(static_cast<char*>(d_temp_storage) + align_up(sizeof(unsigned long long)));
   int blocks = opt.grid_blocks;
   if (blocks == 0) {
     int dev = 0, sms = 0;
@@ -478,27 +489,30 @@ cudaError_t launch_loss(void* d_temp_storage, std::size_t& temp_storage_bytes, c
         lay, in, has_kl, has_ent, cfg.check_values, cover, status);
   }
   // Sequence-level objectives come with no_kl: their rows evaluate the estimator at run time, as on the CPU.
-  const cudaError_t launched = ulorl::detail::visit_token_loss("cuda::policy_loss", cfg, [&](const auto& obj, const auto& est) -> cudaError_t {
-    using Obj = ulorl::detail::remove_cvref_t<decltype(obj)>;
-    using Est = ulorl::detail::remove_cvref_t<decltype(est)>;
-    using P = decltype(obj.template params<float>());
-    const token_loss_params<float, P> p{obj.template params<float>(), make_kl_params<float>(cfg.kl),
-                                        static_cast<float>(cfg.kl_coef), static_cast<float>(cfg.entropy_coef)};
-    policy_loss_outputs o = out;
-    if (!has_ent) o.grad_entropy = nullptr;
-    if (lay.rows == 0) return cudaSuccess;
-    const auto grid = static_cast<unsigned>(blocks);
-    if constexpr (Obj::level == objective_level::sequence) {
-      sequence_rows_kernel<Obj, T, M, TL, P><<<grid, loss_threads, 0, stream>>>(lay, in, o, p, cfg.normalizer, status, records);
-    } else {
-      rows_kernel<Obj, Est, T, M, TL, P><<<grid, loss_threads, 0, stream>>>(lay, in, o, p, cfg.normalizer, status, records);
-    }
-    return cudaGetLastError();
-  });
+  const cudaError_t launched =
+      ulorl::detail::visit_token_loss("cuda::policy_loss", cfg, [&](const auto& obj, const auto& est) -> cudaError_t {
+        using Obj = ulorl::detail::remove_cvref_t<decltype(obj)>;
+        using Est = ulorl::detail::remove_cvref_t<decltype(est)>;
+        using P = decltype(obj.template params<float>());
+        const token_loss_params<float, P> p{obj.template params<float>(), make_kl_params<float>(cfg.kl),
+                                            static_cast<float>(cfg.kl_coef), static_cast<float>(cfg.entropy_coef)};
+        policy_loss_outputs o = out;
+        if (!has_ent) o.grad_entropy = nullptr;
+        if (lay.rows == 0) return cudaSuccess;
+        const auto grid = static_cast<unsigned>(blocks);
+        if constexpr (Obj::level == objective_level::sequence) {
+          sequence_rows_kernel<Obj, T, M, TL, P>
+              <<<grid, loss_threads, 0, stream>>>(lay, in, o, p, cfg.normalizer, status, records);
+        } else {
+          rows_kernel<Obj, Est, T, M, TL, P>
+              <<<grid, loss_threads, 0, stream>>>(lay, in, o, p, cfg.normalizer, status, records);
+        }
+        return cudaGetLastError();
+      });
   if (launched != cudaSuccess) return launched;
-  detail::fold_kernel<<<1, detail::loss_threads, 0, stream>>>(lay.rows, records, static_cast<double>(static_cast<float>(cfg.kl_coef)),
-                                                             static_cast<double>(static_cast<float>(cfg.entropy_coef)), status,
-                                                             out.result, out.status);
+  detail::fold_kernel<<<1, detail::loss_threads, 0, stream>>>(
+      lay.rows, records, static_cast<double>(static_cast<float>(cfg.kl_coef)),
+      static_cast<double>(static_cast<float>(cfg.entropy_coef)), status, out.result, out.status);
   return cudaGetLastError();
 }
 }  // namespace detail
@@ -508,8 +522,7 @@ cudaError_t launch_loss(void* d_temp_storage, std::size_t& temp_storage_bytes, c
 template <class T, class M, class TL>
 cudaError_t policy_loss(void* d_temp_storage, std::size_t& temp_storage_bytes, const token_layout& lay,
                         const policy_loss_inputs<T, M, TL>& in, const policy_loss_outputs& out,
-                        const policy_loss_config& cfg, const policy_loss_options& opt = {},
-                        cudaStream_t stream = nullptr) {
+                        const policy_loss_config& cfg, const launch_config& opt = {}, cudaStream_t stream = nullptr) {
   return detail::launch_loss(d_temp_storage, temp_storage_bytes, lay, in, out, cfg, opt, stream, false);
 }
 
@@ -535,7 +548,7 @@ struct no_device_hook {
 //! The outputs of policy_loss_from_logits.
 template <class G>
 struct logits_loss_outputs {
-  G* grad_logits = nullptr;       //!< [N, V], may be the logits (in place, same row stride)
+  G* grad_logits = nullptr;  //!< [N, V], may be the logits (in place, same row stride)
   int64_t grad_row_stride = 0;
   policy_loss_result* result = nullptr;  //!< required (device)
   int64_t* status = nullptr;             //!< optional: as policy_loss_outputs::status
@@ -583,10 +596,11 @@ inline token_arrays carve_token_arrays(char* base, std::size_t bytes_each) {
 template <class T, class M, class Hook>
 cudaError_t hook_and_loss(void* loss_ws, std::size_t loss_bytes, const token_layout& lay, int64_t tokens,
                           const policy_loss_inputs<T, M, float>& in, const token_arrays& a, policy_loss_result* result,
-                          int64_t* status, const policy_loss_config& cfg, const policy_loss_options& opt,
-                          cudaStream_t stream, Hook& hook) {
+                          int64_t* status, const policy_loss_config& cfg, const launch_config& opt, cudaStream_t stream,
+                          Hook& hook) {
   const bool has_ent = cfg.entropy_coef != 0.0;
-  if (cudaError_t e = hook(device_token_statistics{a.log_prob, a.entropy, a.lse, tokens, lay}, stream); e != cudaSuccess)
+  if (cudaError_t e = hook(device_token_statistics{a.log_prob, a.entropy, a.lse, tokens, lay}, stream);
+      e != cudaSuccess)
     return e;
   policy_loss_inputs<T, M, float> full = in;
   full.log_prob = a.log_prob;
@@ -607,20 +621,22 @@ cudaError_t hook_and_loss(void* loss_ws, std::size_t loss_bytes, const token_lay
 //! (in the workspace, with the lse, the token gradients). Labels: device [N], ids in [0, V) for every
 //! row. One launcher sequence on `stream`: logits_forward, hook, policy_loss, logits_backward.
 template <class G, class T, class M, class Hook = no_device_hook>
-cudaError_t policy_loss_from_logits(void* d_temp_storage, std::size_t& temp_storage_bytes, const G* logits, int64_t vocab,
-                                    int64_t row_stride, const int64_t* labels, const token_layout& lay,
+cudaError_t policy_loss_from_logits(void* d_temp_storage, std::size_t& temp_storage_bytes, const G* logits,
+                                    int64_t vocab, int64_t row_stride, const int64_t* labels, const token_layout& lay,
                                     const policy_loss_inputs<T, M, float>& in, const logits_loss_outputs<G>& out,
                                     const policy_loss_config& cfg, const logits_config& lcfg = {},
-                                    const policy_loss_options& opt = {}, cudaStream_t stream = nullptr, Hook&& hook = {}) {
+                                    const launch_config& opt = {}, cudaStream_t stream = nullptr, Hook&& hook = {}) {
   const int64_t tokens = detail::fused_tokens(lay);
   if (tokens < 0 || vocab < 0) return cudaErrorInvalidValue;
   if (out.grad_logits == nullptr) return cudaErrorInvalidValue;
   if (tokens > 0 && (logits == nullptr || labels == nullptr)) return cudaErrorInvalidValue;
-  if (reinterpret_cast<const void*>(out.grad_logits) == reinterpret_cast<const void*>(logits) && out.grad_row_stride != row_stride)
+  if (reinterpret_cast<const void*>(out.grad_logits) == reinterpret_cast<const void*>(logits) &&
+      out.grad_row_stride != row_stride)
     return cudaErrorInvalidValue;
   if (tokens > 1 && (row_stride < vocab || out.grad_row_stride < vocab)) return cudaErrorInvalidValue;
   // The loss's own arguments, before anything is launched.
-  if (cudaError_t e = detail::check_loss(lay, in, policy_loss_outputs{nullptr, nullptr, out.result, out.status}, cfg, opt, true);
+  if (cudaError_t e =
+          detail::validate_loss(lay, in, policy_loss_outputs{nullptr, nullptr, out.result, out.status}, cfg, opt, true);
       e != cudaSuccess)
     return e;
   // The workspace (the forward's share needs the device's SM count when lcfg.splits == 0).
@@ -639,18 +655,20 @@ cudaError_t policy_loss_from_logits(void* d_temp_storage, std::size_t& temp_stor
   // 1. Statistics (the entropy always: free in the pass, and a hook may want it).
   std::size_t fw_bytes = plan.forward;
   if (tokens > 0)
-    if (cudaError_t e = logits_forward(base, fw_bytes, logits, tokens, vocab, row_stride, labels, a.log_prob, a.entropy, a.lse,
-                                       lcfg, stream);
+    if (cudaError_t e = logits_forward(base, fw_bytes, logits, tokens, vocab, row_stride, labels, a.log_prob, a.entropy,
+                                       a.lse, lcfg, stream);
         e != cudaSuccess)
       return e;
   // 2-3. The caller's hook, the loss on the statistics.
-  if (cudaError_t e = detail::hook_and_loss(loss_ws, plan.loss, lay, tokens, in, a, out.result, out.status, cfg, opt, stream, hook);
+  if (cudaError_t e =
+          detail::hook_and_loss(loss_ws, plan.loss, lay, tokens, in, a, out.result, out.status, cfg, opt, stream, hook);
       e != cudaSuccess)
     return e;
   // 4. d loss / d logits.
   if (tokens == 0) return cudaSuccess;
-  return logits_backward(logits, tokens, vocab, row_stride, labels, a.lse, has_ent ? a.entropy : nullptr, a.grad_log_prob,
-                         has_ent ? a.grad_entropy : nullptr, out.grad_logits, out.grad_row_stride, lcfg, stream);
+  return logits_backward(logits, tokens, vocab, row_stride, labels, a.lse, has_ent ? a.entropy : nullptr,
+                         a.grad_log_prob, has_ent ? a.grad_entropy : nullptr, out.grad_logits, out.grad_row_stride,
+                         lcfg, stream);
 }
 
 }  // namespace ULORL_CUDA_ARCH_NS

@@ -16,7 +16,7 @@ namespace cuda {
 //! The CPU's validators, the coefficients in float (the kernels compute in float): ulorl::error
 //! naming `fn` and the field. The device path also refuses the in-pass rollout correction
 //! (cudaErrorNotSupported from the launchers).
-inline void check_policy_loss_config(std::string_view fn, const policy_loss_config& cfg) {
+inline void validate_policy_loss_config(std::string_view fn, const policy_loss_config& cfg) {
   validate_objective(fn, cfg.objective);
   validate_kl(fn, cfg.kl);
   ulorl::detail::validate_loss_scalars<float>(fn, cfg);

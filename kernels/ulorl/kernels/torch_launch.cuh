@@ -32,13 +32,15 @@ cudaError_t policy_loss(policy_loss_call& c) {
     in.ref_log_prob = c.ref_log_prob;
     in.weights = c.weights;
     in.entropy = c.entropy;
-    return ulorl::cuda::policy_loss(c.workspace, c.workspace_bytes, lay, in, out, *c.config, policy_loss_options{},
-                                    c.stream);
+    return ulorl::cuda::policy_loss(c.workspace, c.workspace_bytes, lay, in, out, *c.config, launch_config{}, c.stream);
   };
   switch (c.mask_kind) {
-    case mask_type::none: return run(static_cast<const float*>(nullptr));
-    case mask_type::bytes: return run(static_cast<const std::uint8_t*>(c.mask));
-    case mask_type::float32: return run(static_cast<const float*>(c.mask));
+    case mask_type::none:
+      return run(static_cast<const float*>(nullptr));
+    case mask_type::bytes:
+      return run(static_cast<const std::uint8_t*>(c.mask));
+    case mask_type::float32:
+      return run(static_cast<const float*>(c.mask));
   }
   return cudaErrorInvalidValue;  // a mask_type value no enumerator names
 }

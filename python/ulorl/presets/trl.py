@@ -56,7 +56,7 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     accumulated in float32 / float64). ``index`` is ``[...]`` (one class per row) or ``[..., K]`` (K
     classes per row). The result has ``index``'s shape and the logits' dtype. TRL computes 16-bit
     logits with torch's 16-bit ``log_softmax``; on the CPU these values are torch's rounding steps
-    (``logits_stats_torch_rounding``: the row's sum and its logarithm rounded first), which differ from
+    (``logits_statistics_torch_rounding``: the row's sum and its logarithm rounded first), which differ from
     the correctly rounded value in about one entry in five. Differentiable in ``logits`` (the exact
     gradient of log-softmax)."""
     fn = "presets::trl::selective_log_softmax"
@@ -72,7 +72,7 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
         return out[0].unsqueeze(-1) if len(out) == 1 else torch.stack(out, dim=-1)
 
     if _torch_rounded(rows, cols):
-        lp = _with_exact_gradient(rows, _ulorl._logits_stats_torch_rounding(rows.detach(), cols)[0], exact)
+        lp = _with_exact_gradient(rows, _ulorl._logits_statistics_torch_rounding(rows.detach(), cols)[0], exact)
     else:
         lp = exact()
     return lp.reshape(index.shape)
@@ -83,7 +83,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
     shape ``logits.shape[:-1]``, in the logits' dtype, by ulorl's logits kernels (one streaming pass
     per row, so ``chunk_size``, which must be >= 1, sets no memory bound here). 16-bit logits on the
     CPU give TRL's ``-(exp(logps) * logps).sum(-1)`` with torch's rounding steps
-    (``logits_stats_torch_rounding``). Differentiable in ``logits`` (the exact gradient)."""
+    (``logits_statistics_torch_rounding``). Differentiable in ``logits`` (the exact gradient)."""
     fn = "presets::trl::entropy_from_logits"
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise _fail(fn, "chunk_size", f"= {chunk_size!r}: must be an integer >= 1")
@@ -95,7 +95,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
 
     if _torch_rounded(rows, labels):
         none = torch.empty(rows.shape[0], 0, dtype=torch.int64)
-        ent = _with_exact_gradient(rows, _ulorl._logits_stats_torch_rounding(rows.detach(), none)[1], exact)
+        ent = _with_exact_gradient(rows, _ulorl._logits_statistics_torch_rounding(rows.detach(), none)[1], exact)
     else:
         ent = exact()
     return ent.reshape(logits.shape[:-1])

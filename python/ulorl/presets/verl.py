@@ -566,7 +566,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     dt, out = _compute_dtype(token_level_rewards)
     scores = _as(token_level_rewards, dt).sum(dim=-1).contiguous()
     with torch.no_grad():
-        adv = _ulorl._reinforce_pp_baseline_advantages(scores, _group_ids(index), None, _mask(response_mask, dt), "verl", True,
+        adv = _ulorl._reinforce_plus_plus_baseline_advantages(scores, _group_ids(index), None, _mask(response_mask, dt), "verl", True,
                                                        None)
     adv = _as(adv, out)
     return adv, adv
@@ -581,12 +581,12 @@ def compute_reinforce_plus_plus_outcome_advantage(
     """verl ``reinforce_plus_plus`` (gamma = ``config.gamma``): returns scanned backwards over the
     valid tokens only (a masked position, e.g. a tool observation inside a multi-turn response,
     gets 0 and carries the running return through unchanged), whitened over the batch's valid
-    tokens. Returns ``(advantages, returns)``. ulorl.reinforce_pp_advantages keeps verl b178a3cd's
+    tokens. Returns ``(advantages, returns)``. ulorl.reinforce_plus_plus_advantages keeps verl b178a3cd's
     scan (reset after a masked position)."""
     _require_config("compute_reinforce_plus_plus_outcome_advantage", config)
     dt, out = _compute_dtype(token_level_rewards)
     with torch.no_grad():
-        adv, ret = _ulorl._reinforce_pp_advantages(_as(token_level_rewards, dt), _mask(response_mask, dt),
+        adv, ret = _ulorl._reinforce_plus_plus_advantages(_as(token_level_rewards, dt), _mask(response_mask, dt),
                                                    float(_get(config, "gamma")), None, "skip_masked")
     return _as(adv, out), _as(ret, out)
 

@@ -10,10 +10,10 @@
 //   dynamic_sampling_filter(metric [B], groups, cfg) -> keep [B] (bool) + counts
 //   off_policy_mask(log_prob, old_log_prob, advantages, mask, cfg, offsets) -> keep, seq_kl, stats
 //   rollout_correction(old_log_prob, rollout_log_prob, mask, cfg, offsets) -> weights, keep, metrics
-//   gpg_advantages, opo_advantages, reinforce_pp_advantages, reinforce_pp_baseline_advantages,
+//   gpg_advantages, opo_advantages, reinforce_plus_plus_advantages, reinforce_plus_plus_baseline_advantages,
 //   dapo_overlong_penalties, soft_overlong_penalties,
 //   multi_reward_advantages, optimal_token_baseline_advantages (advantage/*.hpp on tensors)
-//   logits_stats_torch_rounding(logits, labels) -> 16-bit log-probs and entropy as torch's CPU rounds them
+//   logits_statistics_torch_rounding(logits, labels) -> 16-bit log-probs and entropy as torch's CPU rounds them
 // `groups` is group_ids [B] (int64 or int32, any ids >= 0, any order) or a group size (contiguous
 // groups). Per-response tensors (rewards, ids, scores) must be contiguous 1-D; per-token tensors
 // take any strides. Errors are ulorl::error, raised before any output exists.
@@ -49,8 +49,8 @@ struct group_spec {
   at::Tensor ids{};
   std::optional<std::int64_t> size{};
   group_spec() = default;
-  group_spec(const at::Tensor& group_ids) : ids(group_ids) {}                  // NOLINT: implicit on purpose
-  group_spec(std::int64_t group_size) : size(group_size) {}                    // NOLINT: implicit on purpose
+  group_spec(const at::Tensor& group_ids) : ids(group_ids) {}  // NOLINT: implicit on purpose
+  group_spec(std::int64_t group_size) : size(group_size) {}    // NOLINT: implicit on purpose
   group_spec(const at::Tensor& group_ids, std::optional<std::int64_t> group_size) : ids(group_ids), size(group_size) {}
 };
 
@@ -71,7 +71,8 @@ template <class R>
 R record_from(std::string_view fn, const at::Tensor& t) {
   if (t.device().is_meta()) return R{};
   const at::Tensor c = t.to(at::kCPU).contiguous();
-  return decode_fields<R>(fn, "result", std::span<const double>(c.data_ptr<double>(), static_cast<std::size_t>(c.numel())));
+  return decode_fields<R>(fn, "result",
+                          std::span<const double>(c.data_ptr<double>(), static_cast<std::size_t>(c.numel())));
 }
 
 using opt_tensor = c10::optional<at::Tensor>;
@@ -98,11 +99,12 @@ using pair_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const opt
 //! and the advantages' dtype. An undefined mask with offsets: every token inside the offsets valid,
 //! the result [offsets[B]]; without offsets the mask is required (it gives the result's [B, T]).
 [[nodiscard]] inline at::Tensor broadcast_to_tokens(const at::Tensor& advantages, const at::Tensor& mask,
-                                                    const broadcast_config& cfg = {},
-                                                    const at::Tensor& offsets = {}) {
+                                                    const broadcast_config& cfg = {}, const at::Tensor& offsets = {}) {
   const auto opt = ops::detail::optional;
-  using sig = at::Tensor(const at::Tensor&, const detail::opt_tensor&, const detail::opt_tensor&, c10::ArrayRef<double>);
-  return detail::batch_op<sig>("ulorl::broadcast_to_tokens").call(advantages, opt(mask), opt(offsets), encode_fields(cfg));
+  using sig =
+      at::Tensor(const at::Tensor&, const detail::opt_tensor&, const detail::opt_tensor&, c10::ArrayRef<double>);
+  return detail::batch_op<sig>("ulorl::broadcast_to_tokens")
+      .call(advantages, opt(mask), opt(offsets), encode_fields(cfg));
 }
 [[nodiscard]] inline at::Tensor broadcast_to_tokens(const at::Tensor& advantages, const at::Tensor& mask,
                                                     const advantage_preset& preset, const at::Tensor& offsets = {}) {
@@ -115,7 +117,7 @@ struct mpt_tensors {
   at::Tensor log_prob{};      //!< current policy (probability == current)
   at::Tensor old_log_prob{};  //!< rollout policy (probability == rollout)
   at::Tensor entropy{};
-  at::Tensor mask{};          //!< bool, uint8 or the log-probs' dtype; undefined: every token valid
+  at::Tensor mask{};  //!< bool, uint8 or the log-probs' dtype; undefined: every token valid
   at::Tensor response_score{};
   at::Tensor offsets{};
 };
@@ -149,15 +151,16 @@ struct off_policy_mask_output {
   off_policy_mask_stats stats;
 };
 [[nodiscard]] inline off_policy_mask_output off_policy_mask(const at::Tensor& log_prob, const at::Tensor& old_log_prob,
-                                                           const at::Tensor& advantages, const at::Tensor& mask,
-                                                           const off_policy_mask_config& cfg,
-                                                           const at::Tensor& offsets = {}) {
+                                                            const at::Tensor& advantages, const at::Tensor& mask,
+                                                            const off_policy_mask_config& cfg,
+                                                            const at::Tensor& offsets = {}) {
   const auto opt = ops::detail::optional;
   using o = detail::opt_tensor;
   using sig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                              const o&, const o&, c10::ArrayRef<double>);
-  auto [keep, seq_kl, stats] = detail::batch_op<sig>("ulorl::off_policy_mask")
-                                   .call(log_prob, old_log_prob, advantages, opt(mask), opt(offsets), encode_fields(cfg));
+  auto [keep, seq_kl, stats] =
+      detail::batch_op<sig>("ulorl::off_policy_mask")
+          .call(log_prob, old_log_prob, advantages, opt(mask), opt(offsets), encode_fields(cfg));
   return {keep, seq_kl, detail::record_from<off_policy_mask_stats>("off_policy_mask", stats)};
 }
 
@@ -180,7 +183,8 @@ struct rollout_correction_output {
                                     .call(old_log_prob, rollout_log_prob, opt(mask), opt(offsets), encode_fields(cfg));
   rollout_correction_output out{weights, keep, {}};
   if (!stats.device().is_meta())
-    out.metrics = rollout_correction::finalize(detail::record_from<rollout_correction::statistics>("rollout_correction", stats), cfg);
+    out.metrics = rollout_correction::finalize(
+        detail::record_from<rollout_correction::statistics>("rollout_correction", stats), cfg);
   return out;
 }
 
@@ -205,8 +209,8 @@ struct rollout_correction_output {
 }
 
 //! OPO advantages (advantage/baselines.hpp) of scores [B], response lengths from the mask.
-[[nodiscard]] inline at::Tensor opo_advantages(const at::Tensor& scores, const at::Tensor& mask, const group_spec& groups,
-                                               const at::Tensor& offsets = {}) {
+[[nodiscard]] inline at::Tensor opo_advantages(const at::Tensor& scores, const at::Tensor& mask,
+                                               const group_spec& groups, const at::Tensor& offsets = {}) {
   const auto opt = ops::detail::optional;
   using o = detail::opt_tensor;
   using sig = at::Tensor(const at::Tensor&, const at::Tensor&, const o&, c10::optional<std::int64_t>, const o&);
@@ -214,30 +218,29 @@ struct rollout_correction_output {
       .call(scores, mask, opt(groups.ids), detail::size_of(groups), opt(offsets));
 }
 
-//! REINFORCE++ advantages and returns (advantage/reinforce_pp.hpp) of per-token rewards; `scan` is
+//! REINFORCE++ advantages and returns (advantage/reinforce_plus_plus.hpp) of per-token rewards; `scan` is
 //! "reset_after_eos" or "skip_masked" (return_scan).
-[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> reinforce_pp_advantages(const at::Tensor& token_level_rewards,
-                                                                               const at::Tensor& mask, double gamma,
-                                                                               std::string_view scan = "reset_after_eos",
-                                                                               const at::Tensor& offsets = {}) {
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> reinforce_plus_plus_advantages(
+    const at::Tensor& token_level_rewards, const at::Tensor& mask, double gamma,
+    std::string_view scan = "reset_after_eos", const at::Tensor& offsets = {}) {
   const auto opt = ops::detail::optional;
   using o = detail::opt_tensor;
   using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const o&, const o&, double, c10::string_view);
-  auto [adv, ret] = detail::batch_op<sig>("ulorl::reinforce_pp_advantages")
-                        .call(token_level_rewards, opt(mask), opt(offsets), gamma, c10::string_view(scan.data(), scan.size()));
+  auto [adv, ret] =
+      detail::batch_op<sig>("ulorl::reinforce_plus_plus_advantages")
+          .call(token_level_rewards, opt(mask), opt(offsets), gamma, c10::string_view(scan.data(), scan.size()));
   return {adv, ret};
 }
 
-//! REINFORCE++-baseline advantages (advantage/reinforce_pp.hpp): scores [B] -> the mask's shape.
-[[nodiscard]] inline at::Tensor reinforce_pp_baseline_advantages(const at::Tensor& scores, const group_spec& groups,
-                                                                 const at::Tensor& mask,
-                                                                 const reinforce_pp_baseline_config& cfg = {},
-                                                                 const at::Tensor& offsets = {}) {
+//! REINFORCE++-baseline advantages (advantage/reinforce_plus_plus.hpp): scores [B] -> the mask's shape.
+[[nodiscard]] inline at::Tensor reinforce_plus_plus_baseline_advantages(
+    const at::Tensor& scores, const group_spec& groups, const at::Tensor& mask,
+    const reinforce_plus_plus_baseline_config& cfg = {}, const at::Tensor& offsets = {}) {
   const auto opt = ops::detail::optional;
   using o = detail::opt_tensor;
   using sig = at::Tensor(const at::Tensor&, const o&, c10::optional<std::int64_t>, const at::Tensor&, const o&,
                          c10::ArrayRef<double>);
-  return detail::batch_op<sig>("ulorl::reinforce_pp_baseline_advantages")
+  return detail::batch_op<sig>("ulorl::reinforce_plus_plus_baseline_advantages")
       .call(scores, opt(groups.ids), detail::size_of(groups), mask, opt(offsets), encode_fields(cfg));
 }
 
@@ -272,18 +275,19 @@ struct optimal_token_baseline_tensors {
   using o = detail::opt_tensor;
   using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const o&, const at::Tensor&, const o&, const o&,
                                                  const o&, const o&, c10::ArrayRef<double>);
-  auto [adv, ret] = detail::batch_op<sig>("ulorl::optimal_token_baseline_advantages")
-                        .call(token_level_rewards, opt(mask), group_ids, opt(extra.old_log_prob),
-                              opt(extra.sum_pi_squared), opt(extra.rollout_is_weights), opt(offsets), encode_fields(cfg));
+  auto [adv, ret] =
+      detail::batch_op<sig>("ulorl::optimal_token_baseline_advantages")
+          .call(token_level_rewards, opt(mask), group_ids, opt(extra.old_log_prob), opt(extra.sum_pi_squared),
+                opt(extra.rollout_is_weights), opt(offsets), encode_fields(cfg));
   return {adv, ret};
 }
 
 //! log_prob [N, K] at labels [N, K] and entropy [N] of bf16 / f16 logits [N, V] with torch's CPU
 //! rounding steps (logits/torch_rounding.hpp), in the logits' dtype; not differentiable.
-[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats_torch_rounding(const at::Tensor& logits,
-                                                                                  const at::Tensor& labels) {
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_statistics_torch_rounding(const at::Tensor& logits,
+                                                                                        const at::Tensor& labels) {
   using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&);
-  auto [lp, ent] = detail::batch_op<sig>("ulorl::logits_stats_torch_rounding").call(logits, labels);
+  auto [lp, ent] = detail::batch_op<sig>("ulorl::logits_statistics_torch_rounding").call(logits, labels);
   return {lp, ent};
 }
 

@@ -7,7 +7,7 @@
 //       forward pass (into a new tensor, or into the logits' own memory with `in_place`);
 //   linear_head_policy_loss(hidden, weight, bias, labels, ...)  -> loss; chunked: never holds the
 //       [N, V] logits; its GEMMs go to libtorch (at::mm_out, OpenBLAS/MKL) through torch_gemm.
-// (policy_loss and logits_stats are operators: ops.hpp.) CPU tensors run the CPU kernels on
+// (policy_loss and logits_statistics are operators: ops.hpp.) CPU tensors run the CPU kernels on
 // torch's intra-op pool (torch_executor); CUDA tensors are rejected with a clear error. Bad input
 // raises ulorl::error (function, argument, index, value) before any output exists. Backward runs
 // once per forward: the saved gradients are handed to autograd without a copy (retain_graph is not
@@ -69,7 +69,7 @@ struct policy_loss_output {
 };
 
 //! Options of policy_loss_from_logits.
-struct logits_loss_options {
+struct logits_loss_config {
   policy_loss_tensors extra{};  //!< ref_log_prob, weights, offsets (entropy must stay undefined)
   logits_config logits{};       //!< temperature, check_values, fast_backward
   //! Write d loss / d logits into the logits' own memory instead of a new [N, V] tensor. The
@@ -79,7 +79,7 @@ struct logits_loss_options {
 };
 
 //! Options of linear_head_policy_loss.
-struct linear_head_loss_options {
+struct linear_head_loss_config {
   policy_loss_tensors extra{};  //!< ref_log_prob, weights, offsets (entropy must stay undefined)
   //! temperature, chunk_rows / workspace_budget; the gradient modes are the adapter's (overwrite).
   linear_head_config head{};
@@ -95,8 +95,10 @@ template <class F>
 decltype(auto) with_value_dtype(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
   if (!t.defined()) fail(fn, arg, "is an undefined tensor");
   switch (t.scalar_type()) {
-    case c10::ScalarType::Float: return f(float{});
-    case c10::ScalarType::Double: return f(double{});
+    case c10::ScalarType::Float:
+      return f(float{});
+    case c10::ScalarType::Double:
+      return f(double{});
     default:
       fail(fn, arg, std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be float32 or float64");
   }
@@ -119,10 +121,14 @@ template <class F>
 decltype(auto) with_logits_type(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
   require_cpu(fn, arg, t, -1);
   switch (t.scalar_type()) {
-    case c10::ScalarType::Float: return f(float{});
-    case c10::ScalarType::Double: return f(double{});
-    case c10::ScalarType::BFloat16: return f(bf16{});
-    case c10::ScalarType::Half: return f(f16{});
+    case c10::ScalarType::Float:
+      return f(float{});
+    case c10::ScalarType::Double:
+      return f(double{});
+    case c10::ScalarType::BFloat16:
+      return f(bf16{});
+    case c10::ScalarType::Half:
+      return f(f16{});
     default:
       fail(fn, arg,
            std::string("has dtype ") + c10::toString(t.scalar_type()) +
@@ -153,9 +159,12 @@ template <class F>
 decltype(auto) with_label_type(std::string_view fn, std::string_view arg, const at::Tensor& t, F&& f) {
   require_cpu(fn, arg, t, 1);
   switch (t.scalar_type()) {
-    case c10::ScalarType::Long: return f(span_of<const std::int64_t>(fn, arg, t));
-    case c10::ScalarType::Int: return f(span_of<const std::int32_t>(fn, arg, t));
-    default: fail(fn, arg, std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be int64 or int32");
+    case c10::ScalarType::Long:
+      return f(span_of<const std::int64_t>(fn, arg, t));
+    case c10::ScalarType::Int:
+      return f(span_of<const std::int32_t>(fn, arg, t));
+    default:
+      fail(fn, arg, std::string("has dtype ") + c10::toString(t.scalar_type()) + " but must be int64 or int32");
   }
 }
 
@@ -179,7 +188,8 @@ struct differentiated_twice : public torch::autograd::Function<differentiated_tw
     ctx->saved_data["arg"] = arg;
     return grad;
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list) {
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list) {
     fail(ctx->saved_data["fn"].toStringRef(), ctx->saved_data["arg"].toStringRef(),
          "is differentiable once: the kernel computes this gradient without an autograd graph, so its derivative "
          "(double backward: a gradient taken with create_graph=True, then differentiated) is not available");
@@ -248,7 +258,8 @@ token_buffers<T> make_token_buffers(std::string_view fn, const at::Tensor& like,
 //! The token inputs of the fused paths (log_prob and entropy come from the logits / hidden states).
 template <class T, class M>
 policy_loss_inputs<T, M> fused_inputs(std::string_view fn, const at::Tensor& old_log_prob, const at::Tensor& advantages,
-                                      const at::Tensor& mask, const policy_loss_tensors& extra, const offsets_view& off) {
+                                      const at::Tensor& mask, const policy_loss_tensors& extra,
+                                      const offsets_view& off) {
   if (extra.entropy.defined()) fail(fn, "entropy", "must be undefined: it is computed from the logits");
   policy_loss_inputs<T, M> in;
   in.old_log_prob = tokens_of<const T>(fn, "old_log_prob", old_log_prob, off);
@@ -257,7 +268,8 @@ policy_loss_inputs<T, M> fused_inputs(std::string_view fn, const at::Tensor& old
   in.mask = optional_tokens_of<const M>(fn, "mask", mask, off, "old_log_prob", ref);
   in.ref_log_prob = optional_tokens_of<const T>(fn, "ref_log_prob", extra.ref_log_prob, off, "old_log_prob", ref);
   in.weights = optional_tokens_of<const T>(fn, "weights", extra.weights, off, "old_log_prob", ref);
-  in.rollout_log_prob = optional_tokens_of<const T>(fn, "rollout_log_prob", extra.rollout_log_prob, off, "old_log_prob", ref);
+  in.rollout_log_prob =
+      optional_tokens_of<const T>(fn, "rollout_log_prob", extra.rollout_log_prob, off, "old_log_prob", ref);
   return in;
 }
 
@@ -294,14 +306,14 @@ at::Tensor fused_forward(std::string_view fn, const fused_args* a, const Options
 //! The fused loss from logits with d loss / d logits written into `grad` ([N, V] of the logits'
 //! dtype: a new tensor, or the logits themselves); returns the 0-dim loss.
 inline at::Tensor logits_loss_into(const at::Tensor& logits, const at::Tensor& grad, const fused_args* a,
-                                   const logits_loss_options* opt) {
+                                   const logits_loss_config* opt) {
   constexpr std::string_view fn = "policy_loss_from_logits";
   return fused_forward(fn, a, opt, [&](auto, auto y, const auto& in, auto& buf) {
     with_logits_type(fn, "logits", logits, [&](auto ltag) {
       using L = decltype(ltag);
-      a->out->result = ulorl::policy_loss_from_logits(matrix_of<const L>(fn, "logits", logits), y, in, buf.views,
-                                                      matrix_of<L>(fn, "grad_logits", grad), *a->cfg, opt->logits,
-                                                      torch_executor{});
+      a->out->result =
+          ulorl::policy_loss_from_logits(matrix_of<const L>(fn, "logits", logits), y, in, buf.views,
+                                         matrix_of<L>(fn, "grad_logits", grad), *a->cfg, opt->logits, torch_executor{});
     });
   });
 }
@@ -310,7 +322,7 @@ inline at::Tensor logits_loss_into(const at::Tensor& logits, const at::Tensor& g
 //! since it writes into its input.
 struct logits_loss_function : public torch::autograd::Function<logits_loss_function> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits, const fused_args* a,
-                            const logits_loss_options* opt) {
+                            const logits_loss_config* opt) {
     const at::Tensor loss = logits_loss_into(logits, logits, a, opt);
     torch::autograd::impl::bump_version(logits);
     ctx->saved_data["grad_logits"] = logits;
@@ -324,7 +336,7 @@ struct logits_loss_function : public torch::autograd::Function<logits_loss_funct
 
 struct head_loss_function : public torch::autograd::Function<head_loss_function> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& bias, const fused_args* a, const linear_head_loss_options* opt) {
+                            const at::Tensor& bias, const fused_args* a, const linear_head_loss_config* opt) {
     constexpr std::string_view fn = "linear_head_policy_loss";
     return fused_forward(fn, a, opt, [&](auto, auto y, const auto& in, auto& buf) {
       with_token_type(fn, "hidden", hidden, [&](auto htag) {
@@ -346,10 +358,10 @@ struct head_loss_function : public torch::autograd::Function<head_loss_function>
         hcfg.grad_weight = grad_mode::overwrite;
         const std::size_t ws = linear_head_workspace_bytes<H>(head.hidden.rows(), head.weight.rows(), hcfg);
         at::Tensor workspace = at::empty({static_cast<std::int64_t>(ws)}, at::TensorOptions().dtype(at::kByte));
-        a->out->result = ulorl::policy_loss_from_hidden(
-            head, y, in, buf.views, g, *a->cfg, hcfg,
-            std::span<std::byte>(reinterpret_cast<std::byte*>(workspace.data_ptr()), ws), torch_executor{},
-            torch_gemm{});
+        a->out->result =
+            ulorl::policy_loss_from_hidden(head, y, in, buf.views, g, *a->cfg, hcfg,
+                                           std::span<std::byte>(reinterpret_cast<std::byte*>(workspace.data_ptr()), ws),
+                                           torch_executor{}, torch_gemm{});
         ctx->saved_data["grad_hidden"] = gh;
         ctx->saved_data["grad_weight"] = gw;
         ctx->saved_data["grad_bias"] = gb;
@@ -377,7 +389,7 @@ struct head_loss_function : public torch::autograd::Function<head_loss_function>
                                                                 const at::Tensor& old_log_prob,
                                                                 const at::Tensor& advantages, const at::Tensor& mask,
                                                                 const policy_loss_config& cfg,
-                                                                const linear_head_loss_options& opt = {}) {
+                                                                const linear_head_loss_config& opt = {}) {
   policy_loss_output out;
   const detail::fused_args a{&labels, &old_log_prob, &advantages, &mask, &cfg, &out, bias.defined()};
   out.loss = detail::head_loss_function::apply(hidden, weight, a.has_bias ? bias : detail::placeholder(), &a, &opt);

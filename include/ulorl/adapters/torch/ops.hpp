@@ -2,7 +2,7 @@
 // (optional: needs libtorch, CMake target ulorl::torch), one table for libtorch and Python:
 //   ulorl::policy_loss(log_prob, old_log_prob, advantages, mask?, ref_log_prob?, weights?, entropy?,
 //                      offsets?, rollout_log_prob?, float[] config) -> (loss, result)
-//   ulorl::logits_stats(logits, labels, temperature=1, check_values=True, fast_backward=False)
+//   ulorl::logits_statistics(logits, labels, temperature=1, check_values=True, fast_backward=False)
 //                      -> (log_prob, entropy)
 //   ulorl::policy_loss_from_logits(logits, labels, old_log_prob, advantages, mask?, ref_log_prob?,
 //                      weights?, offsets?, rollout_log_prob?, float[] config, temperature=1,
@@ -10,7 +10,7 @@
 //   ulorl::agg_loss(loss_mat, mask?, offsets?, float[] normalizer) -> loss
 //   ulorl::kl_penalty(log_prob, ref_log_prob, offsets?, float[] config) -> kl
 // and the non-differentiable primitives they are built of (`_policy_loss_forward`,
-// `_logits_stats_forward`, `_logits_stats_backward`, `_policy_loss_from_logits_forward`,
+// `_logits_statistics_forward`, `_logits_statistics_backward`, `_policy_loss_from_logits_forward`,
 // `_agg_loss_forward`, `_kl_penalty_forward`,
 // each returning the values and the gradients the autograd kernels keep), and the batch operators
 // of ops_batch.hpp (advantages, masks, filters, rollout correction). Kernels per dispatch key:
@@ -79,13 +79,14 @@ using opt_tensor = c10::optional<at::Tensor>;
 inline constexpr std::string_view policy_loss_args =
     "(Tensor log_prob, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? ref_log_prob, Tensor? weights, "
     "Tensor? entropy, Tensor? offsets, Tensor? rollout_log_prob, float[] config)";
-inline constexpr std::string_view logits_stats_args =
+inline constexpr std::string_view logits_statistics_args =
     "(Tensor logits, Tensor labels, float temperature=1.0, bool check_values=True, bool fast_backward=False)";
 inline constexpr std::string_view logits_loss_args =
     "(Tensor logits, Tensor labels, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? ref_log_prob, "
     "Tensor? weights, Tensor? offsets, Tensor? rollout_log_prob, float[] config, float temperature=1.0, "
     "bool check_values=True, bool fast_backward=False)";
-inline constexpr std::string_view agg_loss_args = "(Tensor loss_mat, Tensor? mask, Tensor? offsets, float[] normalizer)";
+inline constexpr std::string_view agg_loss_args =
+    "(Tensor loss_mat, Tensor? mask, Tensor? offsets, float[] normalizer)";
 inline constexpr std::string_view kl_penalty_args =
     "(Tensor log_prob, Tensor ref_log_prob, Tensor? offsets, float[] config)";
 
@@ -93,21 +94,23 @@ inline constexpr std::string_view kl_penalty_args =
   const auto s = [](std::string_view name, std::string_view args, std::string_view ret) {
     return std::string(name) + std::string(args) + " -> " + std::string(ret);
   };
-  return {s("_policy_loss_forward", policy_loss_args,
-            "(Tensor loss, Tensor grad_log_prob, Tensor grad_entropy, Tensor result)"),
-          s("policy_loss", policy_loss_args, "(Tensor loss, Tensor result)"),
-          s("_logits_stats_forward", logits_stats_args,
-            "(Tensor log_prob, Tensor entropy, Tensor lse, Tensor entropy_f64)"),
-          "_logits_stats_backward(Tensor logits, Tensor labels, Tensor lse, Tensor entropy_f64, Tensor? grad_log_prob, "
-          "Tensor? grad_entropy, float temperature, bool fast_backward) -> Tensor",
-          s("logits_stats", logits_stats_args, "(Tensor log_prob, Tensor entropy)"),
-          s("_policy_loss_from_logits_forward", logits_loss_args,
-            "(Tensor loss, Tensor grad_logits, Tensor log_prob, Tensor entropy, Tensor result)"),
-          s("policy_loss_from_logits", logits_loss_args, "(Tensor loss, Tensor result, Tensor log_prob, Tensor entropy)"),
-          s("_agg_loss_forward", agg_loss_args, "(Tensor loss, Tensor grad)"),
-          s("agg_loss", agg_loss_args, "Tensor"),
-          s("_kl_penalty_forward", kl_penalty_args, "(Tensor kl, Tensor grad)"),
-          s("kl_penalty", kl_penalty_args, "Tensor")};
+  return {
+      s("_policy_loss_forward", policy_loss_args,
+        "(Tensor loss, Tensor grad_log_prob, Tensor grad_entropy, Tensor result)"),
+      s("policy_loss", policy_loss_args, "(Tensor loss, Tensor result)"),
+      s("_logits_statistics_forward", logits_statistics_args,
+        "(Tensor log_prob, Tensor entropy, Tensor lse, Tensor entropy_f64)"),
+      "_logits_statistics_backward(Tensor logits, Tensor labels, Tensor lse, Tensor entropy_f64, Tensor? "
+      "grad_log_prob, "
+      "Tensor? grad_entropy, float temperature, bool fast_backward) -> Tensor",
+      s("logits_statistics", logits_statistics_args, "(Tensor log_prob, Tensor entropy)"),
+      s("_policy_loss_from_logits_forward", logits_loss_args,
+        "(Tensor loss, Tensor grad_logits, Tensor log_prob, Tensor entropy, Tensor result)"),
+      s("policy_loss_from_logits", logits_loss_args, "(Tensor loss, Tensor result, Tensor log_prob, Tensor entropy)"),
+      s("_agg_loss_forward", agg_loss_args, "(Tensor loss, Tensor grad)"),
+      s("agg_loss", agg_loss_args, "Tensor"),
+      s("_kl_penalty_forward", kl_penalty_args, "(Tensor kl, Tensor grad)"),
+      s("kl_penalty", kl_penalty_args, "Tensor")};
 }
 
 namespace detail {
@@ -133,8 +136,13 @@ inline void require_policy_loss_device(const at::Tensor& log_prob, const at::Ten
                    e = value_or_undefined(entropy), o = value_or_undefined(offsets),
                    ro = value_or_undefined(rollout_log_prob);
   th::detail::require_same_device("policy_loss", "log_prob", log_prob,
-                                  {{"old_log_prob", &old_log_prob}, {"advantages", &advantages}, {"mask", &m},
-                                   {"ref_log_prob", &r}, {"weights", &w}, {"entropy", &e}, {"offsets", &o},
+                                  {{"old_log_prob", &old_log_prob},
+                                   {"advantages", &advantages},
+                                   {"mask", &m},
+                                   {"ref_log_prob", &r},
+                                   {"weights", &w},
+                                   {"entropy", &e},
+                                   {"offsets", &o},
                                    {"rollout_log_prob", &ro}});
 }
 
@@ -159,8 +167,10 @@ inline bool has_entropy_grad(const policy_loss_config& cfg, const opt_tensor& en
 
 //! The outputs' shapes and dtypes (the CPU kernel allocates the same; grad_entropy is [0] without
 //! an entropy gradient).
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_outputs(
-    std::string_view fn, const at::Tensor& log_prob, const opt_tensor& entropy, const policy_loss_config& cfg) {
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_outputs(std::string_view fn,
+                                                                                      const at::Tensor& log_prob,
+                                                                                      const opt_tensor& entropy,
+                                                                                      const policy_loss_config& cfg) {
   const auto opts = log_prob.options().dtype(token_dtype(fn, log_prob));
   // The gradients first, the small outputs after them: the loss, which the caller keeps, then sits
   // above the gradients in glibc's heap, which therefore reuses their pages call after call instead
@@ -231,7 +241,7 @@ inline std::atomic<policy_loss_forward_kernel> cuda_policy_loss_forward{nullptr}
 //! the batch operators (the public loss operators reach the primitives through their Autograd and
 //! CompositeExplicitAutograd kernels on every device).
 inline std::vector<std::string> operators_without_cuda() {
-  std::vector<std::string> names = {"_logits_stats_forward", "_logits_stats_backward", "_agg_loss_forward",
+  std::vector<std::string> names = {"_logits_statistics_forward", "_logits_statistics_backward", "_agg_loss_forward",
                                     "_kl_penalty_forward", "_policy_loss_from_logits_forward"};
   for (const std::string& s : batch_schemas()) names.push_back(s.substr(0, s.find('(')));
   return names;
@@ -270,7 +280,8 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_fo
     const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
     const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config) {
   if (const policy_loss_forward_kernel k = cuda_policy_loss_forward.load(std::memory_order_acquire))
-    return k(log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy, offsets, rollout_log_prob, config);
+    return k(log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy, offsets, rollout_log_prob,
+             config);
   no_cuda_kernel("policy_loss", "log_prob", log_prob,
                  "this program registered no CUDA kernel for the policy loss (ulorl::th::ops::register_cuda_ops, "
                  "ulorl/adapters/torch/ops_cuda.hpp, in builds with CUDA)");
@@ -331,8 +342,8 @@ inline std::tuple<at::Tensor, at::Tensor> policy_loss_autograd(
     const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
     const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
     const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config) {
-  const policy_loss_call c{&old_log_prob, &advantages, &mask, &ref_log_prob, &weights, &entropy, &offsets,
-                           &rollout_log_prob, config};
+  const policy_loss_call c{&old_log_prob, &advantages,       &mask, &ref_log_prob, &weights, &entropy,
+                           &offsets,      &rollout_log_prob, config};
   const bool has_entropy = entropy.has_value() && entropy->defined();
   auto r = policy_loss_function::apply(log_prob, has_entropy ? *entropy : th::detail::placeholder(), &c);
   return {r[0], r[1]};
@@ -348,7 +359,7 @@ inline std::tuple<at::Tensor, at::Tensor> policy_loss_composite(
   return {loss, result};
 }
 
-// ---- logits_stats -----------------------------------------------------------------------------------
+// ---- logits_statistics -----------------------------------------------------------------------------------
 
 //! The statistics' dtype of a logits dtype: the logits' own (float32, float64, bfloat16 or float16,
 //! as torch's log_softmax returns; the kernels accumulate in float32 or float64 and round once).
@@ -358,7 +369,8 @@ inline c10::ScalarType stats_dtype(std::string_view fn, const at::Tensor& logits
     case c10::ScalarType::Double:
     case c10::ScalarType::Float:
     case c10::ScalarType::BFloat16:
-    case c10::ScalarType::Half: return logits.scalar_type();
+    case c10::ScalarType::Half:
+      return logits.scalar_type();
     default:
       fail(fn, "logits",
            std::string("has dtype ") + c10::toString(logits.scalar_type()) +
@@ -375,15 +387,15 @@ inline at::Tensor widened_grad(const at::Tensor& g) {
 
 inline std::int64_t logits_rows(std::string_view fn, const at::Tensor& logits) {
   if (logits.dim() != 2)
-    fail(fn, "logits", "has rank " + std::to_string(logits.dim()) + " (shape " + th::detail::sizes_str(logits) +
-                           ") but must have rank 2");
+    fail(fn, "logits",
+         "has rank " + std::to_string(logits.dim()) + " (shape " + th::detail::sizes_str(logits) +
+             ") but must have rank 2");
   return logits.size(0);
 }
 
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_stats_forward_meta(const at::Tensor& logits,
-                                                                                         const at::Tensor& labels,
-                                                                                         double, bool, bool) {
-  constexpr std::string_view fn = "logits_stats";
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_statistics_forward_meta(
+    const at::Tensor& logits, const at::Tensor& labels, double, bool, bool) {
+  constexpr std::string_view fn = "logits_statistics";
   th::detail::require_same_device(fn, "logits", logits, {{"labels", &labels}});
   const auto s = logits.options().dtype(stats_dtype(fn, logits));
   const auto d = logits.options().dtype(at::kDouble);
@@ -391,9 +403,9 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_stats_f
   return {at::empty({n}, s), at::empty({n}, s), at::empty({n}, d), at::empty({n}, d)};
 }
 
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_stats_forward_cpu(
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_statistics_forward_cpu(
     const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values, bool fast_backward) {
-  constexpr std::string_view fn = "logits_stats";
+  constexpr std::string_view fn = "logits_statistics";
   th::detail::require_same_device(fn, "logits", logits, {{"labels", &labels}});
   const logits_config cfg{.temperature = temperature, .check_values = check_values, .fast_backward = fast_backward};
   return with_logits_type(fn, "logits", logits, [&](auto ltag) {
@@ -418,22 +430,24 @@ inline void require_backward_device(const at::Tensor& logits, const at::Tensor& 
                                     const at::Tensor& ent, const opt_tensor& grad_log_prob,
                                     const opt_tensor& grad_entropy) {
   const at::Tensor gl = value_or_undefined(grad_log_prob), ge = value_or_undefined(grad_entropy);
-  th::detail::require_same_device("logits_stats", "logits", logits,
-                                  {{"labels", &labels}, {"lse", &lse}, {"entropy_f64", &ent}, {"grad_log_prob", &gl},
-                                   {"grad_entropy", &ge}});
+  th::detail::require_same_device(
+      "logits_statistics", "logits", logits,
+      {{"labels", &labels}, {"lse", &lse}, {"entropy_f64", &ent}, {"grad_log_prob", &gl}, {"grad_entropy", &ge}});
 }
 
-inline at::Tensor logits_stats_backward_meta(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
-                                             const at::Tensor& ent, const opt_tensor& grad_log_prob,
-                                             const opt_tensor& grad_entropy, double, bool) {
+inline at::Tensor logits_statistics_backward_meta(const at::Tensor& logits, const at::Tensor& labels,
+                                                  const at::Tensor& lse, const at::Tensor& ent,
+                                                  const opt_tensor& grad_log_prob, const opt_tensor& grad_entropy,
+                                                  double, bool) {
   require_backward_device(logits, labels, lse, ent, grad_log_prob, grad_entropy);
   return at::empty(logits.sizes(), logits.options());
 }
 
-inline at::Tensor logits_stats_backward_cpu(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
-                                            const at::Tensor& ent, const opt_tensor& grad_log_prob,
-                                            const opt_tensor& grad_entropy, double temperature, bool fast_backward) {
-  constexpr std::string_view fn = "logits_stats";
+inline at::Tensor logits_statistics_backward_cpu(const at::Tensor& logits, const at::Tensor& labels,
+                                                 const at::Tensor& lse, const at::Tensor& ent,
+                                                 const opt_tensor& grad_log_prob, const opt_tensor& grad_entropy,
+                                                 double temperature, bool fast_backward) {
+  constexpr std::string_view fn = "logits_statistics";
   require_backward_device(logits, labels, lse, ent, grad_log_prob, grad_entropy);
   const logits_config cfg{.temperature = temperature, .check_values = false, .fast_backward = fast_backward};
   at::Tensor g_lp = widened_grad(value_or_undefined(grad_log_prob)),
@@ -457,20 +471,23 @@ inline at::Tensor logits_stats_backward_cpu(const at::Tensor& logits, const at::
   return out;
 }
 
-using logits_stats_forward_sig =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double, bool, bool);
-using logits_stats_backward_sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                             const at::Tensor&, const opt_tensor&, const opt_tensor&, double, bool);
-using logits_stats_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double, bool, bool);
+using logits_statistics_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&,
+                                                                                                 const at::Tensor&,
+                                                                                                 double, bool, bool);
+using logits_statistics_backward_sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                  const at::Tensor&, const opt_tensor&, const opt_tensor&, double,
+                                                  bool);
+using logits_statistics_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double, bool,
+                                                                 bool);
 
-struct logits_stats_function : public torch::autograd::Function<logits_stats_function> {
+struct logits_statistics_function : public torch::autograd::Function<logits_statistics_function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                                                 const at::Tensor& labels, double temperature, bool check_values,
                                                 bool fast_backward) {
     at::Tensor lp, ent, lse, ent64;
     {
       const at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(lp, ent, lse, ent64) = op<logits_stats_forward_sig>("ulorl::_logits_stats_forward")
+      std::tie(lp, ent, lse, ent64) = op<logits_statistics_forward_sig>("ulorl::_logits_statistics_forward")
                                           .call(logits, labels, temperature, check_values, fast_backward);
     }
     ctx->save_for_backward({logits});
@@ -484,10 +501,11 @@ struct logits_stats_function : public torch::autograd::Function<logits_stats_fun
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    constexpr std::string_view fn = "logits_stats";
+    constexpr std::string_view fn = "logits_statistics";
     const at::Tensor logits = ctx->get_saved_variables()[0];
-    if (!grads[0].defined() && !grads[1].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    at::Tensor out = op<logits_stats_backward_sig>("ulorl::_logits_stats_backward")
+    if (!grads[0].defined() && !grads[1].defined())
+      return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    at::Tensor out = op<logits_statistics_backward_sig>("ulorl::_logits_statistics_backward")
                          .call(logits, ctx->saved_data["labels"].toTensor(), ctx->saved_data["lse"].toTensor(),
                                ctx->saved_data["entropy"].toTensor(), optional(grads[0]), optional(grads[1]),
                                ctx->saved_data["temperature"].toDouble(), ctx->saved_data["fast_backward"].toBool());
@@ -496,17 +514,17 @@ struct logits_stats_function : public torch::autograd::Function<logits_stats_fun
   }
 };
 
-inline std::tuple<at::Tensor, at::Tensor> logits_stats_autograd(const at::Tensor& logits, const at::Tensor& labels,
-                                                                double temperature, bool check_values,
-                                                                bool fast_backward) {
-  auto r = logits_stats_function::apply(logits, labels, temperature, check_values, fast_backward);
+inline std::tuple<at::Tensor, at::Tensor> logits_statistics_autograd(const at::Tensor& logits, const at::Tensor& labels,
+                                                                     double temperature, bool check_values,
+                                                                     bool fast_backward) {
+  auto r = logits_statistics_function::apply(logits, labels, temperature, check_values, fast_backward);
   return {r[0], r[1]};
 }
 
-inline std::tuple<at::Tensor, at::Tensor> logits_stats_composite(const at::Tensor& logits, const at::Tensor& labels,
-                                                                 double temperature, bool check_values,
-                                                                 bool fast_backward) {
-  auto [lp, ent, lse, ent64] = op<logits_stats_forward_sig>("ulorl::_logits_stats_forward")
+inline std::tuple<at::Tensor, at::Tensor> logits_statistics_composite(const at::Tensor& logits,
+                                                                      const at::Tensor& labels, double temperature,
+                                                                      bool check_values, bool fast_backward) {
+  auto [lp, ent, lse, ent64] = op<logits_statistics_forward_sig>("ulorl::_logits_statistics_forward")
                                    .call(logits, labels, temperature, check_values, fast_backward);
   return {lp, ent};
 }
@@ -533,8 +551,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_lo
   const at::Tensor m = value_or_undefined(mask), r = value_or_undefined(ref_log_prob), w = value_or_undefined(weights),
                    o = value_or_undefined(offsets), ro = value_or_undefined(rollout_log_prob);
   th::detail::require_same_device(fn, "logits", logits,
-                                  {{"labels", &labels}, {"old_log_prob", &old_log_prob}, {"advantages", &advantages},
-                                   {"mask", &m}, {"ref_log_prob", &r}, {"weights", &w}, {"offsets", &o},
+                                  {{"labels", &labels},
+                                   {"old_log_prob", &old_log_prob},
+                                   {"advantages", &advantages},
+                                   {"mask", &m},
+                                   {"ref_log_prob", &r},
+                                   {"weights", &w},
+                                   {"offsets", &o},
                                    {"rollout_log_prob", &ro}});
   const policy_loss_config cfg = config_of(fn, config);
   if constexpr (Meta) {
@@ -547,7 +570,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_lo
   } else {
     policy_loss_output out;
     const th::detail::fused_args a{&labels, &old_log_prob, &advantages, &m, &cfg, &out};
-    logits_loss_options opt;
+    logits_loss_config opt;
     opt.extra = {r, w, at::Tensor(), o, ro};
     opt.logits = {.temperature = temperature, .check_values = check_values, .fast_backward = fast_backward};
     const at::Tensor grad = at::empty(logits.sizes(), logits.options());
@@ -594,8 +617,8 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_loss_au
     const opt_tensor& mask, const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets,
     const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
     bool fast_backward) {
-  const logits_loss_call c{&labels, &old_log_prob, &advantages, &mask,  &ref_log_prob, &weights,     &offsets,
-                           &rollout_log_prob, config,       temperature, check_values, fast_backward};
+  const logits_loss_call c{&labels,  &old_log_prob,     &advantages, &mask,       &ref_log_prob, &weights,
+                           &offsets, &rollout_log_prob, config,      temperature, check_values,  fast_backward};
   auto v = logits_loss_op_function::apply(logits, &c);
   return {v[0], v[1], v[2], v[3]};
 }
@@ -607,8 +630,8 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_loss_co
     bool fast_backward) {
   auto [loss, grad, lp, ent, result] =
       op<logits_loss_forward_sig>("ulorl::_policy_loss_from_logits_forward")
-          .call(logits, labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob, config,
-                temperature, check_values, fast_backward);
+          .call(logits, labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob,
+                config, temperature, check_values, fast_backward);
   return {loss, result, lp, ent};
 }
 
@@ -753,15 +776,15 @@ inline bool register_ops() {
     for (const std::string& s : batch_schemas()) def.def(s.c_str());
     static torch::Library cpu(torch::Library::IMPL, "ulorl", c10::DispatchKey::CPU, __FILE__, __LINE__);
     cpu.impl("_policy_loss_forward", &detail::policy_loss_forward<false>);
-    cpu.impl("_logits_stats_forward", &detail::logits_stats_forward_cpu);
-    cpu.impl("_logits_stats_backward", &detail::logits_stats_backward_cpu);
+    cpu.impl("_logits_statistics_forward", &detail::logits_statistics_forward_cpu);
+    cpu.impl("_logits_statistics_backward", &detail::logits_statistics_backward_cpu);
     cpu.impl("_agg_loss_forward", &detail::agg_loss_forward<false>);
     cpu.impl("_kl_penalty_forward", &detail::kl_penalty_forward<false>);
     cpu.impl("_policy_loss_from_logits_forward", &detail::logits_loss_forward<false>);
     static torch::Library meta(torch::Library::IMPL, "ulorl", c10::DispatchKey::Meta, __FILE__, __LINE__);
     meta.impl("_policy_loss_forward", &detail::policy_loss_forward<true>);
-    meta.impl("_logits_stats_forward", &detail::logits_stats_forward_meta);
-    meta.impl("_logits_stats_backward", &detail::logits_stats_backward_meta);
+    meta.impl("_logits_statistics_forward", &detail::logits_statistics_forward_meta);
+    meta.impl("_logits_statistics_backward", &detail::logits_statistics_backward_meta);
     meta.impl("_agg_loss_forward", &detail::agg_loss_forward<true>);
     meta.impl("_kl_penalty_forward", &detail::kl_penalty_forward<true>);
     meta.impl("_policy_loss_from_logits_forward", &detail::logits_loss_forward<true>);
@@ -773,7 +796,7 @@ inline bool register_ops() {
       cuda.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&detail::no_cuda_kernel_boxed>());
     static torch::Library autograd(torch::Library::IMPL, "ulorl", c10::DispatchKey::Autograd, __FILE__, __LINE__);
     autograd.impl("policy_loss", &detail::policy_loss_autograd);
-    autograd.impl("logits_stats", &detail::logits_stats_autograd);
+    autograd.impl("logits_statistics", &detail::logits_statistics_autograd);
     autograd.impl("agg_loss", &detail::agg_loss_autograd);
     autograd.impl("kl_penalty", &detail::kl_penalty_autograd);
     autograd.impl("policy_loss_from_logits", &detail::logits_loss_autograd);
@@ -786,7 +809,7 @@ inline bool register_ops() {
     static torch::Library composite(torch::Library::IMPL, "ulorl", c10::DispatchKey::CompositeExplicitAutograd,
                                     __FILE__, __LINE__);
     composite.impl("policy_loss", &detail::policy_loss_composite);
-    composite.impl("logits_stats", &detail::logits_stats_composite);
+    composite.impl("logits_statistics", &detail::logits_statistics_composite);
     composite.impl("agg_loss", &detail::agg_loss_composite);
     composite.impl("kl_penalty", &detail::kl_penalty_composite);
     composite.impl("policy_loss_from_logits", &detail::logits_loss_composite);
@@ -813,10 +836,10 @@ inline bool register_ops() {
   ops::register_ops();
   const auto opt = ops::detail::optional;
   const std::vector<double> config = encode_fields(cfg);
-  auto [loss, result] = ops::detail::op<ops::detail::policy_loss_sig>("ulorl::policy_loss")
-                            .call(log_prob, old_log_prob, advantages, opt(mask), opt(extra.ref_log_prob),
-                                  opt(extra.weights), opt(extra.entropy), opt(extra.offsets),
-                                  opt(extra.rollout_log_prob), config);
+  auto [loss, result] =
+      ops::detail::op<ops::detail::policy_loss_sig>("ulorl::policy_loss")
+          .call(log_prob, old_log_prob, advantages, opt(mask), opt(extra.ref_log_prob), opt(extra.weights),
+                opt(extra.entropy), opt(extra.offsets), opt(extra.rollout_log_prob), config);
   policy_loss_output out;
   out.loss = loss;
   if (result.device().is_meta()) return out;  // shapes only: no values to decode
@@ -836,7 +859,7 @@ inline bool register_ops() {
                                                                 const at::Tensor& old_log_prob,
                                                                 const at::Tensor& advantages, const at::Tensor& mask,
                                                                 const policy_loss_config& cfg,
-                                                                const logits_loss_options& opt = {}) {
+                                                                const logits_loss_config& opt = {}) {
   policy_loss_output out;
   if (opt.in_place) {
     const detail::fused_args a{&labels, &old_log_prob, &advantages, &mask, &cfg, &out};
@@ -862,21 +885,22 @@ inline bool register_ops() {
 }
 
 //! Per-row log-prob and entropy of logits [N, V] / temperature at labels [N] (int64 or int32,
-//! contiguous), through the `ulorl::logits_stats` operator. Logits float32, float64, bfloat16 or
+//! contiguous), through the `ulorl::logits_statistics` operator. Logits float32, float64, bfloat16 or
 //! float16, any strides, no copy; outputs [N] in the logits' dtype (16-bit ones rounded once from the
 //! float32 accumulation). Backward:
 //! logits_backward (one read of the logits, one write of the gradient) from the saved O(N)
 //! statistics.
-[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats(const at::Tensor& logits, const at::Tensor& labels,
-                                                                    const logits_config& cfg = {}) {
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_statistics(const at::Tensor& logits,
+                                                                         const at::Tensor& labels,
+                                                                         const logits_config& cfg = {}) {
   ops::register_ops();
-  auto [lp, ent] = ops::detail::op<ops::detail::logits_stats_sig>("ulorl::logits_stats")
+  auto [lp, ent] = ops::detail::op<ops::detail::logits_statistics_sig>("ulorl::logits_statistics")
                        .call(logits, labels, cfg.temperature, cfg.check_values, cfg.fast_backward);
   return {lp, ent};
 }
-[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_stats(const at::Tensor& logits, const at::Tensor& labels,
-                                                                    double temperature) {
-  return logits_stats(logits, labels, logits_config{.temperature = temperature});
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> logits_statistics(const at::Tensor& logits,
+                                                                         const at::Tensor& labels, double temperature) {
+  return logits_statistics(logits, labels, logits_config{.temperature = temperature});
 }
 
 //! The aggregated loss of a token matrix (ulorl::agg_loss: scale · Σ L m / D_b) through the
@@ -898,8 +922,7 @@ inline bool register_ops() {
                                            const kl_config& cfg, const at::Tensor& offsets = {}) {
   ops::register_ops();
   return ops::detail::op<ops::detail::kl_penalty_sig>("ulorl::kl_penalty")
-      .call(log_prob, ref_log_prob, ops::detail::optional(offsets),
-            encode_fields(cfg));
+      .call(log_prob, ref_log_prob, ops::detail::optional(offsets), encode_fields(cfg));
 }
 
 }  // namespace th

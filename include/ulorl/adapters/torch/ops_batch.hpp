@@ -17,8 +17,8 @@
 //       -> (weights, keep, statistics: rollout_correction::statistics)
 //   gpg_advantages(scores, group_ids?, group_size?, config: gpg_config) -> [B]
 //   opo_advantages(scores, mask, group_ids?, group_size?, offsets?) -> [B]
-//   reinforce_pp_advantages(token_level_rewards, mask?, offsets?, gamma, scan) -> (advantages, returns)
-//   reinforce_pp_baseline_advantages(scores, group_ids?, group_size?, mask, offsets?, config) -> mask's shape
+//   reinforce_plus_plus_advantages(token_level_rewards, mask?, offsets?, gamma, scan) -> (advantages, returns)
+//   reinforce_plus_plus_baseline_advantages(scores, group_ids?, group_size?, mask, offsets?, config) -> mask's shape
 //   multi_reward_advantages(reward_components, reward_weights, group_ids?, group_size?, mask, offsets?,
 //       config: multi_reward_config) -> mask's shape
 //   optimal_token_baseline_advantages(token_level_rewards, mask?, group_ids, old_log_prob?,
@@ -26,7 +26,7 @@
 //   dapo_overlong_penalties(lengths, config: dapo_overlong_config) -> [B] float64
 //   soft_overlong_penalties(lengths, config: soft_overlong_config) -> [B] float64
 //       (advantage/overlong.hpp; lengths [B] int64, int32, float32 or float64)
-//   logits_stats_torch_rounding(logits [N, V] bf16 | f16, labels [N, K]) -> (log_prob [N, K], entropy [N])
+//   logits_statistics_torch_rounding(logits [N, V] bf16 | f16, labels [N, K]) -> (log_prob [N, K], entropy [N])
 //       (logits/torch_rounding.hpp: torch's CPU rounding steps, for the frameworks' 16-bit values)
 // Groups are group_ids [B] (int64 / int32, any ids >= 0) or contiguous blocks of group_size, one of
 // the two. Token tensors are [B, T] (any strides) or [total] with offsets [B + 1]; masks bool,
@@ -55,8 +55,8 @@
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/fields.hpp"
-#include "ulorl/loss/fields.hpp"
 #include "ulorl/logits/torch_rounding.hpp"
+#include "ulorl/loss/fields.hpp"
 #include "ulorl/loss/rollout_correction.hpp"
 #include "ulorl/masking/fields.hpp"
 
@@ -68,31 +68,30 @@ namespace ops {
 
 //! The batch operators' schemas (registered by register_ops(), ops.hpp).
 [[nodiscard]] inline std::vector<std::string> batch_schemas() {
-  return {
-      "group_advantages(Tensor rewards, Tensor? group_ids, int? group_size, float[] config) -> Tensor",
-      "broadcast_to_tokens(Tensor advantages, Tensor? mask, Tensor? offsets, float[] config) -> Tensor",
-      "dynamic_sampling_filter(Tensor metric, Tensor? group_ids, int? group_size, float[] config) "
-      "-> (Tensor keep, Tensor counts)",
-      "mpt_mask(Tensor? log_prob, Tensor? old_log_prob, Tensor entropy, Tensor? mask, Tensor response_score, "
-      "Tensor? offsets, float[] config) -> (Tensor keep, Tensor stats)",
-      "off_policy_mask(Tensor log_prob, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? offsets, "
-      "float[] config) -> (Tensor keep, Tensor seq_kl, Tensor stats)",
-      "rollout_correction(Tensor old_log_prob, Tensor rollout_log_prob, Tensor? mask, Tensor? offsets, "
-      "float[] config) -> (Tensor weights, Tensor keep, Tensor statistics)",
-      "gpg_advantages(Tensor scores, Tensor? group_ids, int? group_size, float[] config) -> Tensor",
-      "opo_advantages(Tensor scores, Tensor mask, Tensor? group_ids, int? group_size, Tensor? offsets) -> Tensor",
-      "reinforce_pp_advantages(Tensor token_level_rewards, Tensor? mask, Tensor? offsets, float gamma, "
-      "str scan='reset_after_eos') -> (Tensor advantages, Tensor returns)",
-      "reinforce_pp_baseline_advantages(Tensor scores, Tensor? group_ids, int? group_size, Tensor mask, "
-      "Tensor? offsets, float[] config) -> Tensor",
-      "multi_reward_advantages(Tensor reward_components, float[] reward_weights, Tensor? group_ids, "
-      "int? group_size, Tensor mask, Tensor? offsets, float[] config) -> Tensor",
-      "optimal_token_baseline_advantages(Tensor token_level_rewards, Tensor? mask, Tensor group_ids, "
-      "Tensor? old_log_prob, Tensor? sum_pi_squared, Tensor? rollout_is_weights, Tensor? offsets, float[] config) "
-      "-> (Tensor advantages, Tensor returns)",
-      "dapo_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
-      "soft_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
-      "logits_stats_torch_rounding(Tensor logits, Tensor labels) -> (Tensor log_prob, Tensor entropy)"};
+  return {"group_advantages(Tensor rewards, Tensor? group_ids, int? group_size, float[] config) -> Tensor",
+          "broadcast_to_tokens(Tensor advantages, Tensor? mask, Tensor? offsets, float[] config) -> Tensor",
+          "dynamic_sampling_filter(Tensor metric, Tensor? group_ids, int? group_size, float[] config) "
+          "-> (Tensor keep, Tensor counts)",
+          "mpt_mask(Tensor? log_prob, Tensor? old_log_prob, Tensor entropy, Tensor? mask, Tensor response_score, "
+          "Tensor? offsets, float[] config) -> (Tensor keep, Tensor stats)",
+          "off_policy_mask(Tensor log_prob, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? offsets, "
+          "float[] config) -> (Tensor keep, Tensor seq_kl, Tensor stats)",
+          "rollout_correction(Tensor old_log_prob, Tensor rollout_log_prob, Tensor? mask, Tensor? offsets, "
+          "float[] config) -> (Tensor weights, Tensor keep, Tensor statistics)",
+          "gpg_advantages(Tensor scores, Tensor? group_ids, int? group_size, float[] config) -> Tensor",
+          "opo_advantages(Tensor scores, Tensor mask, Tensor? group_ids, int? group_size, Tensor? offsets) -> Tensor",
+          "reinforce_plus_plus_advantages(Tensor token_level_rewards, Tensor? mask, Tensor? offsets, float gamma, "
+          "str scan='reset_after_eos') -> (Tensor advantages, Tensor returns)",
+          "reinforce_plus_plus_baseline_advantages(Tensor scores, Tensor? group_ids, int? group_size, Tensor mask, "
+          "Tensor? offsets, float[] config) -> Tensor",
+          "multi_reward_advantages(Tensor reward_components, float[] reward_weights, Tensor? group_ids, "
+          "int? group_size, Tensor mask, Tensor? offsets, float[] config) -> Tensor",
+          "optimal_token_baseline_advantages(Tensor token_level_rewards, Tensor? mask, Tensor group_ids, "
+          "Tensor? old_log_prob, Tensor? sum_pi_squared, Tensor? rollout_is_weights, Tensor? offsets, float[] config) "
+          "-> (Tensor advantages, Tensor returns)",
+          "dapo_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
+          "soft_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
+          "logits_statistics_torch_rounding(Tensor logits, Tensor labels) -> (Tensor log_prob, Tensor entropy)"};
 }
 
 namespace detail {
@@ -122,7 +121,8 @@ at::Tensor record_tensor(const R* r) {
 }
 template <class R>
 at::Tensor meta_record_tensor() {
-  return at::empty({static_cast<std::int64_t>(encoded_size_of<R>)}, at::TensorOptions().dtype(at::kDouble).device(at::kMeta));
+  return at::empty({static_cast<std::int64_t>(encoded_size_of<R>)},
+                   at::TensorOptions().dtype(at::kDouble).device(at::kMeta));
 }
 
 //! A per-response tensor's length B (1-D), for the Meta kernels.
@@ -158,7 +158,8 @@ inline void meta_groups(std::string_view fn, const opt_tensor& ids, opt_int grou
   if (ids.has_value() && group_size.has_value()) fail(fn, "group_size", "give group_ids or group_size, not both");
   if (!ids.has_value() && !group_size.has_value())
     fail(fn, "group_ids", "required (or group_size for contiguous groups of that size)");
-  if (group_size.has_value() && *group_size < 1) ulorl::detail::fail_value(fn, "group_size", *group_size, "must be >= 1");
+  if (group_size.has_value() && *group_size < 1)
+    ulorl::detail::fail_value(fn, "group_size", *group_size, "must be >= 1");
 }
 
 //! A 0/1 mask read as bytes (bool / uint8 as they are; a mask of the values' dtype T checked 0/1
@@ -196,8 +197,8 @@ inline at::Tensor new_meta(at::IntArrayRef sizes, c10::ScalarType dtype) {
 //! A per-response function of scores [B] over groups, -> [B] in the scores' dtype:
 //! f(std::span<const T> scores, const group_layout&, std::span<T> out).
 template <bool Meta, class F>
-at::Tensor per_response(std::string_view fn, std::string_view arg, const at::Tensor& scores, const opt_tensor& group_ids,
-                        opt_int group_size, F&& f) {
+at::Tensor per_response(std::string_view fn, std::string_view arg, const at::Tensor& scores,
+                        const opt_tensor& group_ids, opt_int group_size, F&& f) {
   if constexpr (Meta) {
     meta_groups(fn, group_ids, group_size);
     return new_meta({responses_of(fn, arg, scores)}, value_dtype(fn, arg, scores));
@@ -249,10 +250,12 @@ at::Tensor broadcast_to_tokens(const at::Tensor& advantages, const opt_tensor& m
         // before the result of that size is allocated.
         const std::int64_t last = static_cast<std::int64_t>(off.i64.size() + off.i32.size()) - 1;
         const std::int64_t total = off.i64.empty() ? std::int64_t{off.i32.back()} : off.i64.back();
-        if (total < 0) ulorl::detail::fail_at(fn, "offsets", last, total, "the last offset (the token count) must be >= 0");
+        if (total < 0)
+          ulorl::detail::fail_at(fn, "offsets", last, total, "the last offset (the token count) must be >= 0");
         const vector_view<T> no_memory(nullptr, static_cast<std::size_t>(total));
-        validate_layout(fn, "offsets", off.i64.empty() ? token_view<T>::packed(no_memory, off.i32)
-                                                       : token_view<T>::packed(no_memory, off.i64));
+        validate_layout(
+            fn, "offsets",
+            off.i64.empty() ? token_view<T>::packed(no_memory, off.i32) : token_view<T>::packed(no_memory, off.i64));
         at::Tensor out = new_tensor({total}, advantages.scalar_type());
         ulorl::broadcast_to_tokens(adv, token_view<const std::uint8_t>{}, tokens_of<T>(fn, "out", out, off), cfg);
         return out;
@@ -261,10 +264,13 @@ at::Tensor broadcast_to_tokens(const at::Tensor& advantages, const opt_tensor& m
       at::Tensor out = new_tensor(mask.sizes(), advantages.scalar_type());
       const auto run = [&](auto mtag) {
         using M = decltype(mtag);
-        ulorl::broadcast_to_tokens(adv, tokens_of<const M>(fn, "mask", mask, off), tokens_of<T>(fn, "out", out, off), cfg);
+        ulorl::broadcast_to_tokens(adv, tokens_of<const M>(fn, "mask", mask, off), tokens_of<T>(fn, "out", out, off),
+                                   cfg);
       };
-      if (mask.scalar_type() == c10::ScalarType::Bool || mask.scalar_type() == c10::ScalarType::Byte) run(std::uint8_t{});
-      else if (mask.scalar_type() == scalar_type_of<T>()) run(T{});
+      if (mask.scalar_type() == c10::ScalarType::Bool || mask.scalar_type() == c10::ScalarType::Byte)
+        run(std::uint8_t{});
+      else if (mask.scalar_type() == scalar_type_of<T>())
+        run(T{});
       else
         fail(fn, "mask",
              std::string("has dtype ") + c10::toString(mask.scalar_type()) + " but must be bool, uint8 or " +
@@ -289,7 +295,8 @@ std::tuple<at::Tensor, at::Tensor> dynamic_sampling_filter(const at::Tensor& met
       const auto m = span_of<const T>(fn, "metric", metric);
       const group_layout g = groups_of(fn, m.size(), group_ids, group_size);
       at::Tensor keep = new_tensor({metric.size(0)}, at::kBool);
-      const dynamic_sampling_result r = ulorl::dynamic_sampling_filter(m, g, span_of<std::uint8_t>(fn, "keep", keep), cfg);
+      const dynamic_sampling_result r =
+          ulorl::dynamic_sampling_filter(m, g, span_of<std::uint8_t>(fn, "keep", keep), cfg);
       return std::make_tuple(keep, record_tensor(&r));
     });
   }
@@ -350,9 +357,11 @@ inline std::int64_t layout_rows(std::string_view fn, const at::Tensor& tokens, c
 }
 
 template <bool Meta>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> off_policy_mask(const at::Tensor& log_prob, const at::Tensor& old_log_prob,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> off_policy_mask(const at::Tensor& log_prob,
+                                                               const at::Tensor& old_log_prob,
                                                                const at::Tensor& advantages, const opt_tensor& mask,
-                                                               const opt_tensor& offsets, c10::ArrayRef<double> config) {
+                                                               const opt_tensor& offsets,
+                                                               c10::ArrayRef<double> config) {
   constexpr std::string_view fn = "off_policy_mask";
   const auto cfg = record_of<off_policy_mask_config>(fn, config);
   if constexpr (Meta) {
@@ -373,8 +382,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> off_policy_mask(const at::Tensor&
         in.sequence_advantages = span_of<const T>(fn, "advantages", advantages);
       at::Tensor keep = new_tensor(log_prob.sizes(), log_prob.scalar_type());
       at::Tensor seq_kl = new_tensor({static_cast<std::int64_t>(lp.rows())}, at::kDouble);
-      const off_policy_mask_stats st = ulorl::off_policy_mask(in, tokens_of<T>(fn, "keep", keep, off),
-                                                              span_of<double>(fn, "seq_kl", seq_kl), cfg);
+      const off_policy_mask_stats st =
+          ulorl::off_policy_mask(in, tokens_of<T>(fn, "keep", keep, off), span_of<double>(fn, "seq_kl", seq_kl), cfg);
       return std::make_tuple(keep, seq_kl, record_tensor(&st));
     });
   }
@@ -404,12 +413,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction(const at::Tens
       using T = decltype(tag);
       const auto olp = tokens_of<const T>(fn, "old_log_prob", old_log_prob, off);
       const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "old_log_prob", olp);
-      const rc::inputs<T, std::uint8_t> in{olp, tokens_of<const T>(fn, "rollout_log_prob", rollout_log_prob, off), mv.view};
+      const rc::inputs<T, std::uint8_t> in{olp, tokens_of<const T>(fn, "rollout_log_prob", rollout_log_prob, off),
+                                           mv.view};
       at::Tensor weights = new_tensor(old_log_prob.sizes(), old_log_prob.scalar_type());
       at::Tensor keep = new_tensor(old_log_prob.sizes(), written);
-      const rc::metrics m = rc::apply(
-          in, rc::outputs<T, std::uint8_t>{tokens_of<T>(fn, "weights", weights, off), tokens_of<std::uint8_t>(fn, "keep", keep, off)},
-          cfg);
+      const rc::metrics m = rc::apply(in,
+                                      rc::outputs<T, std::uint8_t>{tokens_of<T>(fn, "weights", weights, off),
+                                                                   tokens_of<std::uint8_t>(fn, "keep", keep, off)},
+                                      cfg);
       if (mask.defined() && !bytes_in) keep = keep.to(mask.scalar_type());
       return std::make_tuple(weights, keep, record_tensor(&m.totals));
     });
@@ -445,16 +456,16 @@ at::Tensor opo_advantages(const at::Tensor& scores, const at::Tensor& mask, cons
 
 //! The names of return_scan, for the operator's `scan` argument.
 inline return_scan return_scan_of(std::string_view fn, c10::string_view name) {
-  static constexpr std::pair<std::string_view, return_scan> names[] = {{"reset_after_eos", return_scan::reset_after_eos},
-                                                                        {"skip_masked", return_scan::skip_masked}};
+  static constexpr std::pair<std::string_view, return_scan> names[] = {
+      {"reset_after_eos", return_scan::reset_after_eos}, {"skip_masked", return_scan::skip_masked}};
   return value_of_name(fn, "scan", std::string_view(name.data(), name.size()), names);
 }
 
 template <bool Meta>
-std::tuple<at::Tensor, at::Tensor> reinforce_pp_advantages(const at::Tensor& token_rewards, const opt_tensor& mask,
-                                                           const opt_tensor& offsets, double gamma,
-                                                           c10::string_view scan) {
-  constexpr std::string_view fn = "reinforce_pp_advantages";
+std::tuple<at::Tensor, at::Tensor> reinforce_plus_plus_advantages(const at::Tensor& token_rewards,
+                                                                  const opt_tensor& mask, const opt_tensor& offsets,
+                                                                  double gamma, c10::string_view scan) {
+  constexpr std::string_view fn = "reinforce_plus_plus_advantages";
   const return_scan sc = return_scan_of(fn, scan);
   if constexpr (Meta) {
     const auto dtype = value_dtype(fn, "token_level_rewards", token_rewards);
@@ -467,8 +478,8 @@ std::tuple<at::Tensor, at::Tensor> reinforce_pp_advantages(const at::Tensor& tok
       const mask_bytes mv = optional_mask_of<T>(fn, "mask", given(mask), off, "token_level_rewards", rewards);
       at::Tensor adv = new_tensor(token_rewards.sizes(), token_rewards.scalar_type());
       at::Tensor ret = new_tensor(token_rewards.sizes(), token_rewards.scalar_type());
-      ulorl::reinforce_pp_advantages(rewards, mv.view, tokens_of<T>(fn, "returns", ret, off),
-                                     tokens_of<T>(fn, "advantages", adv, off), gamma, {}, sc);
+      ulorl::reinforce_plus_plus_advantages(rewards, mv.view, tokens_of<T>(fn, "returns", ret, off),
+                                            tokens_of<T>(fn, "advantages", adv, off), gamma, {}, sc);
       return std::make_tuple(adv, ret);
     });
   }
@@ -496,15 +507,15 @@ at::Tensor mask_shaped(std::string_view fn, std::string_view arg, const at::Tens
 }
 
 template <bool Meta>
-at::Tensor reinforce_pp_baseline_advantages(const at::Tensor& scores, const opt_tensor& group_ids, opt_int group_size,
-                                            const at::Tensor& mask, const opt_tensor& offsets,
-                                            c10::ArrayRef<double> config) {
-  constexpr std::string_view fn = "reinforce_pp_baseline_advantages";
-  const auto cfg = record_of<reinforce_pp_baseline_config>(fn, config);
+at::Tensor reinforce_plus_plus_baseline_advantages(const at::Tensor& scores, const opt_tensor& group_ids,
+                                                   opt_int group_size, const at::Tensor& mask,
+                                                   const opt_tensor& offsets, c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "reinforce_plus_plus_baseline_advantages";
+  const auto cfg = record_of<reinforce_plus_plus_baseline_config>(fn, config);
   return mask_shaped<Meta>(fn, "scores", scores, group_ids, group_size, mask, offsets,
                            [&](auto tag, const auto& groups, const auto& m, const auto& out) {
                              const auto s = span_of<const decltype(tag)>(fn, "scores", scores);
-                             ulorl::reinforce_pp_baseline_advantages(s, groups(s.size()), m, out, cfg);
+                             ulorl::reinforce_plus_plus_baseline_advantages(s, groups(s.size()), m, out, cfg);
                            });
 }
 
@@ -517,16 +528,17 @@ at::Tensor multi_reward_advantages(const at::Tensor& components, c10::ArrayRef<d
   return mask_shaped<Meta>(fn, "reward_components", components, group_ids, group_size, mask, offsets,
                            [&](auto tag, const auto& groups, const auto& m, const auto& out) {
                              const auto comp = matrix_of<const decltype(tag)>(fn, "reward_components", components);
-                             ulorl::multi_reward_advantages(comp, std::span<const double>(weights.data(), weights.size()),
+                             ulorl::multi_reward_advantages(comp,
+                                                            std::span<const double>(weights.data(), weights.size()),
                                                             groups(comp.rows()), m, out, cfg);
                            });
 }
 
 template <bool Meta>
 std::tuple<at::Tensor, at::Tensor> optimal_token_baseline_advantages(
-    const at::Tensor& token_rewards, const opt_tensor& mask, const at::Tensor& group_ids, const opt_tensor& old_log_prob,
-    const opt_tensor& sum_pi_squared, const opt_tensor& rollout_is_weights, const opt_tensor& offsets,
-    c10::ArrayRef<double> config) {
+    const at::Tensor& token_rewards, const opt_tensor& mask, const at::Tensor& group_ids,
+    const opt_tensor& old_log_prob, const opt_tensor& sum_pi_squared, const opt_tensor& rollout_is_weights,
+    const opt_tensor& offsets, c10::ArrayRef<double> config) {
   constexpr std::string_view fn = "optimal_token_baseline_advantages";
   const auto cfg = record_of<optimal_token_baseline_config>(fn, config);
   if constexpr (Meta) {
@@ -542,12 +554,12 @@ std::tuple<at::Tensor, at::Tensor> optimal_token_baseline_advantages(
       const auto optional = [&](std::string_view arg, const opt_tensor& t) {
         return optional_tokens_of<const T>(fn, arg, given(t), off, ref, rewards);
       };
-      const optimal_token_baseline_inputs<T, std::uint8_t> in{.token_rewards = rewards,
-                                                              .mask = mv.view,
-                                                              .old_log_prob = optional("old_log_prob", old_log_prob),
-                                                              .sum_pi_squared = optional("sum_pi_squared", sum_pi_squared),
-                                                              .rollout_is_weights =
-                                                                  optional("rollout_is_weights", rollout_is_weights)};
+      const optimal_token_baseline_inputs<T, std::uint8_t> in{
+          .token_rewards = rewards,
+          .mask = mv.view,
+          .old_log_prob = optional("old_log_prob", old_log_prob),
+          .sum_pi_squared = optional("sum_pi_squared", sum_pi_squared),
+          .rollout_is_weights = optional("rollout_is_weights", rollout_is_weights)};
       const group_layout g = groups_of(fn, rewards.rows(), group_ids, c10::nullopt);
       at::Tensor adv = new_tensor(token_rewards.sizes(), token_rewards.scalar_type());
       at::Tensor ret = new_tensor(token_rewards.sizes(), token_rewards.scalar_type());
@@ -559,8 +571,9 @@ std::tuple<at::Tensor, at::Tensor> optimal_token_baseline_advantages(
 }
 
 template <bool Meta>
-std::tuple<at::Tensor, at::Tensor> logits_stats_torch_rounding(const at::Tensor& logits, const at::Tensor& labels) {
-  constexpr std::string_view fn = "logits_stats_torch_rounding";
+std::tuple<at::Tensor, at::Tensor> logits_statistics_torch_rounding(const at::Tensor& logits,
+                                                                    const at::Tensor& labels) {
+  constexpr std::string_view fn = "logits_statistics_torch_rounding";
   if (logits.dim() != 2) fail(fn, "logits", "must be [N, V] (got " + std::to_string(logits.dim()) + " dimensions)");
   if (labels.dim() != 2) fail(fn, "labels", "must be [N, K] (got " + std::to_string(labels.dim()) + " dimensions)");
   const auto st = logits.scalar_type();
@@ -576,15 +589,20 @@ std::tuple<at::Tensor, at::Tensor> logits_stats_torch_rounding(const at::Tensor&
     const auto run = [&](auto ltag, auto ytag) {
       using L = decltype(ltag);
       using Y = decltype(ytag);
-      ulorl::logits_stats_torch_rounding(matrix_of<const L>(fn, "logits", logits), matrix_of<const Y>(fn, "labels", labels),
-                                         matrix_of<L>(fn, "log_prob", lp), span_of<L>(fn, "entropy", ent));
+      ulorl::logits_statistics_torch_rounding(matrix_of<const L>(fn, "logits", logits),
+                                              matrix_of<const Y>(fn, "labels", labels),
+                                              matrix_of<L>(fn, "log_prob", lp), span_of<L>(fn, "entropy", ent));
     };
     const auto with_labels = [&](auto ltag) {
-      if (lt == c10::ScalarType::Long) run(ltag, std::int64_t{});
-      else run(ltag, std::int32_t{});
+      if (lt == c10::ScalarType::Long)
+        run(ltag, std::int64_t{});
+      else
+        run(ltag, std::int32_t{});
     };
-    if (st == c10::ScalarType::BFloat16) with_labels(bf16{});
-    else with_labels(f16{});
+    if (st == c10::ScalarType::BFloat16)
+      with_labels(bf16{});
+    else
+      with_labels(f16{});
     return {lp, ent};
   }
 }
@@ -620,14 +638,16 @@ template <bool Meta>
 at::Tensor dapo_overlong_penalties(const at::Tensor& lengths, c10::ArrayRef<double> config) {
   constexpr std::string_view fn = "dapo_overlong_penalties";
   const auto cfg = record_of<dapo_overlong_config>(fn, config);
-  return per_length<Meta>(fn, lengths, [&](auto l, std::span<double> out) { ulorl::dapo_overlong_penalties(l, out, cfg); });
+  return per_length<Meta>(fn, lengths,
+                          [&](auto l, std::span<double> out) { ulorl::dapo_overlong_penalties(l, out, cfg); });
 }
 
 template <bool Meta>
 at::Tensor soft_overlong_penalties(const at::Tensor& lengths, c10::ArrayRef<double> config) {
   constexpr std::string_view fn = "soft_overlong_penalties";
   const auto cfg = record_of<soft_overlong_config>(fn, config);
-  return per_length<Meta>(fn, lengths, [&](auto l, std::span<double> out) { ulorl::soft_overlong_penalties(l, out, cfg); });
+  return per_length<Meta>(fn, lengths,
+                          [&](auto l, std::span<double> out) { ulorl::soft_overlong_penalties(l, out, cfg); });
 }
 
 //! Registers the batch operators' CPU and Meta kernels (the schemas are batch_schemas(); autograd
@@ -645,15 +665,16 @@ inline void register_batch_kernels(torch::Library& cpu, torch::Library& meta) {
   both("rollout_correction", &rollout_correction<false>, &rollout_correction<true>);
   both("gpg_advantages", &gpg_advantages<false>, &gpg_advantages<true>);
   both("opo_advantages", &opo_advantages<false>, &opo_advantages<true>);
-  both("reinforce_pp_advantages", &reinforce_pp_advantages<false>, &reinforce_pp_advantages<true>);
-  both("reinforce_pp_baseline_advantages", &reinforce_pp_baseline_advantages<false>,
-       &reinforce_pp_baseline_advantages<true>);
+  both("reinforce_plus_plus_advantages", &reinforce_plus_plus_advantages<false>, &reinforce_plus_plus_advantages<true>);
+  both("reinforce_plus_plus_baseline_advantages", &reinforce_plus_plus_baseline_advantages<false>,
+       &reinforce_plus_plus_baseline_advantages<true>);
   both("multi_reward_advantages", &multi_reward_advantages<false>, &multi_reward_advantages<true>);
   both("optimal_token_baseline_advantages", &optimal_token_baseline_advantages<false>,
        &optimal_token_baseline_advantages<true>);
   both("dapo_overlong_penalties", &dapo_overlong_penalties<false>, &dapo_overlong_penalties<true>);
   both("soft_overlong_penalties", &soft_overlong_penalties<false>, &soft_overlong_penalties<true>);
-  both("logits_stats_torch_rounding", &logits_stats_torch_rounding<false>, &logits_stats_torch_rounding<true>);
+  both("logits_statistics_torch_rounding", &logits_statistics_torch_rounding<false>,
+       &logits_statistics_torch_rounding<true>);
 }
 
 }  // namespace detail

@@ -51,9 +51,10 @@ inline const float* device_tokens(std::string_view fn, std::string_view arg, con
                         std::string("has dtype ") + c10::toString(t.scalar_type()) +
                             " but the CUDA kernel takes float32 token tensors (float64 ones run on the CPU)");
   if (!t.is_contiguous())
-    ulorl::detail::fail(fn, arg,
-                        "has strides " + th::detail::strides_str(t) +
-                            " but the CUDA kernel reads every token tensor in one contiguous layout (pass .contiguous())");
+    ulorl::detail::fail(
+        fn, arg,
+        "has strides " + th::detail::strides_str(t) +
+            " but the CUDA kernel reads every token tensor in one contiguous layout (pass .contiguous())");
   return t.data_ptr<float>();
 }
 
@@ -61,16 +62,16 @@ inline const float* optional_device_tokens(std::string_view fn, std::string_view
                                            const at::Tensor& log_prob) {
   if (!t.has_value() || !t->defined()) return nullptr;
   if (t->sizes() != log_prob.sizes())
-    ulorl::detail::fail(fn, arg,
-                        "has shape " + th::detail::sizes_str(*t) + " but 'log_prob' has " +
-                            th::detail::sizes_str(log_prob));
+    ulorl::detail::fail(
+        fn, arg, "has shape " + th::detail::sizes_str(*t) + " but 'log_prob' has " + th::detail::sizes_str(log_prob));
   return device_tokens(fn, arg, *t);
 }
 
 //! The argument and the reason of a bad token the device's value scan found at flat index `i`
 //! (status i + 1): each input's element i is read back (a few scalars; the error path only) and
 //! checked as the scan checks it, in the order the CPU names them, in the CPU's message format.
-[[noreturn]] inline void fail_bad_token(std::string_view fn, std::int64_t i, const at::Tensor& offsets, std::int64_t cols,
+[[noreturn]] inline void fail_bad_token(std::string_view fn, std::int64_t i, const at::Tensor& offsets,
+                                        std::int64_t cols,
                                         std::initializer_list<std::pair<std::string_view, const at::Tensor*>> values,
                                         const at::Tensor& mask) {
   std::int64_t row = 0, token = i;
@@ -102,7 +103,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_fo
   require_policy_loss_device(log_prob, old_log_prob, advantages, mask_, ref_log_prob, weights, entropy, offsets_,
                              rollout_log_prob);
   const policy_loss_config cfg = config_of(fn, config);
-  ulorl::cuda::check_policy_loss_config(fn, cfg);
+  ulorl::cuda::validate_policy_loss_config(fn, cfg);
   if (cfg.rollout.has_value() || rollout_log_prob.has_value())
     fail(fn, "rollout_log_prob",
          "the in-pass rollout correction runs on the CPU: on CUDA pass rollout_correction's weights as 'weights'");
@@ -126,10 +127,11 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_fo
     c.row_stride = c.cols;
   }
   if (c.rows == 0) fail(fn, "log_prob", "has no rows (B = 0): every batch function of ulorl rejects an empty batch");
-  for (const auto& [name, t] : {std::pair<std::string_view, const at::Tensor*>{"old_log_prob", &old_log_prob},
-                                {"advantages", &advantages}})
+  for (const auto& [name, t] :
+       {std::pair<std::string_view, const at::Tensor*>{"old_log_prob", &old_log_prob}, {"advantages", &advantages}})
     if (t->sizes() != log_prob.sizes())
-      fail(fn, name, "has shape " + th::detail::sizes_str(*t) + " but 'log_prob' has " + th::detail::sizes_str(log_prob));
+      fail(fn, name,
+           "has shape " + th::detail::sizes_str(*t) + " but 'log_prob' has " + th::detail::sizes_str(log_prob));
   c.log_prob = device_tokens(fn, "log_prob", log_prob);
   c.old_log_prob = device_tokens(fn, "old_log_prob", old_log_prob);
   c.advantages = device_tokens(fn, "advantages", advantages);
@@ -141,15 +143,21 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_fo
   const at::Tensor mask = value_or_undefined(mask_);
   if (mask.defined()) {
     if (mask.sizes() != log_prob.sizes())
-      fail(fn, "mask", "has shape " + th::detail::sizes_str(mask) + " but 'log_prob' has " + th::detail::sizes_str(log_prob));
+      fail(fn, "mask",
+           "has shape " + th::detail::sizes_str(mask) + " but 'log_prob' has " + th::detail::sizes_str(log_prob));
     if (!mask.is_contiguous()) fail(fn, "mask", "must be contiguous on CUDA (pass .contiguous())");
     switch (mask.scalar_type()) {
       case c10::ScalarType::Bool:
-      case c10::ScalarType::Byte: c.mask_kind = cuda::torch_launch::mask_type::bytes; break;
-      case c10::ScalarType::Float: c.mask_kind = cuda::torch_launch::mask_type::float32; break;
+      case c10::ScalarType::Byte:
+        c.mask_kind = cuda::torch_launch::mask_type::bytes;
+        break;
+      case c10::ScalarType::Float:
+        c.mask_kind = cuda::torch_launch::mask_type::float32;
+        break;
       default:
-        fail(fn, "mask", std::string("has dtype ") + c10::toString(mask.scalar_type()) +
-                             " but must be bool, uint8 or float32 on CUDA");
+        fail(fn, "mask",
+             std::string("has dtype ") + c10::toString(mask.scalar_type()) +
+                 " but must be bool, uint8 or float32 on CUDA");
     }
     c.mask = mask.data_ptr();
   }
@@ -178,8 +186,12 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_fo
       const at::Tensor ent = cfg.entropy_coef != 0.0 ? value_or_undefined(entropy) : at::Tensor();
       const at::Tensor w = value_or_undefined(weights);
       fail_bad_token(fn, s - 1, offsets, c.cols,
-                     {{"log_prob", &log_prob}, {"old_log_prob", &old_log_prob}, {"advantages", &advantages},
-                      {"ref_log_prob", &ref}, {"weights", &w}, {"entropy", &ent}},
+                     {{"log_prob", &log_prob},
+                      {"old_log_prob", &old_log_prob},
+                      {"advantages", &advantages},
+                      {"ref_log_prob", &ref},
+                      {"weights", &w},
+                      {"entropy", &ent}},
                      mask);
     }
     if (s < 0)

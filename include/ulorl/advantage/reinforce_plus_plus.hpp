@@ -1,4 +1,4 @@
-// ulorl/advantage/reinforce_pp.hpp — REINFORCE++ (Hu 2025) token advantages:
+// ulorl/advantage/reinforce_plus_plus.hpp — REINFORCE++ (Hu 2025) token advantages:
 //   returns   G[i,t] = R[i,t] + gamma · c_i, scanned from t = T-1 down with c_i = G[i,t] · m[i,t]
 //             (the running return resets after EOS: masked positions do not carry it);
 //   whitening over the whole batch's valid tokens, N = Σ m:
@@ -42,8 +42,8 @@ struct whiten_config {
 namespace detail {
 //! Checks x and its mask; returns the mask, an absent one as x's all-valid mask.
 template <class T, class M>
-[[nodiscard]] token_view<const M> check_token_pair(std::string_view fn, std::string_view arg, token_view<const T> x,
-                                                   token_view<const M> mask) {
+[[nodiscard]] token_view<const M> require_token_pair(std::string_view fn, std::string_view arg, token_view<const T> x,
+                                                     token_view<const M> mask) {
   if (mask.empty()) validate_layout(fn, arg, x);
   mask = mask_or_all_valid(mask, x);
   validate_layout(fn, "mask", mask);
@@ -59,7 +59,7 @@ template <class T, class M>
 template <class T, class M, class U>
 void masked_whiten(token_view<const T> x, token_view<const M> mask, token_view<U> out, const whiten_config& cfg = {}) {
   constexpr std::string_view fn = "masked_whiten";
-  mask = detail::check_token_pair(fn, "x", x, mask);
+  mask = detail::require_token_pair(fn, "x", x, mask);
   require_same_shape(fn, "out", out, "mask", mask);
   require_known(fn, "config.eps_at", cfg.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
   // eps > 0: a batch of constant values would otherwise divide by zero.
@@ -108,7 +108,7 @@ template <class T, class M, class U>
 void discounted_returns(token_view<const T> token_rewards, token_view<const M> mask, token_view<U> returns,
                         double gamma, return_scan scan = return_scan::reset_after_eos) {
   constexpr std::string_view fn = "discounted_returns";
-  mask = detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
+  mask = detail::require_token_pair(fn, "token_rewards", token_rewards, mask);
   require_same_shape(fn, "returns", returns, "mask", mask);
   if (!(gamma >= 0.0 && gamma <= 1.0)) detail::fail_value(fn, "gamma", gamma, "must be in [0, 1]");
   require_known(fn, "scan", scan, return_scan::reset_after_eos, return_scan::skip_masked);
@@ -122,8 +122,10 @@ void discounted_returns(token_view<const T> token_rewards, token_view<const M> m
         const bool valid = mask(b, t) != M(0);
         const double g = skip && !valid ? 0.0 : static_cast<double>(token_rewards(b, t)) + gamma * c;
         emit(b, t, g);
-        if (valid) c = g;
-        else if (!skip) c = 0.0;
+        if (valid)
+          c = g;
+        else if (!skip)
+          c = 0.0;
       }
     }
   };
@@ -134,6 +136,16 @@ void discounted_returns(token_view<const T> token_rewards, token_view<const M> m
 }
 
 namespace detail {
+//! Token whitening's minimum: at least 2 valid tokens of `mask` (unbiased variance), else 1.
+template <class M>
+void require_whiten_tokens(std::string_view fn, token_view<const M> mask, const whiten_config& w) {
+  std::size_t n = 0;
+  for (std::size_t b = 0; b < mask.rows(); ++b) n += row_tokens(mask, b);
+  if (n < (w.unbiased ? 2u : 1u))
+    detail::fail_value(
+        fn, "mask", n,
+        w.unbiased ? "whitening needs at least 2 valid tokens" : "whitening needs at least 1 valid token");
+}
 //! The values of `v` row by row: what a function that writes `v` before a later check can fail
 //! puts back on that failure (restore_tokens), so that nothing is written on error.
 template <class U>
@@ -154,11 +166,11 @@ void restore_tokens(token_view<U> v, const std::vector<U>& saved) noexcept {
 //! REINFORCE++: returns and whitened advantages (advantages may alias returns' storage only if
 //! the caller does not need the returns). An absent mask (empty view): every token of token_rewards valid.
 template <class T, class M, class U>
-void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const M> mask, token_view<U> returns,
-                             token_view<U> advantages, double gamma, const whiten_config& cfg = {},
-                             return_scan scan = return_scan::reset_after_eos) {
-  constexpr std::string_view fn = "reinforce_pp_advantages";
-  mask = detail::check_token_pair(fn, "token_rewards", token_rewards, mask);
+void reinforce_plus_plus_advantages(token_view<const T> token_rewards, token_view<const M> mask, token_view<U> returns,
+                                    token_view<U> advantages, double gamma, const whiten_config& cfg = {},
+                                    return_scan scan = return_scan::reset_after_eos) {
+  constexpr std::string_view fn = "reinforce_plus_plus_advantages";
+  mask = detail::require_token_pair(fn, "token_rewards", token_rewards, mask);
   require_same_shape(fn, "advantages", advantages, "mask", mask);
   require_same_shape(fn, "returns", returns, "mask", mask);
   std::size_t n = 0;
@@ -184,17 +196,17 @@ void reinforce_pp_advantages(token_view<const T> token_rewards, token_view<const
 //! to every position of row i, then whitened with `whiten`. The default is verl's (a_i = s_i - mu_g,
 //! mu = 0 for a singleton; unbiased, eps added, masked output). An absent mask (empty view): every
 //! token of advantages' layout valid.
-struct reinforce_pp_baseline_config {
-  group_advantage_config group{.baseline = baseline_kind::group_mean,
-                               .scale = scale_kind::none,
-                               .singleton = singleton_rule::identity};
+struct reinforce_plus_plus_baseline_config {
+  group_advantage_config group{
+      .baseline = baseline_kind::group_mean, .scale = scale_kind::none, .singleton = singleton_rule::identity};
   whiten_config whiten{};
 };
 
 template <class T, class M, class U>
-void reinforce_pp_baseline_advantages(std::span<const T> scores, const group_layout& groups, token_view<const M> mask,
-                                      token_view<U> advantages, const reinforce_pp_baseline_config& cfg) {
-  constexpr std::string_view fn = "reinforce_pp_baseline_advantages";
+void reinforce_plus_plus_baseline_advantages(std::span<const T> scores, const group_layout& groups,
+                                             token_view<const M> mask, token_view<U> advantages,
+                                             const reinforce_plus_plus_baseline_config& cfg) {
+  constexpr std::string_view fn = "reinforce_plus_plus_baseline_advantages";
   if (mask.empty()) validate_layout(fn, "advantages", advantages);
   mask = mask_or_all_valid(mask, advantages);
   validate_layout(fn, "mask", mask);
@@ -204,11 +216,7 @@ void reinforce_pp_baseline_advantages(std::span<const T> scores, const group_lay
   require_same_shape(fn, "advantages", advantages, "mask", mask);
   require_all_finite(fn, "scores", vector_view<const T>(scores));
   require_known(fn, "config.whiten.eps_at", cfg.whiten.eps_at, whiten_eps::add_to_variance, whiten_eps::floor_variance);
-  std::size_t n = 0;
-  for (std::size_t b = 0; b < mask.rows(); ++b) n += row_tokens(mask, b);
-  if (n < (cfg.whiten.unbiased ? 2u : 1u))
-    detail::fail_value(fn, "mask", n,
-                       cfg.whiten.unbiased ? "whitening needs at least 2 valid tokens" : "whitening needs at least 1 valid token");
+  detail::require_whiten_tokens(fn, mask, cfg.whiten);
   require_divisor(fn, "config.whiten.eps", cfg.whiten.eps);
   // group_advantages validates its configuration and may reject a score before anything is written.
   std::vector<double> in(scores.begin(), scores.end()), a(scores.size());
@@ -227,9 +235,11 @@ void reinforce_pp_baseline_advantages(std::span<const T> scores, const group_lay
 
 //! verl's REINFORCE++-baseline: (s_i - mu_g) (mu = 0 for a singleton), whitened with `cfg`.
 template <class T, class M, class U>
-void reinforce_pp_baseline_advantages(std::span<const T> scores, const group_layout& groups, token_view<const M> mask,
-                                      token_view<U> advantages, const whiten_config& cfg = {}) {
-  reinforce_pp_baseline_advantages(scores, groups, mask, advantages, reinforce_pp_baseline_config{.whiten = cfg});
+void reinforce_plus_plus_baseline_advantages(std::span<const T> scores, const group_layout& groups,
+                                             token_view<const M> mask, token_view<U> advantages,
+                                             const whiten_config& cfg = {}) {
+  reinforce_plus_plus_baseline_advantages(scores, groups, mask, advantages,
+                                          reinforce_plus_plus_baseline_config{.whiten = cfg});
 }
 
 ULORL_NAMESPACE_END

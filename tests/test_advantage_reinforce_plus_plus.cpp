@@ -1,7 +1,7 @@
-// Tests for ulorl/advantage/reinforce_pp.hpp against the oracle: returns with reset after EOS,
+// Tests for ulorl/advantage/reinforce_plus_plus.hpp against the oracle: returns with reset after EOS,
 // unbiased masked whitening, the baseline variant (verl's and NeMo-RL's), the variance floor and
 // unmasked output, both layouts.
-#include <ulorl/advantage/reinforce_pp.hpp>
+#include <ulorl/advantage/reinforce_plus_plus.hpp>
 #include <ulorl/presets/nemo_rl.hpp>
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 #include "support/random.hpp"
 #include "support/rejection.hpp"
 
-TEST_CASE("REINFORCE++ returns and advantages match the oracle", "[reinforce_pp]") {
+TEST_CASE("REINFORCE++ returns and advantages match the oracle", "[reinforce_plus_plus]") {
   testing_support::rng r(5);
   for (auto [B, T] : {std::pair<std::size_t, std::size_t>{1, 3}, {3, 7}, {8, 47}}) {
     for (double gamma : {1.0, 0.99, 0.5}) {
@@ -34,12 +34,12 @@ TEST_CASE("REINFORCE++ returns and advantages match the oracle", "[reinforce_pp]
       for (double x : flat_m) valid += x != 0;
       if (valid < 2) continue;
       std::vector<std::vector<double>> ret_o, adv_o;
-      oracle::reinforce_pp(rew, m, gamma, ret_o, adv_o);
+      oracle::reinforce_plus_plus(rew, m, gamma, ret_o, adv_o);
       std::vector<double> ret(B * T), adv(B * T);
-      ulorl::reinforce_pp_advantages(ulorl::padded(ulorl::matrix_view<const double>(flat_r.data(), B, T)),
-                                     ulorl::padded(ulorl::matrix_view<const double>(flat_m.data(), B, T)),
-                                     ulorl::padded(ulorl::matrix_view<double>(ret.data(), B, T)),
-                                     ulorl::padded(ulorl::matrix_view<double>(adv.data(), B, T)), gamma);
+      ulorl::reinforce_plus_plus_advantages(ulorl::padded(ulorl::matrix_view<const double>(flat_r.data(), B, T)),
+                                            ulorl::padded(ulorl::matrix_view<const double>(flat_m.data(), B, T)),
+                                            ulorl::padded(ulorl::matrix_view<double>(ret.data(), B, T)),
+                                            ulorl::padded(ulorl::matrix_view<double>(adv.data(), B, T)), gamma);
       for (std::size_t b = 0; b < B; ++b)
         for (std::size_t t = 0; t < T; ++t) {
           REQUIRE(ret[b * T + t] == Approx(ret_o[b][t]).epsilon(1e-12).margin(1e-12));
@@ -49,20 +49,21 @@ TEST_CASE("REINFORCE++ returns and advantages match the oracle", "[reinforce_pp]
   }
 }
 
-TEST_CASE("packed REINFORCE++ equals padded on the same responses", "[reinforce_pp]") {
+TEST_CASE("packed REINFORCE++ equals padded on the same responses", "[reinforce_plus_plus]") {
   // padded [2, 4] with lengths 3 and 2 vs packed offsets {0, 3, 5}
   const std::vector<double> pr{0, 0, 1, 0, 0, 0.5, 0, 0}, pm{1, 1, 1, 0, 1, 1, 0, 0};
   const std::vector<double> kr{0, 0, 1, 0, 0.5}, km{1, 1, 1, 1, 1};
   const std::vector<std::int64_t> off{0, 3, 5};
   std::vector<double> pret(8), padv(8), kret(5), kadv(5);
-  ulorl::reinforce_pp_advantages(ulorl::padded(ulorl::matrix_view<const double>(pr.data(), 2, 4)),
-                                 ulorl::padded(ulorl::matrix_view<const double>(pm.data(), 2, 4)),
-                                 ulorl::padded(ulorl::matrix_view<double>(pret.data(), 2, 4)),
-                                 ulorl::padded(ulorl::matrix_view<double>(padv.data(), 2, 4)), 0.9);
-  ulorl::reinforce_pp_advantages(ulorl::packed(std::span<const double>(kr), std::span<const std::int64_t>(off)),
-                                 ulorl::packed(std::span<const double>(km), std::span<const std::int64_t>(off)),
-                                 ulorl::packed(std::span<double>(kret), std::span<const std::int64_t>(off)),
-                                 ulorl::packed(std::span<double>(kadv), std::span<const std::int64_t>(off)), 0.9);
+  ulorl::reinforce_plus_plus_advantages(ulorl::padded(ulorl::matrix_view<const double>(pr.data(), 2, 4)),
+                                        ulorl::padded(ulorl::matrix_view<const double>(pm.data(), 2, 4)),
+                                        ulorl::padded(ulorl::matrix_view<double>(pret.data(), 2, 4)),
+                                        ulorl::padded(ulorl::matrix_view<double>(padv.data(), 2, 4)), 0.9);
+  ulorl::reinforce_plus_plus_advantages(ulorl::packed(std::span<const double>(kr), std::span<const std::int64_t>(off)),
+                                        ulorl::packed(std::span<const double>(km), std::span<const std::int64_t>(off)),
+                                        ulorl::packed(std::span<double>(kret), std::span<const std::int64_t>(off)),
+                                        ulorl::packed(std::span<double>(kadv), std::span<const std::int64_t>(off)),
+                                        0.9);
   const std::size_t map[5] = {0, 1, 2, 4, 5};
   for (std::size_t k = 0; k < 5; ++k) REQUIRE(kadv[k] == Approx(padv[map[k]]).epsilon(1e-14));
   // whitened valid tokens have mean 0
@@ -71,15 +72,15 @@ TEST_CASE("packed REINFORCE++ equals padded on the same responses", "[reinforce_
   REQUIRE(std::fabs(s) < 1e-12);
 }
 
-TEST_CASE("REINFORCE++-baseline: group-centred scores, whitened", "[reinforce_pp]") {
+TEST_CASE("REINFORCE++-baseline: group-centred scores, whitened", "[reinforce_plus_plus]") {
   const std::vector<double> scores{1, 0, 1, 1};
   const std::vector<std::int64_t> ids{0, 0, 1, 1};
   const std::vector<int> mask{1, 1, 0, 1, 1, 1, 1, 0};  // [4, 2]
   std::vector<double> adv(8);
-  ulorl::reinforce_pp_baseline_advantages(std::span<const double>(scores),
-                                          ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids)),
-                                          ulorl::padded(ulorl::matrix_view<const int>(mask.data(), 4, 2)),
-                                          ulorl::padded(ulorl::matrix_view<double>(adv.data(), 4, 2)));
+  ulorl::reinforce_plus_plus_baseline_advantages(std::span<const double>(scores),
+                                                 ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids)),
+                                                 ulorl::padded(ulorl::matrix_view<const int>(mask.data(), 4, 2)),
+                                                 ulorl::padded(ulorl::matrix_view<double>(adv.data(), 4, 2)));
   // X over valid tokens: 0.5, 0.5, -0.5, 0, 0, 0  -> mean 1/12
   std::vector<long double> x{0.5L, 0.5L, -0.5L, 0, 0, 0};
   const long double mu = oracle::mean_of(x), sd = oracle::std_of(x, true);
@@ -89,22 +90,22 @@ TEST_CASE("REINFORCE++-baseline: group-centred scores, whitened", "[reinforce_pp
   REQUIRE(adv[7] == 0.0);
 }
 
-TEST_CASE("REINFORCE++ rejects a single valid token, bad gamma, bad eps", "[reinforce_pp][errors]") {
+TEST_CASE("REINFORCE++ rejects a single valid token, bad gamma, bad eps", "[reinforce_plus_plus][errors]") {
   const std::vector<double> r{1, 0}, m{1, 0};
   std::vector<double> ret(2, 9), adv(2, 9);
   const auto call = [&](double gamma, ulorl::whiten_config cfg = {}) {
-    ulorl::reinforce_pp_advantages(ulorl::padded(ulorl::matrix_view<const double>(r.data(), 1, 2)),
-                                   ulorl::padded(ulorl::matrix_view<const double>(m.data(), 1, 2)),
-                                   ulorl::padded(ulorl::matrix_view<double>(ret.data(), 1, 2)),
-                                   ulorl::padded(ulorl::matrix_view<double>(adv.data(), 1, 2)), gamma, cfg);
+    ulorl::reinforce_plus_plus_advantages(ulorl::padded(ulorl::matrix_view<const double>(r.data(), 1, 2)),
+                                          ulorl::padded(ulorl::matrix_view<const double>(m.data(), 1, 2)),
+                                          ulorl::padded(ulorl::matrix_view<double>(ret.data(), 1, 2)),
+                                          ulorl::padded(ulorl::matrix_view<double>(adv.data(), 1, 2)), gamma, cfg);
   };
   REQUIRE_THROWS_WITH(call(1.0), Catch::Contains("at least 2 valid tokens"));
   const std::vector<double> m2{1, 1};
   const auto call2 = [&](double gamma, ulorl::whiten_config cfg = {}) {
-    ulorl::reinforce_pp_advantages(ulorl::padded(ulorl::matrix_view<const double>(r.data(), 1, 2)),
-                                   ulorl::padded(ulorl::matrix_view<const double>(m2.data(), 1, 2)),
-                                   ulorl::padded(ulorl::matrix_view<double>(ret.data(), 1, 2)),
-                                   ulorl::padded(ulorl::matrix_view<double>(adv.data(), 1, 2)), gamma, cfg);
+    ulorl::reinforce_plus_plus_advantages(ulorl::padded(ulorl::matrix_view<const double>(r.data(), 1, 2)),
+                                          ulorl::padded(ulorl::matrix_view<const double>(m2.data(), 1, 2)),
+                                          ulorl::padded(ulorl::matrix_view<double>(ret.data(), 1, 2)),
+                                          ulorl::padded(ulorl::matrix_view<double>(adv.data(), 1, 2)), gamma, cfg);
   };
   REQUIRE_THROWS_WITH(call2(1.5), Catch::Contains("'gamma' = 1.5"));
   REQUIRE_THROWS_WITH(call2(1.0, {.eps = 0.0}), Catch::Contains("config.eps"));
@@ -113,7 +114,7 @@ TEST_CASE("REINFORCE++ rejects a single valid token, bad gamma, bad eps", "[rein
 }
 
 TEST_CASE("REINFORCE++-baseline with a group-advantage config: NeMo-RL's estimator against the oracle",
-          "[reinforce_pp]") {
+          "[reinforce_plus_plus]") {
   // NeMo-RL: a_i = s_i - mu_g (0 for a singleton) or s_i, at every position; biased variance over
   // the valid tokens floored at 1e-8; every position written. Both layouts.
   testing_support::rng r(5301);
@@ -150,7 +151,7 @@ TEST_CASE("REINFORCE++-baseline with a group-advantage config: NeMo-RL's estimat
       for (std::size_t b = 0; b < B; ++b) x[b].assign(sh.row_size(b), a[b]);
       const auto want = oracle::whiten(x, m, false, true, false);
       std::vector<double> out(sh.size(), 7.0);
-      ulorl::reinforce_pp_baseline_advantages(
+      ulorl::reinforce_plus_plus_baseline_advantages(
           std::span<const double>(scores), ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids)),
           view_of<const double>(mask.data(), sh), view_of(out.data(), sh),
           ulorl::presets::nemo_rl::reinforce_plus_plus_advantage({.minus_baseline = minus_baseline}));
@@ -163,7 +164,7 @@ TEST_CASE("REINFORCE++-baseline with a group-advantage config: NeMo-RL's estimat
   REQUIRE(checked > 80);
 }
 
-TEST_CASE("masked_whiten: the variance floor and unmasked output", "[reinforce_pp]") {
+TEST_CASE("masked_whiten: the variance floor and unmasked output", "[reinforce_plus_plus]") {
   const std::vector<double> x{1, 2, 3, 40}, m{1, 1, 1, 0};
   std::vector<double> out(4);
   const auto run = [&](const ulorl::whiten_config& cfg) {
@@ -180,49 +181,58 @@ TEST_CASE("masked_whiten: the variance floor and unmasked output", "[reinforce_p
   REQUIRE(out[3] == 0.0);
   // the floor takes over for a constant batch
   const std::vector<double> c{5, 5, 5, 5};
-  ulorl::masked_whiten(ulorl::padded(ulorl::matrix_view<const double>(c.data(), 1, 4)),
-                       ulorl::padded(ulorl::matrix_view<const double>(m.data(), 1, 4)),
-                       ulorl::padded(ulorl::matrix_view<double>(out.data(), 1, 4)),
-                       {.eps = 1e-8, .unbiased = false, .eps_at = ulorl::whiten_eps::floor_variance, .mask_output = false});
+  ulorl::masked_whiten(
+      ulorl::padded(ulorl::matrix_view<const double>(c.data(), 1, 4)),
+      ulorl::padded(ulorl::matrix_view<const double>(m.data(), 1, 4)),
+      ulorl::padded(ulorl::matrix_view<double>(out.data(), 1, 4)),
+      {.eps = 1e-8, .unbiased = false, .eps_at = ulorl::whiten_eps::floor_variance, .mask_output = false});
   for (double v : out) REQUIRE(v == 0.0);
 }
 
 TEST_CASE("REINFORCE++: unknown whitening rules and an empty batch are rejected, outputs untouched",
-          "[reinforce_pp][errors][enum]") {
+          "[reinforce_plus_plus][errors][enum]") {
   const std::vector<double> r{1, 0, 0, 1}, m{1, 1, 1, 1}, zeros(4, 0.0);
   std::vector<double> ret(4, 9), adv(4, 9);
-  const auto tv = [](const std::vector<double>& v) { return ulorl::padded(ulorl::matrix_view<const double>(v.data(), 2, 2)); };
+  const auto tv = [](const std::vector<double>& v) {
+    return ulorl::padded(ulorl::matrix_view<const double>(v.data(), 2, 2));
+  };
   const auto ov = [](std::vector<double>& v) { return ulorl::padded(ulorl::matrix_view<double>(v.data(), 2, 2)); };
   const auto bad = static_cast<ulorl::whiten_eps>(3);
-  require_unknown_enum([&] { ulorl::masked_whiten(tv(r), tv(m), ov(adv), {.eps_at = bad}); }, "masked_whiten", "config.eps_at", 3);
-  require_unknown_enum([&] { ulorl::reinforce_pp_advantages(tv(r), tv(m), ov(ret), ov(adv), 1.0, {.eps_at = bad}); },
-                       "reinforce_pp_advantages", "config.eps_at", 3);
+  require_unknown_enum([&] { ulorl::masked_whiten(tv(r), tv(m), ov(adv), {.eps_at = bad}); }, "masked_whiten",
+                       "config.eps_at", 3);
+  require_unknown_enum(
+      [&] { ulorl::reinforce_plus_plus_advantages(tv(r), tv(m), ov(ret), ov(adv), 1.0, {.eps_at = bad}); },
+      "reinforce_plus_plus_advantages", "config.eps_at", 3);
   const std::vector<double> s{1, 0};
   const std::vector<std::int64_t> ids{0, 0};
   const auto groups = ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids));
   require_unknown_enum(
       [&] {
-        ulorl::reinforce_pp_baseline_advantages(std::span<const double>(s), groups, tv(m), ov(adv),
-                                                ulorl::reinforce_pp_baseline_config{.whiten = {.eps_at = bad}});
+        ulorl::reinforce_plus_plus_baseline_advantages(
+            std::span<const double>(s), groups, tv(m), ov(adv),
+            ulorl::reinforce_plus_plus_baseline_config{.whiten = {.eps_at = bad}});
       },
-      "reinforce_pp_baseline_advantages", "config.whiten.eps_at", 3);
+      "reinforce_plus_plus_baseline_advantages", "config.whiten.eps_at", 3);
   require_unknown_enum(
       [&] {
-        ulorl::reinforce_pp_baseline_advantages(std::span<const double>(s), groups, tv(m), ov(adv),
-                                                ulorl::reinforce_pp_baseline_config{.group = {.baseline = static_cast<ulorl::baseline_kind>(7)}});
+        ulorl::reinforce_plus_plus_baseline_advantages(
+            std::span<const double>(s), groups, tv(m), ov(adv),
+            ulorl::reinforce_plus_plus_baseline_config{.group = {.baseline = static_cast<ulorl::baseline_kind>(7)}});
       },
       "group_advantages", "config.baseline", 7);
   // NeMo-RL's biased whitening needs one valid token
   require_rejected(outcome_of([&] {
-                     ulorl::reinforce_pp_baseline_advantages(std::span<const double>(s), groups, tv(zeros), ov(adv),
-                                                             ulorl::presets::nemo_rl::reinforce_plus_plus_advantage());
+                     ulorl::reinforce_plus_plus_baseline_advantages(
+                         std::span<const double>(s), groups, tv(zeros), ov(adv),
+                         ulorl::presets::nemo_rl::reinforce_plus_plus_advantage());
                    }),
-                   "reinforce_pp_baseline_advantages", "mask", -1);
+                   "reinforce_plus_plus_baseline_advantages", "mask", -1);
   require_rejected(outcome_of([&] {
-                     ulorl::reinforce_pp_baseline_advantages(std::span<const double>(s), groups, tv(m), ov(adv),
-                                                             ulorl::reinforce_pp_baseline_config{.whiten = {.eps = -1.0}});
+                     ulorl::reinforce_plus_plus_baseline_advantages(
+                         std::span<const double>(s), groups, tv(m), ov(adv),
+                         ulorl::reinforce_plus_plus_baseline_config{.whiten = {.eps = -1.0}});
                    }),
-                   "reinforce_pp_baseline_advantages", "config.whiten.eps", -1);
+                   "reinforce_plus_plus_baseline_advantages", "config.whiten.eps", -1);
   for (double x : adv) REQUIRE(x == 9);
   for (double x : ret) REQUIRE(x == 9);
 }
@@ -242,30 +252,34 @@ TEST_CASE("REINFORCE++: an absent mask is an all-ones mask, bit for bit, in both
     ulorl::discounted_returns(lay.cview(r), lay.cview(ones), lay.mview(ret), 0.9);
     ulorl::discounted_returns(lay.cview(r), absent, lay.mview(reta), 0.9);
     REQUIRE(absent_mask::same_bits(reta, ret));
-    ulorl::reinforce_pp_advantages(lay.cview(r), lay.cview(ones), lay.mview(ret), lay.mview(adv), 0.95);
-    ulorl::reinforce_pp_advantages(lay.cview(r), absent, lay.mview(reta), lay.mview(adva), 0.95);
+    ulorl::reinforce_plus_plus_advantages(lay.cview(r), lay.cview(ones), lay.mview(ret), lay.mview(adv), 0.95);
+    ulorl::reinforce_plus_plus_advantages(lay.cview(r), absent, lay.mview(reta), lay.mview(adva), 0.95);
     REQUIRE(absent_mask::same_bits(reta, ret));
     REQUIRE(absent_mask::same_bits(adva, adv));
     const auto scores = absent_mask::uniform(rng, lay.B, 0, 1);
     const ulorl::group_layout groups = ulorl::group_layout::fixed(lay.B, 2);
-    ulorl::reinforce_pp_baseline_advantages(std::span<const double>(scores), groups, lay.cview(ones), lay.mview(adv));
-    ulorl::reinforce_pp_baseline_advantages(std::span<const double>(scores), groups, absent, lay.mview(adva));
+    ulorl::reinforce_plus_plus_baseline_advantages(std::span<const double>(scores), groups, lay.cview(ones),
+                                                   lay.mview(adv));
+    ulorl::reinforce_plus_plus_baseline_advantages(std::span<const double>(scores), groups, absent, lay.mview(adva));
     REQUIRE(absent_mask::same_bits(adva, adv));
   }
 }
 
 TEST_CASE("masked_whiten and discounted_returns: values near the double maximum neither overflow nor vanish",
-          "[reinforce_pp][overflow]") {
+          "[reinforce_plus_plus][overflow]") {
   const auto cv = [](const std::vector<double>& v) {
     return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), 1, v.size()));
   };
-  const auto mv = [](std::vector<double>& v) { return ulorl::token_view<double>::padded(ulorl::matrix_view<double>(v.data(), 1, v.size())); };
+  const auto mv = [](std::vector<double>& v) {
+    return ulorl::token_view<double>::padded(ulorl::matrix_view<double>(v.data(), 1, v.size()));
+  };
   // {max, -max, max, -max}: the squares overflow a plain variance (which gave 0 / NaN); unbiased
   // std = max sqrt(4/3), so the whitened values are +-sqrt(3)/2.
   const std::vector<double> x{1.7e308, -1.7e308, 1.7e308, -1.7e308};
   std::vector<double> out(4);
   ulorl::masked_whiten(cv(x), ulorl::token_view<const double>{}, mv(out));
-  for (std::size_t i = 0; i < 4; ++i) CHECK(out[i] == Approx((i % 2 == 0 ? 1 : -1) * std::sqrt(3.0) / 2).epsilon(1e-12));
+  for (std::size_t i = 0; i < 4; ++i)
+    CHECK(out[i] == Approx((i % 2 == 0 ? 1 : -1) * std::sqrt(3.0) / 2).epsilon(1e-12));
   // {1.7e308, 1.7e308, 1e308}: the sum overflows a plain mean.
   const std::vector<double> y{1.7e308, 1.7e308, 1e308};
   ulorl::masked_whiten(cv(y), ulorl::token_view<const double>{}, mv(out = std::vector<double>(3)));
@@ -280,35 +294,40 @@ TEST_CASE("masked_whiten and discounted_returns: values near the double maximum 
 }
 
 TEST_CASE("REINFORCE++: a whitened value beyond float leaves returns and advantages as they were",
-          "[reinforce_pp][errors][range]") {
+          "[reinforce_plus_plus][errors][range]") {
   // Equal returns of 3e38 without the mean's shift: x / sqrt(0 + 1e-8) = 3e42 overflows float. The
   // returns are written before that check can run; on the error they get their old values back.
   const std::vector<double> r{3e38, 3e38, 3e38, 3e38}, m{1, 1, 1, 1};
   std::vector<float> ret(4, 7.0f), adv(4, 9.0f);
-  const auto tv = [](const std::vector<double>& v) { return ulorl::padded(ulorl::matrix_view<const double>(v.data(), 2, 2)); };
+  const auto tv = [](const std::vector<double>& v) {
+    return ulorl::padded(ulorl::matrix_view<const double>(v.data(), 2, 2));
+  };
   const auto ov = [](std::vector<float>& v) { return ulorl::padded(ulorl::matrix_view<float>(v.data(), 2, 2)); };
   const ulorl::whiten_config no_shift{.shift_mean = false};
-  require_rejected(outcome_of([&] { ulorl::reinforce_pp_advantages(tv(r), tv(m), ov(ret), ov(adv), 0.0, no_shift); }),
-                   "masked_whiten", "out", 0);
+  require_rejected(
+      outcome_of([&] { ulorl::reinforce_plus_plus_advantages(tv(r), tv(m), ov(ret), ov(adv), 0.0, no_shift); }),
+      "masked_whiten", "out", 0);
   for (float x : ret) CHECK(x == 7.0f);
   for (float x : adv) CHECK(x == 9.0f);
   // advantages aliasing returns' storage: also untouched.
-  require_rejected(outcome_of([&] { ulorl::reinforce_pp_advantages(tv(r), tv(m), ov(ret), ov(ret), 0.0, no_shift); }),
-                   "masked_whiten", "out", 0);
+  require_rejected(
+      outcome_of([&] { ulorl::reinforce_plus_plus_advantages(tv(r), tv(m), ov(ret), ov(ret), 0.0, no_shift); }),
+      "masked_whiten", "out", 0);
   for (float x : ret) CHECK(x == 7.0f);
   // The baseline form whitens in place: two singleton groups of 3e38 (a_i = s_i), no shift.
   const std::vector<double> s{3e38, 3e38};
   const std::vector<std::int64_t> ids{0, 1};
   const auto groups = ulorl::group_layout::from_ids(std::span<const std::int64_t>(ids));
   require_rejected(outcome_of([&] {
-                     ulorl::reinforce_pp_baseline_advantages(std::span<const double>(s), groups, tv(m), ov(adv),
-                                                             ulorl::reinforce_pp_baseline_config{.whiten = no_shift});
+                     ulorl::reinforce_plus_plus_baseline_advantages(
+                         std::span<const double>(s), groups, tv(m), ov(adv),
+                         ulorl::reinforce_plus_plus_baseline_config{.whiten = no_shift});
                    }),
                    "masked_whiten", "out", 0);
   for (float x : adv) CHECK(x == 9.0f);
 }
 
-TEST_CASE("discounted_returns skip_masked: masked spans carry the return through and get 0", "[reinforce_pp]") {
+TEST_CASE("discounted_returns skip_masked: masked spans carry the return through and get 0", "[reinforce_plus_plus]") {
   const auto cv = [](const std::vector<double>& v, std::size_t B, std::size_t T) {
     return ulorl::token_view<const double>::padded(ulorl::matrix_view<const double>(v.data(), B, T));
   };
@@ -328,7 +347,7 @@ TEST_CASE("discounted_returns skip_masked: masked spans carry the return through
   const std::vector<double> reset{0, 0, 7, 2, 2, 2, /**/ 0, 8, 3, 3, 0, 0};
   for (std::size_t i = 0; i < 12; ++i) REQUIRE(ret[i] == reset[i]);
   std::vector<double> adv(12);
-  REQUIRE_THROWS_AS(ulorl::reinforce_pp_advantages(cv(r, 2, 6), cv(m, 2, 6), mv(ret, 2, 6), mv(adv, 2, 6), 1.0, {},
-                                                   static_cast<ulorl::return_scan>(5)),
+  REQUIRE_THROWS_AS(ulorl::reinforce_plus_plus_advantages(cv(r, 2, 6), cv(m, 2, 6), mv(ret, 2, 6), mv(adv, 2, 6), 1.0,
+                                                          {}, static_cast<ulorl::return_scan>(5)),
                     ulorl::error);
 }
