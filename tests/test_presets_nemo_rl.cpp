@@ -45,6 +45,37 @@ TEST_CASE("nemo_rl: the KL defaults are one set (calculate_kl's and ClippedPGLos
   REQUIRE((kc.estimator == ulorl::kl_estimator::k3 && kc.input_clamp == 20.0 && kc.output_clamp == 10.0));
 }
 
+TEST_CASE("nemo_rl: use_cispo and sequence_level_importance_ratios choose the objective", "[presets]") {
+  using ulorl::objective_kind;
+  const auto cispo = P::nemo_rl::objective({.ratio_clip_max = 0.28, .use_cispo = true});
+  REQUIRE((cispo.kind == objective_kind::cispo && cispo.eps_low == 0.2 && cispo.eps_high == 0.28 && cispo.dual_clip == 0.0));
+  const auto gspo = P::nemo_rl::objective({.token_level_loss = false, .sequence_level_importance_ratios = true});
+  REQUIRE((gspo.kind == objective_kind::gspo && gspo.seq_gradient == ulorl::sequence_gradient::through_mean &&
+           gspo.seq_log_ratio_max == ulorl::no_limit && gspo.log_ratio_clamp == ulorl::no_limit));
+  // NeMo-RL's ratio under force_on_policy_ratio / disable_ppo_ratio is theirs, not the row's.
+  REQUIRE(P::nemo_rl::objective({.token_level_loss = false, .force_on_policy_ratio = true,
+                                 .sequence_level_importance_ratios = true}).kind == objective_kind::ppo_clip);
+  REQUIRE(P::nemo_rl::objective({.token_level_loss = false, .disable_ppo_ratio = true,
+                                 .sequence_level_importance_ratios = true}).kind == objective_kind::policy_gradient);
+  REQUIRE(P::nemo_rl::rollout_correction(P::nemo_rl::clipped_pg_loss_options{.token_level_loss = false,
+                                                                           .sequence_level_importance_ratios = true})
+              .importance.level == ulorl::rollout_correction::is_level::sequence);
+  // NeMo-RL's assertions.
+  REQUIRE_THROWS_AS(P::nemo_rl::validate({.sequence_level_importance_ratios = true}), ulorl::error);
+  REQUIRE_THROWS_AS(P::nemo_rl::validate({.ratio_clip_c = 3.0, .use_cispo = true}), ulorl::error);
+  REQUIRE_THROWS_AS(P::nemo_rl::validate({.token_level_loss = false, .use_cispo = true}), ulorl::error);
+  REQUIRE_THROWS_AS(P::nemo_rl::validate({.force_on_policy_ratio = true, .use_cispo = true}), ulorl::error);
+  REQUIRE_THROWS_AS(P::nemo_rl::validate({.disable_ppo_ratio = true, .use_cispo = true}), ulorl::error);
+}
+
+TEST_CASE("nemo_rl: the positive-example NLL term", "[presets]") {
+  REQUIRE_FALSE(P::nemo_rl::positive_example_nll({}, 5.0));
+  REQUIRE_FALSE(P::nemo_rl::positive_example_nll({.positive_example_nll_weight = 0.5}, 0.0));
+  const auto n = P::nemo_rl::positive_example_nll({.positive_example_nll_weight = 0.5}, 5.0);
+  REQUIRE((n && n->mode == ulorl::agg_mode::token_mean && n->denominator == 5.0 && n->scale == -0.5));
+  REQUIRE_THROWS_AS(P::nemo_rl::positive_example_nll({.positive_example_nll_weight = 0.5}, -1.0), ulorl::error);
+}
+
 TEST_CASE("nemo_rl: a NaN option is rejected even where the preset does not use it", "[presets][nan]") {
   require_nan_rejected([&] { return P::nemo_rl::objective({.truncated_importance_sampling_ratio_min = std::nan("")}); },
                        "truncated_importance_sampling_ratio_min");

@@ -41,40 +41,40 @@ using loss_type_kind = trl::loss_type_kind;
 //! `importance_sampling_level`: token or sequence (Liger has no sequence_token).
 using importance_sampling_kind = trl::importance_sampling_kind;
 
+//! The names of `importance_sampling_level`: TRL's but sequence_token.
+inline constexpr presets::detail::name_entry<importance_sampling_kind> importance_sampling_level_names[] = {
+    {"token", importance_sampling_kind::token}, {"sequence", importance_sampling_kind::sequence}};
+
 [[nodiscard]] inline loss_type_kind loss_type_from_name(std::string_view name) {
-  using L = loss_type_kind;
-  static constexpr presets::detail::name_entry<L> table[] = {
-      {"grpo", L::grpo}, {"bnpo", L::bnpo},   {"dr_grpo", L::dr_grpo}, {"dapo", L::dapo},
-      {"cispo", L::cispo}, {"sapo", L::sapo}, {"luspo", L::luspo},     {"vespo", L::vespo}};
-  return presets::detail::parse("presets::liger::loss_type_from_name", "loss_type", name, table);
+  return presets::detail::parse("presets::liger::loss_type_from_name", "loss_type", name, trl::loss_type_names);
 }
 [[nodiscard]] inline importance_sampling_kind importance_sampling_level_from_name(std::string_view name) {
-  static constexpr presets::detail::name_entry<importance_sampling_kind> table[] = {
-      {"token", importance_sampling_kind::token}, {"sequence", importance_sampling_kind::sequence}};
   return presets::detail::parse("presets::liger::importance_sampling_level_from_name", "importance_sampling_level", name,
-                               table);
+                               importance_sampling_level_names);
 }
 
 //! LigerFusedLinearGRPOLoss's constructor arguments that shape the loss, with Liger's defaults
 //! (`compiled` and `chunk_size` change nothing here: the head sizes its own chunks; `temperature`
-//! divides the logits, the head's own option).
+//! divides the logits, the head's own option). Where Liger takes TRL's defaults (loss type, level,
+//! the SAPO temperatures, VESPO's parameters) they are TRL's (trl::defaults); beta and the epsilons
+//! are Liger's own.
 struct fused_linear_grpo_options {
   double beta = 0.04;
   bool use_ref_model = true;  //!< false: no KL term (Liger compares the policy with itself)
   double epsilon_low = 0.2;
   double epsilon_high = 0.2;  //!< cispo: the cap of the ratio itself (> 0)
-  loss_type_kind loss_type = loss_type_kind::dapo;
+  loss_type_kind loss_type = trl::defaults::loss_type;
   std::optional<double> max_completion_length{};  //!< required by dr_grpo
-  importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
-  double sapo_temperature_pos = 1.0;
-  double sapo_temperature_neg = 1.05;
+  importance_sampling_kind importance_sampling_level = trl::defaults::importance_sampling_level;
+  double sapo_temperature_pos = trl::defaults::sapo_temperature_pos;
+  double sapo_temperature_neg = trl::defaults::sapo_temperature_neg;
   double temperature = 1.0;
   std::optional<double> delta{};  //!< upper cap of the ratio; absent: none
-  bool use_bias_correction_kl = false;
-  double vespo_k_pos = 2.0;
-  double vespo_lambda_pos = 3.0;
-  double vespo_k_neg = 3.0;
-  double vespo_lambda_neg = 2.0;
+  bool use_bias_correction_kl = trl::defaults::use_bias_correction_kl;
+  double vespo_k_pos = trl::defaults::vespo_k_pos;
+  double vespo_lambda_pos = trl::defaults::vespo_lambda_pos;
+  double vespo_k_neg = trl::defaults::vespo_k_neg;
+  double vespo_lambda_neg = trl::defaults::vespo_lambda_neg;
 };
 
 //! Throws ulorl::error for what Liger rejects at the call: an unknown loss type or level, the

@@ -62,23 +62,25 @@ namespace presets::trl {
 //! `sequence_token` is GSPO-token (`trl.experimental.gspo_token`): the sequence ratio with the
 //! gradient to each token itself.
 enum class importance_sampling_kind { token, sequence, sequence_token };
+//! The names of `importance_sampling_level` (parsed by importance_sampling_level_from_name, printed by name_in).
+inline constexpr presets::detail::name_entry<importance_sampling_kind> importance_sampling_level_names[] = {
+    {"token", importance_sampling_kind::token},
+    {"sequence", importance_sampling_kind::sequence},
+    {"sequence_token", importance_sampling_kind::sequence_token}};
 [[nodiscard]] inline importance_sampling_kind importance_sampling_level_from_name(std::string_view name) {
-  static constexpr presets::detail::name_entry<importance_sampling_kind> table[] = {
-      {"token", importance_sampling_kind::token},
-      {"sequence", importance_sampling_kind::sequence},
-      {"sequence_token", importance_sampling_kind::sequence_token}};
   return presets::detail::parse("presets::trl::importance_sampling_level_from_name", "importance_sampling_level", name,
-                               table);
+                               importance_sampling_level_names);
 }
 
 //! `loss_type`.
 enum class loss_type_kind { grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo };
+//! The names of `loss_type` (parsed by loss_type_from_name, printed by name_in).
+inline constexpr presets::detail::name_entry<loss_type_kind> loss_type_names[] = {
+    {"grpo", loss_type_kind::grpo},   {"bnpo", loss_type_kind::bnpo},   {"dr_grpo", loss_type_kind::dr_grpo},
+    {"dapo", loss_type_kind::dapo},   {"cispo", loss_type_kind::cispo}, {"sapo", loss_type_kind::sapo},
+    {"luspo", loss_type_kind::luspo}, {"vespo", loss_type_kind::vespo}};
 [[nodiscard]] inline loss_type_kind loss_type_from_name(std::string_view name) {
-  static constexpr presets::detail::name_entry<loss_type_kind> table[] = {
-      {"grpo", loss_type_kind::grpo},   {"bnpo", loss_type_kind::bnpo}, {"dr_grpo", loss_type_kind::dr_grpo},
-      {"dapo", loss_type_kind::dapo},   {"cispo", loss_type_kind::cispo}, {"sapo", loss_type_kind::sapo},
-      {"luspo", loss_type_kind::luspo}, {"vespo", loss_type_kind::vespo}};
-  return presets::detail::parse("presets::trl::loss_type_from_name", "loss_type", name, table);
+  return presets::detail::parse("presets::trl::loss_type_from_name", "loss_type", name, loss_type_names);
 }
 
 //! `scale_rewards`.
@@ -92,6 +94,10 @@ inline constexpr double epsilon = 0.2;
 inline constexpr importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
 inline constexpr double sapo_temperature_pos = 1.0;
 inline constexpr double sapo_temperature_neg = 1.05;
+inline constexpr double vespo_k_pos = 2.0;
+inline constexpr double vespo_lambda_pos = 3.0;
+inline constexpr double vespo_k_neg = 3.0;
+inline constexpr double vespo_lambda_neg = 2.0;
 inline constexpr double max_completion_length = 256;
 inline constexpr double gradient_accumulation_steps = 1;
 inline constexpr double num_processes = 1;
@@ -464,10 +470,10 @@ struct grpo_loss_options {
   double num_processes = defaults::num_processes;
   double sapo_temperature_pos = defaults::sapo_temperature_pos;
   double sapo_temperature_neg = defaults::sapo_temperature_neg;
-  double vespo_k_pos = 2.0;
-  double vespo_lambda_pos = 3.0;
-  double vespo_k_neg = 3.0;
-  double vespo_lambda_neg = 2.0;
+  double vespo_k_pos = defaults::vespo_k_pos;
+  double vespo_lambda_pos = defaults::vespo_lambda_pos;
+  double vespo_k_neg = defaults::vespo_k_neg;
+  double vespo_lambda_neg = defaults::vespo_lambda_neg;
   std::optional<double> off_policy_mask_threshold{};  //!< absent: no off-policy mask
   double top_entropy_quantile = 1.0;
   double entropy_coef = defaults::entropy_coef;  //!< the coefficient applied this step (adaptive_entropy)
