@@ -56,6 +56,16 @@ mask_bytes optional_mask_of(std::string_view fn, std::string_view arg, const opt
 //! A new tensor of `like`'s shape and dtype (never requiring grad).
 at::Tensor empty_like_of(const at::Tensor& like) { return at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type())); }
 
+//! A read-write attribute `name` of an options class holding an enum by a framework's name: printed
+//! from `names`, parsed by the preset's `*_from_name` (an unknown name raises its ulorl.Error).
+template <class C, class E, std::size_t N>
+void name_property(py::class_<C>& c, const char* name, E C::*field, const P::detail::name_entry<E> (&names)[N],
+                   E (*parse)(std::string_view)) {
+  c.def_property(
+      name, [field, &names](const C& o) { return std::string(ulorl::name_in(names, o.*field)); },
+      [field, parse](C& o, const std::string& v) { o.*field = parse(v); });
+}
+
 // ---- rollout correction ----------------------------------------------------------------------------
 py::dict rc_metrics_dict(const rc::metrics& m) {
   return py::dict("tokens"_a = m.tokens, "rows"_a = m.rows, "weight_mean"_a = m.weight_mean,
@@ -530,36 +540,43 @@ void bind_loss_passes(py::module_& m) {
   // NeMo-RL ClippedPGLossFn: its options (validated), the objective / normaliser, the IS weights'
   // configuration, its reference-KL term (value and gradient) and its logged ratios.
   using O = P::nemo_rl::clipped_pg_loss_options;
-  py::class_<O>(m, "NemoRLClippedPGLossOptions", "NeMo-RL ClippedPGLossFn options (presets::nemo_rl::clipped_pg_loss_options).");
+  py::class_<O> nemo_options(m, "NemoRLClippedPGLossOptions",
+                             "NeMo-RL ClippedPGLossFn options (presets::nemo_rl::clipped_pg_loss_options); a "
+                             "default-made one holds the defaults.");
+  nemo_options.def(py::init<>())
+      .def_readwrite("ratio_clip_min", &O::ratio_clip_min)
+      .def_readwrite("ratio_clip_max", &O::ratio_clip_max)
+      .def_readwrite("ratio_clip_c", &O::ratio_clip_c)
+      .def_readwrite("token_level_loss", &O::token_level_loss)
+      .def_readwrite("force_on_policy_ratio", &O::force_on_policy_ratio)
+      .def_readwrite("disable_ppo_ratio", &O::disable_ppo_ratio)
+      .def_readwrite("use_importance_sampling_correction", &O::use_importance_sampling_correction)
+      .def_property(
+          "truncated_importance_sampling_type",
+          [](const O& o) -> std::optional<std::string> {
+            if (!o.truncated_importance_sampling_type) return std::nullopt;
+            return std::string(ulorl::name_in(P::nemo_rl::truncated_importance_sampling_type_names, *o.truncated_importance_sampling_type));
+          },
+          [](O& o, const std::optional<std::string>& v) {
+            o.truncated_importance_sampling_type.reset();
+            if (v) o.truncated_importance_sampling_type = rc::is_weighting_from_name(*v, "truncated_importance_sampling_type");
+          })
+      .def_readwrite("truncated_importance_sampling_ratio", &O::truncated_importance_sampling_ratio)
+      .def_readwrite("truncated_importance_sampling_ratio_min", &O::truncated_importance_sampling_ratio_min)
+      .def_readwrite("reference_policy_kl_penalty", &O::reference_policy_kl_penalty);
+  name_property(nemo_options, "reference_policy_kl_type", &O::reference_policy_kl_type,
+                P::nemo_rl::reference_policy_kl_type_names, &P::nemo_rl::kl_type_from_name);
+  nemo_options.def_readwrite("kl_input_clamp_value", &O::kl_input_clamp_value)
+      .def_readwrite("kl_output_clamp_value", &O::kl_output_clamp_value)
+      .def_readwrite("use_on_policy_kl_approximation", &O::use_on_policy_kl_approximation)
+      .def_readwrite("sequence_level_importance_ratios", &O::sequence_level_importance_ratios)
+      .def_readwrite("use_cispo", &O::use_cispo)
+      .def_readwrite("positive_example_nll_weight", &O::positive_example_nll_weight);
+  m.def("_nemo_rl_validate", [](const O& o) { P::nemo_rl::validate(o); }, "options"_a);
   m.def(
-      "_nemo_rl_clipped_pg_loss_options",
-      [](double ratio_clip_min, double ratio_clip_max, opt ratio_clip_c, bool token_level_loss, bool force_on_policy_ratio,
-         bool disable_ppo_ratio, bool use_importance_sampling_correction, const std::optional<std::string>& tis_type,
-         opt tis_ratio, opt tis_ratio_min, double kl_penalty, const std::string& kl_type, opt kl_input_clamp,
-         opt kl_output_clamp, bool use_on_policy_kl_approximation) {
-        O o{.ratio_clip_min = ratio_clip_min,
-            .ratio_clip_max = ratio_clip_max,
-            .ratio_clip_c = ratio_clip_c,
-            .token_level_loss = token_level_loss,
-            .force_on_policy_ratio = force_on_policy_ratio,
-            .disable_ppo_ratio = disable_ppo_ratio,
-            .use_importance_sampling_correction = use_importance_sampling_correction,
-            .truncated_importance_sampling_ratio = tis_ratio,
-            .truncated_importance_sampling_ratio_min = tis_ratio_min,
-            .reference_policy_kl_penalty = kl_penalty,
-            .reference_policy_kl_type = P::nemo_rl::kl_type_from_name(kl_type),
-            .kl_input_clamp_value = kl_input_clamp,
-            .kl_output_clamp_value = kl_output_clamp,
-            .use_on_policy_kl_approximation = use_on_policy_kl_approximation};
-        if (tis_type) o.truncated_importance_sampling_type = rc::is_weighting_from_name(*tis_type, "truncated_importance_sampling_type");
-        P::nemo_rl::validate(o);
-        return o;
-      },
-      "ratio_clip_min"_a, "ratio_clip_max"_a, "ratio_clip_c"_a, "token_level_loss"_a, "force_on_policy_ratio"_a,
-      "disable_ppo_ratio"_a, "use_importance_sampling_correction"_a, "truncated_importance_sampling_type"_a,
-      "truncated_importance_sampling_ratio"_a, "truncated_importance_sampling_ratio_min"_a,
-      "reference_policy_kl_penalty"_a, "reference_policy_kl_type"_a, "kl_input_clamp_value"_a,
-      "kl_output_clamp_value"_a, "use_on_policy_kl_approximation"_a);
+      "_nemo_rl_positive_example_nll",
+      [](const O& o, double positive_tokens) { return P::nemo_rl::positive_example_nll(o, positive_tokens); }, "options"_a,
+      "positive_tokens"_a);
   m.def(
       "_nemo_rl_loss_config",
       [](const O& o, const ulorl::batch_counts& counts, opt global_valid_toks, opt global_valid_seqs) {
@@ -613,39 +630,39 @@ void bind_loss_passes(py::module_& m) {
   // tensors. Returns (loss, d loss / d per_token_logps, d loss / d entropies or None, metrics):
   // policy_loss's metric names and TRL's (clip_ratio/low_mean, ..., cispo_clip_ratio,
   // vespo_phi_seq_mean, entropy, kl) where TRL logs them.
+  using TO = P::trl::grpo_loss_options;
+  py::class_<TO> trl_options(m, "TRLGRPOLossOptions",
+                             "TRL GRPOConfig's loss options (presets::trl::grpo_loss_options); a default-made one "
+                             "holds GRPOConfig's defaults.");
+  trl_options.def(py::init<>());
+  name_property(trl_options, "loss_type", &TO::loss_type, P::trl::loss_type_names, &P::trl::loss_type_from_name);
+  trl_options.def_readwrite("epsilon", &TO::epsilon)
+      .def_readwrite("epsilon_high", &TO::epsilon_high)
+      .def_readwrite("delta", &TO::delta)
+      .def_readwrite("beta", &TO::beta);
+  name_property(trl_options, "importance_sampling_level", &TO::importance_sampling_level,
+                P::trl::importance_sampling_level_names, &P::trl::importance_sampling_level_from_name);
+  trl_options.def_readwrite("use_bias_correction_kl", &TO::use_bias_correction_kl)
+      .def_readwrite("max_completion_length", &TO::max_completion_length)
+      .def_readwrite("gradient_accumulation_steps", &TO::gradient_accumulation_steps)
+      .def_readwrite("num_items_in_batch", &TO::num_items_in_batch)
+      .def_readwrite("num_processes", &TO::num_processes)
+      .def_readwrite("sapo_temperature_pos", &TO::sapo_temperature_pos)
+      .def_readwrite("sapo_temperature_neg", &TO::sapo_temperature_neg)
+      .def_readwrite("vespo_k_pos", &TO::vespo_k_pos)
+      .def_readwrite("vespo_lambda_pos", &TO::vespo_lambda_pos)
+      .def_readwrite("vespo_k_neg", &TO::vespo_k_neg)
+      .def_readwrite("vespo_lambda_neg", &TO::vespo_lambda_neg)
+      .def_readwrite("off_policy_mask_threshold", &TO::off_policy_mask_threshold)
+      .def_readwrite("top_entropy_quantile", &TO::top_entropy_quantile)
+      .def_readwrite("entropy_coef", &TO::entropy_coef)
+      .def_readwrite("check_values", &TO::check_values);
   m.def(
       "_trl_grpo_loss",
       [](const at::Tensor& per_token_logps, const at::Tensor& old_per_token_logps, const at::Tensor& advantages,
          const opt_tensor& completion_mask, const opt_tensor& ref_per_token_logps, const opt_tensor& sampling_per_token_logps,
-         const opt_tensor& entropies, const opt_tensor& importance_sampling_ratio, const std::string& loss_type,
-         double epsilon, opt epsilon_high, opt delta, double beta, const std::string& importance_sampling_level,
-         bool use_bias_correction_kl, double max_completion_length, double gradient_accumulation_steps,
-         opt num_items_in_batch, double num_processes, double sapo_temperature_pos, double sapo_temperature_neg,
-         double vespo_k_pos, double vespo_lambda_pos, double vespo_k_neg, double vespo_lambda_neg,
-         opt off_policy_mask_threshold, double top_entropy_quantile, double entropy_coef, bool check_values) {
+         const opt_tensor& entropies, const opt_tensor& importance_sampling_ratio, const TO& o) {
         constexpr std::string_view fn = "presets::trl::grpo_loss";
-        const P::trl::grpo_loss_options o{
-            .loss_type = P::trl::loss_type_from_name(loss_type),
-            .epsilon = epsilon,
-            .epsilon_high = epsilon_high,
-            .delta = delta,
-            .beta = beta,
-            .importance_sampling_level = P::trl::importance_sampling_level_from_name(importance_sampling_level),
-            .use_bias_correction_kl = use_bias_correction_kl,
-            .max_completion_length = max_completion_length,
-            .gradient_accumulation_steps = gradient_accumulation_steps,
-            .num_items_in_batch = num_items_in_batch,
-            .num_processes = num_processes,
-            .sapo_temperature_pos = sapo_temperature_pos,
-            .sapo_temperature_neg = sapo_temperature_neg,
-            .vespo_k_pos = vespo_k_pos,
-            .vespo_lambda_pos = vespo_lambda_pos,
-            .vespo_k_neg = vespo_k_neg,
-            .vespo_lambda_neg = vespo_lambda_neg,
-            .off_policy_mask_threshold = off_policy_mask_threshold,
-            .top_entropy_quantile = top_entropy_quantile,
-            .entropy_coef = entropy_coef,
-            .check_values = check_values};
         return th::detail::with_token_type(fn, "per_token_logps", per_token_logps, [&](auto tag) {
           using T = decltype(tag);
           const th::offsets_view padded{};
@@ -664,7 +681,7 @@ void bind_loss_passes(py::module_& m) {
           at::Tensor grad = at::zeros(per_token_logps.sizes(), opts);
           opt_tensor grad_entropies;
           P::trl::grpo_loss_outputs<T> out{th::tokens_of<T>(fn, "grad_per_token_logps", grad, padded)};
-          if (entropy_coef != 0.0 && entropies) {
+          if (o.entropy_coef != 0.0 && entropies) {
             grad_entropies = at::zeros(entropies->sizes(), opts);
             out.grad_entropies = th::tokens_of<T>(fn, "grad_entropies", *grad_entropies, padded);
           }
@@ -691,56 +708,43 @@ void bind_loss_passes(py::module_& m) {
         });
       },
       "per_token_logps"_a, "old_per_token_logps"_a, "advantages"_a, "completion_mask"_a, "ref_per_token_logps"_a,
-      "sampling_per_token_logps"_a, "entropies"_a, "importance_sampling_ratio"_a, "loss_type"_a, "epsilon"_a,
-      "epsilon_high"_a, "delta"_a, "beta"_a, "importance_sampling_level"_a, "use_bias_correction_kl"_a,
-      "max_completion_length"_a, "gradient_accumulation_steps"_a, "num_items_in_batch"_a, "num_processes"_a,
-      "sapo_temperature_pos"_a, "sapo_temperature_neg"_a, "vespo_k_pos"_a, "vespo_lambda_pos"_a, "vespo_k_neg"_a,
-      "vespo_lambda_neg"_a, "off_policy_mask_threshold"_a, "top_entropy_quantile"_a, "entropy_coef"_a,
-      "check_values"_a = true);
+      "sampling_per_token_logps"_a, "entropies"_a, "importance_sampling_ratio"_a, "options"_a);
 
   // Liger's LigerFusedLinearGRPOLoss: its options (validated) and the plan of a call
   // (presets::liger::fused_linear_grpo): the fused pass's configuration and the adjustments of its
   // inputs, or (luspo, vespo) the num_items_in_batch of TRL's loss.
   using LO = P::liger::fused_linear_grpo_options;
-  py::class_<LO>(m, "LigerFusedLinearGRPOOptions",
-                 "Liger's LigerFusedLinearGRPOLoss options (presets::liger::fused_linear_grpo_options).")
+  py::class_<LO> liger_options(m, "LigerFusedLinearGRPOOptions",
+                               "Liger's LigerFusedLinearGRPOLoss options (presets::liger::fused_linear_grpo_options); a "
+                               "default-made one holds Liger's defaults.");
+  liger_options.def(py::init<>())
       .def_property_readonly("uses_num_items", [](const LO& o) { return P::liger::uses_num_items(o); },
-                             "Whether the loss type divides by num_items_in_batch (dapo, cispo, luspo, vespo).");
-  m.def(
-      "_liger_fused_linear_grpo_options",
-      [](double beta, bool use_ref_model, double epsilon_low, double epsilon_high, const std::string& loss_type,
-         opt max_completion_length, const std::string& importance_sampling_level, double sapo_temperature_pos,
-         double sapo_temperature_neg, double temperature, opt delta, bool use_bias_correction_kl, double vespo_k_pos,
-         double vespo_lambda_pos, double vespo_k_neg, double vespo_lambda_neg) {
-        const LO o{.beta = beta,
-                   .use_ref_model = use_ref_model,
-                   .epsilon_low = epsilon_low,
-                   .epsilon_high = epsilon_high,
-                   .loss_type = P::liger::loss_type_from_name(loss_type),
-                   .max_completion_length = max_completion_length,
-                   .importance_sampling_level = P::liger::importance_sampling_level_from_name(importance_sampling_level),
-                   .sapo_temperature_pos = sapo_temperature_pos,
-                   .sapo_temperature_neg = sapo_temperature_neg,
-                   .temperature = temperature,
-                   .delta = delta,
-                   .use_bias_correction_kl = use_bias_correction_kl,
-                   .vespo_k_pos = vespo_k_pos,
-                   .vespo_lambda_pos = vespo_lambda_pos,
-                   .vespo_k_neg = vespo_k_neg,
-                   .vespo_lambda_neg = vespo_lambda_neg};
-        P::liger::validate(o);
-        return o;
-      },
-      "beta"_a, "use_ref_model"_a, "epsilon_low"_a, "epsilon_high"_a, "loss_type"_a, "max_completion_length"_a,
-      "importance_sampling_level"_a, "sapo_temperature_pos"_a, "sapo_temperature_neg"_a, "temperature"_a, "delta"_a,
-      "use_bias_correction_kl"_a, "vespo_k_pos"_a, "vespo_lambda_pos"_a, "vespo_k_neg"_a, "vespo_lambda_neg"_a);
+                             "Whether the loss type divides by num_items_in_batch (dapo, cispo, luspo, vespo).")
+      .def_readwrite("beta", &LO::beta)
+      .def_readwrite("use_ref_model", &LO::use_ref_model)
+      .def_readwrite("epsilon_low", &LO::epsilon_low)
+      .def_readwrite("epsilon_high", &LO::epsilon_high);
+  name_property(liger_options, "loss_type", &LO::loss_type, P::trl::loss_type_names, &P::liger::loss_type_from_name);
+  liger_options.def_readwrite("max_completion_length", &LO::max_completion_length);
+  name_property(liger_options, "importance_sampling_level", &LO::importance_sampling_level,
+                P::liger::importance_sampling_level_names, &P::liger::importance_sampling_level_from_name);
+  liger_options.def_readwrite("sapo_temperature_pos", &LO::sapo_temperature_pos)
+      .def_readwrite("sapo_temperature_neg", &LO::sapo_temperature_neg)
+      .def_readwrite("temperature", &LO::temperature)
+      .def_readwrite("delta", &LO::delta)
+      .def_readwrite("use_bias_correction_kl", &LO::use_bias_correction_kl)
+      .def_readwrite("vespo_k_pos", &LO::vespo_k_pos)
+      .def_readwrite("vespo_lambda_pos", &LO::vespo_lambda_pos)
+      .def_readwrite("vespo_k_neg", &LO::vespo_k_neg)
+      .def_readwrite("vespo_lambda_neg", &LO::vespo_lambda_neg);
+  m.def("_liger_validate", [](const LO& o) { P::liger::validate(o); }, "options"_a);
   m.def(
       "_liger_fused_linear_grpo",
       [](const LO& o, const ulorl::batch_counts& counts, opt num_items_in_batch, double world_size) {
         const auto p = P::liger::fused_linear_grpo(o, counts, num_items_in_batch, world_size);
         return py::dict("fused"_a = p.fused, "config"_a = p.config, "old_log_prob_shift"_a = p.old_log_prob_shift,
                         "weight_scale"_a = p.weight_scale, "kl_mean_scale"_a = p.kl_mean_scale,
-                        "num_items_in_batch"_a = p.trl_options.num_items_in_batch);
+                        "trl_options"_a = p.trl_options);
       },
       "options"_a, "counts"_a, "num_items_in_batch"_a, "world_size"_a);
 

@@ -429,17 +429,18 @@ void bind_controllers(py::module_& m) {
       .def("save", [](const E& e) { return to_bytes(e.save()); })
       .def_static("restore", [](const py::bytes& b) { return E::restore(byte_span(b)); }, "data"_a);
 
+  using A = ulorl::presets::trl::adaptive_entropy_params;
+  py::class_<A>(m, "TRLAdaptiveEntropyParams",
+                "TRL GRPOConfig's adaptive entropy fields (presets::trl::adaptive_entropy_params); a default-made one "
+                "holds GRPOConfig's defaults.")
+      .def(py::init<>())
+      .def_readwrite("entropy_coef", &A::entropy_coef)
+      .def_readwrite("entropy_target", &A::entropy_target)
+      .def_readwrite("entropy_coef_delta", &A::entropy_coef_delta)
+      .def_readwrite("entropy_coef_min", &A::entropy_coef_min)
+      .def_readwrite("entropy_coef_max", &A::entropy_coef_max);
   m.def(
-      "_trl_adaptive_entropy",
-      [](double entropy_coef, double entropy_target, double entropy_coef_delta, double entropy_coef_min,
-         double entropy_coef_max) {
-        return E(ulorl::presets::trl::adaptive_entropy({.entropy_coef = entropy_coef,
-                                                        .entropy_target = entropy_target,
-                                                        .entropy_coef_delta = entropy_coef_delta,
-                                                        .entropy_coef_min = entropy_coef_min,
-                                                        .entropy_coef_max = entropy_coef_max}));
-      },
-      "entropy_coef"_a, "entropy_target"_a, "entropy_coef_delta"_a, "entropy_coef_min"_a, "entropy_coef_max"_a);
+      "_trl_adaptive_entropy", [](const A& p) { return E(ulorl::presets::trl::adaptive_entropy(p)); }, "params"_a);
 
   using R = ulorl::reference_reset_policy;
   const auto action = [](const ulorl::reset_action& a) {

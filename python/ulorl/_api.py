@@ -70,15 +70,23 @@ def _check_nan_options(module_globals: Dict[str, Any], prefix: str = "") -> None
             module_globals[name] = _nan_checked(prefix + name, f)
 
 
-def _policy_loss_options() -> Dict[str, Any]:
-    """Every option of :class:`PolicyLossConfig` (its settable attributes but the normaliser) with
-    its default: the C++ defaults of ulorl::policy_loss_config, read from a default-made config."""
-    default = PolicyLossConfig()
-    names = [n for n, v in vars(PolicyLossConfig).items() if isinstance(v, property) and v.fset is not None]
-    return {n: getattr(default, n) for n in names if n != "normalizer"}
+def _cpp_defaults(options_type: type, exclude: Sequence[str] = ()) -> Dict[str, Any]:
+    """Every option of a bound C++ options type (its settable attributes but ``exclude``) with its
+    default, read from a default-made object: the C++ struct's defaults, the one place they live."""
+    default = options_type()
+    names = [n for n, v in vars(options_type).items() if isinstance(v, property) and v.fset is not None]
+    return {n: getattr(default, n) for n in names if n not in exclude}
 
 
-_POLICY_LOSS_OPTIONS = _policy_loss_options()
+def _cpp_options(options_type: type, values: Dict[str, Any]) -> Any:
+    """A bound C++ options object: its defaults, then ``values`` (option name -> value) set on it."""
+    o = options_type()
+    for name, value in values.items():
+        setattr(o, name, value)
+    return o
+
+
+_POLICY_LOSS_OPTIONS = _cpp_defaults(PolicyLossConfig, exclude=("normalizer",))
 
 
 def policy_loss_config(*, eps_high: Optional[float] = None, normalizer: Optional[Normalizer] = None,

@@ -106,10 +106,78 @@ class RolloutCorrectionStatistics:
 def rollout_correction_finalize(statistics: RolloutCorrectionStatistics,
                                 config: RolloutCorrectionConfig) -> Dict[str, float]: ...
 
-class NemoRLClippedPGLossOptions: ...
+class NemoRLClippedPGLossOptions:
+    ratio_clip_min: float
+    ratio_clip_max: float
+    ratio_clip_c: Optional[float]
+    token_level_loss: bool
+    force_on_policy_ratio: bool
+    disable_ppo_ratio: bool
+    use_importance_sampling_correction: bool
+    truncated_importance_sampling_type: Optional[str]
+    truncated_importance_sampling_ratio: Optional[float]
+    truncated_importance_sampling_ratio_min: Optional[float]
+    reference_policy_kl_penalty: float
+    reference_policy_kl_type: str
+    kl_input_clamp_value: Optional[float]
+    kl_output_clamp_value: Optional[float]
+    use_on_policy_kl_approximation: bool
+    sequence_level_importance_ratios: bool
+    use_cispo: bool
+    positive_example_nll_weight: float
+    def __init__(self) -> None: ...
+
+class TRLGRPOLossOptions:
+    loss_type: str
+    epsilon: float
+    epsilon_high: Optional[float]
+    delta: Optional[float]
+    beta: float
+    importance_sampling_level: str
+    use_bias_correction_kl: bool
+    max_completion_length: float
+    gradient_accumulation_steps: float
+    num_items_in_batch: Optional[float]
+    num_processes: float
+    sapo_temperature_pos: float
+    sapo_temperature_neg: float
+    vespo_k_pos: float
+    vespo_lambda_pos: float
+    vespo_k_neg: float
+    vespo_lambda_neg: float
+    off_policy_mask_threshold: Optional[float]
+    top_entropy_quantile: float
+    entropy_coef: float
+    check_values: bool
+    def __init__(self) -> None: ...
+
+class TRLAdaptiveEntropyParams:
+    entropy_coef: float
+    entropy_target: float
+    entropy_coef_delta: float
+    entropy_coef_min: float
+    entropy_coef_max: float
+    def __init__(self) -> None: ...
 
 class LigerFusedLinearGRPOOptions:
     uses_num_items: bool
+    beta: float
+    use_ref_model: bool
+    epsilon_low: float
+    epsilon_high: float
+    loss_type: str
+    max_completion_length: Optional[float]
+    importance_sampling_level: str
+    sapo_temperature_pos: float
+    sapo_temperature_neg: float
+    temperature: float
+    delta: Optional[float]
+    use_bias_correction_kl: bool
+    vespo_k_pos: float
+    vespo_lambda_pos: float
+    vespo_k_neg: float
+    vespo_lambda_neg: float
+    def __init__(self) -> None: ...
 
 class KLController:
     value: float
@@ -319,7 +387,9 @@ def _verl_clip_cov_weights(clip_ratio_low: float, clip_ratio_high: float, clip_c
                            rollout_is_weights: Optional[torch.Tensor], offsets: Optional[torch.Tensor] = None
                            ) -> Tuple[torch.Tensor, Dict[str, float]]: ...
 def _openrlhf_vllm_is_plan(policy_loss_type: str, enable_vllm_is_correction: bool) -> Dict[str, bool]: ...
-def _nemo_rl_clipped_pg_loss_options(*args: Any) -> NemoRLClippedPGLossOptions: ...
+def _nemo_rl_validate(options: NemoRLClippedPGLossOptions) -> None: ...
+def _nemo_rl_positive_example_nll(options: NemoRLClippedPGLossOptions,
+                                  positive_tokens: float) -> Optional[Normalizer]: ...
 def _nemo_rl_loss_config(options: NemoRLClippedPGLossOptions, counts: BatchCounts, global_valid_toks: Optional[float],
                          global_valid_seqs: Optional[float]) -> PolicyLossConfig: ...
 def _nemo_rl_importance_config(options: NemoRLClippedPGLossOptions) -> RolloutCorrectionConfig: ...
@@ -333,23 +403,11 @@ def _nemo_rl_logged_ratios(options: NemoRLClippedPGLossOptions, log_prob: torch.
 def _trl_grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor,
                    completion_mask: Optional[torch.Tensor], ref_per_token_logps: Optional[torch.Tensor],
                    sampling_per_token_logps: Optional[torch.Tensor], entropies: Optional[torch.Tensor],
-                   importance_sampling_ratio: Optional[torch.Tensor], loss_type: str, epsilon: float,
-                   epsilon_high: Optional[float], delta: Optional[float], beta: float, importance_sampling_level: str,
-                   use_bias_correction_kl: bool, max_completion_length: float, gradient_accumulation_steps: float,
-                   num_items_in_batch: Optional[float], num_processes: float, sapo_temperature_pos: float,
-                   sapo_temperature_neg: float, vespo_k_pos: float, vespo_lambda_pos: float, vespo_k_neg: float,
-                   vespo_lambda_neg: float, off_policy_mask_threshold: Optional[float], top_entropy_quantile: float,
-                   entropy_coef: float, check_values: bool = True
+                   importance_sampling_ratio: Optional[torch.Tensor], options: TRLGRPOLossOptions
                    ) -> Tuple[float, torch.Tensor, Optional[torch.Tensor], Dict[str, float]]: ...
-def _liger_fused_linear_grpo_options(beta: float, use_ref_model: bool, epsilon_low: float, epsilon_high: float,
-                                     loss_type: str, max_completion_length: Optional[float],
-                                     importance_sampling_level: str, sapo_temperature_pos: float,
-                                     sapo_temperature_neg: float, temperature: float, delta: Optional[float],
-                                     use_bias_correction_kl: bool, vespo_k_pos: float, vespo_lambda_pos: float,
-                                     vespo_k_neg: float, vespo_lambda_neg: float) -> LigerFusedLinearGRPOOptions: ...
+def _liger_validate(options: LigerFusedLinearGRPOOptions) -> None: ...
 def _liger_fused_linear_grpo(options: LigerFusedLinearGRPOOptions, counts: BatchCounts,
                              num_items_in_batch: Optional[float], world_size: float) -> Dict[str, Any]: ...
-def _trl_adaptive_entropy(entropy_coef: float, entropy_target: float, entropy_coef_delta: float,
-                          entropy_coef_min: float, entropy_coef_max: float) -> EntropyController: ...
+def _trl_adaptive_entropy(params: TRLAdaptiveEntropyParams) -> EntropyController: ...
 def _logits_statistics(logits: torch.Tensor, labels: torch.Tensor, temperature: float,
                        check_values: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...

@@ -41,40 +41,40 @@ using loss_type_kind = trl::loss_type_kind;
 //! `importance_sampling_level`: token or sequence (Liger has no sequence_token).
 using importance_sampling_kind = trl::importance_sampling_kind;
 
+//! The names of `importance_sampling_level`: TRL's but sequence_token.
+inline constexpr presets::detail::name_entry<importance_sampling_kind> importance_sampling_level_names[] = {
+    {"token", importance_sampling_kind::token}, {"sequence", importance_sampling_kind::sequence}};
+
 [[nodiscard]] inline loss_type_kind loss_type_from_name(std::string_view name) {
-  using L = loss_type_kind;
-  static constexpr presets::detail::name_entry<L> table[] = {
-      {"grpo", L::grpo}, {"bnpo", L::bnpo},   {"dr_grpo", L::dr_grpo}, {"dapo", L::dapo},
-      {"cispo", L::cispo}, {"sapo", L::sapo}, {"luspo", L::luspo},     {"vespo", L::vespo}};
-  return presets::detail::parse("presets::liger::loss_type_from_name", "loss_type", name, table);
+  return presets::detail::parse("presets::liger::loss_type_from_name", "loss_type", name, trl::loss_type_names);
 }
 [[nodiscard]] inline importance_sampling_kind importance_sampling_level_from_name(std::string_view name) {
-  static constexpr presets::detail::name_entry<importance_sampling_kind> table[] = {
-      {"token", importance_sampling_kind::token}, {"sequence", importance_sampling_kind::sequence}};
-  return presets::detail::parse("presets::liger::importance_sampling_level_from_name", "importance_sampling_level", name,
-                               table);
+  return presets::detail::parse("presets::liger::importance_sampling_level_from_name", "importance_sampling_level",
+                                name, importance_sampling_level_names);
 }
 
 //! LigerFusedLinearGRPOLoss's constructor arguments that shape the loss, with Liger's defaults
 //! (`compiled` and `chunk_size` change nothing here: the head sizes its own chunks; `temperature`
-//! divides the logits, the head's own option).
+//! divides the logits, the head's own option). Where Liger takes TRL's defaults (loss type, level,
+//! the SAPO temperatures, VESPO's parameters) they are TRL's (trl::defaults); beta and the epsilons
+//! are Liger's own.
 struct fused_linear_grpo_options {
   double beta = 0.04;
   bool use_ref_model = true;  //!< false: no KL term (Liger compares the policy with itself)
   double epsilon_low = 0.2;
   double epsilon_high = 0.2;  //!< cispo: the cap of the ratio itself (> 0)
-  loss_type_kind loss_type = loss_type_kind::dapo;
+  loss_type_kind loss_type = trl::defaults::loss_type;
   std::optional<double> max_completion_length{};  //!< required by dr_grpo
-  importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
-  double sapo_temperature_pos = sapo_parameters{}.tau_pos;
-  double sapo_temperature_neg = sapo_parameters{}.tau_neg;
+  importance_sampling_kind importance_sampling_level = trl::defaults::importance_sampling_level;
+  double sapo_temperature_pos = trl::defaults::sapo_temperature_pos;
+  double sapo_temperature_neg = trl::defaults::sapo_temperature_neg;
   double temperature = 1.0;
   std::optional<double> delta{};  //!< upper cap of the ratio; absent: none
-  bool use_bias_correction_kl = false;
-  double vespo_k_pos = 2.0;
-  double vespo_lambda_pos = 3.0;
-  double vespo_k_neg = 3.0;
-  double vespo_lambda_neg = 2.0;
+  bool use_bias_correction_kl = trl::defaults::use_bias_correction_kl;
+  double vespo_k_pos = trl::defaults::vespo_k_pos;
+  double vespo_lambda_pos = trl::defaults::vespo_lambda_pos;
+  double vespo_k_neg = trl::defaults::vespo_k_neg;
+  double vespo_lambda_neg = trl::defaults::vespo_lambda_neg;
 };
 
 //! Throws ulorl::error for what Liger rejects at the call: an unknown loss type or level, the
@@ -83,14 +83,18 @@ struct fused_linear_grpo_options {
 inline void validate(const fused_linear_grpo_options& o) {
   using L = loss_type_kind;
   constexpr std::string_view fn = "presets::liger::validate";
-  require_known(fn, "loss_type", o.loss_type, L::grpo, L::bnpo, L::dr_grpo, L::dapo, L::cispo, L::sapo, L::luspo, L::vespo);
+  require_known(fn, "loss_type", o.loss_type, L::grpo, L::bnpo, L::dr_grpo, L::dapo, L::cispo, L::sapo, L::luspo,
+                L::vespo);
   require_known(fn, "importance_sampling_level", o.importance_sampling_level, importance_sampling_kind::token,
                 importance_sampling_kind::sequence);
-  const char* token_only = o.loss_type == L::cispo ? "cispo" : o.loss_type == L::sapo ? "sapo" : o.loss_type == L::vespo ? "vespo" : nullptr;
+  const char* token_only = o.loss_type == L::cispo   ? "cispo"
+                           : o.loss_type == L::sapo  ? "sapo"
+                           : o.loss_type == L::vespo ? "vespo"
+                                                     : nullptr;
   if (o.importance_sampling_level == importance_sampling_kind::sequence && token_only)
     ulorl::detail::fail(fn, "importance_sampling_level",
-                 std::string("Sequence-level importance sampling is not supported for loss_type='") + token_only +
-                     "'. Use importance_sampling_level='token' instead.");
+                        std::string("Sequence-level importance sampling is not supported for loss_type='") +
+                            token_only + "'. Use importance_sampling_level='token' instead.");
   if (o.loss_type == L::dr_grpo && !o.max_completion_length)
     ulorl::detail::fail(fn, "max_completion_length", "required for loss_type 'dr_grpo'");
   if (o.loss_type == L::cispo && !(o.epsilon_high > 0.0))
@@ -125,7 +129,8 @@ struct fused_linear_grpo_plan {
 //! The plan of a call on a batch with counts `local`: `num_items_in_batch` is the count the dapo-style
 //! normalisers divide (Liger's argument, else the valid tokens summed over the `world_size`
 //! processes; absent: this batch's valid tokens). Validates `o` first.
-[[nodiscard]] inline fused_linear_grpo_plan fused_linear_grpo(const fused_linear_grpo_options& o, const batch_counts& local,
+[[nodiscard]] inline fused_linear_grpo_plan fused_linear_grpo(const fused_linear_grpo_options& o,
+                                                              const batch_counts& local,
                                                               std::optional<double> num_items_in_batch = std::nullopt,
                                                               double world_size = 1.0) {
   using L = loss_type_kind;
@@ -160,7 +165,8 @@ struct fused_linear_grpo_plan {
   obj.log_ratio_clamp = no_limit;
   switch (o.loss_type) {
     case L::sapo:
-      obj.kind = objective_kind::sapo, obj.sapo.tau_pos = o.sapo_temperature_pos, obj.sapo.tau_neg = o.sapo_temperature_neg;
+      obj.kind = objective_kind::sapo, obj.sapo.tau_pos = o.sapo_temperature_pos,
+      obj.sapo.tau_neg = o.sapo_temperature_neg;
       break;
     case L::cispo: {
       // min(r, c) is ulorl's cispo clamp(r, 1 - eps_low, 1 + eps_high) with eps_low = 1 (no floor).
@@ -173,17 +179,27 @@ struct fused_linear_grpo_plan {
       break;
     }
     default:
-      obj.kind = o.importance_sampling_level == importance_sampling_kind::sequence ? objective_kind::gspo : objective_kind::ppo_clip;
+      obj.kind = o.importance_sampling_level == importance_sampling_kind::sequence ? objective_kind::gspo
+                                                                                   : objective_kind::ppo_clip;
       obj.eps_low = o.epsilon_low, obj.eps_high = o.epsilon_high, obj.delta = o.delta.value_or(0.0);
-      if (obj.kind == objective_kind::gspo) obj.gspo.seq_gradient = sequence_gradient::through_mean, obj.gspo.seq_log_ratio_max = no_limit;
+      if (obj.kind == objective_kind::gspo)
+        obj.gspo.seq_gradient = sequence_gradient::through_mean, obj.gspo.seq_log_ratio_max = no_limit;
       break;
   }
   switch (o.loss_type) {
     case L::grpo:
-    case L::sapo: c.normalizer = {agg_mode::seq_mean_token_mean, local.rows, 1.0}; break;
-    case L::bnpo: c.normalizer = {agg_mode::token_mean, std::max(local.tokens, 1.0), 1.0}; break;
-    case L::dr_grpo: c.normalizer = {agg_mode::constant, local.rows * *o.max_completion_length, 1.0}; break;
-    default: c.normalizer = {agg_mode::token_mean, items, 1.0}; break;
+    case L::sapo:
+      c.normalizer = {agg_mode::seq_mean_token_mean, local.rows, 1.0};
+      break;
+    case L::bnpo:
+      c.normalizer = {agg_mode::token_mean, std::max(local.tokens, 1.0), 1.0};
+      break;
+    case L::dr_grpo:
+      c.normalizer = {agg_mode::constant, local.rows * *o.max_completion_length, 1.0};
+      break;
+    default:
+      c.normalizer = {agg_mode::token_mean, items, 1.0};
+      break;
   }
   return p;
 }

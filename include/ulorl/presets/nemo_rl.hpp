@@ -5,9 +5,9 @@
 //               is 0, mask not applied), GDPO, REINFORCE++ (reinforce_plus_plus.hpp)
 //   rollout     truncated_importance_sampling_type tis / icepop / seq-mask-tis, token or sequence
 //   correction  level, and its logged metrics with the global normalisers
-//   loss        ClippedPGLossFn (PPO / dual clip, force_on_policy_ratio, disable_ppo_ratio, IS
-//               correction, the reference KL with its weight, token or sequence loss), its logged
-//               ratios, and the ProRL v2 / v2.1 settings
+//   loss        ClippedPGLossFn (PPO / dual clip, force_on_policy_ratio, disable_ppo_ratio, CISPO,
+//               GSPO, IS correction, the reference KL with its weight, the positive-example NLL,
+//               token or sequence loss), its logged ratios, and the ProRL v2 / v2.1 settings
 //
 // Parameter sets of the advantage and loss areas (the reference KL is weighted_kl_loss,
 // loss/weighted_kl.hpp), never second copies of their algorithms. NeMo-RL normalises by the step's
@@ -102,9 +102,10 @@ struct reinforce_plus_plus_options {
 
 //! ClippedPGLossFn's importance-sampling options.
 struct rollout_correction_options {
-  std::optional<rollout_correction::is_weighting> truncated_importance_sampling_type{};  //!< tis / icepop / seq-mask-tis; absent: raw weights
-  std::optional<double> truncated_importance_sampling_ratio{};                           //!< hi
-  std::optional<double> truncated_importance_sampling_ratio_min{};                       //!< lo
+  std::optional<rollout_correction::is_weighting>
+      truncated_importance_sampling_type{};                     //!< tis / icepop / seq-mask-tis; absent: raw weights
+  std::optional<double> truncated_importance_sampling_ratio{};  //!< hi
+  std::optional<double> truncated_importance_sampling_ratio_min{};  //!< lo
   bool sequence_level_importance_ratios = false;
 };
 
@@ -126,16 +127,23 @@ struct rollout_correction_options {
                           .masked = masked_positions::as_valid,
                           .empty_rows = empty_row_gate::ratio_one}};
   if (!type) {
-    if (hi) ulorl::detail::fail_value(fn, "truncated_importance_sampling_ratio", *hi, "set without truncated_importance_sampling_type");
-    if (lo) ulorl::detail::fail_value(fn, "truncated_importance_sampling_ratio_min", *lo, "set without truncated_importance_sampling_type");
+    if (hi)
+      ulorl::detail::fail_value(fn, "truncated_importance_sampling_ratio", *hi,
+                                "set without truncated_importance_sampling_type");
+    if (lo)
+      ulorl::detail::fail_value(fn, "truncated_importance_sampling_ratio_min", *lo,
+                                "set without truncated_importance_sampling_type");
   } else {
     require_known(fn, "truncated_importance_sampling_type", *type, is_weighting::truncate, is_weighting::mask,
                   is_weighting::geometric_gate);
-    if (!hi) ulorl::detail::fail(fn, "truncated_importance_sampling_ratio", "required with truncated_importance_sampling_type");
+    if (!hi)
+      ulorl::detail::fail(fn, "truncated_importance_sampling_ratio",
+                          "required with truncated_importance_sampling_type");
     require_positive(fn, "truncated_importance_sampling_ratio", *hi);
     if (lo) require_non_negative(fn, "truncated_importance_sampling_ratio_min", *lo);
     if (lo && *lo > *hi)
-      ulorl::detail::fail_value(fn, "truncated_importance_sampling_ratio_min", *lo, "exceeds truncated_importance_sampling_ratio");
+      ulorl::detail::fail_value(fn, "truncated_importance_sampling_ratio_min", *lo,
+                                "exceeds truncated_importance_sampling_ratio");
     if (*type != is_weighting::truncate && !lo)
       ulorl::detail::fail(fn, "truncated_importance_sampling_ratio_min", "required by icepop and seq-mask-tis");
     if (*type == is_weighting::geometric_gate && o.sequence_level_importance_ratios)
@@ -154,8 +162,9 @@ struct global_counts {
 };
 //! Each given count is finite and >= 0, and a non-zero one a divisor (require_divisor: 5e-324 is not).
 inline void validate(std::string_view fn, const global_counts& g) {
-  for (const auto& [name, v] : {std::pair<std::string_view, const std::optional<double>*>{"global_valid_toks", &g.global_valid_toks},
-                                std::pair<std::string_view, const std::optional<double>*>{"global_valid_seqs", &g.global_valid_seqs}})
+  for (const auto& [name, v] :
+       {std::pair<std::string_view, const std::optional<double>*>{"global_valid_toks", &g.global_valid_toks},
+        std::pair<std::string_view, const std::optional<double>*>{"global_valid_seqs", &g.global_valid_seqs}})
     if (*v) {
       require_non_negative(fn, name, **v);
       if (**v != 0.0) require_divisor(fn, name, **v);
@@ -179,14 +188,14 @@ struct rollout_correction_metrics {
   const double gt = g.global_valid_toks.value_or(s.tokens), gs = g.global_valid_seqs.value_or(s.rows);
   auto per = [](double a, double d) { return d > 0 ? a / d : 0.0; };
   rollout_correction_metrics r;
-  r.sampling_importance_ratio = o.sequence_level_importance_ratios ? per(s.rows * s.unit_sum, gs) : per(s.weight_sum, gt);
+  r.sampling_importance_ratio =
+      o.sequence_level_importance_ratios ? per(s.rows * s.unit_sum, gs) : per(s.weight_sum, gt);
   if (o.truncated_importance_sampling_type)
     r.is_oob_ratio = *o.truncated_importance_sampling_type == rollout_correction::is_weighting::geometric_gate
                          ? per(s.out_of_bounds_rows, gs)
                          : per(s.out_of_bounds_tokens, gt);
   return r;
 }
-
 
 // ---- policy loss ----------------------------------------------------------------------------------
 
@@ -204,23 +213,30 @@ struct kl_options {
   std::optional<double> kl_input_clamp_value = defaults::kl_input_clamp_value;
   std::optional<double> kl_output_clamp_value = defaults::kl_output_clamp_value;
 };
+//! The names of `reference_policy_kl_type` (parsed by kl_type_from_name, printed by name_in).
+inline constexpr presets::detail::name_entry<kl_estimator> reference_policy_kl_type_names[] = {
+    {"k1", kl_estimator::k1}, {"k2", kl_estimator::k2}, {"k3", kl_estimator::k3}};
 [[nodiscard]] inline kl_estimator kl_type_from_name(std::string_view name) {
-  static constexpr presets::detail::name_entry<kl_estimator> table[] = {
-      {"k1", kl_estimator::k1}, {"k2", kl_estimator::k2}, {"k3", kl_estimator::k3}};
-  return presets::detail::parse("presets::nemo_rl::kl_type_from_name", "reference_policy_kl_type", name, table);
+  return presets::detail::parse("presets::nemo_rl::kl_type_from_name", "reference_policy_kl_type", name,
+                                reference_policy_kl_type_names);
 }
+//! NeMo-RL's names of `truncated_importance_sampling_type` (rollout_correction::is_weighting_from_name
+//! parses them with the other frameworks' names).
+inline constexpr presets::detail::name_entry<rollout_correction::is_weighting>
+    truncated_importance_sampling_type_names[] = {{"tis", rollout_correction::is_weighting::truncate},
+                                                  {"icepop", rollout_correction::is_weighting::mask},
+                                                  {"seq-mask-tis", rollout_correction::is_weighting::geometric_gate}};
 [[nodiscard]] inline kl_config kl(const kl_options& o) {
   presets::detail::require_estimator("presets::nemo_rl::kl", "reference_policy_kl_type", o.reference_policy_kl_type,
-                                    o.reference_policy_kl_type != kl_estimator::abs);
+                                     o.reference_policy_kl_type != kl_estimator::abs);
   return {.estimator = o.reference_policy_kl_type,
           .input_clamp = o.kl_input_clamp_value.value_or(no_limit),
           .output_clamp = o.kl_output_clamp_value.value_or(no_limit)};
 }
 
-//! ClippedPGLossFn's options, named as NeMo-RL's `loss_fn` config keys (defaults: NeMo-RL's; its
-//! config files set reference_policy_kl_penalty, 0.01 in grpo_math_1B.yaml). Not modelled (left at
-//! NeMo's false / 0): sequence_level_importance_ratios, use_cispo, positive_example_nll_weight,
-//! use_kl_in_reward.
+//! ClippedPGLossFn's options, named as NeMo-RL's `loss_fn` config keys, with the defaults of NeMo-RL's
+//! ClippedPGLossConfig (reference_policy_kl_penalty 0.01 as in grpo_math_1B.yaml). use_kl_in_reward is
+//! the caller's: it sets reference_policy_kl_penalty to 0.
 //!
 //! One step is composed of the existing pieces (docs/presets/nemo_rl.md):
 //!  * w = rollout_correction::apply(rollout_correction(o)) on (prev, rollout_log_prob), prev =
@@ -233,18 +249,29 @@ struct clipped_pg_loss_options {
   double ratio_clip_min = 0.2;
   double ratio_clip_max = 0.2;
   std::optional<double> ratio_clip_c{};  //!< dual clip (> 1); absent: none
-  bool token_level_loss = true;          //!< token-mean over global_valid_toks; false: mean of row means over global_valid_seqs
-  bool force_on_policy_ratio = false;    //!< prev := log_prob: ratio 1 with derivative 1
-  bool disable_ppo_ratio = false;        //!< ratio := log_prob (REINFORCE); ignored under force_on_policy_ratio
+  bool token_level_loss = true;  //!< token-mean over global_valid_toks; false: mean of row means over global_valid_seqs
+  bool force_on_policy_ratio = false;  //!< prev := log_prob: ratio 1 with derivative 1
+  bool disable_ppo_ratio = false;      //!< ratio := log_prob (REINFORCE); ignored under force_on_policy_ratio
   bool use_importance_sampling_correction = false;
-  std::optional<rollout_correction::is_weighting> truncated_importance_sampling_type{};  //!< tis / icepop / seq-mask-tis
+  std::optional<rollout_correction::is_weighting>
+      truncated_importance_sampling_type{};  //!< tis / icepop / seq-mask-tis
   std::optional<double> truncated_importance_sampling_ratio{};
   std::optional<double> truncated_importance_sampling_ratio_min{};
   double reference_policy_kl_penalty = 0.01;  //!< beta; 0: no KL term
   kl_estimator reference_policy_kl_type = defaults::reference_policy_kl_type;
   std::optional<double> kl_input_clamp_value = defaults::kl_input_clamp_value;
   std::optional<double> kl_output_clamp_value = defaults::kl_output_clamp_value;
-  bool use_on_policy_kl_approximation = false;  //!< KL weight exp(logp - rollout_log_prob) instead of exp(logp - sg(logp))
+  bool use_on_policy_kl_approximation =
+      false;  //!< KL weight exp(logp - rollout_log_prob) instead of exp(logp - sg(logp))
+  //! GSPO: the row's ratio exp(mean_t (logp - prev) m) with the gradient through the mean, and the IS
+  //! weights per row; needs token_level_loss false. Ignored by the objective under
+  //! force_on_policy_ratio or disable_ppo_ratio (NeMo-RL's ratio is then theirs).
+  bool sequence_level_importance_ratios = false;
+  //! CISPO (MiniMax-M1): -A sg(clamp(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max)) logp; token
+  //! level, without a dual clip, disable_ppo_ratio, force_on_policy_ratio or sequence-level ratios.
+  bool use_cispo = false;
+  //! VAPO: w times the token-mean NLL of the valid tokens of rows with reward > 0 (positive_example_nll); <= 0: none.
+  double positive_example_nll_weight = 0.0;
 };
 
 //! Throws ulorl::error for what NeMo-RL asserts (a truncation type without
@@ -263,11 +290,23 @@ inline void validate(const clipped_pg_loss_options& o) {
     ulorl::detail::fail_value(fn, "ratio_clip_c", *o.ratio_clip_c, "must be finite and > 1 (dual clip)");
   if (o.truncated_importance_sampling_type && !o.use_importance_sampling_correction)
     ulorl::detail::fail(fn, "truncated_importance_sampling_type", "needs use_importance_sampling_correction");
+  if (o.sequence_level_importance_ratios && o.token_level_loss)
+    ulorl::detail::fail(fn, "sequence_level_importance_ratios", "is exclusive with token_level_loss");
+  if (o.use_cispo) {
+    if (o.disable_ppo_ratio) ulorl::detail::fail(fn, "disable_ppo_ratio", "is incompatible with use_cispo");
+    if (o.force_on_policy_ratio) ulorl::detail::fail(fn, "force_on_policy_ratio", "is incompatible with use_cispo");
+    if (o.sequence_level_importance_ratios)
+      ulorl::detail::fail(fn, "sequence_level_importance_ratios", "is incompatible with use_cispo");
+    if (o.ratio_clip_c)
+      ulorl::detail::fail_value(fn, "ratio_clip_c", *o.ratio_clip_c, "is incompatible with use_cispo");
+    if (!o.token_level_loss) ulorl::detail::fail(fn, "token_level_loss", "use_cispo requires token_level_loss");
+  }
+  require_finite(fn, "positive_example_nll_weight", o.positive_example_nll_weight);
   if (o.disable_ppo_ratio && !o.force_on_policy_ratio && o.ratio_clip_c)
     ulorl::detail::fail(fn, "ratio_clip_c", "disable_ppo_ratio with a dual clip is not modelled");
   require_finite(fn, "reference_policy_kl_penalty", o.reference_policy_kl_penalty);
   presets::detail::require_estimator(fn, "reference_policy_kl_type", o.reference_policy_kl_type,
-                                    o.reference_policy_kl_type != kl_estimator::abs);
+                                     o.reference_policy_kl_type != kl_estimator::abs);
   if (o.kl_input_clamp_value && !(*o.kl_input_clamp_value > 0.0))
     ulorl::detail::fail_value(fn, "kl_input_clamp_value", *o.kl_input_clamp_value, "must be > 0");
   if (o.kl_output_clamp_value && !(*o.kl_output_clamp_value > 0.0))
@@ -275,21 +314,47 @@ inline void validate(const clipped_pg_loss_options& o) {
 }
 
 //! The objective of the actor loss: PPO clip (ratio_clip_min / max) on the unclamped ratio, with
-//! the dual clip ratio_clip_c when given, or policy_gradient (-A logp) under disable_ppo_ratio.
+//! the dual clip ratio_clip_c when given; policy_gradient (-A logp) under disable_ppo_ratio; cispo
+//! with the same bounds under use_cispo; gspo (the row's ratio, unbounded, gradient through the
+//! mean) under sequence_level_importance_ratios, unless force_on_policy_ratio or disable_ppo_ratio.
 [[nodiscard]] inline objective_config objective(const clipped_pg_loss_options& o) {
   validate(o);
-  if (o.disable_ppo_ratio && !o.force_on_policy_ratio) return {.kind = objective_kind::policy_gradient, .log_ratio_clamp = no_limit};
-  return {.kind = objective_kind::ppo_clip, .eps_low = o.ratio_clip_min, .eps_high = o.ratio_clip_max,
-          .dual_clip = o.ratio_clip_c.value_or(0.0), .log_ratio_clamp = no_limit};
+  if (o.disable_ppo_ratio && !o.force_on_policy_ratio)
+    return {.kind = objective_kind::policy_gradient, .log_ratio_clamp = no_limit};
+  objective_config c{.kind = objective_kind::ppo_clip,
+                     .eps_low = o.ratio_clip_min,
+                     .eps_high = o.ratio_clip_max,
+                     .dual_clip = o.ratio_clip_c.value_or(0.0),
+                     .log_ratio_clamp = no_limit};
+  if (o.use_cispo) {
+    c.kind = objective_kind::cispo;
+  } else if (o.sequence_level_importance_ratios && !o.force_on_policy_ratio) {
+    c.kind = objective_kind::gspo, c.gspo.seq_log_ratio_max = no_limit,
+    c.gspo.seq_gradient = sequence_gradient::through_mean;
+  }
+  return c;
 }
 
-//! The importance weights' configuration (rollout_correction(rollout_correction_options) above), token level.
+//! The importance weights' configuration (rollout_correction(rollout_correction_options) above), per
+//! token or (sequence_level_importance_ratios) per row.
 [[nodiscard]] inline rollout_correction::config rollout_correction(const clipped_pg_loss_options& o) {
   validate(o);
-  return rollout_correction(rollout_correction_options{
-      .truncated_importance_sampling_type = o.truncated_importance_sampling_type,
-      .truncated_importance_sampling_ratio = o.truncated_importance_sampling_ratio,
-      .truncated_importance_sampling_ratio_min = o.truncated_importance_sampling_ratio_min});
+  return rollout_correction(
+      rollout_correction_options{.truncated_importance_sampling_type = o.truncated_importance_sampling_type,
+                                 .truncated_importance_sampling_ratio = o.truncated_importance_sampling_ratio,
+                                 .truncated_importance_sampling_ratio_min = o.truncated_importance_sampling_ratio_min,
+                                 .sequence_level_importance_ratios = o.sequence_level_importance_ratios});
+}
+
+//! VAPO's positive-example NLL term (positive_example_nll_weight w): aggregate logp over the valid
+//! tokens of the rows with reward > 0 with the returned normaliser, -w Σ logp / n over their count
+//! n. Absent when w <= 0 or n is 0 (no term). Validates `o` first.
+[[nodiscard]] inline std::optional<agg_normalizer> positive_example_nll(const clipped_pg_loss_options& o,
+                                                                        double positive_tokens) {
+  validate(o);
+  require_non_negative("presets::nemo_rl::positive_example_nll", "positive_tokens", positive_tokens);
+  if (!(o.positive_example_nll_weight > 0.0) || positive_tokens == 0.0) return std::nullopt;
+  return agg_normalizer{agg_mode::token_mean, positive_tokens, -o.positive_example_nll_weight};
 }
 
 //! The actor's (and the KL's) normaliser: token-mean over g.global_valid_toks (absent: this batch's
@@ -312,7 +377,8 @@ inline void validate(const clipped_pg_loss_options& o) {
           .estimator = o.reference_policy_kl_type,
           .input_clamp = o.kl_input_clamp_value.value_or(no_limit),
           .output_clamp = o.kl_output_clamp_value.value_or(no_limit),
-          .weight = o.use_on_policy_kl_approximation ? kl_importance_weight::rollout_policy : kl_importance_weight::current_policy};
+          .weight = o.use_on_policy_kl_approximation ? kl_importance_weight::rollout_policy
+                                                     : kl_importance_weight::current_policy};
 }
 
 //! NeMo-RL's logged ratios: probs_ratio = Σ ratio m / Gt and probs_ratio_clamped = Σ r̄ m / Gt, with
@@ -324,8 +390,9 @@ struct ratio_metrics {
   double probs_ratio = 0, probs_ratio_clamped = 0;
 };
 template <class T, class M>
-[[nodiscard]] ratio_metrics logged_ratios(token_view<const T> log_prob, token_view<const T> prev, token_view<const M> mask,
-                                          const clipped_pg_loss_options& o, const global_counts& g = {}) {
+[[nodiscard]] ratio_metrics logged_ratios(token_view<const T> log_prob, token_view<const T> prev,
+                                          token_view<const M> mask, const clipped_pg_loss_options& o,
+                                          const global_counts& g = {}) {
   constexpr std::string_view fn = "presets::nemo_rl::logged_ratios";
   validate(o);
   validate(fn, g);

@@ -62,23 +62,25 @@ namespace presets::trl {
 //! `sequence_token` is GSPO-token (`trl.experimental.gspo_token`): the sequence ratio with the
 //! gradient to each token itself.
 enum class importance_sampling_kind { token, sequence, sequence_token };
+//! The names of `importance_sampling_level` (parsed by importance_sampling_level_from_name, printed by name_in).
+inline constexpr presets::detail::name_entry<importance_sampling_kind> importance_sampling_level_names[] = {
+    {"token", importance_sampling_kind::token},
+    {"sequence", importance_sampling_kind::sequence},
+    {"sequence_token", importance_sampling_kind::sequence_token}};
 [[nodiscard]] inline importance_sampling_kind importance_sampling_level_from_name(std::string_view name) {
-  static constexpr presets::detail::name_entry<importance_sampling_kind> table[] = {
-      {"token", importance_sampling_kind::token},
-      {"sequence", importance_sampling_kind::sequence},
-      {"sequence_token", importance_sampling_kind::sequence_token}};
   return presets::detail::parse("presets::trl::importance_sampling_level_from_name", "importance_sampling_level", name,
-                               table);
+                                importance_sampling_level_names);
 }
 
 //! `loss_type`.
 enum class loss_type_kind { grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo };
+//! The names of `loss_type` (parsed by loss_type_from_name, printed by name_in).
+inline constexpr presets::detail::name_entry<loss_type_kind> loss_type_names[] = {
+    {"grpo", loss_type_kind::grpo},   {"bnpo", loss_type_kind::bnpo},   {"dr_grpo", loss_type_kind::dr_grpo},
+    {"dapo", loss_type_kind::dapo},   {"cispo", loss_type_kind::cispo}, {"sapo", loss_type_kind::sapo},
+    {"luspo", loss_type_kind::luspo}, {"vespo", loss_type_kind::vespo}};
 [[nodiscard]] inline loss_type_kind loss_type_from_name(std::string_view name) {
-  static constexpr presets::detail::name_entry<loss_type_kind> table[] = {
-      {"grpo", loss_type_kind::grpo},   {"bnpo", loss_type_kind::bnpo}, {"dr_grpo", loss_type_kind::dr_grpo},
-      {"dapo", loss_type_kind::dapo},   {"cispo", loss_type_kind::cispo}, {"sapo", loss_type_kind::sapo},
-      {"luspo", loss_type_kind::luspo}, {"vespo", loss_type_kind::vespo}};
-  return presets::detail::parse("presets::trl::loss_type_from_name", "loss_type", name, table);
+  return presets::detail::parse("presets::trl::loss_type_from_name", "loss_type", name, loss_type_names);
 }
 
 //! `scale_rewards`.
@@ -92,6 +94,10 @@ inline constexpr double epsilon = 0.2;
 inline constexpr importance_sampling_kind importance_sampling_level = importance_sampling_kind::token;
 inline constexpr double sapo_temperature_pos = sapo_parameters{}.tau_pos;
 inline constexpr double sapo_temperature_neg = sapo_parameters{}.tau_neg;
+inline constexpr double vespo_k_pos = 2.0;
+inline constexpr double vespo_lambda_pos = 3.0;
+inline constexpr double vespo_k_neg = 3.0;
+inline constexpr double vespo_lambda_neg = 2.0;
 inline constexpr double max_completion_length = 256;
 inline constexpr double gradient_accumulation_steps = 1;
 inline constexpr double num_processes = 1;
@@ -126,9 +132,14 @@ inline void require_level(std::string_view fn, importance_sampling_kind l) {
                       .singleton = singleton_rule::zero},
                      {.placement = token_placement::masked, .allow_empty_rows = true}};
   switch (scale) {
-    case scale_rewards::group: break;
-    case scale_rewards::batch: p.group.scale = scale_kind::batch_std; break;
-    case scale_rewards::none: p.group.scale = scale_kind::none; break;
+    case scale_rewards::group:
+      break;
+    case scale_rewards::batch:
+      p.group.scale = scale_kind::batch_std;
+      break;
+    case scale_rewards::none:
+      p.group.scale = scale_kind::none;
+      break;
   }
   return p;
 }
@@ -145,10 +156,12 @@ struct multi_reward_options {
 //! (unbiased; 0 for a batch of one). Throws ulorl::error on an unknown enum.
 [[nodiscard]] constexpr multi_reward_config multi_reward_advantage(const multi_reward_options& o = {}) {
   require_known("presets::trl::multi_reward_advantage", "multi_objective_aggregation", o.multi_objective_aggregation,
-                trl::multi_objective_aggregation::sum_then_normalize, trl::multi_objective_aggregation::normalize_then_sum);
+                trl::multi_objective_aggregation::sum_then_normalize,
+                trl::multi_objective_aggregation::normalize_then_sum);
   const advantage_preset scaled = advantage(o.scale_rewards);
   if (o.multi_objective_aggregation == trl::multi_objective_aggregation::sum_then_normalize)
-    return {.aggregation = reward_aggregation::sum_then_normalize, .group = scaled.group, .broadcast = scaled.broadcast};
+    return {
+        .aggregation = reward_aggregation::sum_then_normalize, .group = scaled.group, .broadcast = scaled.broadcast};
   const advantage_preset group = advantage(trl::scale_rewards::group);
   return {.aggregation = reward_aggregation::normalize_then_sum,
           .group = group.group,
@@ -189,7 +202,9 @@ struct objective_options {
   require_not_nan(fn, "sapo_temperature_neg", o.sapo_temperature_neg);
   detail::require_loss_type(fn, o.loss_type);
   const auto level = o.importance_sampling_level;
-  objective_config c{.eps_low = o.epsilon, .eps_high = o.epsilon_high.value_or(o.epsilon), .delta = o.delta.value_or(0.0),
+  objective_config c{.eps_low = o.epsilon,
+                     .eps_high = o.epsilon_high.value_or(o.epsilon),
+                     .delta = o.delta.value_or(0.0),
                      .log_ratio_clamp = no_limit,
                      .gspo = {.seq_log_ratio_max = no_limit, .seq_gradient = sequence_gradient::through_mean}};
   switch (o.loss_type) {
@@ -205,7 +220,8 @@ struct objective_options {
       return c;
     case loss_type_kind::cispo:
     case loss_type_kind::sapo:
-    case loss_type_kind::vespo: break;
+    case loss_type_kind::vespo:
+      break;
   }
   if (level == importance_sampling_kind::sequence_token)
     ulorl::detail::fail(fn, "loss_type", "sequence_token supports loss_type grpo / bnpo / dr_grpo / dapo only");
@@ -220,12 +236,15 @@ struct objective_options {
     case loss_type_kind::sapo:
       c.kind = objective_kind::sapo, c.sapo.tau_pos = o.sapo_temperature_pos, c.sapo.tau_neg = o.sapo_temperature_neg;
       break;
-    case loss_type_kind::vespo: c.kind = objective_kind::policy_gradient; break;
+    case loss_type_kind::vespo:
+      c.kind = objective_kind::policy_gradient;
+      break;
     case loss_type_kind::grpo:
     case loss_type_kind::bnpo:
     case loss_type_kind::dr_grpo:
     case loss_type_kind::dapo:
-    case loss_type_kind::luspo: break;  // returned above
+    case loss_type_kind::luspo:
+      break;  // returned above
   }
   return c;
 }
@@ -242,11 +261,11 @@ struct kl_options {
 struct normalizer_options {
   loss_type_kind loss_type = defaults::loss_type;
   importance_sampling_kind importance_sampling_level = defaults::importance_sampling_level;  //!< luspo
-  std::size_t padded_length = 0;                                            //!< luspo at token level: T of the padded batch
-  double max_completion_length = defaults::max_completion_length;              //!< dr_grpo
+  std::size_t padded_length = 0;                                   //!< luspo at token level: T of the padded batch
+  double max_completion_length = defaults::max_completion_length;  //!< dr_grpo
   double gradient_accumulation_steps = defaults::gradient_accumulation_steps;  //!< grpo, bnpo, dr_grpo
-  std::optional<double> num_items_in_batch{};                                //!< dapo; absent: this batch's N
-  double num_processes = defaults::num_processes;                            //!< dapo
+  std::optional<double> num_items_in_batch{};                                  //!< dapo; absent: this batch's N
+  double num_processes = defaults::num_processes;                              //!< dapo
 };
 
 //! loss_type normalisers: grpo, sapo (1/B) sum_b mean_t / GA; bnpo sum / max(N, 1) / GA;
@@ -265,12 +284,16 @@ struct normalizer_options {
   const double ga = o.gradient_accumulation_steps;
   switch (o.loss_type) {
     case loss_type_kind::luspo:
-      if (o.importance_sampling_level == importance_sampling_kind::sequence) return {agg_mode::constant, local.rows, 1.0 / ga};
+      if (o.importance_sampling_level == importance_sampling_kind::sequence)
+        return {agg_mode::constant, local.rows, 1.0 / ga};
       return {agg_mode::constant, local.rows * static_cast<double>(o.padded_length), 1.0 / ga};
     case loss_type_kind::sapo:
-    case loss_type_kind::grpo: return {agg_mode::seq_mean_token_mean, local.rows, 1.0 / ga};
-    case loss_type_kind::bnpo: return {agg_mode::token_mean, local.tokens > 1 ? local.tokens : 1.0, 1.0 / ga};
-    case loss_type_kind::dr_grpo: return {agg_mode::constant, local.rows * o.max_completion_length, 1.0 / ga};
+    case loss_type_kind::grpo:
+      return {agg_mode::seq_mean_token_mean, local.rows, 1.0 / ga};
+    case loss_type_kind::bnpo:
+      return {agg_mode::token_mean, local.tokens > 1 ? local.tokens : 1.0, 1.0 / ga};
+    case loss_type_kind::dr_grpo:
+      return {agg_mode::constant, local.rows * o.max_completion_length, 1.0 / ga};
     case loss_type_kind::cispo:
     case loss_type_kind::vespo:
     case loss_type_kind::dapo: {
@@ -286,7 +309,8 @@ struct normalizer_options {
 struct clip_metrics {
   double low_mean, high_mean, region_mean;
 };
-[[nodiscard]] inline clip_metrics clip_ratios(const loss_metrics& m, importance_sampling_kind importance_sampling_level) {
+[[nodiscard]] inline clip_metrics clip_ratios(const loss_metrics& m,
+                                              importance_sampling_kind importance_sampling_level) {
   detail::require_level("presets::trl::clip_ratios", importance_sampling_level);
   if (importance_sampling_level == importance_sampling_kind::sequence) {
     const double b = m.rows > 0 ? m.rows : 1.0;
@@ -328,10 +352,11 @@ enum class importance_sampling_mode { token_truncate, token_mask, sequence_trunc
 [[nodiscard]] inline importance_sampling_mode importance_sampling_mode_from_name(
     std::string_view name, std::string_view argument = "vllm_importance_sampling_mode") {
   using M = importance_sampling_mode;
-  return rollout_correction::detail::from_name<M, 4>(
-      "presets::trl::importance_sampling_mode_from_name", argument, name,
-      {{{"token_truncate", M::token_truncate}, {"token_mask", M::token_mask}, {"sequence_truncate", M::sequence_truncate},
-        {"sequence_mask", M::sequence_mask}}});
+  return rollout_correction::detail::from_name<M, 4>("presets::trl::importance_sampling_mode_from_name", argument, name,
+                                                     {{{"token_truncate", M::token_truncate},
+                                                       {"token_mask", M::token_mask},
+                                                       {"sequence_truncate", M::sequence_truncate},
+                                                       {"sequence_mask", M::sequence_mask}}});
 }
 
 //! GRPOConfig's vLLM importance-sampling options.
@@ -349,27 +374,29 @@ struct rollout_correction_options {
   using M = importance_sampling_mode;
   constexpr std::string_view fn = "presets::trl::rollout_correction";
   const M mode = o.vllm_importance_sampling_mode;
-  require_known(fn, "vllm_importance_sampling_mode", mode, M::token_truncate, M::token_mask, M::sequence_truncate, M::sequence_mask);
+  require_known(fn, "vllm_importance_sampling_mode", mode, M::token_truncate, M::token_mask, M::sequence_truncate,
+                M::sequence_mask);
   const auto& lo = o.vllm_importance_sampling_clip_min;
   const auto& hi = o.vllm_importance_sampling_clip_max;
   if (lo) require_non_negative(fn, "vllm_importance_sampling_clip_min", *lo);
   if (hi) require_positive(fn, "vllm_importance_sampling_clip_max", *hi);
   if (lo && hi && !(*lo < *hi))
-    ulorl::detail::fail_value(fn, "vllm_importance_sampling_clip_min", *lo, "must be < vllm_importance_sampling_clip_max");
+    ulorl::detail::fail_value(fn, "vllm_importance_sampling_clip_min", *lo,
+                              "must be < vllm_importance_sampling_clip_max");
   const bool truncate = mode == M::token_truncate || mode == M::sequence_truncate;
   if (truncate && !lo && !hi)
     ulorl::detail::fail(fn, "vllm_importance_sampling_clip_max", "a *_truncate mode needs clip_min or clip_max");
-  config c{.importance = {.level = mode == M::token_truncate || mode == M::token_mask ? is_level::token : is_level::sequence,
-                          .weighting = truncate ? is_weighting::truncate : is_weighting::mask,
-                          .lower = lo.value_or(0.0),
-                          .upper = hi.value_or(unbounded),
-                          .log_ratio_clamp = unbounded,
-                          .overflow = ratio_overflow::infinity,
-                          .masked = masked_positions::neutral}};
+  config c{
+      .importance = {.level = mode == M::token_truncate || mode == M::token_mask ? is_level::token : is_level::sequence,
+                     .weighting = truncate ? is_weighting::truncate : is_weighting::mask,
+                     .lower = lo.value_or(0.0),
+                     .upper = hi.value_or(unbounded),
+                     .log_ratio_clamp = unbounded,
+                     .overflow = ratio_overflow::infinity,
+                     .masked = masked_positions::neutral}};
   validate(fn, c);
   return c;
 }
-
 
 // ---- masks and the adaptive entropy bonus --------------------------------------------------------
 
@@ -441,11 +468,11 @@ template <class T, class M = T>
 struct grpo_loss_inputs {
   token_view<const T> per_token_logps{};
   token_view<const T> old_per_token_logps{};
-  token_view<const M> completion_mask{};            //!< 0/1; absent: every token valid
-  std::span<const T> advantages{};                  //!< one per completion [B]
-  token_view<const T> ref_per_token_logps{};        //!< required when beta != 0
-  token_view<const T> sampling_per_token_logps{};   //!< the off-policy mask's behaviour log-probs; absent: old
-  token_view<const T> entropies{};                  //!< >= 0; required when top_entropy_quantile < 1 or entropy_coef != 0
+  token_view<const M> completion_mask{};           //!< 0/1; absent: every token valid
+  std::span<const T> advantages{};                 //!< one per completion [B]
+  token_view<const T> ref_per_token_logps{};       //!< required when beta != 0
+  token_view<const T> sampling_per_token_logps{};  //!< the off-policy mask's behaviour log-probs; absent: old
+  token_view<const T> entropies{};  //!< >= 0; required when top_entropy_quantile < 1 or entropy_coef != 0
   token_view<const T> importance_sampling_ratio{};  //!< the vLLM IS ratio, [B, T] or [B, 1], >= 0 (vespo: [B, T])
 };
 
@@ -464,10 +491,10 @@ struct grpo_loss_options {
   double num_processes = defaults::num_processes;
   double sapo_temperature_pos = defaults::sapo_temperature_pos;
   double sapo_temperature_neg = defaults::sapo_temperature_neg;
-  double vespo_k_pos = 2.0;
-  double vespo_lambda_pos = 3.0;
-  double vespo_k_neg = 3.0;
-  double vespo_lambda_neg = 2.0;
+  double vespo_k_pos = defaults::vespo_k_pos;
+  double vespo_lambda_pos = defaults::vespo_lambda_pos;
+  double vespo_k_neg = defaults::vespo_k_neg;
+  double vespo_lambda_neg = defaults::vespo_lambda_neg;
   std::optional<double> off_policy_mask_threshold{};  //!< absent: no off-policy mask
   double top_entropy_quantile = 1.0;
   double entropy_coef = defaults::entropy_coef;  //!< the coefficient applied this step (adaptive_entropy)
@@ -516,7 +543,8 @@ void require_finite_non_negative(std::string_view fn, std::string_view arg, cons
   require_all_finite(fn, arg, v);
   for (std::size_t b = 0; b < v.rows(); ++b)
     for (std::size_t t = 0; t < v.row_size(b); ++t)
-      if (v(b, t) < T(0)) ulorl::detail::fail_at(fn, arg, static_cast<std::int64_t>(v.flat_index(b, t)), v(b, t), "must be >= 0");
+      if (v(b, t) < T(0))
+        ulorl::detail::fail_at(fn, arg, static_cast<std::int64_t>(v.flat_index(b, t)), v(b, t), "must be >= 0");
 }
 }  // namespace detail
 
@@ -577,7 +605,8 @@ struct plan {
   if (p.level == IS::sequence_token) {
     if (o.use_bias_correction_kl)
       ulorl::detail::fail(fn, "use_bias_correction_kl", "sequence_token (GSPO-token) has no bias-corrected KL");
-    if (o.entropy_coef != 0.0) ulorl::detail::fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus");
+    if (o.entropy_coef != 0.0)
+      ulorl::detail::fail(fn, "entropy_coef", "sequence_token (GSPO-token) has no entropy bonus");
   }
   if (o.off_policy_mask_threshold) require_finite(fn, "off_policy_mask_threshold", *o.off_policy_mask_threshold);
   require_divisor(fn, "gradient_accumulation_steps", o.gradient_accumulation_steps);
@@ -594,13 +623,15 @@ template <class T, class M>
                                                  const grpo_loss_options& o, const plan& p) {
   const token_view<const T>& lp = in.per_token_logps;
   if (lp.kind() != layout::padded) ulorl::detail::fail(fn, "per_token_logps", "must be the padded layout [B, T]");
-  if (lp.rows() == 0) ulorl::detail::fail(fn, "per_token_logps", "empty batch (B = 0): at least one completion is required");
+  if (lp.rows() == 0)
+    ulorl::detail::fail(fn, "per_token_logps", "empty batch (B = 0): at least one completion is required");
   const std::size_t B = lp.rows(), Tn = lp.cols();
   const token_view<const M> mask = mask_or_all_valid(in.completion_mask, lp);
   require_same_shape(fn, "old_per_token_logps", in.old_per_token_logps, "per_token_logps", lp);
   require_same_shape(fn, "completion_mask", mask, "per_token_logps", lp);
   require_same_size(fn, "advantages", in.advantages.size(), "per_token_logps rows", B);
-  if (o.beta != 0.0 && in.ref_per_token_logps.empty()) ulorl::detail::fail(fn, "ref_per_token_logps", "required when beta != 0");
+  if (o.beta != 0.0 && in.ref_per_token_logps.empty())
+    ulorl::detail::fail(fn, "ref_per_token_logps", "required when beta != 0");
   if (!in.ref_per_token_logps.empty())
     require_same_shape(fn, "ref_per_token_logps", in.ref_per_token_logps, "per_token_logps", lp);
   if (!in.sampling_per_token_logps.empty())
@@ -610,17 +641,21 @@ template <class T, class M>
   if (!in.entropies.empty()) require_same_shape(fn, "entropies", in.entropies, "per_token_logps", lp);
   const token_view<const T>& q = in.importance_sampling_ratio;
   if (!q.empty()) {
-    if (q.kind() != layout::padded) ulorl::detail::fail(fn, "importance_sampling_ratio", "must be the padded layout [B, T] or [B, 1]");
+    if (q.kind() != layout::padded)
+      ulorl::detail::fail(fn, "importance_sampling_ratio", "must be the padded layout [B, T] or [B, 1]");
     require_same_size(fn, "importance_sampling_ratio rows", q.rows(), "per_token_logps rows", B);
     if (q.cols() != Tn && q.cols() != 1)
-      ulorl::detail::fail_value(fn, "importance_sampling_ratio", static_cast<double>(q.cols()), "must have T columns or 1");
-    if (p.vespo && q.cols() != Tn) ulorl::detail::fail(fn, "importance_sampling_ratio", "vespo needs a token-level ratio [B, T]");
+      ulorl::detail::fail_value(fn, "importance_sampling_ratio", static_cast<double>(q.cols()),
+                                "must have T columns or 1");
+    if (p.vespo && q.cols() != Tn)
+      ulorl::detail::fail(fn, "importance_sampling_ratio", "vespo needs a token-level ratio [B, T]");
   }
   const token_view<T>& grad = out.grad_per_token_logps;
   if (grad.empty()) ulorl::detail::fail(fn, "grad_per_token_logps", "required");
   require_same_shape(fn, "grad_per_token_logps", grad, "per_token_logps", lp);
   ulorl::detail::require_distinct_tokens(fn, "grad_per_token_logps", grad);
-  if (o.entropy_coef != 0.0 && out.grad_entropies.empty()) ulorl::detail::fail(fn, "grad_entropies", "required when entropy_coef != 0");
+  if (o.entropy_coef != 0.0 && out.grad_entropies.empty())
+    ulorl::detail::fail(fn, "grad_entropies", "required when entropy_coef != 0");
   if (!out.grad_entropies.empty()) {
     require_same_shape(fn, "grad_entropies", out.grad_entropies, "per_token_logps", lp);
     ulorl::detail::require_distinct_tokens(fn, "grad_entropies", out.grad_entropies);
@@ -680,8 +715,10 @@ struct multipliers {
     double w = 1.0;
     if (!keep.empty()) w *= static_cast<double>(keep[b * cols + t]);
     if (!emask.empty()) w *= static_cast<double>(emask[b * cols + t]);
-    if (vespo) w *= phi[b];
-    else if (!q.empty()) w *= static_cast<double>(q(b, q.cols() == 1 ? 0 : t));
+    if (vespo)
+      w *= phi[b];
+    else if (!q.empty())
+      w *= static_cast<double>(q(b, q.cols() == 1 ? 0 : t));
     return w;
   }
 };
@@ -694,21 +731,26 @@ template <class T, class M>
   if (o.off_policy_mask_threshold) {
     m.keep.assign(BT, T(0));
     const bool has_sampling = !in.sampling_per_token_logps.empty();
-    const off_policy_mask_inputs<T, M, T> oin{lp, has_sampling ? in.sampling_per_token_logps : in.old_per_token_logps, mask, {},
-                                              in.advantages};
-    (void)::ulorl::off_policy_mask(oin, detail::padded_scratch<T>(m.keep, B, Tn), trl::off_policy_mask(*o.off_policy_mask_threshold));
+    const off_policy_mask_inputs<T, M, T> oin{
+        lp, has_sampling ? in.sampling_per_token_logps : in.old_per_token_logps, mask, {}, in.advantages};
+    (void)::ulorl::off_policy_mask(oin, detail::padded_scratch<T>(m.keep, B, Tn),
+                                   trl::off_policy_mask(*o.off_policy_mask_threshold));
   }
   if (o.top_entropy_quantile < 1.0) {
     m.emask.assign(BT, T(0));
     std::vector<double> sorted(entropy_quantile_workspace(mask));
     (void)::ulorl::top_entropy_mask(in.entropies, mask, detail::padded_scratch<T>(m.emask, B, Tn),
-                                    entropy_quantile_config{.quantile = o.top_entropy_quantile}, std::span<double>(sorted));
+                                    entropy_quantile_config{.quantile = o.top_entropy_quantile},
+                                    std::span<double>(sorted));
   }
   if (p.vespo) {
     m.phi.assign(B, 0.0);
-    ::ulorl::vespo_weights(vespo_inputs<T, M>{lp, in.old_per_token_logps, mask, in.advantages, in.importance_sampling_ratio}, m.phi,
-                           {.k_pos = o.vespo_k_pos, .lambda_pos = o.vespo_lambda_pos, .k_neg = o.vespo_k_neg,
-                            .lambda_neg = o.vespo_lambda_neg});
+    ::ulorl::vespo_weights(
+        vespo_inputs<T, M>{lp, in.old_per_token_logps, mask, in.advantages, in.importance_sampling_ratio}, m.phi,
+        {.k_pos = o.vespo_k_pos,
+         .lambda_pos = o.vespo_lambda_pos,
+         .k_neg = o.vespo_k_neg,
+         .lambda_neg = o.vespo_lambda_neg});
   }
   m.any = o.off_policy_mask_threshold || o.top_entropy_quantile < 1.0 || p.vespo || !m.q.empty();
   return m;
@@ -718,8 +760,8 @@ template <class T, class M>
 //! the multiplier at every position; sequence level: the row's mean multiplier over its positions,
 //! the row's loss being one value). Empty when neither applies.
 template <class T>
-[[nodiscard]] std::vector<T> policy_weights(const multipliers<T>& m, const row_ratios& rows, const plan& p, std::size_t B,
-                                            std::size_t Tn) {
+[[nodiscard]] std::vector<T> policy_weights(const multipliers<T>& m, const row_ratios& rows, const plan& p,
+                                            std::size_t B, std::size_t Tn) {
   std::vector<T> weights;
   if (!m.any && !p.luspo) return weights;
   weights.resize(B * Tn);
@@ -751,12 +793,14 @@ template <class T>
   const std::size_t B = lp.rows(), Tn = lp.cols();
   std::vector<T> old(B * Tn);
   for (std::size_t b = 0; b < B; ++b)
-    for (std::size_t t = 0; t < Tn; ++t) old[b * Tn + t] = static_cast<T>(static_cast<double>(lp(b, t)) - rows.omega[b]);
+    for (std::size_t t = 0; t < Tn; ++t)
+      old[b * Tn + t] = static_cast<T>(static_cast<double>(lp(b, t)) - rows.omega[b]);
   return old;
 }
 
 //! The normalisers' options of this call (normalizer(), entropy_normalizer()).
-[[nodiscard]] inline normalizer_options normalizer_options_of(const grpo_loss_options& o, const plan& p, std::size_t Tn) {
+[[nodiscard]] inline normalizer_options normalizer_options_of(const grpo_loss_options& o, const plan& p,
+                                                              std::size_t Tn) {
   return {.loss_type = p.loss_type,
           .importance_sampling_level = p.level,
           .padded_length = Tn,
@@ -768,8 +812,8 @@ template <class T>
 
 //! policy_loss's configuration: the objective, k3 (bias-corrected on request) with β unless the KL
 //! term is added separately, the loss type's normaliser.
-[[nodiscard]] inline policy_loss_config policy_config(const grpo_loss_options& o, const plan& p, const normalizer_options& nopt,
-                                                      const batch_counts& counts) {
+[[nodiscard]] inline policy_loss_config policy_config(const grpo_loss_options& o, const plan& p,
+                                                      const normalizer_options& nopt, const batch_counts& counts) {
   policy_loss_config cfg;
   cfg.objective = p.objective;
   cfg.kl = trl::kl({.use_bias_correction_kl = o.use_bias_correction_kl});
@@ -782,8 +826,9 @@ template <class T>
 //! luspo at the token level runs over every position: its clip metrics are those of the valid
 //! tokens, from a pass over them with the multipliers alone (into scratch, before any write).
 template <class T, class M, class Exec>
-[[nodiscard]] loss_metrics luspo_valid_metrics(const policy_loss_inputs<T, M>& pin, token_view<const M> mask, const multipliers<T>& m,
-                                               const policy_loss_config& cfg, const Exec& exec) {
+[[nodiscard]] loss_metrics luspo_valid_metrics(const policy_loss_inputs<T, M>& pin, token_view<const M> mask,
+                                               const multipliers<T>& m, const policy_loss_config& cfg,
+                                               const Exec& exec) {
   const std::size_t B = pin.log_prob.rows(), Tn = pin.log_prob.cols();
   std::vector<T> factors, scratch_grad(B * Tn);
   policy_loss_inputs<T, M> valid_only = pin;
@@ -797,7 +842,8 @@ template <class T, class M, class Exec>
   }
   policy_loss_config mcfg = cfg;
   mcfg.kl_coef = 0.0;
-  return ::ulorl::policy_loss(valid_only, detail::padded_scratch<T>(scratch_grad, B, Tn), token_view<T>{}, mcfg, exec).metrics;
+  return ::ulorl::policy_loss(valid_only, detail::padded_scratch<T>(scratch_grad, B, Tn), token_view<T>{}, mcfg, exec)
+      .metrics;
 }
 
 //! The element-wise k3 and its gradient [B, T] of the separately added KL term (before any write).
@@ -817,9 +863,10 @@ template <class T>
 //! The entropy bonus's normaliser over the tokens the bonus covers (the top-entropy mask's, or the
 //! valid ones), checked before any write.
 template <class T>
-[[nodiscard]] agg_normalizer bonus_normalizer(const normalizer_options& nopt, const batch_counts& counts, const multipliers<T>& m,
-                                              std::size_t B, std::size_t Tn) {
-  const double bonus_tokens = m.emask.empty() ? counts.tokens : count_batch(detail::padded_scratch<const T>(m.emask, B, Tn)).tokens;
+[[nodiscard]] agg_normalizer bonus_normalizer(const normalizer_options& nopt, const batch_counts& counts,
+                                              const multipliers<T>& m, std::size_t B, std::size_t Tn) {
+  const double bonus_tokens =
+      m.emask.empty() ? counts.tokens : count_batch(detail::padded_scratch<const T>(m.emask, B, Tn)).tokens;
   const agg_normalizer norm = trl::entropy_normalizer(nopt, counts, bonus_tokens);
   validate_normalizer(fn, norm);
   return norm;
@@ -848,8 +895,8 @@ struct kl_sums {
 };
 template <class T, class M>
 kl_sums add_separate_kl(token_view<T> grad, token_view<const T> lp, token_view<const T> old, token_view<const M> mask,
-                        const row_ratios& rows, const kl_terms<T>& k, const agg_normalizer& norm, const grpo_loss_options& o,
-                        const plan& p) {
+                        const row_ratios& rows, const kl_terms<T>& k, const agg_normalizer& norm,
+                        const grpo_loss_options& o, const plan& p) {
   const std::size_t B = lp.rows(), Tn = lp.cols(), BT = B * Tn;
   const bool bias = o.use_bias_correction_kl;
   const double beta = o.beta;
@@ -862,11 +909,14 @@ kl_sums add_separate_kl(token_view<T> grad, token_view<const T> lp, token_view<c
     for (std::size_t t = 0; t < Tn; ++t) {
       const bool valid = mask(b, t) != M(0);
       if (!p.luspo && !valid) continue;
-      const double iw = bias && !p.seq ? std::exp(static_cast<double>(lp(b, t)) - static_cast<double>(old(b, t))) : row_ratio;
+      const double iw =
+          bias && !p.seq ? std::exp(static_cast<double>(lp(b, t)) - static_cast<double>(old(b, t))) : row_ratio;
       const double c = row_w * beta, kv = static_cast<double>(k.value[b * Tn + t]) * iw;
       double g = c * static_cast<double>(k.grad[b * Tn + t]) * iw;
-      if (bias && p.seq) to_mean += c * kv;
-      else if (bias) g += c * kv;
+      if (bias && p.seq)
+        to_mean += c * kv;
+      else if (bias)
+        g += c * kv;
       s.loss += c * kv;
       grad(b, t) = static_cast<T>(static_cast<double>(grad(b, t)) + g);
       s.valid_sum += valid ? kv : 0.0;
@@ -881,8 +931,9 @@ kl_sums add_separate_kl(token_view<T> grad, token_view<const T> lp, token_view<c
 //! The entropy bonus -coef · TRL's entropy mean over the tokens it covers, its gradient written to
 //! grad_entropies; without a bonus, given grad_entropies are zeros.
 template <class T, class M>
-[[nodiscard]] double entropy_bonus(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out, token_view<const M> mask,
-                                   const multipliers<T>& m, double coef, const std::optional<agg_normalizer>& norm) {
+[[nodiscard]] double entropy_bonus(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out,
+                                   token_view<const M> mask, const multipliers<T>& m, double coef,
+                                   const std::optional<agg_normalizer>& norm) {
   if (coef != 0.0) {
     const std::size_t B = in.per_token_logps.rows(), Tn = in.per_token_logps.cols();
     return m.emask.empty() ? ::ulorl::entropy_loss(in.entropies, mask, out.grad_entropies, coef, *norm)
@@ -901,17 +952,18 @@ template <class T, class M>
 
 //! A masked row's ratio at T = 1 (see above).
 template <class T>
-[[nodiscard]] double masked_row_ratio(token_view<const T> lp, token_view<const T> old, const row_ratios& rows, const plan& p,
-                                      std::size_t b) {
-  return p.level == importance_sampling_kind::token ? std::exp(static_cast<double>(lp(b, 0)) - static_cast<double>(old(b, 0)))
-                                                    : std::exp(rows.omega[b]);
+[[nodiscard]] double masked_row_ratio(token_view<const T> lp, token_view<const T> old, const row_ratios& rows,
+                                      const plan& p, std::size_t b) {
+  return p.level == importance_sampling_kind::token
+             ? std::exp(static_cast<double>(lp(b, 0)) - static_cast<double>(old(b, 0)))
+             : std::exp(rows.omega[b]);
 }
 
 //! The clip metrics TRL logs for the loss type (clip_ratio/*, cispo_clip_ratio) and vespo's
 //! phi_seq_mean, into r.
 template <class T, class M>
-void logged_clip_metrics(grpo_loss_result& r, const grpo_loss_inputs<T, M>& in, token_view<const M> mask, const row_ratios& rows,
-                         const multipliers<T>& m, const plan& p) {
+void logged_clip_metrics(grpo_loss_result& r, const grpo_loss_inputs<T, M>& in, token_view<const M> mask,
+                         const row_ratios& rows, const multipliers<T>& m, const plan& p) {
   using LT = loss_type_kind;
   const token_view<const T>& lp = in.per_token_logps;
   const std::size_t B = lp.rows();
@@ -951,7 +1003,8 @@ void logged_clip_metrics(grpo_loss_result& r, const grpo_loss_inputs<T, M>& in, 
         double n = r.metrics.clipped_high;
         for (std::size_t b = 0; b < B; ++b)
           if (mask(b, 0) == M(0))
-            n += (masked_row_ratio(lp, in.old_per_token_logps, rows, p, b) > cap && in.advantages[b] > T(0)) ? 1.0 : 0.0;
+            n +=
+                (masked_row_ratio(lp, in.old_per_token_logps, rows, p, b) > cap && in.advantages[b] > T(0)) ? 1.0 : 0.0;
         r.cispo_clip_ratio = n / rows_d;
       } else {
         r.cispo_clip_ratio = r.metrics.clip_high_fraction();
@@ -964,18 +1017,21 @@ void logged_clip_metrics(grpo_loss_result& r, const grpo_loss_inputs<T, M>& in, 
       r.vespo_phi_seq_mean = s / static_cast<double>(B);
       break;
     }
-    case LT::sapo: break;
+    case LT::sapo:
+      break;
   }
 }
 
 //! TRL's entropy mean: over the valid tokens, or over every row at T = 1.
 template <class T, class M>
-[[nodiscard]] double logged_entropy_mean(token_view<const T> entropies, token_view<const M> mask, const batch_counts& counts) {
+[[nodiscard]] double logged_entropy_mean(token_view<const T> entropies, token_view<const M> mask,
+                                         const batch_counts& counts) {
   const std::size_t B = entropies.rows(), Tn = entropies.cols();
   const bool single = Tn == 1;
   double s = 0;
   for (std::size_t b = 0; b < B; ++b)
-    for (std::size_t t = 0; t < Tn; ++t) s += (single || mask(b, t) != M(0)) ? static_cast<double>(entropies(b, t)) : 0.0;
+    for (std::size_t t = 0; t < Tn; ++t)
+      s += (single || mask(b, t) != M(0)) ? static_cast<double>(entropies(b, t)) : 0.0;
   return single ? s / static_cast<double>(B) : (counts.tokens > 0 ? s / counts.tokens : 0.0);
 }
 
@@ -1003,7 +1059,8 @@ template <class T, class M>
 //! bonus) are checked as policy_loss checks its own: a result beyond its type's range is an error
 //! naming it, and the gradient outputs are then set to 0.
 template <class T>
-void require_results_in_range(const grpo_loss_result& r, const token_view<T>& grad, const token_view<T>& grad_entropies) {
+void require_results_in_range(const grpo_loss_result& r, const token_view<T>& grad,
+                              const token_view<T>& grad_entropies) {
   const auto fail = [&](std::string_view what, std::int64_t at, double value, bool in_t) {
     for (const token_view<T>* v : {&grad, &grad_entropies})
       for (std::size_t b = 0; b < v->rows(); ++b)
@@ -1015,10 +1072,11 @@ void require_results_in_range(const grpo_loss_result& r, const token_view<T>& gr
                                 std::pair<std::string_view, const token_view<T>*>{"grad_entropies", &grad_entropies}})
     for (std::size_t b = 0; b < v->rows(); ++b)
       for (std::size_t t = 0; t < v->row_size(b); ++t)
-        if (!std::isfinite((*v)(b, t))) fail(name, static_cast<std::int64_t>(v->flat_index(b, t)), static_cast<double>((*v)(b, t)), true);
+        if (!std::isfinite((*v)(b, t)))
+          fail(name, static_cast<std::int64_t>(v->flat_index(b, t)), static_cast<double>((*v)(b, t)), true);
   const double max_t = static_cast<double>(std::numeric_limits<T>::max());
-  for (const auto& [name, value] : {std::pair<std::string_view, double>{"kl_loss", r.kl_loss}, {"entropy_loss", r.entropy_loss},
-                                    {"loss", r.loss}})
+  for (const auto& [name, value] :
+       {std::pair<std::string_view, double>{"kl_loss", r.kl_loss}, {"entropy_loss", r.entropy_loss}, {"loss", r.loss}})
     if (!(std::fabs(value) <= max_t)) fail(name, -1, value, true);
   for (const auto& [name, value] : {std::pair<std::string_view, double>{"kl_mean", r.kl_mean.value_or(0.0)},
                                     {"entropy_mean", r.entropy_mean.value_or(0.0)},
@@ -1041,7 +1099,8 @@ inline namespace ULORL_ISA {
 template <class T, class M, class Exec>
 [[nodiscard]] grpo_loss_result grpo_loss(const grpo_loss_inputs<T, M>& in, const grpo_loss_outputs<T>& out,
                                          const grpo_loss_options& o, const Exec& exec) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "presets::trl::grpo_loss: T must be float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "presets::trl::grpo_loss: T must be float or double");
   namespace G = detail;
   // Checks, then what needs scratch only, before the first write to the outputs.
   const G::plan p = G::plan_of(o);

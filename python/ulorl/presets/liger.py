@@ -23,11 +23,14 @@ from typing import Any, Optional, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _check_nan_options, _fail, linear_head_policy_loss
+from .._api import _check_nan_options, _cpp_defaults, _cpp_options, _fail, linear_head_policy_loss
 from . import _common
 from . import trl as _trl
 
 _FN = "presets::liger::LigerFusedLinearGRPOFunction"
+# Liger's defaults (TRL's where Liger takes them), as the C++ preset holds them
+# (presets::liger::fused_linear_grpo_options): the keyword defaults below read them.
+_LIGER = _cpp_defaults(_ulorl.LigerFusedLinearGRPOOptions)
 _HEAD_DTYPES = (torch.float32, torch.float64)
 
 
@@ -107,25 +110,25 @@ def liger_fused_linear_grpo(
     ref_input: Optional[torch.Tensor] = None,
     ref_weight: Optional[torch.Tensor] = None,
     ref_bias: Optional[torch.Tensor] = None,
-    beta: float = 0.04,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-    loss_type: str = "dapo",
-    max_completion_length: Optional[int] = None,
-    importance_sampling_level: str = "token",
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    temperature: float = 1.0,
+    beta: float = _LIGER["beta"],
+    epsilon_low: float = _LIGER["epsilon_low"],
+    epsilon_high: float = _LIGER["epsilon_high"],
+    loss_type: str = _LIGER["loss_type"],
+    max_completion_length: Optional[float] = _LIGER["max_completion_length"],
+    importance_sampling_level: str = _LIGER["importance_sampling_level"],
+    sapo_temperature_pos: float = _LIGER["sapo_temperature_pos"],
+    sapo_temperature_neg: float = _LIGER["sapo_temperature_neg"],
+    temperature: float = _LIGER["temperature"],
     compiled: bool = True,
-    use_ref_model: bool = True,
+    use_ref_model: bool = _LIGER["use_ref_model"],
     chunk_size: int = 1,
     vllm_is_ratio: Optional[torch.Tensor] = None,
-    delta: Optional[float] = None,
-    use_bias_correction_kl: bool = False,
-    vespo_k_pos: float = 2.0,
-    vespo_lambda_pos: float = 3.0,
-    vespo_k_neg: float = 3.0,
-    vespo_lambda_neg: float = 2.0,
+    delta: Optional[float] = _LIGER["delta"],
+    use_bias_correction_kl: bool = _LIGER["use_bias_correction_kl"],
+    vespo_k_pos: float = _LIGER["vespo_k_pos"],
+    vespo_lambda_pos: float = _LIGER["vespo_lambda_pos"],
+    vespo_k_neg: float = _LIGER["vespo_k_neg"],
+    vespo_lambda_neg: float = _LIGER["vespo_lambda_neg"],
     num_items_in_batch: Any = None,
 ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]:
     """Liger's ``LigerFusedLinearGRPOFunction.apply`` (same positional order and defaults).
@@ -146,10 +149,9 @@ def liger_fused_linear_grpo(
     and vespo: 0), both over the valid tokens.
     """
     # The options, checked as Liger checks them (ulorl/presets/liger.hpp).
-    o = _ulorl._liger_fused_linear_grpo_options(
-        beta, use_ref_model, epsilon_low, epsilon_high, loss_type, max_completion_length, importance_sampling_level,
-        sapo_temperature_pos, sapo_temperature_neg, temperature, delta, use_bias_correction_kl, vespo_k_pos,
-        vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg)
+    o = _cpp_options(_ulorl.LigerFusedLinearGRPOOptions,
+                     {name: value for name, value in locals().items() if name in _LIGER})
+    _ulorl._liger_validate(o)
     if _input.dim() != 3:
         raise _fail(_FN, "_input", f"has shape {tuple(_input.shape)}: must be [B, T, H]")
     B, T = int(_input.shape[0]), int(_input.shape[1])
@@ -198,13 +200,10 @@ def liger_fused_linear_grpo(
             # its one column, which [q, 1, ..., 1] reproduces.
             ratio = ratio.expand(B, T) if loss_type == "luspo" else torch.cat(
                 [ratio, torch.ones(B, T - 1, dtype=f32, device=ratio.device)], dim=1)
-        loss, m = _trl.grpo_loss(
+        # TRL's loss with the plan's options (presets::liger::fused_linear_grpo maps Liger's to TRL's).
+        loss, m = _trl._grpo_loss(
             logp, None if old_per_token_logps is None else old_per_token_logps.detach().to(f32), adv, mask,
-            ref_per_token_logps=ref, loss_type=loss_type, epsilon=epsilon_low, epsilon_high=epsilon_high,
-            delta=delta, beta=beta if kl_on else 0.0, importance_sampling_level=importance_sampling_level,
-            use_bias_correction_kl=use_bias_correction_kl, max_completion_length=max_completion_length,
-            num_items_in_batch=plan["num_items_in_batch"], vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos,
-            vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg, importance_sampling_ratio=ratio)
+            plan["trl_options"], ref_per_token_logps=ref, importance_sampling_ratio=ratio)
         kl = m["kl"] if kl_on else 0.0
         clip = 0.0 if loss_type == "vespo" else m["clip_region_fraction"]
     else:
@@ -249,24 +248,24 @@ class LigerFusedLinearGRPOLoss(torch.nn.Module):
 
     def __init__(
         self,
-        beta: float = 0.04,
+        beta: float = _LIGER["beta"],
         compiled: bool = True,
-        use_ref_model: bool = True,
+        use_ref_model: bool = _LIGER["use_ref_model"],
         chunk_size: int = 1,
-        epsilon_low: float = 0.2,
-        epsilon_high: float = 0.2,
-        loss_type: str = "dapo",
-        max_completion_length: Optional[int] = None,
-        importance_sampling_level: str = "token",
-        sapo_temperature_pos: float = 1.0,
-        sapo_temperature_neg: float = 1.05,
-        temperature: float = 1.0,
-        delta: Optional[float] = None,
-        use_bias_correction_kl: bool = False,
-        vespo_k_pos: float = 2.0,
-        vespo_lambda_pos: float = 3.0,
-        vespo_k_neg: float = 3.0,
-        vespo_lambda_neg: float = 2.0,
+        epsilon_low: float = _LIGER["epsilon_low"],
+        epsilon_high: float = _LIGER["epsilon_high"],
+        loss_type: str = _LIGER["loss_type"],
+        max_completion_length: Optional[float] = _LIGER["max_completion_length"],
+        importance_sampling_level: str = _LIGER["importance_sampling_level"],
+        sapo_temperature_pos: float = _LIGER["sapo_temperature_pos"],
+        sapo_temperature_neg: float = _LIGER["sapo_temperature_neg"],
+        temperature: float = _LIGER["temperature"],
+        delta: Optional[float] = _LIGER["delta"],
+        use_bias_correction_kl: bool = _LIGER["use_bias_correction_kl"],
+        vespo_k_pos: float = _LIGER["vespo_k_pos"],
+        vespo_lambda_pos: float = _LIGER["vespo_lambda_pos"],
+        vespo_k_neg: float = _LIGER["vespo_k_neg"],
+        vespo_lambda_neg: float = _LIGER["vespo_lambda_neg"],
     ):
         super().__init__()
         fn = "presets::liger::LigerFusedLinearGRPOLoss"

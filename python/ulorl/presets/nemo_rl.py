@@ -18,9 +18,14 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _agg_loss, _check_nan_options, _fail, _kl_penalty, _policy_loss_result, _with_gradient
-from .._ulorl import Error, Normalizer
+from .._api import (_POLICY_LOSS_OPTIONS, _agg_loss, _check_nan_options, _cpp_defaults, _cpp_options, _fail, _kl_penalty,
+                    _policy_loss_result, _with_gradient)
+from .._ulorl import Error
 from . import _common
+
+# ClippedPGLossConfig's defaults, as the C++ preset holds them (presets::nemo_rl::clipped_pg_loss_options):
+# the keyword and field defaults below read them.
+_NEMO = _cpp_defaults(_ulorl.NemoRLClippedPGLossOptions)
 
 
 def clipped_pg_loss(
@@ -30,25 +35,25 @@ def clipped_pg_loss(
     token_mask: torch.Tensor,
     *,
     generation_logprobs: Optional[torch.Tensor] = None,
-    ratio_clip_min: float = 0.2,
-    ratio_clip_max: float = 0.2,
-    ratio_clip_c: Optional[float] = None,
-    token_level_loss: bool = True,
-    force_on_policy_ratio: bool = False,
-    disable_ppo_ratio: bool = False,
-    use_importance_sampling_correction: bool = False,
-    truncated_importance_sampling_type: Optional[str] = None,
-    truncated_importance_sampling_ratio: Optional[float] = None,
-    truncated_importance_sampling_ratio_min: Optional[float] = None,
+    ratio_clip_min: float = _NEMO["ratio_clip_min"],
+    ratio_clip_max: float = _NEMO["ratio_clip_max"],
+    ratio_clip_c: Optional[float] = _NEMO["ratio_clip_c"],
+    token_level_loss: bool = _NEMO["token_level_loss"],
+    force_on_policy_ratio: bool = _NEMO["force_on_policy_ratio"],
+    disable_ppo_ratio: bool = _NEMO["disable_ppo_ratio"],
+    use_importance_sampling_correction: bool = _NEMO["use_importance_sampling_correction"],
+    truncated_importance_sampling_type: Optional[str] = _NEMO["truncated_importance_sampling_type"],
+    truncated_importance_sampling_ratio: Optional[float] = _NEMO["truncated_importance_sampling_ratio"],
+    truncated_importance_sampling_ratio_min: Optional[float] = _NEMO["truncated_importance_sampling_ratio_min"],
     reference_policy_logprobs: Optional[torch.Tensor] = None,
-    reference_policy_kl_penalty: float = 0.0,
-    reference_policy_kl_type: str = "k3",
-    kl_input_clamp_value: Optional[float] = None,
-    kl_output_clamp_value: Optional[float] = None,
-    use_on_policy_kl_approximation: bool = False,
+    reference_policy_kl_penalty: float = _NEMO["reference_policy_kl_penalty"],
+    reference_policy_kl_type: str = _NEMO["reference_policy_kl_type"],
+    kl_input_clamp_value: Optional[float] = _NEMO["kl_input_clamp_value"],
+    kl_output_clamp_value: Optional[float] = _NEMO["kl_output_clamp_value"],
+    use_on_policy_kl_approximation: bool = _NEMO["use_on_policy_kl_approximation"],
     global_valid_toks: Optional[float] = None,
     global_valid_seqs: Optional[float] = None,
-    check_values: bool = True,
+    check_values: bool = _POLICY_LOSS_OPTIONS["check_values"],
 ) -> Tuple[torch.Tensor, Dict[str, Any]]:
     """NeMo-RL's clipped policy-gradient loss of one micro-batch.
 
@@ -61,18 +66,17 @@ def clipped_pg_loss(
     ``truncated_importance_sampling_type`` tis / icepop / seq-mask-tis). Reference KL
     (``reference_policy_kl_penalty`` != 0): k1 / k2 / k3 of ``reference_policy_logprobs`` with
     optional clamps, weighted by exp(logp - sg(logp)) (whose derivative enters the gradient) or, with
-    ``use_on_policy_kl_approximation``, exp(logp - generation_logprobs).
+    ``use_on_policy_kl_approximation``, exp(logp - generation_logprobs). The option defaults are NeMo-RL's
+    ClippedPGLossConfig's (the C++ preset's): the KL term is on (0.01, clamps 20 / 10), so
+    ``reference_policy_logprobs`` is required unless ``reference_policy_kl_penalty=0``.
 
     Returns ``(loss, metrics)``: ulorl's metrics plus NeMo-RL's ``probs_ratio``,
     ``probs_ratio_clamped``, ``sampling_importance_ratio`` (given generation_logprobs),
     ``is_oob_ratio`` (with a truncation type) and ``kl_penalty`` (the unscaled KL, when on).
     """
     fn = "presets::nemo_rl::clipped_pg_loss"
-    o = _ulorl._nemo_rl_clipped_pg_loss_options(
-        ratio_clip_min, ratio_clip_max, ratio_clip_c, token_level_loss, force_on_policy_ratio, disable_ppo_ratio,
-        use_importance_sampling_correction, truncated_importance_sampling_type, truncated_importance_sampling_ratio,
-        truncated_importance_sampling_ratio_min, reference_policy_kl_penalty, reference_policy_kl_type,
-        kl_input_clamp_value, kl_output_clamp_value, use_on_policy_kl_approximation)
+    o = _cpp_options(_ulorl.NemoRLClippedPGLossOptions, {k: v for k, v in locals().items() if k in _NEMO})
+    _ulorl._nemo_rl_validate(o)
     if generation_logprobs is None and (use_importance_sampling_correction or use_on_policy_kl_approximation):
         raise _fail(fn, "generation_logprobs",
                     "required by use_importance_sampling_correction and use_on_policy_kl_approximation")
@@ -111,8 +115,10 @@ def clipped_pg_loss(
     return loss, m
 
 
-def calculate_kl(logprobs: torch.Tensor, logprobs_reference: torch.Tensor, kl_type: str = "k3",
-                 input_clamp_value: Optional[float] = 20.0, output_clamp_value: Optional[float] = 10.0,
+def calculate_kl(logprobs: torch.Tensor, logprobs_reference: torch.Tensor,
+                 kl_type: str = _NEMO["reference_policy_kl_type"],
+                 input_clamp_value: Optional[float] = _NEMO["kl_input_clamp_value"],
+                 output_clamp_value: Optional[float] = _NEMO["kl_output_clamp_value"],
                  importance_sampling_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
     """NeMo-RL's ``calculate_kl`` (nemo_rl.algorithms.utils), same arguments and positions: k1 / k2 /
     k3 of ``u = logprobs_reference - logprobs`` clamped to +-input_clamp_value, optionally times
@@ -227,25 +233,25 @@ class ClippedPGLossConfig:
     """NeMo-RL's ``ClippedPGLossConfig``: its fields and defaults. :class:`ClippedPGLossFn` also takes
     NeMo-RL's own config object or a mapping with these keys (a missing key: the default here)."""
 
-    disable_ppo_ratio: bool = False
-    token_level_loss: bool = True
-    sequence_level_importance_ratios: bool = False
-    ratio_clip_min: float = 0.2
-    ratio_clip_max: float = 0.2
-    ratio_clip_c: Optional[float] = None
-    reference_policy_kl_penalty: float = 0.01
-    reference_policy_kl_type: str = "k3"
-    kl_input_clamp_value: Optional[float] = 20.0
-    kl_output_clamp_value: Optional[float] = 10.0
-    use_kl_in_reward: bool = False
-    use_importance_sampling_correction: bool = False
-    truncated_importance_sampling_type: Optional[str] = None
-    truncated_importance_sampling_ratio: Optional[float] = None
-    truncated_importance_sampling_ratio_min: Optional[float] = None
-    use_on_policy_kl_approximation: bool = False
-    force_on_policy_ratio: bool = False
-    use_cispo: bool = False
-    positive_example_nll_weight: float = 0.0
+    disable_ppo_ratio: bool = _NEMO["disable_ppo_ratio"]
+    token_level_loss: bool = _NEMO["token_level_loss"]
+    sequence_level_importance_ratios: bool = _NEMO["sequence_level_importance_ratios"]
+    ratio_clip_min: float = _NEMO["ratio_clip_min"]
+    ratio_clip_max: float = _NEMO["ratio_clip_max"]
+    ratio_clip_c: Optional[float] = _NEMO["ratio_clip_c"]
+    reference_policy_kl_penalty: float = _NEMO["reference_policy_kl_penalty"]
+    reference_policy_kl_type: str = _NEMO["reference_policy_kl_type"]
+    kl_input_clamp_value: Optional[float] = _NEMO["kl_input_clamp_value"]
+    kl_output_clamp_value: Optional[float] = _NEMO["kl_output_clamp_value"]
+    use_kl_in_reward: bool = False  # the caller's: ClippedPGLossFn then sets reference_policy_kl_penalty to 0
+    use_importance_sampling_correction: bool = _NEMO["use_importance_sampling_correction"]
+    truncated_importance_sampling_type: Optional[str] = _NEMO["truncated_importance_sampling_type"]
+    truncated_importance_sampling_ratio: Optional[float] = _NEMO["truncated_importance_sampling_ratio"]
+    truncated_importance_sampling_ratio_min: Optional[float] = _NEMO["truncated_importance_sampling_ratio_min"]
+    use_on_policy_kl_approximation: bool = _NEMO["use_on_policy_kl_approximation"]
+    force_on_policy_ratio: bool = _NEMO["force_on_policy_ratio"]
+    use_cispo: bool = _NEMO["use_cispo"]
+    positive_example_nll_weight: float = _NEMO["positive_example_nll_weight"]
 
 
 _FIELDS = [f.name for f in dataclasses.fields(ClippedPGLossConfig)]
@@ -320,17 +326,14 @@ class ClippedPGLossFn:
         self.loss_type = loss_type.TOKEN_LEVEL if self.token_level_loss else loss_type.SEQUENCE_LEVEL
         self._validate()
         kl_on = self.reference_policy_kl_penalty != 0
+        options = {name: getattr(self, name) for name in _NEMO}
+        options["ratio_clip_c"] = self._modelled_dual_clip()
+        if not kl_on:
+            options["kl_input_clamp_value"] = options["kl_output_clamp_value"] = None
         try:
-            self._options = _ulorl._nemo_rl_clipped_pg_loss_options(
-                self.ratio_clip_min, self.ratio_clip_max, self._modelled_dual_clip(), self.token_level_loss,
-                self.force_on_policy_ratio, self.disable_ppo_ratio, self.use_importance_sampling_correction,
-                self.truncated_importance_sampling_type, self.truncated_importance_sampling_ratio,
-                self.truncated_importance_sampling_ratio_min, float(self.reference_policy_kl_penalty),
-                self.reference_policy_kl_type, self.kl_input_clamp_value if kl_on else None,
-                self.kl_output_clamp_value if kl_on else None, self.use_on_policy_kl_approximation)
-            self._importance = _ulorl._nemo_rl_rollout_correction_config(
-                self.truncated_importance_sampling_type, self.truncated_importance_sampling_ratio,
-                self.truncated_importance_sampling_ratio_min, self.sequence_level_importance_ratios)
+            self._options = _cpp_options(_ulorl.NemoRLClippedPGLossOptions, options)
+            _ulorl._nemo_rl_validate(self._options)
+            self._importance = _ulorl._nemo_rl_importance_config(self._options)
         except Error as e:
             err = ConfigError(str(e))
             err.function, err.argument, err.index = e.function, e.argument, e.index
@@ -349,19 +352,11 @@ class ClippedPGLossFn:
                 metric.SEQUENCES if self.truncated_importance_sampling_type == "seq-mask-tis" else metric.TOKENS)
 
     def _validate(self) -> None:
-        """The combinations NeMo-RL asserts on (the C++ option builders check the values)."""
-        if self.sequence_level_importance_ratios and self.token_level_loss:
-            raise _config_error("sequence_level_importance_ratios", "is exclusive with token_level_loss")
+        """What NeMo-RL asserts on the configuration before the C++ options see it: the dual clip of
+        the configuration itself (disable_ppo_ratio hands the options none) and the truncation bounds
+        (presets::nemo_rl::validate checks the rest, use_cispo's and GSPO's combinations included)."""
         if self.ratio_clip_c is not None and not self.ratio_clip_c > 1:
             raise _config_error("ratio_clip_c", "must exceed 1 (dual clip)", self.ratio_clip_c)
-        if self.use_cispo:
-            for name in ("disable_ppo_ratio", "force_on_policy_ratio", "sequence_level_importance_ratios"):
-                if getattr(self, name):
-                    raise _config_error(name, "is incompatible with use_cispo")
-            if self.ratio_clip_c is not None:
-                raise _config_error("ratio_clip_c", "is incompatible with use_cispo", self.ratio_clip_c)
-            if not self.token_level_loss:
-                raise _config_error("token_level_loss", "use_cispo requires token_level_loss")
         hi, lo = self.truncated_importance_sampling_ratio, self.truncated_importance_sampling_ratio_min
         if self.truncated_importance_sampling_type is not None and hi is not None and lo is not None and lo > hi:
             raise _config_error("truncated_importance_sampling_ratio_min", "truncated_importance_sampling_ratio_min "
@@ -384,12 +379,9 @@ class ClippedPGLossFn:
         gt, gs = _common.number(global_valid_toks), _common.number(global_valid_seqs)
         counts = _common.counts(mask)
         empty = counts.tokens == 0  # the sums are empty: any divisor gives 0
+        # The objective (PPO clip, dual clip, policy gradient, cispo or GSPO) is the C++ preset's choice.
         cfg = _ulorl._nemo_rl_loss_config(self._options, counts, 1.0 if empty else gt, 1.0 if empty else gs)
-        if self.use_cispo:
-            cfg.objective = "cispo"
-        elif self.sequence_level_importance_ratios and not (self.force_on_policy_ratio or self.disable_ppo_ratio):
-            cfg.objective, cfg.seq_log_ratio_max, cfg.seq_gradient = "gspo", math.inf, "through_mean"
-        elif self.disable_ppo_ratio and not self.force_on_policy_ratio and self.ratio_clip_c is not None:
+        if self.disable_ppo_ratio and not self.force_on_policy_ratio and self.ratio_clip_c is not None:
             if bool(((lpd >= self.ratio_clip_c) & (advantages < 0) & (mask != 0)).any()):
                 raise _fail(_FN, "next_token_logprobs", f"a log-prob >= ratio_clip_c = {self.ratio_clip_c} with a "
                             "negative advantage: NeMo-RL's dual clip under disable_ppo_ratio is not modelled there")
@@ -425,14 +417,13 @@ class ClippedPGLossFn:
             loss = loss + _with_gradient(lp_kl, kl, kl_grad, _FN)
 
         nll = 0.0
-        if self.positive_example_nll_weight > 0 and "rewards" in data:
+        if "rewards" in data:
             correct = mask * (data["rewards"] > 0).to(mask.dtype).unsqueeze(-1)
-            n_correct = float(correct.sum().item())
-            if n_correct > 0:
-                w = float(self.positive_example_nll_weight)
-                term = _agg_loss(lp, correct, Normalizer("token_mean", n_correct, -w))
+            norm = _ulorl._nemo_rl_positive_example_nll(self._options, float(correct.sum().item()))
+            if norm is not None:  # the term's weight, and whether there is one, are the C++ preset's
+                term = _agg_loss(lp, correct, norm)
                 loss = loss + term
-                nll = term.item() / w
+                nll = term.item() / float(self.positive_example_nll_weight)
 
         metrics: Dict[str, Any] = {"loss": loss.item()}
         metrics.update(self._ratio_metrics(lpd, prev, mask, result, gt))

@@ -14,8 +14,13 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _check_nan_options, _fail, _with_gradient, logprobs_from_logits
+from .._api import _check_nan_options, _cpp_defaults, _cpp_options, _fail, _with_gradient, logprobs_from_logits
 from . import _common
+
+# GRPOConfig's defaults, as the C++ preset holds them (presets::trl::grpo_loss_options,
+# adaptive_entropy_params): the keyword defaults below read them.
+_GRPO = _cpp_defaults(_ulorl.TRLGRPOLossOptions)
+_ENTROPY = _cpp_defaults(_ulorl.TRLAdaptiveEntropyParams)
 
 # ---- trl.trainer.utils ------------------------------------------------------------------------------
 
@@ -152,30 +157,30 @@ def grpo_loss(
     completion_mask: torch.Tensor,
     *,
     ref_per_token_logps: Optional[torch.Tensor] = None,
-    loss_type: str = "dapo",
-    epsilon: float = 0.2,
-    epsilon_high: Optional[float] = None,
-    delta: Optional[float] = None,
-    beta: float = 0.0,
-    importance_sampling_level: str = "token",
-    use_bias_correction_kl: bool = False,
-    max_completion_length: Optional[int] = None,
-    gradient_accumulation_steps: int = 1,
-    num_items_in_batch: Optional[float] = None,
-    num_processes: int = 1,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    vespo_k_pos: float = 2.0,
-    vespo_lambda_pos: float = 3.0,
-    vespo_k_neg: float = 3.0,
-    vespo_lambda_neg: float = 2.0,
-    off_policy_mask_threshold: Optional[float] = None,
-    top_entropy_quantile: float = 1.0,
-    entropy_coef: float = 0.0,
+    loss_type: str = _GRPO["loss_type"],
+    epsilon: float = _GRPO["epsilon"],
+    epsilon_high: Optional[float] = _GRPO["epsilon_high"],
+    delta: Optional[float] = _GRPO["delta"],
+    beta: float = _GRPO["beta"],
+    importance_sampling_level: str = _GRPO["importance_sampling_level"],
+    use_bias_correction_kl: bool = _GRPO["use_bias_correction_kl"],
+    max_completion_length: Optional[float] = None,
+    gradient_accumulation_steps: float = _GRPO["gradient_accumulation_steps"],
+    num_items_in_batch: Optional[float] = _GRPO["num_items_in_batch"],
+    num_processes: float = _GRPO["num_processes"],
+    sapo_temperature_pos: float = _GRPO["sapo_temperature_pos"],
+    sapo_temperature_neg: float = _GRPO["sapo_temperature_neg"],
+    vespo_k_pos: float = _GRPO["vespo_k_pos"],
+    vespo_lambda_pos: float = _GRPO["vespo_lambda_pos"],
+    vespo_k_neg: float = _GRPO["vespo_k_neg"],
+    vespo_lambda_neg: float = _GRPO["vespo_lambda_neg"],
+    off_policy_mask_threshold: Optional[float] = _GRPO["off_policy_mask_threshold"],
+    top_entropy_quantile: float = _GRPO["top_entropy_quantile"],
+    entropy_coef: float = _GRPO["entropy_coef"],
     entropies: Optional[torch.Tensor] = None,
     sampling_per_token_logps: Optional[torch.Tensor] = None,
     importance_sampling_ratio: Optional[torch.Tensor] = None,
-    check_values: bool = True,
+    check_values: bool = _GRPO["check_values"],
 ) -> Tuple[torch.Tensor, Dict[str, Any]]:
     """TRL's GRPO loss of one micro-batch: ``ulorl::presets::trl::grpo_loss`` (CPU tensors, float32 or
     float64), with autograd to ``per_token_logps`` and ``entropies``.
@@ -186,6 +191,8 @@ def grpo_loss(
     (divides by ``num_items_in_batch`` / num_processes; default: this micro-batch's tokens),
     ``cispo`` (ratio capped at epsilon_high, detached), ``sapo`` (sapo_temperature_pos / _neg),
     ``luspo`` (rows weighted by their length), ``vespo`` (vespo_k_* / vespo_lambda_*).
+    The option defaults are GRPOConfig's, held by the C++ preset (presets::trl::grpo_loss_options) but
+    ``max_completion_length``: None is an error for dr_grpo (GRPOConfig's default is not assumed).
     importance_sampling_level ``token``, ``sequence`` (GSPO; cispo / sapo take the row's log-ratio)
     or ``sequence_token`` (GSPO-token). ``beta`` > 0 adds beta * k3 against ``ref_per_token_logps``
     (times TRL's undetached ratio with ``use_bias_correction_kl``: the token's, or the row's at the
@@ -205,6 +212,22 @@ def grpo_loss(
     fn = "presets::trl::grpo_loss"
     if loss_type == "dr_grpo" and max_completion_length is None:
         raise _fail(fn, "max_completion_length", "required for loss_type 'dr_grpo'")
+    options = {name: value for name, value in locals().items() if name in _GRPO}
+    if max_completion_length is None:
+        del options["max_completion_length"]  # unused: the C++ default stands
+    o = _cpp_options(_ulorl.TRLGRPOLossOptions, options)
+    return _grpo_loss(per_token_logps, old_per_token_logps, advantages, completion_mask, o,
+                      ref_per_token_logps=ref_per_token_logps, entropies=entropies,
+                      sampling_per_token_logps=sampling_per_token_logps,
+                      importance_sampling_ratio=importance_sampling_ratio)
+
+
+def _grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[torch.Tensor], advantages: torch.Tensor,
+               completion_mask: torch.Tensor, options: Any, *, ref_per_token_logps: Optional[torch.Tensor] = None,
+               entropies: Optional[torch.Tensor] = None, sampling_per_token_logps: Optional[torch.Tensor] = None,
+               importance_sampling_ratio: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, Any]]:
+    """:func:`grpo_loss` with its options as a C++ ``TRLGRPOLossOptions`` (presets::trl::grpo_loss_options)."""
+    fn = "presets::trl::grpo_loss"
     if advantages.dim() != 1 or per_token_logps.dim() != 2 or advantages.shape[0] != per_token_logps.shape[0]:
         raise _fail(fn, "advantages",
                     f"has shape {tuple(advantages.shape)} but 'per_token_logps' has shape "
@@ -217,12 +240,7 @@ def grpo_loss(
 
     value, grad, grad_entropies, m = _ulorl._trl_grpo_loss(
         per_token_logps.detach(), old, advantages.detach(), mask, detached(ref_per_token_logps),
-        detached(sampling_per_token_logps), detached(entropies), detached(importance_sampling_ratio), loss_type,
-        epsilon, epsilon_high, delta, beta, importance_sampling_level, use_bias_correction_kl,
-        float(max_completion_length if max_completion_length is not None else 256),
-        float(gradient_accumulation_steps), num_items_in_batch, float(num_processes), sapo_temperature_pos,
-        sapo_temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg,
-        off_policy_mask_threshold, top_entropy_quantile, entropy_coef, check_values)
+        detached(sampling_per_token_logps), detached(entropies), detached(importance_sampling_ratio), options)
     loss = _with_gradient(per_token_logps, value, grad, "presets::trl::grpo_loss")
     if grad_entropies is not None:
         # The value is all in `loss`; this term carries d loss / d entropies.
@@ -267,15 +285,18 @@ def off_policy_mask(per_token_logps: torch.Tensor, sampling_per_token_logps: tor
     return keep
 
 
-def adaptive_entropy_controller(entropy_coef: float = 0.0, entropy_target: float = 0.2,
-                                entropy_coef_delta: float = 0.005, entropy_coef_min: float = 0.0,
-                                entropy_coef_max: float = 1.0) -> _ulorl.EntropyController:
+def adaptive_entropy_controller(entropy_coef: float = _ENTROPY["entropy_coef"],
+                                entropy_target: float = _ENTROPY["entropy_target"],
+                                entropy_coef_delta: float = _ENTROPY["entropy_coef_delta"],
+                                entropy_coef_min: float = _ENTROPY["entropy_coef_min"],
+                                entropy_coef_max: float = _ENTROPY["entropy_coef_max"]) -> _ulorl.EntropyController:
     """TRL's ``use_adaptive_entropy`` as an :class:`ulorl.EntropyController`: each optimizer step applies
     ``bonus()`` (the coefficient while the previous step's entropy was <= entropy_target, else 0),
     then ``update(H)`` moves it by entropy_coef_delta: up to at most entropy_coef_max, down to at least
     entropy_coef_min (a starting coefficient outside that range is accepted, as TRL does)."""
-    return _ulorl._trl_adaptive_entropy(entropy_coef, entropy_target, entropy_coef_delta, entropy_coef_min,
-                                        entropy_coef_max)
+    return _ulorl._trl_adaptive_entropy(_cpp_options(_ulorl.TRLAdaptiveEntropyParams, {
+        "entropy_coef": entropy_coef, "entropy_target": entropy_target, "entropy_coef_delta": entropy_coef_delta,
+        "entropy_coef_min": entropy_coef_min, "entropy_coef_max": entropy_coef_max}))
 
 
 # ---- GRPOTrainer._compute_loss ----------------------------------------------------------------------
