@@ -1,6 +1,7 @@
-// python/src/logits.cpp — the fused logits paths of ulorl::th as autograd functions: the policy
-// loss straight from logits (gradient computed in the forward pass, optionally into the logits' own
-// memory) and the chunked linear head + loss from hidden states; per-row log-prob and entropy from
+// python/src/logits.cpp — the fused logits paths of ulorl::th: the policy loss straight from
+// logits (gradient computed in the forward pass; the operator ulorl::policy_loss_from_logits, or
+// an autograd function writing into the logits' own memory) and the chunked linear head + loss from
+// hidden states (the operator ulorl::linear_head_policy_loss); per-row log-prob and entropy from
 // logits through the operator ulorl::logits_statistics (ulorl/adapters/torch/ops.hpp).
 #include <torch/csrc/utils/pybind.h>
 

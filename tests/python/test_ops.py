@@ -1,8 +1,10 @@
 """The `ulorl` torch operators (ulorl/adapters/torch/ops.hpp): the library lists them with their
 schemas; Meta kernels give the CPU kernels' shapes, dtypes and strides; the Python functions and
 the operators agree; the configuration's encoding round-trips and rejects malformed arrays; the C++
-adapter (th::) and Python give the same bits; torch.compile(fullgraph=True) traces a GRPO step
-through them and gives the eager loss and gradient, with the aot_eager and inductor backends, and
+adapter (th::) and Python give the same bits; the linear head's operator gives the Python
+function's bits and plain torch's gradients, computes only the gradients asked for and is
+differentiable once; torch.compile(fullgraph=True) traces a GRPO step and a linear-head step
+through them and gives the eager loss and gradients, with the aot_eager and inductor backends, and
 torch.library.opcheck passes (torch >= 2)."""
 
 import json
@@ -18,7 +20,7 @@ from ulorl import _ulorl
 
 OPS = ["policy_loss", "_policy_loss_forward", "logits_statistics", "_logits_statistics_forward", "_logits_statistics_backward",
        "agg_loss", "_agg_loss_forward", "kl_penalty", "_kl_penalty_forward", "policy_loss_from_logits",
-       "_policy_loss_from_logits_forward"]
+       "_policy_loss_from_logits_forward", "linear_head_policy_loss", "_linear_head_policy_loss_forward"]
 
 
 def _encode(**options):
@@ -267,6 +269,110 @@ def test_policy_loss_from_logits_operator_gives_the_in_place_functions_bits(entr
         assert m.is_meta and m.shape == r.shape and m.dtype == r.dtype
 
 
+def _head_case(seed, bias=True, entropy_coef=0.01):
+    _, old, adv, mask, ref, _ = _batch(torch.float64, b=3, t=5, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    hidden = torch.randn(15, 6, generator=g, dtype=torch.float64)
+    weight = 0.3 * torch.randn(11, 6, generator=g, dtype=torch.float64)
+    b = 0.1 * torch.randn(11, generator=g, dtype=torch.float64) if bias else None
+    y = torch.randint(0, 11, (15,), generator=g)
+    options = dict(eps_high=0.28, kl_coef=0.05, entropy_coef=entropy_coef)
+    return hidden, weight, b, y, old, adv, mask, ref, options
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_linear_head_operator_gives_the_python_functions_bits(bias, entropy_coef):
+    hidden, weight, b, y, old, adv, mask, ref, options = _head_case(6, bias, entropy_coef)
+    leaves = [t.clone().requires_grad_() for t in (hidden, weight) + ((b,) if bias else ())]
+    loss, result, lp, ent = torch.ops.ulorl.linear_head_policy_loss(
+        leaves[0], leaves[1], leaves[2] if bias else None, y, old, adv, mask, ref, None, None, None,
+        _encode(**options), 0.8, True, False, 4, 1 << 20)
+    (3.0 * loss).backward()
+    again = [t.clone().requires_grad_() for t in (hidden, weight) + ((b,) if bias else ())]
+    loss_b, metrics = ulorl.linear_head_policy_loss(again[0], again[1], again[2] if bias else None, y, old, adv,
+                                                    mask, ref_log_prob=ref, temperature=0.8, chunk_rows=4,
+                                                    workspace_budget=1 << 20,
+                                                    normalizer=ulorl.Normalizer("token_mean", 10.0), **options)
+    (3.0 * loss_b).backward()
+    assert torch.equal(loss, loss_b) and torch.equal(lp, metrics["log_prob"])
+    assert metrics == {**_ulorl.decode_result(result).as_dict(), "log_prob": metrics["log_prob"],
+                       "entropy": metrics["entropy"]}
+    assert ent.numel() == 0 if entropy_coef == 0.0 else torch.equal(ent, metrics["entropy"])
+    assert not (result.requires_grad or lp.requires_grad or ent.requires_grad)
+    for a, c in zip(leaves, again):
+        assert torch.equal(a.grad, c.grad)
+    # the gradients against plain torch's logits -> log_softmax graph (through ulorl's logits operator)
+    plain = [t.clone().requires_grad_() for t in (hidden, weight) + ((b,) if bias else ())]
+    z = plain[0] @ plain[1].T + (plain[2] if bias else 0.0)
+    loss_c, _ = ulorl.policy_loss_from_logits(z, y, old, adv, mask, ref_log_prob=ref, temperature=0.8,
+                                              normalizer=ulorl.Normalizer("token_mean", 10.0), **options)
+    (3.0 * loss_c).backward()
+    torch.testing.assert_close(loss, loss_c, rtol=1e-12, atol=1e-14)
+    for a, c in zip(leaves, plain):
+        torch.testing.assert_close(a.grad, c.grad, rtol=1e-10, atol=1e-13)
+
+
+def test_linear_head_primitive_meta_kernel_and_output_mask():
+    hidden, weight, b, y, old, adv, mask, ref, options = _head_case(8)
+    enc = _encode(**options)
+    for bias in (None, b.float()):
+        args = (hidden.float(), weight.float(), bias, y, old, adv, mask, ref, None, None, None, enc, 1.0, True, False,
+                3, 1 << 20)
+        for output_mask in ([True, True, True], [False, True, False]):
+            cpu = torch.ops.ulorl._linear_head_policy_loss_forward(*args, output_mask)
+            meta = torch.ops.ulorl._linear_head_policy_loss_forward(
+                *[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args], output_mask)
+            for c, m in zip(cpu, meta):
+                assert (c.shape, c.dtype, c.stride(), m.device.type) == (m.shape, m.dtype, m.stride(), "meta")
+            assert cpu[1].numel() == (hidden.numel() if output_mask[0] else 0)
+            assert cpu[3].numel() == (b.numel() if output_mask[2] and bias is not None else 0)
+            assert cpu[1].dtype == torch.float32 and cpu[0].dtype == torch.float64
+    meta = torch.ops.ulorl.linear_head_policy_loss(hidden.to("meta"), weight.to("meta"), None, y.to("meta"),
+                                                   old.to("meta"), adv.to("meta"), None, ref.to("meta"), None, None,
+                                                   None, enc)
+    assert [m.shape for m in meta] == [torch.Size([]), torch.Size([len(_ulorl.result_fields())]), old.shape, old.shape]
+
+
+def test_linear_head_operator_double_backward_raises_and_runs_under_inference_mode():
+    hidden, weight, b, y, old, adv, mask, ref, options = _head_case(9, entropy_coef=0.0)
+    enc = _encode(**options)
+    w = weight.clone().requires_grad_()
+    loss, *_ = torch.ops.ulorl.linear_head_policy_loss(hidden, w, b, y, old, adv, mask, ref, None, None, None, enc)
+    (g,) = torch.autograd.grad(loss, w, create_graph=True)
+    with pytest.raises((ulorl.Error, RuntimeError),
+                       match="ulorl::linear_head_policy_loss: argument .grad_weight.: is differentiable once"):
+        g.sum().backward()
+    with torch.inference_mode():
+        loss_i, result_i, *_ = torch.ops.ulorl.linear_head_policy_loss(hidden, weight, b, y, old, adv, mask, ref, None,
+                                                                       None, None, enc)
+    assert torch.equal(loss_i, loss.detach())
+    with pytest.raises(ValueError, match="argument 'weight': is on device meta but 'hidden' is on cpu"):
+        torch.ops.ulorl.linear_head_policy_loss(hidden, weight.to("meta"), b, y, old, adv, mask, ref, None, None,
+                                                None, enc)
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2")
+def test_a_linear_head_step_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradients(compiles_like_eager):
+    hidden, weight, b, y, old, adv, mask, ref, options = _head_case(10)
+    hidden, weight, b = hidden.float(), weight.float(), b.float()
+    old, adv, ref = old.float(), adv.float(), ref.float()
+    enc = _encode(**options)
+
+    def step(h, w, bias):
+        loss, result, _, _ = torch.ops.ulorl.linear_head_policy_loss(h, w, bias, y, old, adv, mask, ref, None, None,
+                                                                     None, enc, 1.0, True, False, 4, 1 << 20)
+        return loss * 2.0, result
+
+    def run(fn):
+        h, w, bias = (t.clone().requires_grad_() for t in (hidden, weight, b))
+        loss, result = fn(h, w, bias)
+        loss.backward()
+        return loss.detach(), result, h.grad, w.grad, bias.grad
+
+    compiles_like_eager(step, run)
+
+
 @pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2")
 def test_a_grpo_step_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradient(compiles_like_eager):
     _, old, adv, mask, ref, _ = _batch(torch.float32, b=4, t=9, seed=3)
@@ -372,7 +478,11 @@ def test_opcheck_passes_for_the_public_operators():
               (lp.detach().clone().requires_grad_(), mask, None,
                _ulorl.encode_fields(ulorl.Normalizer("seq_mean_token_mean", 3.0)))),
              (torch.ops.ulorl.kl_penalty.default,
-              (lp.detach().clone().requires_grad_(), ref, None, _ulorl._kl_config("verl", "low_var_kl", None, None)))]
+              (lp.detach().clone().requires_grad_(), ref, None, _ulorl._kl_config("verl", "low_var_kl", None, None))),
+             (torch.ops.ulorl.linear_head_policy_loss.default,
+              (torch.randn(21, 5, requires_grad=True), torch.randn(9, 5, requires_grad=True),
+               torch.randn(9, requires_grad=True), torch.randint(0, 9, (21,)), old, adv, mask, ref, None, None, None,
+               enc, 0.7, True, False, 4, 1 << 20))]
     for op, args in cases:
         result = torch.library.opcheck(op, args)  # schema, autograd registration, FakeTensor, AOT dispatch
         assert set(result.values()) == {"SUCCESS"}, (op, result)

@@ -67,6 +67,10 @@ def test_cuda_errors_name_the_argument():
         ulorl.policy_loss(lp.double().cuda(), old.double().cuda(), adv.double().cuda(), mask.cuda(), normalizer=norm)
     with pytest.raises(ulorl.Error, match="argument 'logits': is a CUDA tensor"):
         ulorl.logprobs_from_logits(torch.randn(3, 5, device="cuda"), torch.zeros(3, dtype=torch.long, device="cuda"))
+    with pytest.raises(ulorl.Error, match="argument 'hidden': is a CUDA tensor .*linear_head_policy_loss has no CUDA"):
+        ulorl.linear_head_policy_loss(torch.randn(24, 4, device="cuda"), torch.randn(5, 4, device="cuda"), None,
+                                      torch.zeros(24, dtype=torch.long, device="cuda"), old.cuda(), adv.cuda(),
+                                      mask.cuda(), normalizer=norm)
 
 
 @pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2")

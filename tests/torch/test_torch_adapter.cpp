@@ -370,6 +370,116 @@ TEST_CASE("torch linear_head_policy_loss float32 against plain torch", "[torch][
   CHECK(close(hg.grad(), hg2.grad(), 1e-3, 1e-6));
 }
 
+TEST_CASE("torch linear_head_policy_loss is the ulorl operator: th:: bits, gradients asked for, Meta shapes",
+          "[torch][head][ops]") {
+  tsupport::seed(1010);
+  const std::int64_t b = 3, t = 5, h = 6, v = 13;
+  batch x = make_batch(b, t, at::kDouble);
+  const auto cfg = full_config(x.mask.sum().item<double>());
+  const at::Tensor hid = at::randn({b * t, h}, at::kDouble), w0 = at::randn({v, h}, at::kDouble) * 0.3;
+  const at::Tensor b0 = at::randn({v}, at::kDouble) * 0.1;
+  const at::Tensor y = at::randint(0, v, {b * t}, at::TensorOptions().dtype(at::kLong));
+  th::linear_head_loss_config opt{.extra = {.ref_log_prob = x.ref, .weights = x.w}};
+  opt.head.chunk_rows = 4;
+  opt.head.temperature = 0.9;
+  using ulorl::th::ops::opt_tensor;
+  const std::vector<double> enc = ulorl::encode_fields(cfg);
+  const auto& public_op = c10::Dispatcher::singleton()
+                              .findSchemaOrThrow("ulorl::linear_head_policy_loss", "")
+                              .typed<th::ops::detail::head_loss_sig>();
+  const auto& primitive = c10::Dispatcher::singleton()
+                              .findSchemaOrThrow("ulorl::_linear_head_policy_loss_forward", "")
+                              .typed<th::ops::detail::head_loss_forward_sig>();
+  const auto call = [&](const at::Tensor& hh, const at::Tensor& ww, const at::Tensor& bb) {
+    return public_op.call(hh, ww, opt_tensor(bb), y, x.old, x.adv, opt_tensor(x.mask), opt_tensor(x.ref),
+                          opt_tensor(x.w), opt_tensor(), opt_tensor(), enc, 0.9, true, false, 4, 256 << 20);
+  };
+
+  at::Tensor h1 = hid.clone().requires_grad_(), w1 = w0.clone().requires_grad_(), b1 = b0.clone().requires_grad_();
+  const auto out = th::linear_head_policy_loss(h1, w1, b1, y, x.old, x.adv, x.mask, cfg, opt);
+  out.loss.backward();
+  at::Tensor h2 = hid.clone().requires_grad_(), w2 = w0.clone().requires_grad_(), b2 = b0.clone().requires_grad_();
+  const auto [loss, result, lp, ent] = call(h2, w2, b2);
+  loss.backward();
+  CHECK(at::equal(loss, out.loss));
+  CHECK(at::equal(lp, out.log_prob));
+  CHECK(at::equal(ent, out.entropy));
+  CHECK_FALSE((result.requires_grad() || lp.requires_grad() || ent.requires_grad()));
+  std::vector<double> encoded(ulorl::encoded_result_size);
+  ulorl::encode_result(out.result, encoded);
+  CHECK(at::equal(result, at::tensor(encoded, at::kDouble)));
+  CHECK(at::equal(h1.grad(), h2.grad()));
+  CHECK(at::equal(w1.grad(), w2.grad()));
+  CHECK(at::equal(b1.grad(), b2.grad()));
+
+  SECTION("the primitive computes the gradients output_mask asks for; [0] for the others") {
+    const auto r =
+        primitive.call(hid, w0, opt_tensor(b0), y, x.old, x.adv, opt_tensor(x.mask), opt_tensor(x.ref), opt_tensor(x.w),
+                       opt_tensor(), opt_tensor(), enc, 0.9, true, false, 4, 256 << 20, {true, false, true});
+    CHECK(at::equal(std::get<0>(r), out.loss));
+    CHECK(at::equal(std::get<1>(r), h1.grad()));
+    CHECK(std::get<2>(r).sizes() == at::IntArrayRef{0});
+    CHECK(at::equal(std::get<3>(r), b1.grad()));
+  }
+  SECTION("a frozen weight gets no gradient; the others are unchanged") {
+    at::Tensor h3 = hid.clone().requires_grad_();
+    th::linear_head_policy_loss(h3, w0, b0, y, x.old, x.adv, x.mask, cfg, opt).loss.backward();
+    CHECK(at::equal(h3.grad(), h1.grad()));
+    CHECK_FALSE(w0.grad().defined());
+  }
+  SECTION("under inference mode: the CompositeExplicitAutograd kernel, the same values") {
+    const c10::InferenceMode guard;
+    const auto [l4, r4, lp4, ent4] = call(hid, w0, b0);
+    CHECK(at::equal(l4, out.loss));
+    CHECK(at::equal(r4, result));
+    CHECK(at::equal(lp4, lp));
+  }
+  SECTION("Meta tensors: the CPU kernel's shapes and dtypes (float32 head, float64 tokens)") {
+    for (const bool with_bias : {false, true}) {
+      const at::Tensor hf = hid.to(at::kFloat), wf = w0.to(at::kFloat);
+      const opt_tensor bf = with_bias ? opt_tensor(b0.to(at::kFloat)) : opt_tensor();
+      const auto meta = [](const opt_tensor& o) { return o ? opt_tensor(o->to(at::kMeta)) : o; };
+      const auto cpu =
+          primitive.call(hf, wf, bf, y, x.old, x.adv, opt_tensor(x.mask), opt_tensor(x.ref), opt_tensor(x.w),
+                         opt_tensor(), opt_tensor(), enc, 1.0, true, false, 0, 1 << 20, {true, true, true});
+      const auto m = primitive.call(hf.to(at::kMeta), wf.to(at::kMeta), meta(bf), y.to(at::kMeta), x.old.to(at::kMeta),
+                                    x.adv.to(at::kMeta), opt_tensor(x.mask.to(at::kMeta)),
+                                    opt_tensor(x.ref.to(at::kMeta)), opt_tensor(x.w.to(at::kMeta)), opt_tensor(),
+                                    opt_tensor(), enc, 1.0, true, false, 0, 1 << 20, {true, true, true});
+      const std::array<at::Tensor, 7> c{std::get<0>(cpu), std::get<1>(cpu), std::get<2>(cpu), std::get<3>(cpu),
+                                        std::get<4>(cpu), std::get<5>(cpu), std::get<6>(cpu)};
+      const std::array<at::Tensor, 7> mm{std::get<0>(m), std::get<1>(m), std::get<2>(m), std::get<3>(m),
+                                         std::get<4>(m), std::get<5>(m), std::get<6>(m)};
+      for (std::size_t i = 0; i < c.size(); ++i) {
+        INFO("output " << i << " with_bias " << with_bias);
+        CHECK(mm[i].is_meta());
+        CHECK(mm[i].sizes() == c[i].sizes());
+        CHECK(mm[i].strides() == c[i].strides());
+        CHECK(mm[i].scalar_type() == c[i].scalar_type());
+      }
+      CHECK(c[1].scalar_type() == at::kFloat);
+      CHECK(c[0].scalar_type() == at::kDouble);
+      CHECK(c[3].numel() == (with_bias ? v : 0));
+    }
+  }
+  SECTION("tensors on two devices, a negative chunk_rows: ulorl::error naming the argument") {
+    try {
+      (void)call(hid, w0.to(at::kMeta), b0);
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      CHECK(e.function() == "linear_head_policy_loss");
+      CHECK(e.argument() == "weight");
+    }
+    try {
+      (void)public_op.call(hid, w0, opt_tensor(), y, x.old, x.adv, opt_tensor(), opt_tensor(x.ref), opt_tensor(),
+                           opt_tensor(), opt_tensor(), enc, 1.0, true, false, -1, 256);
+      FAIL("no error");
+    } catch (const ulorl::error& e) {
+      CHECK(e.argument() == "chunk_rows");
+    }
+  }
+}
+
 TEST_CASE("torch autograd functions: a second backward through a consumed gradient raises ulorl::error",
           "[torch][errors]") {
   batch x = make_batch(2, 3, at::kDouble);

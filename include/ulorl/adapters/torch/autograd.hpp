@@ -1,16 +1,16 @@
-// ulorl/adapters/torch/autograd.hpp — ulorl's fused logits paths as torch autograd functions
-// (optional: needs libtorch, CMake target ulorl::torch), and the helpers that the operators of
-// ops.hpp share with them (dtype dispatch, the byte mask, the once-differentiable gradient). Each
-// function's forward calls the ulorl kernel on views of the tensors (tensor_views.hpp) and its
-// backward returns the kernel's exact gradient scaled by the incoming one:
-//   policy_loss_from_logits(logits, labels, ...)  -> loss; the [N, V] gradient is computed in the
-//       forward pass (into a new tensor, or into the logits' own memory with `in_place`);
-//   linear_head_policy_loss(hidden, weight, bias, labels, ...)  -> loss; chunked: never holds the
-//       [N, V] logits; its GEMMs go to libtorch (at::mm_out, OpenBLAS/MKL) through torch_gemm.
-// (policy_loss and logits_statistics are operators: ops.hpp.) CPU tensors run the CPU kernels on
-// torch's intra-op pool (torch_executor); CUDA tensors are rejected with a clear error. Bad input
-// raises ulorl::error (function, argument, index, value) before any output exists. Backward runs
-// once per forward: the saved gradients are handed to autograd without a copy (retain_graph is not
+// ulorl/adapters/torch/autograd.hpp — the in-place policy loss from logits as a torch autograd
+// function (optional: needs libtorch, CMake target ulorl::torch), and what the operators of ops.hpp
+// share with it (dtype dispatch, the byte mask, the once-differentiable gradient, the fused paths'
+// kernel calls on views of the tensors, tensor_views.hpp):
+//   policy_loss_from_logits with `in_place`: the [N, V] gradient is computed in the forward pass
+//       into the logits' own memory (an autograd function, not an operator: it writes its input);
+//   logits_loss_into / head_loss_into: the fused losses from logits, resp. from hidden states
+//       (chunked: never the [N, V] logits; its GEMMs go to libtorch, at::mm_out, OpenBLAS/MKL,
+//       through torch_gemm), with the gradients written into given tensors: the CPU kernels of the
+//       operators policy_loss_from_logits and linear_head_policy_loss (ops.hpp).
+// CPU tensors run the CPU kernels on torch's intra-op pool (torch_executor). Bad input raises
+// ulorl::error (function, argument, index, value) before any output exists. Backward runs once per
+// forward: the saved gradients are handed to autograd without a copy (retain_graph is not
 // supported: a second backward raises ulorl::error). Every function is differentiable once: a
 // gradient taken with create_graph=True is returned as usual, and differentiating it raises
 // ulorl::error naming the function (no silent zero).
@@ -280,7 +280,6 @@ struct fused_args {
   const at::Tensor* mask;
   const policy_loss_config* cfg;
   policy_loss_output* out;
-  bool has_bias = false;  // as policy_loss_args::has_entropy
 };
 
 //! The steps both fused paths share: the token dtype of the inputs, the 0/1 mask as bytes, the
@@ -334,67 +333,37 @@ struct logits_loss_function : public torch::autograd::Function<logits_loss_funct
   }
 };
 
-struct head_loss_function : public torch::autograd::Function<head_loss_function> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& bias, const fused_args* a, const linear_head_loss_config* opt) {
-    constexpr std::string_view fn = "linear_head_policy_loss";
-    return fused_forward(fn, a, opt, [&](auto, auto y, const auto& in, auto& buf) {
-      with_token_type(fn, "hidden", hidden, [&](auto htag) {
-        using H = decltype(htag);
-        linear_head_inputs<H> head;
-        head.hidden = matrix_of<const H>(fn, "hidden", hidden);
-        head.weight = matrix_of<const H>(fn, "weight", weight);
-        if (a->has_bias) head.bias = optional_vector_of<const H>(fn, "bias", bias, "weight rows", head.weight.rows());
-        const auto opts = hidden.options();
-        at::Tensor gh = hidden.requires_grad() ? at::empty(hidden.sizes(), opts) : at::Tensor();
-        at::Tensor gw = weight.requires_grad() ? at::empty(weight.sizes(), opts) : at::Tensor();
-        at::Tensor gb = a->has_bias && bias.requires_grad() ? at::empty(bias.sizes(), opts) : at::Tensor();
-        linear_head_grads<H> g;
-        if (gh.defined()) g.hidden = matrix_of<H>(fn, "grad_hidden", gh);
-        if (gw.defined()) g.weight = matrix_of<H>(fn, "grad_weight", gw);
-        if (gb.defined()) g.bias = vector_of<H>(fn, "grad_bias", gb);
-        linear_head_config hcfg = opt->head;
-        hcfg.grad_hidden = grad_mode::overwrite;
-        hcfg.grad_weight = grad_mode::overwrite;
-        const std::size_t ws = linear_head_workspace_bytes<H>(head.hidden.rows(), head.weight.rows(), hcfg);
-        at::Tensor workspace = at::empty({static_cast<std::int64_t>(ws)}, at::TensorOptions().dtype(at::kByte));
-        a->out->result =
-            ulorl::policy_loss_from_hidden(head, y, in, buf.views, g, *a->cfg, hcfg,
-                                           std::span<std::byte>(reinterpret_cast<std::byte*>(workspace.data_ptr()), ws),
-                                           torch_executor{}, torch_gemm{});
-        ctx->saved_data["grad_hidden"] = gh;
-        ctx->saved_data["grad_weight"] = gw;
-        ctx->saved_data["grad_bias"] = gb;
-      });
+//! The fused loss from hidden states [N, H], weight [V, H] and bias [V] (undefined: none) with the
+//! gradients written into grad_hidden, grad_weight and grad_bias (each of hidden's shape, dtype
+//! and device resp. weight's and bias's, or undefined: not computed); returns the 0-dim loss.
+inline at::Tensor head_loss_into(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                                 const at::Tensor& grad_hidden, const at::Tensor& grad_weight,
+                                 const at::Tensor& grad_bias, const fused_args* a, const linear_head_loss_config* opt) {
+  constexpr std::string_view fn = "linear_head_policy_loss";
+  return fused_forward(fn, a, opt, [&](auto, auto y, const auto& in, auto& buf) {
+    with_token_type(fn, "hidden", hidden, [&](auto htag) {
+      using H = decltype(htag);
+      linear_head_inputs<H> head;
+      head.hidden = matrix_of<const H>(fn, "hidden", hidden);
+      head.weight = matrix_of<const H>(fn, "weight", weight);
+      if (bias.defined()) head.bias = optional_vector_of<const H>(fn, "bias", bias, "weight rows", head.weight.rows());
+      linear_head_grads<H> g;
+      if (grad_hidden.defined()) g.hidden = matrix_of<H>(fn, "grad_hidden", grad_hidden);
+      if (grad_weight.defined()) g.weight = matrix_of<H>(fn, "grad_weight", grad_weight);
+      if (grad_bias.defined()) g.bias = vector_of<H>(fn, "grad_bias", grad_bias);
+      linear_head_config hcfg = opt->head;
+      hcfg.grad_hidden = grad_mode::overwrite;
+      hcfg.grad_weight = grad_mode::overwrite;
+      const std::size_t ws = linear_head_workspace_bytes<H>(head.hidden.rows(), head.weight.rows(), hcfg);
+      at::Tensor workspace = at::empty({static_cast<std::int64_t>(ws)}, at::TensorOptions().dtype(at::kByte));
+      a->out->result = ulorl::policy_loss_from_hidden(
+          head, y, in, buf.views, g, *a->cfg, hcfg,
+          std::span<std::byte>(reinterpret_cast<std::byte*>(workspace.data_ptr()), ws), torch_executor{}, torch_gemm{});
     });
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    constexpr std::string_view fn = "linear_head_policy_loss";
-    return {take_scaled(fn, ctx, "grad_hidden", grads[0]), take_scaled(fn, ctx, "grad_weight", grads[0]),
-            take_scaled(fn, ctx, "grad_bias", grads[0]), at::Tensor(), at::Tensor()};
-  }
-};
+  });
+}
 
 }  // namespace detail
-
-//! The policy loss straight from hidden states [N, H], the unembedding weight [V, H] (torch's
-//! nn.Linear layout) and an optional bias [V] (ulorl::policy_loss_from_hidden): chunks of C rows,
-//! never the [N, V] logits; the GEMMs run in libtorch (torch_gemm). The mask as
-//! policy_loss_from_logits's (undefined: every token valid). Gradients for whichever of hidden,
-//! weight, bias require grad, computed in forward ([N, H], [V, H], [V]) and handed to autograd in
-//! backward.
-[[nodiscard]] inline policy_loss_output linear_head_policy_loss(const at::Tensor& hidden, const at::Tensor& weight,
-                                                                const at::Tensor& bias, const at::Tensor& labels,
-                                                                const at::Tensor& old_log_prob,
-                                                                const at::Tensor& advantages, const at::Tensor& mask,
-                                                                const policy_loss_config& cfg,
-                                                                const linear_head_loss_config& opt = {}) {
-  policy_loss_output out;
-  const detail::fused_args a{&labels, &old_log_prob, &advantages, &mask, &cfg, &out, bias.defined()};
-  out.loss = detail::head_loss_function::apply(hidden, weight, a.has_bias ? bias : detail::placeholder(), &a, &opt);
-  return out;
-}
 
 }  // namespace th
 

@@ -7,11 +7,16 @@
 //   ulorl::policy_loss_from_logits(logits, labels, old_log_prob, advantages, mask?, ref_log_prob?,
 //                      weights?, offsets?, rollout_log_prob?, float[] config, temperature=1,
 //                      check_values=True, fast_backward=False) -> (loss, result, log_prob, entropy)
+//   ulorl::linear_head_policy_loss(hidden, weight, bias?, labels, old_log_prob, advantages, mask?,
+//                      ref_log_prob?, weights?, offsets?, rollout_log_prob?, float[] config,
+//                      temperature=1, check_values=True, fast_backward=False, chunk_rows=0,
+//                      workspace_budget=256 MiB) -> (loss, result, log_prob, entropy)
 //   ulorl::agg_loss(loss_mat, mask?, offsets?, float[] normalizer) -> loss
 //   ulorl::kl_penalty(log_prob, ref_log_prob, offsets?, float[] config) -> kl
 // and the non-differentiable primitives they are built of (`_policy_loss_forward`,
 // `_logits_statistics_forward`, `_logits_statistics_backward`, `_policy_loss_from_logits_forward`,
-// `_agg_loss_forward`, `_kl_penalty_forward`,
+// `_linear_head_policy_loss_forward` (its arguments and `bool[3] output_mask`: which of the
+// gradients of hidden, weight, bias to compute), `_agg_loss_forward`, `_kl_penalty_forward`,
 // each returning the values and the gradients the autograd kernels keep), and the batch operators
 // of ops_batch.hpp (advantages, masks, filters, rollout correction). Kernels per dispatch key:
 //   CPU     ulorl's CPU kernels (the installed ISA variants) on torch's intra-op pool;
@@ -42,10 +47,12 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -85,6 +92,12 @@ inline constexpr std::string_view logits_loss_args =
     "(Tensor logits, Tensor labels, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? ref_log_prob, "
     "Tensor? weights, Tensor? offsets, Tensor? rollout_log_prob, float[] config, float temperature=1.0, "
     "bool check_values=True, bool fast_backward=False)";
+//! The linear head's arguments without the parentheses: the primitive appends its output_mask.
+inline constexpr std::string_view head_loss_params =
+    "Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor old_log_prob, Tensor advantages, Tensor? mask, "
+    "Tensor? ref_log_prob, Tensor? weights, Tensor? offsets, Tensor? rollout_log_prob, float[] config, "
+    "float temperature=1.0, bool check_values=True, bool fast_backward=False, int chunk_rows=0, "
+    "int workspace_budget=268435456";
 inline constexpr std::string_view agg_loss_args =
     "(Tensor loss_mat, Tensor? mask, Tensor? offsets, float[] normalizer)";
 inline constexpr std::string_view kl_penalty_args =
@@ -107,6 +120,12 @@ inline constexpr std::string_view kl_penalty_args =
       s("_policy_loss_from_logits_forward", logits_loss_args,
         "(Tensor loss, Tensor grad_logits, Tensor log_prob, Tensor entropy, Tensor result)"),
       s("policy_loss_from_logits", logits_loss_args, "(Tensor loss, Tensor result, Tensor log_prob, Tensor entropy)"),
+      s("_linear_head_policy_loss_forward",
+        "(" + std::string(head_loss_params) + ", bool[3] output_mask=[True, True, True])",
+        "(Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias, Tensor log_prob, Tensor entropy, "
+        "Tensor result)"),
+      s("linear_head_policy_loss", "(" + std::string(head_loss_params) + ")",
+        "(Tensor loss, Tensor result, Tensor log_prob, Tensor entropy)"),
       s("_agg_loss_forward", agg_loss_args, "(Tensor loss, Tensor grad)"),
       s("agg_loss", agg_loss_args, "Tensor"),
       s("_kl_penalty_forward", kl_penalty_args, "(Tensor kl, Tensor grad)"),
@@ -241,8 +260,9 @@ inline std::atomic<policy_loss_forward_kernel> cuda_policy_loss_forward{nullptr}
 //! the batch operators (the public loss operators reach the primitives through their Autograd and
 //! CompositeExplicitAutograd kernels on every device).
 inline std::vector<std::string> operators_without_cuda() {
-  std::vector<std::string> names = {"_logits_statistics_forward", "_logits_statistics_backward", "_agg_loss_forward",
-                                    "_kl_penalty_forward", "_policy_loss_from_logits_forward"};
+  std::vector<std::string> names = {
+      "_logits_statistics_forward", "_logits_statistics_backward",      "_agg_loss_forward",
+      "_kl_penalty_forward",        "_policy_loss_from_logits_forward", "_linear_head_policy_loss_forward"};
   for (const std::string& s : batch_schemas()) names.push_back(s.substr(0, s.find('(')));
   return names;
 }
@@ -529,7 +549,54 @@ inline std::tuple<at::Tensor, at::Tensor> logits_statistics_composite(const at::
   return {lp, ent};
 }
 
-// ---- policy_loss_from_logits --------------------------------------------------------------------------
+// ---- the fused losses: policy_loss_from_logits, linear_head_policy_loss --------------------------------
+
+//! The token tensors of the fused losses, the optional ones unwrapped (undefined: absent).
+struct fused_tokens {
+  const at::Tensor &labels, &old_log_prob, &advantages;
+  at::Tensor mask, ref_log_prob, weights, offsets, rollout_log_prob;
+
+  fused_tokens(const at::Tensor& labels_, const at::Tensor& old_log_prob_, const at::Tensor& advantages_,
+               const opt_tensor& mask_, const opt_tensor& ref_log_prob_, const opt_tensor& weights_,
+               const opt_tensor& offsets_, const opt_tensor& rollout_log_prob_)
+      : labels(labels_),
+        old_log_prob(old_log_prob_),
+        advantages(advantages_),
+        mask(value_or_undefined(mask_)),
+        ref_log_prob(value_or_undefined(ref_log_prob_)),
+        weights(value_or_undefined(weights_)),
+        offsets(value_or_undefined(offsets_)),
+        rollout_log_prob(value_or_undefined(rollout_log_prob_)) {}
+
+  //! Every one on the device of `ref` (the logits, the hidden states).
+  void require_device(std::string_view fn, std::string_view ref_name, const at::Tensor& ref) const {
+    th::detail::require_same_device(fn, ref_name, ref,
+                                    {{"labels", &labels},
+                                     {"old_log_prob", &old_log_prob},
+                                     {"advantages", &advantages},
+                                     {"mask", &mask},
+                                     {"ref_log_prob", &ref_log_prob},
+                                     {"weights", &weights},
+                                     {"offsets", &offsets},
+                                     {"rollout_log_prob", &rollout_log_prob}});
+  }
+  [[nodiscard]] policy_loss_tensors extra() const {
+    return {ref_log_prob, weights, at::Tensor(), offsets, rollout_log_prob};
+  }
+  //! The Meta kernels' loss, log_prob, entropy ([0] without an entropy term) and result.
+  [[nodiscard]] std::array<at::Tensor, 4> meta_outputs(std::string_view fn, const policy_loss_config& cfg) const {
+    const auto opts = old_log_prob.options().dtype(token_dtype(fn, old_log_prob, "old_log_prob"));
+    return {at::empty({}, opts), at::empty(old_log_prob.sizes(), opts),
+            cfg.entropy_coef != 0.0 ? at::empty(old_log_prob.sizes(), opts) : at::empty({0}, opts),
+            result_tensor(old_log_prob)};
+  }
+  //! The CPU kernels' entropy ([0] without an entropy term) and encoded result of a call's output.
+  [[nodiscard]] std::pair<at::Tensor, at::Tensor> cpu_outputs(const policy_loss_output& out) const {
+    at::Tensor result = result_tensor(old_log_prob);
+    encode_result(out.result, std::span<double>(result.data_ptr<double>(), encoded_result_size));
+    return {out.entropy.defined() ? out.entropy : at::empty({0}, out.log_prob.options()), result};
+  }
+};
 
 using logits_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&,
@@ -537,6 +604,27 @@ using logits_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, a
 using logits_loss_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&,
     const opt_tensor&, const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>, double, bool, bool);
+
+//! The th:: fused functions take no entropy: they compute it.
+inline void require_no_entropy(std::string_view fn, const policy_loss_tensors& extra) {
+  if (extra.entropy.defined()) fail(fn, "entropy", "must be undefined: it is computed from the logits");
+}
+
+//! A fused operator's (loss, result, log_prob, entropy) as the th:: functions return it: entropy
+//! only with an entropy term, the result decoded (left default for meta tensors, which carry no
+//! values).
+inline policy_loss_output fused_output(const std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>& r,
+                                       const policy_loss_config& cfg) {
+  const auto& [loss, result, lp, ent] = r;
+  policy_loss_output out;
+  out.loss = loss;
+  out.log_prob = lp;
+  if (cfg.entropy_coef != 0.0) out.entropy = ent;
+  if (result.device().is_meta()) return out;
+  const at::Tensor host = result.to(at::kCPU).contiguous();
+  out.result = decode_result(std::span<const double>(host.data_ptr<double>(), encoded_result_size));
+  return out;
+}
 
 //! The forward primitive of policy_loss_from_logits: CPU (Meta = false) or shapes only. grad_logits
 //! has the logits' shape and dtype; log_prob and entropy old_log_prob's (entropy [0] without an
@@ -548,36 +636,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_lo
     const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
     bool fast_backward) {
   constexpr std::string_view fn = "policy_loss_from_logits";
-  const at::Tensor m = value_or_undefined(mask), r = value_or_undefined(ref_log_prob), w = value_or_undefined(weights),
-                   o = value_or_undefined(offsets), ro = value_or_undefined(rollout_log_prob);
-  th::detail::require_same_device(fn, "logits", logits,
-                                  {{"labels", &labels},
-                                   {"old_log_prob", &old_log_prob},
-                                   {"advantages", &advantages},
-                                   {"mask", &m},
-                                   {"ref_log_prob", &r},
-                                   {"weights", &w},
-                                   {"offsets", &o},
-                                   {"rollout_log_prob", &ro}});
+  const fused_tokens tok(labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob);
+  tok.require_device(fn, "logits", logits);
   const policy_loss_config cfg = config_of(fn, config);
   if constexpr (Meta) {
-    const auto ldt = stats_dtype(fn, logits);
-    const auto opts = old_log_prob.options().dtype(token_dtype(fn, old_log_prob, "old_log_prob"));
-    return {at::empty({}, opts), at::empty(logits.sizes(), logits.options().dtype(ldt)),
-            at::empty(old_log_prob.sizes(), opts),
-            cfg.entropy_coef != 0.0 ? at::empty(old_log_prob.sizes(), opts) : at::empty({0}, opts),
-            result_tensor(old_log_prob)};
+    const auto [loss, lp, ent, result] = tok.meta_outputs(fn, cfg);
+    return {loss, at::empty(logits.sizes(), logits.options().dtype(stats_dtype(fn, logits))), lp, ent, result};
   } else {
     policy_loss_output out;
-    const th::detail::fused_args a{&labels, &old_log_prob, &advantages, &m, &cfg, &out};
+    const th::detail::fused_args a{&labels, &old_log_prob, &advantages, &tok.mask, &cfg, &out};
     logits_loss_config opt;
-    opt.extra = {r, w, at::Tensor(), o, ro};
+    opt.extra = tok.extra();
     opt.logits = {.temperature = temperature, .check_values = check_values, .fast_backward = fast_backward};
     const at::Tensor grad = at::empty(logits.sizes(), logits.options());
     const at::Tensor loss = th::detail::logits_loss_into(logits, grad, &a, &opt);
-    at::Tensor result = result_tensor(old_log_prob);
-    encode_result(out.result, std::span<double>(result.data_ptr<double>(), encoded_result_size));
-    const at::Tensor entropy = out.entropy.defined() ? out.entropy : at::empty({0}, out.log_prob.options());
+    const auto [entropy, result] = tok.cpu_outputs(out);
     return {loss, grad, out.log_prob, entropy, result};
   }
 }
@@ -632,6 +705,145 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_loss_co
       op<logits_loss_forward_sig>("ulorl::_policy_loss_from_logits_forward")
           .call(logits, labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob,
                 config, temperature, check_values, fast_backward);
+  return {loss, result, lp, ent};
+}
+
+// ---- linear_head_policy_loss --------------------------------------------------------------------------
+
+using head_loss_forward_sig =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const opt_tensor&, const at::Tensor&, const at::Tensor&,
+        const at::Tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
+        const opt_tensor&, c10::ArrayRef<double>, double, bool, bool, std::int64_t, std::int64_t, std::array<bool, 3>);
+using head_loss_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const opt_tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const opt_tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
+    c10::ArrayRef<double>, double, bool, bool, std::int64_t, std::int64_t);
+
+//! The head's options of a call (chunk_rows >= 0 and workspace_budget >= 0, else ulorl::error).
+inline linear_head_config head_config_of(std::string_view fn, double temperature, bool check_values, bool fast_backward,
+                                         std::int64_t chunk_rows, std::int64_t workspace_budget) {
+  if (chunk_rows < 0) fail(fn, "chunk_rows", "= " + std::to_string(chunk_rows) + ": must be >= 0");
+  if (workspace_budget < 0) fail(fn, "workspace_budget", "= " + std::to_string(workspace_budget) + ": must be >= 0");
+  linear_head_config h;
+  h.temperature = temperature;
+  h.chunk_rows = static_cast<std::size_t>(chunk_rows);
+  h.workspace_budget = static_cast<std::size_t>(workspace_budget);
+  h.check_values = check_values;
+  h.fast_backward = fast_backward;
+  return h;
+}
+
+//! The forward primitive of linear_head_policy_loss: CPU (Meta = false) or shapes only. The
+//! gradients have hidden's dtype and the shapes of hidden, weight and bias; one that output_mask
+//! leaves out (and grad_bias without a bias) is [0]. log_prob and entropy have old_log_prob's shape
+//! and dtype (entropy [0] without an entropy term); result as policy_loss's.
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> head_loss_forward(
+    const at::Tensor& hidden, const at::Tensor& weight, const opt_tensor& bias_, const at::Tensor& labels,
+    const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
+    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
+    bool fast_backward, std::int64_t chunk_rows, std::int64_t workspace_budget, std::array<bool, 3> output_mask) {
+  constexpr std::string_view fn = "linear_head_policy_loss";
+  const at::Tensor b = value_or_undefined(bias_);
+  th::detail::require_same_device(fn, "hidden", hidden, {{"weight", &weight}, {"bias", &b}});
+  const fused_tokens tok(labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob);
+  tok.require_device(fn, "hidden", hidden);
+  const policy_loss_config cfg = config_of(fn, config);
+  const linear_head_config head =
+      head_config_of(fn, temperature, check_values, fast_backward, chunk_rows, workspace_budget);
+  const auto hopts = hidden.options().dtype(th::detail::value_dtype(fn, "hidden", hidden));
+  const bool want_h = output_mask[0], want_w = output_mask[1], want_b = output_mask[2] && b.defined();
+  const auto grad = [&](bool wanted, const at::Tensor& like) {
+    return wanted ? at::empty(like.sizes(), hopts) : at::empty({0}, hopts);
+  };
+  if constexpr (Meta) {
+    const auto [loss, lp, ent, result] = tok.meta_outputs(fn, cfg);
+    return {loss, grad(want_h, hidden), grad(want_w, weight), grad(want_b, b), lp, ent, result};
+  } else {
+    policy_loss_output out;
+    const th::detail::fused_args a{&labels, &old_log_prob, &advantages, &tok.mask, &cfg, &out};
+    linear_head_loss_config opt;
+    opt.extra = tok.extra();
+    opt.head = head;
+    const at::Tensor gh = grad(want_h, hidden), gw = grad(want_w, weight), gb = grad(want_b, b);
+    const auto given = [](bool wanted, const at::Tensor& g) { return wanted ? g : at::Tensor(); };
+    const at::Tensor loss = th::detail::head_loss_into(hidden, weight, b, given(want_h, gh), given(want_w, gw),
+                                                       given(want_b, gb), &a, &opt);
+    const auto [entropy, result] = tok.cpu_outputs(out);
+    return {loss, gh, gw, gb, out.log_prob, entropy, result};
+  }
+}
+
+//! The non-tensor arguments of linear_head_policy_loss through autograd (libtorch 1.13's
+//! Function::apply takes no undefined tensors: bias is a placeholder when absent).
+struct head_loss_call {
+  const at::Tensor *labels, *old_log_prob, *advantages;
+  const opt_tensor *bias, *mask, *ref_log_prob, *weights, *offsets, *rollout_log_prob;
+  c10::ArrayRef<double> config;
+  double temperature;
+  bool check_values, fast_backward;
+  std::int64_t chunk_rows, workspace_budget;
+};
+
+inline bool has_tensor(const opt_tensor& t) { return t.has_value() && t->defined(); }
+
+struct head_loss_op_function : public torch::autograd::Function<head_loss_op_function> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
+                                                const at::Tensor& weight, const at::Tensor& bias,
+                                                const head_loss_call* c) {
+    // Only the gradients autograd asks for: a frozen weight costs no weight GEMM.
+    const std::array<bool, 3> wanted{hidden.requires_grad(), weight.requires_grad(),
+                                     has_tensor(*c->bias) && bias.requires_grad()};
+    at::Tensor loss, gh, gw, gb, lp, ent, result;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(loss, gh, gw, gb, lp, ent, result) =
+          op<head_loss_forward_sig>("ulorl::_linear_head_policy_loss_forward")
+              .call(hidden, weight, *c->bias, *c->labels, *c->old_log_prob, *c->advantages, *c->mask, *c->ref_log_prob,
+                    *c->weights, *c->offsets, *c->rollout_log_prob, c->config, c->temperature, c->check_values,
+                    c->fast_backward, c->chunk_rows, c->workspace_budget, wanted);
+    }
+    if (wanted[0]) ctx->saved_data["grad_hidden"] = gh;
+    if (wanted[1]) ctx->saved_data["grad_weight"] = gw;
+    if (wanted[2]) ctx->saved_data["grad_bias"] = gb;
+    ctx->mark_non_differentiable({result, lp, ent});
+    return {loss, result, lp, ent};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    constexpr std::string_view fn = "linear_head_policy_loss";
+    return {th::detail::take_scaled(fn, ctx, "grad_hidden", grads[0]),
+            th::detail::take_scaled(fn, ctx, "grad_weight", grads[0]),
+            th::detail::take_scaled(fn, ctx, "grad_bias", grads[0]), at::Tensor()};
+  }
+};
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> head_loss_autograd(
+    const at::Tensor& hidden, const at::Tensor& weight, const opt_tensor& bias, const at::Tensor& labels,
+    const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
+    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
+    bool fast_backward, std::int64_t chunk_rows, std::int64_t workspace_budget) {
+  const head_loss_call c{&labels,       &old_log_prob, &advantages,       &bias,  &mask,       &ref_log_prob,
+                         &weights,      &offsets,      &rollout_log_prob, config, temperature, check_values,
+                         fast_backward, chunk_rows,    workspace_budget};
+  auto v = head_loss_op_function::apply(hidden, weight, has_tensor(bias) ? *bias : th::detail::placeholder(), &c);
+  return {v[0], v[1], v[2], v[3]};
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> head_loss_composite(
+    const at::Tensor& hidden, const at::Tensor& weight, const opt_tensor& bias, const at::Tensor& labels,
+    const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
+    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
+    bool fast_backward, std::int64_t chunk_rows, std::int64_t workspace_budget) {
+  auto [loss, gh, gw, gb, lp, ent, result] =
+      op<head_loss_forward_sig>("ulorl::_linear_head_policy_loss_forward")
+          .call(hidden, weight, bias, labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets,
+                rollout_log_prob, config, temperature, check_values, fast_backward, chunk_rows, workspace_budget,
+                {false, false, false});
   return {loss, result, lp, ent};
 }
 
@@ -781,6 +993,7 @@ inline bool register_ops() {
     cpu.impl("_agg_loss_forward", &detail::agg_loss_forward<false>);
     cpu.impl("_kl_penalty_forward", &detail::kl_penalty_forward<false>);
     cpu.impl("_policy_loss_from_logits_forward", &detail::logits_loss_forward<false>);
+    cpu.impl("_linear_head_policy_loss_forward", &detail::head_loss_forward<false>);
     static torch::Library meta(torch::Library::IMPL, "ulorl", c10::DispatchKey::Meta, __FILE__, __LINE__);
     meta.impl("_policy_loss_forward", &detail::policy_loss_forward<true>);
     meta.impl("_logits_statistics_forward", &detail::logits_statistics_forward_meta);
@@ -788,6 +1001,7 @@ inline bool register_ops() {
     meta.impl("_agg_loss_forward", &detail::agg_loss_forward<true>);
     meta.impl("_kl_penalty_forward", &detail::kl_penalty_forward<true>);
     meta.impl("_policy_loss_from_logits_forward", &detail::logits_loss_forward<true>);
+    meta.impl("_linear_head_policy_loss_forward", &detail::head_loss_forward<true>);
     detail::register_batch_kernels(cpu, meta);
     // CUDA: the policy loss's switchable kernel; every other operator names the CUDA tensor.
     static torch::Library cuda(torch::Library::IMPL, "ulorl", c10::DispatchKey::CUDA, __FILE__, __LINE__);
@@ -800,6 +1014,7 @@ inline bool register_ops() {
     autograd.impl("agg_loss", &detail::agg_loss_autograd);
     autograd.impl("kl_penalty", &detail::kl_penalty_autograd);
     autograd.impl("policy_loss_from_logits", &detail::logits_loss_autograd);
+    autograd.impl("linear_head_policy_loss", &detail::head_loss_autograd);
     // The primitives are not differentiable: their outputs are gradients and statistics, and
     // autograd passes them by (torch 1.13 has no fallthrough of its own for AutogradMeta).
     // The batch operators are not differentiable either (their inputs are constants of the loss).
@@ -813,6 +1028,7 @@ inline bool register_ops() {
     composite.impl("agg_loss", &detail::agg_loss_composite);
     composite.impl("kl_penalty", &detail::kl_penalty_composite);
     composite.impl("policy_loss_from_logits", &detail::logits_loss_composite);
+    composite.impl("linear_head_policy_loss", &detail::head_loss_composite);
     return true;
   }();
   return registered;
@@ -868,20 +1084,41 @@ inline bool register_ops() {
   }
   ops::register_ops();
   const auto o = ops::detail::optional;
-  if (opt.extra.entropy.defined())
-    ulorl::detail::fail("policy_loss_from_logits", "entropy", "must be undefined: it is computed from the logits");
-  auto [loss, result, lp, ent] =
+  ops::detail::require_no_entropy("policy_loss_from_logits", opt.extra);
+  return ops::detail::fused_output(
       ops::detail::op<ops::detail::logits_loss_sig>("ulorl::policy_loss_from_logits")
           .call(logits, labels, old_log_prob, advantages, o(mask), o(opt.extra.ref_log_prob), o(opt.extra.weights),
                 o(opt.extra.offsets), o(opt.extra.rollout_log_prob), encode_fields(cfg), opt.logits.temperature,
-                opt.logits.check_values, opt.logits.fast_backward);
-  out.loss = loss;
-  out.log_prob = lp;
-  if (cfg.entropy_coef != 0.0) out.entropy = ent;
-  if (result.device().is_meta()) return out;
-  const at::Tensor r = result.to(at::kCPU).contiguous();
-  out.result = decode_result(std::span<const double>(r.data_ptr<double>(), encoded_result_size));
-  return out;
+                opt.logits.check_values, opt.logits.fast_backward),
+      cfg);
+}
+
+//! The policy loss straight from hidden states [N, H], the unembedding weight [V, H] (torch's
+//! nn.Linear layout) and an optional bias [V] (ulorl::policy_loss_from_hidden) through the
+//! `ulorl::linear_head_policy_loss` operator: chunks of C rows, never the [N, V] logits; the GEMMs
+//! run in libtorch (torch_gemm). The mask as policy_loss_from_logits's (undefined: every token
+//! valid). Gradients for whichever of hidden, weight, bias require grad, computed in forward
+//! ([N, H], [V, H], [V]) and handed to autograd in backward.
+[[nodiscard]] inline policy_loss_output linear_head_policy_loss(const at::Tensor& hidden, const at::Tensor& weight,
+                                                                const at::Tensor& bias, const at::Tensor& labels,
+                                                                const at::Tensor& old_log_prob,
+                                                                const at::Tensor& advantages, const at::Tensor& mask,
+                                                                const policy_loss_config& cfg,
+                                                                const linear_head_loss_config& opt = {}) {
+  ops::register_ops();
+  const auto o = ops::detail::optional;
+  ops::detail::require_no_entropy("linear_head_policy_loss", opt.extra);
+  // A size beyond int64 (the schema's `int`) means "unbounded" as it did as a size_t.
+  const auto as_int = [](std::size_t n) {
+    return static_cast<std::int64_t>(std::min<std::size_t>(n, std::numeric_limits<std::int64_t>::max()));
+  };
+  return ops::detail::fused_output(
+      ops::detail::op<ops::detail::head_loss_sig>("ulorl::linear_head_policy_loss")
+          .call(hidden, weight, o(bias), labels, old_log_prob, advantages, o(mask), o(opt.extra.ref_log_prob),
+                o(opt.extra.weights), o(opt.extra.offsets), o(opt.extra.rollout_log_prob), encode_fields(cfg),
+                opt.head.temperature, opt.head.check_values, opt.head.fast_backward, as_int(opt.head.chunk_rows),
+                as_int(opt.head.workspace_budget)),
+      cfg);
 }
 
 //! Per-row log-prob and entropy of logits [N, V] / temperature at labels [N] (int64 or int32,
