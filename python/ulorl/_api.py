@@ -78,6 +78,12 @@ def _cpp_defaults(options_type: type, exclude: Sequence[str] = ()) -> Dict[str, 
     return {n: getattr(default, n) for n in names if n not in exclude}
 
 
+def _op_defaults(name: str) -> Dict[str, Any]:
+    """The argument defaults of the operator ``torch.ops.ulorl.<name>`` as its schema (C++) states them."""
+    schema = getattr(torch.ops.ulorl, name).default._schema
+    return {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+
+
 def _cpp_options(options_type: type, values: Dict[str, Any]) -> Any:
     """A bound C++ options object: its defaults, then ``values`` (option name -> value) set on it."""
     o = options_type()
@@ -275,6 +281,10 @@ def policy_loss_from_logits(
     return loss, metrics
 
 
+# The fused linear head's keyword defaults: its operator's schema, written from linear_head_config.
+_HEAD = _op_defaults("linear_head_policy_loss")
+
+
 def linear_head_policy_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -284,11 +294,11 @@ def linear_head_policy_loss(
     advantages: torch.Tensor,
     mask: Optional[torch.Tensor] = None,
     *,
-    temperature: float = 1.0,
-    chunk_rows: int = 0,
-    workspace_budget: int = 256 << 20,
-    check_values: bool = True,
-    fast_backward: bool = False,
+    temperature: float = _HEAD["temperature"],
+    chunk_rows: int = _HEAD["chunk_rows"],
+    workspace_budget: int = _HEAD["workspace_budget"],
+    check_values: bool = _HEAD["check_values"],
+    fast_backward: bool = _HEAD["fast_backward"],
     ref_log_prob: Optional[torch.Tensor] = None,
     weights: Optional[torch.Tensor] = None,
     offsets: Optional[torch.Tensor] = None,

@@ -92,12 +92,15 @@ inline constexpr std::string_view logits_loss_args =
     "(Tensor logits, Tensor labels, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? ref_log_prob, "
     "Tensor? weights, Tensor? offsets, Tensor? rollout_log_prob, float[] config, float temperature=1.0, "
     "bool check_values=True, bool fast_backward=False)";
-//! The linear head's arguments without the parentheses: the primitive appends its output_mask.
-inline constexpr std::string_view head_loss_params =
-    "Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor old_log_prob, Tensor advantages, Tensor? mask, "
-    "Tensor? ref_log_prob, Tensor? weights, Tensor? offsets, Tensor? rollout_log_prob, float[] config, "
-    "float temperature=1.0, bool check_values=True, bool fast_backward=False, int chunk_rows=0, "
-    "int workspace_budget=268435456";
+//! The linear head's arguments without the parentheses (the primitive appends its output_mask); the
+//! chunking defaults are linear_head_config's.
+inline std::string head_loss_params() {
+  const linear_head_config d{};
+  return "Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor old_log_prob, Tensor advantages, "
+         "Tensor? mask, Tensor? ref_log_prob, Tensor? weights, Tensor? offsets, Tensor? rollout_log_prob, "
+         "float[] config, float temperature=1.0, bool check_values=True, bool fast_backward=False, int chunk_rows=" +
+         std::to_string(d.chunk_rows) + ", int workspace_budget=" + std::to_string(d.workspace_budget);
+}
 inline constexpr std::string_view agg_loss_args =
     "(Tensor loss_mat, Tensor? mask, Tensor? offsets, float[] normalizer)";
 inline constexpr std::string_view kl_penalty_args =
@@ -121,10 +124,10 @@ inline constexpr std::string_view kl_penalty_args =
         "(Tensor loss, Tensor grad_logits, Tensor log_prob, Tensor entropy, Tensor result)"),
       s("policy_loss_from_logits", logits_loss_args, "(Tensor loss, Tensor result, Tensor log_prob, Tensor entropy)"),
       s("_linear_head_policy_loss_forward",
-        "(" + std::string(head_loss_params) + ", bool[3] output_mask=[True, True, True])",
+        "(" + head_loss_params() + ", bool[3] output_mask=[True, True, True])",
         "(Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias, Tensor log_prob, Tensor entropy, "
         "Tensor result)"),
-      s("linear_head_policy_loss", "(" + std::string(head_loss_params) + ")",
+      s("linear_head_policy_loss", "(" + head_loss_params() + ")",
         "(Tensor loss, Tensor result, Tensor log_prob, Tensor entropy)"),
       s("_agg_loss_forward", agg_loss_args, "(Tensor loss, Tensor grad)"),
       s("agg_loss", agg_loss_args, "Tensor"),
