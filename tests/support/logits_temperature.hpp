@@ -3,9 +3,9 @@
 // normwise gradient error per row, max_j |g_j - exact_j| / max_j s_j (s_j: the sum of |terms| of
 // exact_j, oracle::logits_row_grad_scale), less two of the output type's smallest subnormals (an
 // output near the bottom of its range cannot hold more) and less what the stored lse carries: the
-// backward places log p from the lse of type S, known to |lse| eps(S) (while |lse| is within
-// lse_anchor_limit<S>; past it the row is read again), which moves element j by up to
-// |lse| eps(S) (|exact_j| + |g_ent| p_j / T); and the worst error of the statistics
+// backward places log p from the lse of type S, known to max(|lse| eps(S), the smallest subnormal
+// of S) (while |lse| is within lse_anchor_limit<S>; past it the row is read again), which moves
+// element j by up to that much times (|exact_j| + |g_ent| p_j / T); and the worst error of the statistics
 // (log_prob, entropy, lse relative to 1 + their size). A batch the kernels refuse (ulorl::error)
 // reports `refused` and leaves the errors at 0. Shared by the temperature sweep test and the
 // temperature fuzz target.
@@ -100,9 +100,10 @@ result run(const std::vector<double>& x, std::size_t rows, std::size_t cols, con
     long double gmax = 0;
     for (auto v : sc) gmax = std::max(gmax, v);
     const std::vector<long double> lps = oracle::log_softmax_row(row, tau);
-    const long double lse_digits =
-        2 * std::min(std::fabs(static_cast<long double>(lse[r])), static_cast<long double>(lse_anchor_limit<S>())) *
-        static_cast<long double>(std::numeric_limits<S>::epsilon());
+    const long double lse_abs =
+        std::min(std::fabs(static_cast<long double>(lse[r])), static_cast<long double>(lse_anchor_limit<S>()));
+    const long double lse_digits = 2 * std::max(lse_abs * static_cast<long double>(std::numeric_limits<S>::epsilon()),
+                                                static_cast<long double>(std::numeric_limits<S>::denorm_min()));
     double e = 0;
     for (std::size_t j = 0; j < cols; ++j) {
       const long double d = std::fabs(static_cast<long double>(as_double(g[r * cols + j])) - ex[j]);
