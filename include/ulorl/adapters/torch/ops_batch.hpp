@@ -55,6 +55,7 @@
 #include "ulorl/adapters/torch/tensor_views.hpp"
 #include "ulorl/advantage/fields.hpp"
 #include "ulorl/advantage/groups.hpp"
+#include "ulorl/advantage/remax.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/fields.hpp"
