@@ -1,12 +1,13 @@
 // python/src/corrections.cpp — the batch functions of ulorl around the policy loss, on torch tensors:
 // the rollout correction (ulorl/loss/rollout_correction.hpp) with the frameworks' presets, the
-// advantage estimators beyond group statistics (GPG, OPO, REINFORCE++, multi-reward / GDPO, optimal
-// token baseline), aggregation and the element-wise KL penalty (value and gradient, for the Python
-// autograd wrapper), the off-policy sequence mask, the token selections of verl's dppo_* / kl_cov /
-// clip_cov (ulorl/loss/token_selection.hpp), OpenRLHF's vLLM IS plan, NeMo-RL's ClippedPGLossFn
-// pieces (its reference KL: ulorl/loss/weighted_kl.hpp), TRL's GRPO loss and Liger's plan of a fused
-// GRPO call. Every function calls the C++ function of the same name on views of the tensors; every
-// check is the library's (ulorl::error, raised before any output exists). No formula is restated here.
+// advantage estimators beyond group statistics (GPG, OPO, REINFORCE++, GAE, ReMax, Pass@k,
+// multi-reward / GDPO, optimal token baseline), aggregation and the element-wise KL penalty (value
+// and gradient, for the Python autograd wrapper), the off-policy sequence mask, the token selections
+// of verl's dppo_* / kl_cov / clip_cov (ulorl/loss/token_selection.hpp), OpenRLHF's vLLM IS plan,
+// NeMo-RL's ClippedPGLossFn pieces (its reference KL: ulorl/loss/weighted_kl.hpp), TRL's GRPO loss
+// and Liger's plan of a fused GRPO call. Every function calls the C++ function of the same name on
+// views of the tensors; every check is the library's (ulorl::error, raised before any output
+// exists). No formula is restated here.
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/stl.h>
@@ -290,6 +291,35 @@ void bind_advantages(py::module_& m) {
         return py::make_tuple(adv, ret);
       },
       "token_level_rewards"_a, "mask"_a, "gamma"_a, "offsets"_a = py::none(), "scan"_a = "reset_after_eos");
+
+  m.def(
+      "_gae_advantages",
+      [](const at::Tensor& token_rewards, const at::Tensor& values, const opt_tensor& mask, double gamma, double lam,
+         const opt_tensor& offsets) {
+        const auto [adv, ret] = th::gae_advantages(token_rewards, values, or_undefined(mask),
+                                                   {.gamma = gamma, .lambda = lam}, or_undefined(offsets));
+        return py::make_tuple(adv, ret);
+      },
+      "token_level_rewards"_a, "values"_a, "mask"_a, "gamma"_a, "lam"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_remax_advantages",
+      [](const at::Tensor& token_rewards, const at::Tensor& reward_baselines, const opt_tensor& mask,
+         const opt_tensor& offsets) {
+        const auto [adv, ret] =
+            th::remax_advantages(token_rewards, reward_baselines, or_undefined(mask), or_undefined(offsets));
+        return py::make_tuple(adv, ret);
+      },
+      "token_level_rewards"_a, "reward_baselines"_a, "mask"_a, "offsets"_a = py::none());
+
+  m.def(
+      "_pass_at_k_advantages",
+      [](const at::Tensor& scores, const opt_tensor& group_ids, std::optional<std::int64_t> group_size, double epsilon,
+         bool scale_by_std) {
+        return th::pass_at_k_advantages(scores, groups_of(group_ids, group_size),
+                                        {.eps = epsilon, .scale_by_std = scale_by_std});
+      },
+      "scores"_a, "group_ids"_a, "group_size"_a, "epsilon"_a, "scale_by_std"_a);
 
   m.def(
       "_reinforce_plus_plus_baseline_advantages",

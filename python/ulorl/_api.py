@@ -672,6 +672,35 @@ def reinforce_plus_plus_baseline_advantages(scores: ArrayLike, mask: torch.Tenso
                                                     group_size, mask, preset, minus_baseline, offsets)
 
 
+def gae_advantages(token_level_rewards: torch.Tensor, values: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
+                   gamma: float = 1.0, lam: float = 1.0,
+                   offsets: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """GAE (verl ``gae``): ``delta = r_t + gamma V_next - V_t``, ``A_t = delta + gamma lam A_next`` scanned
+    backwards over the valid tokens (a masked position, e.g. a tool observation, carries the value
+    and the running advantage through); ``returns = A + values`` and the advantages whitened over the
+    valid tokens (unbiased, eps 1e-8, every position written). Returns ``(advantages, returns)``."""
+    adv, ret = _ulorl._gae_advantages(token_level_rewards, values, mask, gamma, lam, offsets)
+    return adv, ret
+
+
+def remax_advantages(token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor,
+                     mask: Optional[torch.Tensor] = None, *,
+                     offsets: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (verl ``remax``): ``returns`` the reverse cumulative sum of the masked rewards,
+    ``advantages = returns - reward_baselines[:, None] * mask``. Returns ``(advantages, returns)``."""
+    adv, ret = _ulorl._remax_advantages(token_level_rewards, reward_baselines, mask, offsets)
+    return adv, ret
+
+
+def pass_at_k_advantages(scores: ArrayLike, group_ids: Optional[ArrayLike] = None, *, group_size: Optional[int] = None,
+                         epsilon: float = 1e-6, scale_by_std: bool = True) -> torch.Tensor:
+    """Pass@k advantages ``[B]`` (verl ``grpo_passk``): each group's best response gets
+    ``(s_max - s_second) / (std_g + epsilon)`` (unbiased std; the bare gap without ``scale_by_std``),
+    every other response 0; a group of one is an error. Place them with ``broadcast_to_tokens``."""
+    return _ulorl._pass_at_k_advantages(_tensor(scores, torch.float64), _tensor(group_ids, torch.int64), group_size,
+                                        epsilon, scale_by_std)
+
+
 def multi_reward_advantages(
     reward_components: torch.Tensor,
     mask: torch.Tensor,

@@ -159,6 +159,42 @@ def reinforce_plus_plus_returns(r, m, gamma):
     return out
 
 
+def gae(r, v, m, gamma, lam):
+    """GAE as its sum over the valid positions p_0 = first valid >= t < p_1 < ...:
+    A_t = sum_k (gamma lam)^k delta(p_k), delta(p) = r_p + gamma V(next valid after p, else 0) - V_p; a
+    masked t takes the advantage of the next valid position (0 after the last). Returns (whitened A over
+    the valid tokens, every position written; A + V)."""
+    A = torch.zeros_like(r, dtype=torch.float64)
+    for b in range(r.shape[0]):
+        valid = [t for t in range(r.shape[1]) if m[b, t]]
+        delta = [r[b, p].item() + gamma * (v[b, valid[k + 1]].item() if k + 1 < len(valid) else 0.0) - v[b, p].item()
+                 for k, p in enumerate(valid)]
+        for t in range(r.shape[1]):
+            first = next((k for k, p in enumerate(valid) if p >= t), len(valid))
+            A[b, t] = sum((gamma * lam) ** (k - first) * delta[k] for k in range(first, len(valid)))
+    md = m.double()
+    mu = (A * md).sum() / md.sum()
+    var = (((A - mu) ** 2) * md).sum() / (md.sum() - 1)
+    return (A - mu) / torch.sqrt(var + 1e-8), A + v.double()
+
+
+def remax(r, base, m):
+    """Returns: the sum of the masked rewards from t on (every t); advantages: returns - base on the mask."""
+    md = m.double()
+    ret = torch.stack([(r.double() * md)[:, t:].sum(-1) for t in range(r.shape[1])], -1)
+    return ret - base.double().unsqueeze(-1) * md, ret
+
+
+def pass_at_k(scores, ids, eps=1e-6, std=True):
+    """Per group: the first member with the largest score gets (largest - second largest) / (std + eps)."""
+    out = torch.zeros_like(scores, dtype=torch.float64)
+    for idx in group_stats(scores, ids).values():
+        vals = sorted((scores[i].item() for i in idx), reverse=True)
+        best = next(i for i in idx if scores[i].item() == vals[0])
+        gap = vals[0] - vals[1]
+        out[best] = gap / (scores[idx].double().std().item() + eps) if std else gap
+    return out
+
 def rollout_is(old, ro, m, level, upper, lower=None):
     """(applied weights, raw weights, log-ratio used for the metrics) of verl's IS weights."""
     lr = old - ro

@@ -67,6 +67,13 @@ def _cases(d):
         ("reinforce_plus_plus_baseline_advantages",
          (d["rewards"], d["ids"], None, d["mask"], None, _config("reinforce_plus_plus_baseline_config")),
          (ulorl.reinforce_plus_plus_baseline_advantages(d["rewards"], d["mask"], d["ids"]),)),
+        ("gae_advantages",
+         (d["tok_rewards"], d["spp"], d["mask"], None, _config("gae_config", gamma=0.9, **{"lambda": 0.8})),
+         ulorl.gae_advantages(d["tok_rewards"], d["spp"], d["mask"], gamma=0.9, lam=0.8)),
+        ("remax_advantages", (d["tok_rewards"], d["rewards"], d["mask"], None),
+         ulorl.remax_advantages(d["tok_rewards"], d["rewards"], d["mask"])),
+        ("pass_at_k_advantages", (d["components"][:, 0].contiguous(), d["ids"], None, _config("pass_at_k_config")),
+         (ulorl.pass_at_k_advantages(d["components"][:, 0].contiguous(), d["ids"]),)),
         ("multi_reward_advantages",
          (d["components"], [1.0, 0.5, 2.0], d["ids"], None, d["mask"], None, _config("multi_reward_config")), None),
         ("optimal_token_baseline_advantages",
@@ -90,7 +97,7 @@ def _as_tuple(x):
 
 
 def test_every_batch_operator_is_registered_with_its_schema():
-    assert len(CASES) == 14
+    assert len(CASES) == 17
     for name in CASES:
         schema = str(getattr(torch.ops.ulorl, name).default._schema)
         assert schema.startswith(f"ulorl::{name}(")

@@ -386,7 +386,7 @@ def test_install_into_a_verl_like_package(monkeypatch):
         pass
 
     core = types.ModuleType("verl.trainer.ppo.core_algos")
-    core.POLICY_LOSS_REGISTRY, core.ADV_ESTIMATOR_REGISTRY = {"vanilla": orig}, {"gae": orig}
+    core.POLICY_LOSS_REGISTRY, core.ADV_ESTIMATOR_REGISTRY = {"vanilla": orig}, {"gae": orig, "vtrace": orig}
     core.agg_loss, core.compute_policy_loss_vanilla = agg_loss, orig
     helper = types.ModuleType("verl.trainer.ppo.rollout_corr_helper")
     helper.compute_rollout_correction_and_rejection_mask = lambda: None
@@ -398,7 +398,8 @@ def test_install_into_a_verl_like_package(monkeypatch):
         monkeypatch.setitem(sys.modules, name, mod)
     replaced = v.install()
     assert core.POLICY_LOSS_REGISTRY["vanilla"] is v.compute_policy_loss_vanilla
-    assert core.ADV_ESTIMATOR_REGISTRY["gae"] is orig and core.ADV_ESTIMATOR_REGISTRY["grpo"] is not None
+    assert core.ADV_ESTIMATOR_REGISTRY["vtrace"] is orig and core.ADV_ESTIMATOR_REGISTRY["grpo"] is not None
+    assert core.ADV_ESTIMATOR_REGISTRY["gae"] is v.compute_gae_advantage_return
     assert user.agg_loss is v.agg_loss and core.agg_loss is v.agg_loss
     assert helper.compute_rollout_correction_and_rejection_mask is v.compute_rollout_correction_and_rejection_mask
     assert "agg_loss" in replaced["verl.workers.actor"]

@@ -210,4 +210,69 @@ inline rows whiten(const rows& x, const std::vector<std::vector<int>>& m, bool u
   return out;
 }
 
+//! GAE as its sum (no backward recursion): at a valid position t with the valid positions
+//! t = p_0 < p_1 < ... after it, A_t = Σ_k (gamma lambda)^k delta(p_k), delta(p) = R_p + gamma V_next(p)
+//! - V_p with V_next the value at the next valid position (0 after the last); a masked position
+//! takes A of the next valid position (0 after the last). G = A + V everywhere; A whitened over the
+//! valid tokens (unbiased, eps 1e-8 in the sqrt, masked positions included in the output).
+inline void gae(const rows& R, const rows& V, const std::vector<std::vector<int>>& m, double gamma, double lambda,
+                rows& ret, rows& adv) {
+  rows raw = R;
+  ret = R;
+  for (std::size_t b = 0; b < R.size(); ++b) {
+    std::vector<std::size_t> valid;
+    for (std::size_t t = 0; t < R[b].size(); ++t)
+      if (m[b][t]) valid.push_back(t);
+    const auto delta = [&](std::size_t k) {  // k-th valid position's TD error
+      const long double next = k + 1 < valid.size() ? V[b][valid[k + 1]] : 0.0L;
+      return R[b][valid[k]] + gamma * next - V[b][valid[k]];
+    };
+    for (std::size_t t = 0; t < R[b].size(); ++t) {
+      std::size_t first = 0;
+      while (first < valid.size() && valid[first] < t) ++first;
+      long double a = 0, w = 1;
+      for (std::size_t k = first; k < valid.size(); ++k, w *= static_cast<long double>(gamma) * lambda)
+        a += w * delta(k);
+      raw[b][t] = static_cast<double>(a);
+      ret[b][t] = static_cast<double>(a + V[b][t]);
+    }
+  }
+  adv = whiten(raw, m, /*unbiased=*/true, /*floor=*/false, /*mask_out=*/false);
+}
+
+//! ReMax: G_t = Σ_{u >= t} m_u R_u at every t, A_t = G_t - b m_t.
+inline void remax(const rows& R, const std::vector<double>& base, const std::vector<std::vector<int>>& m, rows& ret,
+                  rows& adv) {
+  ret = R;
+  adv = R;
+  for (std::size_t b = 0; b < R.size(); ++b)
+    for (std::size_t t = 0; t < R[b].size(); ++t) {
+      long double g = 0;
+      for (std::size_t u = t; u < R[b].size(); ++u)
+        if (m[b][u]) g += R[b][u];
+      ret[b][t] = static_cast<double>(g);
+      adv[b][t] = static_cast<double>(g - (m[b][t] ? base[b] : 0.0L));
+    }
+}
+
+//! Pass@k: the group's scores sorted in decreasing order give s_max and s_second; the first member
+//! holding s_max gets (s_max - s_second) / (unbiased std + eps) (or the bare gap), every other 0.
+inline std::vector<double> pass_at_k(const std::vector<double>& s, const std::vector<std::int64_t>& ids, double eps,
+                                     bool scale) {
+  std::vector<double> out(s.size(), 0.0);
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto mem = group_members(ids, i);
+    if (mem.front() != i) continue;  // once per group
+    std::vector<long double> v;
+    for (auto j : mem) v.push_back(s[j]);
+    std::vector<long double> sorted = v;
+    std::sort(sorted.begin(), sorted.end(), [](long double a, long double b) { return a > b; });
+    std::size_t best = 0;
+    while (v[best] != sorted[0]) ++best;
+    const long double gap = sorted[0] - sorted[1];
+    out[mem[best]] = static_cast<double>(scale ? gap / (std_of(v, true) + eps) : gap);
+  }
+  return out;
+}
+
 }  // namespace oracle

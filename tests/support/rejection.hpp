@@ -44,6 +44,11 @@ ulorl::token_view<V> view_of(V* data, const shape& s) {
   if (s.offsets.empty()) return ulorl::token_view<V>::padded(ulorl::matrix_view<V>(data, s.B, s.T));
   return ulorl::token_view<V>::packed(ulorl::vector_view<V>(data, s.size()), std::span<const std::int64_t>(s.offsets));
 }
+//! A padded [B, T] view of `data`.
+template <class V>
+ulorl::token_view<V> padded_of(V* data, std::size_t B, std::size_t T) {
+  return view_of(data, shape{B, T, {}});
+}
 //! Shapes that differ from `s` (padded [3, 4] or packed {0, 3, 3, 7, 12}) but some of which have the
 //! same element count, so that only a real shape comparison catches them.
 inline std::vector<shape> wrong_shapes(const shape& s) {

@@ -2,7 +2,7 @@
 // configurations and results, the records its operators carry (ulorl/adapters/torch/ops_batch.hpp):
 // group_advantage_config, broadcast_config, dynamic_sampling_config / _result, gpg_config,
 // whiten_config, reinforce_plus_plus_baseline_config, multi_reward_config, optimal_token_baseline_config,
-// dapo_overlong_config, soft_overlong_config.
+// dapo_overlong_config, soft_overlong_config, gae_config, pass_at_k_config.
 // Each table is the only list of its struct's fields outside the struct.
 #pragma once
 
@@ -10,10 +10,12 @@
 
 #include "ulorl/advantage/baselines.hpp"
 #include "ulorl/advantage/dynamic_sampling.hpp"
+#include "ulorl/advantage/gae.hpp"
 #include "ulorl/advantage/group_advantage.hpp"
 #include "ulorl/advantage/multi_reward.hpp"
 #include "ulorl/advantage/optimal_token_baseline.hpp"
 #include "ulorl/advantage/overlong.hpp"
+#include "ulorl/advantage/pass_at_k.hpp"
 #include "ulorl/advantage/reinforce_plus_plus.hpp"
 #include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
@@ -84,6 +86,14 @@ template <class C, class F>
   requires detail::record_of<C, soft_overlong_config>
 constexpr void visit_fields(C& c, F&& f) { f("max_length", c.max_length), f("cache_length", c.cache_length); }
 
+template <class C, class F>
+  requires detail::record_of<C, gae_config>
+constexpr void visit_fields(C& c, F&& f) { f("gamma", c.gamma), f("lambda", c.lambda), f("whiten", c.whiten); }
+
+template <class C, class F>
+  requires detail::record_of<C, pass_at_k_config>
+constexpr void visit_fields(C& c, F&& f) { f("eps", c.eps), f("scale_by_std", c.scale_by_std); }
+
 template <>
 inline constexpr std::string_view record_name<group_advantage_config> = "group_advantage_config";
 template <>
@@ -105,5 +115,9 @@ template <>
 inline constexpr std::string_view record_name<dapo_overlong_config> = "dapo_overlong_config";
 template <>
 inline constexpr std::string_view record_name<soft_overlong_config> = "soft_overlong_config";
+template <>
+inline constexpr std::string_view record_name<gae_config> = "gae_config";
+template <>
+inline constexpr std::string_view record_name<pass_at_k_config> = "pass_at_k_config";
 
 ULORL_NAMESPACE_END

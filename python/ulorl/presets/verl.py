@@ -68,8 +68,9 @@ def _as(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]
 
 
 def _mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A float mask in the dtype the kernels compute in (its 0 / 1 values are exact in any)."""
-    return mask.to(dtype) if mask.is_floating_point() and mask.dtype != dtype else mask
+    """A mask the kernels read: bool / uint8 as given, any other dtype (a float mask, verl's int64
+    masks) in the dtype the kernels compute in (its 0 / 1 values are exact in any)."""
+    return mask if mask.dtype in (torch.bool, torch.uint8, dtype) else mask.to(dtype)
 
 
 def _group_ids(index: Any) -> torch.Tensor:
@@ -479,6 +480,26 @@ def compute_grpo_outcome_advantage(
     return _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo)
 
 
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Optional[Any] = None,
+    **kwargs: Any,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """verl ``grpo_passk``: per group only the best response gets s_max - s_second (divided by the
+    group's unbiased std + epsilon when ``config.norm_adv_by_std_in_grpo``, default True: as verl, the
+    config's value and not the keyword decides), on the mask; a group of one is an error."""
+    _require_config("compute_grpo_passk_outcome_advantage", config)
+    scale = bool(_get(config, "norm_adv_by_std_in_grpo", True))
+    ids = _group_ids(index)
+    adv = _outcome(token_level_rewards, response_mask,
+                   lambda s: _ulorl._pass_at_k_advantages(s, ids, None, float(epsilon), scale))
+    return adv, adv
+
+
 def compute_grpo_vectorized_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -591,6 +612,40 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return _as(adv, out), _as(ret, out)
 
 
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: Any,
+    lam: Any,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """verl ``gae``: GAE scanned backwards over the valid tokens (values and the running advantage carry
+    over masked observation tokens), ``returns = advantages + values`` at every position, the
+    advantages whitened over the valid tokens and not masked. Returns ``(advantages, returns)``."""
+    dt, out = _compute_dtype(token_level_rewards, values, response_mask)
+    with torch.no_grad():
+        adv, ret = _ulorl._gae_advantages(_as(token_level_rewards, dt), _as(values, dt), _mask(response_mask, dt),
+                                          float(gamma), float(lam), None)
+    return _as(adv, out), _as(ret, out)
+
+
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    reward_baselines: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: Optional[Any] = None,
+    **kwargs: Any,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """verl ``remax``: returns = the reverse cumulative sum of the masked rewards, advantages = returns -
+    reward_baselines on the mask. Returns ``(advantages, returns)``."""
+    _, ret_out = _compute_dtype(token_level_rewards, response_mask)
+    dt, adv_out = _compute_dtype(token_level_rewards, response_mask, reward_baselines)
+    with torch.no_grad():
+        adv, ret = _ulorl._remax_advantages(_as(token_level_rewards, dt), _as(reward_baselines, dt).reshape(-1).contiguous(),
+                                            _mask(response_mask, dt), None)
+    return _as(adv, adv_out), _as(ret, ret_out)
+
+
 def compute_gdpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -672,7 +727,8 @@ def compute_multi_turn_optimal_token_baseline_advantage(
 
 ADV_ESTIMATOR_REGISTRY: Dict[str, Callable[..., Tuple[torch.Tensor, torch.Tensor]]] = {
     "grpo": compute_grpo_outcome_advantage, "grpo_vectorized": compute_grpo_vectorized_outcome_advantage,
-    "gdpo": compute_gdpo_outcome_advantage,
+    "gdpo": compute_gdpo_outcome_advantage, "gae": compute_gae_advantage_return,
+    "remax": compute_remax_outcome_advantage, "grpo_passk": compute_grpo_passk_outcome_advantage,
     "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
     "rloo": compute_rloo_outcome_advantage, "opo": compute_opo_outcome_advantage,
     "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage, "gpg": compute_gpg_outcome_advantage,
@@ -1123,7 +1179,7 @@ def install() -> Dict[str, List[str]]:
     advantage estimators in verl's ``POLICY_LOSS_REGISTRY`` / ``ADV_ESTIMATOR_REGISTRY`` under
     their names, and replaces verl's functions of the same names in ``core_algos``,
     ``rollout_corr_helper`` and in every loaded ``verl.*`` module that imported them. verl's other
-    functions (GAE, ReMax, Pass@k GRPO, the value loss, ...) stay verl's. Returns what was replaced,
+    functions (the value loss, ...) stay verl's. Returns what was replaced,
     by module."""
     import importlib
 

@@ -11,6 +11,7 @@
 //   off_policy_mask(log_prob, old_log_prob, advantages, mask, cfg, offsets) -> keep, seq_kl, stats
 //   rollout_correction(old_log_prob, rollout_log_prob, mask, cfg, offsets) -> weights, keep, metrics
 //   gpg_advantages, opo_advantages, reinforce_plus_plus_advantages, reinforce_plus_plus_baseline_advantages,
+//   gae_advantages, remax_advantages, pass_at_k_advantages,
 //   dapo_overlong_penalties, soft_overlong_penalties,
 //   multi_reward_advantages, optimal_token_baseline_advantages (advantage/*.hpp on tensors)
 //   logits_statistics_torch_rounding(logits, labels) -> 16-bit log-probs and entropy as torch's CPU rounds them
@@ -242,6 +243,43 @@ struct rollout_correction_output {
                          c10::ArrayRef<double>);
   return detail::batch_op<sig>("ulorl::reinforce_plus_plus_baseline_advantages")
       .call(scores, opt(groups.ids), detail::size_of(groups), mask, opt(offsets), encode_fields(cfg));
+}
+
+//! GAE advantages and returns (advantage/gae.hpp) of per-token rewards and values.
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> gae_advantages(const at::Tensor& token_level_rewards,
+                                                                      const at::Tensor& values, const at::Tensor& mask,
+                                                                      const gae_config& cfg = {},
+                                                                      const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const o&, const o&,
+                                                 c10::ArrayRef<double>);
+  auto [adv, ret] = detail::batch_op<sig>("ulorl::gae_advantages")
+                        .call(token_level_rewards, values, opt(mask), opt(offsets), encode_fields(cfg));
+  return {adv, ret};
+}
+
+//! ReMax advantages and returns (advantage/remax.hpp) of per-token rewards and the greedy
+//! responses' rewards [B].
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> remax_advantages(const at::Tensor& token_level_rewards,
+                                                                        const at::Tensor& reward_baselines,
+                                                                        const at::Tensor& mask,
+                                                                        const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const o&, const o&);
+  auto [adv, ret] = detail::batch_op<sig>("ulorl::remax_advantages")
+                        .call(token_level_rewards, reward_baselines, opt(mask), opt(offsets));
+  return {adv, ret};
+}
+
+//! Pass@k advantages (advantage/pass_at_k.hpp) of scores [B]: only each group's best response is
+//! non-zero.
+[[nodiscard]] inline at::Tensor pass_at_k_advantages(const at::Tensor& scores, const group_spec& groups,
+                                                     const pass_at_k_config& cfg = {}) {
+  const auto opt = ops::detail::optional;
+  return detail::batch_op<detail::tensor_sig>("ulorl::pass_at_k_advantages")
+      .call(scores, opt(groups.ids), detail::size_of(groups), encode_fields(cfg));
 }
 
 //! Multi-reward (GDPO) advantages (advantage/multi_reward.hpp): reward_components [B, K] with K

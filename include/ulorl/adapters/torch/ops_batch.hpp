@@ -19,6 +19,9 @@
 //   opo_advantages(scores, mask, group_ids?, group_size?, offsets?) -> [B]
 //   reinforce_plus_plus_advantages(token_level_rewards, mask?, offsets?, gamma, scan) -> (advantages, returns)
 //   reinforce_plus_plus_baseline_advantages(scores, group_ids?, group_size?, mask, offsets?, config) -> mask's shape
+//   gae_advantages(token_level_rewards, values, mask?, offsets?, config: gae_config) -> (advantages, returns)
+//   remax_advantages(token_level_rewards, reward_baselines [B], mask?, offsets?) -> (advantages, returns)
+//   pass_at_k_advantages(scores, group_ids?, group_size?, config: pass_at_k_config) -> [B]
 //   multi_reward_advantages(reward_components, reward_weights, group_ids?, group_size?, mask, offsets?,
 //       config: multi_reward_config) -> mask's shape
 //   optimal_token_baseline_advantages(token_level_rewards, mask?, group_ids, old_log_prob?,
@@ -52,6 +55,7 @@
 #include "ulorl/adapters/torch/tensor_views.hpp"
 #include "ulorl/advantage/fields.hpp"
 #include "ulorl/advantage/groups.hpp"
+#include "ulorl/advantage/remax.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/fields.hpp"
@@ -84,6 +88,11 @@ namespace ops {
           "str scan='reset_after_eos') -> (Tensor advantages, Tensor returns)",
           "reinforce_plus_plus_baseline_advantages(Tensor scores, Tensor? group_ids, int? group_size, Tensor mask, "
           "Tensor? offsets, float[] config) -> Tensor",
+          "gae_advantages(Tensor token_level_rewards, Tensor values, Tensor? mask, Tensor? offsets, float[] config) "
+          "-> (Tensor advantages, Tensor returns)",
+          "remax_advantages(Tensor token_level_rewards, Tensor reward_baselines, Tensor? mask, Tensor? offsets) "
+          "-> (Tensor advantages, Tensor returns)",
+          "pass_at_k_advantages(Tensor scores, Tensor? group_ids, int? group_size, float[] config) -> Tensor",
           "multi_reward_advantages(Tensor reward_components, float[] reward_weights, Tensor? group_ids, "
           "int? group_size, Tensor mask, Tensor? offsets, float[] config) -> Tensor",
           "optimal_token_baseline_advantages(Tensor token_level_rewards, Tensor? mask, Tensor group_ids, "
@@ -461,12 +470,11 @@ inline return_scan return_scan_of(std::string_view fn, c10::string_view name) {
   return value_of_name(fn, "scan", std::string_view(name.data(), name.size()), names);
 }
 
-template <bool Meta>
-std::tuple<at::Tensor, at::Tensor> reinforce_plus_plus_advantages(const at::Tensor& token_rewards,
-                                                                  const opt_tensor& mask, const opt_tensor& offsets,
-                                                                  double gamma, c10::string_view scan) {
-  constexpr std::string_view fn = "reinforce_plus_plus_advantages";
-  const return_scan sc = return_scan_of(fn, scan);
+//! (advantages, returns) in the shape and dtype of per-token rewards with an optional mask:
+//! f(rewards view, mask view, returns view, advantages view, offsets) writes them.
+template <bool Meta, class F>
+std::tuple<at::Tensor, at::Tensor> advantages_and_returns(std::string_view fn, const at::Tensor& token_rewards,
+                                                          const opt_tensor& mask, const opt_tensor& offsets, F&& f) {
   if constexpr (Meta) {
     const auto dtype = value_dtype(fn, "token_level_rewards", token_rewards);
     return {new_meta(token_rewards.sizes(), dtype), new_meta(token_rewards.sizes(), dtype)};
@@ -478,11 +486,22 @@ std::tuple<at::Tensor, at::Tensor> reinforce_plus_plus_advantages(const at::Tens
       const mask_bytes mv = optional_mask_of<T>(fn, "mask", given(mask), off, "token_level_rewards", rewards);
       at::Tensor adv = new_tensor(token_rewards.sizes(), token_rewards.scalar_type());
       at::Tensor ret = new_tensor(token_rewards.sizes(), token_rewards.scalar_type());
-      ulorl::reinforce_plus_plus_advantages(rewards, mv.view, tokens_of<T>(fn, "returns", ret, off),
-                                            tokens_of<T>(fn, "advantages", adv, off), gamma, {}, sc);
+      f(rewards, mv.view, tokens_of<T>(fn, "returns", ret, off), tokens_of<T>(fn, "advantages", adv, off), off);
       return std::make_tuple(adv, ret);
     });
   }
+}
+
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor> reinforce_plus_plus_advantages(const at::Tensor& token_rewards,
+                                                                  const opt_tensor& mask, const opt_tensor& offsets,
+                                                                  double gamma, c10::string_view scan) {
+  constexpr std::string_view fn = "reinforce_plus_plus_advantages";
+  const return_scan sc = return_scan_of(fn, scan);
+  return advantages_and_returns<Meta>(fn, token_rewards, mask, offsets,
+                                      [&](auto rewards, auto m, auto ret, auto adv, const offsets_view&) {
+                                        ulorl::reinforce_plus_plus_advantages(rewards, m, ret, adv, gamma, {}, sc);
+                                      });
 }
 
 //! Per-token advantages in the mask's shape and the values' dtype from per-response values (groups
@@ -517,6 +536,41 @@ at::Tensor reinforce_plus_plus_baseline_advantages(const at::Tensor& scores, con
                              const auto s = span_of<const decltype(tag)>(fn, "scores", scores);
                              ulorl::reinforce_plus_plus_baseline_advantages(s, groups(s.size()), m, out, cfg);
                            });
+}
+
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor> gae_advantages(const at::Tensor& token_rewards, const at::Tensor& values,
+                                                  const opt_tensor& mask, const opt_tensor& offsets,
+                                                  c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "gae_advantages";
+  const auto cfg = record_of<gae_config>(fn, config);
+  return advantages_and_returns<Meta>(
+      fn, token_rewards, mask, offsets, [&](auto rewards, auto m, auto ret, auto adv, const offsets_view& off) {
+        using T = std::remove_cv_t<typename decltype(rewards)::value_type>;
+        ulorl::gae_advantages(rewards, tokens_of<const T>(fn, "values", values, off), m, ret, adv, cfg);
+      });
+}
+
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor> remax_advantages(const at::Tensor& token_rewards, const at::Tensor& baselines,
+                                                    const opt_tensor& mask, const opt_tensor& offsets) {
+  constexpr std::string_view fn = "remax_advantages";
+  if constexpr (Meta) (void)responses_of(fn, "reward_baselines", baselines);
+  return advantages_and_returns<Meta>(
+      fn, token_rewards, mask, offsets, [&](auto rewards, auto m, auto ret, auto adv, const offsets_view&) {
+        using T = std::remove_cv_t<typename decltype(rewards)::value_type>;
+        ulorl::remax_advantages(rewards, span_of<const T>(fn, "reward_baselines", baselines), m, ret, adv);
+      });
+}
+
+template <bool Meta>
+at::Tensor pass_at_k_advantages(const at::Tensor& scores, const opt_tensor& group_ids, opt_int group_size,
+                                c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "pass_at_k_advantages";
+  const auto cfg = record_of<pass_at_k_config>(fn, config);
+  return per_response<Meta>(fn, "scores", scores, group_ids, group_size, [&](auto s, const group_layout& g, auto out) {
+    ulorl::pass_at_k_advantages(s, g, out, cfg);
+  });
 }
 
 template <bool Meta>
@@ -668,6 +722,9 @@ inline void register_batch_kernels(torch::Library& cpu, torch::Library& meta) {
   both("reinforce_plus_plus_advantages", &reinforce_plus_plus_advantages<false>, &reinforce_plus_plus_advantages<true>);
   both("reinforce_plus_plus_baseline_advantages", &reinforce_plus_plus_baseline_advantages<false>,
        &reinforce_plus_plus_baseline_advantages<true>);
+  both("gae_advantages", &gae_advantages<false>, &gae_advantages<true>);
+  both("remax_advantages", &remax_advantages<false>, &remax_advantages<true>);
+  both("pass_at_k_advantages", &pass_at_k_advantages<false>, &pass_at_k_advantages<true>);
   both("multi_reward_advantages", &multi_reward_advantages<false>, &multi_reward_advantages<true>);
   both("optimal_token_baseline_advantages", &optimal_token_baseline_advantages<false>,
        &optimal_token_baseline_advantages<true>);
