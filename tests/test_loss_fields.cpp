@@ -53,7 +53,7 @@ TEST_CASE("fields: every field of the configuration survives encode / decode wit
   const ulorl::policy_loss_config back = ulorl::decode_fields<ulorl::policy_loss_config>("f", "config", enc);
   REQUIRE(ulorl::encode_fields(back) == enc);
   REQUIRE(back.objective.penalized_pg.square_penalty == cfg.objective.penalized_pg.square_penalty);
-  REQUIRE(back.objective.surrogate == ulorl::pg_surrogate::log_prob);
+  REQUIRE(back.objective.penalized_pg.surrogate == ulorl::pg_surrogate::log_prob);
   REQUIRE(back.rollout.has_value());
   REQUIRE(back.rollout->rejection.chain.size == 2);
   REQUIRE(back.rollout->rejection.chain.criteria[11].upper == cfg.rollout->rejection.chain.criteria[11].upper);
