@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -57,9 +58,9 @@ TEST_CASE("GAE advantages and returns match the oracle, observation spans includ
       oracle::gae(R, V, m, gamma, lambda, ret_o, adv_o);
       const auto fr = flat(R), fv = flat(V);
       std::vector<double> ret(B * T), adv(B * T);
-      ulorl::gae_advantages(padded_of(fr.data(), B, T), padded_of(fv.data(), B, T), padded_of(fm.data(), B, T),
-                            padded_of(ret.data(), B, T), padded_of(adv.data(), B, T),
-                            {.gamma = gamma, .lambda = lambda});
+      ulorl::gae_advantages(padded_of(fr.data(), B, T), padded_of(fv.data(), B, T),
+                            padded_of(std::as_const(fm).data(), B, T), padded_of(ret.data(), B, T),
+                            padded_of(adv.data(), B, T), {.gamma = gamma, .lambda = lambda});
       for (std::size_t b = 0; b < B; ++b)
         for (std::size_t t = 0; t < T; ++t) {
           INFO("B=" << B << " T=" << T << " gamma=" << gamma << " lambda=" << lambda << " at " << b << "," << t);
