@@ -1157,6 +1157,12 @@ TEST_CASE("rollout_correction presets: typed options map onto the configuration;
   pn::rollout_correction_options seq = tis;
   seq.sequence_level_importance_ratios = true;
   REQUIRE(pn::rollout_correction_logged(m, seq, {.global_valid_seqs = 8.0}).sampling_importance_ratio == Approx(4 * 5 / 8.0));
+  // with a sample mask of 3 valid samples: 3 * sum_b w_b / Gs (NeMo-RL's [B, 1] x [B] broadcast)
+  REQUIRE(pn::rollout_correction_logged(m, seq, {.global_valid_seqs = 8.0}, 3.0).sampling_importance_ratio == Approx(3 * 5 / 8.0));
+  REQUIRE(pn::rollout_correction_logged(m, tis, {}, 3.0).sampling_importance_ratio == Approx(1.2));
+  REQUIRE(arg_of([&] { (void)pn::rollout_correction_logged(m, seq, {}, 5.0); }) == "num_valid_samples");
+  REQUIRE(arg_of([&] { (void)pn::rollout_correction_logged(m, seq, {}, -1.0); }) == "num_valid_samples");
+  REQUIRE(arg_of([&] { (void)pn::rollout_correction_logged(m, seq, {}, std::nan("")); }) == "num_valid_samples");
   pn::rollout_correction_options gate{.truncated_importance_sampling_type = rc::is_weighting::geometric_gate,
                                       .truncated_importance_sampling_ratio = 1.1, .truncated_importance_sampling_ratio_min = 0.9};
   REQUIRE(pn::rollout_correction_logged(m, gate).is_oob_ratio == Approx(0.25));

@@ -237,14 +237,15 @@ void bind_rollout_correction(py::module_& m) {
   m.def(
       "_nemo_rl_rollout_correction_logged",
       [nemo_options](const rc::metrics& metrics, const std::optional<std::string>& type, bool sequence_level,
-                     opt global_valid_toks, opt global_valid_seqs) {
+                     opt global_valid_toks, opt global_valid_seqs, opt num_valid_samples) {
         const auto o = nemo_options(type, std::nullopt, std::nullopt, sequence_level);
         const auto r = P::nemo_rl::rollout_correction_logged(
-            metrics, o, {.global_valid_toks = global_valid_toks, .global_valid_seqs = global_valid_seqs});
+            metrics, o, {.global_valid_toks = global_valid_toks, .global_valid_seqs = global_valid_seqs},
+            num_valid_samples);
         return py::dict("sampling_importance_ratio"_a = r.sampling_importance_ratio, "is_oob_ratio"_a = r.is_oob_ratio);
       },
       "metrics"_a, "truncated_importance_sampling_type"_a, "sequence_level_importance_ratios"_a, "global_valid_toks"_a,
-      "global_valid_seqs"_a);
+      "global_valid_seqs"_a, "num_valid_samples"_a = py::none());
 }
 
 // ---- advantage estimators -----------------------------------------------------------------------------

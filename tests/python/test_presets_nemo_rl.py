@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ulorl
+from ulorl.presets import nemo_rl
 from ulorl.presets.nemo_rl import ClippedPGLossConfig, ClippedPGLossFn, ConfigError, calculate_kl
 
 TOL = dict(rtol=1e-7, atol=1e-12)  # NeMo-RL divides by count + 1e-8; the oracle by count
@@ -101,6 +102,8 @@ def oracle(c, x, d, gs, gt):
                "num_valid_samples": int(d["sample_mask"].sum())}
     if not c.sequence_level_importance_ratios:
         metrics["sampling_importance_ratio"] = ((w * m).sum() / gt).item()
+    else:  # NeMo-RL's masked mean of the [B, 1] weights by the [B] sample mask broadcasts to [B, B]
+        metrics["sampling_importance_ratio"] = (w[:, 0].sum() * d["sample_mask"].sum() / gs).item()
     return loss, metrics
 
 
@@ -141,6 +144,47 @@ def test_clipped_pg_loss_fn_against_oracle(gen, i):
         assert metrics["loss"] == pytest.approx(want.item(), rel=1e-7, abs=1e-12)
         for k, v in want_metrics.items():
             assert metrics[k] == pytest.approx(v, rel=1e-7, abs=1e-12), k
+
+
+@pytest.mark.parametrize("i", [i for i, c in enumerate(CONFIGS) if "use_kl_in_reward" not in c])
+def test_clipped_pg_loss_keywords_against_oracle(gen, i):
+    """The keyword form on aligned tensors (no leading column, sample_mask folded into the mask), every
+    objective included (cispo, GSPO, the positive-example NLL), against the same oracle."""
+    cfg = ClippedPGLossConfig(**CONFIGS[i])
+    d, lp = data(gen)
+    m = (d["token_mask"][:, 1:] * d["sample_mask"][:, None]).bool()
+    gs, gt = float(d["sample_mask"].sum()), float(m.sum())
+    x, y = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    options = {k: v for k, v in CONFIGS[i].items()}
+    got, metrics = nemo_rl.clipped_pg_loss(
+        y, d["prev_logprobs"][:, 1:], d["advantages"][:, 1:], m, generation_logprobs=d["generation_logprobs"][:, 1:],
+        reference_policy_logprobs=d["reference_policy_logprobs"][:, 1:], rewards=d["rewards"], global_valid_toks=gt,
+        global_valid_seqs=gs, **options)
+    want, want_metrics = oracle(cfg, x, d, gs, gt)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(got, want.detach(), **TOL)
+    torch.testing.assert_close(y.grad, x.grad, **TOL)
+    want_metrics.pop("num_valid_samples")
+    if cfg.sequence_level_importance_ratios:  # the keyword form has no sample mask: every row is a sample
+        want_metrics.pop("sampling_importance_ratio")
+    for k, v in want_metrics.items():
+        assert metrics[k] == pytest.approx(v, rel=1e-7, abs=1e-12), k
+    assert ("positive_nll_loss" in metrics) and ("kl_penalty" in metrics) == (cfg.reference_policy_kl_penalty != 0)
+
+
+def test_clipped_pg_loss_keywords_need_their_tensors(gen):
+    d, lp = data(gen)
+    m = d["token_mask"][:, 1:]
+    args = (lp, d["prev_logprobs"][:, 1:], d["advantages"][:, 1:], m)
+    with pytest.raises(ulorl.Error, match="generation_logprobs"):
+        nemo_rl.clipped_pg_loss(*args, use_importance_sampling_correction=True, reference_policy_kl_penalty=0.0)
+    with pytest.raises(ulorl.Error, match="reference_policy_logprobs"):
+        nemo_rl.clipped_pg_loss(*args)
+    with pytest.raises(ConfigError):
+        nemo_rl.clipped_pg_loss(*args, use_cispo=True, ratio_clip_c=3.0, reference_policy_kl_penalty=0.0)
+    _, metrics = nemo_rl.clipped_pg_loss(*args, reference_policy_kl_penalty=0.0)
+    assert "sampling_importance_ratio" not in metrics and "positive_nll_loss" not in metrics
 
 
 def test_empty_micro_batch_and_neg_inf_generation_log_probs(gen):

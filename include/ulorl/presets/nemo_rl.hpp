@@ -173,23 +173,29 @@ inline void validate(std::string_view fn, const global_counts& g) {
 
 //! NeMo-RL's logged metrics, with its global normalisers (global_counts).
 struct rollout_correction_metrics {
-  //! Token level: sum w m / Gt; sequence level: B * sum_b w_b / Gs (NeMo's masked mean broadcasts
-  //! the [B, 1] weights against the [B] sample mask).
+  //! Token level: sum w m / Gt; sequence level: S * sum_b w_b / Gs, S = sum_b sample_mask_b (NeMo's
+  //! masked mean broadcasts the [B, 1] weights against the [B] sample mask; w_b sums over all B rows).
   double sampling_importance_ratio = 0;
   //! Out-of-bounds fraction: seq-mask-tis rows / Gs, otherwise tokens / Gt (0 without a type).
   double is_oob_ratio = 0;
 };
-[[nodiscard]] inline rollout_correction_metrics rollout_correction_logged(const rollout_correction::metrics& m,
-                                                                          const rollout_correction_options& o,
-                                                                          const global_counts& g = {}) {
+//! `num_valid_samples` is the micro-batch's S = sum_b sample_mask_b (absent: B, every row a sample).
+[[nodiscard]] inline rollout_correction_metrics rollout_correction_logged(
+    const rollout_correction::metrics& m, const rollout_correction_options& o, const global_counts& g = {},
+    std::optional<double> num_valid_samples = std::nullopt) {
   constexpr std::string_view fn = "presets::nemo_rl::rollout_correction_logged";
   validate(fn, g);
+  if (num_valid_samples) {
+    require_non_negative(fn, "num_valid_samples", *num_valid_samples);
+    if (*num_valid_samples > m.totals.rows)
+      throw error(fn, "num_valid_samples", -1, "exceeds the batch's " + std::to_string(static_cast<long long>(m.totals.rows)) + " rows");
+  }
   const auto& s = m.totals;
   const double gt = g.global_valid_toks.value_or(s.tokens), gs = g.global_valid_seqs.value_or(s.rows);
   auto per = [](double a, double d) { return d > 0 ? a / d : 0.0; };
   rollout_correction_metrics r;
   r.sampling_importance_ratio =
-      o.sequence_level_importance_ratios ? per(s.rows * s.unit_sum, gs) : per(s.weight_sum, gt);
+      o.sequence_level_importance_ratios ? per(num_valid_samples.value_or(s.rows) * s.unit_sum, gs) : per(s.weight_sum, gt);
   if (o.truncated_importance_sampling_type)
     r.is_oob_ratio = *o.truncated_importance_sampling_type == rollout_correction::is_weighting::geometric_gate
                          ? per(s.out_of_bounds_rows, gs)

@@ -35,84 +35,65 @@ def clipped_pg_loss(
     token_mask: torch.Tensor,
     *,
     generation_logprobs: Optional[torch.Tensor] = None,
+    reference_policy_logprobs: Optional[torch.Tensor] = None,
+    rewards: Optional[torch.Tensor] = None,
     ratio_clip_min: float = _NEMO["ratio_clip_min"],
     ratio_clip_max: float = _NEMO["ratio_clip_max"],
     ratio_clip_c: Optional[float] = _NEMO["ratio_clip_c"],
     token_level_loss: bool = _NEMO["token_level_loss"],
     force_on_policy_ratio: bool = _NEMO["force_on_policy_ratio"],
     disable_ppo_ratio: bool = _NEMO["disable_ppo_ratio"],
+    use_cispo: bool = _NEMO["use_cispo"],
+    sequence_level_importance_ratios: bool = _NEMO["sequence_level_importance_ratios"],
     use_importance_sampling_correction: bool = _NEMO["use_importance_sampling_correction"],
     truncated_importance_sampling_type: Optional[str] = _NEMO["truncated_importance_sampling_type"],
     truncated_importance_sampling_ratio: Optional[float] = _NEMO["truncated_importance_sampling_ratio"],
     truncated_importance_sampling_ratio_min: Optional[float] = _NEMO["truncated_importance_sampling_ratio_min"],
-    reference_policy_logprobs: Optional[torch.Tensor] = None,
     reference_policy_kl_penalty: float = _NEMO["reference_policy_kl_penalty"],
     reference_policy_kl_type: str = _NEMO["reference_policy_kl_type"],
     kl_input_clamp_value: Optional[float] = _NEMO["kl_input_clamp_value"],
     kl_output_clamp_value: Optional[float] = _NEMO["kl_output_clamp_value"],
     use_on_policy_kl_approximation: bool = _NEMO["use_on_policy_kl_approximation"],
+    positive_example_nll_weight: float = _NEMO["positive_example_nll_weight"],
     global_valid_toks: Optional[float] = None,
     global_valid_seqs: Optional[float] = None,
     check_values: bool = _POLICY_LOSS_OPTIONS["check_values"],
 ) -> Tuple[torch.Tensor, Dict[str, Any]]:
-    """NeMo-RL's clipped policy-gradient loss of one micro-batch.
+    """NeMo-RL's clipped policy-gradient loss of one micro-batch, as keywords: the loss of
+    :class:`ClippedPGLossFn` (the same code) on aligned ``[B, S]`` tensors, without NeMo-RL's
+    leading column and ``sample_mask``.
 
     Actor loss: PPO clip (``ratio_clip_min`` / ``ratio_clip_max``, unclamped ratio, dual clip
     ``ratio_clip_c`` > 1), or ratio 1 with derivative 1 (``force_on_policy_ratio``), or -A logp
-    (``disable_ppo_ratio``); token-mean over ``global_valid_toks`` (``token_level_loss``) or the mean
-    of row means over ``global_valid_seqs`` (defaults: this micro-batch's tokens / rows), natively
-    partition-exact. ``use_importance_sampling_correction`` multiplies it by the weights of
-    (prev_logprobs, ``generation_logprobs``) (:func:`rollout_correction`'s, with
-    ``truncated_importance_sampling_type`` tis / icepop / seq-mask-tis). Reference KL
+    (``disable_ppo_ratio``), or cispo (``use_cispo``), or GSPO's sequence ratio
+    (``sequence_level_importance_ratios``); token-mean over ``global_valid_toks``
+    (``token_level_loss``) or the mean of row means over ``global_valid_seqs`` (defaults: this
+    micro-batch's tokens / rows), natively partition-exact. ``use_importance_sampling_correction``
+    multiplies it by the weights of (prev_logprobs, ``generation_logprobs``) (:func:`rollout_correction`'s,
+    with ``truncated_importance_sampling_type`` tis / icepop / seq-mask-tis). Reference KL
     (``reference_policy_kl_penalty`` != 0): k1 / k2 / k3 of ``reference_policy_logprobs`` with
     optional clamps, weighted by exp(logp - sg(logp)) (whose derivative enters the gradient) or, with
-    ``use_on_policy_kl_approximation``, exp(logp - generation_logprobs). The option defaults are NeMo-RL's
-    ClippedPGLossConfig's (the C++ preset's): the KL term is on (0.01, clamps 20 / 10), so
+    ``use_on_policy_kl_approximation``, exp(logp - generation_logprobs). ``positive_example_nll_weight``
+    adds the NLL of the tokens of the rows whose ``rewards`` ``[B]`` are > 0. The option defaults are
+    NeMo-RL's ClippedPGLossConfig's (the C++ preset's): the KL term is on (0.01, clamps 20 / 10), so
     ``reference_policy_logprobs`` is required unless ``reference_policy_kl_penalty=0``.
 
     Returns ``(loss, metrics)``: ulorl's metrics plus NeMo-RL's ``probs_ratio``,
-    ``probs_ratio_clamped``, ``sampling_importance_ratio`` (given generation_logprobs),
-    ``is_oob_ratio`` (with a truncation type) and ``kl_penalty`` (the unscaled KL, when on).
+    ``probs_ratio_clamped`` and their extrema, ``sampling_importance_ratio`` and the
+    training-vs-generation diagnostics (given generation_logprobs), ``is_oob_ratio`` (with a
+    truncation type), ``kl_penalty`` (the unscaled KL, when on) and ``positive_nll_loss`` (given rewards).
     """
-    fn = "presets::nemo_rl::clipped_pg_loss"
-    o = _cpp_options(_ulorl.NemoRLClippedPGLossOptions, {k: v for k, v in locals().items() if k in _NEMO})
-    _ulorl._nemo_rl_validate(o)
-    if generation_logprobs is None and (use_importance_sampling_correction or use_on_policy_kl_approximation):
-        raise _fail(fn, "generation_logprobs",
-                    "required by use_importance_sampling_correction and use_on_policy_kl_approximation")
-    with_kl = reference_policy_kl_penalty != 0.0
-    if with_kl and reference_policy_logprobs is None:
-        raise _fail(fn, "reference_policy_logprobs", "required when reference_policy_kl_penalty != 0")
-    cfg = _ulorl._nemo_rl_loss_config(o, _common.counts(token_mask), global_valid_toks, global_valid_seqs)
-    cfg.check_values = check_values
-    lp = next_token_logprobs.detach()
-    prev = lp if force_on_policy_ratio else prev_logprobs
-    extra: Dict[str, Any] = {}
-    weights = None
-    if generation_logprobs is not None:
-        w, _, rm = _ulorl._rollout_correction(prev, generation_logprobs, token_mask,
-                                              _ulorl._nemo_rl_importance_config(o), None)
-        if use_importance_sampling_correction:
-            weights = w
-        logged = _ulorl._nemo_rl_rollout_correction_logged(rm, truncated_importance_sampling_type, False,
-                                                           global_valid_toks, global_valid_seqs)
-        extra["sampling_importance_ratio"] = logged["sampling_importance_ratio"]
-        if truncated_importance_sampling_type is not None:
-            extra["is_oob_ratio"] = logged["is_oob_ratio"]
-    kl_term = None
-    if with_kl:
-        kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_reference_policy_kl(o, lp, reference_policy_logprobs,
-                                                                       generation_logprobs, token_mask, cfg.normalizer)
-        kl_term = _with_gradient(next_token_logprobs, kl, kl_grad, "presets::nemo_rl::clipped_pg_loss")
-        extra["kl_penalty"] = kl_unscaled
-    extra.update(_ulorl._nemo_rl_logged_ratios(o, lp, prev_logprobs, token_mask, global_valid_toks))
-    loss, result = _policy_loss_result(next_token_logprobs, prev, advantages, token_mask, cfg, None, weights, None,
-                                       None)
-    if kl_term is not None:
-        loss = loss + kl_term
-    m = _common.metrics_of(result, extra)
-    m["loss"] = loss.item()
-    return loss, m
+    loss_fn = ClippedPGLossFn({k: v for k, v in locals().items() if k in _FIELDS})
+    lp = next_token_logprobs
+    loss, result, nemo = loss_fn._compute(lp, token_mask.to(lp.dtype), advantages, prev_logprobs,
+                                          generation_logprobs, reference_policy_logprobs, lp, rewards,
+                                          _common.number(global_valid_toks), _common.number(global_valid_seqs),
+                                          check_values)
+    if reference_policy_kl_penalty == 0.0:
+        del nemo["kl_penalty"]
+    if rewards is None:
+        del nemo["positive_nll_loss"]
+    return loss, _common.metrics_of(result, nemo)
 
 
 def calculate_kl(logprobs: torch.Tensor, logprobs_reference: torch.Tensor,
@@ -370,17 +351,41 @@ class ClippedPGLossFn:
     def __call__(self, next_token_logprobs: torch.Tensor, data: Mapping[str, Any], global_valid_seqs: Any,
                  global_valid_toks: Any) -> Tuple[torch.Tensor, Dict[str, Any]]:
         lp = next_token_logprobs
-        lpd = lp.detach()
         sample_mask = data["sample_mask"]
         mask = (data["token_mask"][:, 1:] * sample_mask.unsqueeze(-1)).to(lp.dtype)
-        advantages = data["advantages"][:, 1:]
-        prev = lpd if self.force_on_policy_ratio else data["prev_logprobs"][:, 1:]
-        gen = data["generation_logprobs"][:, 1:]
-        gt, gs = _common.number(global_valid_toks), _common.number(global_valid_seqs)
+        ref = data.get("reference_policy_logprobs")
+        loss, _, metrics = self._compute(lp, mask, data["advantages"][:, 1:], data["prev_logprobs"][:, 1:],
+                                         data["generation_logprobs"][:, 1:], None if ref is None else ref[:, 1:],
+                                         data.get("curr_logprobs_unfiltered", lp), data.get("rewards"),
+                                         _common.number(global_valid_toks), _common.number(global_valid_seqs),
+                                         num_valid_samples=float(sample_mask.sum().item()))
+        metrics["num_valid_samples"] = sample_mask.sum().item()
+        metrics["approx_entropy"] = metrics.pop("approx_entropy")
+        if self.truncated_importance_sampling_type is not None:
+            metrics["is_oob_ratio"] = metrics.pop("is_oob_ratio")
+        metrics["positive_nll_loss"] = metrics.pop("positive_nll_loss")
+        return loss, metrics
+
+    def _compute(self, lp: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, prev_logprobs: torch.Tensor,
+                 gen: Optional[torch.Tensor], ref: Optional[torch.Tensor], lp_kl: torch.Tensor,
+                 rewards: Optional[torch.Tensor], gt: Optional[float], gs: Optional[float],
+                 check_values: bool = _POLICY_LOSS_OPTIONS["check_values"], num_valid_samples: Optional[float] = None
+                 ) -> Tuple[torch.Tensor, _ulorl.PolicyLossResult, Dict[str, Any]]:
+        """The loss of aligned ``[B, S]`` tensors (``mask`` in lp's dtype), its ulorl result and NeMo-RL's
+        metrics (``sampling_importance_ratio``, ``is_oob_ratio`` and the diagnostics only given ``gen``).
+        ``num_valid_samples``: the sum of NeMo-RL's sample mask (absent: every row is a sample)."""
+        lpd = lp.detach()
+        if gen is None and (self.use_importance_sampling_correction or self.use_on_policy_kl_approximation):
+            raise _fail(_FN, "generation_logprobs",
+                        "required by use_importance_sampling_correction and use_on_policy_kl_approximation")
+        if self.reference_policy_kl_penalty != 0 and ref is None:
+            raise _fail(_FN, "reference_policy_logprobs", "required when reference_policy_kl_penalty != 0")
+        prev = lpd if self.force_on_policy_ratio else prev_logprobs
         counts = _common.counts(mask)
         empty = counts.tokens == 0  # the sums are empty: any divisor gives 0
         # The objective (PPO clip, dual clip, policy gradient, cispo or GSPO) is the C++ preset's choice.
         cfg = _ulorl._nemo_rl_loss_config(self._options, counts, 1.0 if empty else gt, 1.0 if empty else gs)
+        cfg.check_values = check_values
         if self.disable_ppo_ratio and not self.force_on_policy_ratio and self.ratio_clip_c is not None:
             if bool(((lpd >= self.ratio_clip_c) & (advantages < 0) & (mask != 0)).any()):
                 raise _fail(_FN, "next_token_logprobs", f"a log-prob >= ratio_clip_c = {self.ratio_clip_c} with a "
@@ -389,36 +394,38 @@ class ClippedPGLossFn:
         # Importance weights of (prev, gen). A -inf generation log-prob: the kernel reads the
         # log-ratio 0 there (seq-mask-tis's gate as NeMo-RL's nan_to_num), then the weight is NeMo-RL's
         # nan_to_num(inf) = 0 after its truncation, and the logged ratios follow.
-        neg = torch.isneginf(gen)
-        has_neg = bool(neg.any())
-        if has_neg and self.sequence_level_importance_ratios and bool((neg & (mask != 0)).any()):
-            raise _fail(_FN, "generation_logprobs", "-inf at a valid token with sequence_level_importance_ratios "
-                        "is not modelled (NeMo-RL's row weight 0)")
-        gen_w = torch.where(neg, prev.detach(), gen) if has_neg else gen
-        weights, _, rc = _ulorl._rollout_correction(prev, gen_w, mask, self._importance, None)
-        logged = _ulorl._nemo_rl_rollout_correction_logged(rc, self.truncated_importance_sampling_type,
-                                                           self.sequence_level_importance_ratios, gt, gs)
-        if has_neg:
-            weights, logged = self._neg_inf_weights(weights, neg, mask, logged, gt if gt is not None else counts.tokens)
+        weights, logged = None, None
+        neg = torch.zeros_like(mask, dtype=torch.bool) if gen is None else torch.isneginf(gen)
+        if gen is not None:
+            has_neg = bool(neg.any())
+            if has_neg and self.sequence_level_importance_ratios and bool((neg & (mask != 0)).any()):
+                raise _fail(_FN, "generation_logprobs", "-inf at a valid token with sequence_level_importance_ratios "
+                            "is not modelled (NeMo-RL's row weight 0)")
+            gen_w = torch.where(neg, prev.detach(), gen) if has_neg else gen
+            weights, _, rc = _ulorl._rollout_correction(prev, gen_w, mask, self._importance, None)
+            logged = _ulorl._nemo_rl_rollout_correction_logged(rc, self.truncated_importance_sampling_type,
+                                                               self.sequence_level_importance_ratios, gt, gs,
+                                                               num_valid_samples)
+            if has_neg:
+                weights, logged = self._neg_inf_weights(weights, neg, mask, logged,
+                                                        gt if gt is not None else counts.tokens)
 
         loss, result = _policy_loss_result(lp, prev, advantages, mask, cfg, None,
                                            weights if self.use_importance_sampling_correction else None, None, None)
 
         kl_unscaled: Any = 0
         if self.reference_policy_kl_penalty != 0:
-            lp_kl = data.get("curr_logprobs_unfiltered", lp)
             gen_kl = None
             if self.use_on_policy_kl_approximation:
                 # exp(logp - (-inf)) is NeMo-RL's weight 0 (nan_to_num): exp(logp - 1e30) is 0 too.
                 gen_kl = torch.where(neg, torch.full_like(gen, 1e30), gen) if bool(neg.any()) else gen
-            kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_reference_policy_kl(
-                self._options, lp_kl.detach(), data["reference_policy_logprobs"][:, 1:], gen_kl, mask,
-                cfg.normalizer)
+            kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_reference_policy_kl(self._options, lp_kl.detach(), ref, gen_kl,
+                                                                           mask, cfg.normalizer)
             loss = loss + _with_gradient(lp_kl, kl, kl_grad, _FN)
 
         nll = 0.0
-        if "rewards" in data:
-            correct = mask * (data["rewards"] > 0).to(mask.dtype).unsqueeze(-1)
+        if rewards is not None:
+            correct = mask * (rewards > 0).to(mask.dtype).unsqueeze(-1)
             norm = _ulorl._nemo_rl_positive_example_nll(self._options, float(correct.sum().item()))
             if norm is not None:  # the term's weight, and whether there is one, are the C++ preset's
                 term = _agg_loss(lp, correct, norm)
@@ -428,14 +435,13 @@ class ClippedPGLossFn:
         metrics: Dict[str, Any] = {"loss": loss.item()}
         metrics.update(self._ratio_metrics(lpd, prev, mask, result, gt))
         metrics["kl_penalty"] = kl_unscaled
-        metrics.update(self._diagnostics(lpd, prev.detach(), torch.where(neg, prev.detach(), gen), mask, gt))
-        metrics["sampling_importance_ratio"] = logged["sampling_importance_ratio"]
-        metrics["num_valid_samples"] = sample_mask.sum().item()
-        metrics["approx_entropy"] = metrics.pop("approx_entropy")
-        if self.truncated_importance_sampling_type is not None:
-            metrics["is_oob_ratio"] = logged["is_oob_ratio"]
+        if gen is not None:
+            metrics.update(self._diagnostics(lpd, prev.detach(), torch.where(neg, prev.detach(), gen), mask, gt))
+            metrics["sampling_importance_ratio"] = logged["sampling_importance_ratio"]
+            if self.truncated_importance_sampling_type is not None:
+                metrics["is_oob_ratio"] = logged["is_oob_ratio"]
         metrics["positive_nll_loss"] = nll
-        return loss, metrics
+        return loss, result, metrics
 
     def _neg_inf_weights(self, weights: torch.Tensor, neg: torch.Tensor, mask: torch.Tensor, logged: Dict[str, float],
                          gt: float) -> Tuple[torch.Tensor, Dict[str, float]]:
