@@ -70,8 +70,8 @@ TEST_CASE("GAE advantages and returns match the oracle, observation spans includ
       // float32 outputs: the same values to float precision
       std::vector<float> fr32(fr.begin(), fr.end()), fv32(fv.begin(), fv.end()), fm32(fm.begin(), fm.end());
       std::vector<float> ret32(B * T), adv32(B * T);
-      const auto c32 = [&](const std::vector<float>& v) {
-        return ulorl::padded(ulorl::matrix_view<const float>(v.data(), B, T));
+      const auto c32 = [&, rows = B, cols = T](const std::vector<float>& v) {
+        return ulorl::padded(ulorl::matrix_view<const float>(v.data(), rows, cols));
       };
       ulorl::gae_advantages(c32(fr32), c32(fv32), c32(fm32), padded_of(ret32.data(), B, T),
                             padded_of(adv32.data(), B, T), {.gamma = gamma, .lambda = lambda});

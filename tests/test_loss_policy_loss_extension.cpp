@@ -29,7 +29,7 @@ struct power_params {
 };
 
 struct power_ratio_objective {
-  static constexpr std::string_view name = "power_ratio";
+  [[maybe_unused]] static constexpr std::string_view name = "power_ratio";  // the protocol's; read by no call here
   static constexpr ulorl::objective_level level = ulorl::objective_level::token;
   double alpha = 0.5;
   double cap = 1.3;
@@ -61,7 +61,7 @@ struct power_ratio_objective {
 // ---- the estimator: 2 (cosh u - 1), u = ref - logp; d/d logp = -2 sinh u -----------------------
 
 struct cosh_estimator {
-  static constexpr std::string_view name = "cosh";
+  [[maybe_unused]] static constexpr std::string_view name = "cosh";
   template <class L>
   static ULORL_ALWAYS_INLINE void raw(typename L::V u, typename L::V, const ulorl::kl_params<typename L::value_type>&,
                                       typename L::V& v, typename L::V& dv) noexcept {

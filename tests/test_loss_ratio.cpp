@@ -16,7 +16,6 @@
 
 namespace {
 constexpr std::uint64_t seed = 71;
-constexpr double inf = std::numeric_limits<double>::infinity();
 }  // namespace
 
 TEST_CASE("loss_exp: a few ulp of std::exp over the whole finite range, finite everywhere") {

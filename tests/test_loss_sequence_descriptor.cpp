@@ -26,7 +26,7 @@ struct sequence_cispo_params {
 
 //! TRL's sequence-level CISPO as one descriptor.
 struct sequence_cispo_objective {
-  static constexpr std::string_view name = "sequence_cispo";
+  [[maybe_unused]] static constexpr std::string_view name = "sequence_cispo";
   static constexpr ulorl::objective_level level = ulorl::objective_level::sequence;
   double cap = 5.0;
   void validate(std::string_view fn) const {
