@@ -52,6 +52,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <span>
 #include <string>
@@ -86,20 +87,32 @@ using opt_tensor = c10::optional<at::Tensor>;
 inline constexpr std::string_view policy_loss_args =
     "(Tensor log_prob, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? ref_log_prob, Tensor? weights, "
     "Tensor? entropy, Tensor? offsets, Tensor? rollout_log_prob, float[] config)";
-inline constexpr std::string_view logits_statistics_args =
-    "(Tensor logits, Tensor labels, float temperature=1.0, bool check_values=True, bool fast_backward=False)";
-inline constexpr std::string_view logits_loss_args =
-    "(Tensor logits, Tensor labels, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? ref_log_prob, "
-    "Tensor? weights, Tensor? offsets, Tensor? rollout_log_prob, float[] config, float temperature=1.0, "
-    "bool check_values=True, bool fast_backward=False)";
+//! The logits options as schema arguments, with logits_config's defaults.
+inline std::string logits_params() {
+  const logits_config d{};
+  const auto flag = [](bool v) { return v ? std::string("True") : std::string("False"); };
+  std::array<char, 32> t{};
+  std::snprintf(t.data(), t.size(), "%.17g", d.temperature);
+  std::string temperature = t.data();
+  if (temperature.find_first_of(".en") == std::string::npos) temperature += ".0";  // a float literal
+  return "float temperature=" + temperature + ", bool check_values=" + flag(d.check_values) +
+         ", bool fast_backward=" + flag(d.fast_backward);
+}
+inline std::string logits_statistics_args() { return "(Tensor logits, Tensor labels, " + logits_params() + ")"; }
+inline std::string logits_loss_args() {
+  return "(Tensor logits, Tensor labels, Tensor old_log_prob, Tensor advantages, Tensor? mask, Tensor? ref_log_prob, "
+         "Tensor? weights, Tensor? offsets, Tensor? rollout_log_prob, float[] config, " +
+         logits_params() + ")";
+}
 //! The linear head's arguments without the parentheses (the primitive appends its output_mask); the
 //! chunking defaults are linear_head_config's.
 inline std::string head_loss_params() {
   const linear_head_config d{};
   return "Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor old_log_prob, Tensor advantages, "
          "Tensor? mask, Tensor? ref_log_prob, Tensor? weights, Tensor? offsets, Tensor? rollout_log_prob, "
-         "float[] config, float temperature=1.0, bool check_values=True, bool fast_backward=False, int chunk_rows=" +
-         std::to_string(d.chunk_rows) + ", int workspace_budget=" + std::to_string(d.workspace_budget);
+         "float[] config, " +
+         logits_params() + ", int chunk_rows=" + std::to_string(d.chunk_rows) +
+         ", int workspace_budget=" + std::to_string(d.workspace_budget);
 }
 inline constexpr std::string_view agg_loss_args =
     "(Tensor loss_mat, Tensor? mask, Tensor? offsets, float[] normalizer)";
@@ -114,15 +127,15 @@ inline constexpr std::string_view kl_penalty_args =
       s("_policy_loss_forward", policy_loss_args,
         "(Tensor loss, Tensor grad_log_prob, Tensor grad_entropy, Tensor result)"),
       s("policy_loss", policy_loss_args, "(Tensor loss, Tensor result)"),
-      s("_logits_statistics_forward", logits_statistics_args,
+      s("_logits_statistics_forward", logits_statistics_args(),
         "(Tensor log_prob, Tensor entropy, Tensor lse, Tensor entropy_f64)"),
       "_logits_statistics_backward(Tensor logits, Tensor labels, Tensor lse, Tensor entropy_f64, Tensor? "
       "grad_log_prob, "
       "Tensor? grad_entropy, float temperature, bool fast_backward) -> Tensor",
-      s("logits_statistics", logits_statistics_args, "(Tensor log_prob, Tensor entropy)"),
-      s("_policy_loss_from_logits_forward", logits_loss_args,
+      s("logits_statistics", logits_statistics_args(), "(Tensor log_prob, Tensor entropy)"),
+      s("_policy_loss_from_logits_forward", logits_loss_args(),
         "(Tensor loss, Tensor grad_logits, Tensor log_prob, Tensor entropy, Tensor result)"),
-      s("policy_loss_from_logits", logits_loss_args, "(Tensor loss, Tensor result, Tensor log_prob, Tensor entropy)"),
+      s("policy_loss_from_logits", logits_loss_args(), "(Tensor loss, Tensor result, Tensor log_prob, Tensor entropy)"),
       s("_linear_head_policy_loss_forward",
         "(" + head_loss_params() + ", bool[3] output_mask=[True, True, True])",
         "(Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias, Tensor log_prob, Tensor entropy, "
