@@ -17,7 +17,7 @@ packages=(
   libbenchmark-dev          # microbenchmarks (Google Benchmark)
   libeigen3-dev             # the end-to-end demo's model (optional adapter)
   libxtensor-dev            # the optional xtensor adapter (ulorl::xtensor; xtensor 0.24 on Debian 12)
-  clang-14 libfuzzer-14-dev libclang-rt-14-dev  # fuzz targets (tests/fuzz: libFuzzer, ASan, UBSan)
+  clang-14 libfuzzer-14-dev libclang-rt-14-dev  # the sanitised tests (ULORL_SANITIZE_CXX) and fuzz targets
   libopenmpi-dev openmpi-bin  # exactness across processes (tests/mpi)
   libtorch-dev libopenblas0-pthread  # ulorl::torch (tests/torch); OpenBLAS so torch's GEMMs are fair
   python3-torch python3-pybind11 pybind11-dev python3-dev python3-numpy python3-pytest  # python/ (import ulorl)
