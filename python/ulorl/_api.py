@@ -42,20 +42,26 @@ def _reject_nan(function: str, argument: str, value: Any, index: int = -1) -> No
 
 
 def _nan_checked(function: str, f: Callable[..., Any]) -> Callable[..., Any]:
-    """``f`` whose every float argument (keyword options included) is checked by _reject_nan first."""
-    sig = inspect.signature(f)
+    """``f`` whose every float argument (keyword options included) is checked by _reject_nan first.
+    The arguments are matched to names by position and keyword, without binding the signature per
+    call (inspect's bind costs more than a small loss call); an argument f does not take is left to
+    f's own TypeError."""
+    params = inspect.signature(f).parameters.values()
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
+    var_positional = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
+    checked = (float, list, tuple)
 
     @functools.wraps(f)
     def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            bound = sig.bind_partial(*args, **kwargs).arguments
-        except TypeError:
-            return f(*args, **kwargs)  # f raises its own TypeError
-        for name, value in bound.items():
-            if sig.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
-                for key, v in value.items():
-                    _reject_nan(function, key, v)
-            else:
+        for name, value in zip(positional, args):
+            if isinstance(value, checked):
+                _reject_nan(function, name, value)
+        if var_positional is not None and len(args) > len(positional):
+            _reject_nan(function, var_positional, args[len(positional):])
+        for name, value in kwargs.items():
+            if isinstance(value, checked) and (any_keyword or name in keywords):
                 _reject_nan(function, name, value)
         return f(*args, **kwargs)
 

@@ -225,6 +225,11 @@ def test_nan_options_are_rejected_even_when_unused():
     with pytest.raises(ulorl.Error) as e:
         ulorl.global_normalizer("token_mean", ulorl.BatchCounts(6.0, 2.0, 2.0), constant=nan)
     assert e.value.argument == "constant"
+    with pytest.raises(ulorl.Error) as e:  # positional: named by its parameter
+        ulorl.presets.verl.agg_loss(lp, mask, "token-mean", 1, None, None, nan)
+    assert (e.value.argument, e.value.function) == ("loss_scale_factor", "presets::verl::agg_loss")
+    with pytest.raises(TypeError):  # an argument the function does not take: its own TypeError, NaN or not
+        ulorl.presets.verl.agg_loss(lp, mask, "token-mean", no_such_option=nan)
 
 
 # ---- a result beyond float64's range is an error naming it, never inf -----------------------------------
