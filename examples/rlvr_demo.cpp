@@ -376,7 +376,7 @@ class trainer {
     if (r.val_accuracy >= 0) std::snprintf(val, sizeof val, "%7.3f", r.val_accuracy);
     std::printf("%5d %7.3f %7.3f %7s %8.4f %7.3f %7.4f %9.2e %8.4f %8.4f %9.0f %6.2f %6.2f %5s\n", r.step, r.reward,
                 r.accuracy, val, r.entropy, r.masked, r.kl, r.kl_coef, r.clip_low, r.clip_high, r.tokens_per_s, r.staleness,
-                r.zero_var_groups, r.reset ? "yes" : "");
+                r.zero_var_groups, r.reset != 0 ? "yes" : "");
   }
 
   options o_;

@@ -17,7 +17,7 @@ using tokens = std::vector<std::int64_t>;
 // The vocabulary as documented: remainder digits are 0..9, the step digit +d is 9 + d, EOS 19,
 // BOS 20, PAD 21. Written out here rather than taken from the task's helpers.
 namespace {
-constexpr std::int64_t P1 = 10, P2 = 11, P3 = 12, P4 = 13, P7 = 16, P9 = 18, EOS = 19, BOS = 20, PAD = 21;
+constexpr std::int64_t P1 = 10, P2 = 11, P3 = 12, P4 = 13, P9 = 18, EOS = 19, BOS = 20, PAD = 21;
 }
 
 TEST_CASE("prompt: BOS then the digits of S, least significant first", "[trainer][task]") {
