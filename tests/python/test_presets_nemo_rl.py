@@ -177,10 +177,16 @@ def test_clipped_pg_loss_keywords_need_their_tensors(gen):
     d, lp = data(gen)
     m = d["token_mask"][:, 1:]
     args = (lp, d["prev_logprobs"][:, 1:], d["advantages"][:, 1:], m)
-    with pytest.raises(ulorl.Error, match="generation_logprobs"):
+    fn = "presets::nemo_rl::clipped_pg_loss"  # errors name the function called, not the class it runs
+    with pytest.raises(ulorl.Error, match="generation_logprobs") as e:
         nemo_rl.clipped_pg_loss(*args, use_importance_sampling_correction=True, reference_policy_kl_penalty=0.0)
-    with pytest.raises(ulorl.Error, match="reference_policy_logprobs"):
+    assert e.value.function == fn
+    with pytest.raises(ulorl.Error, match="reference_policy_logprobs") as e:
         nemo_rl.clipped_pg_loss(*args)
+    assert e.value.function == fn
+    with pytest.raises(ConfigError) as e:
+        nemo_rl.clipped_pg_loss(*args, ratio_clip_c=1.0, reference_policy_kl_penalty=0.0)
+    assert (e.value.function, e.value.argument) == (fn, "ratio_clip_c")
     with pytest.raises(ConfigError):
         nemo_rl.clipped_pg_loss(*args, use_cispo=True, ratio_clip_c=3.0, reference_policy_kl_penalty=0.0)
     _, metrics = nemo_rl.clipped_pg_loss(*args, reference_policy_kl_penalty=0.0)

@@ -83,7 +83,8 @@ def clipped_pg_loss(
     training-vs-generation diagnostics (given generation_logprobs), ``is_oob_ratio`` (with a
     truncation type), ``kl_penalty`` (the unscaled KL, when on) and ``positive_nll_loss`` (given rewards).
     """
-    loss_fn = ClippedPGLossFn({k: v for k, v in locals().items() if k in _FIELDS})
+    loss_fn = ClippedPGLossFn({k: v for k, v in locals().items() if k in _FIELDS},
+                              _function="presets::nemo_rl::clipped_pg_loss")
     lp = next_token_logprobs
     loss, result, nemo = loss_fn._compute(lp, token_mask.to(lp.dtype), advantages, prev_logprobs,
                                           generation_logprobs, reference_policy_logprobs, lp, rewards,
@@ -244,10 +245,10 @@ class ConfigError(Error, AssertionError):
     NeMo-RL raises for it."""
 
 
-def _config_error(argument: str, what: str, value: Any = None) -> ConfigError:
+def _config_error(function: str, argument: str, what: str, value: Any = None) -> ConfigError:
     shown = "" if value is None else f" = {value}"
-    e = ConfigError(f"ulorl::{_FN}: argument '{argument}'{shown}: {what}")
-    e.function, e.argument, e.index = _FN, argument, -1
+    e = ConfigError(f"ulorl::{function}: argument '{argument}'{shown}: {what}")
+    e.function, e.argument, e.index = function, argument, -1
     return e
 
 
@@ -295,7 +296,8 @@ class ClippedPGLossFn:
     NeMo-RL asserts) at construction.
     """
 
-    def __init__(self, cfg: Any = None, use_fused_linear_logprobs: bool = False) -> None:
+    def __init__(self, cfg: Any = None, use_fused_linear_logprobs: bool = False, *, _function: str = _FN) -> None:
+        self._function = _function  # the name errors give: clipped_pg_loss's when it builds one
         cfg = ClippedPGLossConfig() if cfg is None else cfg
         for name in _FIELDS:
             setattr(self, name, _field(cfg, name))
@@ -337,10 +339,10 @@ class ClippedPGLossFn:
         the configuration itself (disable_ppo_ratio hands the options none) and the truncation bounds
         (presets::nemo_rl::validate checks the rest, use_cispo's and GSPO's combinations included)."""
         if self.ratio_clip_c is not None and not self.ratio_clip_c > 1:
-            raise _config_error("ratio_clip_c", "must exceed 1 (dual clip)", self.ratio_clip_c)
+            raise _config_error(self._function, "ratio_clip_c", "must exceed 1 (dual clip)", self.ratio_clip_c)
         hi, lo = self.truncated_importance_sampling_ratio, self.truncated_importance_sampling_ratio_min
         if self.truncated_importance_sampling_type is not None and hi is not None and lo is not None and lo > hi:
-            raise _config_error("truncated_importance_sampling_ratio_min", "truncated_importance_sampling_ratio_min "
+            raise _config_error(self._function, "truncated_importance_sampling_ratio_min", "truncated_importance_sampling_ratio_min "
                                 f"must be <= truncated_importance_sampling_ratio ({hi})", lo)
 
     def _modelled_dual_clip(self) -> Optional[float]:
@@ -376,10 +378,10 @@ class ClippedPGLossFn:
         ``num_valid_samples``: the sum of NeMo-RL's sample mask (absent: every row is a sample)."""
         lpd = lp.detach()
         if gen is None and (self.use_importance_sampling_correction or self.use_on_policy_kl_approximation):
-            raise _fail(_FN, "generation_logprobs",
+            raise _fail(self._function, "generation_logprobs",
                         "required by use_importance_sampling_correction and use_on_policy_kl_approximation")
         if self.reference_policy_kl_penalty != 0 and ref is None:
-            raise _fail(_FN, "reference_policy_logprobs", "required when reference_policy_kl_penalty != 0")
+            raise _fail(self._function, "reference_policy_logprobs", "required when reference_policy_kl_penalty != 0")
         prev = lpd if self.force_on_policy_ratio else prev_logprobs
         counts = _common.counts(mask)
         empty = counts.tokens == 0  # the sums are empty: any divisor gives 0
@@ -388,7 +390,7 @@ class ClippedPGLossFn:
         cfg.check_values = check_values
         if self.disable_ppo_ratio and not self.force_on_policy_ratio and self.ratio_clip_c is not None:
             if bool(((lpd >= self.ratio_clip_c) & (advantages < 0) & (mask != 0)).any()):
-                raise _fail(_FN, "next_token_logprobs", f"a log-prob >= ratio_clip_c = {self.ratio_clip_c} with a "
+                raise _fail(self._function, "next_token_logprobs", f"a log-prob >= ratio_clip_c = {self.ratio_clip_c} with a "
                             "negative advantage: NeMo-RL's dual clip under disable_ppo_ratio is not modelled there")
 
         # Importance weights of (prev, gen). A -inf generation log-prob: the kernel reads the
@@ -399,7 +401,7 @@ class ClippedPGLossFn:
         if gen is not None:
             has_neg = bool(neg.any())
             if has_neg and self.sequence_level_importance_ratios and bool((neg & (mask != 0)).any()):
-                raise _fail(_FN, "generation_logprobs", "-inf at a valid token with sequence_level_importance_ratios "
+                raise _fail(self._function, "generation_logprobs", "-inf at a valid token with sequence_level_importance_ratios "
                             "is not modelled (NeMo-RL's row weight 0)")
             gen_w = torch.where(neg, prev.detach(), gen) if has_neg else gen
             weights, _, rc = _ulorl._rollout_correction(prev, gen_w, mask, self._importance, None)
@@ -421,7 +423,7 @@ class ClippedPGLossFn:
                 gen_kl = torch.where(neg, torch.full_like(gen, 1e30), gen) if bool(neg.any()) else gen
             kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_reference_policy_kl(self._options, lp_kl.detach(), ref, gen_kl,
                                                                            mask, cfg.normalizer)
-            loss = loss + _with_gradient(lp_kl, kl, kl_grad, _FN)
+            loss = loss + _with_gradient(lp_kl, kl, kl_grad, self._function)
 
         nll = 0.0
         if rewards is not None:
