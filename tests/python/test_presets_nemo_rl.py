@@ -155,11 +155,10 @@ def test_clipped_pg_loss_keywords_against_oracle(gen, i):
     m = (d["token_mask"][:, 1:] * d["sample_mask"][:, None]).bool()
     gs, gt = float(d["sample_mask"].sum()), float(m.sum())
     x, y = lp.clone().requires_grad_(), lp.clone().requires_grad_()
-    options = {k: v for k, v in CONFIGS[i].items()}
     got, metrics = nemo_rl.clipped_pg_loss(
         y, d["prev_logprobs"][:, 1:], d["advantages"][:, 1:], m, generation_logprobs=d["generation_logprobs"][:, 1:],
         reference_policy_logprobs=d["reference_policy_logprobs"][:, 1:], rewards=d["rewards"], global_valid_toks=gt,
-        global_valid_seqs=gs, **options)
+        global_valid_seqs=gs, **CONFIGS[i])
     want, want_metrics = oracle(cfg, x, d, gs, gt)
     got.backward()
     want.backward()

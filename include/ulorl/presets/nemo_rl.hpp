@@ -185,17 +185,18 @@ struct rollout_correction_metrics {
     std::optional<double> num_valid_samples = std::nullopt) {
   constexpr std::string_view fn = "presets::nemo_rl::rollout_correction_logged";
   validate(fn, g);
+  const auto& s = m.totals;
   if (num_valid_samples) {
     require_non_negative(fn, "num_valid_samples", *num_valid_samples);
-    if (*num_valid_samples > m.totals.rows)
-      throw error(fn, "num_valid_samples", -1, "exceeds the batch's " + std::to_string(static_cast<long long>(m.totals.rows)) + " rows");
+    if (*num_valid_samples > s.rows)
+      ulorl::detail::fail_value(fn, "num_valid_samples", *num_valid_samples, "must not exceed the batch's rows");
   }
-  const auto& s = m.totals;
   const double gt = g.global_valid_toks.value_or(s.tokens), gs = g.global_valid_seqs.value_or(s.rows);
   auto per = [](double a, double d) { return d > 0 ? a / d : 0.0; };
   rollout_correction_metrics r;
-  r.sampling_importance_ratio =
-      o.sequence_level_importance_ratios ? per(num_valid_samples.value_or(s.rows) * s.unit_sum, gs) : per(s.weight_sum, gt);
+  r.sampling_importance_ratio = o.sequence_level_importance_ratios
+                                    ? per(num_valid_samples.value_or(s.rows) * s.unit_sum, gs)
+                                    : per(s.weight_sum, gt);
   if (o.truncated_importance_sampling_type)
     r.is_oob_ratio = *o.truncated_importance_sampling_type == rollout_correction::is_weighting::geometric_gate
                          ? per(s.out_of_bounds_rows, gs)

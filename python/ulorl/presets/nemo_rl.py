@@ -342,8 +342,9 @@ class ClippedPGLossFn:
             raise _config_error(self._function, "ratio_clip_c", "must exceed 1 (dual clip)", self.ratio_clip_c)
         hi, lo = self.truncated_importance_sampling_ratio, self.truncated_importance_sampling_ratio_min
         if self.truncated_importance_sampling_type is not None and hi is not None and lo is not None and lo > hi:
-            raise _config_error(self._function, "truncated_importance_sampling_ratio_min", "truncated_importance_sampling_ratio_min "
-                                f"must be <= truncated_importance_sampling_ratio ({hi})", lo)
+            raise _config_error(self._function, "truncated_importance_sampling_ratio_min",
+                                "truncated_importance_sampling_ratio_min must be <= "
+                                f"truncated_importance_sampling_ratio ({hi})", lo)
 
     def _modelled_dual_clip(self) -> Optional[float]:
         # Under disable_ppo_ratio NeMo-RL's dual clip min(-A logp, -A c) is -A logp for every
@@ -356,16 +357,13 @@ class ClippedPGLossFn:
         sample_mask = data["sample_mask"]
         mask = (data["token_mask"][:, 1:] * sample_mask.unsqueeze(-1)).to(lp.dtype)
         ref = data.get("reference_policy_logprobs")
+        samples = sample_mask.sum().item()
         loss, _, metrics = self._compute(lp, mask, data["advantages"][:, 1:], data["prev_logprobs"][:, 1:],
                                          data["generation_logprobs"][:, 1:], None if ref is None else ref[:, 1:],
                                          data.get("curr_logprobs_unfiltered", lp), data.get("rewards"),
                                          _common.number(global_valid_toks), _common.number(global_valid_seqs),
-                                         num_valid_samples=float(sample_mask.sum().item()))
-        metrics["num_valid_samples"] = sample_mask.sum().item()
-        metrics["approx_entropy"] = metrics.pop("approx_entropy")
-        if self.truncated_importance_sampling_type is not None:
-            metrics["is_oob_ratio"] = metrics.pop("is_oob_ratio")
-        metrics["positive_nll_loss"] = metrics.pop("positive_nll_loss")
+                                         num_valid_samples=float(samples))
+        metrics["num_valid_samples"] = samples
         return loss, metrics
 
     def _compute(self, lp: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, prev_logprobs: torch.Tensor,
@@ -390,19 +388,20 @@ class ClippedPGLossFn:
         cfg.check_values = check_values
         if self.disable_ppo_ratio and not self.force_on_policy_ratio and self.ratio_clip_c is not None:
             if bool(((lpd >= self.ratio_clip_c) & (advantages < 0) & (mask != 0)).any()):
-                raise _fail(self._function, "next_token_logprobs", f"a log-prob >= ratio_clip_c = {self.ratio_clip_c} with a "
-                            "negative advantage: NeMo-RL's dual clip under disable_ppo_ratio is not modelled there")
+                raise _fail(self._function, "next_token_logprobs",
+                            f"a log-prob >= ratio_clip_c = {self.ratio_clip_c} with a negative advantage: NeMo-RL's "
+                            "dual clip under disable_ppo_ratio is not modelled there")
 
         # Importance weights of (prev, gen). A -inf generation log-prob: the kernel reads the
         # log-ratio 0 there (seq-mask-tis's gate as NeMo-RL's nan_to_num), then the weight is NeMo-RL's
         # nan_to_num(inf) = 0 after its truncation, and the logged ratios follow.
-        weights, logged = None, None
-        neg = torch.zeros_like(mask, dtype=torch.bool) if gen is None else torch.isneginf(gen)
+        weights, logged, neg = None, None, None
         if gen is not None:
+            neg = torch.isneginf(gen)
             has_neg = bool(neg.any())
             if has_neg and self.sequence_level_importance_ratios and bool((neg & (mask != 0)).any()):
-                raise _fail(self._function, "generation_logprobs", "-inf at a valid token with sequence_level_importance_ratios "
-                            "is not modelled (NeMo-RL's row weight 0)")
+                raise _fail(self._function, "generation_logprobs", "-inf at a valid token with "
+                            "sequence_level_importance_ratios is not modelled (NeMo-RL's row weight 0)")
             gen_w = torch.where(neg, prev.detach(), gen) if has_neg else gen
             weights, _, rc = _ulorl._rollout_correction(prev, gen_w, mask, self._importance, None)
             logged = _ulorl._nemo_rl_rollout_correction_logged(rc, self.truncated_importance_sampling_type,
@@ -420,7 +419,7 @@ class ClippedPGLossFn:
             gen_kl = None
             if self.use_on_policy_kl_approximation:
                 # exp(logp - (-inf)) is NeMo-RL's weight 0 (nan_to_num): exp(logp - 1e30) is 0 too.
-                gen_kl = torch.where(neg, torch.full_like(gen, 1e30), gen) if bool(neg.any()) else gen
+                gen_kl = torch.where(neg, torch.full_like(gen, 1e30), gen) if has_neg else gen
             kl, kl_unscaled, kl_grad = _ulorl._nemo_rl_reference_policy_kl(self._options, lp_kl.detach(), ref, gen_kl,
                                                                            mask, cfg.normalizer)
             loss = loss + _with_gradient(lp_kl, kl, kl_grad, self._function)

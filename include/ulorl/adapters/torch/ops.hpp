@@ -90,7 +90,7 @@ inline constexpr std::string_view policy_loss_args =
 //! The logits options as schema arguments, with logits_config's defaults.
 inline std::string logits_params() {
   const logits_config d{};
-  const auto flag = [](bool v) { return v ? std::string("True") : std::string("False"); };
+  const auto flag = [](bool v) { return v ? "True" : "False"; };
   std::array<char, 32> t{};
   std::snprintf(t.data(), t.size(), "%.17g", d.temperature);
   std::string temperature = t.data();
