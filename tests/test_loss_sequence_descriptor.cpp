@@ -5,7 +5,10 @@
 // row's ratio r_b = exp(sum_t m x / max(sum_t m, 1)), x = logp - old, and every token's loss
 // -sg(min(r_b, cap)) A logp. Checked against a float64 oracle written from that definition, and
 // against the built-in token-level cispo fed the row's mean log-ratio as every token's log-ratio
-// (the form a caller without this descriptor would use).
+// (the form a caller without this descriptor would use) and the built-in sequence_cispo. The
+// built-in sequence forms (sequence_cispo, sequence_sapo) are checked against a float64 oracle of
+// TRL's sequence level with rollout weights and the importance-weighted KL term: the loss, and the
+// gradient by central finite differences of the oracle (cispo's detached cap held fixed).
 #include <ulorl/loss/policy_loss.hpp>
 
 #include <algorithm>
@@ -25,7 +28,7 @@ struct sequence_cispo_params {
 };
 
 //! TRL's sequence-level CISPO as one descriptor.
-struct sequence_cispo_objective {
+struct outside_sequence_cispo {
   [[maybe_unused]] static constexpr std::string_view name = "sequence_cispo";
   static constexpr ulorl::objective_level level = ulorl::objective_level::sequence;
   double cap = 5.0;
@@ -38,11 +41,13 @@ struct sequence_cispo_objective {
   }
   //! a: the token's log-ratio.
   template <class T>
-  [[nodiscard]] static ulorl::sequence_sums row_token(T lp, T old, T, T, bool, const sequence_cispo_params<T>&) noexcept {
+  [[nodiscard]] static ulorl::sequence_sums row_token(T lp, T old, T, T, bool,
+                                                      const sequence_cispo_params<T>&) noexcept {
     return {static_cast<double>(lp) - static_cast<double>(old), 0.0, 0.0};
   }
   template <class T>
-  [[nodiscard]] static ulorl::sequence_row_terms<T> row(const ulorl::sequence_sums& s, double nd, bool, const ulorl::agg_normalizer&,
+  [[nodiscard]] static ulorl::sequence_row_terms<T> row(const ulorl::sequence_sums& s, double nd, bool,
+                                                        const ulorl::agg_normalizer&,
                                                         const sequence_cispo_params<T>&) noexcept {
     ulorl::sequence_row_terms<T> t{static_cast<T>(std::exp(s.a / std::max(nd, 1.0))), T(0)};
     t.sequence_clip = true;
@@ -50,7 +55,8 @@ struct sequence_cispo_objective {
   }
   template <class T, class LP>
   [[nodiscard]] static ulorl::sequence_token<T> token(T lp, T old, T adv, T wt, T ref, bool, double wd,
-                                                      const ulorl::sequence_row_terms<T>& row, const LP& p, bool has_ref) noexcept {
+                                                      const ulorl::sequence_row_terms<T>& row, const LP& p,
+                                                      bool has_ref) noexcept {
     const T c = std::min(row.ratio, p.objective.cap);
     ulorl::sequence_token<T> s{};
     T own = wt * (-c * adv);
@@ -134,7 +140,7 @@ TEST_CASE("sequence descriptor: a sequence-level objective defined outside the l
       const ulorl::policy_loss_inputs<double, std::uint8_t> in{view_of(p.lp, p), view_of(p.old, p), view_of(p.adv, p),
                                                                view_of(p.mask, p)};
       const auto gv = ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), p.B, T));
-      const auto res = ulorl::policy_loss_with(sequence_cispo_objective{cap}, in, gv, cfg);
+      const auto res = ulorl::policy_loss_with(outside_sequence_cispo{cap}, in, gv, cfg);
       const double want = oracle(p, cap, denominator, expect);
       REQUIRE(res.loss == Approx(want).epsilon(1e-12).margin(1e-14));
       for (std::size_t i = 0; i < p.B * T; ++i) REQUIRE(g[i] == Approx(expect[i]).epsilon(1e-12).margin(1e-300));
@@ -155,12 +161,20 @@ TEST_CASE("sequence descriptor: a sequence-level objective defined outside the l
       builtin.objective.eps_high = cap - 1.0;
       builtin.objective.log_ratio_clamp = ulorl::no_limit;
       std::vector<double> g2(p.B * T, -99.0);
-      const ulorl::policy_loss_inputs<double, std::uint8_t> in2{view_of(p.lp, p), view_of(old_mean, p), view_of(p.adv, p),
-                                                                view_of(p.mask, p)};
-      const auto res2 =
-          ulorl::policy_loss(in2, ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g2.data(), p.B, T)), builtin);
+      const ulorl::policy_loss_inputs<double, std::uint8_t> in2{view_of(p.lp, p), view_of(old_mean, p),
+                                                                view_of(p.adv, p), view_of(p.mask, p)};
+      const auto res2 = ulorl::policy_loss(
+          in2, ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g2.data(), p.B, T)), builtin);
       REQUIRE(res2.loss == Approx(res.loss).epsilon(1e-12).margin(1e-14));
       for (std::size_t i = 0; i < p.B * T; ++i) REQUIRE(g2[i] == Approx(g[i]).epsilon(1e-12).margin(1e-300));
+      // The built-in sequence_cispo gives the same loss, gradient and row flags.
+      builtin.objective.kind = ulorl::objective_kind::sequence_cispo;
+      std::vector<double> g3(p.B * T, -99.0);
+      const auto res3 = ulorl::policy_loss(
+          in, ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g3.data(), p.B, T)), builtin);
+      REQUIRE(res3.loss == Approx(res.loss).epsilon(1e-12).margin(1e-14));
+      for (std::size_t i = 0; i < p.B * T; ++i) REQUIRE(g3[i] == Approx(g[i]).epsilon(1e-12).margin(1e-300));
+      REQUIRE(res3.metrics.seq_clipped_high == res.metrics.seq_clipped_high);
       // Rows flagged clipped: the row's ratio above the cap (and a valid token with A > 0).
       double high = 0;
       for (std::size_t b = 0; b < p.B; ++b) {
@@ -180,8 +194,106 @@ TEST_CASE("sequence descriptor: its validation runs before anything is written")
                                                            view_of(p.mask, p)};
   ulorl::policy_loss_config cfg;
   cfg.normalizer = {ulorl::agg_mode::token_mean, 2.0, 1.0};
-  REQUIRE_THROWS_WITH(ulorl::policy_loss_with(sequence_cispo_objective{-1.0}, in,
-                                              ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), 1, 2)), cfg),
-                      Catch::Contains("cap"));
+  REQUIRE_THROWS_WITH(
+      ulorl::policy_loss_with(outside_sequence_cispo{-1.0}, in,
+                              ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), 1, 2)), cfg),
+      Catch::Contains("cap"));
   REQUIRE(g == std::vector<double>(2, -99.0));
+}
+
+namespace {
+
+//! TRL's sequence level in float64 over a padded [B, T] problem: r_b = exp(mean of the valid x),
+//! each valid token's term w_t l(r_b, A, logp_t) + beta r_b k3 (k3 = exp(ref - logp) - (ref - logp)
+//! - 1) over `denominator`. cispo: l = -min(max(r_b, lo), hi) A logp with the clamp of `frozen`
+//! (the detached cap, held fixed for the finite differences); sapo: l = -sigmoid(tau (r_b - 1))
+//! (4 / tau) A, tau = tau_pos for A > 0, tau_neg otherwise.
+struct sequence_problem {
+  problem p;
+  std::vector<double> w, ref;
+};
+double sequence_oracle(const sequence_problem& q, const std::vector<double>& lp, bool cispo, double lo, double hi,
+                       double tau_pos, double tau_neg, double beta, double denominator,
+                       const std::vector<double>* frozen, std::vector<double>* caps) {
+  const problem& p = q.p;
+  double loss = 0;
+  if (caps) caps->assign(p.B, 0.0);
+  for (std::size_t b = 0; b < p.B; ++b) {
+    double xs = 0, n = 0;
+    for (std::size_t t = 0; t < p.T; ++t)
+      if (p.mask[b * p.T + t] != 0) xs += lp[b * p.T + t] - p.old[b * p.T + t], n += 1;
+    const double r = std::exp(xs / std::max(n, 1.0));
+    const double c = frozen ? (*frozen)[b] : std::min(std::max(r, lo), hi);
+    if (caps) (*caps)[b] = c;
+    for (std::size_t t = 0; t < p.T; ++t) {
+      const std::size_t i = b * p.T + t;
+      if (p.mask[i] == 0) continue;
+      const double a = p.adv[i];
+      double l;
+      if (cispo) {
+        l = -c * a * lp[i];
+      } else {
+        const double tau = a > 0 ? tau_pos : tau_neg;
+        l = -(1.0 / (1.0 + std::exp(-tau * (r - 1.0)))) * (4.0 / tau) * a;
+      }
+      const double u = q.ref[i] - lp[i];
+      loss += q.w[i] * l + beta * r * (std::exp(u) - u - 1.0);
+    }
+  }
+  return loss / denominator;
+}
+
+}  // namespace
+
+TEST_CASE("sequence forms: sequence_cispo and sequence_sapo against TRL's sequence level in float64") {
+  std::mt19937_64 rng(1206);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (const bool cispo : {true, false})
+    for (const std::size_t T : {std::size_t{1}, std::size_t{7}, std::size_t{40}})
+      for (const double beta : {0.0, 0.04}) {
+        INFO((cispo ? "sequence_cispo" : "sequence_sapo") << " T = " << T << " beta = " << beta);
+        sequence_problem q{random_problem(rng, 5, T), {}, {}};
+        const problem& p = q.p;
+        for (std::size_t i = 0; i < p.B * T; ++i) {
+          q.w.push_back(0.5 + u(rng));
+          q.ref.push_back(p.lp[i] + (u(rng) - 0.5) * 0.8);
+        }
+        double tokens = 0;
+        for (const auto m : p.mask) tokens += m;
+        const double denominator = std::max(tokens, 1.0);
+        const double lo = 0.0, hi = 1.1, tau_pos = 1.0, tau_neg = 1.05;
+        ulorl::policy_loss_config cfg;
+        cfg.normalizer = {ulorl::agg_mode::token_mean, denominator, 1.0};
+        cfg.objective.kind = cispo ? ulorl::objective_kind::sequence_cispo : ulorl::objective_kind::sequence_sapo;
+        if (cispo) cfg.objective.eps_low = 1.0 - lo, cfg.objective.eps_high = hi - 1.0;  // sapo: unused
+        cfg.objective.log_ratio_clamp = ulorl::no_limit;
+        cfg.kl.importance_weighted = true;
+        cfg.kl_coef = beta;
+        ulorl::policy_loss_inputs<double, std::uint8_t> in{view_of(p.lp, p), view_of(p.old, p), view_of(p.adv, p),
+                                                           view_of(p.mask, p)};
+        in.weights = view_of(q.w, p);
+        if (beta != 0.0) in.ref_log_prob = view_of(q.ref, p);
+        std::vector<double> g(p.B * T, -99.0);
+        const auto res = ulorl::policy_loss(
+            in, ulorl::token_view<double>::padded(ulorl::matrix_view<double>(g.data(), p.B, T)), cfg);
+        std::vector<double> caps;
+        const double want =
+            sequence_oracle(q, p.lp, cispo, lo, hi, tau_pos, tau_neg, beta, denominator, nullptr, &caps);
+        REQUIRE(res.loss == Approx(want).epsilon(1e-12).margin(1e-14));
+        for (std::size_t i = 0; i < p.B * T; ++i) {
+          INFO("token " << i);
+          if (p.mask[i] == 0) {
+            REQUIRE(g[i] == 0.0);
+            continue;
+          }
+          const double h = 1e-6;
+          std::vector<double> up = p.lp, down = p.lp;
+          up[i] += h, down[i] -= h;
+          const double fd =
+              (sequence_oracle(q, up, cispo, lo, hi, tau_pos, tau_neg, beta, denominator, &caps, nullptr) -
+               sequence_oracle(q, down, cispo, lo, hi, tau_pos, tau_neg, beta, denominator, &caps, nullptr)) /
+              (2 * h);
+          REQUIRE(g[i] == Approx(fd).epsilon(1e-6).margin(1e-9));
+        }
+      }
 }

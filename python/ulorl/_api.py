@@ -107,8 +107,9 @@ def policy_loss_config(*, eps_high: Optional[float] = None, normalizer: Optional
     attributes; an option not given keeps the C++ default (the signature shows them).
 
     objective: ``ppo_clip`` (clip-higher when eps_high > eps_low, dual clip c > 1, TRL's delta cap),
-    ``gspo``, ``cispo``, ``gmpo``, ``sapo``, ``policy_gradient`` or ``penalized_pg`` (with
-    ``surrogate``, ``abs_penalty`` and ``square_penalty``); eps_high defaults to eps_low.
+    ``gspo``, ``cispo``, ``gmpo``, ``sapo``, ``policy_gradient``, ``penalized_pg`` (with
+    ``surrogate``, ``abs_penalty`` and ``square_penalty``), ``sequence_cispo`` or ``sequence_sapo``
+    (cispo and sapo on the sequence ratio); eps_high defaults to eps_low.
     kl_estimator: ``k1``, ``abs``, ``k2``, ``k3`` with optional input / output clamps. The values are
     checked by the loss call (ulorl.Error naming the field).
     """
@@ -272,8 +273,8 @@ def policy_loss_from_logits(
     """The policy loss straight from logits ``[N, V]`` (row i = token i of the token layout, padded:
     b * T + t). ``d loss / d logits`` is computed in the forward pass: into a new ``[N, V]`` tensor, or
     with ``in_place`` into the logits' own memory (their values are gone after the call).
-    Token-level objectives only (not gspo / gmpo). Arguments (``mask`` None: every token of
-    ``old_log_prob``'s layout valid) and the returned metrics as :func:`policy_loss`, plus
+    Token-level objectives only (not gspo, gmpo or the sequence_* ones). Arguments (``mask`` None:
+    every token of ``old_log_prob``'s layout valid) and the returned metrics as :func:`policy_loss`, plus
     ``metrics['log_prob']`` and ``metrics['entropy']`` (detached tensors in the token layout;
     entropy only with an entropy term).
     """

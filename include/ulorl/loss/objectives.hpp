@@ -10,6 +10,8 @@
 //   cispo      L = -sg(clamp(r, 1-eps_low, 1+eps_high)) A logp (MiniMax-M1)
 //   gmpo       L_b = -mean_t(A) exp(mean_t y), y the sign-aware clipped log-ratio (Zhao et al. 2025)
 //   sapo       L = -sigmoid(tau (r - 1)) (4 / tau) A (verl's soft adaptive policy optimisation)
+//   sequence_cispo, sequence_sapo  cispo and sapo on the sequence ratio exp(mean_t log r) (TRL's
+//              importance_sampling_level "sequence")
 //   policy_gradient  L = -A logp (REINFORCE / GPG; the gradient of PPO at ratio 1, which is what
 //              UloRL's pseudo on-policy importance sampling gives)
 //   penalized_pg  L = -A g + c_abs |x| + c_sq x^2 / 2 with g = r or logp, x = logp - old (verl kl_cov:
@@ -43,7 +45,17 @@
 
 ULORL_NAMESPACE_BEGIN
 
-enum class objective_kind { ppo_clip, gspo, cispo, gmpo, sapo, policy_gradient, penalized_pg };
+enum class objective_kind {
+  ppo_clip,
+  gspo,
+  cispo,
+  gmpo,
+  sapo,
+  policy_gradient,
+  penalized_pg,
+  sequence_cispo,
+  sequence_sapo
+};
 
 //! Where the gradient of a sequence-level ratio goes (gspo).
 enum class sequence_gradient {
@@ -769,9 +781,84 @@ struct gmpo_objective : detail::builtin_objective<objective_kind::gmpo> {
   }
 };
 
+namespace detail {
+//! The sequence-level form of a token-level objective D: D's token function on the row's ratio
+//! r_b = exp(w_b), w_b = mean_t (logp - old) over the valid tokens (unclamped), as TRL's
+//! importance_sampling_level "sequence" computes it. D's gradient through the ratio reaches every
+//! valid token through the mean; its gradient through logp (cispo's) reaches the token itself. The
+//! KL term is importance-weighted by r_b, its weight's gradient through the mean (TRL). The rollout
+//! weight multiplies the objective's term, not the KL term. A new sequence-level form is one
+//! descriptor deriving from this with its kind and name.
+template <class D, objective_kind K>
+struct sequence_form : builtin_objective<K> {
+  static constexpr objective_level level = objective_level::sequence;
+  void validate(std::string_view fn) const {
+    D d;
+    d.config = this->config;
+    d.validate(fn);
+  }
+  //! a: the token's log-ratio.
+  template <class T>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_sums row_token(
+      T lp, T old, T, T, bool, const objective_params<T>&) noexcept {
+    return {static_cast<double>(lp) - static_cast<double>(old), 0.0, 0.0};
+  }
+  template <class T>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_row_terms<T> row(
+      const sequence_sums& s, double nd, bool, const agg_normalizer&, const objective_params<T>&) noexcept {
+    const T r = loss_exp(static_cast<T>(s.a / (nd > 0 ? nd : 1.0)));
+    sequence_row_terms<T> t{r, r};
+    t.through_mean = true;
+    t.sequence_clip = true;
+    return t;
+  }
+  template <class T, class LP>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_token<T> token(T lp, T old, T adv, T wt, T ref,
+                                                                                      bool valid, double wd,
+                                                                                      const sequence_row_terms<T>& row,
+                                                                                      const LP& p,
+                                                                                      bool has_ref) noexcept {
+    using L = simd::scalar_lanes<T>;
+    const auto& op = p.objective;
+    const T x = lp - old, xc = clamp(x, -op.bound, op.bound);
+    token_args<L> a{lp, adv, {x, xc, row.ratio, row.dratio, exp_minus_one_minus_x(xc)}};
+    const objective_lanes<L> whole = D::template token<L>(a, op);  // d / d logp_t, the ratio's part as d / d w_b
+    a.ratio.dratio = T(0);
+    const T direct = D::template token<L>(a, op).dloss;  // with the ratio held: the part through logp_t
+    sequence_token<T> s{};
+    T own = wt * direct;
+    s.to_row_pg = valid ? wd * static_cast<double>(wt * (whole.dloss - direct)) : 0.0;
+    if (has_ref) {
+      const auto k = sequence_token_kl(lp, ref, row.ratio, row.dratio, p);
+      s.kl = k.value;
+      s.to_row_kl = valid ? wd * static_cast<double>(p.kl_coef * k.via_w) : 0.0;
+      own += p.kl_coef * k.grad;
+    }
+    s.ratio = a.ratio;
+    s.ratio.dratio = row.dratio;
+    s.flags = whole.flags;
+    s.pg = wt * whole.loss;
+    s.grad = wd * static_cast<double>(own);
+    return s;
+  }
+};
+}  // namespace detail
+
+//! CISPO on the sequence ratio (TRL's sequence-level cispo): -sg(clamp(r_b, lo, hi)) A logp.
+struct sequence_cispo_objective : detail::sequence_form<cispo_objective, objective_kind::sequence_cispo> {
+  static constexpr std::string_view name = "sequence_cispo";
+};
+
+//! SAPO on the sequence ratio (TRL's sequence-level sapo): -sigmoid(tau (r_b - 1)) (4 / tau) A.
+struct sequence_sapo_objective : detail::sequence_form<sapo_objective, objective_kind::sequence_sapo> {
+  static constexpr std::string_view name = "sequence_sapo";
+  using parameters = sapo_parameters;
+};
+
 //! Every built-in objective: the only list run-time dispatch consults.
 using objective_registry = descriptor_list<ppo_clip_objective, gspo_objective, cispo_objective, gmpo_objective,
-                                           sapo_objective, policy_gradient_objective, penalized_pg_objective>;
+                                           sapo_objective, policy_gradient_objective, penalized_pg_objective,
+                                           sequence_cispo_objective, sequence_sapo_objective>;
 
 //! The objectives' names ({name, kind}, from the registry's descriptors).
 inline constexpr auto objective_names = name_table(objective_registry{});

@@ -230,11 +230,13 @@ struct objective_options {
     case loss_type_kind::cispo: {
       const double cap = o.epsilon_high.value_or(o.epsilon);
       if (!(cap >= 0.0)) ulorl::detail::fail_value(fn, "epsilon_high", cap, "cispo: the ratio cap must be >= 0");
-      c.kind = objective_kind::cispo, c.eps_low = 1.0, c.eps_high = cap - 1.0;
+      c.kind = level == importance_sampling_kind::sequence ? objective_kind::sequence_cispo : objective_kind::cispo;
+      c.eps_low = 1.0, c.eps_high = cap - 1.0;
       break;
     }
     case loss_type_kind::sapo:
-      c.kind = objective_kind::sapo, c.sapo.tau_pos = o.sapo_temperature_pos, c.sapo.tau_neg = o.sapo_temperature_neg;
+      c.kind = level == importance_sampling_kind::sequence ? objective_kind::sequence_sapo : objective_kind::sapo;
+      c.sapo.tau_pos = o.sapo_temperature_pos, c.sapo.tau_neg = o.sapo_temperature_neg;
       break;
     case loss_type_kind::vespo:
       c.kind = objective_kind::policy_gradient;
@@ -447,10 +449,10 @@ struct adaptive_entropy_params {
 //
 // keep is the off-policy sequence mask (masking/off_policy.hpp), E the top-entropy mask
 // (masking/entropy_quantile.hpp), q the vLLM importance-sampling ratio, φ VESPO's weight
-// (loss/vespo.hpp). Sequence-level cispo and sapo run the token objective with old' = logp − ω_b
-// (each token's log-ratio is the row's); sapo's gradient is then averaged over the row's valid
-// tokens (the gradient through the mean). Their KL term, and sequence-level vespo's, is added after
-// policy_loss, with the sequence ratio exp(ω_b) as the bias correction's weight. luspo weighs row b
+// (loss/vespo.hpp). Sequence-level cispo and sapo are the objectives sequence_cispo and
+// sequence_sapo (loss/objectives.hpp: the token objective on exp(ω_b), the gradient through the
+// mean). Sequence-level vespo's KL term is added after policy_loss, with the sequence ratio
+// exp(ω_b) as the bias correction's weight. luspo weighs row b
 // by n_b: at the token level over every position, padding included (an all-ones mask), its KL term
 // likewise (at both levels); its clip metrics are those of the valid tokens. GSPO-token
 // (sequence_token) is the clipped surrogate on exp(ω_b) with each token's own gradient, delta
@@ -458,7 +460,7 @@ struct adaptive_entropy_params {
 //
 // Scratch: the call allocates its intermediate arrays (std::vector): [B, T] arrays of T for the
 // broadcast advantages and, as the options need them, the product of the multipliers, the
-// off-policy and top-entropy masks, the derived old log-probs, the element-wise KL and its
+// off-policy and top-entropy masks, the element-wise KL and its
 // gradient, and a gradient for luspo's metric pass; [B] doubles for row counts, ω_b and φ_b; the
 // valid entropies for the quantile.
 
@@ -562,14 +564,11 @@ struct plan {
   importance_sampling_kind level;
   objective_config objective;
   bool seq = false;           //!< sequence level (not GSPO-token)
-  bool derived_seq = false;   //!< sequence-level cispo / sapo: the token objective on old' = logp − ω_b
-  bool sapo_seq = false;      //!< sequence-level sapo: the gradient spread over the row through the mean
   bool luspo = false;         //!< rows weighed by n_b
   bool luspo_tokens = false;  //!< luspo at the token level: every position, padding included
   bool vespo = false;         //!< VESPO's weight φ_b instead of the ratio
   //! The KL term is added after policy_loss where its weights differ from the objective's (luspo) or
-  //! where the objective's ratio is not TRL's exp(ω_b) with its gradient through the mean
-  //! (sequence-level cispo and sapo run on a derived log-ratio, vespo has no ratio).
+  //! where the objective has no ratio (sequence-level vespo).
   bool separate_kl = false;
 };
 
@@ -591,12 +590,10 @@ struct plan {
                                       .sapo_temperature_pos = o.sapo_temperature_pos,
                                       .sapo_temperature_neg = o.sapo_temperature_neg})};
   p.seq = p.level == IS::sequence;
-  p.derived_seq = p.seq && (p.loss_type == LT::cispo || p.loss_type == LT::sapo);
-  p.sapo_seq = p.derived_seq && p.loss_type == LT::sapo;
   p.luspo = p.loss_type == LT::luspo;
   p.luspo_tokens = p.luspo && !p.seq;
   p.vespo = p.loss_type == LT::vespo;
-  p.separate_kl = p.luspo || p.derived_seq || (p.seq && p.vespo);
+  p.separate_kl = p.luspo || (p.seq && p.vespo);
 
   const double rho = o.top_entropy_quantile;
   require_finite(fn, "beta", o.beta);
@@ -787,17 +784,6 @@ template <class T>
   return adv;
 }
 
-//! Sequence-level cispo and sapo: old' = logp − ω_b, so that each token's log-ratio is its row's.
-template <class T>
-[[nodiscard]] std::vector<T> derived_old_log_probs(token_view<const T> lp, const row_ratios& rows) {
-  const std::size_t B = lp.rows(), Tn = lp.cols();
-  std::vector<T> old(B * Tn);
-  for (std::size_t b = 0; b < B; ++b)
-    for (std::size_t t = 0; t < Tn; ++t)
-      old[b * Tn + t] = static_cast<T>(static_cast<double>(lp(b, t)) - rows.omega[b]);
-  return old;
-}
-
 //! The normalisers' options of this call (normalizer(), entropy_normalizer()).
 [[nodiscard]] inline normalizer_options normalizer_options_of(const grpo_loss_options& o, const plan& p,
                                                               std::size_t Tn) {
@@ -870,19 +856,6 @@ template <class T>
   const agg_normalizer norm = trl::entropy_normalizer(nopt, counts, bonus_tokens);
   validate_normalizer(fn, norm);
   return norm;
-}
-
-//! Sequence-level sapo: the sequence ratio's gradient reaches every valid token through the mean,
-//! each valid token taking its row's mean gradient.
-template <class T, class M>
-void spread_sequence_gradient(token_view<T> grad, token_view<const M> mask, const row_ratios& rows) {
-  for (std::size_t b = 0; b < grad.rows(); ++b) {
-    if (rows.nrow[b] == 0) continue;
-    double s = 0;
-    for (std::size_t t = 0; t < grad.cols(); ++t) s += mask(b, t) != M(0) ? static_cast<double>(grad(b, t)) : 0.0;
-    for (std::size_t t = 0; t < grad.cols(); ++t)
-      if (mask(b, t) != M(0)) grad(b, t) = static_cast<T>(s / rows.nrow[b]);
-  }
 }
 
 //! Adds the separate KL term to the gradient and returns {β-weighted aggregated KL, the estimate's
@@ -1115,9 +1088,7 @@ template <class T, class M, class Exec>
   const G::multipliers<T> mult = G::policy_multipliers(in, mask, o, p);
   const std::vector<T> weights = G::policy_weights(mult, rows, p, B, Tn);
   const std::vector<T> adv = G::token_advantages(in.advantages, Tn);
-  const std::vector<T> old_derived = p.derived_seq ? G::derived_old_log_probs(lp, rows) : std::vector<T>{};
-  policy_loss_inputs<T, M> pin{lp, p.derived_seq ? detail::padded_scratch<const T>(old_derived, B, Tn) : old,
-                               detail::padded_scratch<const T>(adv, B, Tn),
+  policy_loss_inputs<T, M> pin{lp, old, detail::padded_scratch<const T>(adv, B, Tn),
                                p.luspo_tokens ? token_view<const M>{} : mask};  // luspo tokens: every position
   pin.ref_log_prob = in.ref_per_token_logps;
   if (!weights.empty()) pin.weights = detail::padded_scratch<const T>(weights, B, Tn);
@@ -1136,7 +1107,6 @@ template <class T, class M, class Exec>
   r.pg_loss = res.pg_loss;
   r.kl_loss = res.kl_loss;
   r.metrics = luspo_metrics ? *luspo_metrics : res.metrics;
-  if (p.sapo_seq) G::spread_sequence_gradient(grad, mask, rows);
   std::optional<double> separate_kl_sum;  // the separate KL estimate's sum over the valid tokens
   if (!kl.value.empty()) {
     const G::kl_sums s = G::add_separate_kl(grad, lp, old, mask, rows, kl, cfg.normalizer, o, p);
