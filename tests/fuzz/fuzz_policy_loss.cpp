@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 #include <vector>
 
@@ -16,6 +17,12 @@
 #include "ulorl/loss.hpp"
 
 namespace {
+
+//! The number of values a name table names (enums number them from 0 without gaps).
+template <class Table>
+constexpr int named(const Table& t) {
+  return static_cast<int>(std::size(t));
+}
 
 constexpr double sentinel = -12345.25;  // exact in float and double
 
@@ -102,15 +109,16 @@ void run(FuzzedDataProvider& p) {
 
   ulorl::policy_loss_config cfg;
   auto& o = cfg.objective;
-  const int kind = p.ConsumeIntegralInRange<int>(0, 7);  // 7: not an objective_kind
+  // Each enum from 0 to one past its last name (the library's name tables): the last value is not one.
+  const int kind = p.ConsumeIntegralInRange<int>(0, named(ulorl::objective_names));
   o.kind = static_cast<ulorl::objective_kind>(kind);
-  const int seq_grad = p.ConsumeIntegralInRange<int>(0, 2);
+  const int seq_grad = p.ConsumeIntegralInRange<int>(0, named(ulorl::sequence_gradient_names));
   o.gspo.seq_gradient = static_cast<ulorl::sequence_gradient>(seq_grad);
-  const int estimator = p.ConsumeIntegralInRange<int>(0, 4);
+  const int estimator = p.ConsumeIntegralInRange<int>(0, named(ulorl::kl_estimator_names));
   cfg.kl.estimator = static_cast<ulorl::kl_estimator>(estimator);
   cfg.kl.straight_through = p.ConsumeBool();
   cfg.kl.importance_weighted = p.ConsumeBool();
-  const int mode = p.ConsumeIntegralInRange<int>(0, 5);
+  const int mode = p.ConsumeIntegralInRange<int>(0, named(ulorl::agg_mode_names));
   cfg.normalizer.mode = static_cast<ulorl::agg_mode>(mode);
   cfg.check_values = p.ConsumeIntegralInRange<int>(0, 3) != 0;
   if (moderate_cfg) {
@@ -188,10 +196,10 @@ void run(FuzzedDataProvider& p) {
   }
   if (threw) return;
   // A value no enum names must be rejected, never run as some default (conventions: dispatch is loud).
-  FUZZ_CHECK(kind <= static_cast<int>(ulorl::objective_kind::penalized_pg));
-  FUZZ_CHECK(estimator <= static_cast<int>(ulorl::kl_estimator::k3));
-  FUZZ_CHECK(mode <= static_cast<int>(ulorl::agg_mode::constant));
-  FUZZ_CHECK(seq_grad <= static_cast<int>(ulorl::sequence_gradient::through_mean));
+  FUZZ_CHECK(kind < named(ulorl::objective_names));
+  FUZZ_CHECK(estimator < named(ulorl::kl_estimator_names));
+  FUZZ_CHECK(mode < named(ulorl::agg_mode_names));
+  FUZZ_CHECK(seq_grad < named(ulorl::sequence_gradient_names));
   FUZZ_CHECK(gaps_untouched(glp) && gaps_untouched(gent));
   if (cfg.entropy_coef == 0.0) FUZZ_CHECK(untouched(gent));  // no entropy term: grad_entropy is not written
   if (!binary && !cfg.check_values) return;  // any non-zero mask value then counts as valid: nothing to compare
