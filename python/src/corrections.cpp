@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <ulorl/adapters/torch.hpp>
@@ -56,16 +58,6 @@ mask_bytes optional_mask_of(std::string_view fn, std::string_view arg, const opt
 }
 //! A new tensor of `like`'s shape and dtype (never requiring grad).
 at::Tensor empty_like_of(const at::Tensor& like) { return at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type())); }
-
-//! A read-write attribute `name` of an options class holding an enum by a framework's name: printed
-//! from `names`, parsed by the preset's `*_from_name` (an unknown name raises its ulorl.Error).
-template <class C, class E, std::size_t N>
-void name_property(py::class_<C>& c, const char* name, E C::*field, const P::detail::name_entry<E> (&names)[N],
-                   E (*parse)(std::string_view)) {
-  c.def_property(
-      name, [field, &names](const C& o) { return std::string(ulorl::name_in(names, o.*field)); },
-      [field, parse](C& o, const std::string& v) { o.*field = parse(v); });
-}
 
 // ---- rollout correction ----------------------------------------------------------------------------
 py::dict rc_metrics_dict(const rc::metrics& m) {
@@ -483,22 +475,11 @@ void bind_loss_passes(py::module_& m) {
       [](const std::string& loss_mode, double low, double high, double c, const at::Tensor& old_log_prob,
          const at::Tensor& log_prob, const at::Tensor& advantages, const opt_tensor& mask, const opt_tensor& rollout_is_weights,
          const opt_tensor& offsets) {
-        constexpr std::string_view fn = "dppo_weights";
         const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_from_name(loss_mode), .clip_ratio_low = low,
                                            .clip_ratio_high = high, .clip_ratio_c = c};
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
-          using T = decltype(tag);
-          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
-          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
-          at::Tensor w = empty_like_of(log_prob);
-          const ulorl::dppo_config cfg = P::verl::dppo(o);
-          const auto st = ulorl::dppo_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
-                                              th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
-                                              optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp),
-                                              th::tokens_of<T>(fn, "weights", w, off), cfg);
-          return py::make_tuple(w, stats_dict(st));
-        });
+        const auto r = th::dppo_weights(old_log_prob, log_prob, advantages, or_undefined(mask),
+                                        or_undefined(rollout_is_weights), P::verl::dppo(o), or_undefined(offsets));
+        return py::make_tuple(r.out, stats_dict(r.stats));
       },
       "loss_mode"_a, "clip_ratio_low"_a, "clip_ratio_high"_a, "clip_ratio_c"_a, "old_log_prob"_a, "log_prob"_a,
       "advantages"_a, "mask"_a, "rollout_is_weights"_a, "offsets"_a = py::none());
@@ -508,26 +489,18 @@ void bind_loss_passes(py::module_& m) {
       [](double kl_cov_ratio, double ppo_kl_coef, const at::Tensor& old_log_prob, const at::Tensor& log_prob,
          const at::Tensor& advantages, const opt_tensor& mask, const opt_tensor& rollout_is_weights,
          const opt_tensor& offsets) {
-        constexpr std::string_view fn = "kl_cov_selection";
         const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_kind::kl_cov, .kl_cov_ratio = kl_cov_ratio,
                                            .ppo_kl_coef = ppo_kl_coef};
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
-          using T = decltype(tag);
-          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
-          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
-          (void)optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp);
-          at::Tensor sel = empty_like_of(log_prob);
-          const ulorl::kl_cov_config cfg = P::verl::kl_cov(o);
-          const auto st = ulorl::kl_cov_selection(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
-                                                  th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view,
-                                                  th::tokens_of<T>(fn, "selected", sel, off), cfg);
-          // The selected tokens take the objective with the |x| penalty (weights w sel), the others
-          // the objective without it (weights w (1 - sel)), under one normaliser.
-          at::Tensor w_sel = sel, w_rest = at::ones_like(sel) - sel;
-          if (rollout_is_weights) w_sel = w_sel * *rollout_is_weights, w_rest = w_rest * *rollout_is_weights;
-          return py::make_tuple(w_sel, w_rest, stats_dict(st));
-        });
+        if (rollout_is_weights && (rollout_is_weights->sizes() != log_prob.sizes() ||
+                                   rollout_is_weights->scalar_type() != log_prob.scalar_type()))
+          ulorl::detail::fail("kl_cov_selection", "rollout_is_weights", "must have log_prob's shape and dtype");
+        const auto r = th::kl_cov_selection(old_log_prob, log_prob, advantages, or_undefined(mask), P::verl::kl_cov(o),
+                                            or_undefined(offsets));
+        // The selected tokens take the objective with the |x| penalty (weights w sel), the others
+        // the objective without it (weights w (1 - sel)), under one normaliser.
+        at::Tensor w_sel = r.out, w_rest = at::ones_like(r.out) - r.out;
+        if (rollout_is_weights) w_sel = w_sel * *rollout_is_weights, w_rest = w_rest * *rollout_is_weights;
+        return py::make_tuple(w_sel, w_rest, stats_dict(r.stats));
       },
       "kl_cov_ratio"_a, "ppo_kl_coef"_a, "old_log_prob"_a, "log_prob"_a, "advantages"_a, "mask"_a,
       "rollout_is_weights"_a, "offsets"_a = py::none());
@@ -537,24 +510,12 @@ void bind_loss_passes(py::module_& m) {
       [](double low, double high, double clip_cov_ratio, double clip_cov_lb, double clip_cov_ub, const at::Tensor& old_log_prob,
          const at::Tensor& log_prob, const at::Tensor& advantages, const opt_tensor& mask, const at::Tensor& selection,
          const opt_tensor& rollout_is_weights, const opt_tensor& offsets) {
-        constexpr std::string_view fn = "clip_cov_weights";
         const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_kind::clip_cov, .clip_ratio_low = low,
                                            .clip_ratio_high = high, .clip_cov_ratio = clip_cov_ratio,
                                            .clip_cov_lb = clip_cov_lb, .clip_cov_ub = clip_cov_ub};
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
-          using T = decltype(tag);
-          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
-          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
-          const mask_bytes sv = optional_mask_of<T>(fn, "clip_cov_selection", selection, off, "log_prob", lp);
-          at::Tensor w = empty_like_of(log_prob);
-          const ulorl::clip_cov_config cfg = P::verl::clip_cov(o);
-          const auto st = ulorl::clip_cov_weights(th::tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
-                                                  th::tokens_of<const T>(fn, "advantages", advantages, off), mv.view, sv.view,
-                                                  optional_tokens_of<const T>(fn, "rollout_is_weights", rollout_is_weights, off, "log_prob", lp),
-                                                  th::tokens_of<T>(fn, "weights", w, off), cfg);
-          return py::make_tuple(w, stats_dict(st));
-        });
+        const auto r = th::clip_cov_weights(old_log_prob, log_prob, advantages, or_undefined(mask), selection,
+                                            or_undefined(rollout_is_weights), P::verl::clip_cov(o), or_undefined(offsets));
+        return py::make_tuple(r.out, stats_dict(r.stats));
       },
       "clip_ratio_low"_a, "clip_ratio_high"_a, "clip_cov_ratio"_a, "clip_cov_lb"_a, "clip_cov_ub"_a, "old_log_prob"_a,
       "log_prob"_a, "advantages"_a, "mask"_a, "clip_cov_selection"_a, "rollout_is_weights"_a, "offsets"_a = py::none());
@@ -574,35 +535,9 @@ void bind_loss_passes(py::module_& m) {
   py::class_<O> nemo_options(m, "NemoRLClippedPGLossOptions",
                              "NeMo-RL ClippedPGLossFn options (presets::nemo_rl::clipped_pg_loss_options); a "
                              "default-made one holds the defaults.");
-  nemo_options.def(py::init<>())
-      .def_readwrite("ratio_clip_min", &O::ratio_clip_min)
-      .def_readwrite("ratio_clip_max", &O::ratio_clip_max)
-      .def_readwrite("ratio_clip_c", &O::ratio_clip_c)
-      .def_readwrite("token_level_loss", &O::token_level_loss)
-      .def_readwrite("force_on_policy_ratio", &O::force_on_policy_ratio)
-      .def_readwrite("disable_ppo_ratio", &O::disable_ppo_ratio)
-      .def_readwrite("use_importance_sampling_correction", &O::use_importance_sampling_correction)
-      .def_property(
-          "truncated_importance_sampling_type",
-          [](const O& o) -> std::optional<std::string> {
-            if (!o.truncated_importance_sampling_type) return std::nullopt;
-            return std::string(ulorl::name_in(P::nemo_rl::truncated_importance_sampling_type_names, *o.truncated_importance_sampling_type));
-          },
-          [](O& o, const std::optional<std::string>& v) {
-            o.truncated_importance_sampling_type.reset();
-            if (v) o.truncated_importance_sampling_type = rc::is_weighting_from_name(*v, "truncated_importance_sampling_type");
-          })
-      .def_readwrite("truncated_importance_sampling_ratio", &O::truncated_importance_sampling_ratio)
-      .def_readwrite("truncated_importance_sampling_ratio_min", &O::truncated_importance_sampling_ratio_min)
-      .def_readwrite("reference_policy_kl_penalty", &O::reference_policy_kl_penalty);
-  name_property(nemo_options, "reference_policy_kl_type", &O::reference_policy_kl_type,
-                P::nemo_rl::reference_policy_kl_type_names, &P::nemo_rl::kl_type_from_name);
-  nemo_options.def_readwrite("kl_input_clamp_value", &O::kl_input_clamp_value)
-      .def_readwrite("kl_output_clamp_value", &O::kl_output_clamp_value)
-      .def_readwrite("use_on_policy_kl_approximation", &O::use_on_policy_kl_approximation)
-      .def_readwrite("sequence_level_importance_ratios", &O::sequence_level_importance_ratios)
-      .def_readwrite("use_cispo", &O::use_cispo)
-      .def_readwrite("positive_example_nll_weight", &O::positive_example_nll_weight);
+  nemo_options.def(py::init<>());
+  def_fields(nemo_options, "presets::nemo_rl::clipped_pg_loss", P::nemo_rl::truncated_importance_sampling_type_names,
+             P::nemo_rl::reference_policy_kl_type_names);
   m.def("_nemo_rl_validate", [](const O& o) { P::nemo_rl::validate(o); }, "options"_a);
   m.def(
       "_nemo_rl_positive_example_nll",
@@ -666,77 +601,34 @@ void bind_loss_passes(py::module_& m) {
                              "TRL GRPOConfig's loss options (presets::trl::grpo_loss_options); a default-made one "
                              "holds GRPOConfig's defaults.");
   trl_options.def(py::init<>());
-  name_property(trl_options, "loss_type", &TO::loss_type, P::trl::loss_type_names, &P::trl::loss_type_from_name);
-  trl_options.def_readwrite("epsilon", &TO::epsilon)
-      .def_readwrite("epsilon_high", &TO::epsilon_high)
-      .def_readwrite("delta", &TO::delta)
-      .def_readwrite("beta", &TO::beta);
-  name_property(trl_options, "importance_sampling_level", &TO::importance_sampling_level,
-                P::trl::importance_sampling_level_names, &P::trl::importance_sampling_level_from_name);
-  trl_options.def_readwrite("use_bias_correction_kl", &TO::use_bias_correction_kl)
-      .def_readwrite("max_completion_length", &TO::max_completion_length)
-      .def_readwrite("gradient_accumulation_steps", &TO::gradient_accumulation_steps)
-      .def_readwrite("num_items_in_batch", &TO::num_items_in_batch)
-      .def_readwrite("num_processes", &TO::num_processes)
-      .def_readwrite("sapo_temperature_pos", &TO::sapo_temperature_pos)
-      .def_readwrite("sapo_temperature_neg", &TO::sapo_temperature_neg)
-      .def_readwrite("vespo_k_pos", &TO::vespo_k_pos)
-      .def_readwrite("vespo_lambda_pos", &TO::vespo_lambda_pos)
-      .def_readwrite("vespo_k_neg", &TO::vespo_k_neg)
-      .def_readwrite("vespo_lambda_neg", &TO::vespo_lambda_neg)
-      .def_readwrite("off_policy_mask_threshold", &TO::off_policy_mask_threshold)
-      .def_readwrite("top_entropy_quantile", &TO::top_entropy_quantile)
-      .def_readwrite("entropy_coef", &TO::entropy_coef)
-      .def_readwrite("check_values", &TO::check_values);
+  def_fields(trl_options, "presets::trl::grpo_loss", P::trl::loss_type_names, P::trl::importance_sampling_level_names);
+  trl_options.def_property_readonly(
+      "encoded", [](const TO& o) { return ulorl::encode_fields(o); },
+      "The float[] config of torch.ops.ulorl.trl_grpo_loss (ulorl::encode_fields).");
   m.def(
       "_trl_grpo_loss",
       [](const at::Tensor& per_token_logps, const at::Tensor& old_per_token_logps, const at::Tensor& advantages,
          const opt_tensor& completion_mask, const opt_tensor& ref_per_token_logps, const opt_tensor& sampling_per_token_logps,
          const opt_tensor& entropies, const opt_tensor& importance_sampling_ratio, const TO& o) {
-        constexpr std::string_view fn = "presets::trl::grpo_loss";
-        return th::detail::with_token_type(fn, "per_token_logps", per_token_logps, [&](auto tag) {
-          using T = decltype(tag);
-          const th::offsets_view padded{};
-          constexpr std::string_view ref = "per_token_logps";
-          const auto lp = th::tokens_of<const T>(fn, ref, per_token_logps, padded);
-          const mask_bytes mv = optional_mask_of<T>(fn, "completion_mask", completion_mask, padded, ref, lp);
-          P::trl::grpo_loss_inputs<T, byte> in{lp, th::tokens_of<const T>(fn, "old_per_token_logps", old_per_token_logps, padded),
-                                               mv.view, th::span_of<const T>(fn, "advantages", advantages)};
-          in.ref_per_token_logps = optional_tokens_of<const T>(fn, "ref_per_token_logps", ref_per_token_logps, padded, ref, lp);
-          in.sampling_per_token_logps =
-              optional_tokens_of<const T>(fn, "sampling_per_token_logps", sampling_per_token_logps, padded, ref, lp);
-          in.entropies = optional_tokens_of<const T>(fn, "entropies", entropies, padded, ref, lp);
-          // [B, T] or [B, 1]: the loss checks its shape.
-          in.importance_sampling_ratio = optional_tokens_of<const T>(fn, "importance_sampling_ratio", importance_sampling_ratio, padded);
-          const auto opts = at::TensorOptions().dtype(per_token_logps.scalar_type());
-          at::Tensor grad = at::zeros(per_token_logps.sizes(), opts);
-          opt_tensor grad_entropies;
-          P::trl::grpo_loss_outputs<T> out{th::tokens_of<T>(fn, "grad_per_token_logps", grad, padded)};
-          if (o.entropy_coef != 0.0 && entropies) {
-            grad_entropies = at::zeros(entropies->sizes(), opts);
-            out.grad_entropies = th::tokens_of<T>(fn, "grad_entropies", *grad_entropies, padded);
-          }
-          P::trl::grpo_loss_result r;
-          {
-            const py::gil_scoped_release nogil;
-            r = P::trl::grpo_loss(in, out, o, th::torch_executor{});
-          }
-          ulorl::policy_loss_result parts;
-          parts.loss = r.loss, parts.pg_loss = r.pg_loss, parts.kl_loss = r.kl_loss, parts.entropy_loss = r.entropy_loss;
-          parts.metrics = r.metrics;
-          py::dict metrics = result_dict(parts);
-          const auto put = [&](const char* name, const std::optional<double>& v) {
-            if (v) metrics[name] = *v;
-          };
-          put("clip_ratio/low_mean", r.clip_ratio_low_mean);
-          put("clip_ratio/high_mean", r.clip_ratio_high_mean);
-          put("clip_ratio/region_mean", r.clip_ratio_region_mean);
-          put("cispo_clip_ratio", r.cispo_clip_ratio);
-          put("vespo_phi_seq_mean", r.vespo_phi_seq_mean);
-          put("entropy", r.entropy_mean);
-          put("kl", r.kl_mean);
-          return py::make_tuple(r.loss, grad, grad_entropies, metrics);
+        const th::trl_grpo_loss_tensors extra{or_undefined(completion_mask), or_undefined(ref_per_token_logps),
+                                              or_undefined(sampling_per_token_logps), or_undefined(entropies),
+                                              or_undefined(importance_sampling_ratio)};
+        th::trl_grpo_loss_output out;
+        {
+          const py::gil_scoped_release nogil;
+          out = th::trl_grpo_loss(per_token_logps, old_per_token_logps, advantages, o, extra);
+        }
+        const P::trl::grpo_loss_result& r = out.result;
+        ulorl::policy_loss_result parts;
+        parts.loss = r.loss, parts.pg_loss = r.pg_loss, parts.kl_loss = r.kl_loss, parts.entropy_loss = r.entropy_loss;
+        parts.metrics = r.metrics;
+        py::dict metrics = result_dict(parts);
+        // TRL's logged metrics: the result's optional fields, by their table's names (present where TRL logs them).
+        visit_fields(r, [&](std::string_view name, const auto& v) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(v)>, std::optional<double>>)
+            if (v) metrics[py::str(std::string(name))] = *v;
         });
+        return py::make_tuple(out.loss, metrics);
       },
       "per_token_logps"_a, "old_per_token_logps"_a, "advantages"_a, "completion_mask"_a, "ref_per_token_logps"_a,
       "sampling_per_token_logps"_a, "entropies"_a, "importance_sampling_ratio"_a, "options"_a);
@@ -750,24 +642,9 @@ void bind_loss_passes(py::module_& m) {
                                "default-made one holds Liger's defaults.");
   liger_options.def(py::init<>())
       .def_property_readonly("uses_num_items", [](const LO& o) { return P::liger::uses_num_items(o); },
-                             "Whether the loss type divides by num_items_in_batch (dapo, cispo, luspo, vespo).")
-      .def_readwrite("beta", &LO::beta)
-      .def_readwrite("use_ref_model", &LO::use_ref_model)
-      .def_readwrite("epsilon_low", &LO::epsilon_low)
-      .def_readwrite("epsilon_high", &LO::epsilon_high);
-  name_property(liger_options, "loss_type", &LO::loss_type, P::trl::loss_type_names, &P::liger::loss_type_from_name);
-  liger_options.def_readwrite("max_completion_length", &LO::max_completion_length);
-  name_property(liger_options, "importance_sampling_level", &LO::importance_sampling_level,
-                P::liger::importance_sampling_level_names, &P::liger::importance_sampling_level_from_name);
-  liger_options.def_readwrite("sapo_temperature_pos", &LO::sapo_temperature_pos)
-      .def_readwrite("sapo_temperature_neg", &LO::sapo_temperature_neg)
-      .def_readwrite("temperature", &LO::temperature)
-      .def_readwrite("delta", &LO::delta)
-      .def_readwrite("use_bias_correction_kl", &LO::use_bias_correction_kl)
-      .def_readwrite("vespo_k_pos", &LO::vespo_k_pos)
-      .def_readwrite("vespo_lambda_pos", &LO::vespo_lambda_pos)
-      .def_readwrite("vespo_k_neg", &LO::vespo_k_neg)
-      .def_readwrite("vespo_lambda_neg", &LO::vespo_lambda_neg);
+                             "Whether the loss type divides by num_items_in_batch (dapo, cispo, luspo, vespo).");
+  def_fields(liger_options, "presets::liger::fused_linear_grpo", P::trl::loss_type_names,
+             P::liger::importance_sampling_level_names);
   m.def("_liger_validate", [](const LO& o) { P::liger::validate(o); }, "options"_a);
   m.def(
       "_liger_fused_linear_grpo",

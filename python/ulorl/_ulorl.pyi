@@ -149,6 +149,7 @@ class TRLGRPOLossOptions:
     top_entropy_quantile: float
     entropy_coef: float
     check_values: bool
+    encoded: List[float]  # the float[] config of torch.ops.ulorl.trl_grpo_loss
     def __init__(self) -> None: ...
 
 class TRLAdaptiveEntropyParams:
@@ -411,7 +412,7 @@ def _trl_grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Ten
                    completion_mask: Optional[torch.Tensor], ref_per_token_logps: Optional[torch.Tensor],
                    sampling_per_token_logps: Optional[torch.Tensor], entropies: Optional[torch.Tensor],
                    importance_sampling_ratio: Optional[torch.Tensor], options: TRLGRPOLossOptions
-                   ) -> Tuple[float, torch.Tensor, Optional[torch.Tensor], Dict[str, float]]: ...
+                   ) -> Tuple[torch.Tensor, Dict[str, float]]: ...
 def _liger_validate(options: LigerFusedLinearGRPOOptions) -> None: ...
 def _liger_fused_linear_grpo(options: LigerFusedLinearGRPOOptions, counts: BatchCounts,
                              num_items_in_batch: Optional[float], world_size: float) -> Dict[str, Any]: ...

@@ -20,7 +20,8 @@ from ulorl import _ulorl
 
 OPS = ["policy_loss", "_policy_loss_forward", "logits_statistics", "_logits_statistics_forward", "_logits_statistics_backward",
        "agg_loss", "_agg_loss_forward", "kl_penalty", "_kl_penalty_forward", "policy_loss_from_logits",
-       "_policy_loss_from_logits_forward", "linear_head_policy_loss", "_linear_head_policy_loss_forward"]
+       "_policy_loss_from_logits_forward", "linear_head_policy_loss", "_linear_head_policy_loss_forward",
+       "trl_grpo_loss", "_trl_grpo_loss_forward"]
 
 
 def _encode(**options):
@@ -237,6 +238,13 @@ def test_the_cpp_adapter_and_python_give_the_same_bits():
     _same(c["rc_keep"], rc_keep)
     s = dict(zip(_ulorl.record_fields("rollout_correction_statistics"), stats.tolist()))
     _same([c["rc_kl"]], [-s["log_ratio_sum"] / s["tokens"]])  # kl = sum (rollout - old) m / N, x = old - rollout
+    dppo = _ulorl.record_defaults("dppo_config")
+    names = _ulorl.record_fields("dppo_config")
+    dppo[names.index("delta_low")], dppo[names.index("delta_high")] = 0.02, 0.03
+    w, stats = torch.ops.ulorl.dppo_weights(old, lp, adv_tok, mask, _bits_inputs(torch.float64)[5], None, dppo)
+    _same(c["dppo_weights"], w)
+    dropped = dict(zip(_ulorl.record_fields("token_selection_stats"), stats.tolist()))["dropped_fraction"]
+    _same([c["dppo_dropped"]], [dropped])
 
 
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
@@ -482,10 +490,107 @@ def test_opcheck_passes_for_the_public_operators():
              (torch.ops.ulorl.linear_head_policy_loss.default,
               (torch.randn(21, 5, requires_grad=True), torch.randn(9, 5, requires_grad=True),
                torch.randn(9, requires_grad=True), torch.randint(0, 9, (21,)), old, adv, mask, ref, None, None, None,
-               enc, 0.7, True, False, 4, 1 << 20))]
+               enc, 0.7, True, False, 4, 1 << 20)),
+             (torch.ops.ulorl.trl_grpo_loss.default,
+              (lp.detach().clone().requires_grad_(), old, adv[:, 0].contiguous(), mask, ref, None,
+               ent.detach().clone().requires_grad_(), None,
+               _trl_case(loss_type="dapo", beta=0.04, entropy_coef=0.01)[-1].encoded))]
     for op, args in cases:
         result = torch.library.opcheck(op, args)  # schema, autograd registration, FakeTensor, AOT dispatch
         assert set(result.values()) == {"SUCCESS"}, (op, result)
+
+
+# ---- trl_grpo_loss ------------------------------------------------------------------------------------
+
+def _trl_case(dtype=torch.float64, seed=7, **options):
+    """A padded TRL batch ([B] advantages, bool completion mask) and TRLGRPOLossOptions with `options`."""
+    lp, old, adv_tok, mask, ref, ent = _batch(dtype, b=4, t=9, seed=seed)
+    o = _ulorl.TRLGRPOLossOptions()
+    for k, v in options.items():
+        setattr(o, k, v)
+    return lp, old, adv_tok[:, 0].contiguous(), mask, ref, ent, o
+
+
+TRL_CASES = [dict(loss_type="dapo", beta=0.04, entropy_coef=0.01, epsilon_high=0.28),
+             dict(loss_type="cispo", importance_sampling_level="sequence", beta=0.04, use_bias_correction_kl=True),
+             dict(loss_type="sapo", importance_sampling_level="sequence", entropy_coef=0.02),
+             dict(loss_type="grpo", importance_sampling_level="sequence_token", delta=1.5)]
+
+
+@pytest.mark.parametrize("options", TRL_CASES)
+def test_trl_grpo_loss_operator_is_the_presets_loss_with_its_gradients(options):
+    lp, old, adv, mask, ref, ent, o = _trl_case(**options)
+    x, e = lp.clone().requires_grad_(), ent.clone().requires_grad_()
+    loss, result = torch.ops.ulorl.trl_grpo_loss(x, old, adv, mask, ref, None, e, None, o.encoded)
+    loss.backward()
+    y, f = lp.clone().requires_grad_(), ent.clone().requires_grad_()
+    kw = {k: v for k, v in options.items()}
+    loss2, m = ulorl.presets.trl.grpo_loss(y, old, adv, mask, ref_per_token_logps=ref, entropies=f, **kw)
+    loss2.backward()
+    assert loss.item() == loss2.item() == m["loss"]
+    assert torch.equal(x.grad, y.grad)
+    if o.entropy_coef != 0.0:
+        assert torch.equal(e.grad, f.grad) and e.grad.abs().sum() > 0
+    else:
+        assert e.grad is None
+    names = _ulorl.record_fields("trl_grpo_loss_result")
+    assert len(names) == result.numel() and names[:4] == ["loss", "pg_loss", "kl_loss", "entropy_loss"]
+    assert result[0].item() == loss.item()
+    # The composite kernel (inference mode) gives the same loss and result; meta tensors the shapes.
+    with torch.inference_mode():
+        loss_i, result_i = torch.ops.ulorl.trl_grpo_loss(lp, old, adv, mask, ref, None, ent, None, o.encoded)
+    assert loss_i.item() == loss.item() and torch.equal(result_i, result)
+    meta = [t.to("meta") for t in (lp, old, adv, mask, ref, ent)]
+    loss_m, result_m = torch.ops.ulorl.trl_grpo_loss(*meta[:5], None, meta[5], None, o.encoded)
+    assert loss_m.is_meta and loss_m.shape == () and loss_m.dtype == lp.dtype and result_m.shape == result.shape
+
+
+def test_trl_options_are_the_field_table_and_encode_as_it_reads():
+    settable = [n for n, v in vars(_ulorl.TRLGRPOLossOptions).items() if isinstance(v, property) and v.fset]
+    names = _ulorl.record_fields("trl_grpo_loss_options")
+    assert settable == [n for n in names if not n.endswith(".value")]
+    o = _ulorl.TRLGRPOLossOptions()
+    assert o.encoded == _ulorl.record_defaults("trl_grpo_loss_options")
+    o.loss_type, o.epsilon_high, o.importance_sampling_level = "vespo", 0.3, "sequence"
+    enc = dict(zip(names, o.encoded))
+    assert enc["loss_type"] == 7 and enc["epsilon_high"] == 1 and enc["epsilon_high.value"] == 0.3
+    assert enc["importance_sampling_level"] == 1
+    assert (o.loss_type, o.importance_sampling_level) == ("vespo", "sequence")
+
+
+def test_trl_grpo_loss_operator_errors_and_double_backward():
+    lp, old, adv, mask, ref, ent, o = _trl_case(beta=0.04)
+    lp.requires_grad_()
+    loss, _ = torch.ops.ulorl.trl_grpo_loss(lp, old, adv, mask, ref, None, None, None, o.encoded)
+    (g,) = torch.autograd.grad(loss, lp, create_graph=True)
+    with pytest.raises((ulorl.Error, RuntimeError), match="is differentiable once"):
+        g.sum().backward()
+    with pytest.raises(ValueError, match="argument 'ref_per_token_logps'"):
+        torch.ops.ulorl.trl_grpo_loss(lp.detach(), old, adv, mask, ref[:, :-1], None, None, None, o.encoded)
+    with pytest.raises(ValueError, match="argument 'completion_mask'"):
+        torch.ops.ulorl.trl_grpo_loss(lp.detach(), old, adv, mask.to("meta"), ref, None, None, None, o.encoded)
+    with pytest.raises(ValueError, match="config"):
+        torch.ops.ulorl.trl_grpo_loss(lp.detach(), old, adv, mask, ref, None, None, None, o.encoded[:-1])
+    with pytest.raises(ulorl.Error, match="loss_type"):
+        o.loss_type = "nope"
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2")
+def test_a_trl_grpo_step_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradients(compiles_like_eager):
+    lp0, old, adv, mask, ref, ent0, o = _trl_case(torch.float32, **TRL_CASES[0])
+    enc = o.encoded
+
+    def step(lp, ent):
+        loss, result = torch.ops.ulorl.trl_grpo_loss(lp * 1.0, old, adv, mask, ref, None, ent, None, enc)
+        return loss * 2.0, result
+
+    def run(fn):
+        lp, ent = lp0.clone().requires_grad_(), ent0.clone().requires_grad_()
+        loss, result = fn(lp, ent)
+        loss.backward()
+        return loss.detach(), result, lp.grad, ent.grad
+
+    compiles_like_eager(step, run)
 
 
 @pytest.mark.parametrize("field", ["objective", "kl_estimator", "seq_gradient", "surrogate"])

@@ -1,7 +1,8 @@
 """The batch operators of torch.ops.ulorl (ulorl/adapters/torch/ops_batch.hpp: advantages, token
-broadcast, masks, filters, rollout correction, overlong shaping). Each is registered with its schema; called directly
-it gives the same bits as the ulorl function that wraps it (whose values the other test files check
-against float64 oracles); on meta tensors it gives the CPU call's shapes and dtypes; its outputs
+broadcast, masks, filters, rollout correction, token selection, overlong shaping). Each is registered
+with its schema; called directly it gives the same bits as the ulorl function that wraps it (whose
+values the other test files check against float64 oracles), or, for the token-selection passes,
+their formulas written here in float64; on meta tensors it gives the CPU call's shapes and dtypes; its outputs
 never require grad; a malformed config is an error naming the field; the records it carries are
 named by ulorl._ulorl.record_fields."""
 
@@ -86,7 +87,59 @@ def _cases(d):
          (ulorl.overlong_penalty(d["lengths"], "dapo", max_length=100, buffer_length=20, penalty_factor=0.5),)),
         ("soft_overlong_penalties", (d["lengths"], _config("soft_overlong_config", max_length=100, cache_length=20)),
          (ulorl.overlong_penalty(d["lengths"], "trl", max_length=100, cache_length=20),)),
+        ("dppo_weights",
+         (d["old"], d["lp"], d["tok_rewards"], d["mask"], d["spp"], None,
+          _config("dppo_config", delta_low=0.02, delta_high=0.03, ratio_cap=1.1)),
+         (_dppo_tv(d, 0.02, 0.03, 1.1),)),
+        ("kl_cov_selection", (d["old"], d["lp"], d["tok_rewards"], d["mask"], None, _config("kl_cov_config", fraction=0.1)),
+         (_kl_cov(d, 0.1),)),
+        ("clip_cov_weights",
+         (d["old"], d["lp"], d["tok_rewards"], d["mask"], _clip_cov_draw(d, 0.1), d["spp"], None,
+          _config("clip_cov_config", fraction=0.1, cov_lower=-1.0, cov_upper=1.0)),
+         (d["spp"] * (1 - _clip_cov_draw(d, 0.1)),)),
     ]
+
+
+def _cov(d):
+    """(A - mean A)(logp - mean logp) over the valid tokens, and the valid tokens' mask."""
+    m = d["mask"]
+    a, lp = d["tok_rewards"], d["lp"]
+    return (a - a[m].mean()) * (lp - lp[m].mean()), m
+
+
+def _dppo_tv(d, dl, dh, cap):
+    """DPPO Binary-TV in float64: w min(r, cap) v, v = [p - p0 <= dh] for A > 0, [p - p0 >= -dl] else."""
+    lp, old, a = d["lp"].double(), d["old"].double(), d["tok_rewards"].double()
+    diff = lp.exp() - old.exp()
+    v = torch.where(a > 0, diff <= dh, diff >= -dl)
+    r = (lp - old).clamp(-20, 20).exp()
+    return (d["spp"].double() * torch.minimum(r, torch.tensor(cap, dtype=torch.float64)) * v).to(d["lp"].dtype)
+
+
+def _kl_cov(d, fraction):
+    """KL-Cov: 1 on the max(1, floor(n fraction)) valid tokens of largest cov (ties by position)."""
+    cov, m = _cov(d)
+    flat = cov.flatten()[m.flatten()]
+    pos = torch.nonzero(m.flatten()).flatten()
+    k = max(1, int(flat.numel() * fraction))
+    order = sorted(range(flat.numel()), key=lambda i: (-flat[i].item(), i))[:k]
+    out = torch.zeros(cov.numel(), dtype=d["lp"].dtype)
+    out[pos[order]] = 1
+    return out.reshape(cov.shape)
+
+
+def _clip_cov_draw(d, fraction):
+    """A valid Clip-Cov draw: the first min(max(floor(n fraction), 1), #candidates) candidates (valid,
+    not clipped at 0.2 / 0.2, -1 < cov < 1)."""
+    cov, m = _cov(d)
+    r = (d["lp"] - d["old"]).exp()
+    a = d["tok_rewards"]
+    clipped = -a * r.clamp(0.8, 1.2) > -a * r
+    cand = (m & ~clipped & (cov > -1.0) & (cov < 1.0)).flatten()
+    k = min(max(int(m.sum().item() * fraction), 1), int(cand.sum().item()))
+    sel = torch.zeros(cand.numel(), dtype=d["lp"].dtype)
+    sel[torch.nonzero(cand).flatten()[:k]] = 1
+    return sel.reshape(cov.shape)
 
 
 CASES = [c[0] for c in _cases(_data())]
@@ -97,7 +150,7 @@ def _as_tuple(x):
 
 
 def test_every_batch_operator_is_registered_with_its_schema():
-    assert len(CASES) == 17
+    assert len(CASES) == 20
     for name in CASES:
         schema = str(getattr(torch.ops.ulorl, name).default._schema)
         assert schema.startswith(f"ulorl::{name}(")
@@ -235,3 +288,23 @@ def test_overlong_penalties_name_a_bad_length_and_a_bad_dtype():
         torch.ops.ulorl.dapo_overlong_penalties(torch.tensor([5, 3], dtype=torch.uint8), enc)
     with pytest.raises(ValueError, match="config.buffer_length"):
         torch.ops.ulorl.dapo_overlong_penalties(torch.tensor([5, 3]), _config("dapo_overlong_config", max_length=100))
+
+
+def test_token_selection_statistics_and_errors():
+    d = _data(seed=5)
+    w, stats = torch.ops.ulorl.dppo_weights(d["old"], d["lp"], d["tok_rewards"], d["mask"], None, None,
+                                            _config("dppo_config", delta_low=0.02, delta_high=0.03))
+    s = dict(zip(_ulorl.record_fields("token_selection_stats"), stats.tolist()))
+    diff = d["lp"].exp() - d["old"].exp()
+    v = torch.where(d["tok_rewards"] > 0, diff <= 0.03, diff >= -0.02)
+    assert s["dropped_fraction"] == pytest.approx((~v)[d["mask"]].double().mean().item(), rel=1e-15)
+    assert torch.equal(w == 0, ~v)
+    # A draw marking a token that is not a candidate names the draw and the token.
+    with pytest.raises(ulorl.Error, match=r"'clip_cov_selection'\[\d+\]"):
+        torch.ops.ulorl.clip_cov_weights(d["old"], d["lp"], d["tok_rewards"], d["mask"], torch.ones(B, T, dtype=torch.float64), None, None,
+                                         _config("clip_cov_config"))
+    with pytest.raises(ulorl.Error, match="mask"):
+        torch.ops.ulorl.kl_cov_selection(d["old"], d["lp"], d["tok_rewards"], d["mask"][:, :3], None,
+                                         _config("kl_cov_config"))
+    with pytest.raises(ulorl.Error, match="rollout_is_weights"):
+        _ulorl._verl_kl_cov_selection(0.1, 1.0, d["old"], d["lp"], d["tok_rewards"], d["mask"], d["spp"][:, :3])

@@ -1,5 +1,6 @@
 // torch_ops_bits: the results of th::policy_loss, th::logits_statistics and the batch functions
-// (group advantages and their broadcast, REINFORCE++, the off-policy mask, the rollout correction)
+// (group advantages and their broadcast, REINFORCE++, the off-policy mask, the rollout correction,
+// DPPO's weights)
 // on inputs given by integer formulas, printed as JSON with every number in C's hexadecimal float format (exact). The Python
 // test tests/python/test_ops.py builds the same inputs, calls the same operators through `import
 // ulorl` and compares bit for bit (CTest passes this program's path as ULORL_TORCH_OPS_BITS).
@@ -31,6 +32,9 @@ double adv_of(std::int64_t i) { return static_cast<double>((i * 3) % 7 - 3) / 3.
 double mask_of(std::int64_t i) { return (i * 5) % 9 != 0 ? 1.0 : 0.0; }
 double ref_of(std::int64_t i) { return lp_of(i) - 0.02 * static_cast<double>(i % 3 - 1); }
 double ent_of(std::int64_t i) { return 0.5 + 0.1 * static_cast<double>(i % 4); }
+
+//! Rollout weights for the token-selection passes: the entropy formula's values.
+at::Tensor ent_weights() { return tokens(ent_of, at::kDouble); }
 
 std::string hex(double x) {
   char buf[64];
@@ -89,11 +93,13 @@ std::string batch_case() {
   const auto [rpp_adv, rpp_ret] = th::reinforce_plus_plus_advantages(adv_tok, mask, 0.9, "skip_masked");
   const auto opm = th::off_policy_mask(lp, old, adv, mask, {.delta = 0.01});
   const auto rc = th::rollout_correction(old, ref, mask, {});
+  const auto dppo = th::dppo_weights(old, lp, adv_tok, mask, ent_weights(), {.delta_low = 0.02, .delta_high = 0.03});
   return "{\"advantages\":" + hex_list(adv) + ",\"tokens\":" + hex_list(tok) +
          ",\"reinforce_plus_plus\":" + hex_list(rpp_adv) + ",\"returns\":" + hex_list(rpp_ret) +
          ",\"opm_keep\":" + hex_list(opm.keep) + ",\"opm_seq_kl\":" + hex_list(opm.seq_kl) +
          ",\"rc_weights\":" + hex_list(rc.weights) + ",\"rc_keep\":" + hex_list(rc.keep) +
-         ",\"rc_kl\":" + hex(rc.metrics.kl) + "}";
+         ",\"rc_kl\":" + hex(rc.metrics.kl) + ",\"dppo_weights\":" + hex_list(dppo.out) +
+         ",\"dppo_dropped\":" + hex(dppo.stats.dropped_fraction) + "}";
 }
 
 }  // namespace

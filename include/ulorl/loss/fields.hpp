@@ -1,5 +1,6 @@
 // ulorl/loss/fields.hpp — the field tables (core/fields.hpp) of the policy loss's configuration
-// (policy_loss_config, kl_config, agg_normalizer) and result (policy_loss_result), the records the
+// (policy_loss_config, kl_config, agg_normalizer), result (policy_loss_result) and token-selection
+// passes (dppo_config, kl_cov_config, clip_cov_config, token_selection_stats), the records the
 // loss operators carry: `float[]` in, one float64 tensor out. The rollout correction's tables are
 // beside its structs (rollout_correction/config.hpp, statistics.hpp). A member added to the result
 // and not to its table fails a size check at compile time; the configuration's round trip is tested.
@@ -20,6 +21,7 @@
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/fields.hpp"
 #include "ulorl/loss/policy_loss_types.hpp"
+#include "ulorl/loss/token_selection.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -79,6 +81,30 @@ constexpr void visit_fields(C& c, F&& f) {
   f("kl_importance_weighted", c.importance_weighted);
 }
 
+//! f(name, field&) for every field of the token-selection passes' configurations and statistics
+//! (loss/token_selection.hpp).
+template <class C, class F>
+  requires ulorl::detail::record_of<C, dppo_config>
+constexpr void visit_fields(C& c, F&& f) {
+  f("divergence", c.divergence), f("delta_low", c.delta_low), f("delta_high", c.delta_high);
+  f("ratio_cap", c.ratio_cap);
+}
+template <class C, class F>
+  requires ulorl::detail::record_of<C, kl_cov_config>
+constexpr void visit_fields(C& c, F&& f) { f("fraction", c.fraction); }
+template <class C, class F>
+  requires ulorl::detail::record_of<C, clip_cov_config>
+constexpr void visit_fields(C& c, F&& f) {
+  f("eps_low", c.eps_low), f("eps_high", c.eps_high), f("fraction", c.fraction);
+  f("cov_lower", c.cov_lower), f("cov_upper", c.cov_upper);
+}
+template <class S, class F>
+  requires ulorl::detail::record_of<S, token_selection_stats>
+constexpr void visit_fields(S& s, F&& f) {
+  f("dropped_fraction", s.dropped_fraction), f("capped_fraction", s.capped_fraction);
+  f("mean_abs_log_ratio", s.mean_abs_log_ratio);
+}
+
 //! f(name, field&) for every field of an aggregation normaliser.
 template <class C, class F>
   requires ulorl::detail::record_of<C, agg_normalizer>
@@ -100,14 +126,10 @@ constexpr void visit_fields(C& c, F&& f) {
   f("rollout", c.rollout), f("rollout_batch_norm_factor", c.rollout_batch_norm_factor);
 }
 
-//! f(name, field&) for every field of a policy_loss_result (doubles, and the rollout correction's
-//! statistics, visited whole): the loss and its parts, the loss metrics' sums, the statistics
-//! ("rollout.*") and nonfinite_grad_rows.
-template <class R, class F>
-  requires ulorl::detail::record_of<R, policy_loss_result>
-constexpr void visit_fields(R& r, F&& f) {
-  f("loss", r.loss), f("pg_loss", r.pg_loss), f("kl_loss", r.kl_loss), f("entropy_loss", r.entropy_loss);
-  auto& m = r.metrics;
+//! f(name, field&) for every field of the loss metrics' sums (loss/metrics.hpp).
+template <class M, class F>
+  requires ulorl::detail::record_of<M, loss_metrics>
+constexpr void visit_fields(M& m, F&& f) {
   f("tokens", m.tokens), f("sequences", m.sequences), f("rows", m.rows), f("clipped", m.clipped);
   f("clipped_low", m.clipped_low), f("clipped_high", m.clipped_high), f("dual_clipped", m.dual_clipped);
   f("neg_log_ratio", m.neg_log_ratio), f("neg_log_ratio_clamped", m.neg_log_ratio_clamped);
@@ -115,6 +137,16 @@ constexpr void visit_fields(R& r, F&& f) {
   f("ratio_max", m.ratio_max), f("kl_sum", m.kl_sum), f("entropy_sum", m.entropy_sum);
   f("seq_clipped_low", m.seq_clipped_low), f("seq_clipped_high", m.seq_clipped_high);
   f("seq_clipped_region", m.seq_clipped_region);
+}
+
+//! f(name, field&) for every field of a policy_loss_result (doubles, and the rollout correction's
+//! statistics, visited whole): the loss and its parts, the loss metrics' sums, the statistics
+//! ("rollout.*") and nonfinite_grad_rows.
+template <class R, class F>
+  requires ulorl::detail::record_of<R, policy_loss_result>
+constexpr void visit_fields(R& r, F&& f) {
+  f("loss", r.loss), f("pg_loss", r.pg_loss), f("kl_loss", r.kl_loss), f("entropy_loss", r.entropy_loss);
+  visit_fields(r.metrics, f);
   f("rollout", r.rollout);
   f("nonfinite_grad_rows", r.nonfinite_grad_rows);
 }
@@ -131,6 +163,14 @@ template <>
 inline constexpr std::string_view record_name<rollout_correction::config> = "rollout_correction_config";
 template <>
 inline constexpr std::string_view record_name<rollout_correction::statistics> = "rollout_correction_statistics";
+template <>
+inline constexpr std::string_view record_name<dppo_config> = "dppo_config";
+template <>
+inline constexpr std::string_view record_name<kl_cov_config> = "kl_cov_config";
+template <>
+inline constexpr std::string_view record_name<clip_cov_config> = "clip_cov_config";
+template <>
+inline constexpr std::string_view record_name<token_selection_stats> = "token_selection_stats";
 
 //! Number of doubles of an encoded policy_loss_config.
 inline constexpr std::size_t encoded_config_size = encoded_size_of<policy_loss_config>;

@@ -26,6 +26,7 @@
 
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/fields.hpp"
 #include "ulorl/loss/aggregation.hpp"
 #include "ulorl/loss/kl.hpp"
 #include "ulorl/loss/objectives.hpp"
@@ -76,6 +77,19 @@ struct fused_linear_grpo_options {
   double vespo_k_neg = trl::defaults::vespo_k_neg;
   double vespo_lambda_neg = trl::defaults::vespo_lambda_neg;
 };
+
+//! f(name, field&) for every option, by Liger's constructor names (core/fields.hpp: the Python
+//! options are this table).
+template <class C, class F>
+  requires ulorl::detail::record_of<C, fused_linear_grpo_options>
+constexpr void visit_fields(C& c, F&& f) {
+  f("beta", c.beta), f("use_ref_model", c.use_ref_model), f("epsilon_low", c.epsilon_low);
+  f("epsilon_high", c.epsilon_high), f("loss_type", c.loss_type), f("max_completion_length", c.max_completion_length);
+  f("importance_sampling_level", c.importance_sampling_level), f("sapo_temperature_pos", c.sapo_temperature_pos);
+  f("sapo_temperature_neg", c.sapo_temperature_neg), f("temperature", c.temperature), f("delta", c.delta);
+  f("use_bias_correction_kl", c.use_bias_correction_kl), f("vespo_k_pos", c.vespo_k_pos);
+  f("vespo_lambda_pos", c.vespo_lambda_pos), f("vespo_k_neg", c.vespo_k_neg), f("vespo_lambda_neg", c.vespo_lambda_neg);
+}
 
 //! Throws ulorl::error for what Liger rejects at the call: an unknown loss type or level, the
 //! sequence level with cispo, sapo or vespo, dr_grpo without max_completion_length, and a cispo cap

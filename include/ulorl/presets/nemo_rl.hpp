@@ -27,6 +27,7 @@
 #include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/fields.hpp"
 #include "ulorl/core/ragged.hpp"
 #include "ulorl/loss/aggregation.hpp"
 #include "ulorl/loss/kl.hpp"
@@ -280,6 +281,26 @@ struct clipped_pg_loss_options {
   //! VAPO: w times the token-mean NLL of the valid tokens of rows with reward > 0 (positive_example_nll); <= 0: none.
   double positive_example_nll_weight = 0.0;
 };
+
+//! f(name, field&) for every option, by NeMo-RL's config keys (the Python options are this table;
+//! the optional truncation type makes it a table for visiting, not for encode_fields).
+template <class C, class F>
+  requires ulorl::detail::record_of<C, clipped_pg_loss_options>
+constexpr void visit_fields(C& c, F&& f) {
+  f("ratio_clip_min", c.ratio_clip_min), f("ratio_clip_max", c.ratio_clip_max), f("ratio_clip_c", c.ratio_clip_c);
+  f("token_level_loss", c.token_level_loss), f("force_on_policy_ratio", c.force_on_policy_ratio);
+  f("disable_ppo_ratio", c.disable_ppo_ratio);
+  f("use_importance_sampling_correction", c.use_importance_sampling_correction);
+  f("truncated_importance_sampling_type", c.truncated_importance_sampling_type);
+  f("truncated_importance_sampling_ratio", c.truncated_importance_sampling_ratio);
+  f("truncated_importance_sampling_ratio_min", c.truncated_importance_sampling_ratio_min);
+  f("reference_policy_kl_penalty", c.reference_policy_kl_penalty);
+  f("reference_policy_kl_type", c.reference_policy_kl_type), f("kl_input_clamp_value", c.kl_input_clamp_value);
+  f("kl_output_clamp_value", c.kl_output_clamp_value);
+  f("use_on_policy_kl_approximation", c.use_on_policy_kl_approximation);
+  f("sequence_level_importance_ratios", c.sequence_level_importance_ratios), f("use_cispo", c.use_cispo);
+  f("positive_example_nll_weight", c.positive_example_nll_weight);
+}
 
 //! Throws ulorl::error for what NeMo-RL asserts (a truncation type without
 //! use_importance_sampling_correction, ratio_clip_c <= 1), the truncation rules of

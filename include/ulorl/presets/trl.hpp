@@ -37,12 +37,14 @@
 #include "ulorl/control/entropy_controller.hpp"
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
+#include "ulorl/core/fields.hpp"
 #include "ulorl/core/parallel.hpp"
 #include "ulorl/core/ragged.hpp"
 #include "ulorl/core/simd.hpp"
 #include "ulorl/core/views.hpp"
 #include "ulorl/loss/aggregation.hpp"
 #include "ulorl/loss/entropy.hpp"
+#include "ulorl/loss/fields.hpp"
 #include "ulorl/loss/kl.hpp"
 #include "ulorl/loss/metrics.hpp"
 #include "ulorl/loss/objectives.hpp"
@@ -532,6 +534,33 @@ struct grpo_loss_result {
   std::optional<double> entropy_mean{};            //!< entropies given
   std::optional<double> kl_mean{};                 //!< beta != 0
 };
+
+//! f(name, field&) for every option of grpo_loss, by GRPOConfig's names (core/fields.hpp: the
+//! operator's `float[] config`, the Python options).
+template <class C, class F>
+  requires ulorl::detail::record_of<C, grpo_loss_options>
+constexpr void visit_fields(C& c, F&& f) {
+  f("loss_type", c.loss_type), f("epsilon", c.epsilon), f("epsilon_high", c.epsilon_high), f("delta", c.delta);
+  f("beta", c.beta), f("importance_sampling_level", c.importance_sampling_level);
+  f("use_bias_correction_kl", c.use_bias_correction_kl), f("max_completion_length", c.max_completion_length);
+  f("gradient_accumulation_steps", c.gradient_accumulation_steps), f("num_items_in_batch", c.num_items_in_batch);
+  f("num_processes", c.num_processes), f("sapo_temperature_pos", c.sapo_temperature_pos);
+  f("sapo_temperature_neg", c.sapo_temperature_neg), f("vespo_k_pos", c.vespo_k_pos);
+  f("vespo_lambda_pos", c.vespo_lambda_pos), f("vespo_k_neg", c.vespo_k_neg), f("vespo_lambda_neg", c.vespo_lambda_neg);
+  f("off_policy_mask_threshold", c.off_policy_mask_threshold), f("top_entropy_quantile", c.top_entropy_quantile);
+  f("entropy_coef", c.entropy_coef), f("check_values", c.check_values);
+}
+//! f(name, field&) for every field of grpo_loss's result: the loss parts, policy_loss's metrics'
+//! sums (loss/fields.hpp's names), then TRL's logged metrics (absent where TRL logs none).
+template <class R, class F>
+  requires ulorl::detail::record_of<R, grpo_loss_result>
+constexpr void visit_fields(R& r, F&& f) {
+  f("loss", r.loss), f("pg_loss", r.pg_loss), f("kl_loss", r.kl_loss), f("entropy_loss", r.entropy_loss);
+  visit_fields(r.metrics, f);
+  f("clip_ratio/low_mean", r.clip_ratio_low_mean), f("clip_ratio/high_mean", r.clip_ratio_high_mean);
+  f("clip_ratio/region_mean", r.clip_ratio_region_mean), f("cispo_clip_ratio", r.cispo_clip_ratio);
+  f("vespo_phi_seq_mean", r.vespo_phi_seq_mean), f("entropy", r.entropy_mean), f("kl", r.kl_mean);
+}
 
 namespace detail {
 //! A padded [rows, cols] view of scratch `v` (a std::vector, const for a view of const T).
@@ -1135,4 +1164,9 @@ template <class T, class M>
 }  // namespace ULORL_ISA
 
 }  // namespace presets::trl
+
+template <>
+inline constexpr std::string_view record_name<presets::trl::grpo_loss_options> = "trl_grpo_loss_options";
+template <>
+inline constexpr std::string_view record_name<presets::trl::grpo_loss_result> = "trl_grpo_loss_result";
 ULORL_NAMESPACE_END

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .. import _ulorl
-from .._api import _check_nan_options, _cpp_defaults, _cpp_options, _fail, _with_gradient, logprobs_from_logits
+from .._api import _check_nan_options, _cpp_defaults, _cpp_options, _fail, logprobs_from_logits
 from . import _common
 
 # GRPOConfig's defaults, as the C++ preset holds them (presets::trl::grpo_loss_options,
@@ -232,20 +232,12 @@ def _grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[torc
         raise _fail(fn, "advantages",
                     f"has shape {tuple(advantages.shape)} but 'per_token_logps' has shape "
                     f"{tuple(per_token_logps.shape)} (one advantage per completion row, [B])")
-    old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps.detach()
+    old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
     mask = _common.mask_like(completion_mask, per_token_logps)
-
-    def detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        return None if t is None else t.detach()
-
-    value, grad, grad_entropies, m = _ulorl._trl_grpo_loss(
-        per_token_logps.detach(), old, advantages.detach(), mask, detached(ref_per_token_logps),
-        detached(sampling_per_token_logps), detached(entropies), detached(importance_sampling_ratio), options)
-    loss = _with_gradient(per_token_logps, value, grad, "presets::trl::grpo_loss")
-    if grad_entropies is not None:
-        # The value is all in `loss`; this term carries d loss / d entropies.
-        loss = loss + _with_gradient(entropies, 0.0, grad_entropies, "presets::trl::grpo_loss")
-    m["loss"] = loss.item()
+    # torch.ops.ulorl.trl_grpo_loss: differentiable in per_token_logps and, with an entropy bonus, in
+    # entropies; every other tensor is a constant of the loss.
+    loss, m = _ulorl._trl_grpo_loss(per_token_logps, old, advantages, mask, ref_per_token_logps,
+                                    sampling_per_token_logps, entropies, importance_sampling_ratio, options)
     return loss, m
 
 

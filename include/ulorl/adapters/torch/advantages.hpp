@@ -10,6 +10,7 @@
 //   dynamic_sampling_filter(metric [B], groups, cfg) -> keep [B] (bool) + counts
 //   off_policy_mask(log_prob, old_log_prob, advantages, mask, cfg, offsets) -> keep, seq_kl, stats
 //   rollout_correction(old_log_prob, rollout_log_prob, mask, cfg, offsets) -> weights, keep, metrics
+//   dppo_weights, kl_cov_selection, clip_cov_weights (loss/token_selection.hpp) -> output, stats
 //   gpg_advantages, opo_advantages, reinforce_plus_plus_advantages, reinforce_plus_plus_baseline_advantages,
 //   gae_advantages, remax_advantages, pass_at_k_advantages,
 //   dapo_overlong_penalties, soft_overlong_penalties,
@@ -163,6 +164,55 @@ struct off_policy_mask_output {
       detail::batch_op<sig>("ulorl::off_policy_mask")
           .call(log_prob, old_log_prob, advantages, opt(mask), opt(offsets), encode_fields(cfg));
   return {keep, seq_kl, detail::record_from<off_policy_mask_stats>("off_policy_mask", stats)};
+}
+
+//! A token-selection pass's output (in log_prob's shape and dtype) and its statistics.
+struct token_selection_output {
+  at::Tensor out;
+  token_selection_stats stats;
+};
+//! DPPO's weights w min(r, c) v (loss/token_selection.hpp); rollout_is_weights undefined: w = 1.
+[[nodiscard]] inline token_selection_output dppo_weights(const at::Tensor& old_log_prob, const at::Tensor& log_prob,
+                                                         const at::Tensor& advantages, const at::Tensor& mask,
+                                                         const at::Tensor& rollout_is_weights, const dppo_config& cfg,
+                                                         const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const o&,
+                                                 const o&, const o&, c10::ArrayRef<double>);
+  auto [w, stats] = detail::batch_op<sig>("ulorl::dppo_weights")
+                        .call(old_log_prob, log_prob, advantages, opt(mask), opt(rollout_is_weights), opt(offsets),
+                              encode_fields(cfg));
+  return {w, detail::record_from<token_selection_stats>("dppo_weights", stats)};
+}
+//! KL-Cov's selection (1 on the selected tokens, 0 elsewhere; loss/token_selection.hpp).
+[[nodiscard]] inline token_selection_output kl_cov_selection(const at::Tensor& old_log_prob, const at::Tensor& log_prob,
+                                                             const at::Tensor& advantages, const at::Tensor& mask,
+                                                             const kl_cov_config& cfg, const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const o&,
+                                                 const o&, c10::ArrayRef<double>);
+  auto [sel, stats] = detail::batch_op<sig>("ulorl::kl_cov_selection")
+                          .call(old_log_prob, log_prob, advantages, opt(mask), opt(offsets), encode_fields(cfg));
+  return {sel, detail::record_from<token_selection_stats>("kl_cov_selection", stats)};
+}
+//! Clip-Cov's weights w (1 - selection) for the caller's draw `clip_cov_selection` (checked;
+//! loss/token_selection.hpp).
+[[nodiscard]] inline token_selection_output clip_cov_weights(const at::Tensor& old_log_prob, const at::Tensor& log_prob,
+                                                             const at::Tensor& advantages, const at::Tensor& mask,
+                                                             const at::Tensor& clip_cov_selection,
+                                                             const at::Tensor& rollout_is_weights,
+                                                             const clip_cov_config& cfg,
+                                                             const at::Tensor& offsets = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const o&,
+                                                 const at::Tensor&, const o&, const o&, c10::ArrayRef<double>);
+  auto [w, stats] = detail::batch_op<sig>("ulorl::clip_cov_weights")
+                        .call(old_log_prob, log_prob, advantages, opt(mask), clip_cov_selection,
+                              opt(rollout_is_weights), opt(offsets), encode_fields(cfg));
+  return {w, detail::record_from<token_selection_stats>("clip_cov_weights", stats)};
 }
 
 //! The rollout correction of one batch (loss/rollout_correction.hpp's apply): importance weights in

@@ -13,10 +13,15 @@
 //                      workspace_budget=256 MiB) -> (loss, result, log_prob, entropy)
 //   ulorl::agg_loss(loss_mat, mask?, offsets?, float[] normalizer) -> loss
 //   ulorl::kl_penalty(log_prob, ref_log_prob, offsets?, float[] config) -> kl
+//   ulorl::trl_grpo_loss(per_token_logps, old_per_token_logps, advantages, completion_mask?,
+//                      ref_per_token_logps?, sampling_per_token_logps?, entropies?,
+//                      importance_sampling_ratio?, float[] config) -> (loss, result)
+//                      (presets::trl::grpo_loss: TRL's GRPOTrainer loss, padded [B, T])
 // and the non-differentiable primitives they are built of (`_policy_loss_forward`,
 // `_logits_statistics_forward`, `_logits_statistics_backward`, `_policy_loss_from_logits_forward`,
 // `_linear_head_policy_loss_forward` (its arguments and `bool[3] output_mask`: which of the
 // gradients of hidden, weight, bias to compute), `_agg_loss_forward`, `_kl_penalty_forward`,
+// `_trl_grpo_loss_forward`,
 // each returning the values and the gradients the autograd kernels keep), and the batch operators
 // of ops_batch.hpp (advantages, masks, filters, rollout correction). Kernels per dispatch key:
 //   CPU     ulorl's CPU kernels (the installed ISA variants) on torch's intra-op pool;
@@ -30,9 +35,10 @@
 //           under torch.inference_mode and below autograd; the primitives pass autograd by
 //           (their outputs never require grad).
 // `config` is encode_fields of a policy_loss_config, resp. kl_config, and `normalizer` of an
-// agg_normalizer (core/fields.hpp, the tables in loss/fields.hpp); `result` is one float64
-// tensor [encoded_result_size], decode_result's input: the loss parts, the metrics' sums and the
-// rollout correction's statistics.
+// agg_normalizer (core/fields.hpp, the tables in loss/fields.hpp), and trl_grpo_loss's of a
+// presets::trl::grpo_loss_options; `result` is one float64 tensor [encoded_result_size],
+// decode_result's input: the loss parts, the metrics' sums and the rollout correction's
+// statistics (trl_grpo_loss: an encoded presets::trl::grpo_loss_result).
 //
 // register_ops() registers the library once per process (the first caller; the Python module calls
 // it at import). If another copy of ulorl in the process (the Python module beside a C++ library)
@@ -73,6 +79,7 @@
 #include "ulorl/loss/fields.hpp"
 #include "ulorl/loss/kl.hpp"
 #include "ulorl/loss/policy_loss.hpp"
+#include "ulorl/presets/trl.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -118,6 +125,10 @@ inline constexpr std::string_view agg_loss_args =
     "(Tensor loss_mat, Tensor? mask, Tensor? offsets, float[] normalizer)";
 inline constexpr std::string_view kl_penalty_args =
     "(Tensor log_prob, Tensor ref_log_prob, Tensor? offsets, float[] config)";
+inline constexpr std::string_view trl_grpo_loss_args =
+    "(Tensor per_token_logps, Tensor old_per_token_logps, Tensor advantages, Tensor? completion_mask, "
+    "Tensor? ref_per_token_logps, Tensor? sampling_per_token_logps, Tensor? entropies, "
+    "Tensor? importance_sampling_ratio, float[] config)";
 
 [[nodiscard]] inline std::vector<std::string> schemas() {
   const auto s = [](std::string_view name, std::string_view args, std::string_view ret) {
@@ -136,8 +147,7 @@ inline constexpr std::string_view kl_penalty_args =
       s("_policy_loss_from_logits_forward", logits_loss_args(),
         "(Tensor loss, Tensor grad_logits, Tensor log_prob, Tensor entropy, Tensor result)"),
       s("policy_loss_from_logits", logits_loss_args(), "(Tensor loss, Tensor result, Tensor log_prob, Tensor entropy)"),
-      s("_linear_head_policy_loss_forward",
-        "(" + head_loss_params() + ", bool[3] output_mask=[True, True, True])",
+      s("_linear_head_policy_loss_forward", "(" + head_loss_params() + ", bool[3] output_mask=[True, True, True])",
         "(Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias, Tensor log_prob, Tensor entropy, "
         "Tensor result)"),
       s("linear_head_policy_loss", "(" + head_loss_params() + ")",
@@ -145,7 +155,10 @@ inline constexpr std::string_view kl_penalty_args =
       s("_agg_loss_forward", agg_loss_args, "(Tensor loss, Tensor grad)"),
       s("agg_loss", agg_loss_args, "Tensor"),
       s("_kl_penalty_forward", kl_penalty_args, "(Tensor kl, Tensor grad)"),
-      s("kl_penalty", kl_penalty_args, "Tensor")};
+      s("kl_penalty", kl_penalty_args, "Tensor"),
+      s("_trl_grpo_loss_forward", trl_grpo_loss_args,
+        "(Tensor loss, Tensor grad_per_token_logps, Tensor grad_entropies, Tensor result)"),
+      s("trl_grpo_loss", trl_grpo_loss_args, "(Tensor loss, Tensor result)")};
 }
 
 namespace detail {
@@ -278,7 +291,8 @@ inline std::atomic<policy_loss_forward_kernel> cuda_policy_loss_forward{nullptr}
 inline std::vector<std::string> operators_without_cuda() {
   std::vector<std::string> names = {
       "_logits_statistics_forward", "_logits_statistics_backward",      "_agg_loss_forward",
-      "_kl_penalty_forward",        "_policy_loss_from_logits_forward", "_linear_head_policy_loss_forward"};
+      "_kl_penalty_forward",        "_policy_loss_from_logits_forward", "_linear_head_policy_loss_forward",
+      "_trl_grpo_loss_forward"};
   for (const std::string& s : batch_schemas()) names.push_back(s.substr(0, s.find('(')));
   return names;
 }
@@ -992,6 +1006,142 @@ inline at::Tensor kl_penalty_composite(const at::Tensor& log_prob, const at::Ten
       op<kl_penalty_forward_sig>("ulorl::_kl_penalty_forward").call(log_prob, ref_log_prob, offsets, config));
 }
 
+// ---- TRL's GRPO loss ---------------------------------------------------------------------------------------
+
+using trl_grpo_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
+    const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>);
+using trl_grpo_loss_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                             const opt_tensor&, const opt_tensor&, const opt_tensor&,
+                                                             const opt_tensor&, const opt_tensor&,
+                                                             c10::ArrayRef<double>);
+
+//! The forward primitive of trl_grpo_loss: CPU (Meta = false) or shapes only. The loss is 0-dim in
+//! per_token_logps' dtype, the gradients in their tensors' shapes (grad_entropies [0] without an
+//! entropy bonus), the result an encoded presets::trl::grpo_loss_result.
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> trl_grpo_loss_forward(
+    const at::Tensor& per_token_logps, const at::Tensor& old_per_token_logps, const at::Tensor& advantages,
+    const opt_tensor& completion_mask, const opt_tensor& ref_per_token_logps,
+    const opt_tensor& sampling_per_token_logps, const opt_tensor& entropies,
+    const opt_tensor& importance_sampling_ratio, c10::ArrayRef<double> config) {
+  namespace P = presets::trl;
+  constexpr std::string_view fn = "presets::trl::grpo_loss";
+  constexpr std::string_view lp_name = "per_token_logps";
+  const at::Tensor m = value_or_undefined(completion_mask), r = value_or_undefined(ref_per_token_logps),
+                   sp = value_or_undefined(sampling_per_token_logps), e = value_or_undefined(entropies),
+                   q = value_or_undefined(importance_sampling_ratio);
+  th::detail::require_same_device(fn, lp_name, per_token_logps,
+                                  {{"old_per_token_logps", &old_per_token_logps},
+                                   {"advantages", &advantages},
+                                   {"completion_mask", &m},
+                                   {"ref_per_token_logps", &r},
+                                   {"sampling_per_token_logps", &sp},
+                                   {"entropies", &e},
+                                   {"importance_sampling_ratio", &q}});
+  const auto o =
+      decode_fields<P::grpo_loss_options>(fn, "config", std::span<const double>(config.data(), config.size()));
+  const auto opts = per_token_logps.options().dtype(token_dtype(fn, per_token_logps, lp_name));
+  const bool entropy_grad = o.entropy_coef != 0.0 && e.defined();
+  if constexpr (Meta) {
+    return {at::empty({}, opts), at::empty(per_token_logps.sizes(), opts),
+            entropy_grad ? at::empty(e.sizes(), opts) : at::empty({0}, opts),
+            at::empty({static_cast<std::int64_t>(encoded_size_of<P::grpo_loss_result>)}, opts.dtype(at::kDouble))};
+  } else {
+    const offsets_view padded{};
+    return with_token_type(fn, lp_name, per_token_logps, [&](auto tag) {
+      using T = decltype(tag);
+      using M = std::uint8_t;
+      const auto lp = tokens_of<const T>(fn, lp_name, per_token_logps, padded);
+      const at::Tensor mask = byte_mask<T>(fn, "completion_mask", m, padded);
+      const auto optional = [&](std::string_view arg, const at::Tensor& t) {
+        return optional_tokens_of<const T>(fn, arg, t, padded, lp_name, lp);
+      };
+      P::grpo_loss_inputs<T, M> in{lp, tokens_of<const T>(fn, "old_per_token_logps", old_per_token_logps, padded),
+                                   optional_tokens_of<const M>(fn, "completion_mask", mask, padded, lp_name, lp),
+                                   span_of<const T>(fn, "advantages", advantages)};
+      in.ref_per_token_logps = optional("ref_per_token_logps", r);
+      in.sampling_per_token_logps = optional("sampling_per_token_logps", sp);
+      in.entropies = optional("entropies", e);
+      // [B, T] or [B, 1]: the loss checks its shape.
+      in.importance_sampling_ratio = optional_tokens_of<const T>(fn, "importance_sampling_ratio", q, padded);
+      at::Tensor grad = at::zeros(per_token_logps.sizes(), opts);
+      at::Tensor grad_e = entropy_grad ? at::zeros(e.sizes(), opts) : at::empty({0}, opts);
+      P::grpo_loss_outputs<T> out{tokens_of<T>(fn, "grad_per_token_logps", grad, padded)};
+      if (entropy_grad) out.grad_entropies = tokens_of<T>(fn, "grad_entropies", grad_e, padded);
+      const P::grpo_loss_result res = P::grpo_loss(in, out, o, torch_executor{});
+      at::Tensor loss = at::empty({}, opts);
+      loss.fill_(res.loss);
+      return std::make_tuple(loss, grad, grad_e, record_tensor(&res));
+    });
+  }
+}
+
+//! The tensors trl_grpo_loss passes through autograd besides the differentiable ones.
+struct trl_grpo_loss_call {
+  const at::Tensor* old_per_token_logps;
+  const at::Tensor* advantages;
+  const opt_tensor* completion_mask;
+  const opt_tensor* ref_per_token_logps;
+  const opt_tensor* sampling_per_token_logps;
+  const opt_tensor* entropies;
+  const opt_tensor* importance_sampling_ratio;
+  c10::ArrayRef<double> config;
+};
+
+struct trl_grpo_loss_function : public torch::autograd::Function<trl_grpo_loss_function> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& per_token_logps, const at::Tensor&,
+                                                const trl_grpo_loss_call* c) {
+    at::Tensor loss, glp, gent, result;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(loss, glp, gent, result) =
+          op<trl_grpo_loss_forward_sig>("ulorl::_trl_grpo_loss_forward")
+              .call(per_token_logps, *c->old_per_token_logps, *c->advantages, *c->completion_mask,
+                    *c->ref_per_token_logps, *c->sampling_per_token_logps, *c->entropies, *c->importance_sampling_ratio,
+                    c->config);
+    }
+    ctx->saved_data["grad_per_token_logps"] = glp;
+    const auto o = decode_fields<presets::trl::grpo_loss_options>(
+        "presets::trl::grpo_loss", "config", std::span<const double>(c->config.data(), c->config.size()));
+    if (o.entropy_coef != 0.0 && c->entropies->has_value() && (*c->entropies)->defined())
+      ctx->saved_data["grad_entropies"] = gent;
+    ctx->mark_non_differentiable({result});
+    return {loss, result};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    constexpr std::string_view fn = "trl_grpo_loss";
+    return {th::detail::take_scaled(fn, ctx, "grad_per_token_logps", grads[0]),
+            th::detail::take_scaled(fn, ctx, "grad_entropies", grads[0]), at::Tensor()};
+  }
+};
+
+inline std::tuple<at::Tensor, at::Tensor> trl_grpo_loss_autograd(
+    const at::Tensor& per_token_logps, const at::Tensor& old_per_token_logps, const at::Tensor& advantages,
+    const opt_tensor& completion_mask, const opt_tensor& ref_per_token_logps,
+    const opt_tensor& sampling_per_token_logps, const opt_tensor& entropies,
+    const opt_tensor& importance_sampling_ratio, c10::ArrayRef<double> config) {
+  const trl_grpo_loss_call c{&old_per_token_logps,      &advantages, &completion_mask,           &ref_per_token_logps,
+                             &sampling_per_token_logps, &entropies,  &importance_sampling_ratio, config};
+  const bool has_entropies = entropies.has_value() && entropies->defined();
+  auto r = trl_grpo_loss_function::apply(per_token_logps, has_entropies ? *entropies : th::detail::placeholder(), &c);
+  return {r[0], r[1]};
+}
+
+inline std::tuple<at::Tensor, at::Tensor> trl_grpo_loss_composite(
+    const at::Tensor& per_token_logps, const at::Tensor& old_per_token_logps, const at::Tensor& advantages,
+    const opt_tensor& completion_mask, const opt_tensor& ref_per_token_logps,
+    const opt_tensor& sampling_per_token_logps, const opt_tensor& entropies,
+    const opt_tensor& importance_sampling_ratio, c10::ArrayRef<double> config) {
+  auto [loss, glp, gent, result] =
+      op<trl_grpo_loss_forward_sig>("ulorl::_trl_grpo_loss_forward")
+          .call(per_token_logps, old_per_token_logps, advantages, completion_mask, ref_per_token_logps,
+                sampling_per_token_logps, entropies, importance_sampling_ratio, config);
+  return {loss, result};
+}
+
 }  // namespace detail
 
 //! Registers the `ulorl` operators (schemas and kernels) unless this process has them already.
@@ -1010,6 +1160,7 @@ inline bool register_ops() {
     cpu.impl("_kl_penalty_forward", &detail::kl_penalty_forward<false>);
     cpu.impl("_policy_loss_from_logits_forward", &detail::logits_loss_forward<false>);
     cpu.impl("_linear_head_policy_loss_forward", &detail::head_loss_forward<false>);
+    cpu.impl("_trl_grpo_loss_forward", &detail::trl_grpo_loss_forward<false>);
     static torch::Library meta(torch::Library::IMPL, "ulorl", c10::DispatchKey::Meta, __FILE__, __LINE__);
     meta.impl("_policy_loss_forward", &detail::policy_loss_forward<true>);
     meta.impl("_logits_statistics_forward", &detail::logits_statistics_forward_meta);
@@ -1018,6 +1169,7 @@ inline bool register_ops() {
     meta.impl("_kl_penalty_forward", &detail::kl_penalty_forward<true>);
     meta.impl("_policy_loss_from_logits_forward", &detail::logits_loss_forward<true>);
     meta.impl("_linear_head_policy_loss_forward", &detail::head_loss_forward<true>);
+    meta.impl("_trl_grpo_loss_forward", &detail::trl_grpo_loss_forward<true>);
     detail::register_batch_kernels(cpu, meta);
     // CUDA: the policy loss's switchable kernel; every other operator names the CUDA tensor.
     static torch::Library cuda(torch::Library::IMPL, "ulorl", c10::DispatchKey::CUDA, __FILE__, __LINE__);
@@ -1031,6 +1183,7 @@ inline bool register_ops() {
     autograd.impl("kl_penalty", &detail::kl_penalty_autograd);
     autograd.impl("policy_loss_from_logits", &detail::logits_loss_autograd);
     autograd.impl("linear_head_policy_loss", &detail::head_loss_autograd);
+    autograd.impl("trl_grpo_loss", &detail::trl_grpo_loss_autograd);
     // The primitives are not differentiable: their outputs are gradients and statistics, and
     // autograd passes them by (torch 1.13 has no fallthrough of its own for AutogradMeta).
     // The batch operators are not differentiable either (their inputs are constants of the loss).
@@ -1045,6 +1198,7 @@ inline bool register_ops() {
     composite.impl("kl_penalty", &detail::kl_penalty_composite);
     composite.impl("policy_loss_from_logits", &detail::logits_loss_composite);
     composite.impl("linear_head_policy_loss", &detail::head_loss_composite);
+    composite.impl("trl_grpo_loss", &detail::trl_grpo_loss_composite);
     return true;
   }();
   return registered;
@@ -1176,6 +1330,42 @@ inline bool register_ops() {
   ops::register_ops();
   return ops::detail::op<ops::detail::kl_penalty_sig>("ulorl::kl_penalty")
       .call(log_prob, ref_log_prob, ops::detail::optional(offsets), encode_fields(cfg));
+}
+
+//! TRL's optional tensors of trl_grpo_loss (undefined: absent), by TRL's names.
+struct trl_grpo_loss_tensors {
+  at::Tensor completion_mask{};            //!< bool, uint8 or the log-probs' dtype; absent: every token valid
+  at::Tensor ref_per_token_logps{};        //!< required when beta != 0
+  at::Tensor sampling_per_token_logps{};   //!< the off-policy mask's behaviour log-probs (absent: old)
+  at::Tensor entropies{};                  //!< the top-entropy mask and the entropy bonus (differentiated)
+  at::Tensor importance_sampling_ratio{};  //!< vLLM's ratio, [B, T] or [B, 1]
+};
+//! TRL's GRPO loss of one micro-batch (presets::trl::grpo_loss: GRPOTrainer._compute_loss) through
+//! the `ulorl::trl_grpo_loss` operator: padded [B, T] log-probs (float32 or float64), advantages
+//! [B]. `loss` is 0-dim, differentiable (once) in per_token_logps and, with an entropy bonus, in
+//! extra.entropies; `result` is decoded from the operator's result tensor (left default for meta
+//! tensors).
+struct trl_grpo_loss_output {
+  at::Tensor loss;
+  presets::trl::grpo_loss_result result;
+};
+[[nodiscard]] inline trl_grpo_loss_output trl_grpo_loss(const at::Tensor& per_token_logps,
+                                                        const at::Tensor& old_per_token_logps,
+                                                        const at::Tensor& advantages,
+                                                        const presets::trl::grpo_loss_options& options,
+                                                        const trl_grpo_loss_tensors& extra = {}) {
+  ops::register_ops();
+  const auto opt = ops::detail::optional;
+  auto [loss, result] = ops::detail::op<ops::detail::trl_grpo_loss_sig>("ulorl::trl_grpo_loss")
+                            .call(per_token_logps, old_per_token_logps, advantages, opt(extra.completion_mask),
+                                  opt(extra.ref_per_token_logps), opt(extra.sampling_per_token_logps),
+                                  opt(extra.entropies), opt(extra.importance_sampling_ratio), encode_fields(options));
+  trl_grpo_loss_output out{loss, {}};
+  if (result.device().is_meta()) return out;
+  const at::Tensor r = result.to(at::kCPU).contiguous();
+  out.result = decode_fields<presets::trl::grpo_loss_result>(
+      "trl_grpo_loss", "result", std::span<const double>(r.data_ptr<double>(), static_cast<std::size_t>(r.numel())));
+  return out;
 }
 
 }  // namespace th

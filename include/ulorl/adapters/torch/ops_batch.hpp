@@ -26,6 +26,13 @@
 //       config: multi_reward_config) -> mask's shape
 //   optimal_token_baseline_advantages(token_level_rewards, mask?, group_ids, old_log_prob?,
 //       sum_pi_squared?, rollout_is_weights?, offsets?, config) -> (advantages, returns)
+//   dppo_weights(old_log_prob, log_prob, advantages, mask?, rollout_is_weights?, offsets?,
+//       config: dppo_config) -> (weights, stats: token_selection_stats)
+//   kl_cov_selection(old_log_prob, log_prob, advantages, mask?, offsets?, config: kl_cov_config)
+//       -> (selected, stats: token_selection_stats)
+//   clip_cov_weights(old_log_prob, log_prob, advantages, mask?, clip_cov_selection,
+//       rollout_is_weights?, offsets?, config: clip_cov_config) -> (weights, stats)
+//       (loss/token_selection.hpp; the outputs in log_prob's shape and dtype)
 //   dapo_overlong_penalties(lengths, config: dapo_overlong_config) -> [B] float64
 //   soft_overlong_penalties(lengths, config: soft_overlong_config) -> [B] float64
 //       (advantage/overlong.hpp; lengths [B] int64, int32, float32 or float64)
@@ -98,6 +105,13 @@ namespace ops {
           "optimal_token_baseline_advantages(Tensor token_level_rewards, Tensor? mask, Tensor group_ids, "
           "Tensor? old_log_prob, Tensor? sum_pi_squared, Tensor? rollout_is_weights, Tensor? offsets, float[] config) "
           "-> (Tensor advantages, Tensor returns)",
+          "dppo_weights(Tensor old_log_prob, Tensor log_prob, Tensor advantages, Tensor? mask, "
+          "Tensor? rollout_is_weights, Tensor? offsets, float[] config) -> (Tensor weights, Tensor stats)",
+          "kl_cov_selection(Tensor old_log_prob, Tensor log_prob, Tensor advantages, Tensor? mask, Tensor? offsets, "
+          "float[] config) -> (Tensor selected, Tensor stats)",
+          "clip_cov_weights(Tensor old_log_prob, Tensor log_prob, Tensor advantages, Tensor? mask, "
+          "Tensor clip_cov_selection, Tensor? rollout_is_weights, Tensor? offsets, float[] config) "
+          "-> (Tensor weights, Tensor stats)",
           "dapo_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
           "soft_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
           "logits_statistics_torch_rounding(Tensor logits, Tensor labels) -> (Tensor log_prob, Tensor entropy)"};
@@ -355,6 +369,20 @@ std::tuple<at::Tensor, at::Tensor> mpt_mask(const opt_tensor& log_prob, const op
   });
 }
 
+//! The CPU body of an operator over log_prob's token layout (padded, or packed by offsets):
+//! f(T{}, log_prob's view, the mask's bytes, the offsets) for log_prob's dtype T.
+template <class F>
+auto with_log_prob_tokens(std::string_view fn, const at::Tensor& log_prob, const opt_tensor& mask,
+                          const opt_tensor& offsets, F&& f) {
+  const offsets_view off = offsets_of(fn, "offsets", given(offsets));
+  return with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+    using T = decltype(tag);
+    const auto lp = tokens_of<const T>(fn, "log_prob", log_prob, off);
+    const mask_bytes mv = optional_mask_of<T>(fn, "mask", given(mask), off, "log_prob", lp);
+    return f(tag, lp, mv, off);
+  });
+}
+
 //! The rows of a token tensor's layout: B of [B, T], or offsets.size(0) - 1 when packed.
 inline std::int64_t layout_rows(std::string_view fn, const at::Tensor& tokens, const opt_tensor& offsets) {
   if (offsets.has_value() && offsets->defined()) {
@@ -378,23 +406,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> off_policy_mask(const at::Tensor&
     return {new_meta(log_prob.sizes(), dtype), new_meta({layout_rows(fn, log_prob, offsets)}, at::kDouble),
             meta_record_tensor<off_policy_mask_stats>()};
   } else {
-    const offsets_view off = offsets_of(fn, "offsets", given(offsets));
-    return with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
-      using T = decltype(tag);
-      const auto lp = tokens_of<const T>(fn, "log_prob", log_prob, off);
-      const mask_bytes mv = optional_mask_of<T>(fn, "mask", given(mask), off, "log_prob", lp);
-      off_policy_mask_inputs<T, std::uint8_t, T> in{
-          .log_prob = lp, .old_log_prob = tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), .mask = mv.view};
-      if (cfg.advantage == off_policy_advantage_level::token)
-        in.advantages = tokens_of<const T>(fn, "advantages", advantages, off);
-      else
-        in.sequence_advantages = span_of<const T>(fn, "advantages", advantages);
-      at::Tensor keep = new_tensor(log_prob.sizes(), log_prob.scalar_type());
-      at::Tensor seq_kl = new_tensor({static_cast<std::int64_t>(lp.rows())}, at::kDouble);
-      const off_policy_mask_stats st =
-          ulorl::off_policy_mask(in, tokens_of<T>(fn, "keep", keep, off), span_of<double>(fn, "seq_kl", seq_kl), cfg);
-      return std::make_tuple(keep, seq_kl, record_tensor(&st));
-    });
+    return with_log_prob_tokens(
+        fn, log_prob, mask, offsets, [&](auto tag, auto lp, const mask_bytes& mv, const offsets_view& off) {
+          using T = decltype(tag);
+          off_policy_mask_inputs<T, std::uint8_t, T> in{
+              .log_prob = lp,
+              .old_log_prob = tokens_of<const T>(fn, "old_log_prob", old_log_prob, off),
+              .mask = mv.view};
+          if (cfg.advantage == off_policy_advantage_level::token)
+            in.advantages = tokens_of<const T>(fn, "advantages", advantages, off);
+          else
+            in.sequence_advantages = span_of<const T>(fn, "advantages", advantages);
+          at::Tensor keep = new_tensor(log_prob.sizes(), log_prob.scalar_type());
+          at::Tensor seq_kl = new_tensor({static_cast<std::int64_t>(lp.rows())}, at::kDouble);
+          const off_policy_mask_stats st = ulorl::off_policy_mask(in, tokens_of<T>(fn, "keep", keep, off),
+                                                                  span_of<double>(fn, "seq_kl", seq_kl), cfg);
+          return std::make_tuple(keep, seq_kl, record_tensor(&st));
+        });
   }
 }
 
@@ -434,6 +462,80 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction(const at::Tens
       return std::make_tuple(weights, keep, record_tensor(&m.totals));
     });
   }
+}
+
+// ---- token selection ------------------------------------------------------------------------------------
+
+//! A token-selection pass (loss/token_selection.hpp) over old_log_prob, log_prob and advantages in
+//! log_prob's layout: one output in log_prob's shape and dtype and the pass's statistics;
+//! pass(old, lp, adv, mask bytes, rollout weights (empty: absent), offsets, out) -> token_selection_stats.
+template <bool Meta, class F>
+std::tuple<at::Tensor, at::Tensor> token_selection_pass(std::string_view fn, const at::Tensor& old_log_prob,
+                                                        const at::Tensor& log_prob, const at::Tensor& advantages,
+                                                        const opt_tensor& mask, const opt_tensor& rollout_is_weights,
+                                                        const opt_tensor& offsets, std::string_view out_name,
+                                                        F&& pass) {
+  if constexpr (Meta) {
+    return {new_meta(log_prob.sizes(), value_dtype(fn, "log_prob", log_prob)),
+            meta_record_tensor<token_selection_stats>()};
+  } else {
+    return with_log_prob_tokens(
+        fn, log_prob, mask, offsets, [&](auto tag, auto lp, const mask_bytes& mv, const offsets_view& off) {
+          using T = decltype(tag);
+          const auto w =
+              optional_tokens_of<const T>(fn, "rollout_is_weights", given(rollout_is_weights), off, "log_prob", lp);
+          at::Tensor out = new_tensor(log_prob.sizes(), log_prob.scalar_type());
+          const token_selection_stats st = pass(tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), lp,
+                                                tokens_of<const T>(fn, "advantages", advantages, off), mv.view, w, off,
+                                                tokens_of<T>(fn, out_name, out, off));
+          return std::make_tuple(out, record_tensor(&st));
+        });
+  }
+}
+
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor> dppo_weights(const at::Tensor& old_log_prob, const at::Tensor& log_prob,
+                                                const at::Tensor& advantages, const opt_tensor& mask,
+                                                const opt_tensor& rollout_is_weights, const opt_tensor& offsets,
+                                                c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "dppo_weights";
+  const auto cfg = record_of<dppo_config>(fn, config);
+  return token_selection_pass<Meta>(fn, old_log_prob, log_prob, advantages, mask, rollout_is_weights, offsets,
+                                    "weights",
+                                    [&](auto old, auto lp, auto adv, auto m, auto w, const offsets_view&, auto out) {
+                                      return ulorl::dppo_weights(old, lp, adv, m, w, out, cfg);
+                                    });
+}
+
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor> kl_cov_selection(const at::Tensor& old_log_prob, const at::Tensor& log_prob,
+                                                    const at::Tensor& advantages, const opt_tensor& mask,
+                                                    const opt_tensor& offsets, c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "kl_cov_selection";
+  const auto cfg = record_of<kl_cov_config>(fn, config);
+  return token_selection_pass<Meta>(fn, old_log_prob, log_prob, advantages, mask, opt_tensor(), offsets, "selected",
+                                    [&](auto old, auto lp, auto adv, auto m, auto, const offsets_view&, auto out) {
+                                      return ulorl::kl_cov_selection(old, lp, adv, m, out, cfg);
+                                    });
+}
+
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor> clip_cov_weights(const at::Tensor& old_log_prob, const at::Tensor& log_prob,
+                                                    const at::Tensor& advantages, const opt_tensor& mask,
+                                                    const at::Tensor& clip_cov_selection,
+                                                    const opt_tensor& rollout_is_weights, const opt_tensor& offsets,
+                                                    c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "clip_cov_weights";
+  const auto cfg = record_of<clip_cov_config>(fn, config);
+  return token_selection_pass<Meta>(
+      fn, old_log_prob, log_prob, advantages, mask, rollout_is_weights, offsets, "weights",
+      [&](auto old, auto lp, auto adv, auto m, auto w, const offsets_view& off, auto out) {
+        using T = std::remove_const_t<typename decltype(lp)::element_type>;
+        if (!clip_cov_selection.defined())
+          fail(fn, "clip_cov_selection", "required (a 0/1 tensor in log_prob's shape)");
+        const mask_bytes sel = optional_mask_of<T>(fn, "clip_cov_selection", clip_cov_selection, off, "log_prob", lp);
+        return ulorl::clip_cov_weights(old, lp, adv, m, sel.view, w, out, cfg);
+      });
 }
 
 // ---- further advantage estimators -----------------------------------------------------------------------
@@ -728,6 +830,9 @@ inline void register_batch_kernels(torch::Library& cpu, torch::Library& meta) {
   both("multi_reward_advantages", &multi_reward_advantages<false>, &multi_reward_advantages<true>);
   both("optimal_token_baseline_advantages", &optimal_token_baseline_advantages<false>,
        &optimal_token_baseline_advantages<true>);
+  both("dppo_weights", &dppo_weights<false>, &dppo_weights<true>);
+  both("kl_cov_selection", &kl_cov_selection<false>, &kl_cov_selection<true>);
+  both("clip_cov_weights", &clip_cov_weights<false>, &clip_cov_weights<true>);
   both("dapo_overlong_penalties", &dapo_overlong_penalties<false>, &dapo_overlong_penalties<true>);
   both("soft_overlong_penalties", &soft_overlong_penalties<false>, &soft_overlong_penalties<true>);
   both("logits_statistics_torch_rounding", &logits_statistics_torch_rounding<false>,
