@@ -557,21 +557,18 @@ void bind_loss_passes(py::module_& m) {
       "_nemo_rl_reference_policy_kl",
       [](const O& o, const at::Tensor& log_prob, const at::Tensor& ref_log_prob, const opt_tensor& rollout_log_prob,
          const opt_tensor& mask, const ulorl::agg_normalizer& norm, const opt_tensor& offsets) {
-        constexpr std::string_view fn = "weighted_kl_loss";
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
-          using T = decltype(tag);
-          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
-          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
-          at::Tensor grad = at::zeros(log_prob.sizes(), at::TensorOptions().dtype(log_prob.scalar_type()));
-          const ulorl::weighted_kl_config cfg = P::nemo_rl::reference_policy_kl(o);
-          const double kl = ulorl::weighted_kl_loss(lp, th::tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off),
-                                                    optional_tokens_of<const T>(fn, "rollout_log_prob", rollout_log_prob, off, "log_prob", lp),
-                                                    mv.view, th::tokens_of<T>(fn, "grad", grad, off), cfg, norm);
-          // NeMo-RL logs the penalty without its coefficient (kl_penalty).
-          const double unscaled = kl == 0.0 ? 0.0 : kl / o.reference_policy_kl_penalty;
-          return py::make_tuple(kl, unscaled, grad);
-        });
+        namespace D = th::ops::detail;
+        th::ops::register_ops();
+        // The operator's forward primitive: the term (in log_prob's dtype) and its gradient.
+        const auto [loss, grad] = D::op<D::weighted_kl_loss_forward_sig>("ulorl::_weighted_kl_loss_forward")
+                                      .call(log_prob, ref_log_prob, D::optional(or_undefined(rollout_log_prob)),
+                                            D::optional(or_undefined(mask)), D::optional(or_undefined(offsets)),
+                                            ulorl::encode_fields(P::nemo_rl::reference_policy_kl(o)),
+                                            ulorl::encode_fields(norm));
+        const double kl = loss.item<double>();
+        // NeMo-RL logs the penalty without its coefficient (kl_penalty).
+        const double unscaled = kl == 0.0 ? 0.0 : kl / o.reference_policy_kl_penalty;
+        return py::make_tuple(kl, unscaled, grad);
       },
       "options"_a, "log_prob"_a, "ref_log_prob"_a, "rollout_log_prob"_a, "mask"_a, "normalizer"_a,
       "offsets"_a = py::none());
@@ -592,10 +589,10 @@ void bind_loss_passes(py::module_& m) {
       },
       "options"_a, "log_prob"_a, "prev_log_prob"_a, "mask"_a, "global_valid_toks"_a, "offsets"_a = py::none());
 
-  // TRL GRPOTrainer._compute_loss: presets::trl::grpo_loss (ulorl/presets/trl.hpp) on CPU
-  // tensors. Returns (loss, d loss / d per_token_logps, d loss / d entropies or None, metrics):
-  // policy_loss's metric names and TRL's (clip_ratio/low_mean, ..., cispo_clip_ratio,
-  // vespo_phi_seq_mean, entropy, kl) where TRL logs them.
+  // TRL GRPOTrainer._compute_loss: presets::trl::grpo_loss (ulorl/presets/trl.hpp) through the
+  // operator ulorl::trl_grpo_loss (th::trl_grpo_loss). Returns (loss, metrics): the 0-dim loss with
+  // its gradient function, policy_loss's metric names and TRL's (clip_ratio/low_mean, ...,
+  // cispo_clip_ratio, vespo_phi_seq_mean, entropy, kl) where TRL logs them.
   using TO = P::trl::grpo_loss_options;
   py::class_<TO> trl_options(m, "TRLGRPOLossOptions",
                              "TRL GRPOConfig's loss options (presets::trl::grpo_loss_options); a default-made one "

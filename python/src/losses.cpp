@@ -191,7 +191,7 @@ void bind_losses(py::module_& m) {
                                            multi_reward_config, optimal_token_baseline_config, mpt_config, mpt_stats,
                                            off_policy_mask_config, off_policy_mask_stats, dapo_overlong_config,
                                            soft_overlong_config, gae_config, pass_at_k_config, dppo_config,
-                                           kl_cov_config, clip_cov_config, token_selection_stats,
+                                           kl_cov_config, clip_cov_config, token_selection_stats, weighted_kl_config,
                                            presets::trl::grpo_loss_options, presets::trl::grpo_loss_result>{});
   };
   m.def(

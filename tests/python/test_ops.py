@@ -21,7 +21,7 @@ from ulorl import _ulorl
 OPS = ["policy_loss", "_policy_loss_forward", "logits_statistics", "_logits_statistics_forward", "_logits_statistics_backward",
        "agg_loss", "_agg_loss_forward", "kl_penalty", "_kl_penalty_forward", "policy_loss_from_logits",
        "_policy_loss_from_logits_forward", "linear_head_policy_loss", "_linear_head_policy_loss_forward",
-       "trl_grpo_loss", "_trl_grpo_loss_forward"]
+       "trl_grpo_loss", "_trl_grpo_loss_forward", "weighted_kl_loss", "_weighted_kl_loss_forward"]
 
 
 def _encode(**options):
@@ -491,6 +491,10 @@ def test_opcheck_passes_for_the_public_operators():
               (torch.randn(21, 5, requires_grad=True), torch.randn(9, 5, requires_grad=True),
                torch.randn(9, requires_grad=True), torch.randint(0, 9, (21,)), old, adv, mask, ref, None, None, None,
                enc, 0.7, True, False, 4, 1 << 20)),
+             (torch.ops.ulorl.weighted_kl_loss.default,
+              (lp.detach().clone().requires_grad_(), ref, None, mask, None,
+               _weighted_kl_config(coef=0.1, output_clamp=10.0),
+               _ulorl.encode_fields(ulorl.Normalizer("token_mean", 17.0)))),
              (torch.ops.ulorl.trl_grpo_loss.default,
               (lp.detach().clone().requires_grad_(), old, adv[:, 0].contiguous(), mask, ref, None,
                ent.detach().clone().requires_grad_(), None,
@@ -498,6 +502,57 @@ def test_opcheck_passes_for_the_public_operators():
     for op, args in cases:
         result = torch.library.opcheck(op, args)  # schema, autograd registration, FakeTensor, AOT dispatch
         assert set(result.values()) == {"SUCCESS"}, (op, result)
+
+
+# ---- weighted_kl_loss ----------------------------------------------------------------------------------
+
+def _weighted_kl_config(**values):
+    names, enc = _ulorl.record_fields("weighted_kl_config"), _ulorl.record_defaults("weighted_kl_config")
+    for k, v in values.items():
+        enc[names.index(k)] = float(v)
+    return enc
+
+
+@pytest.mark.parametrize("weight", [0, 1])  # current_policy, rollout_policy
+def test_weighted_kl_loss_operator_against_float64_autograd(weight):
+    lp, _, _, mask, ref, _ = _batch(torch.float64, seed=11)
+    g = torch.Generator().manual_seed(3)
+    rollout = lp + 0.2 * (torch.rand(lp.shape, generator=g, dtype=torch.float64) - 0.5)
+    beta, cin, cout, denom = 0.1, 0.07, 0.0015, 17.0
+    enc = _weighted_kl_config(coef=beta, input_clamp=cin, output_clamp=cout, weight=weight)
+    norm = _ulorl.encode_fields(ulorl.Normalizer("token_mean", denom))
+    x = lp.clone().requires_grad_()
+    loss = torch.ops.ulorl.weighted_kl_loss(x, ref, rollout if weight else None, mask, None, enc, norm)
+    loss.backward()
+    # The formula of ulorl/loss/weighted_kl.hpp in float64, differentiated by torch (k3).
+    y = lp.clone().requires_grad_()
+    lam = (ref - y).clamp(-cin, cin)
+    kappa = lam.exp() - lam - 1
+    omega = (y - rollout).exp() if weight else (y - y.detach()).exp()
+    want = beta * ((omega * kappa).clamp(-cout, cout) * mask).sum() / denom
+    want.backward()
+    clamped_in = ((ref - lp).abs() > cin) & mask
+    clamped_out = ((omega * kappa).detach().abs() > cout) & mask
+    assert clamped_in.any() and clamped_out.any() and (mask & ~clamped_in & ~clamped_out).any()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-13)
+    assert torch.allclose(x.grad, y.grad, rtol=1e-12, atol=1e-15)
+    assert (x.grad[~mask] == 0).all()
+    # Composite kernel, meta shapes, double backward, errors.
+    with torch.inference_mode():
+        loss_i = torch.ops.ulorl.weighted_kl_loss(lp, ref, rollout if weight else None, mask, None, enc, norm)
+    assert loss_i.item() == loss.item()
+    loss_m = torch.ops.ulorl.weighted_kl_loss(lp.to("meta"), ref.to("meta"), None, mask.to("meta"), None, enc, norm)
+    assert loss_m.is_meta and loss_m.shape == () and loss_m.dtype == lp.dtype
+    z = lp.clone().requires_grad_()
+    (gz,) = torch.autograd.grad(torch.ops.ulorl.weighted_kl_loss(z, ref, rollout, mask, None, enc, norm), z,
+                                create_graph=True)
+    with pytest.raises((ulorl.Error, RuntimeError), match="is differentiable once"):
+        gz.sum().backward()
+    with pytest.raises(ValueError, match="argument 'ref_log_prob'"):
+        torch.ops.ulorl.weighted_kl_loss(lp, ref[:, :-1], None, mask, None, enc, norm)
+    if weight:
+        with pytest.raises(ValueError, match="argument 'rollout_log_prob'"):
+            torch.ops.ulorl.weighted_kl_loss(lp, ref, None, mask, None, enc, norm)
 
 
 # ---- trl_grpo_loss ------------------------------------------------------------------------------------

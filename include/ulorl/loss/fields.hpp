@@ -22,6 +22,7 @@
 #include "ulorl/core/fields.hpp"
 #include "ulorl/loss/policy_loss_types.hpp"
 #include "ulorl/loss/token_selection.hpp"
+#include "ulorl/loss/weighted_kl.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -79,6 +80,15 @@ constexpr void visit_fields(C& c, F&& f) {
   f("kl_estimator", c.estimator), f("kl_straight_through", c.straight_through);
   f("kl_input_clamp", c.input_clamp), f("kl_output_clamp", c.output_clamp);
   f("kl_importance_weighted", c.importance_weighted);
+}
+
+//! f(name, field&) for every field of the importance-weighted KL term's configuration
+//! (loss/weighted_kl.hpp).
+template <class C, class F>
+  requires ulorl::detail::record_of<C, weighted_kl_config>
+constexpr void visit_fields(C& c, F&& f) {
+  f("coef", c.coef), f("estimator", c.estimator), f("input_clamp", c.input_clamp);
+  f("output_clamp", c.output_clamp), f("weight", c.weight);
 }
 
 //! f(name, field&) for every field of the token-selection passes' configurations and statistics
@@ -163,6 +173,8 @@ template <>
 inline constexpr std::string_view record_name<rollout_correction::config> = "rollout_correction_config";
 template <>
 inline constexpr std::string_view record_name<rollout_correction::statistics> = "rollout_correction_statistics";
+template <>
+inline constexpr std::string_view record_name<weighted_kl_config> = "weighted_kl_config";
 template <>
 inline constexpr std::string_view record_name<dppo_config> = "dppo_config";
 template <>

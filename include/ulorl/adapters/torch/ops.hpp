@@ -13,6 +13,8 @@
 //                      workspace_budget=256 MiB) -> (loss, result, log_prob, entropy)
 //   ulorl::agg_loss(loss_mat, mask?, offsets?, float[] normalizer) -> loss
 //   ulorl::kl_penalty(log_prob, ref_log_prob, offsets?, float[] config) -> kl
+//   ulorl::weighted_kl_loss(log_prob, ref_log_prob, rollout_log_prob?, mask?, offsets?, float[] config,
+//                      float[] normalizer) -> loss   (loss/weighted_kl.hpp: the importance-weighted KL term)
 //   ulorl::trl_grpo_loss(per_token_logps, old_per_token_logps, advantages, completion_mask?,
 //                      ref_per_token_logps?, sampling_per_token_logps?, entropies?,
 //                      importance_sampling_ratio?, float[] config) -> (loss, result)
@@ -21,7 +23,7 @@
 // `_logits_statistics_forward`, `_logits_statistics_backward`, `_policy_loss_from_logits_forward`,
 // `_linear_head_policy_loss_forward` (its arguments and `bool[3] output_mask`: which of the
 // gradients of hidden, weight, bias to compute), `_agg_loss_forward`, `_kl_penalty_forward`,
-// `_trl_grpo_loss_forward`,
+// `_weighted_kl_loss_forward`, `_trl_grpo_loss_forward`,
 // each returning the values and the gradients the autograd kernels keep), and the batch operators
 // of ops_batch.hpp (advantages, masks, filters, rollout correction). Kernels per dispatch key:
 //   CPU     ulorl's CPU kernels (the installed ISA variants) on torch's intra-op pool;
@@ -79,6 +81,7 @@
 #include "ulorl/loss/fields.hpp"
 #include "ulorl/loss/kl.hpp"
 #include "ulorl/loss/policy_loss.hpp"
+#include "ulorl/loss/weighted_kl.hpp"
 #include "ulorl/presets/trl.hpp"
 
 ULORL_NAMESPACE_BEGIN
@@ -125,6 +128,9 @@ inline constexpr std::string_view agg_loss_args =
     "(Tensor loss_mat, Tensor? mask, Tensor? offsets, float[] normalizer)";
 inline constexpr std::string_view kl_penalty_args =
     "(Tensor log_prob, Tensor ref_log_prob, Tensor? offsets, float[] config)";
+inline constexpr std::string_view weighted_kl_loss_args =
+    "(Tensor log_prob, Tensor ref_log_prob, Tensor? rollout_log_prob, Tensor? mask, Tensor? offsets, float[] config, "
+    "float[] normalizer)";
 inline constexpr std::string_view trl_grpo_loss_args =
     "(Tensor per_token_logps, Tensor old_per_token_logps, Tensor advantages, Tensor? completion_mask, "
     "Tensor? ref_per_token_logps, Tensor? sampling_per_token_logps, Tensor? entropies, "
@@ -156,6 +162,8 @@ inline constexpr std::string_view trl_grpo_loss_args =
       s("agg_loss", agg_loss_args, "Tensor"),
       s("_kl_penalty_forward", kl_penalty_args, "(Tensor kl, Tensor grad)"),
       s("kl_penalty", kl_penalty_args, "Tensor"),
+      s("_weighted_kl_loss_forward", weighted_kl_loss_args, "(Tensor loss, Tensor grad)"),
+      s("weighted_kl_loss", weighted_kl_loss_args, "Tensor"),
       s("_trl_grpo_loss_forward", trl_grpo_loss_args,
         "(Tensor loss, Tensor grad_per_token_logps, Tensor grad_entropies, Tensor result)"),
       s("trl_grpo_loss", trl_grpo_loss_args, "(Tensor loss, Tensor result)")};
@@ -289,10 +297,14 @@ inline std::atomic<policy_loss_forward_kernel> cuda_policy_loss_forward{nullptr}
 //! the batch operators (the public loss operators reach the primitives through their Autograd and
 //! CompositeExplicitAutograd kernels on every device).
 inline std::vector<std::string> operators_without_cuda() {
-  std::vector<std::string> names = {
-      "_logits_statistics_forward", "_logits_statistics_backward",      "_agg_loss_forward",
-      "_kl_penalty_forward",        "_policy_loss_from_logits_forward", "_linear_head_policy_loss_forward",
-      "_trl_grpo_loss_forward"};
+  std::vector<std::string> names = {"_logits_statistics_forward",
+                                    "_logits_statistics_backward",
+                                    "_agg_loss_forward",
+                                    "_kl_penalty_forward",
+                                    "_policy_loss_from_logits_forward",
+                                    "_linear_head_policy_loss_forward",
+                                    "_weighted_kl_loss_forward",
+                                    "_trl_grpo_loss_forward"};
   for (const std::string& s : batch_schemas()) names.push_back(s.substr(0, s.find('(')));
   return names;
 }
@@ -1006,6 +1018,93 @@ inline at::Tensor kl_penalty_composite(const at::Tensor& log_prob, const at::Ten
       op<kl_penalty_forward_sig>("ulorl::_kl_penalty_forward").call(log_prob, ref_log_prob, offsets, config));
 }
 
+// ---- weighted_kl_loss -------------------------------------------------------------------------------------
+
+using weighted_kl_loss_forward_sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                        const opt_tensor&, const opt_tensor&,
+                                                                        const opt_tensor&, c10::ArrayRef<double>,
+                                                                        c10::ArrayRef<double>);
+using weighted_kl_loss_sig = at::Tensor(const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&,
+                                        const opt_tensor&, c10::ArrayRef<double>, c10::ArrayRef<double>);
+
+//! The forward primitive of weighted_kl_loss: the 0-dim loss in log_prob's dtype and d loss / d
+//! log_prob (0 on masked tokens); CPU (Meta = false) or shapes only.
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor> weighted_kl_loss_forward(const at::Tensor& log_prob, const at::Tensor& ref_log_prob,
+                                                            const opt_tensor& rollout_log_prob, const opt_tensor& mask,
+                                                            const opt_tensor& offsets, c10::ArrayRef<double> config,
+                                                            c10::ArrayRef<double> normalizer) {
+  constexpr std::string_view fn = "weighted_kl_loss";
+  const at::Tensor r = value_or_undefined(rollout_log_prob), m = value_or_undefined(mask),
+                   o = value_or_undefined(offsets);
+  th::detail::require_same_device(
+      fn, "log_prob", log_prob,
+      {{"ref_log_prob", &ref_log_prob}, {"rollout_log_prob", &r}, {"mask", &m}, {"offsets", &o}});
+  const auto cfg =
+      decode_fields<weighted_kl_config>(fn, "config", std::span<const double>(config.data(), config.size()));
+  const auto norm =
+      decode_fields<agg_normalizer>(fn, "normalizer", std::span<const double>(normalizer.data(), normalizer.size()));
+  const auto opts = log_prob.options().dtype(token_dtype(fn, log_prob));
+  at::Tensor loss = at::empty({}, opts),
+             grad = Meta ? at::empty(log_prob.sizes(), opts) : at::zeros(log_prob.sizes(), opts);
+  if constexpr (!Meta) {
+    const offsets_view off = offsets_of(fn, "offsets", o);
+    with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
+      using T = decltype(tag);
+      const auto lp = tokens_of<const T>(fn, "log_prob", log_prob, off);
+      const at::Tensor mb = byte_mask<T>(fn, "mask", m, off);
+      loss.fill_(ulorl::weighted_kl_loss(lp, tokens_of<const T>(fn, "ref_log_prob", ref_log_prob, off),
+                                         optional_tokens_of<const T>(fn, "rollout_log_prob", r, off, "log_prob", lp),
+                                         optional_tokens_of<const std::uint8_t>(fn, "mask", mb, off, "log_prob", lp),
+                                         tokens_of<T>(fn, "grad", grad, off), cfg, norm));
+    });
+  }
+  return {loss, grad};
+}
+
+//! The non-tensor arguments of weighted_kl_loss through autograd.
+struct weighted_kl_call {
+  const at::Tensor* ref_log_prob;
+  const opt_tensor* rollout_log_prob;
+  const opt_tensor* mask;
+  const opt_tensor* offsets;
+  c10::ArrayRef<double> config, normalizer;
+};
+
+struct weighted_kl_loss_function : public torch::autograd::Function<weighted_kl_loss_function> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& log_prob,
+                            const weighted_kl_call* c) {
+    at::Tensor loss, grad;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(loss, grad) =
+          op<weighted_kl_loss_forward_sig>("ulorl::_weighted_kl_loss_forward")
+              .call(log_prob, *c->ref_log_prob, *c->rollout_log_prob, *c->mask, *c->offsets, c->config, c->normalizer);
+    }
+    ctx->save_for_backward({grad});
+    return loss;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {scaled_grad("weighted_kl_loss", "grad_log_prob", ctx, grads[0]), at::Tensor()};
+  }
+};
+
+inline at::Tensor weighted_kl_loss_autograd(const at::Tensor& log_prob, const at::Tensor& ref_log_prob,
+                                            const opt_tensor& rollout_log_prob, const opt_tensor& mask,
+                                            const opt_tensor& offsets, c10::ArrayRef<double> config,
+                                            c10::ArrayRef<double> normalizer) {
+  const weighted_kl_call c{&ref_log_prob, &rollout_log_prob, &mask, &offsets, config, normalizer};
+  return weighted_kl_loss_function::apply(log_prob, &c);
+}
+inline at::Tensor weighted_kl_loss_composite(const at::Tensor& log_prob, const at::Tensor& ref_log_prob,
+                                             const opt_tensor& rollout_log_prob, const opt_tensor& mask,
+                                             const opt_tensor& offsets, c10::ArrayRef<double> config,
+                                             c10::ArrayRef<double> normalizer) {
+  return std::get<0>(op<weighted_kl_loss_forward_sig>("ulorl::_weighted_kl_loss_forward")
+                         .call(log_prob, ref_log_prob, rollout_log_prob, mask, offsets, config, normalizer));
+}
+
 // ---- TRL's GRPO loss ---------------------------------------------------------------------------------------
 
 using trl_grpo_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
@@ -1161,6 +1260,7 @@ inline bool register_ops() {
     cpu.impl("_policy_loss_from_logits_forward", &detail::logits_loss_forward<false>);
     cpu.impl("_linear_head_policy_loss_forward", &detail::head_loss_forward<false>);
     cpu.impl("_trl_grpo_loss_forward", &detail::trl_grpo_loss_forward<false>);
+    cpu.impl("_weighted_kl_loss_forward", &detail::weighted_kl_loss_forward<false>);
     static torch::Library meta(torch::Library::IMPL, "ulorl", c10::DispatchKey::Meta, __FILE__, __LINE__);
     meta.impl("_policy_loss_forward", &detail::policy_loss_forward<true>);
     meta.impl("_logits_statistics_forward", &detail::logits_statistics_forward_meta);
@@ -1170,6 +1270,7 @@ inline bool register_ops() {
     meta.impl("_policy_loss_from_logits_forward", &detail::logits_loss_forward<true>);
     meta.impl("_linear_head_policy_loss_forward", &detail::head_loss_forward<true>);
     meta.impl("_trl_grpo_loss_forward", &detail::trl_grpo_loss_forward<true>);
+    meta.impl("_weighted_kl_loss_forward", &detail::weighted_kl_loss_forward<true>);
     detail::register_batch_kernels(cpu, meta);
     // CUDA: the policy loss's switchable kernel; every other operator names the CUDA tensor.
     static torch::Library cuda(torch::Library::IMPL, "ulorl", c10::DispatchKey::CUDA, __FILE__, __LINE__);
@@ -1184,6 +1285,7 @@ inline bool register_ops() {
     autograd.impl("policy_loss_from_logits", &detail::logits_loss_autograd);
     autograd.impl("linear_head_policy_loss", &detail::head_loss_autograd);
     autograd.impl("trl_grpo_loss", &detail::trl_grpo_loss_autograd);
+    autograd.impl("weighted_kl_loss", &detail::weighted_kl_loss_autograd);
     // The primitives are not differentiable: their outputs are gradients and statistics, and
     // autograd passes them by (torch 1.13 has no fallthrough of its own for AutogradMeta).
     // The batch operators are not differentiable either (their inputs are constants of the loss).
@@ -1199,6 +1301,7 @@ inline bool register_ops() {
     composite.impl("policy_loss_from_logits", &detail::logits_loss_composite);
     composite.impl("linear_head_policy_loss", &detail::head_loss_composite);
     composite.impl("trl_grpo_loss", &detail::trl_grpo_loss_composite);
+    composite.impl("weighted_kl_loss", &detail::weighted_kl_loss_composite);
     return true;
   }();
   return registered;
@@ -1330,6 +1433,21 @@ inline bool register_ops() {
   ops::register_ops();
   return ops::detail::op<ops::detail::kl_penalty_sig>("ulorl::kl_penalty")
       .call(log_prob, ref_log_prob, ops::detail::optional(offsets), encode_fields(cfg));
+}
+
+//! The importance-weighted reference-KL term (ulorl::weighted_kl_loss: β Σ_b w_b Σ_t K m) through
+//! the `ulorl::weighted_kl_loss` operator: a 0-dim tensor of log_prob's dtype, differentiable
+//! (once) in log_prob; ref_log_prob and rollout_log_prob (read with the rollout_policy weight) are
+//! constants. The mask as policy_loss's (undefined: every token valid).
+[[nodiscard]] inline at::Tensor weighted_kl_loss(const at::Tensor& log_prob, const at::Tensor& ref_log_prob,
+                                                 const at::Tensor& rollout_log_prob, const at::Tensor& mask,
+                                                 const weighted_kl_config& cfg, const agg_normalizer& norm,
+                                                 const at::Tensor& offsets = {}) {
+  ops::register_ops();
+  const auto opt = ops::detail::optional;
+  return ops::detail::op<ops::detail::weighted_kl_loss_sig>("ulorl::weighted_kl_loss")
+      .call(log_prob, ref_log_prob, opt(rollout_log_prob), opt(mask), opt(offsets), encode_fields(cfg),
+            encode_fields(norm));
 }
 
 //! TRL's optional tensors of trl_grpo_loss (undefined: absent), by TRL's names.
