@@ -106,7 +106,7 @@ if [ "${ULORL_CHECK_TORCH2_CUDA:-1}" != 0 ]; then
   bind_all "$croot"
   in_croot() { chroot "$croot" env DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 "$@"; }
   if ! install_missing "$croot" g++ cmake make catch2 nlohmann-json3-dev libtorch-cuda-dev python3-torch-cuda \
-      nvidia-cuda-toolkit pybind11-dev python3-pybind11 python3-dev python3-numpy python3-pytest; then
+      nvidia-cuda-toolkit pybind11-dev python3-pybind11 python3-dev python3-numpy python3-pytest python3-setuptools; then
     printf '#!/bin/sh\nexit 0\n' > "$croot/var/lib/dpkg/info/nvidia-cudnn.postinst"
     in_croot dpkg --configure -a
   fi

@@ -56,8 +56,6 @@ mask_bytes optional_mask_of(std::string_view fn, std::string_view arg, const opt
                             std::string_view ref_name, const ulorl::token_view<U>& ref) {
   return th::ops::detail::optional_mask_of<T>(fn, arg, or_undefined(m), off, ref_name, ref);
 }
-//! A new tensor of `like`'s shape and dtype (never requiring grad).
-at::Tensor empty_like_of(const at::Tensor& like) { return at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type())); }
 
 // ---- rollout correction ----------------------------------------------------------------------------
 py::dict rc_metrics_dict(const rc::metrics& m) {
