@@ -655,6 +655,14 @@ template <class T, class LP>
   if (!p.kl.importance_weighted) return {k.value, k.grad, T(0)};
   return {k.value * iw, k.grad * iw, k.value * diw};
 }
+//! The row sums of a sequence objective on the row's mean log-ratio: a, the token's log-ratio.
+struct log_ratio_row_sums {
+  template <class T>
+  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_sums row_token(
+      T lp, T old, T, T, bool, const objective_params<T>&) noexcept {
+    return {static_cast<double>(lp) - static_cast<double>(old), 0.0, 0.0};
+  }
+};
 //! The token flags as clip_flags of one scalar lane.
 template <class T>
 [[nodiscard]] ULORL_HD ULORL_ALWAYS_INLINE constexpr clip_flags<simd::scalar_lanes<T>> scalar_flags(
@@ -668,17 +676,11 @@ template <class T>
 //! exp(min(mean_t x, seq_max)), x = logp - old; its gradient reaches the token itself (verl) or,
 //! through_mean, every valid token through the mean log-ratio (OpenRLHF, TRL); the KL term is
 //! importance-weighted by the row's ratio (TRL).
-struct gspo_objective : detail::builtin_objective<objective_kind::gspo> {
+struct gspo_objective : detail::builtin_objective<objective_kind::gspo>, detail::log_ratio_row_sums {
   static constexpr std::string_view name = "gspo";
   static constexpr objective_level level = objective_level::sequence;
   using parameters = gspo_parameters;
 
-  //! a: the token's log-ratio.
-  template <class T>
-  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_sums row_token(
-      T lp, T old, T, T, bool, const objective_params<T>&) noexcept {
-    return {static_cast<double>(lp) - static_cast<double>(old), 0.0, 0.0};
-  }
   template <class T>
   [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_row_terms<T> row(
       const sequence_sums& s, double nd, bool, const agg_normalizer&, const objective_params<T>& op) noexcept {
@@ -790,18 +792,12 @@ namespace detail {
 //! weight multiplies the objective's term, not the KL term. A new sequence-level form is one
 //! descriptor deriving from this with its kind and name.
 template <class D, objective_kind K>
-struct sequence_form : builtin_objective<K> {
+struct sequence_form : builtin_objective<K>, log_ratio_row_sums {
   static constexpr objective_level level = objective_level::sequence;
   void validate(std::string_view fn) const {
     D d;
     d.config = this->config;
     d.validate(fn);
-  }
-  //! a: the token's log-ratio.
-  template <class T>
-  [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_sums row_token(
-      T lp, T old, T, T, bool, const objective_params<T>&) noexcept {
-    return {static_cast<double>(lp) - static_cast<double>(old), 0.0, 0.0};
   }
   template <class T>
   [[nodiscard]] ULORL_HD static ULORL_ALWAYS_INLINE constexpr sequence_row_terms<T> row(
