@@ -144,6 +144,10 @@ void bind_losses(py::module_& m) {
 #else
   m.attr("cuda_kernels") = false;
 #endif
+  m.def("set_host_fallback", &ulorl::th::ops::set_host_fallback, "enabled"_a,
+        "Whether an operator without a CUDA kernel in this build runs on the CPU on copies of its CUDA tensors, its "
+        "outputs copied back to the device (True, the default; the call waits for the device, and the first such "
+        "call warns), or raises ulorl.Error naming the CUDA tensor (False). Returns the previous setting.");
   m.def(
       "_policy_loss",
       [](const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages,

@@ -42,6 +42,7 @@ from ._ulorl import (  # noqa: E402,F401
     old_log_prob_versions,
     recompute_token_count,
     rollout_correction_finalize,
+    set_host_fallback,
 )
 from ._api import (  # noqa: E402,F401
     advantage_preset,
@@ -85,5 +86,5 @@ __all__ = [
     "optimal_token_baseline_advantages", "overlong_penalty", "pass_at_k_advantages", "policy_loss", "policy_loss_config",
     "policy_loss_from_logits", "presets", "recompute_token_count", "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages", "remax_advantages", "rollout_correction", "rollout_correction_config",
-    "rollout_correction_finalize",
+    "rollout_correction_finalize", "set_host_fallback",
 ]

@@ -16,12 +16,15 @@ class Error(ValueError):
 #: The instruction set of the policy-loss kernels installed at import: "avx2" (x86-64 with AVX2 and
 #: FMA, unless ULORL_PYTHON_ISA=default is set) or "default" (the extension's baseline flags).
 policy_loss_isa: str
-#: Whether the extension was built with the CUDA kernel of torch.ops.ulorl.policy_loss (against a
-#: torch with CUDA and nvcc); without it a CUDA tensor raises ulorl.Error naming it.
+#: Whether the extension was built with the CUDA kernels of the policy loss, the logits statistics and
+#: the loss from logits (against a torch with CUDA and nvcc); the other operators, and these without
+#: them, run CUDA tensors on the CPU (set_host_fallback).
 cuda_kernels: bool
 #: The same for the logits kernels (logits_forward / logits_backward: logits statistics, the fused
 #: losses from logits and from hidden states): "avx2" or "default", chosen as policy_loss_isa.
 logits_isa: str
+
+def set_host_fallback(enabled: bool) -> bool: ...
 
 class BatchCounts:
     tokens: float

@@ -1,7 +1,9 @@
-"""torch.ops.ulorl.policy_loss on CUDA tensors (the extension's CUDA kernel, ulorl/adapters/torch/ops_cuda.hpp)
-against the same operator on the CPU: loss, metrics and gradients through `ulorl.policy_loss`, for several
-objectives, masks and both layouts; errors named as on the CPU. Runs where torch has a GPU and the
-extension was built with CUDA (ulorl._ulorl.cuda_kernels); skipped elsewhere."""
+"""torch.ops.ulorl on CUDA tensors against the same operators on the CPU: the extension's device kernels
+(ulorl/adapters/torch/ops_cuda.hpp: the policy loss, the logits statistics and their backward, the loss
+from logits) for several objectives, masks, logits dtypes and both layouts, and the host path of the
+operators without one (run_on_host: outputs on the device, the CPU's values, the error with
+set_host_fallback(False)); errors named as on the CPU. Runs where torch has a GPU (the device kernels'
+tests where the extension was built with CUDA, ulorl._ulorl.cuda_kernels); skipped elsewhere."""
 
 import pytest
 import torch
@@ -9,8 +11,8 @@ import torch
 import ulorl
 from ulorl import _ulorl
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and _ulorl.cuda_kernels),
-                                reason="needs a GPU and the extension's CUDA kernel (ulorl._ulorl.cuda_kernels)")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+kernels = pytest.mark.skipif(not _ulorl.cuda_kernels, reason="needs the extension's CUDA kernels (cuda_kernels)")
 
 
 def _batch(b=6, t=37, seed=0):
@@ -21,6 +23,7 @@ def _batch(b=6, t=37, seed=0):
             old + (torch.rand(b, t, generator=g) - 0.5) * 0.2, torch.rand(b, t, generator=g) * 2)
 
 
+@kernels
 @pytest.mark.parametrize("options", [dict(eps_high=0.28, kl_coef=0.05, entropy_coef=0.01),
                                      dict(objective="gspo", agg="seq_mean_token_mean"),
                                      dict(objective="cispo", kl_coef=0.02, kl_estimator="k1")])
@@ -54,6 +57,7 @@ def test_cuda_equals_cpu(options, packed, mask_dtype):
         assert mg[k] == mc[k], k
 
 
+@kernels
 def test_cuda_errors_name_the_argument():
     lp, old, adv, mask, _, _ = _batch(3, 8)
     norm = ulorl.Normalizer("token_mean", 10.0)
@@ -65,14 +69,95 @@ def test_cuda_errors_name_the_argument():
         ulorl.policy_loss(lp.cuda(), old.cuda(), adv.cuda(), mask, normalizer=norm)
     with pytest.raises(ulorl.Error, match="argument 'log_prob': has dtype Double"):
         ulorl.policy_loss(lp.double().cuda(), old.double().cuda(), adv.double().cuda(), mask.cuda(), normalizer=norm)
-    with pytest.raises(ulorl.Error, match="argument 'logits': is a CUDA tensor"):
-        ulorl.logprobs_from_logits(torch.randn(3, 5, device="cuda"), torch.zeros(3, dtype=torch.long, device="cuda"))
-    with pytest.raises(ulorl.Error, match="argument 'hidden': is a CUDA tensor .*linear_head_policy_loss has no CUDA"):
-        ulorl.linear_head_policy_loss(torch.randn(24, 4, device="cuda"), torch.randn(5, 4, device="cuda"), None,
-                                      torch.zeros(24, dtype=torch.long, device="cuda"), old.cuda(), adv.cuda(),
-                                      mask.cuda(), normalizer=norm)
+    with pytest.raises(ulorl.Error, match="argument 'labels'"):
+        ulorl.logprobs_from_logits(torch.randn(3, 5, device="cuda"), torch.full((3,), 5, device="cuda"))
+    with pytest.raises(ulorl.Error, match="argument 'logits': has dtype Double"):
+        ulorl.logprobs_from_logits(torch.randn(3, 5, device="cuda").double(), torch.zeros(3, dtype=torch.long,
+                                                                                          device="cuda"))
 
 
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("labels_dtype", [torch.int64, torch.int32])
+def test_logits_statistics_cuda_equals_cpu(dtype, labels_dtype):
+    g = torch.Generator().manual_seed(5)
+    z = (torch.randn(7, 3001, generator=g) * 4).to(dtype)
+    y = torch.randint(0, 3001, (7,), generator=g).to(labels_dtype)
+    glp, gent = torch.randn(7, generator=g), torch.randn(7, generator=g)
+    out = {}
+    for device in ("cpu", "cuda"):
+        x = z.to(device).requires_grad_()
+        lp, ent = ulorl.logprobs_from_logits(x, y.to(device), 0.8)
+        assert lp.device.type == device and lp.dtype == dtype and ent.dtype == dtype
+        torch.autograd.backward([lp, ent], [glp.to(device, dtype), gent.to(device, dtype)])
+        out[device] = [t.detach().cpu().double() for t in (lp, ent, x.grad)]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    for a, b in zip(out["cpu"], out["cuda"]):
+        torch.testing.assert_close(b, a, **tol)
+
+
+@kernels
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_policy_loss_from_logits_cuda_equals_cpu(entropy_coef, dtype):
+    lp, old, adv, mask, ref, _ = _batch(3, 11, 2)
+    g = torch.Generator().manual_seed(2)
+    z = torch.randn(33, 517, generator=g).to(dtype)
+    y = torch.randint(0, 517, (33,), generator=g)
+    norm = ulorl.global_normalizer("token_mean", ulorl.count_batch(mask))
+    out = {}
+    for device in ("cpu", "cuda"):
+        x = z.to(device).requires_grad_()
+        loss, metrics = ulorl.policy_loss_from_logits(
+            x, y.to(device), old.to(device), adv.to(device), mask.to(device), ref_log_prob=ref.to(device),
+            normalizer=norm, eps_high=0.28, kl_coef=0.05, entropy_coef=entropy_coef)
+        (loss * 2).backward()
+        assert loss.device.type == device and x.grad.dtype == dtype
+        out[device] = (loss.item(), metrics, metrics["log_prob"].detach().cpu(), x.grad.cpu().double())
+    (lc, mc, pc, gc), (lg, mg, pg, gg) = out["cpu"], out["cuda"]
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert lg == pytest.approx(lc, rel=tol, abs=1e-6)
+    torch.testing.assert_close(pg, pc, rtol=tol, atol=1e-5)
+    torch.testing.assert_close(gg, gc, rtol=tol, atol=1e-6)
+    assert mg["tokens"] == mc["tokens"]
+
+
+def test_host_path_gives_the_cpu_values_on_the_device():
+    lp, old, adv, mask, ref, _ = _batch(4, 9, 4)
+    norm = ulorl.global_normalizer("seq_mean_token_mean", ulorl.count_batch(mask))
+    kl = ulorl.kl_penalty(lp, ref, "low_var_kl")
+    kl_cuda = ulorl.kl_penalty(lp.cuda(), ref.cuda(), "low_var_kl")
+    assert kl_cuda.device.type == "cuda"
+    torch.testing.assert_close(kl_cuda.cpu(), kl, rtol=0, atol=0)
+    x = lp.clone().cuda().requires_grad_()
+    agg = ulorl.agg_loss(x * 2, mask.cuda(), normalizer=norm)
+    agg.backward()
+    y = lp.clone().requires_grad_()
+    ulorl.agg_loss(y * 2, mask, normalizer=norm).backward()
+    assert agg.device.type == "cuda"
+    torch.testing.assert_close(x.grad.cpu(), y.grad, rtol=0, atol=0)
+    hidden, weight = torch.randn(36, 8), torch.randn(11, 8)
+    labels = torch.randint(0, 11, (36,))
+    cpu = ulorl.linear_head_policy_loss(hidden, weight, None, labels, old, adv, mask, normalizer=norm)[0]
+    dev = ulorl.linear_head_policy_loss(hidden.cuda(), weight.cuda(), None, labels.cuda(), old.cuda(), adv.cuda(),
+                                        mask.cuda(), normalizer=norm)[0]
+    assert dev.device.type == "cuda" and dev.item() == pytest.approx(cpu.item(), rel=1e-6)
+
+
+def test_host_path_off_and_mixed_devices_are_named():
+    lp, _, _, mask, ref, _ = _batch(3, 8)
+    previous = ulorl.set_host_fallback(False)
+    try:
+        assert previous is True
+        with pytest.raises((ulorl.Error, ValueError), match="argument 'log_prob': is a CUDA tensor"):
+            ulorl.kl_penalty(lp.cuda(), ref.cuda(), "k1")
+    finally:
+        ulorl.set_host_fallback(previous)
+    with pytest.raises((ulorl.Error, ValueError), match="argument 'ref_log_prob': is on device cpu"):
+        ulorl.kl_penalty(lp.cuda(), ref, "k1")
+
+
+@kernels
 @pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2")
 def test_a_compiled_loss_on_cuda_equals_eager():
     lp, old, adv, mask, ref, ent = (t.cuda() for t in _batch(4, 9, 3))

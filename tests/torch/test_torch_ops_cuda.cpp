@@ -1,10 +1,14 @@
-// The CUDA kernel of the `ulorl::_policy_loss_forward` operator (ulorl/adapters/torch/ops_cuda.hpp)
-// against the CPU kernel of the same operator: loss, metrics and gradients for several objectives,
-// KL estimators, masks and both layouts; errors naming the argument for what the device path
-// refuses or finds (a float64 tensor, a strided one, a NaN token, a non-0/1 mask value, a CPU
-// mask). Without a GPU it checks that the kernel is set and exits 77 (CTest: skipped).
+// The CUDA kernels of the `ulorl` operators (ulorl/adapters/torch/ops_cuda.hpp) against the CPU kernels
+// of the same operators: the policy loss (loss, metrics and gradients for several objectives, KL
+// estimators, masks and both layouts), the logits statistics and their backward (float32, float16,
+// bfloat16 logits) and the loss from logits; the host path of the operators without a device kernel
+// (outputs on the device, the CPU's values, the error with the fallback off); errors naming the
+// argument for what the device path refuses or finds (a float64 tensor, a strided one, a NaN token,
+// a non-0/1 mask value, a CPU mask, a bad label). Without a GPU it checks that the kernels are set
+// and exits 77 (CTest: skipped).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -28,14 +32,16 @@ void expect(bool ok, const std::string& what) {
 }
 
 bool close(const at::Tensor& a, const at::Tensor& b, double rtol, double atol) {
-  return a.sizes() == b.sizes() && at::allclose(a.to(at::kCPU).to(at::kDouble), b.to(at::kCPU).to(at::kDouble), rtol, atol);
+  return a.sizes() == b.sizes() &&
+         at::allclose(a.to(at::kCPU).to(at::kDouble), b.to(at::kCPU).to(at::kDouble), rtol, atol);
 }
 
 void expect_error(const std::string& what, const std::string& needle, const std::function<void()>& f) {
   try {
     f();
   } catch (const ulorl::error& e) {
-    expect(std::string(e.what()).find(needle) != std::string::npos, what + ": message '" + e.what() + "' lacks '" + needle + "'");
+    expect(std::string(e.what()).find(needle) != std::string::npos,
+           what + ": message '" + e.what() + "' lacks '" + needle + "'");
     return;
   }
   expect(false, what + ": no ulorl::error");
@@ -60,16 +66,31 @@ batch make(std::int64_t b, std::int64_t t, std::uint64_t seed) {
 }  // namespace
 
 int main() {
+  namespace d = th::ops::detail;
   th::ops::register_ops();
-  expect(th::ops::detail::cuda_policy_loss_forward.load() == nullptr, "no CUDA kernel before register_cuda_ops()");
+  expect(d::cuda_policy_loss_forward.kernel.load() == nullptr && d::cuda_logits_loss_forward.kernel.load() == nullptr,
+         "no CUDA kernel before register_cuda_ops()");
   if (c10::cuda::device_count() > 0) {
-    const at::Tensor x = at::zeros({2, 3}, at::Device(at::kCUDA, 0));
-    expect_error("a CUDA call before register_cuda_ops()", "argument 'log_prob': is a CUDA tensor (cuda:0)",
-                 [&] { (void)th::policy_loss(x, x, x, at::Tensor(), ulorl::policy_loss_config{}); });
+    // Before register_cuda_ops() the policy loss takes the host path; with the fallback off it is an error.
+    const batch x = make(2, 3, 1);
+    ulorl::policy_loss_config cfg;
+    cfg.normalizer.denominator = 6;
+    const at::Device gpu(at::kCUDA, 0);
+    const auto host = th::policy_loss(x.lp.to(gpu), x.old.to(gpu), x.adv.to(gpu), at::Tensor(), cfg);
+    const auto cpu = th::policy_loss(x.lp, x.old, x.adv, at::Tensor(), cfg);
+    expect(host.loss.device().is_cuda() && close(host.loss, cpu.loss, 0, 0),
+           "the host path before register_cuda_ops()");
+    expect(th::ops::set_host_fallback(false), "the host fallback is on by default");
+    expect_error("a CUDA call with the host fallback off", "argument 'log_prob': is a CUDA tensor (cuda:0)",
+                 [&] { (void)th::policy_loss(x.lp.to(gpu), x.old.to(gpu), x.adv.to(gpu), at::Tensor(), cfg); });
+    th::ops::set_host_fallback(true);
   }
   th::ops::register_cuda_ops();
-  expect(th::ops::detail::cuda_policy_loss_forward.load() == &th::ops::detail::policy_loss_forward_cuda,
-         "register_cuda_ops() sets the CUDA kernel");
+  expect(d::cuda_policy_loss_forward.kernel.load() == &d::policy_loss_forward_cuda &&
+             d::cuda_logits_statistics_forward.kernel.load() == &d::logits_statistics_forward_cuda &&
+             d::cuda_logits_statistics_backward.kernel.load() == &d::logits_statistics_backward_cuda &&
+             d::cuda_logits_loss_forward.kernel.load() == &d::logits_loss_forward_cuda,
+         "register_cuda_ops() sets the CUDA kernels");
   if (c10::cuda::device_count() == 0) {
     std::printf("test_torch_ops_cuda: no CUDA device; the kernel is set (%s)\n", failures ? "FAILED" : "ok");
     return failures ? 1 : 77;
@@ -83,8 +104,8 @@ int main() {
     ulorl::agg_mode mode;
   };
   const std::vector<variant> variants = {
-      {"ppo clip-higher + k3 + entropy, token_mean", ulorl::objective_kind::ppo_clip, ulorl::kl_estimator::k3, 0.05, 0.01,
-       ulorl::agg_mode::token_mean},
+      {"ppo clip-higher + k3 + entropy, token_mean", ulorl::objective_kind::ppo_clip, ulorl::kl_estimator::k3, 0.05,
+       0.01, ulorl::agg_mode::token_mean},
       {"ppo + k2, seq_mean_token_mean", ulorl::objective_kind::ppo_clip, ulorl::kl_estimator::k2, 0.1, 0.0,
        ulorl::agg_mode::seq_mean_token_mean},
       {"gspo", ulorl::objective_kind::gspo, ulorl::kl_estimator::k3, 0.0, 0.0, ulorl::agg_mode::seq_mean_token_mean},
@@ -108,7 +129,9 @@ int main() {
         off = at::arange(0, 7 * 37, 37, at::kLong);
       }
       const auto call = [&](const at::Device& d) {
-        const auto to = [&](const at::Tensor& t) { return t.defined() ? th::ops::opt_tensor(t.to(d)) : th::ops::opt_tensor(); };
+        const auto to = [&](const at::Tensor& t) {
+          return t.defined() ? th::ops::opt_tensor(t.to(d)) : th::ops::opt_tensor();
+        };
         return th::ops::detail::op<th::ops::detail::policy_loss_forward_sig>("ulorl::_policy_loss_forward")
             .call(lp.to(d), old.to(d), adv.to(d), to(mask), to(ref), th::ops::opt_tensor(), to(ent), to(off),
                   th::ops::opt_tensor(), enc);
@@ -146,8 +169,9 @@ int main() {
     };
     expect_error("float64 on CUDA", "argument 'log_prob': has dtype Double",
                  [&] { run(x.lp.to(gpu).to(at::kDouble), at::Tensor()); });
-    expect_error("a strided log_prob", "argument 'log_prob': has strides",
-                 [&] { (void)th::policy_loss(x.lp.t().contiguous().t().to(gpu), x.old.to(gpu), x.adv.to(gpu), at::Tensor(), cfg); });
+    expect_error("a strided log_prob", "argument 'log_prob': has strides", [&] {
+      (void)th::policy_loss(x.lp.t().contiguous().t().to(gpu), x.old.to(gpu), x.adv.to(gpu), at::Tensor(), cfg);
+    });
     at::Tensor bad = x.lp.clone();
     bad[1][2] = NAN;
     expect_error("a NaN log-prob", "argument 'log_prob'[10] = nan: must be finite (row 1, token 2)",
@@ -157,6 +181,68 @@ int main() {
     expect_error("a mask value 0.5", "argument 'mask'[19] = 0.5", [&] { run(x.lp.to(gpu), m.to(gpu)); });
     expect_error("a CPU mask beside CUDA log-probs", "argument 'mask': is on device cpu but 'log_prob' is on cuda:0",
                  [&] { run(x.lp.to(gpu), m); });
+  }
+  // The logits statistics and their gradient, every logits dtype, against the CPU kernel.
+  for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    at::manual_seed(7);
+    const at::Tensor z = (at::randn({5, 1000}) * 3).to(dtype), y = at::randint(0, 1000, {5}, at::kLong);
+    const at::Tensor g_lp = at::randn({5}), g_ent = at::randn({5});
+    const auto run = [&](const at::Device& dev) {
+      const at::Tensor zz = z.to(dev).requires_grad_(true);
+      auto [lp, ent] = th::ops::detail::op<th::ops::detail::logits_statistics_sig>("ulorl::logits_statistics")
+                           .call(zz, y.to(dev), 0.7, true, false);
+      torch::autograd::backward({lp, ent}, {g_lp.to(dev).to(lp.scalar_type()), g_ent.to(dev).to(ent.scalar_type())});
+      return std::make_tuple(lp, ent, zz.grad());
+    };
+    const auto [lp_c, ent_c, gz_c] = run(at::kCPU);
+    const auto [lp_g, ent_g, gz_g] = run(gpu);
+    const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
+    const std::string name = std::string("logits_statistics ") + c10::toString(dtype);
+    expect(lp_g.device().is_cuda() && lp_g.scalar_type() == dtype && gz_g.scalar_type() == dtype, name + ": outputs");
+    expect(close(lp_c, lp_g, tol, 1e-5) && close(ent_c, ent_g, tol, 1e-5), name + ": log_prob and entropy");
+    expect(close(gz_c, gz_g, tol, 1e-6), name + ": the gradient of the logits");
+  }
+  // The loss from logits on the device against the CPU: loss, gradient, statistics, metrics.
+  for (const double entropy_coef : {0.0, 0.01}) {
+    const batch x = make(3, 11, 9);
+    at::manual_seed(9);
+    const at::Tensor z = at::randn({33, 257}), y = at::randint(0, 257, {33}, at::kLong);
+    ulorl::policy_loss_config cfg;
+    cfg.objective.eps_high = 0.28;
+    cfg.kl_coef = 0.05;
+    cfg.entropy_coef = entropy_coef;
+    cfg.normalizer =
+        ulorl::global_normalizer(ulorl::agg_mode::token_mean, ulorl::batch_counts{x.mask.sum().item<double>(), 3, 3});
+    const auto opt = [&](const at::Device& dev) {
+      th::logits_loss_config o;
+      o.extra.ref_log_prob = x.ref.to(dev);
+      return o;
+    };
+    const auto run = [&](const at::Device& dev) {
+      const at::Tensor zz = z.to(dev).requires_grad_(true);
+      const th::policy_loss_output out =
+          th::policy_loss_from_logits(zz, y.to(dev), x.old.to(dev), x.adv.to(dev), x.mask.to(dev), cfg, opt(dev));
+      (out.loss * 2).backward();
+      return std::make_pair(out, zz.grad());
+    };
+    const auto [c, gc] = run(at::kCPU);
+    const auto [g, gg] = run(gpu);
+    const std::string name = std::string("policy_loss_from_logits, entropy_coef ") + std::to_string(entropy_coef);
+    expect(g.loss.device().is_cuda() && close(c.loss, g.loss, 1e-5, 1e-7), name + ": loss");
+    expect(close(gc, gg, 1e-5, 1e-7), name + ": the gradient of the logits");
+    expect(close(c.log_prob, g.log_prob, 1e-5, 1e-6), name + ": log_prob");
+    expect(c.result.metrics.tokens == g.result.metrics.tokens, name + ": metrics");
+    expect_error(name + ": a label out of range", "labels", [&] {
+      (void)th::policy_loss_from_logits(z.to(gpu), at::full({33}, 300, at::kLong).to(gpu), x.old.to(gpu), x.adv.to(gpu),
+                                        x.mask.to(gpu), cfg, opt(gpu));
+    });
+  }
+  // An operator without a device kernel: the host path gives the CPU's values on the device.
+  {
+    const batch x = make(4, 9, 13);
+    ulorl::kl_config kc;
+    const at::Tensor kl_c = th::kl_penalty(x.lp, x.ref, kc), kl_g = th::kl_penalty(x.lp.to(gpu), x.ref.to(gpu), kc);
+    expect(kl_g.device().is_cuda() && close(kl_c, kl_g, 0, 0), "kl_penalty on the host path");
   }
   std::printf("test_torch_ops_cuda: %s\n", failures ? "FAILED" : "passed");
   return failures ? 1 : 0;

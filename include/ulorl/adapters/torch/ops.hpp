@@ -27,9 +27,12 @@
 // each returning the values and the gradients the autograd kernels keep), and the batch operators
 // of ops_batch.hpp (advantages, masks, filters, rollout correction). Kernels per dispatch key:
 //   CPU     ulorl's CPU kernels (the installed ISA variants) on torch's intra-op pool;
-//   CUDA    the policy loss's device kernel once register_cuda_ops() (ops_cuda.hpp) has set it;
-//           otherwise, and for the other operators, ulorl::error naming the CUDA tensor (or the
-//           tensor on another device than the first);
+//   CUDA    the device kernels of the policy loss, the logits statistics (forward and backward)
+//           and the loss from logits once register_cuda_ops() (ops_cuda.hpp) has set them; the
+//           other operators, and these before then, run on the CPU on copies of their tensors and
+//           return their outputs on the device (run_on_host: a synchronising round trip, warned
+//           once; set_host_fallback(false) makes it ulorl::error naming the CUDA tensor). A tensor
+//           on another device than the first is named in every case;
 //   Meta    shapes and dtypes only, so FakeTensor and torch.compile trace through the calls;
 //   Autograd (the public operators) the exact gradients, computed in the forward pass or by the
 //           backward primitive, differentiable once (a double backward raises ulorl::error);
@@ -280,38 +283,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_forward(
   }
 }
 
-//! The CUDA kernel of `_policy_loss_forward`, once register_cuda_ops() (ops_cuda.hpp, in builds
-//! with CUDA) has set it; until then a CUDA call is an error naming the tensor.
 using policy_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
     const opt_tensor&, const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>);
-using policy_loss_forward_kernel = policy_loss_forward_sig*;
-inline std::atomic<policy_loss_forward_kernel> cuda_policy_loss_forward{nullptr};
+
+//! Whether an operator without a CUDA kernel in this program runs on host copies of its CUDA tensors
+//! (true, the default) or raises ulorl::error naming the CUDA tensor (set_host_fallback(false)).
+inline std::atomic<bool> host_fallback{true};
 
 [[noreturn]] inline void no_cuda_kernel(std::string_view fn, std::string_view arg, const at::Tensor& t,
                                         std::string_view why) {
   fail(fn, arg, "is a CUDA tensor (" + t.device().str() + "): " + std::string(why) + "; move the tensors with .cpu()");
 }
 
-//! The operators with CPU kernels and no CUDA kernel: the primitives but the policy loss's, and
-//! the batch operators (the public loss operators reach the primitives through their Autograd and
-//! CompositeExplicitAutograd kernels on every device).
-inline std::vector<std::string> operators_without_cuda() {
-  std::vector<std::string> names = {"_logits_statistics_forward",
-                                    "_logits_statistics_backward",
-                                    "_agg_loss_forward",
-                                    "_kl_penalty_forward",
-                                    "_policy_loss_from_logits_forward",
-                                    "_linear_head_policy_loss_forward",
-                                    "_weighted_kl_loss_forward",
-                                    "_trl_grpo_loss_forward"};
+//! The operators whose CUDA key always takes the host path (run_on_host): the primitives without a
+//! device kernel in kernels/, and the batch operators (the public loss operators reach the
+//! primitives through their Autograd and CompositeExplicitAutograd kernels on every device). With
+//! device_kernels()' primitives, these are the operators that autograd passes by.
+inline std::vector<std::string> host_operators() {
+  std::vector<std::string> names = {"_agg_loss_forward", "_kl_penalty_forward", "_linear_head_policy_loss_forward",
+                                    "_weighted_kl_loss_forward", "_trl_grpo_loss_forward"};
   for (const std::string& s : batch_schemas()) names.push_back(s.substr(0, s.find('(')));
   return names;
 }
 
-//! The CUDA kernel of the operators without one (a boxed kernel: one for all): tensors on two
-//! devices are named as such, else the first CUDA tensor is named. Public names drop a leading `_`.
-inline void no_cuda_kernel_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+//! The CUDA key's kernel of an operator on the host: every tensor argument must be on one device
+//! (else the second device is named); then, with host_fallback, the operator runs on CPU copies of
+//! its tensors and its tensor outputs are copied to that device (a synchronising round trip, warned
+//! once per process); without, the first CUDA tensor is named. Public names drop a leading `_` and
+//! the primitive's suffix.
+inline void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
   std::string fn = op.schema().name();
   fn = fn.substr(fn.find("::") + 2);
@@ -332,22 +333,55 @@ inline void no_cuda_kernel_boxed(const c10::OperatorHandle& op, torch::jit::Stac
                " (every tensor of a call must be on one device)");
     if (!ref) ref = &t, ref_name = args[i].name();
   }
-  if (ref) no_cuda_kernel(fn, ref_name, *ref, fn + " has no CUDA kernel");
-  fail(fn, "", "has no CUDA kernel");
+  if (!ref) fail(fn, "", "has no CUDA kernel");
+  if (!host_fallback.load(std::memory_order_relaxed))
+    no_cuda_kernel(fn, ref_name, *ref, fn + " has no CUDA kernel in this program and the host fallback is off");
+  TORCH_WARN_ONCE("ulorl: ", fn,
+                  " has no CUDA kernel in this program: it runs on the CPU, on copies of its CUDA tensors (the "
+                  "call waits for the device); set_host_fallback(false) makes such a call an error");
+  const c10::Device device = ref->device();
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    c10::IValue& v = (*stack)[first + i];
+    if (v.isTensor() && v.toTensor().defined()) v = v.toTensor().cpu();
+  }
+  op.callBoxed(stack);
+  const std::size_t outputs = op.schema().returns().size();
+  for (std::size_t i = stack->size() - outputs; i < stack->size(); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && v.toTensor().defined()) v = v.toTensor().to(device);
+  }
 }
 
-//! The kernels registered for the CUDA key: the policy loss's when one is set, else an error.
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_forward_on_cuda(
-    const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
-    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
-    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config) {
-  if (const policy_loss_forward_kernel k = cuda_policy_loss_forward.load(std::memory_order_acquire))
-    return k(log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy, offsets, rollout_log_prob,
-             config);
-  no_cuda_kernel("policy_loss", "log_prob", log_prob,
-                 "this program registered no CUDA kernel for the policy loss (ulorl::th::ops::register_cuda_ops, "
-                 "ulorl/adapters/torch/ops_cuda.hpp, in builds with CUDA)");
-}
+//! A primitive's kernel for the CUDA key that register_cuda_ops() (ops_cuda.hpp, in builds with
+//! CUDA) sets; until then, and in builds without CUDA, the primitive runs on the host (run_on_host).
+template <class Sig>
+struct device_kernel;
+template <class R, class... A>
+struct device_kernel<R(A...)> {
+  using signature = R(A...);
+  const char* name;  //!< the operator, "ulorl::_..."
+  std::atomic<R (*)(A...)> kernel{nullptr};
+};
+
+//! The CUDA key's entry of a primitive with a device kernel K: K's kernel when set, else run_on_host.
+template <auto& K, class Sig = typename std::remove_cvref_t<decltype(K)>::signature>
+struct cuda_entry;
+template <auto& K, class R, class... A>
+struct cuda_entry<K, R(A...)> {
+  static R call(A... a) {
+    if (const auto k = K.kernel.load(std::memory_order_acquire)) return k(a...);
+    torch::jit::Stack stack;
+    torch::jit::push(stack, a...);
+    run_on_host(c10::Dispatcher::singleton().findSchemaOrThrow(K.name, ""), &stack);
+    if constexpr (std::is_same_v<R, at::Tensor>) {
+      return std::move(stack.back()).toTensor();
+    } else {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) { return R{std::move(stack[I]).toTensor()...}; }
+      (std::make_index_sequence<std::tuple_size_v<R>>{});
+    }
+  }
+};
+
 //! The typed handle of operator `name` (registered by register_ops()), looked up once: each
 //! signature below belongs to one operator, and the dispatcher keeps a registered handle valid.
 template <class Sig>
@@ -1241,6 +1275,14 @@ inline std::tuple<at::Tensor, at::Tensor> trl_grpo_loss_composite(
   return {loss, result};
 }
 
+// ---- the primitives with device kernels (ops_cuda.hpp) ------------------------------------------------
+
+inline device_kernel<policy_loss_forward_sig> cuda_policy_loss_forward{"ulorl::_policy_loss_forward"};
+inline device_kernel<logits_statistics_forward_sig> cuda_logits_statistics_forward{"ulorl::_logits_statistics_forward"};
+inline device_kernel<logits_statistics_backward_sig> cuda_logits_statistics_backward{
+    "ulorl::_logits_statistics_backward"};
+inline device_kernel<logits_loss_forward_sig> cuda_logits_loss_forward{"ulorl::_policy_loss_from_logits_forward"};
+
 }  // namespace detail
 
 //! Registers the `ulorl` operators (schemas and kernels) unless this process has them already.
@@ -1272,11 +1314,15 @@ inline bool register_ops() {
     meta.impl("_trl_grpo_loss_forward", &detail::trl_grpo_loss_forward<true>);
     meta.impl("_weighted_kl_loss_forward", &detail::weighted_kl_loss_forward<true>);
     detail::register_batch_kernels(cpu, meta);
-    // CUDA: the policy loss's switchable kernel; every other operator names the CUDA tensor.
+    // CUDA: the device kernels that register_cuda_ops() sets, else (and for the other operators)
+    // the host path.
     static torch::Library cuda(torch::Library::IMPL, "ulorl", c10::DispatchKey::CUDA, __FILE__, __LINE__);
-    cuda.impl("_policy_loss_forward", &detail::policy_loss_forward_on_cuda);
-    for (const std::string& name : detail::operators_without_cuda())
-      cuda.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&detail::no_cuda_kernel_boxed>());
+    cuda.impl("_policy_loss_forward", &detail::cuda_entry<detail::cuda_policy_loss_forward>::call);
+    cuda.impl("_logits_statistics_forward", &detail::cuda_entry<detail::cuda_logits_statistics_forward>::call);
+    cuda.impl("_logits_statistics_backward", &detail::cuda_entry<detail::cuda_logits_statistics_backward>::call);
+    cuda.impl("_policy_loss_from_logits_forward", &detail::cuda_entry<detail::cuda_logits_loss_forward>::call);
+    for (const std::string& name : detail::host_operators())
+      cuda.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&detail::run_on_host>());
     static torch::Library autograd(torch::Library::IMPL, "ulorl", c10::DispatchKey::Autograd, __FILE__, __LINE__);
     autograd.impl("policy_loss", &detail::policy_loss_autograd);
     autograd.impl("logits_statistics", &detail::logits_statistics_autograd);
@@ -1289,8 +1335,10 @@ inline bool register_ops() {
     // The primitives are not differentiable: their outputs are gradients and statistics, and
     // autograd passes them by (torch 1.13 has no fallthrough of its own for AutogradMeta).
     // The batch operators are not differentiable either (their inputs are constants of the loss).
-    autograd.impl("_policy_loss_forward", torch::CppFunction::makeFallthrough());
-    for (const std::string& name : detail::operators_without_cuda())
+    for (const char* name : {"_policy_loss_forward", "_logits_statistics_forward", "_logits_statistics_backward",
+                             "_policy_loss_from_logits_forward"})
+      autograd.impl(name, torch::CppFunction::makeFallthrough());
+    for (const std::string& name : detail::host_operators())
       autograd.impl(name.c_str(), torch::CppFunction::makeFallthrough());
     static torch::Library composite(torch::Library::IMPL, "ulorl", c10::DispatchKey::CompositeExplicitAutograd,
                                     __FILE__, __LINE__);
@@ -1306,6 +1354,12 @@ inline bool register_ops() {
   }();
   return registered;
 }
+
+//! Whether an operator without a CUDA kernel in this program runs on the CPU on copies of its CUDA
+//! tensors, its outputs copied back (true, the default; warned once per process), or raises
+//! ulorl::error naming the CUDA tensor (false). Process-wide for the registration of this copy of
+//! ulorl; returns the previous setting.
+inline bool set_host_fallback(bool enabled) { return detail::host_fallback.exchange(enabled); }
 
 }  // namespace ops
 

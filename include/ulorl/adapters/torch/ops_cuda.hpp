@@ -1,13 +1,16 @@
-// ulorl/adapters/torch/ops_cuda.hpp — the CUDA kernel of the `ulorl::_policy_loss_forward`
-// operator (ops.hpp), for libtorch built with CUDA: the tensors' device pointers go to
-// ulorl::cuda::policy_loss (kernels/ulorl/kernels/policy_loss.cuh) on torch's current stream, with
-// its workspace from torch's caching allocator. Host code (C++20, the host compiler; needs
-// libtorch's c10_cuda and the CUDA runtime's headers); the device code is the launcher of
-// ulorl/kernels/torch_launch.hpp, defined by including ulorl/kernels/torch_launch.cuh in one .cu
-// file of the program. register_cuda_ops() sets the kernel that the library's CUDA entry
-// (ops.hpp) calls; until then a CUDA tensor is an error naming it.
+// ulorl/adapters/torch/ops_cuda.hpp — the CUDA kernels of the `ulorl` operators (ops.hpp) that have
+// device code in kernels/, for libtorch built with CUDA: `_policy_loss_forward` (ulorl::cuda::
+// policy_loss, kernels/ulorl/kernels/policy_loss.cuh), `_logits_statistics_forward` and
+// `_logits_statistics_backward` (logits_forward / logits_backward, logits.cuh) and
+// `_policy_loss_from_logits_forward` (the three in sequence, every intermediate on the device). The
+// tensors' device pointers go to the launchers on torch's current stream, with workspace from
+// torch's caching allocator. Host code (C++20, the host compiler; needs libtorch's c10_cuda and the
+// CUDA runtime's headers); the device code is the launchers of ulorl/kernels/torch_launch.hpp,
+// defined by including ulorl/kernels/torch_launch.cuh in one .cu file of the program.
+// register_cuda_ops() sets the kernels that the library's CUDA entries (ops.hpp) call; until then
+// those operators take the host path of ops.hpp (run_on_host).
 //
-// What runs on the device: float32 token tensors (float64 ones raise ulorl::error naming
+// The policy loss on the device: float32 token tensors (float64 ones raise ulorl::error naming
 // `log_prob`: the CPU kernels take them), each contiguous (a strided one raises naming it, with the
 // fix), a bool / uint8 / float32 mask or none, int64 offsets for the packed layout, every
 // objective, KL estimator, entropy term and aggregation of the CPU path; the in-pass rollout
@@ -16,12 +19,20 @@
 // launch, so that a NaN / Inf input, a mask value other than 0 / 1 or a bad offsets row raises
 // ulorl::error naming the argument and the token, as on the CPU (nothing is written to the
 // gradients then); check_values = false launches without any device-to-host synchronisation.
+//
+// The logits on the device: float32, float16 or bfloat16 [N, V] with consecutive columns (any row
+// stride), int64 or int32 labels; statistics in float32 (the CPU accumulates in float64), returned in
+// the logits' dtype as on the CPU; `fast_backward` has no effect (the device backward is one pass in
+// float32). With check_values one more synchronisation reads back the first out-of-range label and
+// whether a statistic is NaN, and then the CPU kernel runs on copies to raise the CPU's error;
+// without, an out-of-range label makes its row NaN (its gradient row 0) and nothing is read back.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -95,14 +106,11 @@ inline const float* optional_device_tokens(std::string_view fn, std::string_view
   ulorl::detail::fail(fn, "log_prob", "the device's value scan rejected token " + std::to_string(i) + where);
 }
 
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_forward_cuda(
-    const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask_,
-    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets_,
-    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config) {
-  constexpr std::string_view fn = "policy_loss";
-  require_policy_loss_device(log_prob, old_log_prob, advantages, mask_, ref_log_prob, weights, entropy, offsets_,
-                             rollout_log_prob);
-  const policy_loss_config cfg = config_of(fn, config);
+//! The policy loss on the device, its errors named for `fn` (policy_loss or a fused loss calling it).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_on_device(
+    std::string_view fn, const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages,
+    const opt_tensor& mask_, const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy,
+    const opt_tensor& offsets_, const opt_tensor& rollout_log_prob, const policy_loss_config& cfg) {
   ulorl::cuda::validate_policy_loss_config(fn, cfg);
   if (cfg.rollout.has_value() || rollout_log_prob.has_value())
     fail(fn, "rollout_log_prob",
@@ -202,13 +210,200 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_fo
   return std::make_tuple(loss, glp, gent, result);
 }
 
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_forward_cuda(
+    const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
+    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config) {
+  constexpr std::string_view fn = "policy_loss";
+  require_policy_loss_device(log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy, offsets,
+                             rollout_log_prob);
+  return policy_loss_on_device(fn, log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy, offsets,
+                               rollout_log_prob, config_of(fn, config));
+}
+
+// ---- logits: statistics, their backward, the loss from logits --------------------------------------------
+
+//! A launcher's error as ulorl::error naming `arg`.
+inline void check_launch(std::string_view fn, std::string_view arg, cudaError_t e, std::string_view what) {
+  if (e != cudaSuccess) fail(fn, arg, std::string("CUDA kernel ") + std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+//! The logits and labels of a device call: logits [N, V] float32 / float16 / bfloat16 with unit
+//! column stride (any row stride), labels int64 [N] (int32 ones widened on the device), the
+//! temperature's rule of the CPU kernels. `labels64` keeps the widened labels alive.
+inline cuda::torch_launch::logits_call logits_call_of(std::string_view fn, const at::Tensor& logits,
+                                                      const at::Tensor& labels, double temperature,
+                                                      at::Tensor& labels64) {
+  using cuda::torch_launch::logits_type;
+  cuda::torch_launch::logits_call c;
+  c.rows = logits_rows(fn, logits);
+  c.cols = logits.size(1);
+  switch (logits.scalar_type()) {
+    case c10::ScalarType::Float:
+      c.type = logits_type::float32;
+      break;
+    case c10::ScalarType::Half:
+      c.type = logits_type::float16;
+      break;
+    case c10::ScalarType::BFloat16:
+      c.type = logits_type::bfloat16;
+      break;
+    default:
+      fail(fn, "logits",
+           std::string("has dtype ") + c10::toString(logits.scalar_type()) +
+               " but the CUDA kernels take float32, float16 or bfloat16 logits (float64 ones run on the CPU)");
+  }
+  if (c.rows > 0 && c.cols == 0) fail(fn, "logits", "has V = 0 columns: no vocabulary");
+  if (c.cols > 1 && logits.stride(1) != 1)
+    fail(fn, "logits",
+         "has strides " + th::detail::strides_str(logits) +
+             " but the CUDA kernels read rows of consecutive logits (pass .contiguous())");
+  c.row_stride = c.rows > 1 ? logits.stride(0) : c.cols;
+  if (labels.dim() != 1 || labels.size(0) != c.rows)
+    fail(fn, "labels",
+         "has shape " + th::detail::sizes_str(labels) + " but must be [" + std::to_string(c.rows) +
+             "] (one label per row of 'logits')");
+  if (labels.scalar_type() != c10::ScalarType::Long && labels.scalar_type() != c10::ScalarType::Int)
+    fail(fn, "labels", std::string("has dtype ") + c10::toString(labels.scalar_type()) + " but must be int64 or int32");
+  ulorl::require_divisor<float>(fn, "temperature", temperature);
+  labels64 = labels.to(at::kLong).contiguous();
+  c.logits = logits.data_ptr();
+  c.labels = labels64.data_ptr<std::int64_t>();
+  c.temperature = static_cast<float>(temperature);
+  c.stream = c10::cuda::getCurrentCUDAStream(logits.device().index()).stream();
+  return c;
+}
+
+//! The float32 statistics of the device's forward pass.
+struct device_statistics {
+  at::Tensor log_prob, entropy, lse;
+};
+
+//! The logits statistics on the device. With check_values, one synchronisation reads back the first
+//! out-of-range label and whether a statistic is NaN; then the CPU kernel runs on copies to raise
+//! its own error (a label, a NaN / +inf logit, a row beyond the float range: the CPU's message).
+inline device_statistics logits_statistics_on_device(std::string_view fn, const at::Tensor& logits,
+                                                     const at::Tensor& labels, double temperature, bool check_values) {
+  const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor labels64;
+  cuda::torch_launch::logits_call c = logits_call_of(fn, logits, labels, temperature, labels64);
+  const auto f = logits.options().dtype(at::kFloat);
+  device_statistics out{at::empty({c.rows}, f), at::empty({c.rows}, f), at::empty({c.rows}, f)};
+  const at::Tensor bad = check_values ? at::zeros({1}, logits.options().dtype(at::kInt)) : at::Tensor();
+  c.log_prob = out.log_prob.data_ptr<float>();
+  c.entropy = out.entropy.data_ptr<float>();
+  c.lse = out.lse.data_ptr<float>();
+  c.bad_label_row = bad.defined() ? bad.data_ptr<int>() : nullptr;
+  check_launch(fn, "logits", cuda::torch_launch::logits_forward(c), "workspace query");
+  // At least one byte: a null workspace asks for its size again instead of launching.
+  const at::Tensor workspace =
+      at::empty({static_cast<std::int64_t>(std::max<std::size_t>(c.workspace_bytes, 16))}, f.dtype(at::kByte));
+  c.workspace = workspace.data_ptr();
+  check_launch(fn, "logits", cuda::torch_launch::logits_forward(c), "launch");
+  if (check_values && c.rows > 0) {
+    const at::Tensor nan = at::logical_or(at::isnan(out.log_prob), at::isnan(out.entropy)).any().to(at::kInt);
+    const at::Tensor status = at::cat({bad, nan.reshape({1})}).cpu();  // the one synchronisation
+    const std::int32_t* st = status.data_ptr<std::int32_t>();
+    if (st[0] != 0 || st[1] != 0) {
+      logits_statistics_forward_cpu(logits.cpu(), labels.cpu(), temperature, true, false);  // raises the CPU's error
+      if (st[0] != 0)
+        ulorl::detail::fail_value(fn, "labels", static_cast<std::int64_t>(st[0]) - 1,
+                                  "is the first row whose label is outside [0, V)");
+      fail(fn, "logits", "the device's statistics are NaN in a row the CPU kernel accepts");
+    }
+  }
+  return out;
+}
+
+//! d loss / d logits on the device into `grad` (a new tensor of the logits' shape and dtype), from the
+//! forward's float32 lse and entropy and float32 [N] gradients of the statistics (grad_entropy may
+//! be undefined: no entropy term).
+inline void logits_backward_on_device(std::string_view fn, const at::Tensor& logits, const at::Tensor& labels,
+                                      const at::Tensor& lse, const at::Tensor& entropy, const at::Tensor& grad_log_prob,
+                                      const at::Tensor& grad_entropy, double temperature, const at::Tensor& grad) {
+  const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor labels64;
+  cuda::torch_launch::logits_call c = logits_call_of(fn, logits, labels, temperature, labels64);
+  const auto rows_of = [&](std::string_view arg, const at::Tensor& t) {
+    if (t.numel() != c.rows)
+      fail(fn, arg, "has shape " + th::detail::sizes_str(t) + " but must have one value per row of 'logits'");
+    return t.to(at::kFloat).contiguous();
+  };
+  const at::Tensor lse32 = rows_of("lse", lse), glp = rows_of("grad_log_prob", grad_log_prob);
+  const at::Tensor ent32 = grad_entropy.defined() ? rows_of("entropy", entropy) : at::Tensor();
+  const at::Tensor gent = grad_entropy.defined() ? rows_of("grad_entropy", grad_entropy) : at::Tensor();
+  c.saved_lse = lse32.data_ptr<float>();
+  c.saved_entropy = ent32.defined() ? ent32.data_ptr<float>() : nullptr;
+  c.grad_log_prob = glp.data_ptr<float>();
+  c.grad_entropy = gent.defined() ? gent.data_ptr<float>() : nullptr;
+  c.grad = grad.data_ptr();
+  c.grad_row_stride = c.cols;
+  check_launch(fn, "logits", cuda::torch_launch::logits_backward(c), "launch");
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_statistics_forward_cuda(
+    const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values, bool) {
+  constexpr std::string_view fn = "logits_statistics";
+  th::detail::require_same_device(fn, "logits", logits, {{"labels", &labels}});
+  const device_statistics d = logits_statistics_on_device(fn, logits, labels, temperature, check_values);
+  const auto st = stats_dtype(fn, logits);
+  return {d.log_prob.to(st), st == c10::ScalarType::Float ? d.entropy.clone() : d.entropy.to(st), d.lse.to(at::kDouble),
+          d.entropy.to(at::kDouble)};
+}
+
+inline at::Tensor logits_statistics_backward_cuda(const at::Tensor& logits, const at::Tensor& labels,
+                                                  const at::Tensor& lse, const at::Tensor& ent,
+                                                  const opt_tensor& grad_log_prob, const opt_tensor& grad_entropy,
+                                                  double temperature, bool) {
+  constexpr std::string_view fn = "logits_statistics";
+  require_backward_device(logits, labels, lse, ent, grad_log_prob, grad_entropy);
+  at::Tensor g_lp = value_or_undefined(grad_log_prob), g_ent = value_or_undefined(grad_entropy);
+  at::Tensor out = at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous));
+  if (!g_lp.defined() && !g_ent.defined()) return out.zero_();
+  if (!g_lp.defined()) g_lp = at::zeros({logits.size(0)}, g_ent.options().dtype(at::kFloat));
+  logits_backward_on_device(fn, logits, labels, lse, ent, g_lp, g_ent, temperature, out);
+  return out;
+}
+
+//! policy_loss_from_logits on the device: the statistics, the policy loss of policy_loss_on_device on
+//! them (log_prob in old_log_prob's layout), the gradient of the logits from its token gradients.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_loss_forward_cuda(
+    const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& old_log_prob, const at::Tensor& advantages,
+    const opt_tensor& mask, const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets,
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values, bool) {
+  constexpr std::string_view fn = "policy_loss_from_logits";
+  const fused_tokens tok(labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob);
+  tok.require_device(fn, "logits", logits);
+  const policy_loss_config cfg = config_of(fn, config);
+  if (logits.dim() == 2 && logits.size(0) != old_log_prob.numel())
+    fail(fn, "logits",
+         "has " + std::to_string(logits.size(0)) + " rows but 'old_log_prob' has " +
+             std::to_string(old_log_prob.numel()) + " tokens (one row of logits per token of the layout)");
+  const device_statistics d = logits_statistics_on_device(fn, logits, labels, temperature, check_values);
+  const at::Tensor lp = d.log_prob.view(old_log_prob.sizes());
+  const bool entropy_term = cfg.entropy_coef != 0.0;
+  const opt_tensor ent = entropy_term ? opt_tensor(d.entropy.view(old_log_prob.sizes())) : opt_tensor();
+  auto [loss, glp, gent, result] = policy_loss_on_device(fn, lp, old_log_prob, advantages, mask, ref_log_prob, weights,
+                                                         ent, offsets, rollout_log_prob, cfg);
+  const at::Tensor grad = at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous));
+  logits_backward_on_device(fn, logits, labels, d.lse, d.entropy, glp.reshape({-1}),
+                            entropy_term ? gent.reshape({-1}) : at::Tensor(), temperature, grad);
+  return {loss, grad, lp, entropy_term ? *ent : at::empty({0}, lp.options()), result};
+}
+
 }  // namespace detail
 
-//! Sets the CUDA kernel of `_policy_loss_forward` in the `ulorl` library (registering the library
+//! Sets the CUDA kernels of `_policy_loss_forward`, `_logits_statistics_forward`,
+//! `_logits_statistics_backward` and `_policy_loss_from_logits_forward` in the `ulorl` library (registering the library
 //! first when this process has none). Thread-safe and idempotent.
 inline void register_cuda_ops() {
   register_ops();
-  detail::cuda_policy_loss_forward.store(&detail::policy_loss_forward_cuda, std::memory_order_release);
+  detail::cuda_policy_loss_forward.kernel.store(&detail::policy_loss_forward_cuda, std::memory_order_release);
+  detail::cuda_logits_statistics_forward.kernel.store(&detail::logits_statistics_forward_cuda,
+                                                      std::memory_order_release);
+  detail::cuda_logits_statistics_backward.kernel.store(&detail::logits_statistics_backward_cuda,
+                                                       std::memory_order_release);
+  detail::cuda_logits_loss_forward.kernel.store(&detail::logits_loss_forward_cuda, std::memory_order_release);
 }
 
 }  // namespace ops
