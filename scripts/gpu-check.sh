@@ -89,7 +89,7 @@ if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   if CUDA_HOME=$(dirname "$(dirname "$nvcc")") TORCH_CUDA_ARCH_LIST="${arch%?}.${arch: -1}" MAX_JOBS=${JOBS:-16} \
       "$venv/bin/pip" install --no-build-isolation --no-deps --no-index "$root/python" > "$out/build-python.txt" 2>&1; then
     (cd "$root/tests/python" && ULORL_GOLDEN_DIR="$root/tests/golden" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-      -rs test_ops_cuda.py test_ops.py) 2>&1 | tee "$out/test_ops_cuda.txt"
+      -rs test_ops_cuda.py test_presets_cuda.py test_ops.py) 2>&1 | tee "$out/test_ops_cuda.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || fail=1
     "$venv/bin/python" -c 'import ulorl, sys; sys.exit(0 if ulorl._ulorl.cuda_kernels else 1)' ||
       { echo "FAILED: the package was built without its CUDA kernel"; fail=1; }

@@ -131,6 +131,22 @@ policy_loss_config.__signature__ = inspect.Signature(  # type: ignore[attr-defin
     return_annotation=PolicyLossConfig)
 
 
+def _host(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``t`` as the extension's host-side functions (count_batch, ...) read it: itself on the CPU, else a
+    CPU copy (those functions are not operators: they take no device tensors)."""
+    return t if t is None or t.device.type == "cpu" else t.cpu()
+
+
+def _count_batch(mask: Optional[torch.Tensor], offsets: Optional[torch.Tensor] = None,
+                 tokens: Optional[torch.Tensor] = None) -> _ulorl.BatchCounts:
+    """count_batch (``tokens``: their layout, that of a None mask and the mask's shape) of tensors on
+    any device: a device mask and offsets are read from host copies, device tokens from an
+    uninitialised CPU tensor of their shape and dtype (count_batch reads no token value)."""
+    if tokens is not None and tokens.device.type != "cpu":
+        tokens = torch.empty(tokens.shape, dtype=tokens.dtype)
+    return _ulorl.count_batch(_host(mask), _host(offsets), tokens=tokens)
+
+
 def _config(fn: str, config: Optional[PolicyLossConfig], options: Dict[str, Any], normalizer: Optional[Normalizer],
             agg_mode: str, agg_constant: float, mask: Optional[torch.Tensor], offsets: Optional[torch.Tensor],
             tokens: torch.Tensor) -> PolicyLossConfig:
@@ -151,7 +167,7 @@ def _config(fn: str, config: Optional[PolicyLossConfig], options: Dict[str, Any]
     else:
         # No step normaliser given: this call is the whole batch (its own counts; without a mask,
         # every token of the layout of `tokens`).
-        counts = _ulorl.count_batch(mask, offsets, tokens=tokens if mask is None else None)
+        counts = _count_batch(mask, offsets, tokens if mask is None else None)
         cfg.normalizer = _ulorl.global_normalizer(agg_mode, counts, agg_constant)
     return cfg
 
@@ -246,6 +262,14 @@ def logits_statistics(logits: torch.Tensor, labels: torch.Tensor, temperature: f
     """Per-row statistics of ``z = logits / temperature`` in float64, detached (no autograd): the
     log-prob of ``labels``, the entropy and the log-sum-exp ``lse = log sum_j exp(z_j)`` (what the
     backward of :func:`logprobs_from_logits` reads). Same inputs as :func:`logprobs_from_logits`."""
+    device = logits.device
+    if device.type != "cpu":
+        # The statistics are a host-side function (no operator): host copies in, the results to the device.
+        if labels.device != device:
+            raise _fail("logits_statistics", "labels", f"is on device {labels.device} but 'logits' is on {device} "
+                        "(every tensor of a call must be on one device)")
+        lp, ent, lse = _ulorl._logits_statistics(logits.detach().cpu(), labels.cpu(), temperature, check_values)
+        return lp.to(device), ent.to(device), lse.to(device)
     lp, ent, lse = _ulorl._logits_statistics(logits.detach(), labels, temperature, check_values)
     return lp, ent, lse
 
@@ -378,12 +402,27 @@ def advantage_preset(
                                     normalize_rewards)
 
 
-def _as_tensor(x: ArrayLike, dtype: Optional[torch.dtype]) -> Tuple[torch.Tensor, bool]:
+def _device_of(*xs: Any) -> Optional[torch.device]:
+    """The device of the first tensor among ``xs`` (None if there is none): where a call puts its
+    numpy arrays and sequences, so that every tensor of the operator call is on one device."""
+    return next((x.device for x in xs if isinstance(x, torch.Tensor)), None)
+
+
+def _as_tensor(x: ArrayLike, dtype: Optional[torch.dtype],
+               device: Optional[torch.device] = None) -> Tuple[torch.Tensor, bool]:
+    """A tensor as given, or a numpy array / sequence as a tensor on ``device`` (None: the CPU); and
+    whether ``x`` was a numpy array."""
     if isinstance(x, torch.Tensor):
         return x, False
     if isinstance(x, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(x)), True
-    return torch.as_tensor(x, dtype=dtype), False
+        t = torch.from_numpy(np.ascontiguousarray(x))
+        return (t if device is None else t.to(device)), True
+    return torch.as_tensor(x, dtype=dtype, device=device), False
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A result as the numpy array a numpy input gets back (from the device if a tensor argument put it there)."""
+    return t.cpu().numpy()
 
 
 def group_advantages(
@@ -402,12 +441,13 @@ def group_advantages(
     the same kind out (numpy in, numpy out).
     """
     p = preset if isinstance(preset, AdvantagePreset) else advantage_preset(preset, **preset_options)
-    r, was_numpy = _as_tensor(rewards, torch.float64)
+    device = _device_of(rewards, group_ids)
+    r, was_numpy = _as_tensor(rewards, torch.float64, device)
     ids = None
     if group_ids is not None:
-        ids, _ = _as_tensor(group_ids, torch.int64)
+        ids, _ = _as_tensor(group_ids, torch.int64, device)
     out = _ulorl._group_advantages(r, ids, group_size, p)
-    return out.numpy() if was_numpy else out
+    return _numpy(out) if was_numpy else out
 
 
 def broadcast_to_tokens(
@@ -423,10 +463,11 @@ def broadcast_to_tokens(
     ``mask`` None needs ``offsets`` (packed): every token inside them valid, the result ``[total]``;
     the padded layout takes its ``[B, T]`` shape from the mask."""
     p = preset if isinstance(preset, AdvantagePreset) else advantage_preset(preset, **preset_options)
-    a, was_numpy = _as_tensor(advantages, torch.float64)
-    m = None if mask is None else _as_tensor(mask, None)[0]
+    device = _device_of(advantages, mask, offsets)
+    a, was_numpy = _as_tensor(advantages, torch.float64, device)
+    m = None if mask is None else _as_tensor(mask, None, device)[0]
     out = _ulorl._broadcast_to_tokens(a, m, p, offsets)
-    return out.numpy() if was_numpy else out
+    return _numpy(out) if was_numpy else out
 
 
 def dynamic_sampling_filter(
@@ -441,10 +482,11 @@ def dynamic_sampling_filter(
     """DAPO's dynamic sampling: keep ``[B]`` (bool) is True for responses of groups whose ``metric``
     values are not all equal (and, with ``use_window``, whose mean lies in [min_accuracy,
     max_accuracy]). Returns ``(keep, counts)``."""
-    m, was_numpy = _as_tensor(metric, torch.float64)
-    ids, _ = _as_tensor(group_ids, torch.int64)
+    device = _device_of(metric, group_ids)
+    m, was_numpy = _as_tensor(metric, torch.float64, device)
+    ids, _ = _as_tensor(group_ids, torch.int64, device)
     keep, stats = _ulorl._dynamic_sampling_filter(m, ids, drop_zero_variance, min_accuracy, max_accuracy, use_window)
-    return (keep.numpy() if was_numpy else keep), stats
+    return (_numpy(keep) if was_numpy else keep), stats
 
 
 def overlong_penalty(
@@ -480,7 +522,7 @@ def overlong_penalty(
         out = _ulorl._soft_overlong_penalties(t, max_length, cache_length)
     else:
         raise _fail("overlong_penalty", "preset", f"unknown name '{preset}' (expected 'dapo' or 'trl')")
-    return out if is_tensor else out.numpy()
+    return out.to(lengths.device) if is_tensor else out.numpy()
 
 
 def mpt_mask(
@@ -560,12 +602,13 @@ class _ValueWithGradient(torch.autograd.Function):
 
 def _with_gradient(x: torch.Tensor, value: Union[float, torch.Tensor], grad: torch.Tensor,
                    function: str) -> torch.Tensor:
-    v = value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=grad.dtype)
+    v = value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=grad.dtype, device=grad.device)
     return _ValueWithGradient.apply(x, v, grad, function)
 
 
-def _tensor(x: Optional[ArrayLike], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
-    return None if x is None else _as_tensor(x, dtype)[0]
+def _tensor(x: Optional[ArrayLike], dtype: Optional[torch.dtype],
+            device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
+    return None if x is None else _as_tensor(x, dtype, device)[0]
 
 
 # ---- rollout correction -------------------------------------------------------------------------------
@@ -644,15 +687,18 @@ def gpg_advantages(scores: ArrayLike, group_ids: Optional[ArrayLike] = None, *, 
                    f_norm: float = 1.0) -> torch.Tensor:
     """GPG advantages ``[B]`` (verl ``gpg``): ``alpha (s - mu_g) / f_norm`` with ``alpha = B / #{s != 0}``
     (group mean 0 for a singleton). Groups by ``group_ids`` or contiguous ``group_size``."""
-    return _ulorl._gpg_advantages(_tensor(scores, torch.float64), _tensor(group_ids, torch.int64), group_size, f_norm)
+    device = _device_of(scores, group_ids)
+    return _ulorl._gpg_advantages(_tensor(scores, torch.float64, device), _tensor(group_ids, torch.int64, device),
+                                  group_size, f_norm)
 
 
 def opo_advantages(scores: ArrayLike, mask: torch.Tensor, group_ids: Optional[ArrayLike] = None, *,
                    group_size: Optional[int] = None, offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
     """OPO advantages ``[B]`` (verl ``opo``): ``s - b_g`` with the length-weighted group baseline, the
     lengths being each row's valid tokens in ``mask``."""
-    return _ulorl._opo_advantages(_tensor(scores, torch.float64), mask, _tensor(group_ids, torch.int64), group_size,
-                                  offsets)
+    device = _device_of(scores, mask, group_ids)
+    return _ulorl._opo_advantages(_tensor(scores, torch.float64, device), mask, _tensor(group_ids, torch.int64, device),
+                                  group_size, offsets)
 
 
 def reinforce_plus_plus_advantages(token_level_rewards: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
@@ -675,8 +721,10 @@ def reinforce_plus_plus_baseline_advantages(scores: ArrayLike, mask: torch.Tenso
     ``verl`` (``reinforce_plus_plus_baseline``: unbiased variance + 1e-8, masked) or ``nemo_rl``
     (``ReinforcePlusPlusAdvantageEstimator``: ``minus_baseline``, biased variance floored at 1e-8,
     every position)."""
-    return _ulorl._reinforce_plus_plus_baseline_advantages(_tensor(scores, torch.float64), _tensor(group_ids, torch.int64),
-                                                    group_size, mask, preset, minus_baseline, offsets)
+    device = _device_of(scores, mask, group_ids)
+    return _ulorl._reinforce_plus_plus_baseline_advantages(_tensor(scores, torch.float64, device),
+                                                           _tensor(group_ids, torch.int64, device), group_size, mask,
+                                                           preset, minus_baseline, offsets)
 
 
 def gae_advantages(token_level_rewards: torch.Tensor, values: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
@@ -704,8 +752,9 @@ def pass_at_k_advantages(scores: ArrayLike, group_ids: Optional[ArrayLike] = Non
     """Pass@k advantages ``[B]`` (verl ``grpo_passk``): each group's best response gets
     ``(s_max - s_second) / (std_g + epsilon)`` (unbiased std; the bare gap without ``scale_by_std``),
     every other response 0; a group of one is an error. Place them with ``broadcast_to_tokens``."""
-    return _ulorl._pass_at_k_advantages(_tensor(scores, torch.float64), _tensor(group_ids, torch.int64), group_size,
-                                        epsilon, scale_by_std)
+    device = _device_of(scores, group_ids)
+    return _ulorl._pass_at_k_advantages(_tensor(scores, torch.float64, device), _tensor(group_ids, torch.int64, device),
+                                        group_size, epsilon, scale_by_std)
 
 
 def multi_reward_advantages(
@@ -735,9 +784,9 @@ def multi_reward_advantages(
 
     ``reward_weights``: K numbers (None: all 1). Groups by ``group_ids`` or contiguous ``group_size``.
     """
-    return _ulorl._multi_reward_advantages(reward_components, list(reward_weights or []),
-                                           _tensor(group_ids, torch.int64), group_size, mask, preset, epsilon,
-                                           norm_adv_by_std, use_leave_one_out_baseline, normalize_rewards,
+    ids = _tensor(group_ids, torch.int64, _device_of(reward_components, mask))
+    return _ulorl._multi_reward_advantages(reward_components, list(reward_weights or []), ids, group_size, mask, preset,
+                                           epsilon, norm_adv_by_std, use_leave_one_out_baseline, normalize_rewards,
                                            scale_rewards, multi_objective_aggregation, offsets)
 
 
@@ -758,7 +807,8 @@ def optimal_token_baseline_advantages(
     group; ``tir_optimal_token_baseline``: per j-th valid token). ``old_log_prob`` and
     ``sum_pi_squared`` (sum over the vocabulary of pi_old^2) are required; ``rollout_is_weights``
     optional. Returns ``(advantages, returns)``."""
-    adv, ret = _ulorl._optimal_token_baseline_advantages(token_level_rewards, mask, _tensor(group_ids, torch.int64),
+    ids = _tensor(group_ids, torch.int64, _device_of(token_level_rewards, mask))
+    adv, ret = _ulorl._optimal_token_baseline_advantages(token_level_rewards, mask, ids,
                                                          old_log_prob, sum_pi_squared, rollout_is_weights,
                                                          handle_zero_tail, epsilon, estimator, offsets)
     return adv, ret
@@ -774,8 +824,7 @@ def agg_loss(loss_mat: torch.Tensor, mask: Optional[torch.Tensor] = None, *, nor
     (:func:`global_normalizer`); without it this call's counts (of the mask, or of every token of
     ``loss_mat``'s layout) with ``agg_mode``."""
     if normalizer is None:
-        normalizer = _ulorl.global_normalizer(agg_mode, _ulorl.count_batch(mask, offsets, tokens=loss_mat.detach()),
-                                              agg_constant)
+        normalizer = _ulorl.global_normalizer(agg_mode, _count_batch(mask, offsets, loss_mat.detach()), agg_constant)
     return _agg_loss(loss_mat, mask, normalizer, offsets)
 
 

@@ -85,6 +85,16 @@ def test_sequence_mean_losses_ignore_the_agg_mode(mode):
     check(f"compute_policy_loss_{mode}", L, None, "token-mean")
 
 
+@pytest.mark.parametrize("mode", ["gspo", "sapo"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_sequence_mean_losses_need_the_global_batch_size_across_ranks(mode, agg):
+    # verl aggregates gspo and sapo as seq-mean-token-mean, so dp_size > 1 needs global_batch_size
+    # whatever loss_agg_mode says.
+    old, lp, adv, m = batch(0)
+    with pytest.raises(ValueError, match="global_batch_size is required when dp_size > 1"):
+        getattr(v, f"compute_policy_loss_{mode}")(old, lp, adv, m, agg, actor(gbi={"dp_size": 2, "batch_num_tokens": 30}))
+
+
 def test_geo_mean():
     def L(old, lp, adv, m):
         return O.geo_mean(old, lp, adv, m, 0.2, 0.28)

@@ -7,12 +7,18 @@ from typing import Any, Dict, Optional
 import torch
 
 from .. import _ulorl
+from .._api import _count_batch, _host
 
 
 def counts(mask: Optional[torch.Tensor], offsets: Optional[torch.Tensor] = None,
            tokens: Optional[torch.Tensor] = None) -> _ulorl.BatchCounts:
-    """count_batch of the mask; a None mask counts every token of ``tokens``' layout."""
-    return _ulorl.count_batch(mask, offsets, tokens=tokens if mask is None else None)
+    """count_batch of the mask (on any device); a None mask counts every token of ``tokens``' layout."""
+    return _count_batch(mask, offsets, tokens if mask is None else None)
+
+
+def host(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``t`` for the extension's host-side functions (not operators): itself on the CPU, else a CPU copy."""
+    return _host(t)
 
 
 def padded_length(t: torch.Tensor) -> int:

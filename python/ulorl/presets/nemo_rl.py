@@ -470,13 +470,13 @@ class ClippedPGLossFn:
         (force_on_policy_ratio) or logp (disable_ppo_ratio), and their clamps."""
         valid = mask != 0
         if not bool(valid.any()):
-            means = _ulorl._nemo_rl_logged_ratios(self._options, lp, prev, mask, gt)
+            means = self._logged_ratios(lp, prev, mask, gt)
             return {**means, "probs_ratio_min": math.inf, "probs_ratio_max": -math.inf,
                     "probs_ratio_clamped_min": math.inf, "probs_ratio_clamped_max": -math.inf}
         lo, hi = 1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max
         d = result.as_dict()
         if self.force_on_policy_ratio or not (self.disable_ppo_ratio or self.sequence_level_importance_ratios):
-            means = _ulorl._nemo_rl_logged_ratios(self._options, lp, prev, mask, gt)
+            means = self._logged_ratios(lp, prev, mask, gt)
             rmin, rmax = d["ratio_min"], d["ratio_max"]
             if self.force_on_policy_ratio:
                 return {**means, "probs_ratio_min": rmin, "probs_ratio_max": rmax, "probs_ratio_clamped_min": rmin,
@@ -484,7 +484,7 @@ class ClippedPGLossFn:
             return {**means, "probs_ratio_min": rmin, "probs_ratio_max": rmax,
                     "probs_ratio_clamped_min": min(max(rmin, lo), hi), "probs_ratio_clamped_max": min(max(rmax, lo), hi)}
         if self.disable_ppo_ratio:
-            means = _ulorl._nemo_rl_logged_ratios(self._options, lp, prev, mask, gt)
+            means = self._logged_ratios(lp, prev, mask, gt)
             x = lp[valid]
             rmin, rmax = float(x.min().item()), float(x.max().item())
             return {**means, "probs_ratio_min": rmin, "probs_ratio_max": rmax, "probs_ratio_clamped_min": rmin,
@@ -498,6 +498,13 @@ class ClippedPGLossFn:
                 "probs_ratio_min": d["ratio_min"], "probs_ratio_max": d["ratio_max"],
                 "probs_ratio_clamped_min": min(max(d["ratio_min"], lo), hi),
                 "probs_ratio_clamped_max": min(max(d["ratio_max"], lo), hi)}
+
+    def _logged_ratios(self, lp: torch.Tensor, prev: torch.Tensor, mask: torch.Tensor,
+                       gt: Optional[float]) -> Dict[str, float]:
+        """probs_ratio and probs_ratio_clamped (presets::nemo_rl::logged_ratios, a host-side function:
+        device tensors are read from host copies)."""
+        return _ulorl._nemo_rl_logged_ratios(self._options, _common.host(lp), _common.host(prev), _common.host(mask),
+                                             gt)
 
     def _diagnostics(self, lp: torch.Tensor, prev: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor,
                      gt: Optional[float]) -> Dict[str, float]:

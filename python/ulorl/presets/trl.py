@@ -99,7 +99,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
         return logprobs_from_logits(rows, labels)[1]
 
     if _torch_rounded(rows, labels):
-        none = torch.empty(rows.shape[0], 0, dtype=torch.int64)
+        none = torch.empty(rows.shape[0], 0, dtype=torch.int64, device=rows.device)
         ent = _with_exact_gradient(rows, _ulorl._logits_statistics_torch_rounding(rows.detach(), none)[1], exact)
     else:
         ent = exact()

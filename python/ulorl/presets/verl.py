@@ -73,16 +73,16 @@ def _mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask if mask.dtype in (torch.bool, torch.uint8, dtype) else mask.to(dtype)
 
 
-def _group_ids(index: Any) -> torch.Tensor:
+def _group_ids(index: Any, device: torch.device) -> torch.Tensor:
     """verl's ``index`` (uids: strings, ints, any hashable; numpy, list or tensor) as int64 group ids,
-    numbered by first appearance."""
+    numbered by first appearance, on ``device`` (the rewards'): the uids are read on the host."""
     if isinstance(index, torch.Tensor) and not index.is_floating_point():
-        return index.reshape(-1).to(torch.int64)
+        return index.reshape(-1).to(device=device, dtype=torch.int64)
     if isinstance(index, np.ndarray) and index.dtype.kind in "iub":
-        return torch.from_numpy(index.reshape(-1).astype(np.int64))
+        return torch.from_numpy(index.reshape(-1).astype(np.int64)).to(device)
     codes: Dict[Any, int] = {}
     items = index.reshape(-1).tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else list(index)
-    return torch.tensor([codes.setdefault(x, len(codes)) for x in items], dtype=torch.int64)
+    return torch.tensor([codes.setdefault(x, len(codes)) for x in items], dtype=torch.int64, device=device)
 
 
 def _require_config(fn: str, config: Any) -> None:
@@ -175,9 +175,11 @@ def _options(loss_mode: str, config: Any) -> Dict[str, Any]:
 def _config(loss_mode: str, o: Dict[str, Any], loss_agg_mode: str, mask: torch.Tensor, padded: int,
             sum_norm_per_sequence: bool = True, kl_type: Optional[str] = None, kl_coef: float = 0.0,
             entropy_coef: float = 0.0, require_global_counts: bool = True) -> _ulorl.PolicyLossConfig:
-    if require_global_counts and loss_mode not in ("gspo", "sapo", "geo_mean"):
-        _normalizer(loss_agg_mode, mask, padded, o["dp_size"], o["batch_num_tokens"], o["global_batch_size"],
-                    o["loss_scale_factor"], True)  # verl's checks of the global counts
+    if require_global_counts and loss_mode != "geo_mean":
+        # verl's checks of the global counts; gspo and sapo aggregate as seq-mean-token-mean whatever the mode.
+        checked_mode = "seq-mean-token-mean" if loss_mode in ("gspo", "sapo") else loss_agg_mode
+        _normalizer(checked_mode, mask, padded, o["dp_size"], o["batch_num_tokens"], o["global_batch_size"],
+                    o["loss_scale_factor"], True)
     scale = o["loss_scale_factor"]
     dp, gbs = o["dp_size"], o["global_batch_size"]
     if not sum_norm_per_sequence and loss_agg_mode == "seq-mean-token-sum-norm":
@@ -208,7 +210,8 @@ def _clip_cov_draw(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantage
         sel = torch.zeros_like(log_prob)
         if len(cand) > 0:
             clip_num = max(int(o["clip_cov_ratio"] * response_mask.sum().item()), 1)
-            pick = cand[torch.randperm(len(cand))[: min(clip_num, len(cand))]]
+            # verl's draw: torch.randperm on the CPU generator, whatever the tensors' device.
+            pick = cand[torch.randperm(len(cand))[: min(clip_num, len(cand))].to(cand.device)]
             sel[pick[:, 0], pick[:, 1]] = 1
         return sel
 
@@ -462,7 +465,7 @@ def _outcome(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
 def _grpo(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, epsilon: float,
           norm_adv_by_std_in_grpo: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     p = _ulorl._advantage_preset("verl", "grpo", epsilon, norm_adv_by_std_in_grpo, "group", True, True)
-    ids = _group_ids(index)
+    ids = _group_ids(index, token_level_rewards.device)
     adv = _outcome(token_level_rewards, response_mask, lambda s: _ulorl._group_advantages(s, ids, None, p), p)
     return adv, adv
 
@@ -494,7 +497,7 @@ def compute_grpo_passk_outcome_advantage(
     config's value and not the keyword decides), on the mask; a group of one is an error."""
     _require_config("compute_grpo_passk_outcome_advantage", config)
     scale = bool(_get(config, "norm_adv_by_std_in_grpo", True))
-    ids = _group_ids(index)
+    ids = _group_ids(index, token_level_rewards.device)
     adv = _outcome(token_level_rewards, response_mask,
                    lambda s: _ulorl._pass_at_k_advantages(s, ids, None, float(epsilon), scale))
     return adv, adv
@@ -522,7 +525,7 @@ def compute_rloo_outcome_advantage(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """verl ``rloo``: s_i - mean of the group's other scores (a singleton: s_i), on the mask."""
     p = _ulorl._advantage_preset("verl", "rloo", epsilon, True, "group", True, True)
-    ids = _group_ids(index)
+    ids = _group_ids(index, token_level_rewards.device)
     adv = _outcome(token_level_rewards, response_mask, lambda s: _ulorl._group_advantages(s, ids, None, p), p)
     return adv, adv
 
@@ -537,7 +540,7 @@ def compute_rloo_vectorized_outcome_advantage(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """verl ``rloo_vectorized``: the advantages of :func:`compute_rloo_outcome_advantage` except a
     singleton's, which is 0."""
-    ids = _group_ids(index)
+    ids = _group_ids(index, token_level_rewards.device)
     p = _ulorl._custom_advantage("leave_one_out", "none", "unbiased", 0.0, "add_to_std", "zero", "divide", "masked",
                                  True)
     adv = _outcome(token_level_rewards, response_mask, lambda s: _ulorl._group_advantages(s, ids, None, p), p)
@@ -555,7 +558,7 @@ def compute_gpg_outcome_advantage(
     **kwargs: Any,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """verl ``gpg``: B / #{s != 0} (s - mean_g) / f_norm on the mask (``alpha`` is recomputed, as verl)."""
-    ids = _group_ids(index)
+    ids = _group_ids(index, token_level_rewards.device)
     adv = _outcome(token_level_rewards, response_mask, lambda s: _ulorl._gpg_advantages(s, ids, None, f_norm))
     return adv, adv
 
@@ -569,7 +572,7 @@ def compute_opo_outcome_advantage(
     **kwargs: Any,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """verl ``opo``: s - the length-weighted group mean of s, on the mask."""
-    ids = _group_ids(index)
+    ids = _group_ids(index, token_level_rewards.device)
     adv = _outcome(token_level_rewards, response_mask,
                    lambda s: _ulorl._opo_advantages(s, _mask(response_mask, s.dtype), ids, None, None))
     return adv, adv
@@ -586,9 +589,10 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     """verl ``reinforce_plus_plus_baseline``: s - mean_g on every valid token, whitened over the batch."""
     dt, out = _compute_dtype(token_level_rewards)
     scores = _as(token_level_rewards, dt).sum(dim=-1).contiguous()
+    ids = _group_ids(index, token_level_rewards.device)
     with torch.no_grad():
-        adv = _ulorl._reinforce_plus_plus_baseline_advantages(scores, _group_ids(index), None, _mask(response_mask, dt), "verl", True,
-                                                       None)
+        adv = _ulorl._reinforce_plus_plus_baseline_advantages(scores, ids, None, _mask(response_mask, dt), "verl", True,
+                                                              None)
     adv = _as(adv, out)
     return adv, adv
 
@@ -669,14 +673,16 @@ def compute_gdpo_outcome_advantage(
                       "component keys returned by compute_score (e.g. ['format_reward', 'accuracy_reward']).")
         for k in keys:
             assert k in non_tensor_batch, f"GDPO reward key '{k}' not found in non_tensor_batch."
-        comps = torch.stack([torch.as_tensor(np.asarray(non_tensor_batch[k], dtype=np.float32)) for k in keys], -1)
+        comps = torch.stack([torch.as_tensor(np.asarray(non_tensor_batch[k], dtype=np.float32),
+                                             device=token_level_rewards.device) for k in keys], -1)
         weights = [float(x) for x in (_get(config, "gdpo_reward_weights") or [])]
     else:
         comps = _as(token_level_rewards, dt).sum(dim=-1, keepdim=True)
+    ids = _group_ids(index, token_level_rewards.device)
     with torch.no_grad():
-        adv = _ulorl._multi_reward_advantages(comps.to(dt).contiguous(), weights, _group_ids(index), None,
-                                              _mask(response_mask, dt), "verl", epsilon, norm_adv_by_std_in_grpo, True, True,
-                                              "group", "sum_then_normalize", None)
+        adv = _ulorl._multi_reward_advantages(comps.to(dt).contiguous(), weights, ids, None, _mask(response_mask, dt),
+                                              "verl", epsilon, norm_adv_by_std_in_grpo, True, True, "group",
+                                              "sum_then_normalize", None)
     adv = _as(adv, out)
     return adv, adv
 
@@ -685,9 +691,10 @@ def _otb(estimator: str, token_level_rewards: torch.Tensor, response_mask: torch
          old_log_probs: torch.Tensor, sum_pi_squared: torch.Tensor, rollout_is_weights: Optional[torch.Tensor],
          handle_zero_tail: bool, epsilon: float) -> Tuple[torch.Tensor, torch.Tensor]:
     dt, out = _compute_dtype(token_level_rewards, old_log_probs, sum_pi_squared, rollout_is_weights)
+    ids = _group_ids(index, token_level_rewards.device)
     with torch.no_grad():
         adv, ret = _ulorl._optimal_token_baseline_advantages(
-            _as(token_level_rewards, dt), _mask(response_mask, dt), _group_ids(index), _as(old_log_probs, dt),
+            _as(token_level_rewards, dt), _mask(response_mask, dt), ids, _as(old_log_probs, dt),
             _as(sum_pi_squared, dt), _as(rollout_is_weights, dt), handle_zero_tail, epsilon, estimator, None)
     return _as(adv, out), _as(ret, out)
 
