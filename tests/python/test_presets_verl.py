@@ -95,6 +95,14 @@ def test_sequence_mean_losses_need_the_global_batch_size_across_ranks(mode, agg)
         getattr(v, f"compute_policy_loss_{mode}")(old, lp, adv, m, agg, actor(gbi={"dp_size": 2, "batch_num_tokens": 30}))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_agg_loss_takes_masks_of_any_dtype(dtype, mode):
+    old, lp, adv, m = batch(0)
+    want = v.agg_loss(lp, m.to(torch.float64), mode)
+    torch.testing.assert_close(v.agg_loss(lp, m.to(dtype), mode), want, rtol=0, atol=0)
+
+
 def test_geo_mean():
     def L(old, lp, adv, m):
         return O.geo_mean(old, lp, adv, m, 0.2, 0.28)
