@@ -132,8 +132,8 @@ policy_loss_config.__signature__ = inspect.Signature(  # type: ignore[attr-defin
 
 
 def _host(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """``t`` as the extension's host-side functions (count_batch, ...) read it: itself on the CPU, else a
-    CPU copy (those functions are not operators: they take no device tensors)."""
+    """``t`` as the extension's host-side functions read it: itself on the CPU, else a CPU copy (those
+    functions take no device tensors; count_batch's counts are read on the host in any case)."""
     return t if t is None or t.device.type == "cpu" else t.cpu()
 
 
@@ -839,7 +839,8 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: st
                input_clamp: Optional[float] = None, output_clamp: Optional[float] = None,
                offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The element-wise KL estimate of ``log_prob`` against ``ref_log_prob`` (ulorl::kl_penalty), with
-    autograd to ``log_prob``. ``estimator`` in the preset's names: ``verl`` (kl / k1, abs, mse / k2,
+    autograd to ``log_prob`` and ``ref_log_prob`` (minus the former's: every estimator is a function of
+    ``ref_log_prob - log_prob``). ``estimator`` in the preset's names: ``verl`` (kl / k1, abs, mse / k2,
     low_var_kl / k3, with "+" for the straight-through k2 gradient), ``openrlhf`` (k1, k2, k3, output
     clamped to +-10), ``nemo_rl`` (k1, k2, k3 with ``input_clamp`` / ``output_clamp``)."""
     return _kl_penalty(log_prob, ref_log_prob, preset, estimator, input_clamp, output_clamp, offsets)
@@ -848,9 +849,9 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: st
 def _kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, preset: str, name: str,
                 input_clamp: Optional[float] = None, output_clamp: Optional[float] = None,
                 offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The ``ulorl::kl_penalty`` operator with a preset's estimator (differentiable in ``log_prob``,
-    once; ``ref_log_prob`` is a constant), called through th::kl_penalty (errors: ulorl.Error)."""
-    return _ulorl._kl_penalty(log_prob, ref_log_prob.detach(), preset, name, input_clamp, output_clamp, offsets)
+    """The ``ulorl::kl_penalty`` operator with a preset's estimator (differentiable once, in ``log_prob``
+    and ``ref_log_prob``), called through th::kl_penalty (errors: ulorl.Error)."""
+    return _ulorl._kl_penalty(log_prob, ref_log_prob, preset, name, input_clamp, output_clamp, offsets)
 
 
 def off_policy_mask(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,

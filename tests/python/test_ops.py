@@ -434,17 +434,20 @@ def test_agg_loss_operator_against_float64(mode):
 
 def test_kl_penalty_operator_against_float64():
     lp, _, _, _, ref, _ = _batch(torch.float64, seed=12)
-    x = lp.clone().requires_grad_()
-    # verl's low_var_kl: k3 of |ref - logp| clamped to 20, the value clamped to +-10
-    kl = torch.ops.ulorl.kl_penalty(x, ref, None, _ulorl._kl_config("verl", "low_var_kl", None, None))
-    y = lp.clone().requires_grad_()
-    d = (ref - y).clamp(-20, 20)
+    ref = ref + torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
+    x, r = lp.clone().requires_grad_(), ref.clone().requires_grad_()
+    # verl's low_var_kl: k3 of |ref - logp| clamped to 20, the value clamped to +-10 (active on some tokens)
+    kl = torch.ops.ulorl.kl_penalty(x, r, None, _ulorl._kl_config("verl", "low_var_kl", None, None))
+    y, q = lp.clone().requires_grad_(), ref.clone().requires_grad_()
+    d = (q - y).clamp(-20, 20)
     want = (torch.exp(d) - d - 1).clamp(-10, 10)
+    assert (want.detach().abs() == 10).any() and (want.detach().abs() < 10).any()
     torch.testing.assert_close(kl, want, rtol=1e-13, atol=1e-15)
     g = torch.rand_like(lp)
     kl.backward(g)
     want.backward(g)
     torch.testing.assert_close(x.grad, y.grad, rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(r.grad, q.grad, rtol=1e-13, atol=1e-15)  # the reference's gradient too
     # backward more than once through one forward (retain_graph) gives the same gradient
     x.grad = None
     kl = torch.ops.ulorl.kl_penalty(x, ref, None, _ulorl._kl_config("verl", "k2", None, None))

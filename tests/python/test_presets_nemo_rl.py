@@ -252,22 +252,21 @@ def test_calculate_kl_with_importance_weights(gen, kind):
     c = torch.arange(15, dtype=torch.float64).view(3, 5)
     for inc, outc in ((None, None), (0.5, None), (20.0, 0.2)):
         x, y = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+        r, s = ref.clone().requires_grad_(), ref.clone().requires_grad_()
         w = torch.exp(x - g)
-        u = ref - x
-        if inc is not None:
-            inside = u.abs() <= inc
-            w = torch.where(inside, w, w.detach())
-            x_k = torch.where(inside, x, (ref - u.clamp(-inc, inc)).detach())
-        else:
-            x_k = x
-        want = w * kl_of(x_k, ref, kind)
+        u = r - x
+        if inc is not None:  # NeMo-RL clamps u: no gradient to either side where the clamp is active
+            w = torch.where(u.abs() <= inc, w, w.detach())
+            u = u.clamp(-inc, inc)
+        want = w * kl_of(-u, torch.zeros_like(u), kind)
         if outc is not None:
             want = want.clamp(-outc, outc)
-        got = calculate_kl(y, ref, kind, inc, outc, importance_sampling_weights=torch.exp(y - g))
+        got = calculate_kl(y, s, kind, inc, outc, importance_sampling_weights=torch.exp(y - g))
         (want * c).sum().backward()
         (got * c).sum().backward()
         torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(y.grad, x.grad, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(s.grad, r.grad, rtol=1e-12, atol=1e-14)  # NeMo-RL's reference gradient too
     plain = calculate_kl(logprobs=lp, logprobs_reference=ref, kl_type=kind, input_clamp_value=None,
                          output_clamp_value=None)
     torch.testing.assert_close(plain, kl_of(lp, ref, kind), rtol=1e-12, atol=1e-14)

@@ -207,14 +207,15 @@ def test_agg_loss_options_and_errors():
                                   "low_var_kl+"])
 def test_kl_penalty(name):
     old, lp, _, _ = batch(5, spread=12.0)
-    x = lp.clone().requires_grad_()
-    got = v.kl_penalty(x, old, name)
+    x, r = lp.clone().requires_grad_(), old.clone().requires_grad_()
+    got = v.kl_penalty(x, r, name)
     got.sum().backward()
-    y = lp.clone().requires_grad_()
-    want = O.kl(y, old, name)
+    y, q = lp.clone().requires_grad_(), old.clone().requires_grad_()
+    want = O.kl(y, q, name)
     want.sum().backward()
     torch.testing.assert_close(got, want.detach(), rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(x.grad, y.grad, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(r.grad, q.grad, rtol=RTOL, atol=ATOL)  # verl's reference gradient too
 
 
 def test_kl_penalty_unknown_name_is_verls_not_implemented():

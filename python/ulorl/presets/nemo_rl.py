@@ -105,7 +105,8 @@ def calculate_kl(logprobs: torch.Tensor, logprobs_reference: torch.Tensor,
     """NeMo-RL's ``calculate_kl`` (nemo_rl.algorithms.utils), same arguments and positions: k1 / k2 /
     k3 of ``u = logprobs_reference - logprobs`` clamped to +-input_clamp_value, optionally times
     ``importance_sampling_weights``, the value clamped to +-output_clamp_value (None: no clamp);
-    element-wise, with autograd to ``logprobs`` (0 where a clamp is active). The weights may carry
+    element-wise, with autograd to ``logprobs`` (0 where a clamp is active) and ``logprobs_reference``
+    (minus the log-probs': k1 / k2 / k3 are functions of u). The weights may carry
     their own graph (NeMo-RL passes exp(logp - sg(logp))): they receive the gradient ``kl`` except
     where either clamp is active, as NeMo-RL detaches them under the input clamp."""
     if importance_sampling_weights is None:
@@ -117,15 +118,17 @@ def calculate_kl(logprobs: torch.Tensor, logprobs_reference: torch.Tensor,
         free = torch.ones_like(kl, dtype=torch.bool)
     else:
         free = (logprobs_reference - logprobs.detach()).abs() <= input_clamp_value
-    return _WeightedKL.apply(logprobs, importance_sampling_weights, kl, grad, free, output_clamp_value)
+    return _WeightedKL.apply(logprobs, logprobs_reference, importance_sampling_weights, kl, grad, free,
+                             output_clamp_value)
 
 
 class _WeightedKL(torch.autograd.Function):
     """w * kl clamped to +-out, from the kernel's kl and d kl / d logprobs: d / d logprobs = w * d kl,
-    d / d w = kl where the input clamp is off (``free``); both 0 where the output clamp is active."""
+    d / d reference = -w * d kl, d / d w = kl where the input clamp is off (``free``); all 0 where the
+    output clamp is active."""
 
     @staticmethod
-    def forward(ctx, logprobs, weights, kl, grad, free, out):  # noqa: D401
+    def forward(ctx, logprobs, reference, weights, kl, grad, free, out):  # noqa: D401
         raw = weights.detach() * kl
         inside = torch.ones_like(free) if out is None else (raw >= -out) & (raw <= out)
         ctx.save_for_backward(weights.detach(), kl, grad, free, inside)
@@ -137,7 +140,7 @@ class _WeightedKL(torch.autograd.Function):
         with torch.no_grad():
             d_lp = g * w * grad * inside
             d_w = g * kl * (inside & free)
-        return d_lp, d_w, None, None, None, None
+        return d_lp, (-d_lp if ctx.needs_input_grad[1] else None), d_w, None, None, None, None
 
 
 def rollout_correction(

@@ -139,7 +139,7 @@ class _UnknownKLPenalty(_ulorl.Error, NotImplementedError):
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
     """verl's ``kl_penalty(logprob, ref_logprob, kl_penalty)``: kl / k1, abs, mse / k2, low_var_kl / k3
     (|ref - logp| clamped to 20, the value to +-10), and the "+" names (the estimator's value, the
-    straight-through k2 gradient). Element-wise, with autograd to ``logprob``. An unknown name
+    straight-through k2 gradient). Element-wise, with autograd to ``logprob`` and ``ref_logprob``. An unknown name
     (verl's "full" included) raises an ulorl.Error that is also a NotImplementedError (verl's type)."""
     dt, out = _compute_dtype(logprob, ref_logprob)
     x = _as(logprob, dt)

@@ -1025,9 +1025,12 @@ struct kl_penalty_function : public torch::autograd::Function<kl_penalty_functio
     ctx->save_for_backward({grad});
     return kl;
   }
+  //! Every estimator is a function of ref - logp (loss/kl.hpp), so the reference's gradient is minus
+  //! the log-prob's.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return {scaled_grad("kl_penalty", "grad_log_prob", ctx, grads[0]), at::Tensor(), at::Tensor()};
+    const at::Tensor g = scaled_grad("kl_penalty", "grad_log_prob", ctx, grads[0]);
+    return {g, g.defined() && ctx->needs_input_grad(1) ? -g : at::Tensor(), at::Tensor()};
   }
 };
 
