@@ -33,34 +33,6 @@ using opt_tensor = std::optional<at::Tensor>;
 
 using th::or_undefined;
 
-//! count_batch of the mask (checked to be 0/1), or with `tokens` (a token tensor of the batch,
-//! float32 / float64: its layout) count_batch(mask, tokens): an absent mask counts every token of
-//! that layout as valid, a given one must have its shape.
-ulorl::batch_counts count_mask(const opt_tensor& mask, const opt_tensor& offsets, const opt_tensor& tokens) {
-  constexpr std::string_view fn = "count_batch";
-  const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-  if (!mask && !tokens)
-    ulorl::detail::fail(fn, "mask", "required without tokens (an absent mask counts the tokens' layout as valid)");
-  const auto count = [&](auto mask_view) {
-    if (!tokens) return ulorl::count_batch(mask_view);
-    return th::detail::with_token_type(fn, "tokens", *tokens, [&](auto tag) {
-      using T = decltype(tag);
-      return ulorl::count_batch(mask_view, th::tokens_of<const T>(fn, "tokens", *tokens, off));
-    });
-  };
-  if (!mask) return count(ulorl::token_view<const std::uint8_t>{});
-  th::detail::require_cpu(fn, "mask", *mask, -1);
-  switch (mask->scalar_type()) {
-    case c10::ScalarType::Bool:
-    case c10::ScalarType::Byte: return count(th::optional_tokens_of<const std::uint8_t>(fn, "mask", *mask, off));
-    case c10::ScalarType::Float: return count(th::optional_tokens_of<const float>(fn, "mask", *mask, off));
-    case c10::ScalarType::Double: return count(th::optional_tokens_of<const double>(fn, "mask", *mask, off));
-    default:
-      ulorl::detail::fail(fn, "mask", std::string("has dtype ") + c10::toString(mask->scalar_type()) +
-                                          " but must be bool, uint8, float32 or float64");
-  }
-}
-
 }  // namespace
 
 }  // namespace ulorl_py
@@ -129,12 +101,16 @@ void bind_losses(py::module_& m) {
   const std::string isa = install_kernels(avx2);
   m.attr("policy_loss_isa") = isa;
   m.attr("logits_isa") = isa;
-  m.def("count_batch", &count_mask, "mask"_a = py::none(), "offsets"_a = py::none(), py::kw_only(),
-        "tokens"_a = py::none(),
-        "Valid tokens, non-empty rows and rows of a 0/1 mask ([B, T], or [total] with offsets[B+1]); checked to be "
-        "0/1. With tokens= (a float32 / float64 token tensor of the batch, e.g. its log-probs) the mask may be None: "
-        "every token of that layout valid (a given mask must then have its shape). Sum the counts of every "
-        "micro-batch and rank of a step (all-reduce) and build the step's normaliser with global_normalizer.");
+  m.def(
+      "count_batch",
+      [](const opt_tensor& mask, const opt_tensor& offsets, const opt_tensor& tokens) {
+        return th::count_batch(or_undefined(mask), or_undefined(offsets), or_undefined(tokens));
+      },
+      "mask"_a = py::none(), "offsets"_a = py::none(), py::kw_only(), "tokens"_a = py::none(),
+      "Valid tokens, non-empty rows and rows of a 0/1 mask ([B, T], or [total] with offsets[B+1]); checked to be "
+      "0/1. With tokens= (a float32 / float64 token tensor of the batch, e.g. its log-probs) the mask may be None: "
+      "every token of that layout valid (a given mask must then have its shape). Sum the counts of every "
+      "micro-batch and rank of a step (all-reduce) and build the step's normaliser with global_normalizer.");
 
   // The operators (torch.ops.ulorl.*) and the encodings their Python wrappers use.
   ulorl::th::ops::register_ops();
@@ -181,22 +157,23 @@ void bind_losses(py::module_& m) {
         if (r.dim() != 1 || r.size(0) != static_cast<std::int64_t>(ulorl::encoded_result_size))
           ulorl::detail::fail(fn, "result",
                               "has shape " + th::detail::sizes_str(r) + " but must be [" +
-                                  std::to_string(ulorl::encoded_result_size) + "] (torch.ops.ulorl.policy_loss's result)");
+                                  std::to_string(ulorl::encoded_result_size) +
+                                  "] (torch.ops.ulorl.policy_loss's result)");
         return ulorl::decode_result(std::span<const double>(r.data_ptr<double>(), ulorl::encoded_result_size));
       },
       "result"_a, "The PolicyLossResult of the result tensor of torch.ops.ulorl.policy_loss (ulorl::decode_result).");
   // Every record an operator carries, by its record_name: the names and default values of its encoding.
   const auto by_name = [](const std::string& name, auto f) {
     using namespace ulorl;
-    return for_record(name, f, record_list<policy_loss_config, kl_config, agg_normalizer, policy_loss_result,
-                                           rollout_correction::config, rollout_correction::statistics,
-                                           group_advantage_config, broadcast_config, dynamic_sampling_config,
-                                           dynamic_sampling_result, gpg_config, reinforce_plus_plus_baseline_config,
-                                           multi_reward_config, optimal_token_baseline_config, mpt_config, mpt_stats,
-                                           off_policy_mask_config, off_policy_mask_stats, dapo_overlong_config,
-                                           soft_overlong_config, gae_config, pass_at_k_config, dppo_config,
-                                           kl_cov_config, clip_cov_config, token_selection_stats, weighted_kl_config,
-                                           presets::trl::grpo_loss_options, presets::trl::grpo_loss_result>{});
+    return for_record(
+        name, f,
+        record_list<policy_loss_config, kl_config, agg_normalizer, policy_loss_result, rollout_correction::config,
+                    rollout_correction::statistics, group_advantage_config, broadcast_config, dynamic_sampling_config,
+                    dynamic_sampling_result, gpg_config, reinforce_plus_plus_baseline_config, multi_reward_config,
+                    optimal_token_baseline_config, mpt_config, mpt_stats, off_policy_mask_config, off_policy_mask_stats,
+                    dapo_overlong_config, soft_overlong_config, gae_config, pass_at_k_config, dppo_config,
+                    kl_cov_config, clip_cov_config, token_selection_stats, weighted_kl_config,
+                    presets::trl::grpo_loss_options, presets::trl::grpo_loss_result>{});
   };
   m.def(
       "record_fields",
@@ -204,7 +181,8 @@ void bind_losses(py::module_& m) {
         return by_name(name, [](auto tag) { return ulorl::field_names<typename decltype(tag)::type>(); });
       },
       "record"_a,
-      "The names of the doubles of an encoded record (a `float[] config` argument or a result tensor of torch.ops.ulorl), "
+      "The names of the doubles of an encoded record (a `float[] config` argument or a result tensor of "
+      "torch.ops.ulorl), "
       "in order (ulorl::field_names).");
   m.def(
       "record_defaults",
@@ -241,10 +219,10 @@ void bind_losses(py::module_& m) {
                                                  .max_accuracy = max_accuracy,
                                                  .use_window = use_window};
         const auto [keep, r] = th::dynamic_sampling_filter(metric, group_ids, cfg);
-        return py::make_tuple(keep, py::dict("groups"_a = r.groups, "kept_groups"_a = r.kept_groups,
-                                             "zero_variance_groups"_a = r.zero_variance_groups,
-                                             "outside_window_groups"_a = r.outside_window_groups,
-                                             "kept_responses"_a = r.kept_responses));
+        return py::make_tuple(
+            keep, py::dict("groups"_a = r.groups, "kept_groups"_a = r.kept_groups,
+                           "zero_variance_groups"_a = r.zero_variance_groups,
+                           "outside_window_groups"_a = r.outside_window_groups, "kept_responses"_a = r.kept_responses));
       },
       "metric"_a, "group_ids"_a, "drop_zero_variance"_a, "min_accuracy"_a, "max_accuracy"_a, "use_window"_a);
 
@@ -262,14 +240,16 @@ void bind_losses(py::module_& m) {
                                                 {"dynamic", ulorl::mpt_mode::dynamic_mask}});
         cfg.tau = tau, cfg.sigma = sigma, cfg.positive_reward = positive_reward;
         cfg.positive = parse_name<ulorl::mpt_positive>(
-            fn, "positive", positive, {{"reward", ulorl::mpt_positive::reward}, {"advantage", ulorl::mpt_positive::advantage}});
+            fn, "positive", positive,
+            {{"reward", ulorl::mpt_positive::reward}, {"advantage", ulorl::mpt_positive::advantage}});
         cfg.probability = parse_name<ulorl::mpt_probability>(
             fn, "probability", probability,
             {{"current", ulorl::mpt_probability::current}, {"rollout", ulorl::mpt_probability::rollout}});
         cfg.scope = parse_name<ulorl::mpt_entropy_scope>(
-            fn, "scope", scope, {{"response", ulorl::mpt_entropy_scope::response}, {"batch", ulorl::mpt_entropy_scope::batch}});
+            fn, "scope", scope,
+            {{"response", ulorl::mpt_entropy_scope::response}, {"batch", ulorl::mpt_entropy_scope::batch}});
         const th::mpt_tensors t{or_undefined(log_prob), or_undefined(old_log_prob), entropy, or_undefined(mask),
-                                response_score, or_undefined(offsets)};
+                                response_score,         or_undefined(offsets)};
         const auto [keep, st] = th::mpt_mask(t, cfg);
         return py::make_tuple(
             keep, py::dict("responses"_a = st.responses, "tokens"_a = st.tokens,

@@ -1,5 +1,5 @@
 """The batch operators of torch.ops.ulorl (ulorl/adapters/torch/ops_batch.hpp: advantages, token
-broadcast, masks, filters, rollout correction, token selection, overlong shaping). Each is registered
+broadcast, masks, filters, rollout correction, token selection, overlong shaping, batch counts). Each is registered
 with its schema; called directly it gives the same bits as the ulorl function that wraps it (whose
 values the other test files check against float64 oracles), or, for the token-selection passes,
 their formulas written here in float64; on meta tensors it gives the CPU call's shapes and dtypes; its outputs
@@ -97,6 +97,8 @@ def _cases(d):
          (d["old"], d["lp"], d["tok_rewards"], d["mask"], _clip_cov_draw(d, 0.1), d["spp"], None,
           _config("clip_cov_config", fraction=0.1, cov_lower=-1.0, cov_upper=1.0)),
          (d["spp"] * (1 - _clip_cov_draw(d, 0.1)),)),
+        ("count_batch", (d["mask"], None, None),
+         (torch.tensor([d["mask"].sum().item(), (d["mask"].sum(1) > 0).sum().item(), B], dtype=torch.float64),)),
     ]
 
 
@@ -150,7 +152,7 @@ def _as_tuple(x):
 
 
 def test_every_batch_operator_is_registered_with_its_schema():
-    assert len(CASES) == 20
+    assert len(CASES) == 21
     for name in CASES:
         schema = str(getattr(torch.ops.ulorl, name).default._schema)
         assert schema.startswith(f"ulorl::{name}(")

@@ -115,6 +115,11 @@ constexpr void visit_fields(S& s, F&& f) {
   f("mean_abs_log_ratio", s.mean_abs_log_ratio);
 }
 
+//! f(name, field&) for every field of a batch's counts (loss/aggregation.hpp).
+template <class C, class F>
+  requires ulorl::detail::record_of<C, batch_counts>
+constexpr void visit_fields(C& c, F&& f) { f("tokens", c.tokens), f("sequences", c.sequences), f("rows", c.rows); }
+
 //! f(name, field&) for every field of an aggregation normaliser.
 template <class C, class F>
   requires ulorl::detail::record_of<C, agg_normalizer>
@@ -167,6 +172,8 @@ template <>
 inline constexpr std::string_view record_name<kl_config> = "kl_config";
 template <>
 inline constexpr std::string_view record_name<agg_normalizer> = "agg_normalizer";
+template <>
+inline constexpr std::string_view record_name<batch_counts> = "batch_counts";
 template <>
 inline constexpr std::string_view record_name<policy_loss_result> = "policy_loss_result";
 template <>

@@ -259,6 +259,22 @@ struct rollout_correction_output {
   return detail::batch_op<sig>("ulorl::soft_overlong_penalties").call(lengths, encode_fields(cfg));
 }
 
+//! count_batch (loss/aggregation.hpp) of a 0/1 mask [B, T] (or [total] with offsets [B + 1]), or with
+//! `tokens` (a float32 / float64 token tensor of the batch) of the mask against their layout, an
+//! undefined mask counting every token of it valid. The operator's counts are read back to the host
+//! (default counts for meta tensors, which carry no values).
+[[nodiscard]] inline batch_counts count_batch(const at::Tensor& mask, const at::Tensor& offsets = {},
+                                              const at::Tensor& tokens = {}) {
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = at::Tensor(const o&, const o&, const o&);
+  const at::Tensor t = detail::batch_op<sig>("ulorl::count_batch").call(opt(mask), opt(offsets), opt(tokens));
+  if (t.device().is_meta()) return {};
+  const at::Tensor host = t.to(at::kCPU).contiguous();
+  return decode_fields<batch_counts>("count_batch", "counts",
+                                     std::span<const double>(host.data_ptr<double>(), encoded_size_of<batch_counts>));
+}
+
 //! OPO advantages (advantage/baselines.hpp) of scores [B], response lengths from the mask.
 [[nodiscard]] inline at::Tensor opo_advantages(const at::Tensor& scores, const at::Tensor& mask,
                                                const group_spec& groups, const at::Tensor& offsets = {}) {

@@ -3,8 +3,8 @@
 // broadcast, masks, filters and the rollout correction. None is differentiable: rewards,
 // advantages, weights and masks are constants of the loss (autograd passes the operators by and
 // their outputs never require grad). Kernels: CPU (ulorl's functions on views of the tensors) and
-// Meta (shapes and dtypes, so FakeTensor and torch.compile trace through); on CUDA tensors an error
-// naming the tensor (ops.hpp). Schemas (`config` is encode_fields of the named record, a `counts`
+// Meta (shapes and dtypes, so FakeTensor and torch.compile trace through); on CUDA tensors the CPU
+// kernels on copies (ops.hpp's host path). Schemas (`config` is encode_fields of the named record, a `counts`
 // / `stats` / `statistics` output one float64 tensor of a result record, field_names' order):
 //   group_advantages(rewards, group_ids?, group_size?, config: group_advantage_config) -> [B]
 //   broadcast_to_tokens(advantages, mask?, offsets?, config: broadcast_config) -> mask's shape
@@ -38,6 +38,7 @@
 //       (advantage/overlong.hpp; lengths [B] int64, int32, float32 or float64)
 //   logits_statistics_torch_rounding(logits [N, V] bf16 | f16, labels [N, K]) -> (log_prob [N, K], entropy [N])
 //       (logits/torch_rounding.hpp: torch's CPU rounding steps, for the frameworks' 16-bit values)
+//   count_batch(mask?, offsets?, tokens?) -> counts (batch_counts: tokens, sequences, rows)
 // Groups are group_ids [B] (int64 / int32, any ids >= 0) or contiguous blocks of group_size, one of
 // the two. Token tensors are [B, T] (any strides) or [total] with offsets [B + 1]; masks bool,
 // uint8 or the values' dtype (checked 0/1); an absent mask means every token valid.
@@ -114,7 +115,8 @@ namespace ops {
           "-> (Tensor weights, Tensor stats)",
           "dapo_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
           "soft_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
-          "logits_statistics_torch_rounding(Tensor logits, Tensor labels) -> (Tensor log_prob, Tensor entropy)"};
+          "logits_statistics_torch_rounding(Tensor logits, Tensor labels) -> (Tensor log_prob, Tensor entropy)",
+          "count_batch(Tensor? mask, Tensor? offsets, Tensor? tokens) -> Tensor"};
 }
 
 namespace detail {
@@ -806,8 +808,53 @@ at::Tensor soft_overlong_penalties(const at::Tensor& lengths, c10::ArrayRef<doub
                           [&](auto l, std::span<double> out) { ulorl::soft_overlong_penalties(l, out, cfg); });
 }
 
+//! count_batch (loss/aggregation.hpp) of a 0/1 mask (bool, uint8, float32 or float64; checked), or
+//! with `tokens` (a float32 / float64 token tensor of the batch: its layout) of the mask against
+//! that layout, an absent mask counting every token of it: one float64 tensor [3] of batch_counts
+//! (tokens, sequences, rows) on the device of the inputs.
+template <bool Meta>
+at::Tensor count_batch(const opt_tensor& mask_, const opt_tensor& offsets_, const opt_tensor& tokens_) {
+  constexpr std::string_view fn = "count_batch";
+  const at::Tensor mask = given(mask_), offsets = given(offsets_), tokens = given(tokens_);
+  if (!mask.defined() && !tokens.defined())
+    fail(fn, "mask", "required without tokens (an absent mask counts the tokens' layout as valid)");
+  const at::Tensor& like = mask.defined() ? mask : tokens;
+  th::detail::require_same_device(fn, mask.defined() ? "mask" : "tokens", like,
+                                  {{"offsets", &offsets}, {"tokens", &tokens}});
+  if constexpr (Meta) {
+    return meta_record_tensor<batch_counts>();
+  } else {
+    const offsets_view off = offsets_of(fn, "offsets", offsets);
+    const auto count = [&](auto mask_view) {
+      if (!tokens.defined()) return ulorl::count_batch(mask_view);
+      return with_token_type(fn, "tokens", tokens, [&](auto tag) {
+        using T = decltype(tag);
+        return ulorl::count_batch(mask_view, tokens_of<const T>(fn, "tokens", tokens, off));
+      });
+    };
+    const batch_counts c = [&] {
+      if (!mask.defined()) return count(token_view<const std::uint8_t>{});
+      require_cpu(fn, "mask", mask, -1);
+      switch (mask.scalar_type()) {
+        case c10::ScalarType::Bool:
+        case c10::ScalarType::Byte:
+          return count(optional_tokens_of<const std::uint8_t>(fn, "mask", mask, off));
+        case c10::ScalarType::Float:
+          return count(optional_tokens_of<const float>(fn, "mask", mask, off));
+        case c10::ScalarType::Double:
+          return count(optional_tokens_of<const double>(fn, "mask", mask, off));
+        default:
+          fail(fn, "mask",
+               std::string("has dtype ") + c10::toString(mask.scalar_type()) +
+                   " but must be bool, uint8, float32 or float64");
+      }
+    }();
+    return record_tensor(&c);
+  }
+}
+
 //! Registers the batch operators' CPU and Meta kernels (the schemas are batch_schemas(); autograd
-//! passes them by; their CUDA key is ops.hpp's error kernel). Called once, by register_ops().
+//! passes them by; on CUDA tensors they take ops.hpp's host path). Called once, by register_ops().
 inline void register_batch_kernels(torch::Library& cpu, torch::Library& meta) {
   const auto both = [&](const char* name, auto cpu_kernel, auto meta_kernel) {
     cpu.impl(name, cpu_kernel);
@@ -837,6 +884,7 @@ inline void register_batch_kernels(torch::Library& cpu, torch::Library& meta) {
   both("soft_overlong_penalties", &soft_overlong_penalties<false>, &soft_overlong_penalties<true>);
   both("logits_statistics_torch_rounding", &logits_statistics_torch_rounding<false>,
        &logits_statistics_torch_rounding<true>);
+  both("count_batch", &count_batch<false>, &count_batch<true>);
 }
 
 }  // namespace detail
