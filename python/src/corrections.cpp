@@ -46,8 +46,8 @@ using opt_tensor = std::optional<at::Tensor>;
 using opt = std::optional<double>;
 using byte = std::uint8_t;
 
-using th::or_undefined;
 using th::optional_tokens_of;
+using th::or_undefined;
 
 using th::ops::detail::mask_bytes;
 //! The adapter's optional mask (ops_batch.hpp) of an optional argument: None is every token valid.
@@ -59,24 +59,23 @@ mask_bytes optional_mask_of(std::string_view fn, std::string_view arg, const opt
 
 // ---- rollout correction ----------------------------------------------------------------------------
 py::dict rc_metrics_dict(const rc::metrics& m) {
-  return py::dict("tokens"_a = m.tokens, "rows"_a = m.rows, "weight_mean"_a = m.weight_mean,
-                  "effective_sample_size"_a = m.effective_sample_size, "batch_norm_factor"_a = m.batch_norm_factor,
-                  "unit_weight_mean"_a = m.unit_weight_mean, "unit_weight_min"_a = m.unit_weight_min,
-                  "unit_weight_max"_a = m.unit_weight_max,
-                  "out_of_bounds_token_fraction"_a = m.out_of_bounds_token_fraction,
-                  "out_of_bounds_row_fraction"_a = m.out_of_bounds_row_fraction,
-                  "rejected_token_fraction"_a = m.rejected_token_fraction,
-                  "rejected_row_fraction"_a = m.rejected_row_fraction, "kl"_a = m.kl, "k3_kl"_a = m.k3_kl,
-                  "chi2_token"_a = m.chi2_token, "chi2_seq"_a = m.chi2_seq, "training_ppl"_a = m.training_ppl,
-                  "training_log_ppl"_a = m.training_log_ppl, "rollout_ppl"_a = m.rollout_ppl,
-                  "rollout_log_ppl"_a = m.rollout_log_ppl, "log_ppl_diff"_a = m.log_ppl_diff,
-                  "log_ppl_abs_diff"_a = m.log_ppl_abs_diff, "log_ppl_diff_max"_a = m.log_ppl_diff_max,
-                  "log_ppl_diff_min"_a = m.log_ppl_diff_min, "ppl_ratio"_a = m.ppl_ratio,
-                  "abs_log_ratio_mean"_a = m.abs_log_ratio_mean, "abs_log_ratio_max"_a = m.abs_log_ratio_max);
+  return py::dict(
+      "tokens"_a = m.tokens, "rows"_a = m.rows, "weight_mean"_a = m.weight_mean,
+      "effective_sample_size"_a = m.effective_sample_size, "batch_norm_factor"_a = m.batch_norm_factor,
+      "unit_weight_mean"_a = m.unit_weight_mean, "unit_weight_min"_a = m.unit_weight_min,
+      "unit_weight_max"_a = m.unit_weight_max, "out_of_bounds_token_fraction"_a = m.out_of_bounds_token_fraction,
+      "out_of_bounds_row_fraction"_a = m.out_of_bounds_row_fraction,
+      "rejected_token_fraction"_a = m.rejected_token_fraction, "rejected_row_fraction"_a = m.rejected_row_fraction,
+      "kl"_a = m.kl, "k3_kl"_a = m.k3_kl, "chi2_token"_a = m.chi2_token, "chi2_seq"_a = m.chi2_seq,
+      "training_ppl"_a = m.training_ppl, "training_log_ppl"_a = m.training_log_ppl, "rollout_ppl"_a = m.rollout_ppl,
+      "rollout_log_ppl"_a = m.rollout_log_ppl, "log_ppl_diff"_a = m.log_ppl_diff,
+      "log_ppl_abs_diff"_a = m.log_ppl_abs_diff, "log_ppl_diff_max"_a = m.log_ppl_diff_max,
+      "log_ppl_diff_min"_a = m.log_ppl_diff_min, "ppl_ratio"_a = m.ppl_ratio,
+      "abs_log_ratio_mean"_a = m.abs_log_ratio_mean, "abs_log_ratio_max"_a = m.abs_log_ratio_max);
 }
 
-py::tuple rollout_correction_op(const at::Tensor& old_log_prob, const at::Tensor& rollout_log_prob, const opt_tensor& mask,
-                                const rc::config& cfg, const opt_tensor& offsets) {
+py::tuple rollout_correction_op(const at::Tensor& old_log_prob, const at::Tensor& rollout_log_prob,
+                                const opt_tensor& mask, const rc::config& cfg, const opt_tensor& offsets) {
   th::rollout_correction_output r;
   {
     const py::gil_scoped_release nogil;
@@ -89,20 +88,22 @@ py::tuple rollout_correction_op(const at::Tensor& old_log_prob, const at::Tensor
 enum class threshold_kind { none, number, text };
 threshold_kind kind_of(std::string_view fn, std::string_view arg, const py::object& v) {
   if (v.is_none()) return threshold_kind::none;
-  if (py::isinstance<py::bool_>(v)) ulorl::detail::fail(fn, arg, "a boolean is neither a number nor a threshold string");
+  if (py::isinstance<py::bool_>(v))
+    ulorl::detail::fail(fn, arg, "a boolean is neither a number nor a threshold string");
   if (py::isinstance<py::str>(v)) return threshold_kind::text;
   if (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) return threshold_kind::number;
   ulorl::detail::fail(fn, arg, "must be a number, a string or None");
 }
 
 void bind_rollout_correction(py::module_& m) {
-  py::class_<rc::config>(m, "RolloutCorrectionConfig",
-                         "A validated rollout-correction configuration (ulorl::rollout_correction::config): importance "
-                         "weights, rejection-sampling chain, diagnostics. Build it with ulorl.rollout_correction_config "
-                         "or a framework preset (ulorl.presets.<fw>.rollout_correction_config).")
-      .def_property_readonly("importance_weights",
-                             [](const rc::config& c) { return c.importance.level != rc::is_level::none; },
-                             "Whether the configuration computes importance weights (level is not 'none').")
+  py::class_<rc::config>(
+      m, "RolloutCorrectionConfig",
+      "A validated rollout-correction configuration (ulorl::rollout_correction::config): importance "
+      "weights, rejection-sampling chain, diagnostics. Build it with ulorl.rollout_correction_config "
+      "or a framework preset (ulorl.presets.<fw>.rollout_correction_config).")
+      .def_property_readonly(
+          "importance_weights", [](const rc::config& c) { return c.importance.level != rc::is_level::none; },
+          "Whether the configuration computes importance weights (level is not 'none').")
       .def_property_readonly("rejection_sampling", [](const rc::config& c) { return !c.rejection.chain.empty(); })
       .def_property_readonly("batch_normalize", [](const rc::config& c) { return c.importance.batch_normalize; })
       .def_property_readonly(
@@ -169,34 +170,44 @@ void bind_rollout_correction(py::module_& m) {
         P::verl::rollout_correction_options o;
         if (rollout_is) o.rollout_is = rc::is_level_from_name(*rollout_is, "rollout_is");
         switch (kind_of(fn, "rollout_is_threshold", rollout_is_threshold)) {
-          case threshold_kind::none: o.rollout_is_threshold = std::nullopt; break;
+          case threshold_kind::none:
+            o.rollout_is_threshold = std::nullopt;
+            break;
           case threshold_kind::text:
             o.rollout_is_threshold = P::verl::parse_rollout_is_threshold(rollout_is_threshold.cast<std::string>());
             break;
-          case threshold_kind::number: o.rollout_is_threshold = P::verl::is_threshold{.upper = rollout_is_threshold.cast<double>()}; break;
+          case threshold_kind::number:
+            o.rollout_is_threshold = P::verl::is_threshold{.upper = rollout_is_threshold.cast<double>()};
+            break;
         }
         o.rollout_is_batch_normalize = batch_normalize;
         if (rollout_rs) {
           switch (kind_of(fn, "rollout_rs_threshold", rollout_rs_threshold)) {
-            case threshold_kind::none: o.rollout_rs = P::verl::parse_rollout_rs(*rollout_rs, std::nullopt); break;
+            case threshold_kind::none:
+              o.rollout_rs = P::verl::parse_rollout_rs(*rollout_rs, std::nullopt);
+              break;
             case threshold_kind::text: {
               const std::string text = rollout_rs_threshold.cast<std::string>();
               o.rollout_rs = P::verl::parse_rollout_rs(*rollout_rs, std::optional<std::string_view>(text));
               break;
             }
-            case threshold_kind::number: o.rollout_rs = P::verl::parse_rollout_rs(*rollout_rs, rollout_rs_threshold.cast<double>()); break;
+            case threshold_kind::number:
+              o.rollout_rs = P::verl::parse_rollout_rs(*rollout_rs, rollout_rs_threshold.cast<double>());
+              break;
           }
         }
         return P::verl::rollout_correction(o);
       },
-      "rollout_is"_a, "rollout_is_threshold"_a, "rollout_is_batch_normalize"_a, "rollout_rs"_a, "rollout_rs_threshold"_a);
+      "rollout_is"_a, "rollout_is_threshold"_a, "rollout_is_batch_normalize"_a, "rollout_rs"_a,
+      "rollout_rs_threshold"_a);
 
   m.def(
       "_trl_rollout_correction_config",
       [](const std::string& mode, opt clip_min, opt clip_max) {
-        return P::trl::rollout_correction({.vllm_importance_sampling_mode = P::trl::importance_sampling_mode_from_name(mode),
-                                           .vllm_importance_sampling_clip_min = clip_min,
-                                           .vllm_importance_sampling_clip_max = clip_max});
+        return P::trl::rollout_correction(
+            {.vllm_importance_sampling_mode = P::trl::importance_sampling_mode_from_name(mode),
+             .vllm_importance_sampling_clip_min = clip_min,
+             .vllm_importance_sampling_clip_max = clip_max});
       },
       "vllm_importance_sampling_mode"_a, "vllm_importance_sampling_clip_min"_a, "vllm_importance_sampling_clip_max"_a);
 
@@ -204,15 +215,18 @@ void bind_rollout_correction(py::module_& m) {
       "_openrlhf_rollout_correction_config",
       [](const std::string& type, const std::vector<double>& threshold) {
         constexpr std::string_view fn = "presets::openrlhf::rollout_correction";
-        if (threshold.size() != 2) ulorl::detail::fail_value(fn, "vllm_is_truncated_threshold", threshold.size(), "must hold [lo, hi]");
-        return P::openrlhf::rollout_correction({.vllm_is_correction_type = rc::is_weighting_from_name(type, "vllm_is_correction_type"),
-                                                .vllm_is_truncated_threshold = {threshold[0], threshold[1]}});
+        if (threshold.size() != 2)
+          ulorl::detail::fail_value(fn, "vllm_is_truncated_threshold", threshold.size(), "must hold [lo, hi]");
+        return P::openrlhf::rollout_correction(
+            {.vllm_is_correction_type = rc::is_weighting_from_name(type, "vllm_is_correction_type"),
+             .vllm_is_truncated_threshold = {threshold[0], threshold[1]}});
       },
       "vllm_is_correction_type"_a, "vllm_is_truncated_threshold"_a);
 
   const auto nemo_options = [](const std::optional<std::string>& type, opt ratio, opt ratio_min, bool sequence_level) {
     P::nemo_rl::rollout_correction_options o;
-    if (type) o.truncated_importance_sampling_type = rc::is_weighting_from_name(*type, "truncated_importance_sampling_type");
+    if (type)
+      o.truncated_importance_sampling_type = rc::is_weighting_from_name(*type, "truncated_importance_sampling_type");
     o.truncated_importance_sampling_ratio = ratio, o.truncated_importance_sampling_ratio_min = ratio_min;
     o.sequence_level_importance_ratios = sequence_level;
     return o;
@@ -268,8 +282,8 @@ void bind_advantages(py::module_& m) {
 
   m.def(
       "_opo_advantages",
-      [](const at::Tensor& scores, const at::Tensor& mask, const opt_tensor& group_ids, std::optional<std::int64_t> group_size,
-         const opt_tensor& offsets) {
+      [](const at::Tensor& scores, const at::Tensor& mask, const opt_tensor& group_ids,
+         std::optional<std::int64_t> group_size, const opt_tensor& offsets) {
         return th::opo_advantages(scores, mask, groups_of(group_ids, group_size), or_undefined(offsets));
       },
       "scores"_a, "mask"_a, "group_ids"_a, "group_size"_a, "offsets"_a = py::none());
@@ -278,7 +292,8 @@ void bind_advantages(py::module_& m) {
       "_reinforce_plus_plus_advantages",
       [](const at::Tensor& token_rewards, const opt_tensor& mask, double gamma, const opt_tensor& offsets,
          const std::string& scan) {
-        const auto [adv, ret] = th::reinforce_plus_plus_advantages(token_rewards, or_undefined(mask), gamma, scan, or_undefined(offsets));
+        const auto [adv, ret] =
+            th::reinforce_plus_plus_advantages(token_rewards, or_undefined(mask), gamma, scan, or_undefined(offsets));
         return py::make_tuple(adv, ret);
       },
       "token_level_rewards"_a, "mask"_a, "gamma"_a, "offsets"_a = py::none(), "scan"_a = "reset_after_eos");
@@ -314,8 +329,8 @@ void bind_advantages(py::module_& m) {
 
   m.def(
       "_reinforce_plus_plus_baseline_advantages",
-      [](const at::Tensor& scores, const opt_tensor& group_ids, std::optional<std::int64_t> group_size, const at::Tensor& mask,
-         const std::string& preset, bool minus_baseline, const opt_tensor& offsets) {
+      [](const at::Tensor& scores, const opt_tensor& group_ids, std::optional<std::int64_t> group_size,
+         const at::Tensor& mask, const std::string& preset, bool minus_baseline, const opt_tensor& offsets) {
         constexpr std::string_view fn = "reinforce_plus_plus_baseline_advantages";
         enum class which { verl, nemo_rl };
         const which w = parse_name<which>(fn, "preset", preset, {{"verl", which::verl}, {"nemo_rl", which::nemo_rl}});
@@ -323,7 +338,7 @@ void bind_advantages(py::module_& m) {
             w == which::verl ? ulorl::reinforce_plus_plus_baseline_config{}
                              : P::nemo_rl::reinforce_plus_plus_advantage({.minus_baseline = minus_baseline});
         return th::reinforce_plus_plus_baseline_advantages(scores, groups_of(group_ids, group_size), mask, cfg,
-                                                    or_undefined(offsets));
+                                                           or_undefined(offsets));
       },
       "scores"_a, "group_ids"_a, "group_size"_a, "mask"_a, "preset"_a, "minus_baseline"_a, "offsets"_a = py::none());
 
@@ -339,15 +354,17 @@ void bind_advantages(py::module_& m) {
                                           {{"verl", which::verl}, {"nemo_rl", which::nemo_rl}, {"trl", which::trl}});
         using A = P::trl::multi_objective_aggregation;
         const ulorl::multi_reward_config cfg =
-            w == which::verl      ? P::verl::gdpo_advantage({.epsilon = epsilon, .norm_adv_by_std_in_grpo = norm_adv_by_std})
-            : w == which::nemo_rl ? P::nemo_rl::gdpo_advantage({.use_leave_one_out_baseline = leave_one_out, .normalize_rewards = normalize})
-                                  : P::trl::multi_reward_advantage(
-                                        {.scale_rewards = trl_scale_rewards_of(fn, scale_rewards),
-                                         .multi_objective_aggregation = parse_name<A>(
-                                             fn, "multi_objective_aggregation", aggregation,
-                                             {{"sum_then_normalize", A::sum_then_normalize}, {"normalize_then_sum", A::normalize_then_sum}})});
-        return th::multi_reward_advantages(components, std::span<const double>(weights), groups_of(group_ids, group_size),
-                                           mask, cfg, or_undefined(offsets));
+            w == which::verl ? P::verl::gdpo_advantage({.epsilon = epsilon, .norm_adv_by_std_in_grpo = norm_adv_by_std})
+            : w == which::nemo_rl
+                ? P::nemo_rl::gdpo_advantage(
+                      {.use_leave_one_out_baseline = leave_one_out, .normalize_rewards = normalize})
+                : P::trl::multi_reward_advantage(
+                      {.scale_rewards = trl_scale_rewards_of(fn, scale_rewards),
+                       .multi_objective_aggregation = parse_name<A>(fn, "multi_objective_aggregation", aggregation,
+                                                                    {{"sum_then_normalize", A::sum_then_normalize},
+                                                                     {"normalize_then_sum", A::normalize_then_sum}})});
+        return th::multi_reward_advantages(components, std::span<const double>(weights),
+                                           groups_of(group_ids, group_size), mask, cfg, or_undefined(offsets));
       },
       "reward_components"_a, "reward_weights"_a, "group_ids"_a, "group_size"_a, "mask"_a, "preset"_a, "epsilon"_a,
       "norm_adv_by_std"_a, "use_leave_one_out_baseline"_a, "normalize_rewards"_a, "scale_rewards"_a,
@@ -355,14 +372,14 @@ void bind_advantages(py::module_& m) {
 
   m.def(
       "_optimal_token_baseline_advantages",
-      [](const at::Tensor& token_rewards, const opt_tensor& mask, const at::Tensor& group_ids, const opt_tensor& old_log_prob,
-         const opt_tensor& sum_pi_squared, const opt_tensor& rollout_is_weights, bool handle_zero_tail, double epsilon,
-         const std::string& estimator, const opt_tensor& offsets) {
+      [](const at::Tensor& token_rewards, const opt_tensor& mask, const at::Tensor& group_ids,
+         const opt_tensor& old_log_prob, const opt_tensor& sum_pi_squared, const opt_tensor& rollout_is_weights,
+         bool handle_zero_tail, double epsilon, const std::string& estimator, const opt_tensor& offsets) {
         constexpr std::string_view fn = "optimal_token_baseline_advantages";
         enum class which { position, valid_token };
-        const which w = parse_name<which>(fn, "estimator", estimator,
-                                          {{"optimal_token_baseline", which::position},
-                                           {"tir_optimal_token_baseline", which::valid_token}});
+        const which w = parse_name<which>(
+            fn, "estimator", estimator,
+            {{"optimal_token_baseline", which::position}, {"tir_optimal_token_baseline", which::valid_token}});
         const P::verl::optimal_token_baseline_options o{.handle_zero_tail = handle_zero_tail, .epsilon = epsilon};
         const auto cfg = w == which::valid_token ? P::verl::tir_optimal_token_baseline_advantage(o)
                                                  : P::verl::optimal_token_baseline_advantage(o);
@@ -382,15 +399,16 @@ void bind_terms(py::module_& m) {
       "_verl_normalizer",
       [](const std::string& loss_agg_mode, const ulorl::batch_counts& counts, double dp_size, opt batch_num_tokens,
          opt global_batch_size, opt loss_scale_factor, std::size_t padded_length) {
-        return P::verl::normalizer(
-            verl_normalizer_options(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor, padded_length),
-            counts);
+        return P::verl::normalizer(verl_normalizer_options(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size,
+                                                           loss_scale_factor, padded_length),
+                                   counts);
       },
       "loss_agg_mode"_a, "counts"_a, "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a, "loss_scale_factor"_a,
       "padded_length"_a);
   m.def(
       "_openrlhf_normalizer",
-      [](bool token_level_loss, const ulorl::batch_counts& counts, double dp_size, opt batch_num_tokens, opt global_batch_size) {
+      [](bool token_level_loss, const ulorl::batch_counts& counts, double dp_size, opt batch_num_tokens,
+         opt global_batch_size) {
         return P::openrlhf::normalizer({.token_level_loss = token_level_loss,
                                         .dp_size = dp_size,
                                         .batch_num_tokens = batch_num_tokens,
@@ -400,12 +418,11 @@ void bind_terms(py::module_& m) {
       "token_level_loss"_a, "counts"_a, "dp_size"_a, "batch_num_tokens"_a, "global_batch_size"_a);
 
   // A preset's KL configuration by its estimator name (the only preset knowledge kl_penalty needs).
-  const auto kl_config_of = [](const std::string& preset, const std::string& name, opt input_clamp,
-                               opt output_clamp) {
+  const auto kl_config_of = [](const std::string& preset, const std::string& name, opt input_clamp, opt output_clamp) {
     constexpr std::string_view fn = "kl_penalty";
     enum class which { verl, openrlhf, nemo_rl };
-    const which w = parse_name<which>(fn, "preset", preset,
-                                      {{"verl", which::verl}, {"openrlhf", which::openrlhf}, {"nemo_rl", which::nemo_rl}});
+    const which w = parse_name<which>(
+        fn, "preset", preset, {{"verl", which::verl}, {"openrlhf", which::openrlhf}, {"nemo_rl", which::nemo_rl}});
     if (w != which::nemo_rl && (input_clamp || output_clamp))
       ulorl::detail::fail(fn, input_clamp ? "input_clamp" : "output_clamp",
                           "only the nemo_rl preset takes clamps (verl and OpenRLHF fix their own)");
@@ -430,31 +447,35 @@ void bind_terms(py::module_& m) {
                               or_undefined(offsets));
       },
       "log_prob"_a, "ref_log_prob"_a, "preset"_a, "name"_a, "input_clamp"_a, "output_clamp"_a, "offsets"_a = py::none(),
-      "th::kl_penalty: the operator ulorl::kl_penalty called from C++ (its errors are ulorl.Error whatever torch's build).");
+      "th::kl_penalty: the operator ulorl::kl_penalty called from C++ (its errors are ulorl.Error whatever torch's "
+      "build).");
   m.def(
       "_agg_loss",
-      [](const at::Tensor& loss_mat, const opt_tensor& mask, const ulorl::agg_normalizer& norm, const opt_tensor& offsets) {
-        return th::agg_loss(loss_mat, or_undefined(mask), norm, or_undefined(offsets));
-      },
+      [](const at::Tensor& loss_mat, const opt_tensor& mask, const ulorl::agg_normalizer& norm,
+         const opt_tensor& offsets) { return th::agg_loss(loss_mat, or_undefined(mask), norm, or_undefined(offsets)); },
       "loss_mat"_a, "mask"_a, "normalizer"_a, "offsets"_a = py::none(),
-      "th::agg_loss: the operator ulorl::agg_loss called from C++ (its errors are ulorl.Error whatever torch's build).");
+      "th::agg_loss: the operator ulorl::agg_loss called from C++ (its errors are ulorl.Error whatever torch's "
+      "build).");
 
   m.def(
       "_off_policy_mask",
-      [](const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask,
-         const std::string& preset, double delta, const std::string& form, const opt_tensor& offsets) {
+      [](const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages,
+         const opt_tensor& mask, const std::string& preset, double delta, const std::string& form,
+         const opt_tensor& offsets) {
         constexpr std::string_view fn = "off_policy_mask";
         enum class which { trl, slime };
         const which w = parse_name<which>(fn, "preset", preset, {{"trl", which::trl}, {"slime", which::slime}});
-        ulorl::off_policy_mask_config cfg = w == which::trl ? P::trl::off_policy_mask(delta) : P::slime::off_policy_mask(delta);
+        ulorl::off_policy_mask_config cfg =
+            w == which::trl ? P::trl::off_policy_mask(delta) : P::slime::off_policy_mask(delta);
         using F = ulorl::off_policy_mask_form;
         cfg.form = parse_name<F>(fn, "form", form, {{"factor", F::factor}, {"loss_mask", F::loss_mask}});
-        const auto r = th::off_policy_mask(log_prob, old_log_prob, advantages, or_undefined(mask), cfg, or_undefined(offsets));
+        const auto r =
+            th::off_policy_mask(log_prob, old_log_prob, advantages, or_undefined(mask), cfg, or_undefined(offsets));
         const auto& st = r.stats;
         return py::make_tuple(r.keep, r.seq_kl,
-                              py::dict("rows"_a = st.rows, "tokens"_a = st.tokens, "off_policy_rows"_a = st.off_policy_rows,
-                                       "dropped_rows"_a = st.dropped_rows, "dropped_tokens"_a = st.dropped_tokens,
-                                       "opsm_clipfrac"_a = st.clipfrac));
+                              py::dict("rows"_a = st.rows, "tokens"_a = st.tokens,
+                                       "off_policy_rows"_a = st.off_policy_rows, "dropped_rows"_a = st.dropped_rows,
+                                       "dropped_tokens"_a = st.dropped_tokens, "opsm_clipfrac"_a = st.clipfrac));
       },
       "log_prob"_a, "old_log_prob"_a, "advantages"_a, "mask"_a, "preset"_a, "delta"_a, "form"_a,
       "offsets"_a = py::none());
@@ -471,10 +492,12 @@ void bind_loss_passes(py::module_& m) {
   m.def(
       "_verl_dppo_weights",
       [](const std::string& loss_mode, double low, double high, double c, const at::Tensor& old_log_prob,
-         const at::Tensor& log_prob, const at::Tensor& advantages, const opt_tensor& mask, const opt_tensor& rollout_is_weights,
-         const opt_tensor& offsets) {
-        const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_from_name(loss_mode), .clip_ratio_low = low,
-                                           .clip_ratio_high = high, .clip_ratio_c = c};
+         const at::Tensor& log_prob, const at::Tensor& advantages, const opt_tensor& mask,
+         const opt_tensor& rollout_is_weights, const opt_tensor& offsets) {
+        const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_from_name(loss_mode),
+                                           .clip_ratio_low = low,
+                                           .clip_ratio_high = high,
+                                           .clip_ratio_c = c};
         const auto r = th::dppo_weights(old_log_prob, log_prob, advantages, or_undefined(mask),
                                         or_undefined(rollout_is_weights), P::verl::dppo(o), or_undefined(offsets));
         return py::make_tuple(r.out, stats_dict(r.stats));
@@ -487,8 +510,8 @@ void bind_loss_passes(py::module_& m) {
       [](double kl_cov_ratio, double ppo_kl_coef, const at::Tensor& old_log_prob, const at::Tensor& log_prob,
          const at::Tensor& advantages, const opt_tensor& mask, const opt_tensor& rollout_is_weights,
          const opt_tensor& offsets) {
-        const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_kind::kl_cov, .kl_cov_ratio = kl_cov_ratio,
-                                           .ppo_kl_coef = ppo_kl_coef};
+        const P::verl::objective_options o{
+            .loss_mode = P::verl::loss_mode_kind::kl_cov, .kl_cov_ratio = kl_cov_ratio, .ppo_kl_coef = ppo_kl_coef};
         if (rollout_is_weights && (rollout_is_weights->sizes() != log_prob.sizes() ||
                                    rollout_is_weights->scalar_type() != log_prob.scalar_type()))
           ulorl::detail::fail("kl_cov_selection", "rollout_is_weights", "must have log_prob's shape and dtype");
@@ -505,14 +528,19 @@ void bind_loss_passes(py::module_& m) {
 
   m.def(
       "_verl_clip_cov_weights",
-      [](double low, double high, double clip_cov_ratio, double clip_cov_lb, double clip_cov_ub, const at::Tensor& old_log_prob,
-         const at::Tensor& log_prob, const at::Tensor& advantages, const opt_tensor& mask, const at::Tensor& selection,
-         const opt_tensor& rollout_is_weights, const opt_tensor& offsets) {
-        const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_kind::clip_cov, .clip_ratio_low = low,
-                                           .clip_ratio_high = high, .clip_cov_ratio = clip_cov_ratio,
-                                           .clip_cov_lb = clip_cov_lb, .clip_cov_ub = clip_cov_ub};
-        const auto r = th::clip_cov_weights(old_log_prob, log_prob, advantages, or_undefined(mask), selection,
-                                            or_undefined(rollout_is_weights), P::verl::clip_cov(o), or_undefined(offsets));
+      [](double low, double high, double clip_cov_ratio, double clip_cov_lb, double clip_cov_ub,
+         const at::Tensor& old_log_prob, const at::Tensor& log_prob, const at::Tensor& advantages,
+         const opt_tensor& mask, const at::Tensor& selection, const opt_tensor& rollout_is_weights,
+         const opt_tensor& offsets) {
+        const P::verl::objective_options o{.loss_mode = P::verl::loss_mode_kind::clip_cov,
+                                           .clip_ratio_low = low,
+                                           .clip_ratio_high = high,
+                                           .clip_cov_ratio = clip_cov_ratio,
+                                           .clip_cov_lb = clip_cov_lb,
+                                           .clip_cov_ub = clip_cov_ub};
+        const auto r =
+            th::clip_cov_weights(old_log_prob, log_prob, advantages, or_undefined(mask), selection,
+                                 or_undefined(rollout_is_weights), P::verl::clip_cov(o), or_undefined(offsets));
         return py::make_tuple(r.out, stats_dict(r.stats));
       },
       "clip_ratio_low"_a, "clip_ratio_high"_a, "clip_cov_ratio"_a, "clip_cov_lb"_a, "clip_cov_ub"_a, "old_log_prob"_a,
@@ -521,8 +549,9 @@ void bind_loss_passes(py::module_& m) {
   m.def(
       "_openrlhf_vllm_is_plan",
       [](const std::string& policy_loss_type, bool enable) {
-        const auto p = P::openrlhf::vllm_is_correction({.policy_loss_type = P::openrlhf::policy_loss_type_from_name(policy_loss_type),
-                                                        .enable_vllm_is_correction = enable});
+        const auto p = P::openrlhf::vllm_is_correction(
+            {.policy_loss_type = P::openrlhf::policy_loss_type_from_name(policy_loss_type),
+             .enable_vllm_is_correction = enable});
         return py::dict("weights"_a = p.weights, "ratio_against_rollout"_a = p.ratio_against_rollout);
       },
       "policy_loss_type"_a, "enable_vllm_is_correction"_a);
@@ -536,21 +565,24 @@ void bind_loss_passes(py::module_& m) {
   nemo_options.def(py::init<>());
   def_fields(nemo_options, "presets::nemo_rl::clipped_pg_loss", P::nemo_rl::truncated_importance_sampling_type_names,
              P::nemo_rl::reference_policy_kl_type_names);
-  m.def("_nemo_rl_validate", [](const O& o) { P::nemo_rl::validate(o); }, "options"_a);
+  m.def(
+      "_nemo_rl_validate", [](const O& o) { P::nemo_rl::validate(o); }, "options"_a);
   m.def(
       "_nemo_rl_positive_example_nll",
-      [](const O& o, double positive_tokens) { return P::nemo_rl::positive_example_nll(o, positive_tokens); }, "options"_a,
-      "positive_tokens"_a);
+      [](const O& o, double positive_tokens) { return P::nemo_rl::positive_example_nll(o, positive_tokens); },
+      "options"_a, "positive_tokens"_a);
   m.def(
       "_nemo_rl_loss_config",
       [](const O& o, const ulorl::batch_counts& counts, opt global_valid_toks, opt global_valid_seqs) {
         ulorl::policy_loss_config cfg;
         cfg.objective = P::nemo_rl::objective(o);
-        cfg.normalizer = P::nemo_rl::normalizer(o, {.global_valid_toks = global_valid_toks, .global_valid_seqs = global_valid_seqs}, counts);
+        cfg.normalizer = P::nemo_rl::normalizer(
+            o, {.global_valid_toks = global_valid_toks, .global_valid_seqs = global_valid_seqs}, counts);
         return cfg;
       },
       "options"_a, "counts"_a, "global_valid_toks"_a, "global_valid_seqs"_a);
-  m.def("_nemo_rl_importance_config", [](const O& o) { return P::nemo_rl::rollout_correction(o); }, "options"_a);
+  m.def(
+      "_nemo_rl_importance_config", [](const O& o) { return P::nemo_rl::rollout_correction(o); }, "options"_a);
   m.def(
       "_nemo_rl_reference_policy_kl",
       [](const O& o, const at::Tensor& log_prob, const at::Tensor& ref_log_prob, const opt_tensor& rollout_log_prob,
@@ -558,11 +590,11 @@ void bind_loss_passes(py::module_& m) {
         namespace D = th::ops::detail;
         th::ops::register_ops();
         // The operator's forward primitive: the term (in log_prob's dtype) and its gradient.
-        const auto [loss, grad] = D::op<D::weighted_kl_loss_forward_sig>("ulorl::_weighted_kl_loss_forward")
-                                      .call(log_prob, ref_log_prob, D::optional(or_undefined(rollout_log_prob)),
-                                            D::optional(or_undefined(mask)), D::optional(or_undefined(offsets)),
-                                            ulorl::encode_fields(P::nemo_rl::reference_policy_kl(o)),
-                                            ulorl::encode_fields(norm));
+        const auto [loss, grad] =
+            D::op<D::weighted_kl_loss_forward_sig>("ulorl::_weighted_kl_loss_forward")
+                .call(log_prob, ref_log_prob, D::optional(or_undefined(rollout_log_prob)),
+                      D::optional(or_undefined(mask)), D::optional(or_undefined(offsets)),
+                      ulorl::encode_fields(P::nemo_rl::reference_policy_kl(o)), ulorl::encode_fields(norm));
         const double kl = loss.item<double>();
         // NeMo-RL logs the penalty without its coefficient (kl_penalty).
         const double unscaled = kl == 0.0 ? 0.0 : kl / o.reference_policy_kl_penalty;
@@ -572,16 +604,16 @@ void bind_loss_passes(py::module_& m) {
       "offsets"_a = py::none());
   m.def(
       "_nemo_rl_logged_ratios",
-      [](const O& o, const at::Tensor& log_prob, const at::Tensor& prev_log_prob, const opt_tensor& mask, opt global_valid_toks,
-         const opt_tensor& offsets) {
+      [](const O& o, const at::Tensor& log_prob, const at::Tensor& prev_log_prob, const opt_tensor& mask,
+         opt global_valid_toks, const opt_tensor& offsets) {
         constexpr std::string_view fn = "presets::nemo_rl::logged_ratios";
         const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
         return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
           using T = decltype(tag);
           const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
           const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
-          const auto r = P::nemo_rl::logged_ratios(lp, th::tokens_of<const T>(fn, "old_log_prob", prev_log_prob, off), mv.view, o,
-                                                   {.global_valid_toks = global_valid_toks});
+          const auto r = P::nemo_rl::logged_ratios(lp, th::tokens_of<const T>(fn, "old_log_prob", prev_log_prob, off),
+                                                   mv.view, o, {.global_valid_toks = global_valid_toks});
           return py::dict("probs_ratio"_a = r.probs_ratio, "probs_ratio_clamped"_a = r.probs_ratio_clamped);
         });
       },
@@ -603,8 +635,9 @@ void bind_loss_passes(py::module_& m) {
   m.def(
       "_trl_grpo_loss",
       [](const at::Tensor& per_token_logps, const at::Tensor& old_per_token_logps, const at::Tensor& advantages,
-         const opt_tensor& completion_mask, const opt_tensor& ref_per_token_logps, const opt_tensor& sampling_per_token_logps,
-         const opt_tensor& entropies, const opt_tensor& importance_sampling_ratio, const TO& o) {
+         const opt_tensor& completion_mask, const opt_tensor& ref_per_token_logps,
+         const opt_tensor& sampling_per_token_logps, const opt_tensor& entropies,
+         const opt_tensor& importance_sampling_ratio, const TO& o) {
         const th::trl_grpo_loss_tensors extra{or_undefined(completion_mask), or_undefined(ref_per_token_logps),
                                               or_undefined(sampling_per_token_logps), or_undefined(entropies),
                                               or_undefined(importance_sampling_ratio)};
@@ -632,15 +665,18 @@ void bind_loss_passes(py::module_& m) {
   // (presets::liger::fused_linear_grpo): the fused pass's configuration and the adjustments of its
   // inputs, or (luspo, vespo) the num_items_in_batch of TRL's loss.
   using LO = P::liger::fused_linear_grpo_options;
-  py::class_<LO> liger_options(m, "LigerFusedLinearGRPOOptions",
-                               "Liger's LigerFusedLinearGRPOLoss options (presets::liger::fused_linear_grpo_options); a "
-                               "default-made one holds Liger's defaults.");
+  py::class_<LO> liger_options(
+      m, "LigerFusedLinearGRPOOptions",
+      "Liger's LigerFusedLinearGRPOLoss options (presets::liger::fused_linear_grpo_options); a "
+      "default-made one holds Liger's defaults.");
   liger_options.def(py::init<>())
-      .def_property_readonly("uses_num_items", [](const LO& o) { return P::liger::uses_num_items(o); },
-                             "Whether the loss type divides by num_items_in_batch (dapo, cispo, luspo, vespo).");
+      .def_property_readonly(
+          "uses_num_items", [](const LO& o) { return P::liger::uses_num_items(o); },
+          "Whether the loss type divides by num_items_in_batch (dapo, cispo, luspo, vespo).");
   def_fields(liger_options, "presets::liger::fused_linear_grpo", P::trl::loss_type_names,
              P::liger::importance_sampling_level_names);
-  m.def("_liger_validate", [](const LO& o) { P::liger::validate(o); }, "options"_a);
+  m.def(
+      "_liger_validate", [](const LO& o) { P::liger::validate(o); }, "options"_a);
   m.def(
       "_liger_fused_linear_grpo",
       [](const LO& o, const ulorl::batch_counts& counts, opt num_items_in_batch, double world_size) {
@@ -650,7 +686,6 @@ void bind_loss_passes(py::module_& m) {
                         "trl_options"_a = p.trl_options);
       },
       "options"_a, "counts"_a, "num_items_in_batch"_a, "world_size"_a);
-
 }
 
 // ---- logits statistics ----------------------------------------------------------------------------------
@@ -658,23 +693,12 @@ void bind_logits_statistics(py::module_& m) {
   m.def(
       "_logits_statistics",
       [](const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values) {
-        constexpr std::string_view fn = "logits_statistics";
-        const ulorl::logits_config cfg{.temperature = temperature, .check_values = check_values};
-        return th::detail::with_logits_type(fn, "logits", logits, [&](auto ltag) {
-          using L = decltype(ltag);
-          return th::detail::with_label_type(fn, "labels", labels, [&](auto y) {
-            const auto z = th::matrix_of<const L>(fn, "logits", logits);
-            const auto n = static_cast<std::int64_t>(z.rows());
-            const auto dbl = at::TensorOptions().dtype(at::kDouble);
-            at::Tensor lp = at::empty({n}, dbl), ent = at::empty({n}, dbl), lse = at::empty({n}, dbl);
-            {
-              const py::gil_scoped_release nogil;
-              ulorl::logits_forward(z, y, th::vector_of<double>(fn, "log_prob", lp), th::vector_of<double>(fn, "entropy", ent),
-                                    th::vector_of<double>(fn, "lse", lse), cfg, th::torch_executor{});
-            }
-            return py::make_tuple(lp, ent, lse);
-          });
-        });
+        std::tuple<at::Tensor, at::Tensor, at::Tensor> r;
+        {
+          const py::gil_scoped_release nogil;
+          r = th::logits_statistics_float64(logits, labels, {.temperature = temperature, .check_values = check_values});
+        }
+        return py::make_tuple(std::get<0>(r), std::get<1>(r), std::get<2>(r));
       },
       "logits"_a, "labels"_a, "temperature"_a, "check_values"_a);
 }

@@ -262,14 +262,6 @@ def logits_statistics(logits: torch.Tensor, labels: torch.Tensor, temperature: f
     """Per-row statistics of ``z = logits / temperature`` in float64, detached (no autograd): the
     log-prob of ``labels``, the entropy and the log-sum-exp ``lse = log sum_j exp(z_j)`` (what the
     backward of :func:`logprobs_from_logits` reads). Same inputs as :func:`logprobs_from_logits`."""
-    device = logits.device
-    if device.type != "cpu":
-        # The statistics are a host-side function (no operator): host copies in, the results to the device.
-        if labels.device != device:
-            raise _fail("logits_statistics", "labels", f"is on device {labels.device} but 'logits' is on {device} "
-                        "(every tensor of a call must be on one device)")
-        lp, ent, lse = _ulorl._logits_statistics(logits.detach().cpu(), labels.cpu(), temperature, check_values)
-        return lp.to(device), ent.to(device), lse.to(device)
     lp, ent, lse = _ulorl._logits_statistics(logits.detach(), labels, temperature, check_values)
     return lp, ent, lse
 

@@ -1,10 +1,10 @@
 """The batch operators of torch.ops.ulorl (ulorl/adapters/torch/ops_batch.hpp: advantages, token
-broadcast, masks, filters, rollout correction, token selection, overlong shaping, batch counts). Each is registered
-with its schema; called directly it gives the same bits as the ulorl function that wraps it (whose
-values the other test files check against float64 oracles), or, for the token-selection passes,
-their formulas written here in float64; on meta tensors it gives the CPU call's shapes and dtypes; its outputs
-never require grad; a malformed config is an error naming the field; the records it carries are
-named by ulorl._ulorl.record_fields."""
+broadcast, masks, filters, rollout correction, token selection, overlong shaping, batch counts,
+float64 logits statistics). Each is registered with its schema; called directly it gives the same
+bits as the ulorl function that wraps it (whose values the other test files check against float64
+oracles), or, for the token-selection passes, their formulas written here in float64; on meta
+tensors it gives the CPU call's shapes and dtypes; its outputs never require grad; a malformed
+config is an error naming the field; the records it carries are named by ulorl._ulorl.record_fields."""
 
 import pytest
 import torch
@@ -38,6 +38,8 @@ def _data(seed=0, dtype=torch.float64):
         "components": torch.rand(B, 3, generator=g, dtype=dtype),
         "spp": torch.rand(B, T, generator=g, dtype=dtype),
         "lengths": torch.tensor([10, 79, 80, 95, 100, 130]),
+        "logits": torch.randn(5, 33, generator=g, dtype=torch.float32) * 3,
+        "labels": torch.randint(0, 33, (5,), generator=g),
     }
 
 
@@ -97,6 +99,8 @@ def _cases(d):
          (d["old"], d["lp"], d["tok_rewards"], d["mask"], _clip_cov_draw(d, 0.1), d["spp"], None,
           _config("clip_cov_config", fraction=0.1, cov_lower=-1.0, cov_upper=1.0)),
          (d["spp"] * (1 - _clip_cov_draw(d, 0.1)),)),
+        ("logits_statistics_float64", (d["logits"], d["labels"], 0.7, True),
+         ulorl.logits_statistics(d["logits"], d["labels"], 0.7)),
         ("count_batch", (d["mask"], None, None),
          (torch.tensor([d["mask"].sum().item(), (d["mask"].sum(1) > 0).sum().item(), B], dtype=torch.float64),)),
     ]
@@ -152,7 +156,7 @@ def _as_tuple(x):
 
 
 def test_every_batch_operator_is_registered_with_its_schema():
-    assert len(CASES) == 21
+    assert len(CASES) == 22
     for name in CASES:
         schema = str(getattr(torch.ops.ulorl, name).default._schema)
         assert schema.startswith(f"ulorl::{name}(")
@@ -189,6 +193,20 @@ def test_outputs_never_require_grad(name):
     args = [a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
     for out in _as_tuple(getattr(torch.ops.ulorl, name)(*args)):
         assert not out.requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_float64_logits_statistics_against_log_softmax(dtype):
+    d = _data(seed=5)
+    z = d["logits"].to(dtype)
+    lp, ent, lse = torch.ops.ulorl.logits_statistics_float64(z, d["labels"], 0.7, True)
+    x = z.double() / 0.7
+    logp = torch.log_softmax(x, -1)
+    assert lp.dtype == ent.dtype == lse.dtype == torch.float64
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lp, logp.gather(1, d["labels"][:, None])[:, 0], **tol)
+    torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1), **tol)
+    torch.testing.assert_close(lse, torch.logsumexp(x, -1), **tol)
 
 
 def test_result_tensors_are_the_records_that_record_fields_names():

@@ -395,6 +395,15 @@ struct optimal_token_baseline_tensors {
   return {lp, ent};
 }
 
+//! The logits statistics in float64 [N] tensors, detached: log-prob of the labels, entropy and the
+//! log-sum-exp of logits / temperature (logits/forward.hpp; what logits_statistics' backward reads).
+[[nodiscard]] inline std::tuple<at::Tensor, at::Tensor, at::Tensor> logits_statistics_float64(
+    const at::Tensor& logits, const at::Tensor& labels, const logits_config& cfg = {}) {
+  using sig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double, bool);
+  return detail::batch_op<sig>("ulorl::logits_statistics_float64")
+      .call(logits, labels, cfg.temperature, cfg.check_values);
+}
+
 }  // namespace th
 
 ULORL_NAMESPACE_END

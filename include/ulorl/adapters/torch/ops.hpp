@@ -504,21 +504,11 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_statist
   constexpr std::string_view fn = "logits_statistics";
   th::detail::require_same_device(fn, "logits", logits, {{"labels", &labels}});
   const logits_config cfg{.temperature = temperature, .check_values = check_values, .fast_backward = fast_backward};
-  return with_logits_type(fn, "logits", logits, [&](auto ltag) {
-    using L = decltype(ltag);
-    return with_label_type(fn, "labels", labels, [&](auto y) {
-      const matrix_view<const L> z = matrix_of<const L>(fn, "logits", logits);
-      const auto n = static_cast<std::int64_t>(z.rows());
-      const auto dbl = at::TensorOptions().dtype(at::kDouble);
-      // Statistics in double (lse feeds the backward's exp(z - lse)), outputs in the stats dtype.
-      at::Tensor lp = at::empty({n}, dbl), ent = at::empty({n}, dbl), lse = at::empty({n}, dbl);
-      logits_forward(z, y, vector_of<double>(fn, "log_prob", lp), vector_of<double>(fn, "entropy", ent),
-                     vector_of<double>(fn, "lse", lse), cfg, torch_executor{});
-      const auto st = stats_dtype(fn, logits);
-      if (st == c10::ScalarType::Double) return std::make_tuple(lp, ent.clone(), lse, ent);
-      return std::make_tuple(lp.to(st), ent.to(st), lse, ent);
-    });
-  });
+  // Statistics in double (lse feeds the backward's exp(z - lse)), outputs in the stats dtype.
+  const auto [lp, ent, lse] = float64_statistics(fn, logits, labels, cfg);
+  const auto st = stats_dtype(fn, logits);
+  if (st == c10::ScalarType::Double) return {lp, ent.clone(), lse, ent};
+  return {lp.to(st), ent.to(st), lse, ent};
 }
 
 //! The backward primitive's tensors, all on the logits' device.

@@ -39,6 +39,8 @@
 //   logits_statistics_torch_rounding(logits [N, V] bf16 | f16, labels [N, K]) -> (log_prob [N, K], entropy [N])
 //       (logits/torch_rounding.hpp: torch's CPU rounding steps, for the frameworks' 16-bit values)
 //   count_batch(mask?, offsets?, tokens?) -> counts (batch_counts: tokens, sequences, rows)
+//   logits_statistics_float64(logits [N, V], labels [N], temperature, check_values)
+//       -> (log_prob, entropy, lse) float64 [N] (logits/forward.hpp, no autograd)
 // Groups are group_ids [B] (int64 / int32, any ids >= 0) or contiguous blocks of group_size, one of
 // the two. Token tensors are [B, T] (any strides) or [total] with offsets [B + 1]; masks bool,
 // uint8 or the values' dtype (checked 0/1); an absent mask means every token valid.
@@ -67,6 +69,7 @@
 #include "ulorl/core/config.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/fields.hpp"
+#include "ulorl/logits/forward.hpp"
 #include "ulorl/logits/torch_rounding.hpp"
 #include "ulorl/loss/fields.hpp"
 #include "ulorl/loss/rollout_correction.hpp"
@@ -116,7 +119,9 @@ namespace ops {
           "dapo_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
           "soft_overlong_penalties(Tensor lengths, float[] config) -> Tensor",
           "logits_statistics_torch_rounding(Tensor logits, Tensor labels) -> (Tensor log_prob, Tensor entropy)",
-          "count_batch(Tensor? mask, Tensor? offsets, Tensor? tokens) -> Tensor"};
+          "count_batch(Tensor? mask, Tensor? offsets, Tensor? tokens) -> Tensor",
+          "logits_statistics_float64(Tensor logits, Tensor labels, float temperature=1.0, bool check_values=True) "
+          "-> (Tensor log_prob, Tensor entropy, Tensor lse)"};
 }
 
 namespace detail {
@@ -808,6 +813,41 @@ at::Tensor soft_overlong_penalties(const at::Tensor& lengths, c10::ArrayRef<doub
                           [&](auto l, std::span<double> out) { ulorl::soft_overlong_penalties(l, out, cfg); });
 }
 
+//! The logits statistics (logits/forward.hpp) of logits [N, V] (float32, float64, bfloat16 or float16)
+//! and labels [N] (int64 / int32) in float64 [N] tensors: log-prob, entropy, log-sum-exp. The CPU
+//! kernel of logits_statistics_float64 and of `_logits_statistics_forward` (ops.hpp).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> float64_statistics(std::string_view fn, const at::Tensor& logits,
+                                                                         const at::Tensor& labels,
+                                                                         const logits_config& cfg) {
+  return th::detail::with_logits_type(fn, "logits", logits, [&](auto ltag) {
+    using L = decltype(ltag);
+    return th::detail::with_label_type(fn, "labels", labels, [&](auto y) {
+      const matrix_view<const L> z = matrix_of<const L>(fn, "logits", logits);
+      const auto n = static_cast<std::int64_t>(z.rows());
+      const auto dbl = at::TensorOptions().dtype(at::kDouble);
+      at::Tensor lp = at::empty({n}, dbl), ent = at::empty({n}, dbl), lse = at::empty({n}, dbl);
+      logits_forward(z, y, vector_of<double>(fn, "log_prob", lp), vector_of<double>(fn, "entropy", ent),
+                     vector_of<double>(fn, "lse", lse), cfg, torch_executor{});
+      return std::make_tuple(lp, ent, lse);
+    });
+  });
+}
+
+template <bool Meta>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> logits_statistics_float64(const at::Tensor& logits,
+                                                                         const at::Tensor& labels, double temperature,
+                                                                         bool check_values) {
+  constexpr std::string_view fn = "logits_statistics";
+  th::detail::require_same_device(fn, "logits", logits, {{"labels", &labels}});
+  if constexpr (Meta) {
+    if (logits.dim() != 2) fail(fn, "logits", "must be [N, V] (got " + std::to_string(logits.dim()) + " dimensions)");
+    return {new_meta({logits.size(0)}, at::kDouble), new_meta({logits.size(0)}, at::kDouble),
+            new_meta({logits.size(0)}, at::kDouble)};
+  } else {
+    return float64_statistics(fn, logits, labels, {.temperature = temperature, .check_values = check_values});
+  }
+}
+
 //! count_batch (loss/aggregation.hpp) of a 0/1 mask (bool, uint8, float32 or float64; checked), or
 //! with `tokens` (a float32 / float64 token tensor of the batch: its layout) of the mask against
 //! that layout, an absent mask counting every token of it: one float64 tensor [3] of batch_counts
@@ -885,6 +925,7 @@ inline void register_batch_kernels(torch::Library& cpu, torch::Library& meta) {
   both("logits_statistics_torch_rounding", &logits_statistics_torch_rounding<false>,
        &logits_statistics_torch_rounding<true>);
   both("count_batch", &count_batch<false>, &count_batch<true>);
+  both("logits_statistics_float64", &logits_statistics_float64<false>, &logits_statistics_float64<true>);
 }
 
 }  // namespace detail
