@@ -103,6 +103,15 @@ def test_agg_loss_takes_masks_of_any_dtype(dtype, mode):
     torch.testing.assert_close(v.agg_loss(lp, m.to(dtype), mode), want, rtol=0, atol=0)
 
 
+def test_all_zero_sequence_weights_raise_verls_zero_division():
+    # sequence IcePop in [0.8, 1.25] with every row's ratio e: every weight 0, the ESS 1 / 0 (verl: ZeroDivisionError)
+    lp = torch.zeros(3, 4, dtype=torch.float64)
+    with pytest.raises(ZeroDivisionError) as e:
+        v.compute_rollout_correction_and_rejection_mask(lp - 1.0, lp, torch.ones(3, 4), rollout_is="sequence",
+                                                        rollout_is_threshold="0.8_1.25")
+    assert isinstance(e.value, ulorl.Error) and e.value.argument == "weights"
+
+
 def test_geo_mean():
     def L(old, lp, adv, m):
         return O.geo_mean(old, lp, adv, m, 0.2, 0.28)

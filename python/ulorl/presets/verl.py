@@ -136,6 +136,28 @@ class _UnknownKLPenalty(_ulorl.Error, NotImplementedError):
     """An unknown kl_penalty name: ulorl.Error, and NotImplementedError as verl raises."""
 
 
+class _ZeroImportanceWeights(_ulorl.Error, ZeroDivisionError):
+    """Every importance weight 0 (its effective sample size 1 / 0): ulorl.Error, and ZeroDivisionError
+    as verl's metrics raise."""
+
+
+def _reraised(cls: type, e: _ulorl.Error) -> _ulorl.Error:
+    """``e`` as an error of ``cls`` (an ulorl.Error that is also the framework's exception type)."""
+    err = cls(str(e))
+    err.function, err.argument, err.index = e.function, e.argument, e.index
+    return err
+
+
+def _rollout_correction(*args: Any) -> Any:
+    """_ulorl._rollout_correction; all-zero importance weights raise _ZeroImportanceWeights."""
+    try:
+        return _ulorl._rollout_correction(*args)
+    except _ulorl.Error as e:
+        if e.argument == "weights" and "effective sample size" in str(e):
+            raise _reraised(_ZeroImportanceWeights, e) from None
+        raise
+
+
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
     """verl's ``kl_penalty(logprob, ref_logprob, kl_penalty)``: kl / k1, abs, mse / k2, low_var_kl / k3
     (|ref - logp| clamped to 20, the value to +-10), and the "+" names (the estimator's value, the
@@ -148,9 +170,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     except _ulorl.Error as e:
         if e.argument != "kl_penalty":
             raise
-        err = _UnknownKLPenalty(str(e))
-        err.function, err.argument, err.index = e.function, e.argument, e.index
-        raise err from None
+        raise _reraised(_UnknownKLPenalty, e) from None
     return _as(kl, out)
 
 
@@ -862,8 +882,8 @@ def _is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, resp
                 rollout_is: str, rollout_is_threshold: Any, batch_normalize: bool
                 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     cfg = _ulorl._verl_rollout_correction_config(rollout_is, rollout_is_threshold, batch_normalize, None, None)
-    w, _, rm = _ulorl._rollout_correction(old_log_prob.detach(), rollout_log_prob.detach(),
-                                          _mask(response_mask, old_log_prob.dtype), cfg, None)
+    w, _, rm = _rollout_correction(old_log_prob.detach(), rollout_log_prob.detach(),
+                                   _mask(response_mask, old_log_prob.dtype), cfg, None)
     d = rm.as_dict()
     upper, lower = _is_threshold(rollout_is_threshold)
     with torch.no_grad():
@@ -974,8 +994,8 @@ def _rejection(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, respo
 
     def run(rs: str, th: str) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = _ulorl._verl_rollout_correction_config(None, None, False, rs, th)
-        _, keep, rm = _ulorl._rollout_correction(old_log_prob, rollout_log_prob,
-                                                 _mask(response_mask, old_log_prob.dtype), cfg, None)
+        _, keep, rm = _rollout_correction(old_log_prob, rollout_log_prob,
+                                          _mask(response_mask, old_log_prob.dtype), cfg, None)
         return keep, rm.as_dict()
 
     keep, d = run(",".join(options), joined)
@@ -1041,8 +1061,7 @@ def compute_offpolicy_metrics(
     assert response_mask.any(), "Expected at least one valid token in response_mask"
     ro = old_log_prob if rollout_log_prob is None else rollout_log_prob
     cfg = _ulorl._verl_rollout_correction_config(None, None, False, None, None)
-    _, _, rm = _ulorl._rollout_correction(old_log_prob.detach(), ro.detach(), _mask(response_mask, ro.dtype), cfg,
-                                          None)
+    _, _, rm = _rollout_correction(old_log_prob.detach(), ro.detach(), _mask(response_mask, ro.dtype), cfg, None)
     d = rm.as_dict()
     keys = ["training_ppl", "training_log_ppl"]
     if rollout_log_prob is not None:
@@ -1160,7 +1179,7 @@ def rollout_correction(
     cfg = rollout_correction_config(rollout_is=rollout_is, rollout_is_threshold=rollout_is_threshold,
                                     rollout_is_batch_normalize=rollout_is_batch_normalize, rollout_rs=rollout_rs,
                                     rollout_rs_threshold=rollout_rs_threshold)
-    w, keep, m = _ulorl._rollout_correction(old_log_prob, rollout_log_prob, response_mask, cfg, None)
+    w, keep, m = _rollout_correction(old_log_prob, rollout_log_prob, response_mask, cfg, None)
     d = m.as_dict()
     out = {k: d[v] for k, v in _VERL_METRICS.items()}
     if not cfg.importance_weights:
