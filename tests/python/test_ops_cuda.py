@@ -67,13 +67,36 @@ def test_cuda_errors_name_the_argument():
         ulorl.policy_loss(bad.cuda(), old.cuda(), adv.cuda(), mask.cuda(), normalizer=norm)
     with pytest.raises(ulorl.Error, match="argument 'mask': is on device cpu but 'log_prob' is on cuda:0"):
         ulorl.policy_loss(lp.cuda(), old.cuda(), adv.cuda(), mask, normalizer=norm)
-    with pytest.raises(ulorl.Error, match="argument 'log_prob': has dtype Double"):
-        ulorl.policy_loss(lp.double().cuda(), old.double().cuda(), adv.double().cuda(), mask.cuda(), normalizer=norm)
+    previous = ulorl.set_host_fallback(False)
+    try:
+        with pytest.raises(ulorl.Error, match="argument 'log_prob': has dtype Double"):
+            ulorl.policy_loss(lp.double().cuda(), old.double().cuda(), adv.double().cuda(), mask.cuda(),
+                              normalizer=norm)
+        with pytest.raises(ulorl.Error, match="argument 'logits': has dtype Double"):
+            ulorl.logprobs_from_logits(torch.randn(3, 5, device="cuda").double(),
+                                       torch.zeros(3, dtype=torch.long, device="cuda"))
+    finally:
+        ulorl.set_host_fallback(previous)
     with pytest.raises(ulorl.Error, match="argument 'labels'"):
         ulorl.logprobs_from_logits(torch.randn(3, 5, device="cuda"), torch.full((3,), 5, device="cuda"))
-    with pytest.raises(ulorl.Error, match="argument 'logits': has dtype Double"):
-        ulorl.logprobs_from_logits(torch.randn(3, 5, device="cuda").double(), torch.zeros(3, dtype=torch.long,
-                                                                                          device="cuda"))
+
+
+@kernels
+def test_what_the_device_kernels_do_not_take_runs_on_the_host():
+    lp, old, adv, mask, _, _ = _batch(3, 8)
+    norm = ulorl.Normalizer("token_mean", 10.0)
+    args = [t.double() for t in (lp, old, adv)] + [mask]
+    cpu = ulorl.policy_loss(*args, normalizer=norm)[0]
+    dev = ulorl.policy_loss(*[t.cuda() for t in args], normalizer=norm)[0]
+    assert dev.device.type == "cuda" and dev.dtype == torch.float64 and dev.item() == cpu.item()
+    z, y = torch.randn(4, 9, dtype=torch.float64), torch.randint(0, 9, (4,))
+    x = z.cuda().requires_grad_()
+    lp_dev, _ = ulorl.logprobs_from_logits(x, y.cuda())
+    lp_dev.sum().backward()
+    w = z.clone().requires_grad_()
+    lp_cpu, _ = ulorl.logprobs_from_logits(w, y)
+    lp_cpu.sum().backward()
+    assert torch.equal(lp_dev.cpu(), lp_cpu.detach()) and torch.equal(x.grad.cpu(), w.grad)
 
 
 @kernels

@@ -167,8 +167,18 @@ int main() {
       (void)th::policy_loss(lp, x.old.to(lp.device()).to(lp.scalar_type()), x.adv.to(lp.device()).to(lp.scalar_type()),
                             mask, cfg);
     };
-    expect_error("float64 on CUDA", "argument 'log_prob': has dtype Double",
+    // float64 takes the host path (the CPU's values on the device); with the fallback off, the dtype is named.
+    {
+      const at::Tensor lp64 = x.lp.to(at::kDouble);
+      const auto host = th::policy_loss(lp64.to(gpu), x.old.to(at::kDouble).to(gpu), x.adv.to(at::kDouble).to(gpu),
+                                        at::Tensor(), cfg);
+      const auto cpu = th::policy_loss(lp64, x.old.to(at::kDouble), x.adv.to(at::kDouble), at::Tensor(), cfg);
+      expect(host.loss.device().is_cuda() && close(host.loss, cpu.loss, 0, 0), "float64 on CUDA: the host path");
+    }
+    th::ops::set_host_fallback(false);
+    expect_error("float64 on CUDA, fallback off", "argument 'log_prob': has dtype Double",
                  [&] { run(x.lp.to(gpu).to(at::kDouble), at::Tensor()); });
+    th::ops::set_host_fallback(true);
     expect_error("a strided log_prob", "argument 'log_prob': has strides", [&] {
       (void)th::policy_loss(x.lp.t().contiguous().t().to(gpu), x.old.to(gpu), x.adv.to(gpu), at::Tensor(), cfg);
     });

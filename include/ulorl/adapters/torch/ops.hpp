@@ -335,9 +335,9 @@ inline void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   }
   if (!ref) fail(fn, "", "has no CUDA kernel");
   if (!host_fallback.load(std::memory_order_relaxed))
-    no_cuda_kernel(fn, ref_name, *ref, fn + " has no CUDA kernel in this program and the host fallback is off");
+    no_cuda_kernel(fn, ref_name, *ref, fn + " has no CUDA kernel for this call and the host fallback is off");
   TORCH_WARN_ONCE("ulorl: ", fn,
-                  " has no CUDA kernel in this program: it runs on the CPU, on copies of its CUDA tensors (the "
+                  " has no CUDA kernel for this call: it runs on the CPU, on copies of its CUDA tensors (the "
                   "call waits for the device); set_host_fallback(false) makes such a call an error");
   const c10::Device device = ref->device();
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -363,6 +363,20 @@ struct device_kernel<R(A...)> {
   std::atomic<R (*)(A...)> kernel{nullptr};
 };
 
+//! Operator `name` (a primitive returning R: a tensor or a tuple of tensors) through run_on_host.
+template <class R, class... A>
+R call_on_host(const char* name, const A&... a) {
+  torch::jit::Stack stack;
+  torch::jit::push(stack, a...);
+  run_on_host(c10::Dispatcher::singleton().findSchemaOrThrow(name, ""), &stack);
+  if constexpr (std::is_same_v<R, at::Tensor>) {
+    return std::move(stack.back()).toTensor();
+  } else {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) { return R{std::move(stack[I]).toTensor()...}; }
+    (std::make_index_sequence<std::tuple_size_v<R>>{});
+  }
+}
+
 //! The CUDA key's entry of a primitive with a device kernel K: K's kernel when set, else run_on_host.
 template <auto& K, class Sig = typename std::remove_cvref_t<decltype(K)>::signature>
 struct cuda_entry;
@@ -370,15 +384,7 @@ template <auto& K, class R, class... A>
 struct cuda_entry<K, R(A...)> {
   static R call(A... a) {
     if (const auto k = K.kernel.load(std::memory_order_acquire)) return k(a...);
-    torch::jit::Stack stack;
-    torch::jit::push(stack, a...);
-    run_on_host(c10::Dispatcher::singleton().findSchemaOrThrow(K.name, ""), &stack);
-    if constexpr (std::is_same_v<R, at::Tensor>) {
-      return std::move(stack.back()).toTensor();
-    } else {
-      return [&]<std::size_t... I>(std::index_sequence<I...>) { return R{std::move(stack[I]).toTensor()...}; }
-      (std::make_index_sequence<std::tuple_size_v<R>>{});
-    }
+    return call_on_host<R>(K.name, a...);
   }
 };
 

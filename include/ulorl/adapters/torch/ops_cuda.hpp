@@ -10,18 +10,18 @@
 // register_cuda_ops() sets the kernels that the library's CUDA entries (ops.hpp) call; until then
 // those operators take the host path of ops.hpp (run_on_host).
 //
-// The policy loss on the device: float32 token tensors (float64 ones raise ulorl::error naming
-// `log_prob`: the CPU kernels take them), each contiguous (a strided one raises naming it, with the
-// fix), a bool / uint8 / float32 mask or none, int64 offsets for the packed layout, every
-// objective, KL estimator, entropy term and aggregation of the CPU path; the in-pass rollout
-// correction (config.rollout) is refused (pass rollout_correction's weights as `weights`). With
+// The policy loss on the device: float32 token tensors, each contiguous (a strided one raises naming
+// it, with the fix), a bool / uint8 / float32 mask or none, int64 offsets for the packed layout,
+// every objective, KL estimator, entropy term and aggregation of the CPU path. float64 tensors and
+// the in-pass rollout correction (config.rollout) take the host path (ops.hpp's run_on_host; with
+// the host fallback off, ulorl::error naming `log_prob` resp. `rollout_log_prob`). With
 // config.check_values (the default) the call reads one int64 status back from the device after the
 // launch, so that a NaN / Inf input, a mask value other than 0 / 1 or a bad offsets row raises
 // ulorl::error naming the argument and the token, as on the CPU (nothing is written to the
 // gradients then); check_values = false launches without any device-to-host synchronisation.
 //
 // The logits on the device: float32, float16 or bfloat16 [N, V] with consecutive columns (any row
-// stride), int64 or int32 labels; statistics in float32 (the CPU accumulates in float64), returned in
+// stride; float64 logits take the host path), int64 or int32 labels; statistics in float32 (the CPU accumulates in float64), returned in
 // the logits' dtype as on the CPU; `fast_backward` has no effect (the device backward is one pass in
 // float32). With check_values one more synchronisation reads back the first out-of-range label and
 // whether a statistic is NaN, and then the CPU kernel runs on copies to raise the CPU's error;
@@ -217,8 +217,15 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_fo
   constexpr std::string_view fn = "policy_loss";
   require_policy_loss_device(log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy, offsets,
                              rollout_log_prob);
+  const policy_loss_config cfg = config_of(fn, config);
+  // What the device kernel does not take runs on the host with the fallback on (else its error).
+  if (host_fallback.load(std::memory_order_relaxed) &&
+      (log_prob.scalar_type() == c10::ScalarType::Double || cfg.rollout.has_value() || rollout_log_prob.has_value()))
+    return call_on_host<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>>(
+        "ulorl::_policy_loss_forward", log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy,
+        offsets, rollout_log_prob, config);
   return policy_loss_on_device(fn, log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy, offsets,
-                               rollout_log_prob, config_of(fn, config));
+                               rollout_log_prob, cfg);
 }
 
 // ---- logits: statistics, their backward, the loss from logits --------------------------------------------
@@ -342,9 +349,12 @@ inline void logits_backward_on_device(std::string_view fn, const at::Tensor& log
 }
 
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_statistics_forward_cuda(
-    const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values, bool) {
+    const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values, bool fast_backward) {
   constexpr std::string_view fn = "logits_statistics";
   th::detail::require_same_device(fn, "logits", logits, {{"labels", &labels}});
+  if (host_fallback.load(std::memory_order_relaxed) && logits.scalar_type() == c10::ScalarType::Double)
+    return call_on_host<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>>(
+        "ulorl::_logits_statistics_forward", logits, labels, temperature, check_values, fast_backward);
   const device_statistics d = logits_statistics_on_device(fn, logits, labels, temperature, check_values);
   const auto st = stats_dtype(fn, logits);
   return {d.log_prob.to(st), st == c10::ScalarType::Float ? d.entropy.clone() : d.entropy.to(st), d.lse.to(at::kDouble),
@@ -354,9 +364,12 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_statist
 inline at::Tensor logits_statistics_backward_cuda(const at::Tensor& logits, const at::Tensor& labels,
                                                   const at::Tensor& lse, const at::Tensor& ent,
                                                   const opt_tensor& grad_log_prob, const opt_tensor& grad_entropy,
-                                                  double temperature, bool) {
+                                                  double temperature, bool fast_backward) {
   constexpr std::string_view fn = "logits_statistics";
   require_backward_device(logits, labels, lse, ent, grad_log_prob, grad_entropy);
+  if (host_fallback.load(std::memory_order_relaxed) && logits.scalar_type() == c10::ScalarType::Double)
+    return call_on_host<at::Tensor>("ulorl::_logits_statistics_backward", logits, labels, lse, ent, grad_log_prob,
+                                    grad_entropy, temperature, fast_backward);
   at::Tensor g_lp = value_or_undefined(grad_log_prob), g_ent = value_or_undefined(grad_entropy);
   at::Tensor out = at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous));
   if (!g_lp.defined() && !g_ent.defined()) return out.zero_();
@@ -370,11 +383,18 @@ inline at::Tensor logits_statistics_backward_cuda(const at::Tensor& logits, cons
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_loss_forward_cuda(
     const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& old_log_prob, const at::Tensor& advantages,
     const opt_tensor& mask, const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& offsets,
-    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values, bool) {
+    const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
+    bool fast_backward) {
   constexpr std::string_view fn = "policy_loss_from_logits";
   const fused_tokens tok(labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob);
   tok.require_device(fn, "logits", logits);
   const policy_loss_config cfg = config_of(fn, config);
+  if (host_fallback.load(std::memory_order_relaxed) &&
+      (logits.scalar_type() == c10::ScalarType::Double || old_log_prob.scalar_type() == c10::ScalarType::Double ||
+       cfg.rollout.has_value() || rollout_log_prob.has_value()))
+    return call_on_host<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>>(
+        "ulorl::_policy_loss_from_logits_forward", logits, labels, old_log_prob, advantages, mask, ref_log_prob,
+        weights, offsets, rollout_log_prob, config, temperature, check_values, fast_backward);
   if (logits.dim() == 2 && logits.size(0) != old_log_prob.numel())
     fail(fn, "logits",
          "has " + std::to_string(logits.size(0)) + " rows but 'old_log_prob' has " +
