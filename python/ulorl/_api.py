@@ -140,10 +140,10 @@ def _host(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 def _count_batch(mask: Optional[torch.Tensor], offsets: Optional[torch.Tensor] = None,
                  tokens: Optional[torch.Tensor] = None) -> _ulorl.BatchCounts:
     """count_batch (``tokens``: their layout, that of a None mask and the mask's shape) of tensors on
-    any device: a device mask and offsets are read from host copies, device tokens from an
-    uninitialised CPU tensor of their shape and dtype (count_batch reads no token value)."""
+    any device: a device mask and offsets are read from host copies, device tokens as a CPU scalar of
+    their dtype expanded to their shape (count_batch reads their layout, no value: nothing is copied)."""
     if tokens is not None and tokens.device.type != "cpu":
-        tokens = torch.empty(tokens.shape, dtype=tokens.dtype)
+        tokens = torch.zeros((), dtype=tokens.dtype).expand(tokens.shape)
     return _ulorl.count_batch(_host(mask), _host(offsets), tokens=tokens)
 
 

@@ -209,6 +209,19 @@ def test_float64_logits_statistics_against_log_softmax(dtype):
     torch.testing.assert_close(lse, torch.logsumexp(x, -1), **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.bfloat16, torch.float16])
+def test_count_batch_reads_integer_and_16_bit_masks(dtype):
+    d = _data(seed=6)
+    want = torch.ops.ulorl.count_batch(d["mask"], None, None)
+    assert torch.equal(torch.ops.ulorl.count_batch(d["mask"].to(dtype), None, None), want)
+    bad = d["mask"].to(dtype)
+    bad[1, 0] = 2
+    with pytest.raises((ulorl.Error, ValueError), match=r"argument 'mask'\[7\] = 2"):
+        torch.ops.ulorl.count_batch(bad, None, None)
+    with pytest.raises((ulorl.Error, ValueError), match="must be bool, an integer or a floating type"):
+        torch.ops.ulorl.count_batch(d["mask"].to(torch.complex64), None, None)
+
+
 def test_result_tensors_are_the_records_that_record_fields_names():
     d = _data(seed=4)
     keep, counts = torch.ops.ulorl.dynamic_sampling_filter(d["rewards"], d["ids"], None,

@@ -12,10 +12,8 @@ from .._api import _count_batch, _host
 
 def counts(mask: Optional[torch.Tensor], offsets: Optional[torch.Tensor] = None,
            tokens: Optional[torch.Tensor] = None) -> _ulorl.BatchCounts:
-    """count_batch of the mask (on any device, of any dtype: an integer or 16-bit mask is read as float64,
-    which keeps its values for the 0/1 check); a None mask counts every token of ``tokens``' layout."""
-    if mask is not None and mask.dtype not in (torch.bool, torch.uint8, torch.float32, torch.float64):
-        mask = mask.to(torch.float64)
+    """count_batch of the mask (on any device, of any integer or floating dtype); a None mask counts every
+    token of ``tokens``' layout."""
     return _count_batch(mask, offsets, tokens if mask is None else None)
 
 

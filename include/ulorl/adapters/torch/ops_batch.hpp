@@ -848,7 +848,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logits_statistics_float64(const a
   }
 }
 
-//! count_batch (loss/aggregation.hpp) of a 0/1 mask (bool, uint8, float32 or float64; checked), or
+//! count_batch (loss/aggregation.hpp) of a 0/1 mask (bool, or any integer or floating type; checked), or
 //! with `tokens` (a float32 / float64 token tensor of the batch: its layout) of the mask against
 //! that layout, an absent mask counting every token of it: one float64 tensor [3] of batch_counts
 //! (tokens, sequences, rows) on the device of the inputs.
@@ -883,10 +883,15 @@ at::Tensor count_batch(const opt_tensor& mask_, const opt_tensor& offsets_, cons
           return count(optional_tokens_of<const float>(fn, "mask", mask, off));
         case c10::ScalarType::Double:
           return count(optional_tokens_of<const double>(fn, "mask", mask, off));
-        default:
-          fail(fn, "mask",
-               std::string("has dtype ") + c10::toString(mask.scalar_type()) +
-                   " but must be bool, uint8, float32 or float64");
+        default: {  // other integer and 16-bit masks (NeMo-RL's and verl's int64 ones): read as float64,
+                    // which keeps their values for the 0/1 check
+          if (!c10::isIntegralType(mask.scalar_type(), false) && !c10::isFloatingType(mask.scalar_type()))
+            fail(fn, "mask",
+                 std::string("has dtype ") + c10::toString(mask.scalar_type()) +
+                     " but must be bool, an integer or a floating type");
+          const at::Tensor wide = mask.to(at::kDouble);
+          return count(optional_tokens_of<const double>(fn, "mask", wide, off));
+        }
       }
     }();
     return record_tensor(&c);

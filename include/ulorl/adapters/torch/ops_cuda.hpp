@@ -357,8 +357,8 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_statist
         "ulorl::_logits_statistics_forward", logits, labels, temperature, check_values, fast_backward);
   const device_statistics d = logits_statistics_on_device(fn, logits, labels, temperature, check_values);
   const auto st = stats_dtype(fn, logits);
-  return {d.log_prob.to(st), st == c10::ScalarType::Float ? d.entropy.clone() : d.entropy.to(st), d.lse.to(at::kDouble),
-          d.entropy.to(at::kDouble)};
+  // st is float32 or 16-bit here (float64 takes the host path), so entropy_f64 is a tensor of its own.
+  return {d.log_prob.to(st), d.entropy.to(st), d.lse.to(at::kDouble), d.entropy.to(at::kDouble)};
 }
 
 inline at::Tensor logits_statistics_backward_cuda(const at::Tensor& logits, const at::Tensor& labels,
