@@ -29,8 +29,8 @@ LIBRARIES = [("ulorl_kernels_avx2", {"sources": [os.path.join("src", "kernels_av
 
 KERNELS = os.path.normpath(os.path.join(HERE, "..", "kernels"))
 SOURCES = [os.path.join("src", f) for f in ("module.cpp", "losses.cpp", "logits.cpp", "corrections.cpp")]
-# With a torch built with CUDA and nvcc (CUDA_HOME), the policy-loss operator gets its CUDA kernel
-# (ULORL_PYTHON_CUDA=0 builds without it): ops_cuda.cu (nvcc, C++17) and ops_cuda.cpp (host, C++20).
+# With a torch built with CUDA and nvcc (CUDA_HOME), the operators get their CUDA kernels
+# (ULORL_PYTHON_CUDA=0 builds without them): ops_cuda.cu (nvcc, C++17) and ops_cuda.cpp (host, C++20).
 CUDA = torch.version.cuda is not None and CUDA_HOME is not None and os.environ.get("ULORL_PYTHON_CUDA", "1") != "0"
 if CUDA:
     EXTENSION = CUDAExtension(
@@ -40,6 +40,7 @@ if CUDA:
         extra_compile_args={"cxx": ["-std=c++20", "-O2", "-g0"],
                             "nvcc": ["-std=c++17", "-O3", "--expt-relaxed-constexpr"]},
         define_macros=[("ULORL_PY_CUDA", None)] + ([("ULORL_PY_AVX2_KERNELS", None)] if X86 else []),
+        libraries=["cublas"],  # the linear head's GEMMs (src/ops_cuda.cu)
     )
 else:
     EXTENSION = CppExtension(

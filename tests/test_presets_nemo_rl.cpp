@@ -4,9 +4,11 @@
 // oracle: test_loss_policy_modes.cpp; the rollout correction: test_loss_rollout_correction.cpp.)
 #include <ulorl/presets/nemo_rl.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "catch.hpp"
@@ -125,4 +127,39 @@ TEST_CASE("NeMo-RL advantage presets take NeMo-RL's option names", "[presets]") 
   REQUIRE(preset_advantages({3.0, 1.0}, {4, 5}, ulorl::advantage_preset{rpp.group, {}})[0] == 3.0);
   REQUIRE(preset_advantages({3.0, 1.0}, {4, 5},
                             ulorl::advantage_preset{nemo::reinforce_plus_plus_advantage().group, {}})[0] == 0.0);
+}
+
+TEST_CASE("nemo_rl: the options encode whole, the optional truncation type included", "[presets][fields]") {
+  namespace N = ulorl::presets::nemo_rl;
+  const auto names = ulorl::field_names<N::clipped_pg_loss_options>();
+  REQUIRE(names.size() == ulorl::encoded_size_of<N::clipped_pg_loss_options>);
+  const auto at = [&](std::string_view name) {
+    const auto it = std::find(names.begin(), names.end(), name);
+    REQUIRE(it != names.end());
+    return static_cast<std::size_t>(it - names.begin());
+  };
+  const std::size_t type = at("truncated_importance_sampling_type");
+  REQUIRE(at("truncated_importance_sampling_type.value") == type + 1);
+  for (const N::clipped_pg_loss_options& o : {N::clipped_pg_loss_options{}, N::prorl_v2(), N::prorl_v2_1()}) {
+    const auto enc = ulorl::encode_fields(o);
+    const auto back = ulorl::decode_fields<N::clipped_pg_loss_options>("f", "options", enc);
+    REQUIRE(back.truncated_importance_sampling_type == o.truncated_importance_sampling_type);
+    REQUIRE(back.truncated_importance_sampling_ratio == o.truncated_importance_sampling_ratio);
+    REQUIRE(back.force_on_policy_ratio == o.force_on_policy_ratio);
+    REQUIRE(back.kl_input_clamp_value == o.kl_input_clamp_value);
+    REQUIRE(ulorl::encode_fields(back) == enc);
+  }
+  // prorl_v2_1: seq-mask-tis, present, with its enumerator's value.
+  auto enc = ulorl::encode_fields(N::prorl_v2_1());
+  REQUIRE(enc[type] == 1.0);
+  REQUIRE(enc[type + 1] ==
+          static_cast<double>(static_cast<int>(ulorl::rollout_correction::is_weighting::geometric_gate)));
+  // A non-integral type is a decoding error naming the value's field; an unnamed one, validate's.
+  enc[type + 1] = 0.5;
+  REQUIRE_THROWS_WITH(ulorl::decode_fields<N::clipped_pg_loss_options>("f", "options", enc),
+                      Catch::Contains("field 'truncated_importance_sampling_type.value'"));
+  enc[type + 1] = 7.0;
+  const auto unnamed = ulorl::decode_fields<N::clipped_pg_loss_options>("f", "options", enc);
+  REQUIRE_THROWS_WITH(N::validate(unnamed), Catch::Contains("'truncated_importance_sampling_type'") &&
+                                                Catch::Contains("is no type NeMo-RL names"));
 }

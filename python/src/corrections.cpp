@@ -44,18 +44,8 @@ namespace rc = ulorl::rollout_correction;
 namespace P = ulorl::presets;
 using opt_tensor = std::optional<at::Tensor>;
 using opt = std::optional<double>;
-using byte = std::uint8_t;
 
-using th::optional_tokens_of;
 using th::or_undefined;
-
-using th::ops::detail::mask_bytes;
-//! The adapter's optional mask (ops_batch.hpp) of an optional argument: None is every token valid.
-template <class T, class U>
-mask_bytes optional_mask_of(std::string_view fn, std::string_view arg, const opt_tensor& m, const th::offsets_view& off,
-                            std::string_view ref_name, const ulorl::token_view<U>& ref) {
-  return th::ops::detail::optional_mask_of<T>(fn, arg, or_undefined(m), off, ref_name, ref);
-}
 
 // ---- rollout correction ----------------------------------------------------------------------------
 py::dict rc_metrics_dict(const rc::metrics& m) {
@@ -565,6 +555,9 @@ void bind_loss_passes(py::module_& m) {
   nemo_options.def(py::init<>());
   def_fields(nemo_options, "presets::nemo_rl::clipped_pg_loss", P::nemo_rl::truncated_importance_sampling_type_names,
              P::nemo_rl::reference_policy_kl_type_names);
+  nemo_options.def_property_readonly(
+      "encoded", [](const O& o) { return ulorl::encode_fields(o); },
+      "The float[] options of torch.ops.ulorl.nemo_rl_logged_ratios (ulorl::encode_fields).");
   m.def(
       "_nemo_rl_validate", [](const O& o) { P::nemo_rl::validate(o); }, "options"_a);
   m.def(
@@ -606,16 +599,15 @@ void bind_loss_passes(py::module_& m) {
       "_nemo_rl_logged_ratios",
       [](const O& o, const at::Tensor& log_prob, const at::Tensor& prev_log_prob, const opt_tensor& mask,
          opt global_valid_toks, const opt_tensor& offsets) {
-        constexpr std::string_view fn = "presets::nemo_rl::logged_ratios";
-        const auto off = th::offsets_of(fn, "offsets", or_undefined(offsets));
-        return th::detail::with_token_type(fn, "log_prob", log_prob, [&](auto tag) {
-          using T = decltype(tag);
-          const auto lp = th::tokens_of<const T>(fn, "log_prob", log_prob, off);
-          const mask_bytes mv = optional_mask_of<T>(fn, "mask", mask, off, "log_prob", lp);
-          const auto r = P::nemo_rl::logged_ratios(lp, th::tokens_of<const T>(fn, "old_log_prob", prev_log_prob, off),
-                                                   mv.view, o, {.global_valid_toks = global_valid_toks});
-          return py::dict("probs_ratio"_a = r.probs_ratio, "probs_ratio_clamped"_a = r.probs_ratio_clamped);
-        });
+        P::nemo_rl::ratio_metrics r;
+        {
+          const py::gil_scoped_release nogil;
+          r = th::nemo_rl_logged_ratios(log_prob, prev_log_prob, or_undefined(mask), o, global_valid_toks,
+                                        or_undefined(offsets));
+        }
+        py::dict d;
+        visit_fields(r, [&](std::string_view name, double v) { d[py::str(std::string(name))] = v; });
+        return d;
       },
       "options"_a, "log_prob"_a, "prev_log_prob"_a, "mask"_a, "global_valid_toks"_a, "offsets"_a = py::none());
 

@@ -121,9 +121,11 @@ void bind_losses(py::module_& m) {
   m.attr("cuda_kernels") = false;
 #endif
   m.def("set_host_fallback", &ulorl::th::ops::set_host_fallback, "enabled"_a,
-        "Whether an operator without a CUDA kernel in this build runs on the CPU on copies of its CUDA tensors, its "
-        "outputs copied back to the device (True, the default; the call waits for the device, and the first such "
-        "call warns), or raises ulorl.Error naming the CUDA tensor (False). Returns the previous setting.");
+        "Whether a CUDA call that no device kernel of this build takes runs on the CPU on copies of its tensors, "
+        "its outputs copied back to the device (True; the call waits for the device, and the first such call "
+        "warns), or raises ulorl.Error naming the CUDA tensor (False). Until set: True in a build with the CUDA "
+        "kernels (cuda_kernels), False in one without. Returns the previous setting.");
+  m.def("host_fallback", &ulorl::th::ops::host_fallback, "The setting of set_host_fallback now.");
   m.def(
       "_policy_loss",
       [](const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages,
@@ -173,7 +175,8 @@ void bind_losses(py::module_& m) {
                     optimal_token_baseline_config, mpt_config, mpt_stats, off_policy_mask_config, off_policy_mask_stats,
                     dapo_overlong_config, soft_overlong_config, gae_config, pass_at_k_config, dppo_config,
                     kl_cov_config, clip_cov_config, token_selection_stats, weighted_kl_config,
-                    presets::trl::grpo_loss_options, presets::trl::grpo_loss_result>{});
+                    presets::trl::grpo_loss_options, presets::trl::grpo_loss_result,
+                    presets::nemo_rl::clipped_pg_loss_options, presets::nemo_rl::ratio_metrics>{});
   };
   m.def(
       "record_fields",

@@ -1,5 +1,5 @@
-// python/src/ops_cuda.cpp — the CUDA kernel of the policy-loss operator for the `ulorl._ulorl`
-// extension, in builds against a torch with CUDA (ULORL_PY_CUDA; the device side is ops_cuda.cu).
+// python/src/ops_cuda.cpp — the operators' CUDA kernels for the `ulorl._ulorl` extension, in builds
+// against a torch with CUDA (ULORL_PY_CUDA; the device side is ops_cuda.cu).
 #include <ulorl/adapters/torch/ops_cuda.hpp>
 
 namespace ulorl_py {

@@ -16,15 +16,17 @@ class Error(ValueError):
 #: The instruction set of the policy-loss kernels installed at import: "avx2" (x86-64 with AVX2 and
 #: FMA, unless ULORL_PYTHON_ISA=default is set) or "default" (the extension's baseline flags).
 policy_loss_isa: str
-#: Whether the extension was built with the CUDA kernels of the policy loss, the logits statistics and
-#: the loss from logits (against a torch with CUDA and nvcc); the other operators, and these without
-#: them, run CUDA tensors on the CPU (set_host_fallback).
+#: Whether the extension was built with the CUDA kernels of the policy loss, the logits statistics,
+#: the loss from logits and the linear head (against a torch with CUDA and nvcc); the other
+#: operators run CUDA tensors on the CPU there (set_host_fallback); without them a CUDA tensor is an
+#: error unless set_host_fallback(True).
 cuda_kernels: bool
 #: The same for the logits kernels (logits_forward / logits_backward: logits statistics, the fused
 #: losses from logits and from hidden states): "avx2" or "default", chosen as policy_loss_isa.
 logits_isa: str
 
 def set_host_fallback(enabled: bool) -> bool: ...
+def host_fallback() -> bool: ...
 
 class BatchCounts:
     tokens: float
@@ -128,6 +130,7 @@ class NemoRLClippedPGLossOptions:
     sequence_level_importance_ratios: bool
     use_cispo: bool
     positive_example_nll_weight: float
+    encoded: List[float]  # the float[] options of torch.ops.ulorl.nemo_rl_logged_ratios
     def __init__(self) -> None: ...
 
 class TRLGRPOLossOptions:

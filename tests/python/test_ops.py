@@ -163,6 +163,20 @@ def test_tensors_on_different_devices_are_an_error_naming_the_argument(arg, devi
         ulorl.logprobs_from_logits(z.to("meta"), torch.zeros(3, dtype=torch.long))
 
 
+def test_the_host_fallback_is_on_exactly_where_the_build_has_cuda_kernels_until_set():
+    # Automatic: a build with the device kernels runs what they do not take on the host; one without
+    # them names a CUDA tensor (the error itself needs a GPU: test_ops_cuda.py).
+    assert ulorl.host_fallback() is ulorl._ulorl.cuda_kernels
+    previous = ulorl.set_host_fallback(not ulorl._ulorl.cuda_kernels)
+    try:
+        assert previous is ulorl._ulorl.cuda_kernels
+        assert ulorl.host_fallback() is not ulorl._ulorl.cuda_kernels
+        assert ulorl.set_host_fallback(previous) is not previous
+        assert ulorl.host_fallback() is previous
+    finally:
+        ulorl.set_host_fallback(previous)
+
+
 def _bits_inputs(dtype, b=3, t=7):
     """tests/torch/torch_ops_bits.cpp's formulas, in the same double arithmetic."""
     def tok(f):

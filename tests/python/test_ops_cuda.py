@@ -1,7 +1,7 @@
 """torch.ops.ulorl on CUDA tensors against the same operators on the CPU: the extension's device kernels
 (ulorl/adapters/torch/ops_cuda.hpp: the policy loss, the logits statistics and their backward, the loss
-from logits) for several objectives, masks, logits dtypes and both layouts, and the host path of the
-operators without one (run_on_host: outputs on the device, the CPU's values, the error with
+from logits, the linear head) for several objectives, masks, dtypes and both layouts, and the host path
+of the operators without one (run_on_host: outputs on the device, the CPU's values, the error with
 set_host_fallback(False)); errors named as on the CPU. Runs where torch has a GPU (the device kernels'
 tests where the extension was built with CUDA, ulorl._ulorl.cuda_kernels); skipped elsewhere."""
 
@@ -145,7 +145,95 @@ def test_policy_loss_from_logits_cuda_equals_cpu(entropy_coef, dtype):
     assert mg["tokens"] == mc["tokens"]
 
 
+@kernels
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("frozen_weight", [False, True])
+def test_linear_head_cuda_equals_cpu(entropy_coef, packed, frozen_weight):
+    _, old, adv, mask, ref, _ = _batch(3, 11, 5)
+    g = torch.Generator().manual_seed(5)
+    n, h, v = 33, 24, 301
+    hidden, weight = torch.randn(n, h, generator=g) * 0.5, torch.randn(v, h, generator=g) * 0.3
+    labels = torch.randint(0, v, (n,), generator=g)
+    norm = ulorl.global_normalizer("seq_mean_token_mean", ulorl.count_batch(mask))
+    offsets = None
+    if packed:
+        old, adv, mask, ref = (t.reshape(-1) for t in (old, adv, mask, ref))
+        offsets = torch.tensor([0, 11, 22, 33])
+    out = {}
+    for device in ("cpu", "cuda"):
+        x, w = hidden.to(device).requires_grad_(), weight.to(device).requires_grad_(not frozen_weight)
+        loss, metrics = ulorl.linear_head_policy_loss(
+            x, w, None, labels.to(device), old.to(device), adv.to(device), mask.to(device),
+            ref_log_prob=ref.to(device), offsets=None if offsets is None else offsets.to(device), normalizer=norm,
+            eps_high=0.28, kl_coef=0.05, entropy_coef=entropy_coef, chunk_rows=8)
+        (loss * 2).backward()
+        assert loss.device.type == device and metrics["log_prob"].device.type == device
+        assert (w.grad is None) == frozen_weight
+        out[device] = (loss.item(), metrics, x.grad.cpu(), None if frozen_weight else w.grad.cpu())
+    (lc, mc, hc, wc), (lg, mg, hg, wg) = out["cpu"], out["cuda"]
+    assert lg == pytest.approx(lc, rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(mg["log_prob"].cpu(), mc["log_prob"], rtol=1e-5, atol=1e-5)
+    if entropy_coef:
+        torch.testing.assert_close(mg["entropy"].cpu(), mc["entropy"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hg, hc, rtol=1e-4, atol=1e-6)
+    if not frozen_weight:
+        torch.testing.assert_close(wg, wc, rtol=1e-4, atol=1e-6)
+    for k in ("tokens", "sequences", "clipped"):
+        assert mg[k] == mc[k], k
+
+
+@kernels
+def test_linear_head_cuda_bf16_and_what_runs_on_the_host():
+    _, old, adv, mask, _, _ = _batch(2, 16, 6)
+    g = torch.Generator().manual_seed(6)
+    hidden, weight = torch.randn(32, 16, generator=g) * 0.5, torch.randn(97, 16, generator=g) * 0.3
+    bias = torch.randn(97, generator=g) * 0.1
+    labels = torch.randint(0, 97, (32,), generator=g)
+    norm = ulorl.global_normalizer("token_mean", ulorl.count_batch(mask))
+
+    def run(device, dtype, b=None):
+        x = hidden.to(device, dtype).requires_grad_()
+        w = weight.to(device, dtype).requires_grad_()
+        loss, _ = ulorl.linear_head_policy_loss(x, w, None if b is None else b.to(device, dtype), labels.to(device),
+                                                old.to(device), adv.to(device), mask.to(device), normalizer=norm)
+        loss.backward()
+        assert x.grad.dtype == dtype and w.grad.dtype == dtype and x.grad.device.type == device
+        return loss.item(), x.grad.double().cpu(), w.grad.double().cpu()
+
+    cpu = run("cpu", torch.float32)
+    bf16 = run("cuda", torch.bfloat16)  # the device kernel's bf16 GEMMs against the float32 CPU
+    assert bf16[0] == pytest.approx(cpu[0], rel=3e-2, abs=1e-3)
+    for a, b in zip(bf16[1:], cpu[1:]):
+        torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-3)
+    # A bias and float64 states run on the host: the CPU's bits on the device.
+    for dtype, b in ((torch.float32, bias), (torch.float64, None)):
+        dev, host = run("cuda", dtype, b), run("cpu", dtype, b)
+        assert dev[0] == host[0] and all(torch.equal(p, q) for p, q in zip(dev[1:], host[1:]))
+    previous = ulorl.set_host_fallback(False)
+    try:
+        with pytest.raises((ulorl.Error, ValueError), match="argument 'bias': the CUDA kernel takes no bias"):
+            run("cuda", torch.float32, bias)
+        with pytest.raises((ulorl.Error, ValueError), match="argument 'hidden': has dtype Half"):
+            run("cuda", torch.float16)
+    finally:
+        ulorl.set_host_fallback(previous)
+    bad = labels.clone()
+    bad[7] = 97
+    with pytest.raises((ulorl.Error, ValueError), match="argument 'labels'"):
+        ulorl.linear_head_policy_loss(hidden.cuda(), weight.cuda(), None, bad.cuda(), old.cuda(), adv.cuda(),
+                                      mask.cuda(), normalizer=norm)
+
+
 def test_host_path_gives_the_cpu_values_on_the_device():
+    previous = ulorl.set_host_fallback(True)  # on already where the extension has its CUDA kernels
+    try:
+        _host_path_gives_the_cpu_values_on_the_device()
+    finally:
+        ulorl.set_host_fallback(previous)
+
+
+def _host_path_gives_the_cpu_values_on_the_device():
     lp, old, adv, mask, ref, _ = _batch(4, 9, 4)
     norm = ulorl.global_normalizer("seq_mean_token_mean", ulorl.count_batch(mask))
     kl = ulorl.kl_penalty(lp, ref, "low_var_kl")
@@ -159,19 +247,19 @@ def test_host_path_gives_the_cpu_values_on_the_device():
     ulorl.agg_loss(y * 2, mask, normalizer=norm).backward()
     assert agg.device.type == "cuda"
     torch.testing.assert_close(x.grad.cpu(), y.grad, rtol=0, atol=0)
-    hidden, weight = torch.randn(36, 8), torch.randn(11, 8)
+    hidden, weight, bias = torch.randn(36, 8), torch.randn(11, 8), torch.randn(11)  # a bias: the host path
     labels = torch.randint(0, 11, (36,))
-    cpu = ulorl.linear_head_policy_loss(hidden, weight, None, labels, old, adv, mask, normalizer=norm)[0]
-    dev = ulorl.linear_head_policy_loss(hidden.cuda(), weight.cuda(), None, labels.cuda(), old.cuda(), adv.cuda(),
-                                        mask.cuda(), normalizer=norm)[0]
-    assert dev.device.type == "cuda" and dev.item() == pytest.approx(cpu.item(), rel=1e-6)
+    cpu = ulorl.linear_head_policy_loss(hidden, weight, bias, labels, old, adv, mask, normalizer=norm)[0]
+    dev = ulorl.linear_head_policy_loss(hidden.cuda(), weight.cuda(), bias.cuda(), labels.cuda(), old.cuda(),
+                                        adv.cuda(), mask.cuda(), normalizer=norm)[0]
+    assert dev.device.type == "cuda" and dev.item() == cpu.item()
 
 
 def test_host_path_off_and_mixed_devices_are_named():
     lp, _, _, mask, ref, _ = _batch(3, 8)
     previous = ulorl.set_host_fallback(False)
     try:
-        assert previous is True
+        assert previous is _ulorl.cuda_kernels  # automatic: on exactly where the device kernels are
         with pytest.raises((ulorl.Error, ValueError), match="argument 'log_prob': is a CUDA tensor"):
             ulorl.kl_penalty(lp.cuda(), ref.cuda(), "k1")
     finally:

@@ -1,7 +1,8 @@
 """The frameworks' drop-ins (ulorl.presets.verl, .trl, .openrlhf, .nemo_rl, .liger) and ulorl's own functions on
 CUDA tensors against the same calls on the CPU: every output on the inputs' device with the CPU's values (float32:
 rtol 1e-5, atol 1e-6), gradients included, metrics as the CPU's. The operators without a device kernel run on
-host copies and warn once (ignored here). Skipped where torch has no GPU."""
+host copies and warn once (ignored here); the host fallback is set on for the module, so that an extension built
+without its CUDA kernels runs them all that way. Skipped where torch has no GPU."""
 
 import warnings
 
@@ -16,8 +17,16 @@ from ulorl.presets import liger, nemo_rl, openrlhf, trl
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 DEVICE = "cuda"
+
 F32 = torch.float32
 UIDS = np.array(["a", "a", "b", "b", "b", "c", "a", "d"], dtype=object)  # verl's uid strings, "d" a singleton
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _host_fallback_on():
+    previous = ulorl.set_host_fallback(True)
+    yield
+    ulorl.set_host_fallback(previous)
 
 
 def _to(x, device):

@@ -270,3 +270,54 @@ def test_calculate_kl_with_importance_weights(gen, kind):
     plain = calculate_kl(logprobs=lp, logprobs_reference=ref, kl_type=kind, input_clamp_value=None,
                          output_clamp_value=None)
     torch.testing.assert_close(plain, kl_of(lp, ref, kind), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("ratio", ["ppo", "force_on_policy_ratio", "disable_ppo_ratio"])
+@pytest.mark.parametrize("global_valid_toks", [None, 40.0])
+def test_logged_ratios_operator_against_float64(gen, ratio, global_valid_toks):
+    # torch.ops.ulorl.nemo_rl_logged_ratios with the whole options encoded (the truncation type included).
+    o = ulorl._ulorl.NemoRLClippedPGLossOptions()
+    o.ratio_clip_min, o.ratio_clip_max = 0.2, 0.28
+    o.use_importance_sampling_correction, o.truncated_importance_sampling_type = True, "icepop"
+    o.truncated_importance_sampling_ratio = 5.0
+    if ratio != "ppo":
+        setattr(o, ratio, True)
+    lp = -torch.rand(3, 7, generator=gen, dtype=torch.float64) * 2
+    prev = lp + torch.randn(3, 7, generator=gen, dtype=torch.float64) * 0.5
+    mask = torch.rand(3, 7, generator=gen) < 0.7
+    m = mask.double()
+    if ratio == "force_on_policy_ratio":
+        r = rc = torch.ones_like(lp)
+    elif ratio == "disable_ppo_ratio":
+        r = rc = lp
+    else:
+        r = torch.exp(lp - prev)
+        rc = r.clamp(0.8, 1.28)
+    gt = m.sum() if global_valid_toks is None else torch.tensor(global_valid_toks, dtype=torch.float64)
+    want = torch.stack([(r * m).sum() / gt, (rc * m).sum() / gt])
+    got = torch.ops.ulorl.nemo_rl_logged_ratios(lp, prev, mask, None, o.encoded, global_valid_toks)
+    assert got.dtype == torch.float64 and ulorl._ulorl.record_fields("nemo_rl_ratio_metrics") == [
+        "probs_ratio", "probs_ratio_clamped"]
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
+    packed = torch.ops.ulorl.nemo_rl_logged_ratios(lp.reshape(-1), prev.reshape(-1), mask.reshape(-1),
+                                                   torch.tensor([0, 7, 14, 21]), o.encoded, global_valid_toks)
+    assert torch.equal(packed, got)
+    meta = torch.ops.ulorl.nemo_rl_logged_ratios(lp.to("meta"), prev.to("meta"), None, None, o.encoded, None)
+    assert meta.device.type == "meta" and meta.shape == (2,)
+
+
+def test_logged_ratios_operator_errors_name_the_argument(gen):
+    o = ulorl._ulorl.NemoRLClippedPGLossOptions()
+    lp = -torch.rand(2, 5, generator=gen, dtype=torch.float64)
+    enc = o.encoded
+    with pytest.raises(ValueError, match="argument 'options': has 3 values but an encoded "
+                                         "nemo_rl_clipped_pg_loss_options has"):
+        torch.ops.ulorl.nemo_rl_logged_ratios(lp, lp, None, None, enc[:3], None)
+    names = ulorl._ulorl.record_fields("nemo_rl_clipped_pg_loss_options")
+    bad = list(enc)
+    bad[names.index("truncated_importance_sampling_type")] = 1.0
+    bad[names.index("truncated_importance_sampling_type.value")] = 9.0
+    with pytest.raises(ValueError, match="'truncated_importance_sampling_type'.*is no type NeMo-RL names"):
+        torch.ops.ulorl.nemo_rl_logged_ratios(lp, lp, None, None, bad, None)
+    with pytest.raises(ValueError, match="argument 'old_log_prob'"):
+        torch.ops.ulorl.nemo_rl_logged_ratios(lp, lp[:, :4], None, None, enc, None)

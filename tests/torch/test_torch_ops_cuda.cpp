@@ -63,6 +63,17 @@ batch make(std::int64_t b, std::int64_t t, std::uint64_t seed) {
   return x;
 }
 
+//! The fused losses' configuration: clip-higher, a k3 KL term, the token-mean of the batch's mask.
+ulorl::policy_loss_config fused_config(const batch& x, double entropy_coef) {
+  ulorl::policy_loss_config cfg;
+  cfg.objective.eps_high = 0.28;
+  cfg.kl_coef = 0.05;
+  cfg.entropy_coef = entropy_coef;
+  cfg.normalizer =
+      ulorl::global_normalizer(ulorl::agg_mode::token_mean, ulorl::batch_counts{x.mask.sum().item<double>(), 3, 3});
+  return cfg;
+}
+
 }  // namespace
 
 int main() {
@@ -71,25 +82,33 @@ int main() {
   expect(d::cuda_policy_loss_forward.kernel.load() == nullptr && d::cuda_logits_loss_forward.kernel.load() == nullptr,
          "no CUDA kernel before register_cuda_ops()");
   if (c10::cuda::device_count() > 0) {
-    // Before register_cuda_ops() the policy loss takes the host path; with the fallback off it is an error.
+    // Before register_cuda_ops() a CUDA tensor is an error naming it (a program without the device
+    // kernels); set_host_fallback(true) runs the call on the host; false is the error again.
     const batch x = make(2, 3, 1);
     ulorl::policy_loss_config cfg;
     cfg.normalizer.denominator = 6;
     const at::Device gpu(at::kCUDA, 0);
+    expect(!th::ops::host_fallback(), "the host fallback is off without the device kernels");
+    expect_error("a CUDA call without the device kernels", "argument 'log_prob': is a CUDA tensor (cuda:0)",
+                 [&] { (void)th::policy_loss(x.lp.to(gpu), x.old.to(gpu), x.adv.to(gpu), at::Tensor(), cfg); });
+    expect(!th::ops::set_host_fallback(true), "set_host_fallback returns the previous setting");
     const auto host = th::policy_loss(x.lp.to(gpu), x.old.to(gpu), x.adv.to(gpu), at::Tensor(), cfg);
     const auto cpu = th::policy_loss(x.lp, x.old, x.adv, at::Tensor(), cfg);
-    expect(host.loss.device().is_cuda() && close(host.loss, cpu.loss, 0, 0),
-           "the host path before register_cuda_ops()");
-    expect(th::ops::set_host_fallback(false), "the host fallback is on by default");
-    expect_error("a CUDA call with the host fallback off", "argument 'log_prob': is a CUDA tensor (cuda:0)",
+    expect(host.loss.device().is_cuda() && close(host.loss, cpu.loss, 0, 0), "the host path when set on");
+    expect(th::ops::set_host_fallback(false), "set on, returned");
+    expect_error("a CUDA call with the host fallback off", "the host fallback is off",
                  [&] { (void)th::policy_loss(x.lp.to(gpu), x.old.to(gpu), x.adv.to(gpu), at::Tensor(), cfg); });
-    th::ops::set_host_fallback(true);
   }
+  // The automatic setting again (a test-only reset), so that register_cuda_ops() turns it on.
+  d::host_fallback_setting.store(d::host_fallback_mode::automatic);
+  expect(!th::ops::host_fallback(), "automatic: off before register_cuda_ops()");
   th::ops::register_cuda_ops();
+  expect(th::ops::host_fallback(), "automatic: on once the device kernels are set");
   expect(d::cuda_policy_loss_forward.kernel.load() == &d::policy_loss_forward_cuda &&
              d::cuda_logits_statistics_forward.kernel.load() == &d::logits_statistics_forward_cuda &&
              d::cuda_logits_statistics_backward.kernel.load() == &d::logits_statistics_backward_cuda &&
-             d::cuda_logits_loss_forward.kernel.load() == &d::logits_loss_forward_cuda,
+             d::cuda_logits_loss_forward.kernel.load() == &d::logits_loss_forward_cuda &&
+             d::cuda_head_loss_forward.kernel.load() == &d::head_loss_forward_cuda,
          "register_cuda_ops() sets the CUDA kernels");
   if (c10::cuda::device_count() == 0) {
     std::printf("test_torch_ops_cuda: no CUDA device; the kernel is set (%s)\n", failures ? "FAILED" : "ok");
@@ -217,12 +236,7 @@ int main() {
     const batch x = make(3, 11, 9);
     at::manual_seed(9);
     const at::Tensor z = at::randn({33, 257}), y = at::randint(0, 257, {33}, at::kLong);
-    ulorl::policy_loss_config cfg;
-    cfg.objective.eps_high = 0.28;
-    cfg.kl_coef = 0.05;
-    cfg.entropy_coef = entropy_coef;
-    cfg.normalizer =
-        ulorl::global_normalizer(ulorl::agg_mode::token_mean, ulorl::batch_counts{x.mask.sum().item<double>(), 3, 3});
+    const ulorl::policy_loss_config cfg = fused_config(x, entropy_coef);
     const auto opt = [&](const at::Device& dev) {
       th::logits_loss_config o;
       o.extra.ref_log_prob = x.ref.to(dev);
@@ -246,6 +260,37 @@ int main() {
       (void)th::policy_loss_from_logits(z.to(gpu), at::full({33}, 300, at::kLong).to(gpu), x.old.to(gpu), x.adv.to(gpu),
                                         x.mask.to(gpu), cfg, opt(gpu));
     });
+  }
+  // The linear head on the device against the CPU: loss, both gradients, statistics; a bias takes the
+  // host path (the CPU's bits).
+  for (const double entropy_coef : {0.0, 0.01}) {
+    const batch x = make(3, 11, 21);
+    at::manual_seed(21);
+    const at::Tensor hidden = at::randn({33, 24}) * 0.5, weight = at::randn({301, 24}) * 0.3;
+    const at::Tensor bias = at::randn({301}) * 0.1, y = at::randint(0, 301, {33}, at::kLong);
+    const ulorl::policy_loss_config cfg = fused_config(x, entropy_coef);
+    const auto run = [&](const at::Device& dev, const at::Tensor& b) {
+      th::linear_head_loss_config o;
+      o.extra.ref_log_prob = x.ref.to(dev);
+      o.head.chunk_rows = 8;
+      const at::Tensor h = hidden.to(dev).requires_grad_(true), w = weight.to(dev).requires_grad_(true);
+      const th::policy_loss_output out = th::linear_head_policy_loss(
+          h, w, b.defined() ? b.to(dev) : b, y.to(dev), x.old.to(dev), x.adv.to(dev), x.mask.to(dev), cfg, o);
+      (out.loss * 2).backward();
+      return std::make_tuple(out, h.grad(), w.grad());
+    };
+    const auto [c, hc, wc] = run(at::kCPU, at::Tensor());
+    const auto [g, hg, wg] = run(gpu, at::Tensor());
+    const std::string name = std::string("linear_head_policy_loss, entropy_coef ") + std::to_string(entropy_coef);
+    expect(g.loss.device().is_cuda() && close(c.loss, g.loss, 1e-5, 1e-6), name + ": loss");
+    expect(close(hc, hg, 1e-4, 1e-6) && close(wc, wg, 1e-4, 1e-6), name + ": the gradients of hidden and weight");
+    expect(close(c.log_prob, g.log_prob, 1e-5, 1e-5), name + ": log_prob");
+    expect(entropy_coef == 0.0 || close(c.entropy, g.entropy, 1e-5, 1e-5), name + ": entropy");
+    expect(c.result.metrics.tokens == g.result.metrics.tokens, name + ": metrics");
+    const auto [cb, hcb, wcb] = run(at::kCPU, bias);
+    const auto [gb, hgb, wgb] = run(gpu, bias);
+    expect(close(cb.loss, gb.loss, 0, 0) && close(hcb, hgb, 0, 0) && close(wcb, wgb, 0, 0),
+           name + ": with a bias, the host path");
   }
   // An operator without a device kernel: the host path gives the CPU's values on the device.
   {

@@ -3,8 +3,8 @@
 //   visit_fields(record, f)   f(name, field&) for every field, in a fixed order,
 // defined in its area's fields.hpp (found by argument-dependent lookup). A field is a double, a
 // bool, an enum, a std::size_t (a count up to 2^53), a bounded_count (a count up to its bound), a
-// std::optional<double>, a record (visited whole: its fields follow in its own table's order) or a
-// std::optional of a record. The table is the only list of the struct's fields outside the struct:
+// std::optional of one of those, a record (visited whole: its fields follow in its own table's
+// order) or a std::optional of a record. The table is the only list of the struct's fields outside the struct:
 // the encodings, the operators' schemas and the Python surface are derived from it. The
 // checkpoints write and read the same tables as bytes (core/serialize.hpp's write_fields /
 // read_fields), where a field may also be a fixed-width integer or a std::vector; the functions
@@ -70,7 +70,9 @@ struct any_field_visitor {
 };
 
 template <class R>
-concept record = std::is_class_v<R> && requires(R& r) { visit_fields(r, any_field_visitor{}); };
+concept record = std::is_class_v<R> && requires(R& r) {
+  visit_fields(r, any_field_visitor{});
+};
 
 template <class X>
 struct optional_value {
@@ -96,10 +98,14 @@ constexpr std::size_t encoded_record_size() {
 template <class X>
 constexpr std::size_t encoded_width() {
   using V = typename optional_value<X>::type;
-  if constexpr (record<X>) return encoded_record_size<X>();
-  else if constexpr (record<V>) return 1 + encoded_record_size<V>();  // present?, the fields
-  else if constexpr (std::is_same_v<X, std::optional<double>>) return 2;  // present?, value
-  else return 1;
+  if constexpr (record<X>)
+    return encoded_record_size<X>();
+  else if constexpr (record<V>)
+    return 1 + encoded_record_size<V>();  // present?, the fields
+  else if constexpr (!std::is_void_v<V>)
+    return 1 + encoded_width<V>();  // present?, value
+  else
+    return 1;
 }
 
 template <class X>
@@ -111,9 +117,9 @@ void encode_field(std::span<double> out, std::size_t& i, const X& x) noexcept {
     out[i++] = x ? 1.0 : 0.0;
     const V v = x.value_or(V{});
     visit_fields(v, [&](std::string_view, const auto& y) { encode_field(out, i, y); });
-  } else if constexpr (std::is_same_v<X, std::optional<double>>) {
+  } else if constexpr (!std::is_void_v<V>) {  // an optional number or enum: present?, value
     out[i++] = x ? 1.0 : 0.0;
-    out[i++] = x.value_or(0.0);
+    encode_field(out, i, x.value_or(V{}));
   } else if constexpr (bound_of<X>::counted) {
     out[i++] = static_cast<double>(x.value);
   } else if constexpr (std::is_enum_v<X>) {
@@ -138,8 +144,9 @@ void leaf_names(std::vector<std::string>& out, const std::string& name) {
   } else if constexpr (record<V>) {
     out.push_back(name);
     fields(V{});
-  } else if constexpr (std::is_same_v<X, std::optional<double>>) {
-    out.push_back(name), out.push_back(name + ".value");
+  } else if constexpr (!std::is_void_v<V>) {
+    out.push_back(name);
+    leaf_names<V>(out, name + ".value");
   } else {
     out.push_back(name);
   }
@@ -172,16 +179,17 @@ void decode_field(std::string_view fn, std::string_view arg, std::string_view pr
     V v{};
     fields(v);
     x = present ? std::optional<V>(v) : std::nullopt;
-  } else if constexpr (std::is_same_v<X, std::optional<double>>) {
+  } else if constexpr (!std::is_void_v<V>) {
     const bool present = integer(next(), 1) != 0;
-    const double v = next();
-    x = present ? std::optional(v) : std::nullopt;
+    V v{};
+    decode_field(fn, arg, full() + ".", "value", in, pos, v);
+    x = present ? std::optional<V>(v) : std::nullopt;
   } else if constexpr (std::is_same_v<X, bool>) {
     x = integer(next(), 1) != 0;
   } else if constexpr (std::is_enum_v<X>) {  // within the underlying type: no value wraps onto a named one
     using U = std::underlying_type_t<X>;
     constexpr double hi = std::numeric_limits<U>::max() < (1 << 30) ? static_cast<double>(std::numeric_limits<U>::max())
-                                                                     : static_cast<double>(1 << 30);
+                                                                    : static_cast<double>(1 << 30);
     x = static_cast<X>(integer(next(), hi));
   } else if constexpr (std::is_same_v<X, std::size_t>) {
     x = static_cast<std::size_t>(integer(next(), 9007199254740992.0));

@@ -26,6 +26,7 @@
 #include "ulorl/advantage/reinforce_plus_plus.hpp"
 #include "ulorl/advantage/token_broadcast.hpp"
 #include "ulorl/core/config.hpp"
+#include "ulorl/core/dispatch.hpp"
 #include "ulorl/core/error.hpp"
 #include "ulorl/core/fields.hpp"
 #include "ulorl/core/ragged.hpp"
@@ -282,8 +283,8 @@ struct clipped_pg_loss_options {
   double positive_example_nll_weight = 0.0;
 };
 
-//! f(name, field&) for every option, by NeMo-RL's config keys (the Python options are this table;
-//! the optional truncation type makes it a table for visiting, not for encode_fields).
+//! f(name, field&) for every option, by NeMo-RL's config keys (the Python options and the encoding
+//! an operator takes are this table).
 template <class C, class F>
   requires ulorl::detail::record_of<C, clipped_pg_loss_options>
 constexpr void visit_fields(C& c, F&& f) {
@@ -316,8 +317,14 @@ inline void validate(const clipped_pg_loss_options& o) {
   require_not_nan(fn, "kl_output_clamp_value", o.kl_output_clamp_value);
   if (o.ratio_clip_c && !(*o.ratio_clip_c > 1.0 && std::isfinite(*o.ratio_clip_c)))
     ulorl::detail::fail_value(fn, "ratio_clip_c", *o.ratio_clip_c, "must be finite and > 1 (dual clip)");
-  if (o.truncated_importance_sampling_type && !o.use_importance_sampling_correction)
-    ulorl::detail::fail(fn, "truncated_importance_sampling_type", "needs use_importance_sampling_correction");
+  if (o.truncated_importance_sampling_type) {
+    if (name_in(truncated_importance_sampling_type_names, *o.truncated_importance_sampling_type).empty())
+      ulorl::detail::fail_value(fn, "truncated_importance_sampling_type",
+                                static_cast<int>(*o.truncated_importance_sampling_type),
+                                "is no type NeMo-RL names (tis, icepop, seq-mask-tis)");
+    if (!o.use_importance_sampling_correction)
+      ulorl::detail::fail(fn, "truncated_importance_sampling_type", "needs use_importance_sampling_correction");
+  }
   if (o.sequence_level_importance_ratios && o.token_level_loss)
     ulorl::detail::fail(fn, "sequence_level_importance_ratios", "is exclusive with token_level_loss");
   if (o.use_cispo) {
@@ -417,6 +424,12 @@ inline void validate(const clipped_pg_loss_options& o) {
 struct ratio_metrics {
   double probs_ratio = 0, probs_ratio_clamped = 0;
 };
+//! f(name, field&) for each logged ratio, by NeMo-RL's metric names.
+template <class C, class F>
+  requires ulorl::detail::record_of<C, ratio_metrics>
+constexpr void visit_fields(C& c, F&& f) {
+  f("probs_ratio", c.probs_ratio), f("probs_ratio_clamped", c.probs_ratio_clamped);
+}
 template <class T, class M>
 [[nodiscard]] ratio_metrics logged_ratios(token_view<const T> log_prob, token_view<const T> prev,
                                           token_view<const M> mask, const clipped_pg_loss_options& o,
@@ -477,4 +490,10 @@ template <class T, class M>
 }
 
 }  // namespace presets::nemo_rl
+
+template <>
+inline constexpr std::string_view record_name<presets::nemo_rl::clipped_pg_loss_options> =
+    "nemo_rl_clipped_pg_loss_options";
+template <>
+inline constexpr std::string_view record_name<presets::nemo_rl::ratio_metrics> = "nemo_rl_ratio_metrics";
 ULORL_NAMESPACE_END

@@ -1,11 +1,13 @@
 // ulorl/kernels/torch_launch.hpp — the boundary between the torch operators' CUDA kernels
 // (ulorl/adapters/torch/ops_cuda.hpp: host code, C++20, the host compiler) and the device code
 // (torch_launch.cuh: nvcc, C++17). The host side describes a call with plain pointers and calls
-// the launchers declared here: the policy loss (policy_loss.cuh) and the logits statistics and
-// their backward (logits.cuh); one .cu file of the program includes torch_launch.cuh, which
-// defines them. Host-compilable C++17 (it needs the CUDA runtime's headers only).
+// the launchers declared here: the policy loss (policy_loss.cuh), the logits statistics and their
+// backward (logits.cuh) and the linear head (linear_head.cuh); one .cu file of the program includes
+// torch_launch.cuh, which defines them. Host-compilable C++17 (it needs the CUDA toolkit's headers
+// only: the runtime's and cuBLAS's).
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -51,6 +53,36 @@ struct policy_loss_call {
 //! Launches the loss (or, with call.workspace == nullptr, sets call.workspace_bytes). Defined in
 //! torch_launch.cuh.
 cudaError_t policy_loss(policy_loss_call& call);
+
+//! The hidden states' and the weight's element type on the device (linear_head.cuh).
+enum class head_type : int { float32, bfloat16 };
+
+//! One linear-head call (ulorl::cuda::policy_loss_from_hidden): hidden [tokens, hidden_size] and
+//! weight [vocab, hidden_size], both dense row-major of `type`, one int64 label per token. The token
+//! inputs, the layout, the result, the status, the configuration, the workspace and the stream are
+//! `loss`'s (its log_prob, entropy and gradients are unused: the call computes them); the
+//! statistics it computed are copied to log_prob / entropy (float32 in the layout; nullptr: not).
+struct head_call {
+  policy_loss_call loss;
+  int64_t tokens = 0, hidden_size = 0, vocab = 0;
+  const void* hidden = nullptr;
+  const void* weight = nullptr;
+  head_type type = head_type::float32;
+  const int64_t* labels = nullptr;
+  float temperature = 1.0f;
+  int* bad_label_row = nullptr;  //!< optional device int, 0 on entry: (first out-of-range label's token) + 1
+  void* grad_hidden = nullptr;   //!< [tokens, hidden_size] of `type`; nullptr: not computed
+  float* grad_weight = nullptr;  //!< [vocab, hidden_size] float32, overwritten; nullptr: not computed
+  float* log_prob = nullptr;
+  float* entropy = nullptr;
+  int64_t chunk_rows = 0;  //!< linear_head_launch_config's: 0 automatic
+  std::size_t workspace_budget = std::size_t{1} << 30;
+  cublasHandle_t blas = nullptr;  //!< bound to loss.stream for the call (its pointer mode kept)
+};
+
+//! Launches the linear head (or, with call.loss.workspace == nullptr, sets
+//! call.loss.workspace_bytes). Defined in torch_launch.cuh.
+cudaError_t linear_head(head_call& call);
 
 //! The logits' element type on the device.
 enum class logits_type : int { float32, float16, bfloat16 };

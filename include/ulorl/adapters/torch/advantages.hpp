@@ -40,6 +40,7 @@
 #include "ulorl/loss/fields.hpp"
 #include "ulorl/loss/rollout_correction.hpp"
 #include "ulorl/masking/fields.hpp"
+#include "ulorl/presets/nemo_rl.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -273,6 +274,28 @@ struct rollout_correction_output {
   const at::Tensor host = t.to(at::kCPU).contiguous();
   return decode_fields<batch_counts>("count_batch", "counts",
                                      std::span<const double>(host.data_ptr<double>(), encoded_size_of<batch_counts>));
+}
+
+//! NeMo-RL's logged ratios (presets::nemo_rl::logged_ratios: probs_ratio, probs_ratio_clamped) of
+//! log_prob and old_log_prob under a 0/1 mask (undefined: every token valid), over global_valid_toks
+//! (absent: the batch's valid tokens), read back to the host (default values for meta tensors).
+[[nodiscard]] inline presets::nemo_rl::ratio_metrics nemo_rl_logged_ratios(
+    const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& mask,
+    const presets::nemo_rl::clipped_pg_loss_options& options, std::optional<double> global_valid_toks = {},
+    const at::Tensor& offsets = {}) {
+  using R = presets::nemo_rl::ratio_metrics;
+  const auto opt = ops::detail::optional;
+  using o = detail::opt_tensor;
+  using sig = at::Tensor(const at::Tensor&, const at::Tensor&, const o&, const o&, c10::ArrayRef<double>,
+                         c10::optional<double>);
+  const at::Tensor t =
+      detail::batch_op<sig>("ulorl::nemo_rl_logged_ratios")
+          .call(log_prob, old_log_prob, opt(mask), opt(offsets), encode_fields(options),
+                global_valid_toks ? c10::optional<double>(*global_valid_toks) : c10::optional<double>());
+  if (t.device().is_meta()) return {};
+  const at::Tensor host = t.to(at::kCPU).contiguous();
+  return decode_fields<R>("presets::nemo_rl::logged_ratios", "ratios",
+                          std::span<const double>(host.data_ptr<double>(), encoded_size_of<R>));
 }
 
 //! OPO advantages (advantage/baselines.hpp) of scores [B], response lengths from the mask.

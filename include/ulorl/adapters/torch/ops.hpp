@@ -27,12 +27,14 @@
 // each returning the values and the gradients the autograd kernels keep), and the batch operators
 // of ops_batch.hpp (advantages, masks, filters, rollout correction). Kernels per dispatch key:
 //   CPU     ulorl's CPU kernels (the installed ISA variants) on torch's intra-op pool;
-//   CUDA    the device kernels of the policy loss, the logits statistics (forward and backward)
-//           and the loss from logits once register_cuda_ops() (ops_cuda.hpp) has set them; the
-//           other operators, and these before then, run on the CPU on copies of their tensors and
-//           return their outputs on the device (run_on_host: a synchronising round trip, warned
-//           once; set_host_fallback(false) makes it ulorl::error naming the CUDA tensor). A tensor
-//           on another device than the first is named in every case;
+//   CUDA    the device kernels of the policy loss, the logits statistics (forward and backward),
+//           the loss from logits and the linear head once register_cuda_ops() (ops_cuda.hpp) has
+//           set them; the other operators (and the dtypes or options the device kernels do not
+//           take) run on the CPU on copies of their tensors and return their outputs on the device
+//           (run_on_host: a synchronising round trip, warned once; set_host_fallback(false) makes
+//           it ulorl::error naming the CUDA tensor). In a program without the device kernels
+//           (register_cuda_ops() not called) a CUDA tensor is that error unless
+//           set_host_fallback(true). A tensor on another device than the first is named always;
 //   Meta    shapes and dtypes only, so FakeTensor and torch.compile trace through the calls;
 //   Autograd (the public operators) the exact gradients, computed in the forward pass or by the
 //           backward primitive, differentiable once (a double backward raises ulorl::error);
@@ -287,9 +289,27 @@ using policy_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, a
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
     const opt_tensor&, const opt_tensor&, const opt_tensor&, c10::ArrayRef<double>);
 
-//! Whether an operator without a CUDA kernel in this program runs on host copies of its CUDA tensors
-//! (true, the default) or raises ulorl::error naming the CUDA tensor (set_host_fallback(false)).
-inline std::atomic<bool> host_fallback{true};
+//! The host fallback's setting (set_host_fallback): automatic until a call sets it on or off.
+enum class host_fallback_mode : int { automatic, on, off };
+inline std::atomic<host_fallback_mode> host_fallback_setting{host_fallback_mode::automatic};
+//! Whether register_cuda_ops() (ops_cuda.hpp) has set the device kernels in this program.
+inline std::atomic<bool> cuda_kernels_set{false};
+
+//! Whether a CUDA call that no device kernel takes runs on host copies of its tensors (run_on_host)
+//! or raises ulorl::error naming the CUDA tensor. Automatic: on in a program with the device kernels
+//! (a few operators or dtypes without device code should not stop a CUDA build), off in one without
+//! them (a build without CUDA kernels names the CUDA tensor instead of moving every call to the CPU).
+[[nodiscard]] inline bool host_fallback_on() {
+  switch (host_fallback_setting.load(std::memory_order_relaxed)) {
+    case host_fallback_mode::on:
+      return true;
+    case host_fallback_mode::off:
+      return false;
+    case host_fallback_mode::automatic:
+      return cuda_kernels_set.load(std::memory_order_acquire);
+  }
+  return false;  // a host_fallback_mode value no enumerator names
+}
 
 [[noreturn]] inline void no_cuda_kernel(std::string_view fn, std::string_view arg, const at::Tensor& t,
                                         std::string_view why) {
@@ -301,8 +321,8 @@ inline std::atomic<bool> host_fallback{true};
 //! primitives through their Autograd and CompositeExplicitAutograd kernels on every device). With
 //! device_kernels()' primitives, these are the operators that autograd passes by.
 inline std::vector<std::string> host_operators() {
-  std::vector<std::string> names = {"_agg_loss_forward", "_kl_penalty_forward", "_linear_head_policy_loss_forward",
-                                    "_weighted_kl_loss_forward", "_trl_grpo_loss_forward"};
+  std::vector<std::string> names = {"_agg_loss_forward", "_kl_penalty_forward", "_weighted_kl_loss_forward",
+                                    "_trl_grpo_loss_forward"};
   for (const std::string& s : batch_schemas()) names.push_back(s.substr(0, s.find('(')));
   return names;
 }
@@ -334,8 +354,13 @@ inline void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack)
     if (!ref) ref = &t, ref_name = args[i].name();
   }
   if (!ref) fail(fn, "", "has no CUDA kernel");
-  if (!host_fallback.load(std::memory_order_relaxed))
+  if (!host_fallback_on()) {
+    if (host_fallback_setting.load(std::memory_order_relaxed) == host_fallback_mode::automatic)
+      no_cuda_kernel(fn, ref_name, *ref,
+                     "this program has no CUDA kernels of ulorl (a build without CUDA, or register_cuda_ops() not "
+                     "called); set_host_fallback(true) runs such calls on CPU copies of the tensors");
     no_cuda_kernel(fn, ref_name, *ref, fn + " has no CUDA kernel for this call and the host fallback is off");
+  }
   TORCH_WARN_ONCE("ulorl: ", fn,
                   " has no CUDA kernel for this call: it runs on the CPU, on copies of its CUDA tensors (the "
                   "call waits for the device); set_host_fallback(false) makes such a call an error");
@@ -1281,6 +1306,7 @@ inline device_kernel<logits_statistics_forward_sig> cuda_logits_statistics_forwa
 inline device_kernel<logits_statistics_backward_sig> cuda_logits_statistics_backward{
     "ulorl::_logits_statistics_backward"};
 inline device_kernel<logits_loss_forward_sig> cuda_logits_loss_forward{"ulorl::_policy_loss_from_logits_forward"};
+inline device_kernel<head_loss_forward_sig> cuda_head_loss_forward{"ulorl::_linear_head_policy_loss_forward"};
 
 }  // namespace detail
 
@@ -1320,6 +1346,7 @@ inline bool register_ops() {
     cuda.impl("_logits_statistics_forward", &detail::cuda_entry<detail::cuda_logits_statistics_forward>::call);
     cuda.impl("_logits_statistics_backward", &detail::cuda_entry<detail::cuda_logits_statistics_backward>::call);
     cuda.impl("_policy_loss_from_logits_forward", &detail::cuda_entry<detail::cuda_logits_loss_forward>::call);
+    cuda.impl("_linear_head_policy_loss_forward", &detail::cuda_entry<detail::cuda_head_loss_forward>::call);
     for (const std::string& name : detail::host_operators())
       cuda.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&detail::run_on_host>());
     static torch::Library autograd(torch::Library::IMPL, "ulorl", c10::DispatchKey::Autograd, __FILE__, __LINE__);
@@ -1335,7 +1362,7 @@ inline bool register_ops() {
     // autograd passes them by (torch 1.13 has no fallthrough of its own for AutogradMeta).
     // The batch operators are not differentiable either (their inputs are constants of the loss).
     for (const char* name : {"_policy_loss_forward", "_logits_statistics_forward", "_logits_statistics_backward",
-                             "_policy_loss_from_logits_forward"})
+                             "_policy_loss_from_logits_forward", "_linear_head_policy_loss_forward"})
       autograd.impl(name, torch::CppFunction::makeFallthrough());
     for (const std::string& name : detail::host_operators())
       autograd.impl(name.c_str(), torch::CppFunction::makeFallthrough());
@@ -1354,11 +1381,19 @@ inline bool register_ops() {
   return registered;
 }
 
-//! Whether an operator without a CUDA kernel in this program runs on the CPU on copies of its CUDA
-//! tensors, its outputs copied back (true, the default; warned once per process), or raises
-//! ulorl::error naming the CUDA tensor (false). Process-wide for the registration of this copy of
-//! ulorl; returns the previous setting.
-inline bool set_host_fallback(bool enabled) { return detail::host_fallback.exchange(enabled); }
+//! Whether a CUDA call that no device kernel of this program takes runs on the CPU on copies of its
+//! tensors, its outputs copied back (true; warned once per process), or raises ulorl::error naming
+//! the CUDA tensor (false). Until set, automatic: on once register_cuda_ops() (ops_cuda.hpp) has set
+//! the device kernels, off in a program without them. Process-wide for the registration of this
+//! copy of ulorl; returns the previous effective setting.
+inline bool set_host_fallback(bool enabled) {
+  const bool previous = detail::host_fallback_on();
+  detail::host_fallback_setting.store(enabled ? detail::host_fallback_mode::on : detail::host_fallback_mode::off,
+                                      std::memory_order_relaxed);
+  return previous;
+}
+//! The effective setting of set_host_fallback.
+[[nodiscard]] inline bool host_fallback() { return detail::host_fallback_on(); }
 
 }  // namespace ops
 

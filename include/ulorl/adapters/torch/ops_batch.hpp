@@ -41,6 +41,9 @@
 //   count_batch(mask?, offsets?, tokens?) -> counts (batch_counts: tokens, sequences, rows)
 //   logits_statistics_float64(logits [N, V], labels [N], temperature, check_values)
 //       -> (log_prob, entropy, lse) float64 [N] (logits/forward.hpp, no autograd)
+//   nemo_rl_logged_ratios(log_prob, old_log_prob, mask?, offsets?, options: clipped_pg_loss_options,
+//       global_valid_toks?) -> ratios (ratio_metrics: probs_ratio, probs_ratio_clamped;
+//       presets/nemo_rl.hpp)
 // Groups are group_ids [B] (int64 / int32, any ids >= 0) or contiguous blocks of group_size, one of
 // the two. Token tensors are [B, T] (any strides) or [total] with offsets [B + 1]; masks bool,
 // uint8 or the values' dtype (checked 0/1); an absent mask means every token valid.
@@ -74,6 +77,7 @@
 #include "ulorl/loss/fields.hpp"
 #include "ulorl/loss/rollout_correction.hpp"
 #include "ulorl/masking/fields.hpp"
+#include "ulorl/presets/nemo_rl.hpp"
 
 ULORL_NAMESPACE_BEGIN
 
@@ -121,7 +125,9 @@ namespace ops {
           "logits_statistics_torch_rounding(Tensor logits, Tensor labels) -> (Tensor log_prob, Tensor entropy)",
           "count_batch(Tensor? mask, Tensor? offsets, Tensor? tokens) -> Tensor",
           "logits_statistics_float64(Tensor logits, Tensor labels, float temperature=1.0, bool check_values=True) "
-          "-> (Tensor log_prob, Tensor entropy, Tensor lse)"};
+          "-> (Tensor log_prob, Tensor entropy, Tensor lse)",
+          "nemo_rl_logged_ratios(Tensor log_prob, Tensor old_log_prob, Tensor? mask, Tensor? offsets, float[] options, "
+          "float? global_valid_toks) -> Tensor"};
 }
 
 namespace detail {
@@ -898,6 +904,37 @@ at::Tensor count_batch(const opt_tensor& mask_, const opt_tensor& offsets_, cons
   }
 }
 
+//! NeMo-RL's logged ratios (presets::nemo_rl::logged_ratios) of log_prob and old_log_prob (float32 /
+//! float64, one layout) under a mask (absent: every token valid), with the encoded
+//! clipped_pg_loss_options and global_valid_toks (absent: the batch's valid tokens): one float64
+//! tensor [2] of ratio_metrics.
+template <bool Meta>
+at::Tensor nemo_rl_logged_ratios(const at::Tensor& log_prob, const at::Tensor& old_log_prob, const opt_tensor& mask,
+                                 const opt_tensor& offsets, c10::ArrayRef<double> options,
+                                 c10::optional<double> global_valid_toks) {
+  namespace N = presets::nemo_rl;
+  constexpr std::string_view fn = "presets::nemo_rl::logged_ratios";
+  const at::Tensor m = given(mask), o = given(offsets);
+  th::detail::require_same_device(fn, "log_prob", log_prob,
+                                  {{"old_log_prob", &old_log_prob}, {"mask", &m}, {"offsets", &o}});
+  const auto opts =
+      decode_fields<N::clipped_pg_loss_options>(fn, "options", std::span<const double>(options.data(), options.size()));
+  if constexpr (Meta) {
+    (void)value_dtype(fn, "log_prob", log_prob);
+    return meta_record_tensor<N::ratio_metrics>();
+  } else {
+    return with_log_prob_tokens(
+        fn, log_prob, mask, offsets, [&](auto tag, const auto& lp, const mask_bytes& mv, const offsets_view& off) {
+          using T = decltype(tag);
+          N::global_counts g;
+          if (global_valid_toks.has_value()) g.global_valid_toks = *global_valid_toks;
+          const N::ratio_metrics r =
+              N::logged_ratios(lp, tokens_of<const T>(fn, "old_log_prob", old_log_prob, off), mv.view, opts, g);
+          return record_tensor(&r);
+        });
+  }
+}
+
 //! Registers the batch operators' CPU and Meta kernels (the schemas are batch_schemas(); autograd
 //! passes them by; on CUDA tensors they take ops.hpp's host path). Called once, by register_ops().
 inline void register_batch_kernels(torch::Library& cpu, torch::Library& meta) {
@@ -931,6 +968,7 @@ inline void register_batch_kernels(torch::Library& cpu, torch::Library& meta) {
        &logits_statistics_torch_rounding<true>);
   both("count_batch", &count_batch<false>, &count_batch<true>);
   both("logits_statistics_float64", &logits_statistics_float64<false>, &logits_statistics_float64<true>);
+  both("nemo_rl_logged_ratios", &nemo_rl_logged_ratios<false>, &nemo_rl_logged_ratios<true>);
 }
 
 }  // namespace detail

@@ -1,14 +1,16 @@
 // ulorl/adapters/torch/ops_cuda.hpp — the CUDA kernels of the `ulorl` operators (ops.hpp) that have
 // device code in kernels/, for libtorch built with CUDA: `_policy_loss_forward` (ulorl::cuda::
 // policy_loss, kernels/ulorl/kernels/policy_loss.cuh), `_logits_statistics_forward` and
-// `_logits_statistics_backward` (logits_forward / logits_backward, logits.cuh) and
-// `_policy_loss_from_logits_forward` (the three in sequence, every intermediate on the device). The
-// tensors' device pointers go to the launchers on torch's current stream, with workspace from
-// torch's caching allocator. Host code (C++20, the host compiler; needs libtorch's c10_cuda and the
-// CUDA runtime's headers); the device code is the launchers of ulorl/kernels/torch_launch.hpp,
-// defined by including ulorl/kernels/torch_launch.cuh in one .cu file of the program.
-// register_cuda_ops() sets the kernels that the library's CUDA entries (ops.hpp) call; until then
-// those operators take the host path of ops.hpp (run_on_host).
+// `_logits_statistics_backward` (logits_forward / logits_backward, logits.cuh),
+// `_policy_loss_from_logits_forward` (the three in sequence, every intermediate on the device) and
+// `_linear_head_policy_loss_forward` (policy_loss_from_hidden, linear_head.cuh: cuBLAS on torch's
+// handle). The tensors' device pointers go to the launchers on torch's current stream, with
+// workspace from torch's caching allocator. Host code (C++20, the host compiler; needs libtorch's
+// c10_cuda / torch_cuda and the CUDA toolkit's headers); the device code is the launchers of
+// ulorl/kernels/torch_launch.hpp, defined by including ulorl/kernels/torch_launch.cuh in one .cu
+// file of the program, which links cuBLAS. register_cuda_ops() sets the kernels that the library's
+// CUDA entries (ops.hpp) call, and turns the automatic host fallback on; until then a CUDA tensor
+// is ulorl::error naming it (set_host_fallback(true): the host path of ops.hpp, run_on_host).
 //
 // The policy loss on the device: float32 token tensors, each contiguous (a strided one raises naming
 // it, with the fix), a bool / uint8 / float32 mask or none, int64 offsets for the packed layout,
@@ -26,9 +28,18 @@
 // float32). With check_values one more synchronisation reads back the first out-of-range label and
 // whether a statistic is NaN, and then the CPU kernel runs on copies to raise the CPU's error;
 // without, an out-of-range label makes its row NaN (its gradient row 0) and nothing is read back.
+//
+// The linear head on the device: hidden [N, H] and weight [V, H], both float32 or both bfloat16,
+// dense row-major; token tensors as the policy loss's; no bias (a bias, float16 / float64 states and
+// the in-pass rollout correction take the host path). Every GEMM accumulates in float32 (with float32
+// states, torch's allow_tf32 setting of its cuBLAS handle decides on TF32); grad_weight is summed in
+// float32 and returned in the weight's dtype; log_prob and entropy are float32. With the checks on,
+// one synchronisation reads back the loss's status and the first out-of-range label; a bad one runs
+// the CPU kernel on copies to raise the CPU's error.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -106,53 +117,55 @@ inline const float* optional_device_tokens(std::string_view fn, std::string_view
   ulorl::detail::fail(fn, "log_prob", "the device's value scan rejected token " + std::to_string(i) + where);
 }
 
-//! The policy loss on the device, its errors named for `fn` (policy_loss or a fused loss calling it).
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_on_device(
-    std::string_view fn, const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages,
-    const opt_tensor& mask_, const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy,
-    const opt_tensor& offsets_, const opt_tensor& rollout_log_prob, const policy_loss_config& cfg) {
+//! A device loss call's token inputs, checked as the CPU checks them: the layout of `tokens` (its
+//! name `tokens_name`: log_prob, or old_log_prob for the fused losses, which compute the log-probs and
+//! entropies themselves: `fused`), the token arrays and the mask. The tensors stay the caller's.
+inline cuda::torch_launch::policy_loss_call device_loss_call(
+    std::string_view fn, std::string_view tokens_name, const at::Tensor& tokens, bool fused,
+    const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask_,
+    const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const at::Tensor& offsets,
+    const opt_tensor& rollout_log_prob, const policy_loss_config& cfg) {
   ulorl::cuda::validate_policy_loss_config(fn, cfg);
   if (cfg.rollout.has_value() || rollout_log_prob.has_value())
     fail(fn, "rollout_log_prob",
          "the in-pass rollout correction runs on the CPU: on CUDA pass rollout_correction's weights as 'weights'");
-  if (log_prob.dim() != 1 && log_prob.dim() != 2)
-    fail(fn, "log_prob", "has rank " + std::to_string(log_prob.dim()) + " but must be [B, T] or packed [total]");
-  const c10::cuda::CUDAGuard guard(log_prob.device());
+  const std::string tn(tokens_name);
+  if (tokens.dim() != 1 && tokens.dim() != 2)
+    fail(fn, tn, "has rank " + std::to_string(tokens.dim()) + " but must be [B, T] or packed [total]");
   cuda::torch_launch::policy_loss_call c;
-  const at::Tensor offsets = value_or_undefined(offsets_);
   if (offsets.defined()) {
-    if (log_prob.dim() != 1) fail(fn, "log_prob", "must be [total] with offsets (the packed layout)");
+    if (tokens.dim() != 1) fail(fn, tn, "must be [total] with offsets (the packed layout)");
     if (offsets.scalar_type() != c10::ScalarType::Long || offsets.dim() != 1 || !offsets.is_contiguous() ||
         offsets.numel() < 1)
       fail(fn, "offsets", "must be a contiguous int64 [B+1] tensor on the device (CUDA kernel)");
     c.rows = offsets.numel() - 1;
-    c.cols = log_prob.numel();
+    c.cols = tokens.numel();
     c.offsets = offsets.data_ptr<std::int64_t>();
   } else {
-    if (log_prob.dim() != 2) fail(fn, "log_prob", "must be [B, T] without offsets (the padded layout)");
-    c.rows = log_prob.size(0);
-    c.cols = log_prob.size(1);
+    if (tokens.dim() != 2) fail(fn, tn, "must be [B, T] without offsets (the padded layout)");
+    c.rows = tokens.size(0);
+    c.cols = tokens.size(1);
     c.row_stride = c.cols;
   }
-  if (c.rows == 0) fail(fn, "log_prob", "has no rows (B = 0): every batch function of ulorl rejects an empty batch");
+  if (c.rows == 0) fail(fn, tn, "has no rows (B = 0): every batch function of ulorl rejects an empty batch");
   for (const auto& [name, t] :
        {std::pair<std::string_view, const at::Tensor*>{"old_log_prob", &old_log_prob}, {"advantages", &advantages}})
-    if (t->sizes() != log_prob.sizes())
+    if (t->sizes() != tokens.sizes())
       fail(fn, name,
-           "has shape " + th::detail::sizes_str(*t) + " but 'log_prob' has " + th::detail::sizes_str(log_prob));
-  c.log_prob = device_tokens(fn, "log_prob", log_prob);
+           "has shape " + th::detail::sizes_str(*t) + " but '" + tn + "' has " + th::detail::sizes_str(tokens));
+  if (!fused) c.log_prob = device_tokens(fn, tn, tokens);
   c.old_log_prob = device_tokens(fn, "old_log_prob", old_log_prob);
   c.advantages = device_tokens(fn, "advantages", advantages);
-  c.ref_log_prob = optional_device_tokens(fn, "ref_log_prob", ref_log_prob, log_prob);
-  c.weights = optional_device_tokens(fn, "weights", weights, log_prob);
-  c.entropy = optional_device_tokens(fn, "entropy", entropy, log_prob);
+  c.ref_log_prob = optional_device_tokens(fn, "ref_log_prob", ref_log_prob, tokens);
+  c.weights = optional_device_tokens(fn, "weights", weights, tokens);
+  if (!fused) c.entropy = optional_device_tokens(fn, "entropy", entropy, tokens);
   if (cfg.kl_coef != 0.0 && c.ref_log_prob == nullptr) fail(fn, "ref_log_prob", "required when kl_coef != 0");
-  if (cfg.entropy_coef != 0.0 && c.entropy == nullptr) fail(fn, "entropy", "required when entropy_coef != 0");
+  if (!fused && cfg.entropy_coef != 0.0 && c.entropy == nullptr) fail(fn, "entropy", "required when entropy_coef != 0");
   const at::Tensor mask = value_or_undefined(mask_);
   if (mask.defined()) {
-    if (mask.sizes() != log_prob.sizes())
+    if (mask.sizes() != tokens.sizes())
       fail(fn, "mask",
-           "has shape " + th::detail::sizes_str(mask) + " but 'log_prob' has " + th::detail::sizes_str(log_prob));
+           "has shape " + th::detail::sizes_str(mask) + " but '" + tn + "' has " + th::detail::sizes_str(tokens));
     if (!mask.is_contiguous()) fail(fn, "mask", "must be contiguous on CUDA (pass .contiguous())");
     switch (mask.scalar_type()) {
       case c10::ScalarType::Bool:
@@ -169,6 +182,21 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_on
     }
     c.mask = mask.data_ptr();
   }
+  c.config = &cfg;
+  c.stream = c10::cuda::getCurrentCUDAStream(tokens.device().index()).stream();
+  return c;
+}
+
+//! The policy loss on the device, its errors named for `fn` (policy_loss or a fused loss calling it).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_on_device(
+    std::string_view fn, const at::Tensor& log_prob, const at::Tensor& old_log_prob, const at::Tensor& advantages,
+    const opt_tensor& mask_, const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy,
+    const opt_tensor& offsets_, const opt_tensor& rollout_log_prob, const policy_loss_config& cfg) {
+  const c10::cuda::CUDAGuard guard(log_prob.device());
+  const at::Tensor offsets = value_or_undefined(offsets_);
+  cuda::torch_launch::policy_loss_call c =
+      device_loss_call(fn, "log_prob", log_prob, false, old_log_prob, advantages, mask_, ref_log_prob, weights, entropy,
+                       offsets, rollout_log_prob, cfg);
   auto [loss, glp, gent, result] = policy_loss_outputs(fn, log_prob, entropy, cfg);
   c.grad_log_prob = glp.data_ptr<float>();
   c.grad_entropy = has_entropy_grad(cfg, entropy) ? gent.data_ptr<float>() : nullptr;
@@ -176,8 +204,6 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_on
   const auto dev = log_prob.options();
   at::Tensor status = cfg.check_values ? at::empty({1}, dev.dtype(at::kLong)) : at::Tensor();
   c.status = status.defined() ? status.data_ptr<std::int64_t>() : nullptr;
-  c.config = &cfg;
-  c.stream = c10::cuda::getCurrentCUDAStream(log_prob.device().index()).stream();
   const auto check = [&](cudaError_t e, std::string_view what) {
     if (e != cudaSuccess)
       fail(fn, "log_prob", std::string("CUDA kernel ") + std::string(what) + ": " + cudaGetErrorString(e));
@@ -200,7 +226,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_on
                       {"ref_log_prob", &ref},
                       {"weights", &w},
                       {"entropy", &ent}},
-                     mask);
+                     value_or_undefined(mask_));
     }
     if (s < 0)
       ulorl::detail::fail_value(fn, "offsets", -s - 1,
@@ -219,7 +245,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_fo
                              rollout_log_prob);
   const policy_loss_config cfg = config_of(fn, config);
   // What the device kernel does not take runs on the host with the fallback on (else its error).
-  if (host_fallback.load(std::memory_order_relaxed) &&
+  if (host_fallback_on() &&
       (log_prob.scalar_type() == c10::ScalarType::Double || cfg.rollout.has_value() || rollout_log_prob.has_value()))
     return call_on_host<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>>(
         "ulorl::_policy_loss_forward", log_prob, old_log_prob, advantages, mask, ref_log_prob, weights, entropy,
@@ -352,7 +378,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_statist
     const at::Tensor& logits, const at::Tensor& labels, double temperature, bool check_values, bool fast_backward) {
   constexpr std::string_view fn = "logits_statistics";
   th::detail::require_same_device(fn, "logits", logits, {{"labels", &labels}});
-  if (host_fallback.load(std::memory_order_relaxed) && logits.scalar_type() == c10::ScalarType::Double)
+  if (host_fallback_on() && logits.scalar_type() == c10::ScalarType::Double)
     return call_on_host<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>>(
         "ulorl::_logits_statistics_forward", logits, labels, temperature, check_values, fast_backward);
   const device_statistics d = logits_statistics_on_device(fn, logits, labels, temperature, check_values);
@@ -367,7 +393,7 @@ inline at::Tensor logits_statistics_backward_cuda(const at::Tensor& logits, cons
                                                   double temperature, bool fast_backward) {
   constexpr std::string_view fn = "logits_statistics";
   require_backward_device(logits, labels, lse, ent, grad_log_prob, grad_entropy);
-  if (host_fallback.load(std::memory_order_relaxed) && logits.scalar_type() == c10::ScalarType::Double)
+  if (host_fallback_on() && logits.scalar_type() == c10::ScalarType::Double)
     return call_on_host<at::Tensor>("ulorl::_logits_statistics_backward", logits, labels, lse, ent, grad_log_prob,
                                     grad_entropy, temperature, fast_backward);
   at::Tensor g_lp = value_or_undefined(grad_log_prob), g_ent = value_or_undefined(grad_entropy);
@@ -389,7 +415,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lo
   const fused_tokens tok(labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob);
   tok.require_device(fn, "logits", logits);
   const policy_loss_config cfg = config_of(fn, config);
-  if (host_fallback.load(std::memory_order_relaxed) &&
+  if (host_fallback_on() &&
       (logits.scalar_type() == c10::ScalarType::Double || old_log_prob.scalar_type() == c10::ScalarType::Double ||
        cfg.rollout.has_value() || rollout_log_prob.has_value()))
     return call_on_host<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>>(
@@ -411,11 +437,154 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lo
   return {loss, grad, lp, entropy_term ? *ent : at::empty({0}, lp.options()), result};
 }
 
+// ---- the linear head ---------------------------------------------------------------------------------
+
+using head_outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+//! A dense row-major matrix the head reads on the device (`cols` columns, those of `cols_of`, when >= 0).
+inline void require_device_matrix(std::string_view fn, std::string_view arg, const at::Tensor& t, std::int64_t cols,
+                                  std::string_view cols_of) {
+  if (t.dim() != 2) fail(fn, arg, "has shape " + th::detail::sizes_str(t) + " but must have rank 2");
+  if (!t.is_contiguous())
+    fail(fn, arg,
+         "has strides " + th::detail::strides_str(t) +
+             " but the CUDA kernel reads it row-major and dense (pass .contiguous())");
+  if (cols >= 0 && t.size(1) != cols)
+    fail(fn, arg,
+         "has " + std::to_string(t.size(1)) + " columns but " + std::string(cols_of) + " has " + std::to_string(cols));
+}
+
+//! linear_head_policy_loss on the device (ulorl::cuda::policy_loss_from_hidden: cuBLAS GEMMs on
+//! torch's handle and stream, the statistics and the policy loss of every token, never the [N, V]
+//! logits). float32 or bfloat16 hidden states and weight of one dtype, float32 token tensors, no
+//! bias; the rest takes the host path. grad_weight is accumulated in float32 and returned in the
+//! weight's dtype. With check_values / config.check_values, one synchronisation reads back the first
+//! out-of-range label and the loss's value scan; then the CPU kernel runs on copies to raise its error.
+inline head_outputs head_loss_forward_cuda(const at::Tensor& hidden, const at::Tensor& weight, const opt_tensor& bias,
+                                           const at::Tensor& labels, const at::Tensor& old_log_prob,
+                                           const at::Tensor& advantages, const opt_tensor& mask,
+                                           const opt_tensor& ref_log_prob, const opt_tensor& weights,
+                                           const opt_tensor& offsets, const opt_tensor& rollout_log_prob,
+                                           c10::ArrayRef<double> config, double temperature, bool check_values,
+                                           bool fast_backward, std::int64_t chunk_rows, std::int64_t workspace_budget,
+                                           std::array<bool, 3> output_mask) {
+  constexpr std::string_view fn = "linear_head_policy_loss";
+  const at::Tensor b = value_or_undefined(bias);
+  th::detail::require_same_device(fn, "hidden", hidden, {{"weight", &weight}, {"bias", &b}});
+  const fused_tokens tok(labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob);
+  tok.require_device(fn, "hidden", hidden);
+  const policy_loss_config cfg = config_of(fn, config);
+  (void)head_config_of(fn, temperature, check_values, fast_backward, chunk_rows, workspace_budget);  // its checks
+  const c10::ScalarType ht = hidden.scalar_type();
+  const bool head_dtype = ht == c10::ScalarType::Float || ht == c10::ScalarType::BFloat16;
+  if (host_fallback_on() && (!head_dtype || weight.scalar_type() != ht || b.defined() ||
+                             old_log_prob.scalar_type() == c10::ScalarType::Double || cfg.rollout.has_value() ||
+                             rollout_log_prob.has_value()))
+    return call_on_host<head_outputs>("ulorl::_linear_head_policy_loss_forward", hidden, weight, bias, labels,
+                                      old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob,
+                                      config, temperature, check_values, fast_backward, chunk_rows, workspace_budget,
+                                      c10::List<bool>({output_mask[0], output_mask[1], output_mask[2]}));
+  if (!head_dtype)
+    fail(fn, "hidden",
+         std::string("has dtype ") + c10::toString(ht) +
+             " but the CUDA kernel takes float32 or bfloat16 hidden states (the others run on the CPU)");
+  if (weight.scalar_type() != ht)
+    fail(fn, "weight",
+         std::string("has dtype ") + c10::toString(weight.scalar_type()) + " but 'hidden' has " + c10::toString(ht));
+  if (b.defined()) fail(fn, "bias", "the CUDA kernel takes no bias (a head with a bias runs on the CPU)");
+  require_device_matrix(fn, "hidden", hidden, -1, "");
+  require_device_matrix(fn, "weight", weight, hidden.size(1), "'hidden'");
+  const std::int64_t n = hidden.size(0);
+  if (n != old_log_prob.numel())
+    fail(fn, "hidden",
+         "has " + std::to_string(n) + " rows but 'old_log_prob' has " + std::to_string(old_log_prob.numel()) +
+             " tokens (one row of hidden states per token of the layout)");
+  if (weight.size(0) == 0) fail(fn, "weight", "has V = 0 rows: no vocabulary");
+  if (labels.dim() != 1 || labels.size(0) != n)
+    fail(fn, "labels",
+         "has shape " + th::detail::sizes_str(labels) + " but must be [" + std::to_string(n) +
+             "] (one label per row of 'hidden')");
+  if (labels.scalar_type() != c10::ScalarType::Long && labels.scalar_type() != c10::ScalarType::Int)
+    fail(fn, "labels", std::string("has dtype ") + c10::toString(labels.scalar_type()) + " but must be int64 or int32");
+  ulorl::require_divisor<float>(fn, "temperature", temperature);
+
+  const c10::cuda::CUDAGuard guard(hidden.device());
+  cuda::torch_launch::head_call h;
+  h.loss = device_loss_call(fn, "old_log_prob", old_log_prob, true, old_log_prob, advantages, mask, ref_log_prob,
+                            weights, opt_tensor(), tok.offsets, rollout_log_prob, cfg);
+  const auto f32 = old_log_prob.options().dtype(at::kFloat);
+  const bool want_h = output_mask[0], want_w = output_mask[1], entropy_term = cfg.entropy_coef != 0.0;
+  const at::Tensor labels64 = labels.to(at::kLong).contiguous();
+  const at::Tensor lp = at::empty(old_log_prob.sizes(), f32);
+  const at::Tensor ent = entropy_term ? at::empty(old_log_prob.sizes(), f32) : at::empty({0}, f32);
+  const at::Tensor gh = want_h ? at::empty(hidden.sizes(), hidden.options()) : at::empty({0}, hidden.options());
+  const at::Tensor gw = want_w ? at::empty(weight.sizes(), f32) : at::Tensor();
+  const at::Tensor result = result_tensor(old_log_prob);
+  const at::Tensor status = cfg.check_values ? at::zeros({1}, f32.dtype(at::kLong)) : at::Tensor();
+  const at::Tensor bad = check_values ? at::zeros({1}, f32.dtype(at::kInt)) : at::Tensor();
+  h.tokens = n;
+  h.hidden_size = hidden.size(1);
+  h.vocab = weight.size(0);
+  h.hidden = hidden.data_ptr();
+  h.weight = weight.data_ptr();
+  h.type =
+      ht == c10::ScalarType::Float ? cuda::torch_launch::head_type::float32 : cuda::torch_launch::head_type::bfloat16;
+  h.labels = labels64.data_ptr<std::int64_t>();
+  h.temperature = static_cast<float>(temperature);
+  h.bad_label_row = bad.defined() ? bad.data_ptr<int>() : nullptr;
+  h.grad_hidden = want_h ? gh.data_ptr() : nullptr;
+  h.grad_weight = want_w ? gw.data_ptr<float>() : nullptr;
+  h.log_prob = lp.data_ptr<float>();
+  h.entropy = entropy_term ? ent.data_ptr<float>() : nullptr;
+  h.chunk_rows = chunk_rows;
+  h.workspace_budget = static_cast<std::size_t>(workspace_budget);
+  h.blas = at::cuda::getCurrentCUDABlasHandle();
+  h.loss.result = result.data_ptr<double>();
+  h.loss.status = status.defined() ? status.data_ptr<std::int64_t>() : nullptr;
+  check_launch(fn, "hidden", cuda::torch_launch::linear_head(h), "workspace query");
+  const at::Tensor workspace =
+      at::empty({static_cast<std::int64_t>(std::max<std::size_t>(h.loss.workspace_bytes, 256))}, f32.dtype(at::kByte));
+  h.loss.workspace = workspace.data_ptr();
+  check_launch(fn, "hidden", cuda::torch_launch::linear_head(h), "launch");
+  if (status.defined() || bad.defined()) {
+    const at::Tensor none = at::zeros({1}, f32.dtype(at::kLong));
+    const at::Tensor flags = at::cat({status.defined() ? status : none, bad.defined() ? bad.to(at::kLong) : none})
+                                 .cpu();  // the one synchronisation of a checked call
+    const std::int64_t s = flags[0].item<std::int64_t>(), label_row = flags[1].item<std::int64_t>();
+    if (s != 0 || label_row != 0) {
+      // The CPU kernel on copies raises the CPU's error (bfloat16 states widened: it takes float32).
+      const auto host = [](const at::Tensor& t) {
+        return t.scalar_type() == c10::ScalarType::BFloat16 ? t.cpu().to(at::kFloat) : t.cpu();
+      };
+      const auto host_opt = [](const opt_tensor& t) { return t.has_value() ? opt_tensor(t->cpu()) : opt_tensor(); };
+      (void)head_loss_forward<false>(host(hidden), host(weight), opt_tensor(), labels.cpu(), old_log_prob.cpu(),
+                                     advantages.cpu(), host_opt(mask), host_opt(ref_log_prob), host_opt(weights),
+                                     host_opt(offsets), opt_tensor(), config, temperature, check_values, fast_backward,
+                                     chunk_rows, workspace_budget, {false, false, false});
+      if (label_row != 0)
+        ulorl::detail::fail_value(fn, "labels", label_row - 1, "is the first token whose label is outside [0, V)");
+      if (s < 0)
+        ulorl::detail::fail_value(fn, "offsets", -s - 1,
+                                  "is the first row whose offsets are not within [0, total] or decrease");
+      fail(fn, "hidden",
+           "the device's value scan rejected token " + std::to_string(s - 1) +
+               " (its log-prob from 'hidden' in float32, or an input), which the CPU kernel accepts");
+    }
+  }
+  const at::Tensor loss = at::empty({}, f32);
+  loss.copy_(result.select(0, 0));
+  const at::Tensor grad_weight = !want_w                        ? at::empty({0}, hidden.options())
+                                 : ht == c10::ScalarType::Float ? gw
+                                                                : gw.to(ht);
+  return {loss, gh, grad_weight, at::empty({0}, hidden.options()), lp, ent, result};
+}
+
 }  // namespace detail
 
 //! Sets the CUDA kernels of `_policy_loss_forward`, `_logits_statistics_forward`,
-//! `_logits_statistics_backward` and `_policy_loss_from_logits_forward` in the `ulorl` library (registering the library
-//! first when this process has none). Thread-safe and idempotent.
+//! `_logits_statistics_backward`, `_policy_loss_from_logits_forward` and
+//! `_linear_head_policy_loss_forward` in the `ulorl` library (registering the library first when this
+//! process has none), which turns the automatic host fallback on. Thread-safe and idempotent.
 inline void register_cuda_ops() {
   register_ops();
   detail::cuda_policy_loss_forward.kernel.store(&detail::policy_loss_forward_cuda, std::memory_order_release);
@@ -424,6 +593,8 @@ inline void register_cuda_ops() {
   detail::cuda_logits_statistics_backward.kernel.store(&detail::logits_statistics_backward_cuda,
                                                        std::memory_order_release);
   detail::cuda_logits_loss_forward.kernel.store(&detail::logits_loss_forward_cuda, std::memory_order_release);
+  detail::cuda_head_loss_forward.kernel.store(&detail::head_loss_forward_cuda, std::memory_order_release);
+  detail::cuda_kernels_set.store(true, std::memory_order_release);
 }
 
 }  // namespace ops
