@@ -5,10 +5,11 @@
 # `debootstrap --variant=minbase trixie` on first use and kept (cached) for later runs. The source
 # tree is bind-mounted read-only; the build lives inside the root. Nothing outside Debian's archive
 # is downloaded. Then, in a second root with Debian 13's libtorch-cuda-dev 2.6 and its CUDA 12.4
-# toolkit (contrib / non-free; they conflict with the CPU libtorch), the CUDA kernel of the
-# policy-loss operator is compiled and linked, not run (no GPU is needed): test_torch_ops_cuda and
-# the Python extension with its CUDA kernel.
-# Usage: scripts/check-torch2.sh            (as root: debootstrap, chroot and mount need it)
+# toolkit (contrib / non-free; they conflict with the CPU libtorch), the operators' CUDA kernels are
+# compiled and linked, not run (no GPU is needed): test_torch_ops_cuda and the Python extension with
+# its CUDA kernels. CI runs the torch 2.6 CPU part (ULORL_CHECK_TORCH2_CUDA=0; README's test command).
+# Usage: scripts/check-torch2.sh            (as root, or through sudo: debootstrap, chroot and mount
+#                                            need it)
 #   ULORL_TRIXIE_ROOT  where the Debian 13 root lives (default /var/cache/ulorl/trixie)
 #   ULORL_TRIXIE_CUDA_ROOT  the root with libtorch-cuda (default: ULORL_TRIXIE_ROOT-cuda)
 #   ULORL_CHECK_TORCH2_CUDA=0  skips the CUDA step (its root takes about 2.5 GB of downloads once)
@@ -24,7 +25,11 @@ packages=(g++ cmake make catch2 nlohmann-json3-dev libtorch-dev python3-torch py
           python3-dev python3-numpy python3-pytest python3-pip python3-venv python3-setuptools)
 
 if [ "$(id -u)" -ne 0 ]; then
-  echo "check-torch2: run as root (debootstrap, chroot and mount need it)" >&2
+  if command -v sudo >/dev/null 2>&1; then
+    exec sudo --preserve-env=ULORL_TRIXIE_ROOT,ULORL_TRIXIE_CUDA_ROOT,ULORL_CHECK_TORCH2_CUDA,ULORL_TRIXIE_MIRROR,JOBS \
+      bash "$0" "$@"
+  fi
+  echo "check-torch2: run as root or with sudo available (debootstrap, chroot and mount need it)" >&2
   exit 1
 fi
 if [ ! -x "$root/usr/bin/apt-get" ]; then
