@@ -194,7 +194,7 @@ def policy_loss(
     """The fused policy loss of one micro-batch as an autograd function.
 
     Token tensors are ``[B, T]`` (any strides) or, with ``offsets`` ``[B+1]``, packed ``[total]``;
-    float32 or float64. ``mask`` is bool, uint8 or the log-probs' dtype (checked to be 0/1), or None:
+    float32 or float64. ``mask`` is bool, uint8 or any integer or floating dtype (checked to be 0/1), or None:
     every token valid (padded: all ``B x T``; packed: every token inside the offsets), the same
     bits as an all-ones mask. Gradients flow to ``log_prob`` and (entropy_coef != 0) ``entropy``;
     ``old_log_prob``, ``advantages``, ``ref_log_prob`` (needed when kl_coef != 0) and ``weights``

@@ -678,3 +678,43 @@ def test_every_name_the_library_knows_round_trips_through_the_config(field):
         assert getattr(cfg.__copy__(), field) == name
     if field == "objective":
         assert "penalized_pg" in names  # a verl dro / kl_cov preset's objective can be assigned back
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.bfloat16, torch.float16,
+                                   torch.float64])
+def test_a_mask_of_any_integer_or_floating_dtype_gives_the_bool_masks_bits(dtype):
+    # The frameworks' int64 / int32 attention masks, and 16-bit or float64 ones, as masks of float32 tokens.
+    lp, old, adv, mask, ref, ent = _batch(torch.float32, 4, 9, 3)
+    m = mask.to(dtype)
+    norm = ulorl.Normalizer("seq_mean_token_mean", 4.0)
+
+    def loss(mk):
+        x = lp.clone().requires_grad_()
+        out, metrics = ulorl.policy_loss(x, old, adv, mk, ref_log_prob=ref, normalizer=norm, kl_coef=0.05)
+        out.backward()
+        return out.detach(), x.grad, metrics["tokens"]
+
+    for got, want in zip(loss(m), loss(mask)):
+        assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
+    assert torch.equal(ulorl.agg_loss(lp, m, normalizer=norm), ulorl.agg_loss(lp, mask, normalizer=norm))
+    a = adv[:, 0].contiguous()
+    assert torch.equal(ulorl.broadcast_to_tokens(a, m), ulorl.broadcast_to_tokens(a, mask))
+    score = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    keep, _ = ulorl.mpt_mask(ent * 0.01, score, log_prob=lp * 0.001, mask=m, mode="static")
+    keep_bool, _ = ulorl.mpt_mask(ent * 0.01, score, log_prob=lp * 0.001, mask=mask, mode="static")
+    assert keep.dtype == dtype and torch.equal(keep.bool(), keep_bool)
+    weights, keep_rc, _ = ulorl.rollout_correction(old, old + 0.01, m, weighting="mask", upper=1.0)
+    weights_bool, keep_rc_bool, _ = ulorl.rollout_correction(old, old + 0.01, mask, weighting="mask", upper=1.0)
+    assert keep_rc.dtype == dtype and torch.equal(keep_rc.bool(), keep_rc_bool) and torch.equal(weights, weights_bool)
+    bad = m.clone()
+    bad[1, 2] = 2
+    with pytest.raises(ulorl.Error, match=r"argument 'mask'\[11\] = 2: .*0 or 1"):
+        ulorl.policy_loss(lp, old, adv, bad, normalizer=norm)
+    with pytest.raises(ulorl.Error, match=r"argument 'mask'\[11\] = 2"):
+        ulorl.agg_loss(lp, bad, normalizer=norm)
+
+
+def test_a_complex_mask_is_an_error_naming_its_dtype():
+    lp, old, adv, mask, _, _ = _batch(torch.float32)
+    with pytest.raises(ulorl.Error, match="argument 'mask': has dtype ComplexFloat but must be bool, an integer or"):
+        ulorl.policy_loss(lp, old, adv, mask.to(torch.complex64), normalizer=ulorl.Normalizer("token_mean", 3.0))

@@ -587,8 +587,13 @@ TEST_CASE("torch adapter: bad inputs raise ulorl::error naming the argument, out
                "dtype Int");
   expect_error([&] { (void)th::policy_loss(lp, lp.to(at::kFloat), adv, mask, cfg); }, "policy_loss", "old_log_prob",
                "dtype Float");
-  expect_error([&] { (void)th::policy_loss(lp, lp, adv, mask.to(at::kInt), cfg); }, "policy_loss", "mask",
-               "bool, uint8 or Double");
+  // An integer mask (the frameworks' attention masks) is read as its 0/1 values; a 2 is named, a complex one refused.
+  CHECK(at::equal(th::policy_loss(lp, lp, adv, mask.to(at::kInt), cfg).loss,
+                  th::policy_loss(lp, lp, adv, mask, cfg).loss));
+  expect_error([&] { (void)th::policy_loss(lp, lp, adv, (mask.to(at::kLong) * 2), cfg); }, "policy_loss", "mask",
+               "0 or 1");
+  expect_error([&] { (void)th::policy_loss(lp, lp, adv, mask.to(at::kComplexFloat), cfg); }, "policy_loss", "mask",
+               "must be bool, an integer or a floating type");
   expect_error(
       [&] {
         (void)th::policy_loss(lp, lp, adv, at::ones({2, 4}, at::TensorOptions().device(at::kMeta)), cfg);

@@ -136,21 +136,26 @@ decltype(auto) with_logits_type(std::string_view fn, std::string_view arg, const
   }
 }
 
-//! The mask as a byte tensor: bool and uint8 masks as they are (bool is read as bytes); a float
-//! mask of the token dtype T is checked to be 0/1 (the error names the element) and converted to
-//! uint8, one byte per token. One mask type keeps the policy loss compiled once per token dtype.
-//! An undefined mask stays undefined (every token valid: optional_tokens_of makes it an empty view).
+//! The mask as a byte tensor: bool and uint8 masks as they are (bool is read as bytes); a mask of
+//! the token dtype T, or of any other integer or floating dtype (the frameworks' int64 / int32
+//! attention masks), is checked to be 0/1 (the error names the element) and converted to uint8, one
+//! byte per token. Other dtypes are read as float64 for the check: no value but 0 and 1 becomes 0 or
+//! 1 there. One mask type keeps the policy loss compiled once per token dtype. An undefined mask
+//! stays undefined (every token valid: optional_tokens_of makes it an empty view).
 template <class T>
 at::Tensor byte_mask(std::string_view fn, std::string_view arg, const at::Tensor& m, const offsets_view& off) {
   if (!m.defined()) return m;
   require_cpu(fn, arg, m, -1);
   const auto st = m.scalar_type();
   if (st == c10::ScalarType::Bool || st == c10::ScalarType::Byte) return m;
-  if (st != scalar_type_of<T>())
-    fail(fn, arg,
-         std::string("has dtype ") + c10::toString(st) + " but must be bool, uint8 or " +
-             c10::toString(scalar_type_of<T>()) + " (the dtype of the log-probs)");
-  require_binary_mask(fn, arg, tokens_of<const T>(fn, arg, m, off));
+  if (st == scalar_type_of<T>()) {
+    require_binary_mask(fn, arg, tokens_of<const T>(fn, arg, m, off));
+  } else {
+    if (!c10::isIntegralType(st, false) && !c10::isFloatingType(st))
+      fail(fn, arg, std::string("has dtype ") + c10::toString(st) + " but must be bool, an integer or a floating type");
+    const at::Tensor wide = m.to(c10::ScalarType::Double);
+    require_binary_mask(fn, arg, tokens_of<const double>(fn, arg, wide, off));
+  }
   return m.to(c10::ScalarType::Byte);
 }
 

@@ -1399,7 +1399,7 @@ inline bool set_host_fallback(bool enabled) {
 
 //! The fused policy loss of one micro-batch (ulorl::policy_loss) through the `ulorl::policy_loss`
 //! operator. Token tensors are [B, T] (padded; any strides) or, with extra.offsets, [total]
-//! (packed); log-probs float32 or float64, the mask bool, uint8 or the log-probs' dtype (converted
+//! (packed); log-probs float32 or float64, the mask bool, uint8 or any integer or floating dtype (converted
 //! to uint8 after a 0/1 check: one byte per token), or undefined: every token of log_prob's layout
 //! valid (padded: all B x T, packed: every token inside the offsets), the same bits as an all-ones
 //! mask. Gradients flow to `log_prob` and (entropy_coef != 0) `extra.entropy`; every other input is

@@ -167,8 +167,7 @@ inline std::int64_t responses_of(std::string_view fn, std::string_view arg, cons
   return t.size(0);
 }
 
-//! The mask dtype of a keep mask written like the given mask: bool / uint8 as given, bool without
-//! one; a mask of the values' dtype T keeps that dtype.
+//! The mask dtype of a keep mask written like the given mask: its dtype (bool without one).
 inline c10::ScalarType keep_dtype(const at::Tensor& mask) {
   return mask.defined() ? mask.scalar_type() : c10::ScalarType::Bool;
 }
@@ -198,8 +197,8 @@ inline void meta_groups(std::string_view fn, const opt_tensor& ids, opt_int grou
     ulorl::detail::fail_value(fn, "group_size", *group_size, "must be >= 1");
 }
 
-//! A 0/1 mask read as bytes (bool / uint8 as they are; a mask of the values' dtype T checked 0/1
-//! and converted): `view` is empty for an absent mask (every token valid).
+//! A 0/1 mask read as bytes (bool / uint8 as they are; a mask of any other integer or floating
+//! dtype checked 0/1 and converted: byte_mask): `view` is empty for an absent mask (every token valid).
 struct mask_bytes {
   at::Tensor bytes;
   token_view<const std::uint8_t> view{};
@@ -307,10 +306,10 @@ at::Tensor broadcast_to_tokens(const at::Tensor& advantages, const opt_tensor& m
         run(std::uint8_t{});
       else if (mask.scalar_type() == scalar_type_of<T>())
         run(T{});
-      else
-        fail(fn, "mask",
-             std::string("has dtype ") + c10::toString(mask.scalar_type()) + " but must be bool, uint8 or " +
-                 c10::toString(scalar_type_of<T>()) + " (the dtype of the advantages)");
+      else  // another integer or floating mask: its 0/1 bytes (byte_mask checks and names it)
+        ulorl::broadcast_to_tokens(adv,
+                                   tokens_of<const std::uint8_t>(fn, "mask", byte_mask<T>(fn, "mask", mask, off), off),
+                                   tokens_of<T>(fn, "out", out, off), cfg);
       return out;
     });
   }
@@ -353,10 +352,13 @@ std::tuple<at::Tensor, at::Tensor> mpt_mask(const opt_tensor& log_prob, const op
   const c10::ScalarType keep_type = keep_dtype(mask);
   return with_value_dtype(fn, lp_name, lp, [&](auto tag) {
     using T = decltype(tag);
-    if (keep_type != c10::ScalarType::Bool && keep_type != c10::ScalarType::Byte && keep_type != scalar_type_of<T>())
+    // bool / uint8 / T masks are read as they are; another integer or floating one as its 0/1 bytes,
+    // the keep mask then converted to its dtype.
+    const bool direct =
+        keep_type == c10::ScalarType::Bool || keep_type == c10::ScalarType::Byte || keep_type == scalar_type_of<T>();
+    if (!direct && !c10::isIntegralType(keep_type, false) && !c10::isFloatingType(keep_type))
       fail(fn, "mask",
-           std::string("has dtype ") + c10::toString(keep_type) + " but must be bool, uint8 or " +
-               c10::toString(scalar_type_of<T>()) + " (the dtype of the log-probs)");
+           std::string("has dtype ") + c10::toString(keep_type) + " but must be bool, an integer or a floating type");
     if constexpr (Meta) {
       (void)value_dtype(fn, "response_score", response_score);
       return std::make_tuple(new_meta(lp.sizes(), keep_type), meta_record_tensor<mpt_stats>());
@@ -364,19 +366,20 @@ std::tuple<at::Tensor, at::Tensor> mpt_mask(const opt_tensor& log_prob, const op
       const offsets_view off = offsets_of(fn, "offsets", given(offsets));
       return with_value_dtype(fn, "response_score", response_score, [&](auto stag) {
         using S = decltype(stag);
-        at::Tensor keep = new_tensor(lp.sizes(), keep_type);
+        const at::Tensor m = direct ? mask : byte_mask<T>(fn, "mask", mask, off);
+        at::Tensor keep = new_tensor(lp.sizes(), direct ? keep_type : c10::ScalarType::Byte);
         const auto run = [&](auto mtag) {
           using M = decltype(mtag);
           mpt_batch<T, M, S> b;
           const token_view<const T> lp_v = tokens_of<const T>(fn, lp_name, lp, off);
           (rollout ? b.old_log_prob : b.log_prob) = lp_v;
           b.entropy = tokens_of<const T>(fn, "entropy", entropy, off);
-          b.mask = optional_tokens_of<const M>(fn, "mask", mask, off, lp_name, lp_v);
+          b.mask = optional_tokens_of<const M>(fn, "mask", m, off, lp_name, lp_v);
           b.response_score = span_of<const S>(fn, "response_score", response_score);
           return ulorl::mpt_mask(b, tokens_of<M>(fn, "keep", keep, off), cfg);
         };
         const mpt_stats st = keep_type == scalar_type_of<T>() ? run(T{}) : run(std::uint8_t{});
-        return std::make_tuple(keep, record_tensor(&st));
+        return std::make_tuple(direct ? keep : keep.to(keep_type), record_tensor(&st));
       });
     }
   });

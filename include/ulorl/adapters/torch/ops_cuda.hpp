@@ -13,7 +13,8 @@
 // is ulorl::error naming it (set_host_fallback(true): the host path of ops.hpp, run_on_host).
 //
 // The policy loss on the device: float32 token tensors, each contiguous (a strided one raises naming
-// it, with the fix), a bool / uint8 / float32 mask or none, int64 offsets for the packed layout,
+// it, with the fix), a bool / uint8 / float32 mask (another integer or floating one is widened to
+// float32 on the device) or none, int64 offsets for the packed layout,
 // every objective, KL estimator, entropy term and aggregation of the CPU path. float64 tensors and
 // the in-pass rollout correction (config.rollout) take the host path (ops.hpp's run_on_host; with
 // the host fallback off, ulorl::error naming `log_prob` resp. `rollout_log_prob`). With
@@ -119,12 +120,14 @@ inline const float* optional_device_tokens(std::string_view fn, std::string_view
 
 //! A device loss call's token inputs, checked as the CPU checks them: the layout of `tokens` (its
 //! name `tokens_name`: log_prob, or old_log_prob for the fused losses, which compute the log-probs and
-//! entropies themselves: `fused`), the token arrays and the mask. The tensors stay the caller's.
+//! entropies themselves: `fused`), the token arrays and the mask. The tensors stay the caller's; a
+//! mask of another integer or floating dtype than the kernel reads is widened to float32 into
+//! `widened_mask` (the device's 0/1 check then sees its values: only 0 and 1 become 0 and 1).
 inline cuda::torch_launch::policy_loss_call device_loss_call(
     std::string_view fn, std::string_view tokens_name, const at::Tensor& tokens, bool fused,
     const at::Tensor& old_log_prob, const at::Tensor& advantages, const opt_tensor& mask_,
     const opt_tensor& ref_log_prob, const opt_tensor& weights, const opt_tensor& entropy, const at::Tensor& offsets,
-    const opt_tensor& rollout_log_prob, const policy_loss_config& cfg) {
+    const opt_tensor& rollout_log_prob, const policy_loss_config& cfg, at::Tensor& widened_mask) {
   ulorl::cuda::validate_policy_loss_config(fn, cfg);
   if (cfg.rollout.has_value() || rollout_log_prob.has_value())
     fail(fn, "rollout_log_prob",
@@ -161,25 +164,22 @@ inline cuda::torch_launch::policy_loss_call device_loss_call(
   if (!fused) c.entropy = optional_device_tokens(fn, "entropy", entropy, tokens);
   if (cfg.kl_coef != 0.0 && c.ref_log_prob == nullptr) fail(fn, "ref_log_prob", "required when kl_coef != 0");
   if (!fused && cfg.entropy_coef != 0.0 && c.entropy == nullptr) fail(fn, "entropy", "required when entropy_coef != 0");
-  const at::Tensor mask = value_or_undefined(mask_);
+  at::Tensor mask = value_or_undefined(mask_);
   if (mask.defined()) {
     if (mask.sizes() != tokens.sizes())
       fail(fn, "mask",
            "has shape " + th::detail::sizes_str(mask) + " but '" + tn + "' has " + th::detail::sizes_str(tokens));
-    if (!mask.is_contiguous()) fail(fn, "mask", "must be contiguous on CUDA (pass .contiguous())");
-    switch (mask.scalar_type()) {
-      case c10::ScalarType::Bool:
-      case c10::ScalarType::Byte:
-        c.mask_kind = cuda::torch_launch::mask_type::bytes;
-        break;
-      case c10::ScalarType::Float:
-        c.mask_kind = cuda::torch_launch::mask_type::float32;
-        break;
-      default:
+    const c10::ScalarType st = mask.scalar_type();
+    if (st != c10::ScalarType::Bool && st != c10::ScalarType::Byte && st != c10::ScalarType::Float) {
+      if (!c10::isIntegralType(st, false) && !c10::isFloatingType(st))
         fail(fn, "mask",
-             std::string("has dtype ") + c10::toString(mask.scalar_type()) +
-                 " but must be bool, uint8 or float32 on CUDA");
+             std::string("has dtype ") + c10::toString(st) + " but must be bool, an integer or a floating type");
+      widened_mask = mask.to(at::kFloat).contiguous();
+      mask = widened_mask;
     }
+    if (!mask.is_contiguous()) fail(fn, "mask", "must be contiguous on CUDA (pass .contiguous())");
+    c.mask_kind = mask.scalar_type() == c10::ScalarType::Float ? cuda::torch_launch::mask_type::float32
+                                                               : cuda::torch_launch::mask_type::bytes;
     c.mask = mask.data_ptr();
   }
   c.config = &cfg;
@@ -194,9 +194,10 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_on
     const opt_tensor& offsets_, const opt_tensor& rollout_log_prob, const policy_loss_config& cfg) {
   const c10::cuda::CUDAGuard guard(log_prob.device());
   const at::Tensor offsets = value_or_undefined(offsets_);
+  at::Tensor widened_mask;
   cuda::torch_launch::policy_loss_call c =
       device_loss_call(fn, "log_prob", log_prob, false, old_log_prob, advantages, mask_, ref_log_prob, weights, entropy,
-                       offsets, rollout_log_prob, cfg);
+                       offsets, rollout_log_prob, cfg, widened_mask);
   auto [loss, glp, gent, result] = policy_loss_outputs(fn, log_prob, entropy, cfg);
   c.grad_log_prob = glp.data_ptr<float>();
   c.grad_entropy = has_entropy_grad(cfg, entropy) ? gent.data_ptr<float>() : nullptr;
@@ -510,8 +511,9 @@ inline head_outputs head_loss_forward_cuda(const at::Tensor& hidden, const at::T
 
   const c10::cuda::CUDAGuard guard(hidden.device());
   cuda::torch_launch::head_call h;
+  at::Tensor widened_mask;
   h.loss = device_loss_call(fn, "old_log_prob", old_log_prob, true, old_log_prob, advantages, mask, ref_log_prob,
-                            weights, opt_tensor(), tok.offsets, rollout_log_prob, cfg);
+                            weights, opt_tensor(), tok.offsets, rollout_log_prob, cfg, widened_mask);
   const auto f32 = old_log_prob.options().dtype(at::kFloat);
   const bool want_h = output_mask[0], want_w = output_mask[1], entropy_term = cfg.entropy_coef != 0.0;
   const at::Tensor labels64 = labels.to(at::kLong).contiguous();
