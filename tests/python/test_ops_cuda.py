@@ -58,6 +58,20 @@ def test_cuda_equals_cpu(options, packed, mask_dtype):
 
 
 @kernels
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.int32, torch.bfloat16])
+def test_cuda_masks_of_other_dtypes_are_widened_on_the_device(mask_dtype):
+    lp, old, adv, mask, ref, _ = _batch(4, 11, 7)
+    norm = ulorl.global_normalizer("token_mean", ulorl.count_batch(mask))
+    want, _ = ulorl.policy_loss(lp.cuda(), old.cuda(), adv.cuda(), mask.cuda(), normalizer=norm)
+    got, _ = ulorl.policy_loss(lp.cuda(), old.cuda(), adv.cuda(), mask.to(mask_dtype).cuda(), normalizer=norm)
+    assert torch.equal(got, want)
+    bad = mask.to(mask_dtype)
+    bad[2, 3] = 2
+    with pytest.raises(ulorl.Error, match=r"argument 'mask'\[25\] = 2: mask values must be 0 or 1"):
+        ulorl.policy_loss(lp.cuda(), old.cuda(), adv.cuda(), bad.cuda(), normalizer=norm)
+
+
+@kernels
 def test_cuda_errors_name_the_argument():
     lp, old, adv, mask, _, _ = _batch(3, 8)
     norm = ulorl.Normalizer("token_mean", 10.0)
