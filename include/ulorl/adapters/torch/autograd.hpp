@@ -136,6 +136,12 @@ decltype(auto) with_logits_type(std::string_view fn, std::string_view arg, const
   }
 }
 
+//! A mask's dtype: bool or any integer or floating type (else ulorl::error naming it).
+inline void require_mask_dtype(std::string_view fn, std::string_view arg, c10::ScalarType st) {
+  if (st != c10::ScalarType::Bool && !c10::isIntegralType(st, false) && !c10::isFloatingType(st))
+    fail(fn, arg, std::string("has dtype ") + c10::toString(st) + " but must be bool, an integer or a floating type");
+}
+
 //! The mask as a byte tensor: bool and uint8 masks as they are (bool is read as bytes); a mask of
 //! the token dtype T, or of any other integer or floating dtype (the frameworks' int64 / int32
 //! attention masks), is checked to be 0/1 (the error names the element) and converted to uint8, one
@@ -151,8 +157,7 @@ at::Tensor byte_mask(std::string_view fn, std::string_view arg, const at::Tensor
   if (st == scalar_type_of<T>()) {
     require_binary_mask(fn, arg, tokens_of<const T>(fn, arg, m, off));
   } else {
-    if (!c10::isIntegralType(st, false) && !c10::isFloatingType(st))
-      fail(fn, arg, std::string("has dtype ") + c10::toString(st) + " but must be bool, an integer or a floating type");
+    require_mask_dtype(fn, arg, st);
     const at::Tensor wide = m.to(c10::ScalarType::Double);
     require_binary_mask(fn, arg, tokens_of<const double>(fn, arg, wide, off));
   }

@@ -356,9 +356,7 @@ std::tuple<at::Tensor, at::Tensor> mpt_mask(const opt_tensor& log_prob, const op
     // the keep mask then converted to its dtype.
     const bool direct =
         keep_type == c10::ScalarType::Bool || keep_type == c10::ScalarType::Byte || keep_type == scalar_type_of<T>();
-    if (!direct && !c10::isIntegralType(keep_type, false) && !c10::isFloatingType(keep_type))
-      fail(fn, "mask",
-           std::string("has dtype ") + c10::toString(keep_type) + " but must be bool, an integer or a floating type");
+    if (!direct) th::detail::require_mask_dtype(fn, "mask", keep_type);
     if constexpr (Meta) {
       (void)value_dtype(fn, "response_score", response_score);
       return std::make_tuple(new_meta(lp.sizes(), keep_type), meta_record_tensor<mpt_stats>());
@@ -881,28 +879,9 @@ at::Tensor count_batch(const opt_tensor& mask_, const opt_tensor& offsets_, cons
         return ulorl::count_batch(mask_view, tokens_of<const T>(fn, "tokens", tokens, off));
       });
     };
-    const batch_counts c = [&] {
-      if (!mask.defined()) return count(token_view<const std::uint8_t>{});
-      require_cpu(fn, "mask", mask, -1);
-      switch (mask.scalar_type()) {
-        case c10::ScalarType::Bool:
-        case c10::ScalarType::Byte:
-          return count(optional_tokens_of<const std::uint8_t>(fn, "mask", mask, off));
-        case c10::ScalarType::Float:
-          return count(optional_tokens_of<const float>(fn, "mask", mask, off));
-        case c10::ScalarType::Double:
-          return count(optional_tokens_of<const double>(fn, "mask", mask, off));
-        default: {  // other integer and 16-bit masks (NeMo-RL's and verl's int64 ones): read as float64,
-                    // which keeps their values for the 0/1 check
-          if (!c10::isIntegralType(mask.scalar_type(), false) && !c10::isFloatingType(mask.scalar_type()))
-            fail(fn, "mask",
-                 std::string("has dtype ") + c10::toString(mask.scalar_type()) +
-                     " but must be bool, an integer or a floating type");
-          const at::Tensor wide = mask.to(at::kDouble);
-          return count(optional_tokens_of<const double>(fn, "mask", wide, off));
-        }
-      }
-    }();
+    // Any mask as its checked 0/1 bytes (byte_mask; undefined stays undefined: every token valid).
+    const at::Tensor bytes = byte_mask<double>(fn, "mask", mask, off);
+    const batch_counts c = count(optional_tokens_of<const std::uint8_t>(fn, "mask", bytes, off));
     return record_tensor(&c);
   }
 }

@@ -171,9 +171,7 @@ inline cuda::torch_launch::policy_loss_call device_loss_call(
            "has shape " + th::detail::sizes_str(mask) + " but '" + tn + "' has " + th::detail::sizes_str(tokens));
     const c10::ScalarType st = mask.scalar_type();
     if (st != c10::ScalarType::Bool && st != c10::ScalarType::Byte && st != c10::ScalarType::Float) {
-      if (!c10::isIntegralType(st, false) && !c10::isFloatingType(st))
-        fail(fn, "mask",
-             std::string("has dtype ") + c10::toString(st) + " but must be bool, an integer or a floating type");
+      th::detail::require_mask_dtype(fn, "mask", st);
       widened_mask = mask.to(at::kFloat).contiguous();
       mask = widened_mask;
     }
