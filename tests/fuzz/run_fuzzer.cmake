@@ -75,13 +75,47 @@ list(LENGTH seeds n)
 message("${TARGET}: fuzzing ${SECONDS} s from ${n} seed(s) in ${corpus}")
 
 # 3. Fuzz. A crash leaves its input under ${artifacts}; keep it under tests/fuzz/regressions.
+# The fuzzer's output goes to ${WORK}/fuzz.log. A log that a runner truncates in the middle keeps
+# its end, so on failure the end of this test's output carries what is needed to reproduce: the
+# fuzzer's report (from its first line naming the failure) and each input, in hex.
+set(log ${WORK}/fuzz.log)
 execute_process(COMMAND ${FUZZER} ${limits} -max_total_time=${SECONDS} -print_final_stats=1 ${dict}
                         -artifact_prefix=${artifacts}/ ${corpus}
+                OUTPUT_FILE ${log} ERROR_FILE ${log}
                 RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  file(GLOB found LIST_DIRECTORIES false ${artifacts}/*)
-  list(JOIN found "\n  " found_list)
-  message(FATAL_ERROR "${TARGET}: the fuzzer failed (exit ${rc}); input(s):\n  ${found_list}\n"
-                      "Minimise with `${FUZZER} -minimize_crash=1 -runs=10000 <input>` and keep the result as "
-                      "tests/fuzz/regressions/${TARGET}/crash-<what it shows> (see tests/fuzz/README.md).")
+file(READ ${log} text)
+if(rc EQUAL 0)
+  string(REGEX MATCHALL "(Done [^\n]*|stat::[^\n]*)" summary "${text}")
+  list(JOIN summary "\n" summary)
+  message("${summary}")
+  return()
 endif()
+string(REGEX MATCH "==[0-9]+==ERROR|ERROR: libFuzzer|fuzz check failed|runtime error|deadly signal|LeakSanitizer"
+       hit "${text}")
+string(LENGTH "${text}" size)
+if(hit)
+  string(FIND "${text}" "${hit}" from)
+  string(SUBSTRING "${text}" 0 ${from} before)
+  string(FIND "${before}" "\n" line_start REVERSE)  # the report from the start of its line
+  math(EXPR from "${line_start} + 1")
+  string(SUBSTRING "${text}" ${from} 12000 report)
+else()  # no line names the failure: the end of the log
+  math(EXPR from "${size} - 6000")
+  if(from LESS 0)
+    set(from 0)
+  endif()
+  string(SUBSTRING "${text}" ${from} -1 report)
+endif()
+string(REPLACE "\n" "\n  " report "  ${report}")  # indented: printed as it is, not re-wrapped
+file(GLOB found LIST_DIRECTORIES false ${artifacts}/*)
+set(inputs)
+foreach(input IN LISTS found)
+  file(SIZE ${input} bytes)
+  file(READ ${input} hex LIMIT 4096 HEX)
+  string(APPEND inputs "  ${input} (${bytes} bytes; hex of the first 4096):\n  ${hex}\n")
+endforeach()
+message(FATAL_ERROR "${TARGET}: the fuzzer failed (exit ${rc}); its log: ${log}, from its report:\n"
+                    "${report}\ninput(s):\n${inputs}"
+                    "Replay with `${FUZZER} <input>` (the hex above: `xxd -r -p`), minimise with "
+                    "`${FUZZER} -minimize_crash=1 -runs=10000 <input>` and keep the result as "
+                    "tests/fuzz/regressions/${TARGET}/crash-<what it shows> (see tests/fuzz/README.md).")
