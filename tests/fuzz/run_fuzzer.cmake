@@ -90,6 +90,7 @@ if(rc EQUAL 0)
   message("${summary}")
   return()
 endif()
+string(REGEX MATCH "INFO: Seed: [0-9]+" seed "${text}")
 string(REGEX MATCH "==[0-9]+==ERROR|ERROR: libFuzzer|fuzz check failed|runtime error|deadly signal|LeakSanitizer"
        hit "${text}")
 string(LENGTH "${text}" size)
@@ -114,7 +115,7 @@ foreach(input IN LISTS found)
   file(READ ${input} hex LIMIT 4096 HEX)
   string(APPEND inputs "  ${input} (${bytes} bytes; hex of the first 4096):\n  ${hex}\n")
 endforeach()
-message(FATAL_ERROR "${TARGET}: the fuzzer failed (exit ${rc}); its log: ${log}, from its report:\n"
+message(FATAL_ERROR "${TARGET}: the fuzzer failed (exit ${rc}); its log: ${log} (${seed}), from its report:\n"
                     "${report}\ninput(s):\n${inputs}"
                     "Replay with `${FUZZER} <input>` (the hex above: `xxd -r -p`), minimise with "
                     "`${FUZZER} -minimize_crash=1 -runs=10000 <input>` and keep the result as "
