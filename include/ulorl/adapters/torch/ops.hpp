@@ -653,9 +653,14 @@ struct fused_tokens {
   const at::Tensor &labels, &old_log_prob, &advantages;
   at::Tensor mask, ref_log_prob, weights, offsets, rollout_log_prob;
 
-  fused_tokens(const at::Tensor& labels_, const at::Tensor& old_log_prob_, const at::Tensor& advantages_,
-               const opt_tensor& mask_, const opt_tensor& ref_log_prob_, const opt_tensor& weights_,
-               const opt_tensor& offsets_, const opt_tensor& rollout_log_prob_)
+  policy_loss_config cfg;
+
+  //! Unwraps the optional tensors, requires every one on the device of `ref` (the logits, the
+  //! hidden states) and decodes the configuration.
+  fused_tokens(std::string_view fn, std::string_view ref_name, const at::Tensor& ref, const at::Tensor& labels_,
+               const at::Tensor& old_log_prob_, const at::Tensor& advantages_, const opt_tensor& mask_,
+               const opt_tensor& ref_log_prob_, const opt_tensor& weights_, const opt_tensor& offsets_,
+               const opt_tensor& rollout_log_prob_, c10::ArrayRef<double> config)
       : labels(labels_),
         old_log_prob(old_log_prob_),
         advantages(advantages_),
@@ -663,10 +668,7 @@ struct fused_tokens {
         ref_log_prob(value_or_undefined(ref_log_prob_)),
         weights(value_or_undefined(weights_)),
         offsets(value_or_undefined(offsets_)),
-        rollout_log_prob(value_or_undefined(rollout_log_prob_)) {}
-
-  //! Every one on the device of `ref` (the logits, the hidden states).
-  void require_device(std::string_view fn, std::string_view ref_name, const at::Tensor& ref) const {
+        rollout_log_prob(value_or_undefined(rollout_log_prob_)) {
     th::detail::require_same_device(fn, ref_name, ref,
                                     {{"labels", &labels},
                                      {"old_log_prob", &old_log_prob},
@@ -676,12 +678,13 @@ struct fused_tokens {
                                      {"weights", &weights},
                                      {"offsets", &offsets},
                                      {"rollout_log_prob", &rollout_log_prob}});
+    cfg = config_of(fn, config);
   }
   [[nodiscard]] policy_loss_tensors extra() const {
     return {ref_log_prob, weights, at::Tensor(), offsets, rollout_log_prob};
   }
   //! The Meta kernels' loss, log_prob, entropy ([0] without an entropy term) and result.
-  [[nodiscard]] std::array<at::Tensor, 4> meta_outputs(std::string_view fn, const policy_loss_config& cfg) const {
+  [[nodiscard]] std::array<at::Tensor, 4> meta_outputs(std::string_view fn) const {
     const auto opts = old_log_prob.options().dtype(token_dtype(fn, old_log_prob, "old_log_prob"));
     return {at::empty({}, opts), at::empty(old_log_prob.sizes(), opts),
             cfg.entropy_coef != 0.0 ? at::empty(old_log_prob.sizes(), opts) : at::empty({0}, opts),
@@ -694,6 +697,15 @@ struct fused_tokens {
     return {out.entropy.defined() ? out.entropy : at::empty({0}, out.log_prob.options()), result};
   }
 };
+
+//! The linear head's bias (undefined when absent), with the weight and the bias required on the
+//! device of the hidden states.
+inline at::Tensor head_bias(std::string_view fn, const at::Tensor& hidden, const at::Tensor& weight,
+                            const opt_tensor& bias) {
+  at::Tensor b = value_or_undefined(bias);
+  th::detail::require_same_device(fn, "hidden", hidden, {{"weight", &weight}, {"bias", &b}});
+  return b;
+}
 
 using logits_loss_forward_sig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const opt_tensor&, const opt_tensor&,
@@ -733,11 +745,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logits_lo
     const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
     bool fast_backward) {
   constexpr std::string_view fn = "policy_loss_from_logits";
-  const fused_tokens tok(labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob);
-  tok.require_device(fn, "logits", logits);
-  const policy_loss_config cfg = config_of(fn, config);
+  const fused_tokens tok(fn, "logits", logits, labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets,
+                         rollout_log_prob, config);
+  const policy_loss_config& cfg = tok.cfg;
   if constexpr (Meta) {
-    const auto [loss, lp, ent, result] = tok.meta_outputs(fn, cfg);
+    const auto [loss, lp, ent, result] = tok.meta_outputs(fn);
     return {loss, at::empty(logits.sizes(), logits.options().dtype(stats_dtype(fn, logits))), lp, ent, result};
   } else {
     policy_loss_output out;
@@ -843,11 +855,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
     bool fast_backward, std::int64_t chunk_rows, std::int64_t workspace_budget, std::array<bool, 3> output_mask) {
   constexpr std::string_view fn = "linear_head_policy_loss";
-  const at::Tensor b = value_or_undefined(bias_);
-  th::detail::require_same_device(fn, "hidden", hidden, {{"weight", &weight}, {"bias", &b}});
-  const fused_tokens tok(labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob);
-  tok.require_device(fn, "hidden", hidden);
-  const policy_loss_config cfg = config_of(fn, config);
+  const at::Tensor b = head_bias(fn, hidden, weight, bias_);
+  const fused_tokens tok(fn, "hidden", hidden, labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets,
+                         rollout_log_prob, config);
+  const policy_loss_config& cfg = tok.cfg;
   const linear_head_config head =
       head_config_of(fn, temperature, check_values, fast_backward, chunk_rows, workspace_budget);
   const auto hopts = hidden.options().dtype(th::detail::value_dtype(fn, "hidden", hidden));
@@ -856,7 +867,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     return wanted ? at::empty(like.sizes(), hopts) : at::empty({0}, hopts);
   };
   if constexpr (Meta) {
-    const auto [loss, lp, ent, result] = tok.meta_outputs(fn, cfg);
+    const auto [loss, lp, ent, result] = tok.meta_outputs(fn);
     return {loss, grad(want_h, hidden), grad(want_w, weight), grad(want_b, b), lp, ent, result};
   } else {
     policy_loss_output out;

@@ -411,9 +411,9 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lo
     const opt_tensor& rollout_log_prob, c10::ArrayRef<double> config, double temperature, bool check_values,
     bool fast_backward) {
   constexpr std::string_view fn = "policy_loss_from_logits";
-  const fused_tokens tok(labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob);
-  tok.require_device(fn, "logits", logits);
-  const policy_loss_config cfg = config_of(fn, config);
+  const fused_tokens tok(fn, "logits", logits, labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets,
+                         rollout_log_prob, config);
+  const policy_loss_config& cfg = tok.cfg;
   if (host_fallback_on() &&
       (logits.scalar_type() == c10::ScalarType::Double || old_log_prob.scalar_type() == c10::ScalarType::Double ||
        cfg.rollout.has_value() || rollout_log_prob.has_value()))
@@ -468,11 +468,10 @@ inline head_outputs head_loss_forward_cuda(const at::Tensor& hidden, const at::T
                                            bool fast_backward, std::int64_t chunk_rows, std::int64_t workspace_budget,
                                            std::array<bool, 3> output_mask) {
   constexpr std::string_view fn = "linear_head_policy_loss";
-  const at::Tensor b = value_or_undefined(bias);
-  th::detail::require_same_device(fn, "hidden", hidden, {{"weight", &weight}, {"bias", &b}});
-  const fused_tokens tok(labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets, rollout_log_prob);
-  tok.require_device(fn, "hidden", hidden);
-  const policy_loss_config cfg = config_of(fn, config);
+  const at::Tensor b = head_bias(fn, hidden, weight, bias);
+  const fused_tokens tok(fn, "hidden", hidden, labels, old_log_prob, advantages, mask, ref_log_prob, weights, offsets,
+                         rollout_log_prob, config);
+  const policy_loss_config& cfg = tok.cfg;
   (void)head_config_of(fn, temperature, check_values, fast_backward, chunk_rows, workspace_budget);  // its checks
   const c10::ScalarType ht = hidden.scalar_type();
   const bool head_dtype = ht == c10::ScalarType::Float || ht == c10::ScalarType::BFloat16;
