@@ -37,12 +37,3 @@ def number(x: Any) -> Optional[float]:
     if x is None:
         return None
     return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
-
-
-def mask_like(mask: Optional[torch.Tensor], like: torch.Tensor) -> Optional[torch.Tensor]:
-    """A mask as the kernels take it: bool, uint8 and ``like``'s dtype as they are, any other dtype
-    (a float32 mask beside float64 values, TRL's and NeMo-RL's int64 masks) in ``like``'s dtype,
-    where the kernel checks it holds only 0 and 1."""
-    if mask is None or mask.dtype in (torch.bool, torch.uint8, like.dtype):
-        return mask
-    return mask.to(like.dtype)

@@ -166,7 +166,7 @@ def liger_fused_linear_grpo(
     f32 = torch.float32
     labels = selected_token_ids.reshape(-1).to(torch.int64).contiguous()
     temperature = float(temperature)
-    mask = attention_mask if attention_mask.dtype in (torch.bool, torch.uint8, f32) else attention_mask.to(f32)
+    mask = attention_mask
     counts = _common.counts(mask)
     adv = advantages.detach().to(f32)
     kl_on = beta != 0.0 and use_ref_model

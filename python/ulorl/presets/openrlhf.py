@@ -119,7 +119,6 @@ def aggregate_loss(
 
 def _aggregate(fn: str, loss: torch.Tensor, mask: Optional[torch.Tensor], token_level_loss: bool, dp_size: Any,
                batch_num_tokens: Any, global_batch_size: Any) -> torch.Tensor:
-    mask = _common.mask_like(mask, loss)
     norm = _ulorl._openrlhf_normalizer(token_level_loss, _common.counts(mask, tokens=loss.detach()),
                                        _common.number(dp_size), _common.number(batch_num_tokens),
                                        _common.number(global_batch_size))
@@ -209,7 +208,7 @@ class PolicyLoss(torch.nn.Module):
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         plan = _ulorl._openrlhf_vllm_is_plan(self.policy_loss_type, self.enable_vllm_is_correction)
         extra = {"vllm_is_truncated_threshold": self._threshold("PolicyLoss.forward")} if plan["weights"] else {}
-        loss, m = policy_loss(log_probs, old_log_probs, advantages, _common.mask_like(action_mask, log_probs),
+        loss, m = policy_loss(log_probs, old_log_probs, advantages, action_mask,
                               policy_loss_type=self.policy_loss_type, clip_eps_low=self.clip_eps_low,
                               clip_eps_high=self.clip_eps_high, dual_clip=self.dual_clip,
                               token_level_loss=self.token_level_loss, dp_size=_common.number(dp_size),

@@ -122,7 +122,7 @@ def get_off_policy_mask(advantages: torch.Tensor, per_token_logps: torch.Tensor,
                                       f"{tuple(per_token_logps.shape)} (one advantage per row: [B, 1] or [B])")
     lp = per_token_logps.detach()
     keep, _, _ = _ulorl._off_policy_mask(lp, sampling_per_token_logps.detach().to(lp.dtype),
-                                         advantages.detach().reshape(B).to(lp.dtype), _common.mask_like(mask, lp), "trl",
+                                         advantages.detach().reshape(B).to(lp.dtype), mask, "trl",
                                          float(off_policy_threshold), "factor")
     if keep.shape[1] == 0:  # no position: the row is kept exactly when no token says otherwise
         keep = torch.ones(B, 1, dtype=lp.dtype, device=lp.device)
@@ -233,7 +233,7 @@ def _grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[torc
                     f"has shape {tuple(advantages.shape)} but 'per_token_logps' has shape "
                     f"{tuple(per_token_logps.shape)} (one advantage per completion row, [B])")
     old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
-    mask = _common.mask_like(completion_mask, per_token_logps)
+    mask = completion_mask
     # torch.ops.ulorl.trl_grpo_loss: differentiable in per_token_logps and, with an entropy bonus, in
     # entropies; every other tensor is a constant of the loss.
     loss, m = _ulorl._trl_grpo_loss(per_token_logps, old, advantages, mask, ref_per_token_logps,

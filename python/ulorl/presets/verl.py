@@ -67,12 +67,6 @@ def _as(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
-def _mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A mask the kernels read: bool / uint8 as given, any other dtype (a float mask, verl's int64
-    masks) in the dtype the kernels compute in (its 0 / 1 values are exact in any)."""
-    return mask if mask.dtype in (torch.bool, torch.uint8, dtype) else mask.to(dtype)
-
-
 def _group_ids(index: Any, device: torch.device) -> torch.Tensor:
     """verl's ``index`` (uids: strings, ints, any hashable; numpy, list or tensor) as int64 group ids,
     numbered by first appearance, on ``device`` (the rewards'): the uids are read on the host."""
@@ -129,7 +123,7 @@ def agg_loss(
     x = _as(loss_mat, dt)
     norm = _normalizer(loss_agg_mode, loss_mask, _common.padded_length(loss_mat), dp_size, batch_num_tokens,
                        global_batch_size, loss_scale_factor, sum_norm_per_sequence)
-    return _as(_agg_loss(x, _mask(loss_mask, dt), norm), out)
+    return _as(_agg_loss(x, loss_mask, norm), out)
 
 
 class _UnknownKLPenalty(_ulorl.Error, NotImplementedError):
@@ -243,7 +237,6 @@ def _loss(loss_mode: str, old_log_prob: torch.Tensor, log_prob: torch.Tensor, ad
     _require_config(f"compute_policy_loss_{loss_mode}", config)
     dt, out = _compute_dtype(old_log_prob, log_prob, advantages, rollout_is_weights)
     old, lp, adv, w = (_as(t, dt) for t in (old_log_prob, log_prob, advantages, rollout_is_weights))
-    response_mask = _mask(response_mask, dt)
     o = _options(loss_mode, config)
     padded = _common.padded_length(lp)
     cfg = _config(loss_mode, o, loss_agg_mode, response_mask, padded)
@@ -314,7 +307,6 @@ def compute_policy_loss_reinforce(
     _require_config("compute_policy_loss_reinforce", config)
     dt, out = _compute_dtype(rollout_log_prob, log_prob, advantages, rollout_is_weights)
     ro, lp, adv, w = (_as(t, dt) for t in (rollout_log_prob, log_prob, advantages, rollout_is_weights))
-    response_mask = _mask(response_mask, dt)
     cfg = _config("gpg", _options("gpg", config), loss_agg_mode, response_mask, _common.padded_length(lp))
     loss, result = _policy_loss_result(lp, ro, adv, response_mask, cfg, None, w, None, None)
     return _as(loss, out), {"actor/ppo_kl": _ulorl._verl_metrics("dro", result)["ppo_kl"]}
@@ -474,7 +466,6 @@ def _outcome(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
     onto the mask (verl: ``scalar.unsqueeze(-1) * response_mask``)."""
     dt, out = _compute_dtype(token_level_rewards)
     scores = _as(token_level_rewards, dt).sum(dim=-1).contiguous()
-    response_mask = _mask(response_mask, dt)
     with torch.no_grad():
         if preset is None:  # verl's placement (on the mask) is that of its GRPO preset
             preset = _ulorl._advantage_preset("verl", "grpo", 1e-6, True, "group", True, True)
@@ -594,7 +585,7 @@ def compute_opo_outcome_advantage(
     """verl ``opo``: s - the length-weighted group mean of s, on the mask."""
     ids = _group_ids(index, token_level_rewards.device)
     adv = _outcome(token_level_rewards, response_mask,
-                   lambda s: _ulorl._opo_advantages(s, _mask(response_mask, s.dtype), ids, None, None))
+                   lambda s: _ulorl._opo_advantages(s, response_mask, ids, None, None))
     return adv, adv
 
 
@@ -611,7 +602,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     scores = _as(token_level_rewards, dt).sum(dim=-1).contiguous()
     ids = _group_ids(index, token_level_rewards.device)
     with torch.no_grad():
-        adv = _ulorl._reinforce_plus_plus_baseline_advantages(scores, ids, None, _mask(response_mask, dt), "verl", True,
+        adv = _ulorl._reinforce_plus_plus_baseline_advantages(scores, ids, None, response_mask, "verl", True,
                                                               None)
     adv = _as(adv, out)
     return adv, adv
@@ -631,7 +622,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     _require_config("compute_reinforce_plus_plus_outcome_advantage", config)
     dt, out = _compute_dtype(token_level_rewards)
     with torch.no_grad():
-        adv, ret = _ulorl._reinforce_plus_plus_advantages(_as(token_level_rewards, dt), _mask(response_mask, dt),
+        adv, ret = _ulorl._reinforce_plus_plus_advantages(_as(token_level_rewards, dt), response_mask,
                                                    float(_get(config, "gamma")), None, "skip_masked")
     return _as(adv, out), _as(ret, out)
 
@@ -648,7 +639,7 @@ def compute_gae_advantage_return(
     advantages whitened over the valid tokens and not masked. Returns ``(advantages, returns)``."""
     dt, out = _compute_dtype(token_level_rewards, values, response_mask)
     with torch.no_grad():
-        adv, ret = _ulorl._gae_advantages(_as(token_level_rewards, dt), _as(values, dt), _mask(response_mask, dt),
+        adv, ret = _ulorl._gae_advantages(_as(token_level_rewards, dt), _as(values, dt), response_mask,
                                           float(gamma), float(lam), None)
     return _as(adv, out), _as(ret, out)
 
@@ -666,7 +657,7 @@ def compute_remax_outcome_advantage(
     dt, adv_out = _compute_dtype(token_level_rewards, response_mask, reward_baselines)
     with torch.no_grad():
         adv, ret = _ulorl._remax_advantages(_as(token_level_rewards, dt), _as(reward_baselines, dt).reshape(-1).contiguous(),
-                                            _mask(response_mask, dt), None)
+                                            response_mask, None)
     return _as(adv, adv_out), _as(ret, ret_out)
 
 
@@ -700,7 +691,7 @@ def compute_gdpo_outcome_advantage(
         comps = _as(token_level_rewards, dt).sum(dim=-1, keepdim=True)
     ids = _group_ids(index, token_level_rewards.device)
     with torch.no_grad():
-        adv = _ulorl._multi_reward_advantages(comps.to(dt).contiguous(), weights, ids, None, _mask(response_mask, dt),
+        adv = _ulorl._multi_reward_advantages(comps.to(dt).contiguous(), weights, ids, None, response_mask,
                                               "verl", epsilon, norm_adv_by_std_in_grpo, True, True, "group",
                                               "sum_then_normalize", None)
     adv = _as(adv, out)
@@ -714,7 +705,7 @@ def _otb(estimator: str, token_level_rewards: torch.Tensor, response_mask: torch
     ids = _group_ids(index, token_level_rewards.device)
     with torch.no_grad():
         adv, ret = _ulorl._optimal_token_baseline_advantages(
-            _as(token_level_rewards, dt), _mask(response_mask, dt), ids, _as(old_log_probs, dt),
+            _as(token_level_rewards, dt), response_mask, ids, _as(old_log_probs, dt),
             _as(sum_pi_squared, dt), _as(rollout_is_weights, dt), handle_zero_tail, epsilon, estimator, None)
     return _as(adv, out), _as(ret, out)
 
@@ -883,7 +874,7 @@ def _is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, resp
                 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     cfg = _ulorl._verl_rollout_correction_config(rollout_is, rollout_is_threshold, batch_normalize, None, None)
     w, _, rm = _rollout_correction(old_log_prob.detach(), rollout_log_prob.detach(),
-                                   _mask(response_mask, old_log_prob.dtype), cfg, None)
+                                   response_mask, cfg, None)
     d = rm.as_dict()
     upper, lower = _is_threshold(rollout_is_threshold)
     with torch.no_grad():
@@ -995,7 +986,7 @@ def _rejection(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, respo
     def run(rs: str, th: str) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = _ulorl._verl_rollout_correction_config(None, None, False, rs, th)
         _, keep, rm = _rollout_correction(old_log_prob, rollout_log_prob,
-                                          _mask(response_mask, old_log_prob.dtype), cfg, None)
+                                          response_mask, cfg, None)
         return keep, rm.as_dict()
 
     keep, d = run(",".join(options), joined)
@@ -1061,7 +1052,7 @@ def compute_offpolicy_metrics(
     assert response_mask.any(), "Expected at least one valid token in response_mask"
     ro = old_log_prob if rollout_log_prob is None else rollout_log_prob
     cfg = _ulorl._verl_rollout_correction_config(None, None, False, None, None)
-    _, _, rm = _rollout_correction(old_log_prob.detach(), ro.detach(), _mask(response_mask, ro.dtype), cfg, None)
+    _, _, rm = _rollout_correction(old_log_prob.detach(), ro.detach(), response_mask, cfg, None)
     d = rm.as_dict()
     keys = ["training_ppl", "training_log_ppl"]
     if rollout_log_prob is not None:
