@@ -395,6 +395,22 @@ def test_bf16_advantages_compute_in_the_promoted_dtype():
     assert loss.item() == pytest.approx(O.agg(tl, m, "token-mean").item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("rewards_dtype,mask_dtype", [(torch.float32, torch.float64), (torch.bfloat16, torch.bfloat16),
+                                                       (torch.float32, torch.int64), (torch.float64, torch.bool)])
+def test_outcome_advantages_have_the_dtype_of_verls_product(rewards_dtype, mask_dtype):
+    # verl returns scores.unsqueeze(-1) * response_mask: torch's promotion of the two dtypes.
+    torch.manual_seed(3)
+    rewards = torch.zeros(4, 5)
+    rewards[:, -1] = torch.tensor([1.0, 0.0, 0.5, 1.0])
+    mask = torch.ones(4, 5)
+    mask[1, 3:] = 0
+    index = np.array(["a", "a", "b", "b"], dtype=object)
+    adv, _ = v.compute_grpo_outcome_advantage(rewards.to(rewards_dtype), mask.to(mask_dtype), index)
+    scores = rewards.to(rewards_dtype).sum(-1)
+    assert adv.dtype == (scores.unsqueeze(-1) * mask.to(mask_dtype)).dtype
+    assert torch.equal(adv == 0, mask == 0)  # the advantages sit on the mask (each group's scores differ)
+
+
 def test_registries_and_lookup():
     assert v.get_policy_loss_fn("vanilla") is v.compute_policy_loss_vanilla
     with pytest.raises(ValueError, match="Unsupported loss mode"):
