@@ -20,12 +20,15 @@ INCLUDE = os.path.normpath(os.path.join(HERE, "..", "include"))
 if not os.path.isfile(os.path.join(INCLUDE, "ulorl", "ulorl.hpp")):
     raise SystemExit(f"ulorl's headers are not at {INCLUDE}: build from the ulorl source tree (pip install ./python)")
 
-# Run-time ISA dispatch (x86-64): the policy-loss and logits kernels again with -mavx2 -mfma in a
-# static library (build_clib) that build_ext links after the extension's objects, installed at
-# import where the CPU has AVX2 and FMA.
+# Run-time ISA dispatch (x86-64): the policy-loss and logits kernels again for AVX2 + FMA and for
+# AVX-512 F/BW/DQ/VL + FMA, each in a static library (build_clib) that build_ext links after the
+# extension's objects, installed at import where the CPU has the set (the widest).
 X86 = platform.machine().lower() in ("x86_64", "amd64")
-LIBRARIES = [("ulorl_kernels_avx2", {"sources": [os.path.join("src", "kernels_avx2.cpp")], "include_dirs": [INCLUDE],
-                                     "cflags": ["-std=c++20", "-O2", "-g0", "-fPIC", "-mavx2", "-mfma"]})] if X86 else []
+ISA_FLAGS = {"avx2": ["-mavx2", "-mfma"],
+             "avx512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"]}
+LIBRARIES = [(f"ulorl_kernels_{isa}", {"sources": [os.path.join("src", f"kernels_{isa}.cpp")], "include_dirs": [INCLUDE],
+                                       "cflags": ["-std=c++20", "-O2", "-g0", "-fPIC"] + flags})
+             for isa, flags in ISA_FLAGS.items()] if X86 else []
 
 KERNELS = os.path.normpath(os.path.join(HERE, "..", "kernels"))
 SOURCES = [os.path.join("src", f) for f in ("module.cpp", "losses.cpp", "logits.cpp", "corrections.cpp")]
@@ -39,7 +42,7 @@ if CUDA:
         include_dirs=[INCLUDE, KERNELS],
         extra_compile_args={"cxx": ["-std=c++20", "-O2", "-g0"],
                             "nvcc": ["-std=c++17", "-O3", "--expt-relaxed-constexpr"]},
-        define_macros=[("ULORL_PY_CUDA", None)] + ([("ULORL_PY_AVX2_KERNELS", None)] if X86 else []),
+        define_macros=[("ULORL_PY_CUDA", None)] + ([("ULORL_PY_ISA_KERNELS", None)] if X86 else []),
         libraries=["cublas"],  # the linear head's GEMMs (src/ops_cuda.cu)
     )
 else:
@@ -48,7 +51,7 @@ else:
         sources=SOURCES,
         include_dirs=[INCLUDE],
         extra_compile_args=["-std=c++20", "-O2", "-g0"],
-        define_macros=[("ULORL_PY_AVX2_KERNELS", None)] if X86 else [],
+        define_macros=[("ULORL_PY_ISA_KERNELS", None)] if X86 else [],
     )
 
 setup(

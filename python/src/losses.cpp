@@ -7,8 +7,10 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -37,40 +39,66 @@ using th::or_undefined;
 
 }  // namespace ulorl_py
 
-#if defined(ULORL_PY_AVX2_KERNELS)
-// kernels_avx2.cpp (built with -mavx2 -mfma, x86-64 only): the policy-loss kernels of the extension's
-// pairs and the logits kernels of the adapter's element types.
-#include "kernels_avx2.hpp"
+#if defined(ULORL_PY_ISA_KERNELS)
+// kernels_avx2.cpp and kernels_avx512.cpp (x86-64 only): the policy-loss kernels of the extension's
+// pairs and the logits kernels of the adapter's element types, once per wider instruction set.
+#include "kernels_isa.hpp"
 #endif
 
 namespace ulorl_py {
 namespace {
-//! Whether to install the AVX2 + FMA kernels: they were built, the CPU has both, and
-//! ULORL_PYTHON_ISA=default is not in the environment (which keeps the default build's kernels).
-bool use_avx2_kernels() {
-#if defined(ULORL_PY_AVX2_KERNELS)
-  const char* env = std::getenv("ULORL_PYTHON_ISA");
-  const bool forced_default = env != nullptr && std::string_view(env) == "default";
+//! The instruction sets whose kernels the extension may install, narrowest first ("default": the
+//! default build's own); ULORL_PYTHON_ISA names one of them.
+constexpr std::string_view isa_names[] = {"default", "avx2", "avx512"};
+
+//! Whether this CPU (and its operating system) runs the kernels of instruction set `isa`.
+bool cpu_runs([[maybe_unused]] std::string_view isa) {
+#if defined(ULORL_PY_ISA_KERNELS)
   __builtin_cpu_init();
-  return !forced_default && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == "avx2") return avx2;
+  if (isa == "avx512")
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #endif
+  return isa == "default";
 }
 
-//! Run-time instruction-set dispatch of the policy-loss and logits kernels (kernels_avx2.hpp): the
-//! AVX2 + FMA kernels where use_avx2_kernels(). Returns the instruction set used: "avx2" or "default".
-std::string install_kernels(bool avx2) {
-#if defined(ULORL_PY_AVX2_KERNELS)
-  if (avx2) {
-#define ULORL_PY_INSTALL_(OP, ...) ulorl::install_kernel_of<ulorl_py_avx2, ulorl::isa_op::OP, __VA_ARGS__>();
-    ULORL_PY_AVX2_KERNEL_LIST(ULORL_PY_INSTALL_)
-#undef ULORL_PY_INSTALL_
-    return "avx2";
+//! The instruction set to install at import: the widest this CPU runs, or at most the one
+//! ULORL_PYTHON_ISA names (default, avx2 or avx512; another value is ulorl::error naming it).
+std::string_view chosen_isa() {
+  const char* env = std::getenv("ULORL_PYTHON_ISA");
+  std::size_t limit = std::size(isa_names) - 1;
+  if (env != nullptr) {
+    const auto it = std::find(std::begin(isa_names), std::end(isa_names), std::string_view(env));
+    if (it == std::end(isa_names))
+      ulorl::detail::fail(
+          "install_kernels", "ULORL_PYTHON_ISA",
+          "is '" + std::string(env) + "'; known: default, avx2, avx512 (the widest instruction set to install)");
+    limit = static_cast<std::size_t>(it - std::begin(isa_names));
   }
+  for (std::size_t i = limit; i > 0; --i)
+    if (cpu_runs(isa_names[i])) return isa_names[i];
+  return isa_names[0];
+}
+
+#if defined(ULORL_PY_ISA_KERNELS)
+template <class Tag>
+void install_kernels_of() {
+#define ULORL_PY_INSTALL_(OP, ...) ulorl::install_kernel_of<Tag, ulorl::isa_op::OP, __VA_ARGS__>();
+  ULORL_PY_ISA_KERNEL_LIST(ULORL_PY_INSTALL_)
+#undef ULORL_PY_INSTALL_
+}
 #endif
-  (void)avx2;
-  return "default";
+
+//! Run-time instruction-set dispatch of the policy-loss and logits kernels (kernels_isa.hpp):
+//! installs the kernels of `isa` (the default build's stay for "default") and returns it.
+std::string install_kernels(std::string_view isa) {
+#if defined(ULORL_PY_ISA_KERNELS)
+  if (isa == "avx512") install_kernels_of<ulorl_py_avx512>();
+  if (isa == "avx2") install_kernels_of<ulorl_py_avx2>();
+#endif
+  return std::string(isa);
 }
 }  // namespace
 
@@ -97,8 +125,7 @@ auto for_record(const std::string& name, F f, record_list<R...>) {
 }
 
 void bind_losses(py::module_& m) {
-  const bool avx2 = use_avx2_kernels();
-  const std::string isa = install_kernels(avx2);
+  const std::string isa = install_kernels(chosen_isa());
   m.attr("policy_loss_isa") = isa;
   m.attr("logits_isa") = isa;
   m.def(

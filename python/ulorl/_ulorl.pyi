@@ -13,8 +13,9 @@ class Error(ValueError):
     argument: str
     index: int
 
-#: The instruction set of the policy-loss kernels installed at import: "avx2" (x86-64 with AVX2 and
-#: FMA, unless ULORL_PYTHON_ISA=default is set) or "default" (the extension's baseline flags).
+#: The instruction set of the policy-loss kernels installed at import: the widest of "avx512"
+#: (x86-64 with AVX-512 F/BW/DQ/VL and FMA), "avx2" (AVX2 and FMA) and "default" (the extension's
+#: baseline flags) that the CPU runs, at most the one ULORL_PYTHON_ISA names (default, avx2, avx512).
 policy_loss_isa: str
 #: Whether the extension was built with the CUDA kernels of the policy loss, the logits statistics,
 #: the loss from logits and the linear head (against a torch with CUDA and nvcc); the other
@@ -22,7 +23,7 @@ policy_loss_isa: str
 #: error unless set_host_fallback(True).
 cuda_kernels: bool
 #: The same for the logits kernels (logits_forward / logits_backward: logits statistics, the fused
-#: losses from logits and from hidden states): "avx2" or "default", chosen as policy_loss_isa.
+#: losses from logits and from hidden states), chosen with policy_loss_isa (the same value).
 logits_isa: str
 
 def set_host_fallback(enabled: bool) -> bool: ...

@@ -4,6 +4,8 @@ float32 close to float64, packed layout equals padded, mask=None gives the bits 
 
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -430,13 +432,22 @@ def test_openrlhf_policy_loss_action_mask_none_is_all_ones(gen):
         assert torch.equal(x1.grad, x2.grad)
 
 
+def test_an_unknown_instruction_set_limit_is_named_at_import():
+    env = dict(os.environ, ULORL_PYTHON_ISA="avx1024")
+    r = subprocess.run([sys.executable, "-c", "import ulorl"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "ULORL_PYTHON_ISA" in r.stderr and "avx1024" in r.stderr and "avx512" in r.stderr
+
+
 def test_installed_kernels_instruction_sets(gen):
     # The policy loss's and the logits kernels' instruction sets are chosen together at import.
     isa = ulorl._ulorl.logits_isa
-    assert isa in ("avx2", "default") and isa == ulorl._ulorl.policy_loss_isa
-    if os.environ.get("ULORL_PYTHON_ISA") == "default":
-        assert isa == "default"
-    # float32, bfloat16 and float16 logits (the installed kernels where isa == "avx2"): statistics and
+    order = ("default", "avx2", "avx512")
+    assert isa in order and isa == ulorl._ulorl.policy_loss_isa
+    limit = os.environ.get("ULORL_PYTHON_ISA")
+    if limit is not None:
+        assert order.index(isa) <= order.index(limit)
+    # float32, bfloat16 and float16 logits (the installed kernels where isa != "default"): statistics and
     # gradients close to the float64 oracle's of the same (rounded) logits; the 16-bit statistics and
     # gradients are the float64 values rounded once (to within the float32 accumulation).
     logits = torch.randn(5, 3001, generator=gen, dtype=torch.float64) * 3

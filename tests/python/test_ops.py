@@ -204,7 +204,7 @@ def test_the_cpp_adapter_and_python_give_the_same_bits():
     if not exe:
         pytest.skip("ULORL_TORCH_OPS_BITS (the path of tests/torch's torch_ops_bits; CTest sets it) is not set")
     if (_ulorl.policy_loss_isa, _ulorl.logits_isa) != ("default", "default"):
-        pytest.skip("the module runs its AVX2 + FMA kernels; the C++ program the baseline ones "
+        pytest.skip(f"the module runs its {_ulorl.policy_loss_isa} kernels; the C++ program the baseline ones "
                     "(CTest's python_baseline_isa runs this test with ULORL_PYTHON_ISA=default)")
     cpp = json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
     for name, dtype in [("float32", torch.float32), ("float64", torch.float64)]:

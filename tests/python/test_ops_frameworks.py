@@ -291,7 +291,7 @@ def test_rollout_correction_inside_the_loss_equals_the_two_calls(gen):
         assert torch.equal(x1.grad, x2.grad)
         assert ulorl.rollout_correction_finalize(m2["rollout"], rc) == m
     else:
-        # The loss runs the installed AVX2 + FMA kernels, rollout_correction() the default build:
+        # The loss runs the installed AVX2 / AVX-512 (+ FMA) kernels, rollout_correction() the default build:
         # the weights' exponentials differ in the last bits (FMA), nothing more.
         torch.testing.assert_close(l1, l2, rtol=1e-14, atol=0)
         torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-13, atol=1e-16)
