@@ -71,10 +71,13 @@ std::string_view chosen_isa() {
   std::size_t limit = std::size(isa_names) - 1;
   if (env != nullptr) {
     const auto it = std::find(std::begin(isa_names), std::end(isa_names), std::string_view(env));
-    if (it == std::end(isa_names))
+    if (it == std::end(isa_names)) {
+      std::string known;
+      for (const std::string_view n : isa_names) known += (known.empty() ? "" : ", ") + std::string(n);
       ulorl::detail::fail(
           "install_kernels", "ULORL_PYTHON_ISA",
-          "is '" + std::string(env) + "'; known: default, avx2, avx512 (the widest instruction set to install)");
+          "is '" + std::string(env) + "'; known: " + known + " (the widest instruction set to install)");
+    }
     limit = static_cast<std::size_t>(it - std::begin(isa_names));
   }
   for (std::size_t i = limit; i > 0; --i)
