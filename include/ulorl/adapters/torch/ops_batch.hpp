@@ -297,19 +297,16 @@ at::Tensor broadcast_to_tokens(const at::Tensor& advantages, const opt_tensor& m
       }
       require_cpu(fn, "mask", mask, -1);
       at::Tensor out = new_tensor(mask.sizes(), advantages.scalar_type());
-      const auto run = [&](auto mtag) {
+      const auto run = [&](const at::Tensor& m, auto mtag) {
         using M = decltype(mtag);
-        ulorl::broadcast_to_tokens(adv, tokens_of<const M>(fn, "mask", mask, off), tokens_of<T>(fn, "out", out, off),
-                                   cfg);
+        ulorl::broadcast_to_tokens(adv, tokens_of<const M>(fn, "mask", m, off), tokens_of<T>(fn, "out", out, off), cfg);
       };
-      if (mask.scalar_type() == c10::ScalarType::Bool || mask.scalar_type() == c10::ScalarType::Byte)
-        run(std::uint8_t{});
-      else if (mask.scalar_type() == scalar_type_of<T>())
-        run(T{});
-      else  // another integer or floating mask: its 0/1 bytes (byte_mask checks and names it)
-        ulorl::broadcast_to_tokens(adv,
-                                   tokens_of<const std::uint8_t>(fn, "mask", byte_mask<T>(fn, "mask", mask, off), off),
-                                   tokens_of<T>(fn, "out", out, off), cfg);
+      // A mask of T as it is; any other as its bytes (byte_mask: bool / uint8 as they are, another
+      // integer or floating mask checked 0/1 and converted).
+      if (mask.scalar_type() == scalar_type_of<T>())
+        run(mask, T{});
+      else
+        run(byte_mask<T>(fn, "mask", mask, off), std::uint8_t{});
       return out;
     });
   }
